@@ -1,0 +1,228 @@
+"""Command line: run a sweep, set up environments, list what is known, re-render a report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import REPO_ROOT, environment
+from bench.config import ConfigError, SweepConfig, load_config
+from bench.envs import EnvError, ensure_env, family_env, interpreter_for
+from bench.launch import launch, record_without_run
+from bench.plan import RunSpec, expand
+from bench.records import done_run_ids, write_json_atomic
+from bench.registry import FAMILIES, RUNNERS
+from bench.report import build_report, format_table
+
+COMMANDS = ("run", "setup", "list", "report")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_bench.py",
+        description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
+                    "setup, list, report.")
+    sub = p.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run a sweep (the default command)")
+    run.add_argument("--config", required=True, help="YAML sweep file")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key; value parsed as YAML; dots reach nested keys")
+    run.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
+    run.add_argument("--out", help="results folder (default results/<name>-<timestamp>)")
+    run.add_argument("--resume", action="store_true",
+                     help="skip runs that already have a record (default folder: the newest "
+                          "results/<name>-*)")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="with --resume, run failed, timed-out and OOM runs again")
+    run.add_argument("--quiet-setup", action="store_true", help="hide pip's output")
+    setup = sub.add_parser("setup", help="create framework environments")
+    setup.add_argument("families", nargs="*", help=f"default: all ({', '.join(FAMILIES)})")
+    setup.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                       help="which variant (auto: gpu if NVML sees a GPU)")
+    sub.add_parser("list", help="runners, models and families, and whether each is ready")
+    report = sub.add_parser("report", help="re-render summary.csv and charts of a results folder")
+    report.add_argument("results_dir")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "run")
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "setup":
+            return cmd_setup(args)
+        if args.command == "list":
+            return cmd_list()
+        if args.command == "report":
+            return cmd_report(Path(args.results_dir))
+        if args.command == "run":
+            return cmd_run(args)
+        _parser().print_help()
+        return 2
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def default_variant() -> str:
+    return "gpu" if environment.gpus() else "cpu"
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    variant = default_variant() if args.device == "auto" else args.device
+    for fam in args.families:
+        if fam not in FAMILIES:
+            raise ConfigError(f"setup: family {fam!r} is not allowed; allowed: "
+                              f"{', '.join(FAMILIES)}")
+    failed = 0
+    for fam in args.families or list(FAMILIES):
+        try:
+            env = ensure_env(fam, variant)
+            print(f"{fam}-{variant}: ready at {env.path}")
+        except EnvError as exc:
+            print(f"{fam}-{variant}: FAILED: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def cmd_list() -> int:
+    from models import available_models, get_spec
+
+    variant = default_variant()
+    print(f"Families ({variant} variant; environments in {family_env('tf', variant).path.parent}):")
+    for fam in FAMILIES.values():
+        env = family_env(fam.name, variant)
+        state = "ready" if env.ready else "not set up (run_bench.py setup " + fam.name + ")"
+        print(f"  {fam.name:<14} {state:<40} {fam.description}")
+    print("\nRunners:")
+    for r in RUNNERS.values():
+        ready = family_env(r.family, variant).ready
+        print(f"  {r.name:<24} family={r.family:<6} {'ready' if ready else 'not ready':<10} "
+              f"{r.description}")
+    print("\nModels:")
+    for name in available_models():
+        s = get_spec(name)
+        print(f"  {name:<16} input={'x'.join(map(str, s.input_shape)):<10} "
+              f"classes={s.num_classes:<5} params={s.params:,}  "
+              f"GFLOPs/sample={s.flops_per_sample / 1e9:.3f}")
+    return 0
+
+
+def cmd_report(results_dir: Path) -> int:
+    if not (results_dir / "runs").is_dir():
+        raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder; allowed: a "
+                          "results folder written by a sweep")
+    rows, charts = build_report(results_dir)
+    print(format_table(rows))
+    print(f"\nsummary: {results_dir / 'summary.csv'}")
+    for c in charts:
+        print(f"chart:   {c}")
+    return 0
+
+
+def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
+    if out:
+        return Path(out)
+    base = REPO_ROOT / "results"
+    if resume:
+        earlier = sorted(p for p in base.glob(f"{cfg.name}-*") if (p / "runs").is_dir())
+        if not earlier:
+            raise ConfigError(f"--resume: no earlier results for sweep {cfg.name!r} in {base}; "
+                              "allowed: an existing folder via --out, or run without --resume")
+        return earlier[-1]
+    return base / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def print_plan(runs: list[RunSpec]) -> None:
+    head = ("#", "run_id", "runner", "model", "devices", "per-dev", "global", "prec", "data")
+    rows = [head] + [
+        (str(i), r.run_id, r.runner, r.model,
+         f"{r.num_devices} {'vcpu' if r.virtual_devices else r.device}",
+         str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data)
+        for i, r in enumerate(runs, 1)
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for j, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def interpreters(runs: list[RunSpec], variant: str, quiet: bool) -> dict[str, Any]:
+    """Each family's interpreter, provisioning missing environments; EnvError if it failed."""
+    found: dict[str, Any] = {}
+    for fam in sorted({r.family for r in runs if not r.python}):
+        try:
+            found[fam] = ensure_env(fam, variant, quiet=quiet).python
+        except EnvError as exc:
+            found[fam] = exc
+    return found
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.set)
+    out = results_folder(cfg, args.out, args.resume)
+    runs = expand(cfg, out.name)
+    if args.dry_run:
+        print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
+        print_plan(runs)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    env = environment.capture()
+    write_json_atomic(out / "environment.json", env)
+    done = done_run_ids(out, args.retry_failed) if args.resume else set()
+    todo = [r for r in runs if r.run_id not in done]
+    print(f"sweep {cfg.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
+          f"results in {out}", flush=True)
+    pythons = interpreters(todo, cfg.device, args.quiet_setup)
+    visible_gpus = len(env["gpus"])
+    try:
+        for i, spec in enumerate(todo, 1):
+            label = (f"[{i}/{len(todo)}] {spec.runner} {spec.model} n={spec.num_devices} "
+                     f"b={spec.global_batch_size} {spec.precision}")
+            print(f"{label} ...", end=" ", flush=True)
+            t0 = time.monotonic()
+            rec = run_one(spec, pythons, out, env, visible_gpus)
+            took = time.monotonic() - t0
+            detail = (f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok"
+                      else rec["reason"])
+            print(f"{rec['status']} ({took:.1f}s) {detail}", flush=True)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished records are kept in {out}; "
+              f"continue with --resume --out {out}", file=sys.stderr)
+        build_report(out)
+        return 130
+    rows, charts = build_report(out)
+    print()
+    print(format_table(rows))
+    print(f"\nresults: {out}")
+    print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}")
+    return 0
+
+
+def run_one(spec: RunSpec, pythons: dict[str, Any], out: Path, env: dict[str, Any],
+            visible_gpus: int) -> dict[str, Any]:
+    """Launch one run, or record why it cannot be launched."""
+    info = RUNNERS[spec.runner]
+    if spec.precision not in info.precisions:
+        return record_without_run(spec, out, env, "invalid",
+                                  f"{spec.runner} supports precision "
+                                  f"{', '.join(info.precisions)}, not {spec.precision}")
+    if spec.device == "gpu" and spec.num_devices > visible_gpus:
+        return record_without_run(spec, out, env, "unavailable",
+                                  f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}")
+    python = interpreter_for(spec.family, spec.device, spec.python) if spec.python \
+        else pythons.get(spec.family)
+    if isinstance(python, Exception) or python is None:
+        return record_without_run(spec, out, env, "unavailable",
+                                  f"{spec.family} environment: {python}")
+    return launch(spec, python, out, env)

@@ -1,0 +1,264 @@
+"""Sweep configuration: YAML in, a validated SweepConfig out, or a one-line ConfigError."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.registry import RUNNERS, runner_options
+from models import available_models
+
+SCALING = ("weak", "strong")
+DATA = ("synthetic",)
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("cpu", "gpu")
+
+KEYS = (
+    "name", "description", "runners", "models", "devices", "batch_size_per_device",
+    "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
+    "measure_steps", "repeats", "timeout_s", "runner_options",
+)
+DEFAULTS: dict[str, Any] = {
+    "name": None, "description": "", "data": ["synthetic"], "precision": ["fp32"],
+    "device": "cpu", "warmup_steps": 5, "measure_steps": 20, "repeats": 1,
+    "timeout_s": 600, "runner_options": {},
+}
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the key, the value and what is allowed."""
+
+
+@dataclass
+class SweepConfig:
+    """A validated sweep: the matrix and the settings shared by every run."""
+
+    name: str
+    runners: list[str]
+    models: list[str]
+    devices: list[int]
+    scaling: str
+    batch_sizes: list[int]  # per device (weak) or global (strong)
+    data: list[str]
+    precision: list[str]
+    device: str
+    warmup_steps: int
+    measure_steps: int
+    repeats: int
+    timeout_s: float
+    runner_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config in the user's key names (it loads back unchanged)."""
+        d = asdict(self)
+        batch_key = "batch_size_per_device" if self.scaling == "weak" else "global_batch_size"
+        d[batch_key] = d.pop("batch_sizes")
+        return d
+
+
+def _fail(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}: {value!r} is not allowed; allowed: {allowed}")
+
+
+def _choices(key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> list[str]:
+    items = _as_list(key, value)
+    for item in items:
+        if item not in allowed:
+            hint = difflib.get_close_matches(str(item), allowed, n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(
+                f"{key}: {item!r} is not allowed{extra}; allowed: {', '.join(allowed)}"
+            )
+    return items
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    if isinstance(value, list):
+        if not value:
+            raise _fail(key, value, "a non-empty list or a single value")
+        return value
+    if isinstance(value, dict) or value is None:
+        raise _fail(key, value, "a value or a list of values")
+    return [value]
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(key, value, f"an integer >= {minimum}")
+    if value < minimum:
+        raise _fail(key, value, f"an integer >= {minimum}")
+    return value
+
+
+def _ints(key: str, value: Any, minimum: int) -> list[int]:
+    return [_int(key, v, minimum) for v in _as_list(key, value)]
+
+
+def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
+    if not isinstance(raw, dict):
+        raise _fail("runner_options", raw, "a mapping of runner name to its options")
+    resolved: dict[str, dict[str, Any]] = {}
+    for runner in raw:
+        if runner not in RUNNERS:
+            _choices("runner_options", runner, sorted(RUNNERS))
+    for runner in runners:
+        given = raw.get(runner) or {}
+        if not isinstance(given, dict):
+            raise _fail(f"runner_options.{runner}", given, "a mapping of option to value")
+        spec = runner_options(runner)
+        opts = {name: opt.default for name, opt in spec.items()}
+        for name, value in given.items():
+            key = f"runner_options.{runner}.{name}"
+            if name not in spec:
+                _choices(key.rsplit(".", 1)[0] + " option", name, sorted(spec))
+            opt = spec[name]
+            if value is not None and (
+                not isinstance(value, opt.type) or (isinstance(value, bool) and opt.type is int)
+            ):
+                types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
+                raise _fail(key, value, " or ".join(t.__name__ for t in types))
+            if opt.allowed is not None and value not in opt.allowed:
+                raise _fail(key, value, ", ".join(map(str, opt.allowed)))
+            opts[name] = value
+        resolved[runner] = opts
+    return resolved
+
+
+def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
+    """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: expected a mapping of keys at the top level, got {raw!r}")
+    for key in raw:
+        if key not in KEYS:
+            hint = difflib.get_close_matches(str(key), KEYS, n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"unknown key {key!r}{extra}; allowed keys: {', '.join(KEYS)}")
+    for key in ("runners", "models", "devices"):
+        if key not in raw:
+            raise ConfigError(f"{key}: missing; this key is required")
+    cfg = {**DEFAULTS, **raw}
+
+    runners = _choices("runners", cfg["runners"], sorted(RUNNERS))
+    models = _choices("models", cfg["models"], available_models())
+    devices = _ints("devices", cfg["devices"], 1)
+    per_device, global_batch = cfg.get("batch_size_per_device"), cfg.get("global_batch_size")
+    if per_device is not None and global_batch is not None:
+        raise ConfigError(
+            "batch_size_per_device and global_batch_size: both given; allowed: exactly one "
+            "(batch_size_per_device with scaling: weak, global_batch_size with scaling: strong)"
+        )
+    if per_device is None and global_batch is None:
+        raise ConfigError("batch_size_per_device: missing; give it (weak scaling) "
+                          "or global_batch_size (strong scaling)")
+    scaling = cfg.get("scaling") or ("weak" if per_device is not None else "strong")
+    _choices("scaling", scaling, SCALING)
+    if scaling == "weak":
+        if per_device is None:
+            raise _fail("global_batch_size", global_batch,
+                        "batch_size_per_device with scaling: weak (or set scaling: strong)")
+        batch_sizes = _ints("batch_size_per_device", per_device, 1)
+    else:
+        if global_batch is None:
+            raise _fail("batch_size_per_device", per_device,
+                        "global_batch_size with scaling: strong (or set scaling: weak)")
+        batch_sizes = _ints("global_batch_size", global_batch, 1)
+        for b in batch_sizes:
+            for n in devices:
+                if b % n:
+                    raise ConfigError(
+                        f"global_batch_size: {b} does not divide by {n} devices; allowed: a "
+                        f"multiple of every device count in {devices} (a remainder would be "
+                        "dropped or give a short batch)"
+                    )
+    name = cfg["name"] if cfg["name"] is not None else default_name
+    if not isinstance(name, str) or not name or any(c in name for c in "/\\ "):
+        raise _fail("name", name, "a non-empty string without spaces or slashes")
+    if not isinstance(cfg["description"], str):
+        raise _fail("description", cfg["description"], "a string")
+    timeout = cfg["timeout_s"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise _fail("timeout_s", timeout, "a number of seconds > 0")
+    return SweepConfig(
+        name=name,
+        description=cfg["description"],
+        runners=runners,
+        models=models,
+        devices=devices,
+        scaling=scaling,
+        batch_sizes=batch_sizes,
+        data=_choices("data", cfg["data"], DATA),
+        precision=_choices("precision", cfg["precision"], PRECISIONS),
+        device=_device(cfg["device"]),
+        warmup_steps=_int("warmup_steps", cfg["warmup_steps"], 0),
+        measure_steps=_int("measure_steps", cfg["measure_steps"], 1),
+        repeats=_int("repeats", cfg["repeats"], 1),
+        timeout_s=float(timeout),
+        runner_options=_runner_options(cfg["runner_options"], runners),
+    )
+
+
+def _device(value: Any) -> str:
+    if not isinstance(value, str) or value not in DEVICES:
+        raise _fail("device", value, ", ".join(DEVICES) + " (one value for the whole sweep)")
+    return value
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one `--set key.sub=value` (value parsed as YAML) to the raw config in place."""
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set: {assignment!r} is not allowed; allowed: key=value "
+                          "(e.g. devices=[1,2] or runner_options.tf_mirrored.xla=true)")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        reason = _yaml_reason(exc)
+        raise ConfigError(f"--set {key}: {text!r} is not valid YAML ({reason})") from None
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"--set {key}: {where} is {child!r}, not a mapping to set keys in")
+        node = child
+    node[parts[-1]] = value
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
+    """Read, override and validate a YAML sweep file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {str(path)!r} does not exist; allowed: a path to a YAML "
+                          "file (e.g. configs/cpu-smoke.yaml)") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: {str(path)!r} cannot be read ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        reason = _yaml_reason(exc)
+        raise ConfigError(f"--config: {str(path)!r} is not valid YAML ({reason})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config: {str(path)!r} holds {type(raw).__name__}; allowed: a "
+                          "mapping of keys (runners, models, devices, ...)")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return validate(raw, default_name=path.stem)

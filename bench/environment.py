@@ -1,0 +1,99 @@
+"""The machine a sweep ran on: host, OS, CPU, memory, Python, GPUs (NVML), harness commit.
+
+GPUs are read through NVML (nvidia-ml-py), never through a framework: listing GPUs from
+TensorFlow initialises every one of them (seed 002, tip 5).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+from bench import REPO_ROOT
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def gpus() -> list[dict[str, Any]]:
+    """GPUs NVML sees: name, memory, driver and CUDA versions; [] without NVML or GPUs."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+        found = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            found.append({
+                "index": i,
+                "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                "driver_version": driver,
+                "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            })
+        return found
+    except pynvml.NVMLError:
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def git_commit() -> str | None:
+    """The harness's commit, with '-dirty' when the work tree has changes."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (sha + ("-dirty" if dirty else "")) if sha else None
+
+
+def capture() -> dict[str, Any]:
+    """A snapshot of the host, taken once per sweep by the parent."""
+    return {
+        "host": platform.node(),
+        "os": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "memory_bytes": memory_bytes(),
+        "python": platform.python_version(),
+        "parent_python": sys.executable,
+        "gpus": gpus(),
+        "harness_commit": git_commit(),
+    }

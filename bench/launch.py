@@ -1,0 +1,235 @@
+"""Run one RunSpec as a child process and turn whatever happens into a record.
+
+The child is `python -m <runner module> --spec <json> --result <json>` in its family's
+interpreter, in a new session so that its whole process group can be killed on timeout or
+Ctrl-C. The parent waits on the process (no busy loop), then reads the result file the
+child wrote; logs are kept for people, never parsed for numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench import REPO_ROOT
+from bench.plan import RunSpec
+from bench.records import (
+    SCHEMA_VERSION,
+    json_safe,
+    record_path,
+    runs_dir,
+    write_json_atomic,
+)
+
+KILL_GRACE_S = 5.0
+OOM_PATTERNS = re.compile(
+    r"ResourceExhaustedError|OOM when allocating|out of memory|MemoryError|"
+    r"CUDA_ERROR_OUT_OF_MEMORY|std::bad_alloc",
+    re.IGNORECASE,
+)
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*", re.MULTILINE)
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '[\w.]+'")
+CHILD_FIELDS = ("images_per_sec", "step_times_s", "samples", "first_loss", "last_loss",
+                "window_start", "window_end")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def child_env(spec: RunSpec) -> dict[str, str]:
+    """The child's environment: the repo importable, and only the GPUs the run may use."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if spec.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        ids = [v for v in visible.split(",") if v] if visible else []
+        ids = ids or [str(i) for i in range(spec.num_devices)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[: spec.num_devices])
+    return env
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left of it."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_GRACE_S)
+    _signal_group(proc.pid, signal.SIGKILL)  # also what the leader started and left behind
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> dict[str, Any]:
+    """The record's fields known before the child runs."""
+    rec: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        **{k: getattr(spec, k) for k in (
+            "run_id", "sweep_id", "runner", "family", "model", "num_devices", "virtual_devices",
+            "device", "scaling", "batch_size_per_device", "global_batch_size", "data",
+            "precision", "repeat", "warmup_steps", "measure_steps", "options")},
+        "status": None, "reason": None, "log_path": str(log_path),
+        "environment": dict(environment), "started_at": now_iso(), "finished_at": None,
+        "returncode": None, "wall_time_s": None,
+    }
+    rec.update({k: None for k in CHILD_FIELDS})
+    return rec
+
+
+def finish(rec: dict[str, Any], results_dir: Path, status: str, reason: str | None) -> dict:
+    rec["status"], rec["reason"] = status, reason
+    rec["finished_at"] = now_iso()
+    rec = json_safe(rec)
+    write_json_atomic(record_path(results_dir, rec["run_id"]), rec)
+    return rec
+
+
+def record_without_run(spec: RunSpec, results_dir: Path, environment: dict[str, Any],
+                       status: str, reason: str) -> dict[str, Any]:
+    """A record for a run that never started (unavailable environment, invalid combination)."""
+    rec = base_record(spec, environment, runs_dir(results_dir) / f"{spec.run_id}.log")
+    rec["log_path"] = None
+    return finish(rec, results_dir, status, reason)
+
+
+def launch(spec: RunSpec, python: str | Path, results_dir: Path,
+           environment: dict[str, Any]) -> dict[str, Any]:
+    """Run spec in a child process; write and return its record. Ctrl-C kills the child."""
+    rdir = runs_dir(results_dir)
+    rdir.mkdir(parents=True, exist_ok=True)
+    spec_path = rdir / f"{spec.run_id}.spec.json"
+    result_path = rdir / f"{spec.run_id}.result.json"
+    log_path = rdir / f"{spec.run_id}.log"
+    write_json_atomic(spec_path, spec.to_dict())
+    result_path.unlink(missing_ok=True)
+    rec = base_record(spec, environment, log_path)
+    rec["python"] = str(python)
+    cmd = [str(python), "-m", spec.module, "--spec", str(spec_path), "--result", str(result_path)]
+    t0 = time.monotonic()
+    timed_out = False
+    with open(log_path, "wb") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        try:
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(spec), stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as exc:
+            return finish(rec, results_dir, "unavailable",
+                          f"cannot start interpreter {python}: {exc.strerror}")
+        try:
+            proc.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        except BaseException:  # Ctrl-C or anything else: no orphans, no half record
+            _kill_group(proc)
+            raise
+    rec["returncode"] = proc.returncode
+    rec["wall_time_s"] = round(time.monotonic() - t0, 3)
+    if timed_out:
+        return finish(rec, results_dir, "timeout",
+                      f"exceeded timeout_s={spec.timeout_s:g}; process group killed")
+    status, reason = classify(proc.returncode, result_path, log_path, rec, spec)
+    return finish(rec, results_dir, status, reason)
+
+
+def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, Any],
+             spec: RunSpec) -> tuple[str, str | None]:
+    """Decide a finished child's status and one-line reason; copy its result into rec."""
+    result: dict[str, Any] | None = None
+    if result_path.exists():
+        try:
+            result = json.loads(result_path.read_text())
+            if not isinstance(result, dict):
+                raise ValueError(f"top level is {type(result).__name__}, not an object")
+        except (ValueError, OSError) as exc:
+            return "failed", f"child wrote an unreadable result ({_first_line(str(exc))})"
+    log_tail = _tail(log_path)
+    if result is None:
+        if returncode == 0:
+            return "failed", "child exited 0 without writing a result"
+        if returncode == -signal.SIGKILL:
+            return "oom", "killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+        if OOM_PATTERNS.search(log_tail):
+            return "oom", _reason_from_log(log_tail, OOM_PATTERNS)
+        missing = MISSING_MODULE.search(log_tail)
+        if missing:
+            return "unavailable", f"{missing.group(0)} in the interpreter {rec['python']}"
+        return "failed", f"exit {returncode}: {_reason_from_log(log_tail, ERROR_LINE)}"
+    for key in CHILD_FIELDS:
+        rec[key] = result.get(key)
+    rec["result"] = {k: v for k, v in result.items() if k not in CHILD_FIELDS}
+    rec["environment"]["framework"] = result.get("framework")
+    rec["environment"]["devices"] = result.get("devices")
+    status = result.get("status", "ok")
+    if status != "ok":
+        reason = result.get("reason") or _reason_from_log(log_tail, ERROR_LINE)
+        return status, _first_line(reason)
+    if returncode != 0:
+        return "failed", f"exit {returncode} after reporting success: " \
+                         f"{_reason_from_log(log_tail, ERROR_LINE)}"
+    problems = validate_result(result, spec)
+    return ("invalid", "; ".join(problems)) if problems else ("ok", None)
+
+
+def validate_result(result: dict[str, Any], spec: RunSpec) -> list[str]:
+    """What is wrong with an 'ok' benchmark result (an empty list when nothing is)."""
+    if spec.mode != "benchmark":
+        return []
+    problems = []
+    expected = spec.measure_steps * spec.global_batch_size
+    if result.get("samples") != expected:
+        problems.append(f"samples {result.get('samples')!r} != measure_steps x global batch "
+                        f"= {expected}")
+    for key in ("first_loss", "last_loss"):
+        v = result.get(key)
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            problems.append(f"{key} is {v!r}, not a finite number")
+    ips = result.get("images_per_sec")
+    if not isinstance(ips, (int, float)) or not math.isfinite(ips) or ips <= 0:
+        problems.append(f"images_per_sec is {ips!r}")
+    start, end = result.get("window_start"), result.get("window_end")
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start):
+        problems.append(f"timed window [{start!r}, {end!r}] is empty or missing")
+    return problems
+
+
+def _tail(path: Path, size: int = 16384) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _reason_from_log(text: str, pattern: re.Pattern[str]) -> str:
+    """The last line of the log that matches pattern, else its last non-empty line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if pattern.search(line):
+            return _first_line(line)
+    return _first_line(lines[-1]) if lines else "no output"
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,58 @@
+"""One loader for notebooks and scripts: a results folder as a tidy pandas DataFrame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.records import load_records
+from bench.stats import group_key, summarise
+
+SCALARS = (
+    "run_id", "sweep_id", "runner", "family", "model", "num_devices", "virtual_devices",
+    "device", "scaling", "batch_size_per_device", "global_batch_size", "data", "precision",
+    "repeat", "warmup_steps", "measure_steps", "status", "reason", "images_per_sec", "samples",
+    "first_loss", "last_loss", "window_start", "window_end", "wall_time_s", "started_at",
+    "finished_at", "log_path",
+)
+
+
+def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    row = {k: rec.get(k) for k in SCALARS}
+    env = rec.get("environment") or {}
+    for key in ("host", "os", "cpu_model", "cpu_cores", "memory_bytes", "python",
+                "harness_commit"):
+        row[f"env_{key}"] = env.get(key)
+    row["env_gpus"] = ", ".join(g["name"] for g in env.get("gpus") or []) or None
+    for name, version in (env.get("framework") or {}).items():
+        row[f"version_{name}"] = version
+    steps = rec.get("step_times_s") or []
+    row["step_time_median_s"] = float(pd.Series(steps).median()) if steps else None
+    result = rec.get("result") or {}
+    row["layout"] = result.get("layout")
+    for key, value in (rec.get("options") or {}).items():
+        row[f"opt_{key}"] = value
+    return row
+
+
+def load_results(results_dir: str | Path) -> pd.DataFrame:
+    """One row per run: the record's scalar fields, the environment flattened, and the run's
+    speedup and scaling efficiency against the mean 1-device throughput of its group."""
+    records = load_records(Path(results_dir))
+    df = pd.DataFrame([_flatten(r) for r in records])
+    if df.empty:
+        return pd.DataFrame(columns=[*SCALARS, "speedup", "scaling_efficiency"])
+    baselines = {
+        (r["runner"], r["model"], r["data"], r["precision"], r["scaling"],
+         r["batch_size_per_device"] if r["scaling"] == "weak" else r["global_batch_size"],
+         r["device"]): r["images_per_sec"]
+        for r in summarise(records) if r["num_devices"] == 1
+    }
+    base = [baselines.get(group_key(r)) for r in records]
+    df["speedup"] = [ips / b if ips is not None and b else None
+                     for ips, b in zip(df["images_per_sec"], base, strict=True)]
+    df["scaling_efficiency"] = [s / n if s is not None else None
+                                for s, n in zip(df["speedup"], df["num_devices"], strict=True)]
+    return df

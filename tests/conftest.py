@@ -1,0 +1,38 @@
+"""Shared fixtures: framework interpreters (built on first use, cached outside the repo)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _family_python(family: str) -> str:
+    """The family's CPU interpreter, creating its environment if needed.
+
+    A missing environment is a test failure, not a skip: CI must exercise the frameworks.
+    Set MGBENCH_SKIP_FRAMEWORKS=1 to skip these tests on a machine that cannot build them."""
+    if os.environ.get("MGBENCH_SKIP_FRAMEWORKS") == "1":
+        pytest.skip("MGBENCH_SKIP_FRAMEWORKS=1")
+    from bench.envs import ensure_env
+
+    return str(ensure_env(family, "cpu").python)
+
+
+@pytest.fixture(scope="session")
+def tf_python() -> str:
+    return _family_python("tf")
+
+
+def run_cli(*args: str, timeout: float = 900, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Run `python run_bench.py ARGS` as a user would, from the repo root."""
+    return subprocess.run([sys.executable, str(REPO / "run_bench.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})

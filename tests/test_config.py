@@ -1,0 +1,156 @@
+"""Config validation: every bad input is one clear line naming key, value and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.config import ConfigError, apply_override, load_config, validate
+from tests.conftest import REPO, run_cli
+
+BASE = {
+    "runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],
+    "batch_size_per_device": 32,
+}
+
+
+def bad(**changes: object) -> str:
+    raw = {**BASE, **changes}
+    raw = {k: v for k, v in raw.items() if v is not ...}
+    with pytest.raises(ConfigError) as info:
+        validate(raw)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_valid_config_fills_defaults() -> None:
+    cfg = validate(dict(BASE))
+    assert cfg.scaling == "weak" and cfg.batch_sizes == [32]
+    assert cfg.data == ["synthetic"] and cfg.precision == ["fp32"] and cfg.device == "cpu"
+    assert cfg.runner_options["tf_mirrored"]["xla"] is False
+
+
+def test_scalars_become_lists() -> None:
+    cfg = validate({**BASE, "runners": "tf_mirrored", "devices": 2, "precision": "bf16"})
+    assert cfg.runners == ["tf_mirrored"] and cfg.devices == [2] and cfg.precision == ["bf16"]
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"runners": ["tf_mirored"]}, ["runners", "'tf_mirored'", "did you mean 'tf_mirrored'",
+                                   "allowed: "]),
+    ({"models": ["resnet51"]}, ["models", "'resnet51'", "resnet50", "minigooglenet"]),
+    ({"devices": [0, 2]}, ["devices", "0", "an integer >= 1"]),
+    ({"devices": ["two"]}, ["devices", "'two'", "integer"]),
+    ({"devices": [True]}, ["devices", "True", "integer"]),
+    ({"measure_steps": "10"}, ["measure_steps", "'10'", "integer"]),
+    ({"measure_step": 10}, ["unknown key 'measure_step'", "did you mean 'measure_steps'"]),
+    ({"scaling": "strong"}, ["batch_size_per_device", "global_batch_size"]),
+    ({"batch_size_per_device": ..., "global_batch_size": 33}, ["global_batch_size", "33",
+                                                                "does not divide by 2"]),
+    ({"global_batch_size": 64}, ["both given", "exactly one"]),
+    ({"batch_size_per_device": ...}, ["batch_size_per_device", "missing"]),
+    ({"device": "tpu"}, ["device", "'tpu'", "cpu, gpu"]),
+    ({"precision": ["fp8"]}, ["precision", "'fp8'", "fp32, bf16, fp16"]),
+    ({"data": "imagenet"}, ["data", "'imagenet'", "synthetic"]),
+    ({"timeout_s": -1}, ["timeout_s", "-1", "> 0"]),
+    ({"runners": []}, ["runners", "[]", "non-empty"]),
+    ({"runner_options": {"tf_mirrored": {"xla": "yes"}}},
+     ["runner_options.tf_mirrored.xla", "'yes'", "bool"]),
+    ({"runner_options": {"tf_mirrored": {"xal": True}}}, ["'xal'", "did you mean 'xla'"]),
+    ({"runner_options": {"tf_mirrored": {"data_format": "nchw"}}},
+     ["data_format", "'nchw'", "channels_last, channels_first"]),
+    ({"runner_options": {"nope": {}}}, ["runner_options", "'nope'", "tf_mirrored"]),
+])
+def test_bad_values_name_key_value_and_allowed(changes: dict, words: list[str]) -> None:
+    message = bad(**changes)
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_missing_required_key() -> None:
+    raw = dict(BASE)
+    del raw["models"]
+    with pytest.raises(ConfigError, match="models: missing"):
+        validate(raw)
+
+
+def test_strong_scaling_divides_global_batch() -> None:
+    cfg = validate({**{k: v for k, v in BASE.items() if k != "batch_size_per_device"},
+                    "global_batch_size": 64, "devices": [1, 2, 4]})
+    assert cfg.scaling == "strong" and cfg.batch_sizes == [64]
+
+
+def test_set_parses_yaml_and_reaches_nested_keys() -> None:
+    raw = dict(BASE)
+    apply_override(raw, "devices=[1,2,4]")
+    apply_override(raw, "runner_options.tf_mirrored.xla=true")
+    apply_override(raw, "name=my-sweep")
+    cfg = validate(raw)
+    assert cfg.devices == [1, 2, 4] and cfg.name == "my-sweep"
+    assert cfg.runner_options["tf_mirrored"]["xla"] is True
+
+
+def test_set_without_equals_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_override({}, "devices")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_malformed_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("runners: [tf_mirrored\nmodels: x\n")
+    with pytest.raises(ConfigError, match="not valid YAML .*line"):
+        load_config(path)
+
+
+def test_top_level_must_be_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("name", ["cpu-smoke", "gpu-smoke", "dgx1"])
+def test_shipped_configs_validate(name: str) -> None:
+    cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    assert cfg.name == name
+    # the resolved config loads back to the same thing
+    assert validate(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize("content, args, words", [
+    ("runners: [nope]\nmodels: [minigooglenet]\ndevices: [1]\nbatch_size_per_device: 8\n", [],
+     ["runners", "'nope'"]),
+    ("runners: [tf_mirrored\n", [], ["not valid YAML"]),
+    (None, [], ["does not exist"]),
+    ("runners: [tf_mirrored]\nmodels: [minigooglenet]\ndevices: [1]\nbatch_size_per_device: 8\n",
+     ["--set", "devices=[0]"], ["devices", "0"]),
+])
+def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path, content: str | None, args: list[str],
+                                           words: list[str]) -> None:
+    path = tmp_path / "c.yaml"
+    if content is not None:
+        path.write_text(content)
+    proc = run_cli("--config", str(path), "--dry-run", *args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for word in words:
+        assert word in lines[0]
+
+
+def test_dry_run_prints_plan_table() -> None:
+    proc = run_cli("--config", "configs/dgx1.yaml", "--dry-run", "--set", "repeats=1",
+                   timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "16 runs" in proc.stdout  # 1 runner x 2 models x 4 counts x 2 precisions
+    assert "tf_mirrored__resnet50__n8__b64__synthetic__fp16__r0" in proc.stdout
+    assert yaml.safe_load((REPO / "configs" / "dgx1.yaml").read_text())["devices"] == [1, 2, 4, 8]

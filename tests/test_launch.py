@@ -1,0 +1,109 @@
+"""The orchestrator against real child programs that succeed, crash, hang and write garbage."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.launch import launch
+from bench.plan import RunSpec
+from bench.records import check_record, load_records
+
+
+def spec(behaviour: str = "ok", timeout_s: float = 60, **options: object) -> RunSpec:
+    return RunSpec(
+        run_id=f"toy-{behaviour}", sweep_id="t", runner="toy", family="host",
+        module="tests.children.toy", model="probe", num_devices=1, device="cpu",
+        virtual_devices=True, scaling="weak", batch_size_per_device=8, global_batch_size=8,
+        data="synthetic", precision="fp32", warmup_steps=2, measure_steps=5, repeat=0,
+        timeout_s=timeout_s, options={"behaviour": behaviour, **options})
+
+
+def run(tmp_path: Path, s: RunSpec) -> dict:
+    rec = launch(s, sys.executable, tmp_path, {"host": "test"})
+    assert check_record(rec) == [], rec
+    on_disk = json.loads((tmp_path / "runs" / f"{s.run_id}.json").read_text())
+    assert on_disk == json.loads(json.dumps(rec))
+    return rec
+
+
+def test_ok_child_gives_ok_record(tmp_path: Path) -> None:
+    rec = run(tmp_path, spec())
+    assert rec["status"] == "ok" and rec["reason"] is None
+    assert rec["images_per_sec"] > 0 and rec["samples"] == 5 * 8
+    assert len(rec["step_times_s"]) == 5
+    assert rec["window_end"] > rec["window_start"]
+    assert rec["environment"]["framework"]["numpy"]
+    assert Path(rec["log_path"]).read_text().count("[runner]") == 2
+
+
+def test_crash_becomes_failed_with_reason(tmp_path: Path) -> None:
+    rec = run(tmp_path, spec("crash"))
+    assert rec["status"] == "failed"
+    assert rec["reason"] == "RuntimeError: the toy runner crashed on purpose"
+    assert "Traceback" in Path(rec["log_path"]).read_text()
+
+
+def test_hang_is_killed_with_its_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    t0 = time.monotonic()
+    rec = run(tmp_path, spec("hang", timeout_s=3, pid_file=str(pid_file)))
+    assert rec["status"] == "timeout" and "timeout_s=3" in rec["reason"]
+    assert time.monotonic() - t0 < 30
+    grandchild = int(pid_file.read_text())
+    assert not alive(grandchild)
+
+
+def alive(pid: int) -> bool:
+    """True while pid runs (a zombie waiting for PID 1 to reap it counts as dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_garbage_result_is_failed(tmp_path: Path) -> None:
+    rec = run(tmp_path, spec("garbage"))
+    assert rec["status"] == "failed" and "unreadable result" in rec["reason"]
+
+
+def test_oom_message_is_oom(tmp_path: Path) -> None:
+    rec = run(tmp_path, spec("oom"))
+    assert rec["status"] == "oom" and "OOM when allocating" in rec["reason"]
+
+
+def test_sigkill_is_reported_as_likely_oom(tmp_path: Path) -> None:
+    rec = run(tmp_path, spec("sigkill"))
+    assert rec["status"] == "oom" and "SIGKILL" in rec["reason"]
+
+
+@pytest.mark.parametrize("module", ["tests.children.toy", "tests.children.no_framework"])
+def test_missing_framework_is_unavailable(tmp_path: Path, module: str) -> None:
+    rec = run(tmp_path, dataclasses.replace(spec("import_error"), module=module))
+    assert rec["status"] == "unavailable"
+    assert "No module named 'tensorflow_that_is_not_installed'" in rec["reason"]
+    assert sys.executable in rec["reason"]
+
+
+@pytest.mark.parametrize("behaviour, words", [("nan", "last_loss is nan"),
+                                               ("short", "samples 32 != measure_steps")])
+def test_untrustworthy_numbers_are_invalid(tmp_path: Path, behaviour: str, words: str) -> None:
+    rec = run(tmp_path, spec(behaviour))
+    assert rec["status"] == "invalid" and words in rec["reason"]
+
+
+def test_missing_interpreter_is_unavailable(tmp_path: Path) -> None:
+    rec = launch(spec(), "/nonexistent/python", tmp_path, {})
+    assert rec["status"] == "unavailable" and "/nonexistent/python" in rec["reason"]
+
+
+def test_records_accumulate(tmp_path: Path) -> None:
+    run(tmp_path, spec())
+    run(tmp_path, dataclasses.replace(spec("crash")))
+    assert {r["status"] for r in load_records(tmp_path)} == {"ok", "failed"}
