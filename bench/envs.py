@@ -23,6 +23,7 @@ from bench import REPO_ROOT
 from bench.registry import FAMILIES
 
 STAMP = ".mgbench-stamp"
+PROGRESS = ("Collecting", "Downloading", "Building", "Installing", "Successfully", "ERROR")
 
 
 class EnvError(RuntimeError):
@@ -115,7 +116,7 @@ def _run(cmd: list[str], quiet: bool) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-20:]
-        if not quiet and line.strip() and not line.startswith("  "):
+        if not quiet and line.startswith(PROGRESS):
             print(f"    {line.rstrip()}", flush=True)
     if proc.wait() != 0:
         reason = next((t for t in reversed(tail) if t.strip()), "no output")

@@ -93,6 +93,8 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
                 ax.plot(xs, [base["images_per_sec"] * x for x in xs], "--",
                         color=line.get_color(), alpha=0.5, label=f"ideal ({label.split()[0]})")
         _axes(ax, model, "devices", "images/sec")
+        _device_ticks(ax, [r for r in ok if r["model"] == model])
+        ax.set_ylim(bottom=0)
     fig.suptitle("Throughput vs device count" + note)
     paths.append(_save(fig, out / CHARTS[0], plt))
 
@@ -107,6 +109,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
             ax.plot([p["num_devices"] for p in pts], [p["scaling_efficiency"] for p in pts],
                     "o-", label=label)
         _axes(ax, model, "devices", "scaling efficiency")
+        _device_ticks(ax, [r for r in ok if r["model"] == model])
         ax.set_ylim(bottom=0)
     fig.suptitle("Scaling efficiency (speedup / devices)" + note)
     paths.append(_save(fig, out / CHARTS[1], plt))
@@ -129,6 +132,12 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
 def _subplots(plt: Any, n: int) -> tuple[Any, list[Any]]:
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.8), squeeze=False)
     return fig, list(axes[0])
+
+
+def _device_ticks(ax: Any, rows: list[dict[str, Any]]) -> None:
+    counts = sorted({r["num_devices"] for r in rows})
+    if counts:
+        ax.set_xticks(counts)
 
 
 def _axes(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
