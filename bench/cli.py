@@ -183,15 +183,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     todo = [r for r in runs if r.run_id not in done]
     print(f"sweep {cfg.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
           f"results in {out}", flush=True)
-    pythons = interpreters(todo, cfg.device, args.quiet_setup)
     visible_gpus = len(env["gpus"])
+    blocked = {r.run_id: why for r in todo if (why := precheck(r, visible_gpus))}
+    pythons = interpreters([r for r in todo if r.run_id not in blocked], cfg.device,
+                           args.quiet_setup)
     try:
         for i, spec in enumerate(todo, 1):
             label = (f"[{i}/{len(todo)}] {spec.runner} {spec.model} n={spec.num_devices} "
                      f"b={spec.global_batch_size} {spec.precision}")
             print(f"{label} ...", end=" ", flush=True)
             t0 = time.monotonic()
-            rec = run_one(spec, pythons, out, env, visible_gpus)
+            if spec.run_id in blocked:
+                rec = record_without_run(spec, out, env, *blocked[spec.run_id])
+            else:
+                rec = run_one(spec, pythons, out, env)
             took = time.monotonic() - t0
             detail = (f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok"
                       else rec["reason"])
@@ -209,17 +214,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_one(spec: RunSpec, pythons: dict[str, Any], out: Path, env: dict[str, Any],
-            visible_gpus: int) -> dict[str, Any]:
-    """Launch one run, or record why it cannot be launched."""
+def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:
+    """(status, reason) for a run that cannot be launched here; None if it can."""
     info = RUNNERS[spec.runner]
     if spec.precision not in info.precisions:
-        return record_without_run(spec, out, env, "invalid",
-                                  f"{spec.runner} supports precision "
-                                  f"{', '.join(info.precisions)}, not {spec.precision}")
+        return "invalid", (f"{spec.runner} supports precision {', '.join(info.precisions)}, "
+                           f"not {spec.precision}")
     if spec.device == "gpu" and spec.num_devices > visible_gpus:
-        return record_without_run(spec, out, env, "unavailable",
-                                  f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}")
+        return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
+    return None
+
+
+def run_one(spec: RunSpec, pythons: dict[str, Any], out: Path,
+            env: dict[str, Any]) -> dict[str, Any]:
+    """Launch one run in its family's interpreter, or record why there is none."""
     python = interpreter_for(spec.family, spec.device, spec.python) if spec.python \
         else pythons.get(spec.family)
     if isinstance(python, Exception) or python is None:

@@ -96,12 +96,11 @@ def ensure_env(family: str, variant: str, *, quiet: bool = False) -> FamilyEnv:
             return env
         say = (lambda *_: None) if quiet else (lambda msg: print(msg, flush=True))
         say(f"[setup] {family}-{variant}: creating {env.path}")
-        say(f"[setup] {family}-{variant}: installing {env.requirements.relative_to(REPO_ROOT)} "
+        say(f"[setup] {family}-{variant}: installing {FAMILIES[family].requirements[variant]} "
             "(first time only; framework wheels are large)")
         if env.path.exists():
             shutil.rmtree(env.path)
         _run([sys.executable, "-m", "venv", str(env.path)], quiet)
-        _run([str(env.python), "-m", "pip", "install", "--upgrade", "pip"], quiet=True)
         _run([str(env.python), "-m", "pip", "install", "--progress-bar", "off",
               "-r", str(env.requirements)], quiet)
         (env.path / STAMP).write_text(env.key + "\n")

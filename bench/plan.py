@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from bench.registry import COMMON_OPTIONS, RUNNERS
 
-
 if TYPE_CHECKING:
     from bench.config import SweepConfig
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -121,6 +122,20 @@ def save_equivalence_output(spec: Spec, weights: dict[str, np.ndarray]) -> None:
                                                weights.items()})
 
 
+def one_line(message: str, limit: int = 300) -> str:
+    """A multi-line error as one line: its first line, and when that only introduces the detail
+    (TensorFlow's "Graph execution error:"), the first status line after it."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:
+        detail = next((ln for ln in lines[1:] if re.match(r"^(\(\d+\) )?[A-Z_]{4,}: ", ln)),
+                      lines[-1])
+        text = f"{text} {detail}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def main(benchmark: Callable[[Spec], dict[str, Any]],
          equivalence: Callable[[Spec], dict[str, Any]] | None = None) -> None:
     """Entry point of every runner: run the spec's mode and write the result, whatever happens."""
@@ -150,7 +165,7 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
         traceback.print_exc()
         name = type(exc).__name__
         status = "oom" if name in OOM_NAMES or "out of memory" in str(exc).lower() else "failed"
-        message = (str(exc).strip().splitlines() or [""])[0][:300]
+        message = one_line(str(exc))
         result = {"status": status, "reason": f"{name}: {message}" if message else name}
         code = 1
     write_json_atomic(args.result, result)

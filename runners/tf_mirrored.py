@@ -146,7 +146,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     timer = StepTimer()
     clock = _Clock(warmup, per_call, timer)
     ds = synthetic_dataset(shape, model_spec.num_classes, spec["global_batch_size"])
-    model.fit(ds, epochs=1, steps_per_epoch=warmup + measure, callbacks=[clock], verbose=0)
+    model.fit(ds, epochs=1, steps_per_epoch=warmup + measure, callbacks=[clock], verbose=0,
+              shuffle=False)
     samples = (int(model.optimizer.iterations.numpy()) - clock.start_iteration) \
         * spec["global_batch_size"]
     if not clock.losses:
@@ -182,7 +183,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ds = tf.data.Dataset.from_tensors((x, y))
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    model.fit(ds.with_options(options), epochs=1, steps_per_epoch=1, verbose=0)
+    model.fit(ds.with_options(options), epochs=1, steps_per_epoch=1, verbose=0, shuffle=False)
     save_equivalence_output(spec, get_canonical_weights(model))
     return {"replicas": strategy.num_replicas_in_sync, "framework": framework_versions(),
             "devices": devices}

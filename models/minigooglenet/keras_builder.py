@@ -1,5 +1,5 @@
-"""MiniGoogLeNet in Keras, as in seed 004 (conv -> BN -> ReLU modules; conv layers keep their
-bias, as the original Keras code does)."""
+"""MiniGoogLeNet in Keras, as PyImageSearch's `MiniGoogLeNet.build` (seed 004): conv modules are
+Conv2D (with its default bias) -> BatchNorm -> ReLU, as in the original Keras code."""
 
 from __future__ import annotations
 
@@ -9,38 +9,39 @@ from keras import layers
 from models import ModelSpec
 from models.keras_common import channel_axis, input_layer
 
+# (1x1 filters, 3x3 filters) of each inception module, "down" for a downsample module (3x3 filters)
+LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
+          ("down", 96), (176, 160), (176, 160))
+
 
 def build(spec: ModelSpec, data_format: str = "channels_last") -> keras.Model:
+    """MiniGoogLeNet for spec.input_shape (32x32x3) and spec.num_classes."""
     axis = channel_axis(data_format)
-    count = iter(range(1, 1000))
 
-    def conv(x, filters: int, k: int, stride: int, padding: str = "same"):
-        i = next(count)
+    def conv_module(x, filters: int, k: int, stride: int, name: str, padding: str = "same"):
         x = layers.Conv2D(filters, k, strides=stride, padding=padding, data_format=data_format,
-                          name=f"conv{i}")(x)
-        x = layers.BatchNormalization(axis=axis, name=f"bn{i}")(x)
-        return layers.Activation("relu", name=f"relu{i}")(x)
+                          name=f"{name}_conv")(x)
+        x = layers.BatchNormalization(axis=axis, name=f"{name}_bn")(x)
+        return layers.Activation("relu", name=f"{name}_relu")(x)
 
-    def inception(x, k1: int, k3: int):
-        return layers.Concatenate(axis=axis)([conv(x, k1, 1, 1), conv(x, k3, 3, 1)])
+    def inception_module(x, k1: int, k3: int, name: str):
+        a = conv_module(x, k1, 1, 1, f"{name}_1x1")
+        b = conv_module(x, k3, 3, 1, f"{name}_3x3")
+        return layers.Concatenate(axis=axis, name=f"{name}_concat")([a, b])
 
-    def downsample(x, k: int):
-        pool = layers.MaxPooling2D(3, strides=2, data_format=data_format)(x)
-        return layers.Concatenate(axis=axis)([conv(x, k, 3, 2, "valid"), pool])
+    def downsample_module(x, k: int, name: str):
+        a = conv_module(x, k, 3, 2, f"{name}_3x3", padding="valid")
+        b = layers.MaxPooling2D(3, strides=2, data_format=data_format, name=f"{name}_pool")(x)
+        return layers.Concatenate(axis=axis, name=f"{name}_concat")([a, b])
 
     inputs = input_layer(spec.input_shape, data_format)
-    x = conv(inputs, 96, 3, 1)
-    x = inception(x, 32, 32)
-    x = inception(x, 32, 48)
-    x = downsample(x, 80)
-    for k1, k3 in ((112, 48), (96, 64), (80, 80), (48, 96)):
-        x = inception(x, k1, k3)
-    x = downsample(x, 96)
-    x = inception(x, 176, 160)
-    x = inception(x, 176, 160)
-    x = layers.AveragePooling2D(7, data_format=data_format)(x)
-    x = layers.Dropout(0.5)(x)
-    x = layers.Flatten(data_format=data_format)(x)
+    x = conv_module(inputs, 96, 3, 1, "stem")
+    for i, (a, b) in enumerate(LAYOUT, start=1):
+        x = downsample_module(x, b, f"down{i}") if a == "down" else inception_module(
+            x, a, b, f"incep{i}")
+    x = layers.AveragePooling2D(7, data_format=data_format, name="avg_pool")(x)
+    x = layers.Dropout(0.5, name="dropout")(x)
+    x = layers.Flatten(data_format=data_format, name="flatten")(x)
     x = layers.Dense(spec.num_classes, name="fc")(x)
     outputs = layers.Activation("softmax", dtype="float32", name="softmax")(x)
     return keras.Model(inputs, outputs, name="minigooglenet")

@@ -1,4 +1,4 @@
-"""MiniGoogLeNet as in seed 004 (CIFAR-10 sized): the model of its multi_gpu_model figures."""
+"""MiniGoogLeNet (PyImageSearch, seed 004), CIFAR-10 sized: the model of its multi-GPU figures."""
 
 from models import ModelSpec
 
@@ -6,11 +6,12 @@ SPEC = ModelSpec(
     name="minigooglenet",
     input_shape=(32, 32, 3),
     num_classes=10,
-    # 1,656,250 as Keras' model.summary() counts it, BatchNorm moving statistics included;
-    # 3,424 of those are the moving means and variances.
+    # 1,656,250 as Keras' model.summary() counts the original (conv layers keep their bias):
+    # 1,652,826 trainable + 3,424 BatchNorm moving means and variances (1,712 channels x 2).
     params=1_656_250,
     trainable_params=1_652_826,
-    # 2 x 234,597,920 multiply-adds, counted by models.keras_common.count_flops_keras.
+    # 2 x 234,597,920 multiply-adds: models.keras_common.count_flops_keras on the Keras builder
+    # (TF 2.21 / Keras 3.15), the same in both data formats.
     flops_per_sample=469_195_840,
-    description="MiniGoogLeNet (seed 004): conv-BN-ReLU, inception and downsample modules",
+    description="MiniGoogLeNet: conv-BN-ReLU, 9 inception and 2 downsample modules, 32x32x3",
 )

@@ -32,9 +32,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     behaviour = spec["options"].get("behaviour", "ok")
     if behaviour == "crash":
         raise RuntimeError("the toy runner crashed on purpose")
-    if behaviour == "hang":
+    if behaviour == "hang" or (behaviour == "hang_above_1" and spec["num_devices"] > 1):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        Path(spec["options"]["pid_file"]).write_text(str(child.pid))
+        if spec["options"].get("pid_file"):
+            Path(spec["options"]["pid_file"]).write_text(str(child.pid))
         time.sleep(600)
     if behaviour == "garbage":
         Path(sys.argv[sys.argv.index("--result") + 1]).write_text("{this is not json")

@@ -1,0 +1,139 @@
+"""The CLI end to end with the toy runner: failures become records, the sweep goes on,
+--resume skips finished runs, Ctrl-C keeps what is done."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.records import load_records
+from tests.conftest import REPO, run_cli
+
+
+def toy_config(tmp_path: Path, behaviour: str, **extra: object) -> Path:
+    cfg = {"name": "toy", "runners": ["toy"], "models": ["probe"], "devices": [1, 2],
+           "batch_size_per_device": 8, "warmup_steps": 1, "measure_steps": 3,
+           "timeout_s": 60,
+           "runner_options": {"toy": {"python": sys.executable, "behaviour": behaviour}}}
+    cfg.update(extra)
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def toy_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tests.children.cli_with_toy", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_ok_sweep_writes_records_summary_and_charts(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = toy_cli("--config", str(toy_config(tmp_path, "ok")), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/2] toy probe n=1" in proc.stdout and "[2/2] toy probe n=2" in proc.stdout
+    assert f"results: {out}" in proc.stdout
+    assert {r["status"] for r in load_records(out)} == {"ok"}
+    assert len((out / "summary.csv").read_text().splitlines()) == 3
+    assert len(list((out / "charts").glob("*.png"))) == 3
+    assert yaml.safe_load((out / "config.yaml").read_text())["runners"] == ["toy"]
+
+
+def test_crashes_become_records_and_sweep_finishes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = toy_cli("--config", str(toy_config(tmp_path, "crash")), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    records = load_records(out)
+    assert [r["status"] for r in records] == ["failed", "failed"]
+    assert "Not ok:" in proc.stdout and "crashed on purpose" in proc.stdout
+
+
+def test_timeout_is_recorded_and_sweep_finishes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = toy_cli("--config", str(toy_config(tmp_path, "hang_above_1", timeout_s=3)),
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    status = {r["num_devices"]: r["status"] for r in load_records(out)}
+    assert status == {1: "ok", 2: "timeout"}
+
+
+def test_resume_skips_finished_runs(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = str(toy_config(tmp_path, "ok", devices=[1]))
+    assert toy_cli("--config", config, "--out", str(out)).returncode == 0
+    before = (out / "runs").glob("*__n1__*r0.json").__next__().stat().st_mtime_ns
+    proc = toy_cli("--config", config, "--out", str(out), "--resume", "--set", "devices=[1,2]")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 runs, 1 already done" in proc.stdout
+    after = (out / "runs").glob("*__n1__*r0.json").__next__().stat().st_mtime_ns
+    assert after == before and len(load_records(out)) == 2
+
+
+def test_retry_failed_reruns_failures(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert toy_cli("--config", str(toy_config(tmp_path, "crash")), "--out",
+                   str(out)).returncode == 0
+    proc = toy_cli("--config", str(toy_config(tmp_path, "ok")), "--out", str(out), "--resume",
+                   "--retry-failed")
+    assert "0 already done" in proc.stdout
+    assert {r["status"] for r in load_records(out)} == {"ok"}
+
+
+def test_ctrl_c_keeps_finished_records(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    pid_file = tmp_path / "grandchild.pid"
+    cfg = toy_config(tmp_path, "hang_above_1", timeout_s=600)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["runner_options"]["toy"]["pid_file"] = str(pid_file)
+    cfg.write_text(yaml.safe_dump(raw))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.children.cli_with_toy", "--config",
+                             str(cfg), "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), "the second run never started"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "--resume" in stderr and "Traceback" not in stderr
+    records = load_records(out)
+    assert [(r["num_devices"], r["status"]) for r in records] == [(1, "ok")]
+    grandchild = int(pid_file.read_text())
+    time.sleep(0.2)
+    state = ""
+    if Path(f"/proc/{grandchild}/stat").exists():
+        state = Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state in ("", "Z", "X"), "the interrupted run's processes live on"
+
+
+def test_gpu_runs_without_gpus_are_unavailable(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = toy_cli("--config", str(toy_config(tmp_path, "ok", device="gpu")), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    if os.path.exists("/dev/nvidia0"):
+        return  # a GPU machine: this check is about machines without one
+    reasons = {r["reason"] for r in load_records(out)}
+    assert reasons == {"needs 1 GPUs; NVML sees 0", "needs 2 GPUs; NVML sees 0"}
+
+
+def test_list_shows_runners_models_and_families() -> None:
+    proc = run_cli("list", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for word in ("tf_mirrored", "family=tf", "minigooglenet", "resnet50", "params=1,656,250"):
+        assert word in proc.stdout
+
+
+def test_setup_unknown_family_is_exit_2() -> None:
+    proc = run_cli("setup", "cntk", timeout=60)
+    assert proc.returncode == 2 and "family 'cntk'" in proc.stderr and "allowed: tf" in proc.stderr
+
+
+def test_report_on_a_folder_without_runs_is_exit_2(tmp_path: Path) -> None:
+    proc = run_cli("report", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "has no runs/ folder" in proc.stderr
