@@ -119,7 +119,8 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
         mine = [r for r in ok if r["model"] == model]
         top = max((r["num_devices"] for r in mine), default=0)
         bars = [r for r in mine if r["num_devices"] == top]
-        ax.bar(range(len(bars)), [r["images_per_sec"] for r in bars])
+        drawn = ax.bar(range(len(bars)), [r["images_per_sec"] for r in bars])
+        ax.bar_label(drawn, fmt="%.1f", fontsize=8)
         ax.set_xticks(range(len(bars)), [_series_label(r).replace(" [virtual CPU devices]", "")
                                          for r in bars], rotation=30, ha="right", fontsize=8)
         ax.set_title(f"{model}: {top} {'virtual CPU ' if virtual else ''}devices")

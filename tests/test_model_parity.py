@@ -1,43 +1,94 @@
-"""Every builder agrees with its model's framework-free spec: parameters and FLOPs."""
+"""Every model's builders agree with its framework-free spec: parameters, FLOPs, outputs."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from models import available_models, get_spec
-from tests.conftest import REPO
 
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs in the TF interpreter, from the repo root; prints one line "RESULT <json>".
 KERAS_CHECK = r"""
 import json, sys
+import keras
+import numpy as np
 from models import get_spec, load_builder
-from models.keras_common import count_flops_keras, count_params_keras, count_trainable_keras
+from models.keras_common import (count_flops_keras, count_params_keras, count_trainable_keras,
+                                 get_canonical_weights, set_canonical_weights)
 out = {}
 for name in sys.argv[1:]:
+    spec, build = get_spec(name), load_builder(name, "keras")
     for fmt in ("channels_last", "channels_first"):
-        m = load_builder(name, "keras")(get_spec(name), data_format=fmt)
-        out[f"{name}/{fmt}"] = [count_params_keras(m), count_trainable_keras(m),
-                                count_flops_keras(m), list(m.output.shape)]
+        m = build(spec, data_format=fmt)
+        r = {"params": count_params_keras(m), "trainable": count_trainable_keras(m),
+             "flops": count_flops_keras(m), "output_shape": list(m.output.shape)[1:]}
+        if fmt == "channels_last":  # channels_first convs need not run on CPU
+            y = np.asarray(m(np.random.default_rng(0).random((2, *spec.input_shape),
+                                                             dtype=np.float32)))
+            r["row_sums"] = y.sum(axis=1).tolist()
+        out[f"{name}/{fmt}"] = r
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    out[f"{name}/mixed_float16"] = {"output_dtype": str(build(spec).output.dtype)}
+    keras.mixed_precision.set_global_policy("float32")
+# The probe's canonical weights: names and shapes as its spec lists them, a round trip, and
+# the same softmax in both data formats.
+probe = get_spec("probe")
+build = load_builder("probe", "keras")
+last, first = build(probe, "channels_last"), build(probe, "channels_first")
+rng = np.random.default_rng(1)
+w = {k: rng.standard_normal(s).astype(np.float32) for k, s in probe.weights}
+set_canonical_weights(last, w)
+set_canonical_weights(first, w)
+got = get_canonical_weights(first)
+x = rng.standard_normal((4, *probe.input_shape)).astype(np.float32)
+out["probe/canonical"] = {
+    "names": {k: list(v.shape) for k, v in got.items()},
+    "round_trip": all(np.array_equal(got[k], w[k]) for k in w),
+    "formats_diff": float(np.abs(np.asarray(last(x))
+                                 - np.asarray(first(x.transpose(0, 3, 1, 2)))).max()),
+}
 print("RESULT " + json.dumps(out))
 """
 
 
-def test_models_are_discovered_and_specs_consistent() -> None:
+def test_models_are_discovered() -> None:
     assert {"minigooglenet", "probe", "resnet50"} <= set(available_models())
-    for name in available_models():
-        s = get_spec(name)
-        assert s.name == name
-        assert len(s.input_shape) == 3 and all(d > 0 for d in s.input_shape)
-        assert s.params >= s.trainable_params > 0 and s.flops_per_sample > 0
-    probe = get_spec("probe")
-    assert sum(int(__import__("math").prod(shape)) for _, shape in probe.weights) == probe.params
 
 
-def test_issue_figures() -> None:
-    assert get_spec("resnet50").trainable_params == 25_557_032  # torchvision's count
-    assert get_spec("minigooglenet").params == 1_656_250  # Keras' count, BN stats included
+@pytest.mark.parametrize("name", available_models())
+def test_spec_is_self_consistent(name: str) -> None:
+    s = get_spec(name)
+    assert s.name == name and s.description
+    assert len(s.input_shape) == 3 and all(isinstance(d, int) and d > 0 for d in s.input_shape)
+    assert s.num_classes > 1
+    assert s.params >= s.trainable_params > 0 and s.flops_per_sample > 0
+
+
+def test_probe_weights() -> None:
+    from models.probe.spec import WEIGHTS
+
+    s = get_spec("probe")
+    assert s.weights == tuple(WEIGHTS)
+    assert [n for n, _ in WEIGHTS] == ["conv/kernel", "conv/bias", "dense/kernel", "dense/bias"]
+    assert sum(math.prod(shape) for _, shape in WEIGHTS) == s.params == s.trainable_params
+    h, w, c = s.input_shape
+    assert dict(WEIGHTS)["conv/kernel"][2] == c
+    assert dict(WEIGHTS)["dense/kernel"] == (h * w * dict(WEIGHTS)["conv/bias"][0], s.num_classes)
+
+
+def test_reference_counts() -> None:
+    resnet = get_spec("resnet50")
+    assert resnet.trainable_params == 25_557_032  # torchvision's parameters() count
+    assert resnet.params == 25_557_032 + 53_120  # + BatchNorm running mean and variance
+    assert get_spec("minigooglenet").params == 1_656_250  # Keras' count, BN statistics included
 
 
 def test_unknown_model() -> None:
@@ -45,21 +96,50 @@ def test_unknown_model() -> None:
         get_spec("nope")
 
 
-@pytest.mark.slow
-@pytest.mark.framework("tf")
-def test_keras_builders_match_specs(tf_python: str) -> None:
-    names = available_models()
-    proc = subprocess.run([tf_python, "-c", KERAS_CHECK, *names], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env={"PYTHONPATH": str(REPO),
-                                                       "TF_CPP_MIN_LOG_LEVEL": "2",
-                                                       "CUDA_VISIBLE_DEVICES": ""})
+def test_specs_import_no_framework() -> None:
+    code = ("import sys, models\n"
+            "for n in models.available_models(): models.get_spec(n)\n"
+            "print(sorted({'tensorflow', 'keras', 'torch', 'jax', 'numpy'} & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def keras_results(tf_python: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([tf_python, "-c", KERAS_CHECK, *available_models()], cwd=REPO,
+                          capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    got = json.loads(line[len("RESULT "):])
-    for name in names:
-        s = get_spec(name)
-        for fmt in ("channels_last", "channels_first"):
-            params, trainable, flops, out_shape = got[f"{name}/{fmt}"]
-            assert (params, trainable, flops) == (s.params, s.trainable_params,
-                                                  s.flops_per_sample), (name, fmt)
-            assert out_shape[-1] == s.num_classes
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.slow
+@pytest.mark.framework("tf")
+@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
+def test_keras_builder_matches_spec(keras_results: dict, name: str, fmt: str) -> None:
+    s, r = get_spec(name), keras_results[f"{name}/{fmt}"]
+    assert (r["params"], r["trainable"], r["flops"]) == (
+        s.params, s.trainable_params, s.flops_per_sample)
+    assert r["output_shape"] == [s.num_classes]
+    if fmt == "channels_last":
+        assert r["row_sums"] == pytest.approx([1.0, 1.0], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.framework("tf")
+@pytest.mark.parametrize("name", available_models())
+def test_keras_mixed_precision_output_is_float32(keras_results: dict, name: str) -> None:
+    assert keras_results[f"{name}/mixed_float16"]["output_dtype"] == "float32"
+
+
+@pytest.mark.slow
+@pytest.mark.framework("tf")
+def test_keras_probe_canonical_weights(keras_results: dict) -> None:
+    r = keras_results["probe/canonical"]
+    assert r["names"] == {n: list(s) for n, s in get_spec("probe").weights}
+    assert r["round_trip"]
+    assert r["formats_diff"] < 1e-6
