@@ -1,0 +1,124 @@
+"""TensorFlow-family child code shared by the TF runners: devices, data, timing of Keras fit.
+
+Imports TensorFlow and Keras 3: only runner child processes import this module.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from models import ModelSpec  # noqa: E402
+from runners.common import Invalid, Spec, StepTimer, Unavailable, finite  # noqa: E402
+
+POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
+    """The run's N devices as TF device names: N virtual CPU devices (device: cpu), or the
+    first N GPUs (device: gpu). Call before anything else touches TensorFlow's devices."""
+    n = spec["num_devices"]
+    if spec["device"] == "cpu":
+        cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        names = [f"/cpu:{i}" for i in range(n)]
+        return names, [{"name": name, "kind": "virtual CPU device"} for name in names]
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) < n:
+        raise Unavailable(f"needs {n} GPUs; TensorFlow sees {len(gpus)}")
+    for gpu in gpus[:n]:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    names = [f"/gpu:{i}" for i in range(n)]
+    return names, [{"name": name,
+                    "kind": tf.config.experimental.get_device_details(gpu).get("device_name")}
+                   for name, gpu in zip(names, gpus[:n], strict=True)]
+
+
+def framework_versions() -> dict[str, str]:
+    return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
+
+
+def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, int, int]:
+    """The model's input shape in the given layout."""
+    h, w, c = model_spec.input_shape
+    return (h, w, c) if data_format == "channels_last" else (c, h, w)
+
+
+def synthetic_batch(shape: tuple[int, ...], classes: int, batch: int) -> tuple[tf.Tensor,
+                                                                               tf.Tensor]:
+    """One random batch (images, integer labels), the same in every run."""
+    x = tf.random.stateless_normal((batch, *shape), seed=(1, 2))
+    y = tf.random.stateless_uniform((batch,), seed=(3, 4), maxval=classes, dtype=tf.int32)
+    return x, y
+
+
+def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
+                      repeat: bool = True) -> tf.data.Dataset:
+    """One synthetic global batch, repeated; not sharded when a strategy distributes it."""
+    ds = tf.data.Dataset.from_tensors(synthetic_batch(shape, classes, batch))
+    ds = ds.repeat() if repeat else ds
+    options = tf.data.Options()
+    # each element is already one global batch: split it, do not shard the dataset by file
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
+def check_synthetic(spec: Spec) -> None:
+    if spec["data"] != "synthetic":
+        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+
+
+class FitClock(keras.callbacks.Callback):
+    """Marks the timed window of a model.fit call. Reading the loss as a Python float waits
+    for the step to finish on the device, so each clock reading follows a synchronised step."""
+
+    def __init__(self, warmup: int, per_call: int = 1) -> None:
+        super().__init__()
+        self.warmup, self.per_call, self.timer = warmup, per_call, StepTimer()
+        self.losses: list[float] = []
+        self.start_iteration = 0
+
+    def _start(self) -> None:
+        self.start_iteration = int(self.model.optimizer.iterations.numpy())
+        self.timer.start()
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self.warmup == 0 and batch == 0:
+            self._start()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        loss = float((logs or {})["loss"])
+        done = batch + 1
+        if done == self.warmup:
+            self._start()
+        elif done > self.warmup:
+            self.timer.tick(self.per_call)
+            self.losses.append(loss)
+
+
+def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1) -> dict[str, Any]:
+    """Run model.fit for warmup + measure steps on data (a repeating dataset) and return the
+    timing summary, the samples counted from the optimizer's step counter, and the losses."""
+    warmup, measure = spec["warmup_steps"], spec["measure_steps"]
+    if warmup % per_call or measure % per_call:
+        raise Invalid(f"steps_per_execution={per_call} must divide warmup_steps={warmup} and "
+                      f"measure_steps={measure} so the timed window starts and ends on a call")
+    clock = FitClock(warmup, per_call)
+    model.fit(data, epochs=1, steps_per_epoch=warmup + measure, callbacks=[clock], verbose=0,
+              shuffle=False)
+    steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
+    if not clock.losses:
+        raise Invalid("no measured step reported a loss")
+    return {
+        **clock.timer.summary(spec["global_batch_size"], steps * spec["global_batch_size"]),
+        "first_loss": finite(clock.losses[0]),
+        "last_loss": finite(clock.losses[-1]),
+        "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
+    }
