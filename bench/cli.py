@@ -107,6 +107,9 @@ def cmd_list() -> int:
         ready = family_env(r.family, variant).ready
         print(f"  {r.name:<24} family={r.family:<6} {'ready' if ready else 'not ready':<10} "
               f"{r.description}")
+        for name, opt in r.options.items():
+            allowed = f" ({' | '.join(map(str, opt.allowed))})" if opt.allowed else ""
+            print(f"      {name}={opt.default!r}{allowed}  {opt.help}")
     print("\nModels:")
     for name in available_models():
         s = get_spec(name)

@@ -74,6 +74,36 @@ RUNNERS: dict[str, RunnerInfo] = {
             },
             precisions=("fp32", "bf16", "fp16"),
         ),
+        RunnerInfo(
+            "keras_tf_kuza55",
+            "tf",
+            "runners.keras_tf_kuza55",
+            "kuza55's make_parallel: towers per device, outputs merged on the parameter device",
+            options={
+                "ps": Option(str, "cpu", ("cpu", "gpu"), "where variables live and outputs merge"),
+            },
+        ),
+        RunnerInfo(
+            "keras_tf_multi_gpu_model",
+            "tf",
+            "runners.keras_tf_multi_gpu_model",
+            "Keras 2.0.9-2.2 multi_gpu_model: CPU template, replicas per device, CPU merge",
+            options={
+                "cpu_merge": Option(bool, True, help="merge replica outputs on the CPU"),
+                "cpu_relocation": Option(bool, False, help="rebuild the template under /cpu:0"),
+            },
+        ),
+        RunnerInfo(
+            "keras_tf_avolkov1",
+            "tf",
+            "runners.keras_tf_avolkov1",
+            "avolkov1's make_parallel: slicing on the parameter device, optional prefetch",
+            options={
+                "ps": Option(str, "cpu", ("cpu", "gpu"), "where variables live and slicing runs"),
+                "prefetch": Option(bool, False, help="prefetch each slice to its device"),
+                "average_gradients": Option(bool, False, help="average gradients across towers"),
+            },
+        ),
     ]
 }
 
