@@ -104,6 +104,22 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "average_gradients": Option(bool, False, help="average gradients across towers"),
             },
         ),
+        RunnerInfo(
+            "tensorpack",
+            "tf",
+            "runners.tensorpack",
+            "tensorpack 0.11 synchronous multi-tower trainers (tf.compat.v1, legacy Keras)",
+            options={
+                "trainer": Option(str, "replicated", ("replicated", "parameter_server"),
+                                  "SyncMultiGPUTrainerReplicated or ...ParameterServer"),
+                "input": Option(str, "staging", ("queue", "staging"),
+                                "QueueInput, or QueueInput wrapped in StagingInput"),
+                "ps_device": Option(str, "cpu", ("cpu", "gpu"),
+                                    "variables' device for the parameter-server trainer"),
+                "allreduce": Option(str, "auto", ("auto", "nccl", "gpu", "hierarchical"),
+                                    "replicated trainer's all-reduce (nccl, hierarchical: GPUs)"),
+            },
+        ),
     ]
 }
 

@@ -1,0 +1,83 @@
+"""MiniGoogLeNet in a tf.compat.v1 graph (tensorpack's towers), layer for layer the Keras builder:
+conv modules are Conv2D (with bias) -> BatchNorm (Keras defaults: momentum 0.99, eps 1e-3) ->
+ReLU; variables come from tf.compat.v1.get_variable, named "<keras layer>/<keras weight>"
+(e.g. "stem_conv/kernel", "stem_bn/moving_mean"), so tensorpack's variable scopes and tower
+prefixes apply to them."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from models import ModelSpec
+
+tfv1 = tf.compat.v1
+BN_MOMENTUM, BN_EPSILON = 0.99, 1e-3
+# keras_builder.LAYOUT, repeated so this module never imports Keras 3 next to tf_keras
+LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
+          ("down", 96), (176, 160), (176, 160))
+
+
+def build(spec: ModelSpec, images: tf.Tensor, training: bool = True,
+          data_format: str = "channels_last", update_stats: bool = True) -> tf.Tensor:
+    """Logits (softmax is left to the loss) for a batch of 32x32x3 `images`.
+
+    training: batch statistics and dropout; update_stats: also update BatchNorm's moving
+    statistics in this tower (tensorpack's convention is the main training tower only)."""
+    nhwc = data_format == "channels_last"
+    fmt, axis = ("NHWC", 3) if nhwc else ("NCHW", 1)
+
+    def conv(x, filters: int, k: int, stride: int, name: str, padding: str = "SAME"):
+        with tfv1.variable_scope(name):
+            kernel = tfv1.get_variable("kernel", [k, k, int(x.shape[axis]), filters],
+                                       initializer=tfv1.glorot_uniform_initializer())
+            bias = tfv1.get_variable("bias", [filters], initializer=tfv1.zeros_initializer())
+        y = tf.nn.conv2d(x, kernel, stride, padding, data_format=fmt)
+        return tf.nn.bias_add(y, bias, data_format=fmt)
+
+    def batch_norm(x, name: str):
+        c = int(x.shape[axis])
+        with tfv1.variable_scope(name):
+            gamma = tfv1.get_variable("gamma", [c], initializer=tfv1.ones_initializer())
+            beta = tfv1.get_variable("beta", [c], initializer=tfv1.zeros_initializer())
+            mean = tfv1.get_variable("moving_mean", [c], trainable=False,
+                                     initializer=tfv1.zeros_initializer())
+            var = tfv1.get_variable("moving_variance", [c], trainable=False,
+                                    initializer=tfv1.ones_initializer())
+        if not training:
+            return tfv1.nn.fused_batch_norm(x, gamma, beta, mean, var, BN_EPSILON,
+                                            data_format=fmt, is_training=False)[0]
+        y, batch_mean, batch_var = tfv1.nn.fused_batch_norm(x, gamma, beta, epsilon=BN_EPSILON,
+                                                            data_format=fmt, is_training=True)
+        if not update_stats:
+            return y
+        updates = [tfv1.assign(mean, mean * BN_MOMENTUM + batch_mean * (1 - BN_MOMENTUM)),
+                   tfv1.assign(var, var * BN_MOMENTUM + batch_var * (1 - BN_MOMENTUM))]
+        with tf.control_dependencies(updates):
+            return tf.identity(y)
+
+    def conv_module(x, filters: int, k: int, stride: int, name: str, padding: str = "SAME"):
+        x = conv(x, filters, k, stride, f"{name}_conv", padding)
+        return tf.nn.relu(batch_norm(x, f"{name}_bn"))
+
+    def pool(x, fn, k: int, stride: int):
+        return fn(x, k, stride, "VALID", data_format=fmt)
+
+    x = conv_module(images, 96, 3, 1, "stem")
+    for i, (a, b) in enumerate(LAYOUT, start=1):
+        if a == "down":
+            x = tf.concat([conv_module(x, b, 3, 2, f"down{i}_3x3", padding="VALID"),
+                           pool(x, tf.nn.max_pool2d, 3, 2)], axis)
+        else:
+            x = tf.concat([conv_module(x, a, 1, 1, f"incep{i}_1x1"),
+                           conv_module(x, b, 3, 1, f"incep{i}_3x3")], axis)
+    x = pool(x, tf.nn.avg_pool2d, 7, 7)
+    if training:
+        x = tf.nn.dropout(x, rate=0.5)
+    if not nhwc:
+        x = tf.transpose(x, [0, 2, 3, 1])
+    x = tf.reshape(x, [-1, int(x.shape[1]) * int(x.shape[2]) * int(x.shape[3])])
+    with tfv1.variable_scope("fc"):
+        w = tfv1.get_variable("kernel", [int(x.shape[1]), spec.num_classes],
+                              initializer=tfv1.glorot_uniform_initializer())
+        b = tfv1.get_variable("bias", [spec.num_classes], initializer=tfv1.zeros_initializer())
+    return tf.matmul(x, w) + b

@@ -1,0 +1,398 @@
+"""tensorpack 0.11's synchronous data-parallel trainers, on TensorFlow 2.21 through tf.compat.v1.
+
+Split: there is no split of one global batch. tensorpack's QueueInput has an EnqueueThread that
+feeds per-tower batches (spec batch_size_per_device rows each) from a DataFlow into a FIFOQueue
+on /cpu:0, and every tower dequeues its *own* batch, so the global batch is per-device batch x
+towers (the runner checks the spec agrees). With `input: staging` each tower's batch is also put
+into a StagingArea on the tower's device one step ahead (seed 003's asynchronous feeding).
+Towers: one per device, "/cpu:0".."/cpu:N-1" (N virtual CPU devices) or "/gpu:0".."/gpu:N-1";
+tensorpack hard-codes "/gpu:<id>", so small builder subclasses here pass the device names in.
+Variables and merge: `replicated` (SyncMultiGPUTrainerReplicated) keeps one copy of every
+variable per tower (tower 0's under the plain names, tower i's under "tower<i>/" as local
+variables, copied from tower 0 before training); the towers' gradients are all-reduced and
+averaged (tensorpack's "gpu" mode: an add_n per variable spread round-robin over the tower
+devices; `nccl`/`hierarchical` on GPUs only) and every tower applies the same update to its own
+copy. `parameter_server` (SyncMultiGPUTrainerParameterServer) keeps one shared copy, on /cpu:0
+(`ps_device: cpu`) or spread over the tower devices (`ps_device: gpu`); the gradients are
+averaged next to each variable and applied once there.
+`allreduce: auto` keeps tensorpack's heuristic on GPUs ("gpu" below 8 GPUs on TF >= 1.15, where
+tensorpack warns about NCCL; "hierarchical" at 8); `allreduce: nccl` asks for NCCL explicitly.
+BatchNorm moving statistics are updated in the main tower only (tensorpack's convention).
+CPU notes: a tf.compat.v1 Session ignores tf.config's logical devices, so the session config
+also asks for N CPU devices; inter-op threads >= 2N+2, because each StagingArea put holds a
+thread until its tower's get runs, and 2 towers on 2 cores deadlocked with the default pool.
+The model is models/<name>/tfv1_builder.py (tf.compat.v1.get_variable), the same architecture
+and parameter count as the Keras builders; the runner checks the count against the spec.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf_keras (Keras 2), never Keras 3, here
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from models import ModelSpec, get_spec, load_builder  # noqa: E402
+from runners.common import (  # noqa: E402
+    Invalid,
+    Spec,
+    StepTimer,
+    Unavailable,
+    finite,
+    load_equivalence_inputs,
+    main,
+    save_equivalence_output,
+)
+
+tfv1 = tf.compat.v1
+DATA_FORMAT = "channels_last"
+GPU_ONLY_MODES = ("nccl", "hierarchical")
+
+
+def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]], Any]:
+    """Tower device names, their descriptions, and the session config that makes them exist.
+
+    CPU: N logical CPU devices (as tf_common.setup_devices makes them); a tf.compat.v1 Session
+    ignores that eager-context setting, so the session config also asks for N CPU devices.
+    GPU: the first N GPUs, memory growth on. Call before anything else touches TF's devices."""
+    n = spec["num_devices"]
+    config = tfv1.ConfigProto(allow_soft_placement=True)
+    config.gpu_options.allow_growth = True
+    # StagingArea's put blocks an inter-op thread until that tower's get has run: with N towers
+    # and a pool of one thread per core (2 here) the puts can take every thread and deadlock.
+    config.inter_op_parallelism_threads = max(os.cpu_count() or 1, 2 * n + 2)
+    if spec["device"] == "cpu":
+        cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        config.device_count["CPU"] = n
+        names = [f"/cpu:{i}" for i in range(n)]
+        return names, [{"name": name, "kind": "virtual CPU device"} for name in names], config
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) < n:
+        raise Unavailable(f"needs {n} GPUs; TensorFlow sees {len(gpus)}")
+    for gpu in gpus[:n]:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    names = [f"/gpu:{i}" for i in range(n)]
+    return names, [{"name": name,
+                    "kind": tf.config.experimental.get_device_details(gpu).get("device_name")}
+                   for name, gpu in zip(names, gpus[:n], strict=True)], config
+
+
+def framework_versions() -> dict[str, str]:
+    import tensorpack
+    import tf_keras
+
+    return {"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__,
+            "tensorpack": tensorpack.__version__, "numpy": np.__version__}
+
+
+def count_params(model: str) -> tuple[int, int]:
+    """(all, trainable) variables of the tfv1 builder, built once in a scratch graph."""
+    spec = get_spec(model)
+    with tf.Graph().as_default():
+        images = tfv1.placeholder(tf.float32, [1, *spec.input_shape])
+        load_builder(model, "tfv1")(spec, images, training=True, data_format=DATA_FORMAT)
+        total = sum(int(np.prod(v.shape)) for v in tfv1.global_variables())
+        trainable = sum(int(np.prod(v.shape)) for v in tfv1.trainable_variables())
+    return total, trainable
+
+
+def make_trainer(spec: Spec, devices: list[str]) -> tuple[Any, dict[str, Any]]:
+    """The configured tensorpack trainer with its towers on `devices`, and what it is."""
+    from tensorpack.graph_builder.training import (
+        DataParallelBuilder,
+        SyncMultiGPUParameterServerBuilder,
+        SyncMultiGPUReplicatedBuilder,
+    )
+    from tensorpack.graph_builder.utils import (
+        allreduce_grads,
+        allreduce_grads_hierarchical,
+        allreduce_grads_naive,
+        merge_grad_list,
+        override_to_local_variable,
+        split_grad_list,
+    )
+    from tensorpack.train import (
+        SyncMultiGPUTrainerParameterServer,
+        SyncMultiGPUTrainerReplicated,
+    )
+
+    class ReplicatedBuilder(SyncMultiGPUReplicatedBuilder):
+        """tensorpack's replicated builder with tower i on devices[i] instead of /gpu:i."""
+
+        def __init__(self, average: bool, mode: str) -> None:
+            super().__init__(list(range(len(devices))), average, mode)
+
+        def call_for_each_tower(self, tower_fn):
+            return DataParallelBuilder.build_on_towers(
+                self.towers, tower_fn, devices=devices,
+                use_vs=[False] + [True] * (len(self.towers) - 1))
+
+        def build(self, grad_list, get_opt_fn):
+            # SyncMultiGPUReplicatedBuilder.build without the packer, with our device names
+            DataParallelBuilder._check_grad_list(grad_list)
+            all_grads, all_vars = split_grad_list(grad_list)
+            if len(self.towers) > 1:
+                if self._mode in ("nccl", "collective"):
+                    all_grads = allreduce_grads(all_grads, average=self._average,
+                                                mode=self._mode)
+                elif self._mode == "hierarchical":
+                    all_grads = allreduce_grads_hierarchical(all_grads, devices,
+                                                             average=self._average)
+                else:  # "gpu": one add_n per variable, round-robin over the tower devices
+                    all_grads = [allreduce_grads_naive(all_grads, devices=devices,
+                                                       average=self._average)] * len(devices)
+            self.grads = merge_grad_list(all_grads, all_vars)
+            train_ops = []
+            opt = get_opt_fn()
+            with tf.name_scope("apply_gradients"):
+                for idx, grad_and_vars in enumerate(self.grads):
+                    with tf.device(devices[idx]), override_to_local_variable(enable=idx > 0):
+                        train_ops.append(opt.apply_gradients(grad_and_vars,
+                                                             name=f"apply_grad_{idx}"))
+            train_op = tf.group(*train_ops, name="train_op")
+            post_init = None
+            if len(self.towers) > 1:
+                with tf.name_scope("sync_variables"):
+                    post_init = SyncMultiGPUReplicatedBuilder.get_post_init_ops()
+            return train_op, post_init
+
+    class VariableSetter:
+        """Device function: variables on the least loaded of ps_devices, other ops on worker.
+        (tensorpack's LeastLoadedDeviceSetter misses TF2's resource variables, VarHandleOp.)"""
+
+        def __init__(self, worker: str, ps_devices: list[str], sizes: list[int]) -> None:
+            self.worker, self.ps_devices, self.sizes = worker, ps_devices, sizes
+
+        def __call__(self, op):
+            if op.device:
+                return op.device
+            if op.type not in ("VarHandleOp", "VariableV2", "Variable"):
+                return self.worker
+            i = int(np.argmin(self.sizes))
+            self.sizes[i] += tf.TensorShape(op.get_attr("shape")).num_elements() or 1
+            return self.ps_devices[i]
+
+    class ParameterServerBuilder(SyncMultiGPUParameterServerBuilder):
+        """tensorpack's parameter-server builder with tower i on devices[i]; variables on /cpu:0
+        (ps_device cpu) or spread over the tower devices (ps_device gpu)."""
+
+        def call_for_each_tower(self, tower_fn):
+            ps = ["/cpu:0"] if self.ps_device == "cpu" else list(devices)
+            sizes = [0] * len(ps)
+            setters = [VariableSetter(d, ps, sizes) for d in devices]
+            return DataParallelBuilder.build_on_towers(self.towers, tower_fn, setters)
+
+    opts, n = spec["options"], len(devices)
+    kind = opts.get("trainer", "replicated")
+    if kind == "replicated":
+        mode = opts.get("allreduce", "auto")
+        if spec["device"] == "cpu" and mode in GPU_ONLY_MODES:
+            raise Unavailable(f"all-reduce mode {mode!r} needs GPUs; this run is on CPU devices")
+        trainer = SyncMultiGPUTrainerReplicated(n, average=True,
+                                                mode=None if mode == "auto" else mode)
+        mode = trainer._builder._mode
+        if spec["device"] == "cpu":
+            mode = "gpu"  # tensorpack's name for the add_n all-reduce on the tower devices
+        trainer._builder = ReplicatedBuilder(average=True, mode=mode)
+        trainer.BROADCAST_EVERY_EPOCH = False
+        return trainer, {"trainer": "SyncMultiGPUTrainerReplicated", "allreduce": mode,
+                         "gradients": "averaged over towers"}
+    if kind == "parameter_server":
+        ps_device = opts.get("ps_device", "cpu")
+        trainer = SyncMultiGPUTrainerParameterServer(n, ps_device=ps_device)
+        trainer._builder = ParameterServerBuilder(list(range(n)), ps_device)
+        return trainer, {"trainer": "SyncMultiGPUTrainerParameterServer",
+                         "ps_device": ps_device, "gradients": "averaged next to each variable"}
+    raise ValueError(f"unknown trainer {kind!r}")
+
+
+def make_input(spec: Spec, datapoints: list[list[np.ndarray]]) -> tuple[Any, str]:
+    """QueueInput over a DataFlow of the given per-tower batches (repeated forever), wrapped in
+    StagingInput for `input: staging`."""
+    from tensorpack.dataflow import DataFromList
+    from tensorpack.input_source import QueueInput, StagingInput
+
+    queue = QueueInput(DataFromList(datapoints, shuffle=False))
+    if spec["options"].get("input", "staging") == "staging":
+        return StagingInput(queue), "StagingInput(QueueInput)"
+    return queue, "QueueInput"
+
+
+def train(spec: Spec, model: str, datapoints: list[list[np.ndarray]], optimizer: Any,
+          steps: tuple[int, int], trace: bool, initial: dict[str, np.ndarray] | None = None,
+          read_vars: list[str] | None = None) -> dict[str, Any]:
+    """Build the towers and train for warm-up + measured steps; the clock and what it saw."""
+    from tensorpack.callbacks import Callback
+    from tensorpack.tfutils import get_current_tower_context, get_global_step_var
+    from tensorpack.tfutils.sesscreate import NewSessionCreator
+    from tensorpack.tfutils.sessinit import DictRestore, JustCurrentSession
+
+    names, devices, config = setup_devices(spec)
+    tfv1.disable_eager_execution()
+    model_spec: ModelSpec = get_spec(model)
+    build = load_builder(model, "tfv1")
+    trainer, trainer_info = make_trainer(spec, names)
+    source, input_name = make_input(spec, datapoints)
+    per_tower = spec["batch_size_per_device"]
+    signature = [tf.TensorSpec((per_tower, *model_spec.input_shape), tf.float32, "image"),
+                 tf.TensorSpec((per_tower,), tf.int32, "label")]
+    tower_losses: list[tf.Tensor] = []
+
+    def tower_cost(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        ctx = get_current_tower_context()
+        logits = build(model_spec, images, training=True, data_format=DATA_FORMAT,
+                       update_stats=ctx.is_main_training_tower)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits), name="loss")
+        tower_losses.append(loss)
+        return loss
+
+    warmup, measure = steps
+
+    class Clock(Callback):
+        """Fetches the towers' mean loss with every train step; the clock reads after the
+        session.run that ran the step (train op and loss) has returned."""
+
+        def __init__(self) -> None:
+            self.timer, self.losses, self.done = StepTimer(), [], 0
+            self.gs0 = self.gs1 = None
+            self.partition_devices: list[str] = []
+            self.values: dict[str, np.ndarray] = {}
+
+        def _setup_graph(self) -> None:
+            with tf.device(names[0]):
+                self.loss = tf.add_n(tower_losses) / len(tower_losses)
+            self.gs = get_global_step_var()
+            by_name = {v.op.name: v for v in tfv1.global_variables() + tfv1.local_variables()}
+            self.read = {k: by_name[k] for k in read_vars or []}
+
+        def _before_run(self, ctx):
+            if self.done == warmup and self.gs0 is None:
+                self.gs0 = int(self.trainer.sess.run(self.gs))
+                self.timer.start()
+            options = None
+            if trace and self.done == 0:
+                options = tfv1.RunOptions(output_partition_graphs=True)
+            return tfv1.train.SessionRunArgs(fetches=self.loss, options=options)
+
+        def _after_run(self, ctx, values):
+            self.done += 1
+            if self.done > warmup:
+                self.timer.tick()
+                self.losses.append(float(values.results))
+            metadata = values.run_metadata
+            if metadata is not None and metadata.partition_graphs:
+                self.partition_devices = sorted({node.device for g in metadata.partition_graphs
+                                                 for node in g.node if node.device})
+
+        def _after_train(self) -> None:
+            self.gs1 = int(self.trainer.sess.run(self.gs))
+            self.values = self.trainer.sess.run(self.read) if self.read else {}
+
+    trainer.setup_graph(signature, source, tower_cost,
+                        lambda: optimizer() if callable(optimizer) else optimizer)
+    clock = Clock()
+    trainer.train(callbacks=[clock], monitors=[],
+                  session_creator=NewSessionCreator(config=config),
+                  session_init=DictRestore(initial) if initial else JustCurrentSession(),
+                  steps_per_epoch=warmup + measure, starting_epoch=1, max_epoch=1)
+    def canonical(device: str) -> str:
+        return tfv1.DeviceSpec.from_string(device).to_string()
+
+    variable_devices = sorted({canonical(v.device) for v in tfv1.trainable_variables()
+                               if not v.name.startswith("tower")})
+    if clock.done != warmup + measure or clock.gs0 is None or clock.gs1 is None:
+        raise Invalid(f"tensorpack ran {clock.done} of {warmup + measure} steps")
+    return {"clock": clock, "devices": devices, "names": names, "input": input_name,
+            "tower_devices": [canonical(loss.op.device) for loss in tower_losses],
+            "variable_devices": variable_devices, **trainer_info}
+
+
+def _check_batch(spec: Spec) -> int:
+    n, per = spec["num_devices"], spec["batch_size_per_device"]
+    if per * n != spec["global_batch_size"]:
+        raise Unavailable(f"tensorpack feeds every tower its own batch of batch_size_per_device "
+                          f"rows: global batch {spec['global_batch_size']} is not {per} x {n}")
+    return per
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    if spec["data"] != "synthetic":
+        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+    if spec["precision"] != "fp32":
+        raise Unavailable(f"precision {spec['precision']!r}: this runner builds fp32 graphs")
+    per = _check_batch(spec)
+    model_spec = get_spec(spec["model"])
+    params, trainable = count_params(spec["model"])
+    if (params, trainable) != (model_spec.params, model_spec.trainable_params):
+        raise Invalid(f"tfv1 {spec['model']} has {params} params ({trainable} trainable); the "
+                      f"spec says {model_spec.params} ({model_spec.trainable_params})")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((per, *model_spec.input_shape), dtype=np.float32)
+    y = rng.integers(0, model_spec.num_classes, per).astype(np.int32)
+    run = train(spec, spec["model"], [[x, y]],
+                lambda: tfv1.train.MomentumOptimizer(0.01, 0.9),
+                (spec["warmup_steps"], spec["measure_steps"]), trace=spec["warmup_steps"] > 0)
+    clock = run["clock"]
+    if not clock.losses:
+        raise Invalid("no measured step reported a loss")
+    global_batch = spec["global_batch_size"]
+    result = {
+        **clock.timer.summary(global_batch, (clock.gs1 - clock.gs0) * global_batch),
+        "first_loss": finite(clock.losses[0]),
+        "last_loss": finite(clock.losses[-1]),
+        "loss_kind": "mean of the towers' cross-entropy on the measured step's batches",
+        "replicas": spec["num_devices"],
+        "framework": framework_versions(),
+        "devices": run["devices"],
+        "tower_devices": run["tower_devices"],
+        "variable_devices": run["variable_devices"],
+        "layout": DATA_FORMAT,
+        "input": run["input"],
+        "data_placement": "one synthetic per-tower batch, enqueued from numpy by tensorpack's "
+                          "EnqueueThread into a FIFOQueue on /cpu:0; each tower dequeues its own"
+                          + (" and stages it on its device" if "Staging" in run["input"] else ""),
+        "params": params,
+        "trainable_params": trainable,
+        "flops_per_sample": model_spec.flops_per_sample,
+        **{k: run[k] for k in ("trainer", "allreduce", "ps_device", "gradients") if k in run},
+    }
+    if clock.partition_devices:
+        result["partition_devices"] = clock.partition_devices  # where the first step ran
+    return result
+
+
+def equivalence(spec: Spec) -> dict[str, Any]:
+    """One plain SGD step on the probe model: the global batch in N per-tower slices (tower
+    batches come from the queue in order; the averaged gradient does not depend on which tower
+    took which slice), initial weights restored by name, weights saved after the step."""
+    weights, x, y, lr = load_equivalence_inputs(spec)
+    n = spec["num_devices"]
+    per = _check_batch(spec)
+    slices = [[x[i * per:(i + 1) * per], y[i * per:(i + 1) * per].astype(np.int32)]
+              for i in range(n)]
+    names = sorted(weights)
+    replicated = spec["options"].get("trainer", "replicated") == "replicated"
+    copies = [f"tower{i}/{k}" for i in range(1, n) for k in names] if replicated else []
+    run = train(spec, "probe", slices, tfv1.train.GradientDescentOptimizer(lr), (0, 1),
+                trace=True, initial=weights, read_vars=names + copies)
+    after = run["clock"].values
+    for key in copies:  # every replica applied the same averaged update
+        main_copy = after[key.split("/", 1)[1]]
+        if not np.allclose(after[key], main_copy, rtol=1e-6, atol=1e-7):
+            raise Invalid(f"replica {key} differs from tower 0's copy after the step")
+    save_equivalence_output(spec, {k: after[k] for k in names})
+    return {"replicas": n, "framework": framework_versions(), "devices": run["devices"],
+            "tower_devices": run["tower_devices"], "trainer": run["trainer"],
+            "input": run["input"], "partition_devices": run["clock"].partition_devices}
+
+
+if __name__ == "__main__":
+    main(benchmark, equivalence)
