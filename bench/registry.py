@@ -75,6 +75,19 @@ RUNNERS: dict[str, RunnerInfo] = {
             precisions=("fp32", "bf16", "fp16"),
         ),
         RunnerInfo(
+            "tf_native",
+            "tf",
+            "runners.tf_native",
+            "custom training loop in tf.function under MirroredStrategy (the no-Keras baseline)",
+            options={
+                "xla": Option(bool, False, help="jit_compile the train step"),
+                "data_format": Option(
+                    str, "channels_last", ("channels_last", "channels_first"), "tensor layout"
+                ),
+            },
+            precisions=("fp32", "bf16", "fp16"),
+        ),
+        RunnerInfo(
             "keras_tf_kuza55",
             "tf",
             "runners.keras_tf_kuza55",
@@ -119,6 +132,26 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "allreduce": Option(str, "auto", ("auto", "nccl", "gpu", "hierarchical"),
                                     "replicated trainer's all-reduce (nccl, hierarchical: GPUs)"),
             },
+        ),
+        RunnerInfo(
+            "tf_cnn_benchmarks",
+            "tf",
+            "runners.tf_cnn_benchmarks",
+            "the real tf_cnn_benchmarks script from a tensorflow/benchmarks checkout",
+            options={
+                "benchmarks_dir": Option(str, None, help="checkout of tensorflow/benchmarks "
+                                         "(default: $TF_CNN_BENCHMARKS_DIR)"),
+                "variable_update": Option(str, "replicated",
+                                          ("parameter_server", "replicated", "independent"),
+                                          "--variable_update"),
+                "all_reduce_spec": Option(str, None, help="--all_reduce_spec, e.g. nccl"),
+                "local_parameter_device": Option(str, "cpu", ("cpu", "gpu"),
+                                                 "--local_parameter_device"),
+                "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
+                                      "mapped to --data_format NHWC or NCHW"),
+            },
+            precisions=("fp32", "fp16"),  # fp16: --use_fp16
+            equivalence=False,  # it brings its own models
         ),
     ]
 }

@@ -117,7 +117,7 @@ def test_top_level_must_be_mapping(tmp_path: Path) -> None:
         load_config(path)
 
 
-@pytest.mark.parametrize("name", ["cpu-smoke", "gpu-smoke", "dgx1"])
+@pytest.mark.parametrize("name", ["cpu-smoke", "gpu-smoke", "dgx1", "keras-tf-strategies"])
 def test_shipped_configs_validate(name: str) -> None:
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     assert cfg.name == name
@@ -151,6 +151,6 @@ def test_dry_run_prints_plan_table() -> None:
     proc = run_cli("--config", "configs/dgx1.yaml", "--dry-run", "--set", "repeats=1",
                    timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "16 runs" in proc.stdout  # 1 runner x 2 models x 4 counts x 2 precisions
-    assert "tf_mirrored__resnet50__n8__b64__synthetic__fp16__r0" in proc.stdout
+    assert "56 runs" in proc.stdout  # 7 runners x 2 models x 4 device counts
+    assert "tf_mirrored__resnet50__n8__b64__synthetic__fp32__r0" in proc.stdout
     assert yaml.safe_load((REPO / "configs" / "dgx1.yaml").read_text())["devices"] == [1, 2, 4, 8]

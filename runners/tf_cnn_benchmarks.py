@@ -1,0 +1,351 @@
+"""tf_cnn_benchmarks: the real script from a user's checkout of tensorflow/benchmarks.
+
+This runner does not train anything itself. It maps our run spec onto the flags of
+scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py, runs that script in a subprocess (the
+family's interpreter, TF_USE_LEGACY_KERAS=1, cwd the script's folder), streams its output into
+our log, and parses that output: the one log the harness parses (DESIGN.md).
+
+What the script does (its own models, not models/): split: --batch_size is *per device*, each
+device builds its own tower and input (synthetic data is generated on each device); variables:
+--variable_update=replicated keeps one copy per device (parameter_server: on
+--local_parameter_device); merge: gradients are all-reduced across the towers (--all_reduce_spec,
+e.g. nccl) or summed on the parameter device. With --device=cpu it runs --num_gpus CPU devices
+(its session config sets device_count['CPU']), so N virtual CPU devices work here.
+
+The pure functions (find_script, build_flags, parse_output, step_times) import no framework,
+so the parent's tests import them; no TensorFlow is imported by this module at all.
+Never copy the script's code into this project: point the harness at a checkout
+(TF_CNN_BENCHMARKS_DIR or runner_options.tf_cnn_benchmarks.benchmarks_dir).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from runners.common import Invalid, Spec, Unavailable, main
+
+ENV_VAR = "TF_CNN_BENCHMARKS_DIR"
+SCRIPT = "tf_cnn_benchmarks.py"
+SUBDIR = Path("scripts") / "tf_cnn_benchmarks"
+HOW_TO_GET = (f"git clone https://github.com/tensorflow/benchmarks and set {ENV_VAR}=<that "
+              f"folder> or runner_options.tf_cnn_benchmarks.benchmarks_dir in the config")
+# our model name -> the script's --model; models missing here have no tf_cnn_benchmarks twin
+MODEL_NAMES = {"resnet50": "resnet50_v1.5"}
+NO_MODEL = {"minigooglenet": "MiniGoogLeNet (a CIFAR-sized GoogLeNet) is not among "
+                             "tf_cnn_benchmarks' models (its 'googlenet' is the ImageNet one)",
+            "probe": "the probe model exists only for the equivalence test"}
+LAYOUTS = {"channels_last": "NHWC", "channels_first": "NCHW"}
+PRECISION_FLAGS = {"fp32": [], "fp16": ["--use_fp16"]}
+IMAGES_PER_SEC_SOURCE = "tf_cnn_benchmarks total images/sec"
+
+STEP_LINE = re.compile(
+    r"^(?P<step>\d+)\timages/sec: (?P<mean>[\d.]+)"
+    r"(?: \+/- (?P<unc>[\d.]+) \(jitter = (?P<jitter>[\d.]+)\))?"
+    r"\t(?P<loss>[-+\w.]+)")
+TOTAL_LINE = re.compile(r"^total images/sec: (?P<value>[\d.]+)\s*$")
+GLOBAL_BATCH = re.compile(r"^Batch size:\s+(?P<value>\d+) global\s*$")
+PER_DEVICE = re.compile(r"^\s+(?P<value>\d+) per device\s*$")
+HEADER = {"model": re.compile(r"^Model:\s+(?P<value>\S+)"),
+          "devices": re.compile(r"^Devices:\s+(?P<value>\[.*\])"),
+          "data_format": re.compile(r"^Data format:\s+(?P<value>\S+)"),
+          "variables": re.compile(r"^Variables:\s+(?P<value>\S+)"),
+          "all_reduce": re.compile(r"^AllReduce:\s+(?P<value>\S+)"),
+          "tensorflow": re.compile(r"^TensorFlow:\s+(?P<value>\S+)"),
+          "num_batches": re.compile(r"^Num batches:\s+(?P<value>\d+)")}
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*")
+OOM = re.compile(r"ResourceExhaustedError|OOM when allocating|out of memory", re.IGNORECASE)
+
+
+def find_script(options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Path:
+    """The checkout's tf_cnn_benchmarks.py, from the benchmarks_dir option or $TF_CNN_BENCHMARKS_DIR
+    (the repository root or its scripts/tf_cnn_benchmarks folder); Unavailable if neither."""
+    environ = os.environ if environ is None else environ
+    given = options.get("benchmarks_dir") or environ.get(ENV_VAR)
+    source = ("runner_options.tf_cnn_benchmarks.benchmarks_dir" if options.get("benchmarks_dir")
+              else ENV_VAR)
+    if not given:
+        raise Unavailable(f"no tensorflow/benchmarks checkout: neither {ENV_VAR} nor "
+                          f"runner_options.tf_cnn_benchmarks.benchmarks_dir is set; "
+                          f"{HOW_TO_GET}")
+    root = Path(given).expanduser()
+    for candidate in (root / SCRIPT, root / SUBDIR / SCRIPT):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise Unavailable(f"{source}={given} holds no {SCRIPT} (looked in it and in its {SUBDIR}); "
+                      f"{HOW_TO_GET}")
+
+
+def script_model(model: str) -> str:
+    """The script's --model for one of our models; Unavailable when it has none."""
+    if model in MODEL_NAMES:
+        return MODEL_NAMES[model]
+    why = NO_MODEL.get(model, f"no tf_cnn_benchmarks model is mapped to {model!r}")
+    raise Unavailable(f"tf_cnn_benchmarks cannot run {model}: {why} "
+                      f"(mapped models: {', '.join(sorted(MODEL_NAMES))})")
+
+
+def check_model_in_checkout(script: Path, name: str) -> None:
+    """Unavailable if the checkout's models/model_config.py does not define --model=name."""
+    config = script.parent / "models" / "model_config.py"
+    if config.is_file() and f"'{name}'" not in config.read_text(errors="replace"):
+        raise Unavailable(f"the checkout's {config} has no model {name!r}")
+
+
+def build_flags(spec: Spec, options: Mapping[str, Any] | None = None) -> list[str]:
+    """tf_cnn_benchmarks flags for a run spec (pure: no framework, no file access).
+
+    --batch_size is per device (the script multiplies it by --num_gpus); --num_gpus is the
+    number of devices of either kind (with --device=cpu the script makes that many CPU
+    devices)."""
+    opts = dict(spec.get("options") or {}) if options is None else dict(options)
+    n, per_device = int(spec["num_devices"]), int(spec["batch_size_per_device"])
+    if per_device * n != int(spec["global_batch_size"]):
+        raise Invalid(f"global batch {spec['global_batch_size']} != {per_device} per device x "
+                      f"{n} devices")
+    precision = spec.get("precision", "fp32")
+    if precision not in PRECISION_FLAGS:
+        raise Unavailable(f"tf_cnn_benchmarks runs fp32 or fp16 (--use_fp16), not {precision}")
+    layout = LAYOUTS[opts.get("data_format") or "channels_last"]
+    device = spec["device"]
+    if device == "cpu" and layout == "NCHW":
+        raise Unavailable("tf_cnn_benchmarks refuses --device=cpu with --data_format=NCHW "
+                          "('device=cpu requires that data_format=NHWC'); use channels_last")
+    flags = [
+        f"--model={script_model(spec['model'])}",
+        f"--num_gpus={n}",
+        f"--batch_size={per_device}",
+        f"--device={device}",
+        f"--data_format={layout}",
+        f"--variable_update={opts.get('variable_update') or 'replicated'}",
+        f"--local_parameter_device={opts.get('local_parameter_device') or 'cpu'}",
+        f"--num_batches={int(spec['measure_steps'])}",
+        f"--num_warmup_batches={int(spec['warmup_steps'])}",
+        "--display_every=1",
+    ]
+    if opts.get("all_reduce_spec"):
+        flags.append(f"--all_reduce_spec={opts['all_reduce_spec']}")
+    flags += PRECISION_FLAGS[precision]
+    if spec.get("data", "synthetic") != "synthetic":
+        data_dir = opts.get("data_dir") or spec.get("data_dir")
+        if not data_dir:
+            raise Unavailable(f"data {spec['data']!r} needs a data_dir of TFRecords for "
+                              f"tf_cnn_benchmarks' --data_dir")
+        flags.append(f"--data_dir={data_dir}")
+    return flags
+
+
+def parse_output(text: str) -> dict[str, Any]:
+    """What tf_cnn_benchmarks printed: its header, one entry per displayed step, and the final
+    `total images/sec`. Pure; missing pieces are None (or empty lists).
+
+    A step line `N<TAB>images/sec: M +/- U (jitter = J)<TAB>LOSS` shows M = global batch /
+    (mean of the step times so far): a running mean over steps 1..N, not step N's own rate."""
+    out: dict[str, Any] = {"steps": [], "total_images_per_sec": None, "global_batch": None,
+                           "batch_per_device": None, "devices": None}
+    out.update({k: None for k in HEADER})
+    for raw in text.splitlines():
+        line = raw.rstrip("\r\n")
+        if m := STEP_LINE.match(line):
+            out["steps"].append({
+                "step": int(m["step"]), "images_per_sec_mean": float(m["mean"]),
+                "uncertainty": float(m["unc"]) if m["unc"] else None,
+                "jitter": float(m["jitter"]) if m["jitter"] else None,
+                "loss": float(m["loss"])})
+        elif m := TOTAL_LINE.match(line):
+            out["total_images_per_sec"] = float(m["value"])
+        elif m := GLOBAL_BATCH.match(line):
+            out["global_batch"] = int(m["value"])
+        elif (m := PER_DEVICE.match(line)) and out["global_batch"] is not None:
+            out["batch_per_device"] = int(m["value"])
+        else:
+            for key, pattern in HEADER.items():
+                if out[key] is None and (m := pattern.match(line)):
+                    out[key] = m["value"]
+    if out["devices"] is not None:
+        out["devices"] = re.findall(r"'([^']+)'", out["devices"])
+    if out["num_batches"] is not None:
+        out["num_batches"] = int(out["num_batches"])
+    steps = out["steps"]
+    out["losses"] = [s["loss"] for s in steps]
+    out["first_loss"] = steps[0]["loss"] if steps else None
+    out["last_loss"] = steps[-1]["loss"] if steps else None
+    out["timed_steps"] = steps[-1]["step"] if steps else 0
+    out["samples"] = (out["timed_steps"] * out["global_batch"]
+                      if out["global_batch"] is not None else None)
+    out["step_times_s"] = step_times(steps, out["global_batch"]) if out["global_batch"] else None
+    return out
+
+
+def step_times(steps: list[dict[str, Any]], global_batch: int) -> list[float] | None:
+    """Per-step seconds from the running-mean rates: after step N the script has run for
+    N x batch / mean_N seconds of step time, so step N took the difference from the previous
+    displayed step (spread evenly when steps were not all displayed). The rates are printed to
+    0.1 images/sec, so these carry that rounding; None if it makes any step non-positive."""
+    times: list[float] = []
+    prev_step, prev_total = 0, 0.0
+    for s in steps:
+        if s["images_per_sec_mean"] <= 0 or s["step"] <= prev_step:
+            return None
+        total = s["step"] * global_batch / s["images_per_sec_mean"]
+        span = s["step"] - prev_step
+        each = (total - prev_total) / span
+        if each <= 0:
+            return None
+        times.extend([round(each, 6)] * span)
+        prev_step, prev_total = s["step"], total
+    return times
+
+
+def _error_reason(lines: list[str]) -> str:
+    for line in reversed(lines):
+        if ERROR_LINE.match(line.strip()):
+            return line.strip()[:300]
+    tail = [ln.strip() for ln in lines if ln.strip()]
+    return tail[-1][:300] if tail else "no output"
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for dist in ("tensorflow", "tensorflow-cpu", "tf-keras", "keras", "numpy"):
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _checkout_commit(script: Path) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(script.parent), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
+def run_script(script: Path, flags: list[str], timeout_s: float
+               ) -> tuple[int, list[str], dict[str, float], list[float]]:
+    """Run the script, print its lines as they come; return its exit code, its lines, the wall
+    times when its marker lines were read, and the wall time of each step line."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(script), *flags]
+    print(f"[tf_cnn_benchmarks] $ cd {script.parent} && TF_USE_LEGACY_KERAS=1 "
+          f"{' '.join(cmd)}", flush=True)
+    proc = subprocess.Popen(cmd, cwd=script.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            bufsize=1, errors="replace")
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        proc.kill()
+
+    watchdog = threading.Timer(timeout_s, kill)
+    watchdog.start()
+    lines: list[str] = []
+    marks: dict[str, float] = {}
+    step_walls: list[float] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            now = time.time()
+            print(line, end="", flush=True)
+            lines.append(line.rstrip("\n"))
+            if line.startswith("Done warm up"):
+                marks["done_warm_up"] = now
+            elif STEP_LINE.match(line):
+                step_walls.append(now)
+            elif TOTAL_LINE.match(line):
+                marks["total"] = now
+        code = proc.wait()
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if timed_out.is_set():
+        raise TimeoutError(f"tf_cnn_benchmarks ran past {timeout_s:.0f} s and was killed")
+    return code, lines, marks, step_walls
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    opts = spec.get("options") or {}
+    script = find_script(opts)
+    flags = build_flags(spec, opts)
+    model = flags[0].split("=", 1)[1]
+    check_model_in_checkout(script, model)
+    # leave the launcher time to record what happened before it kills our process group
+    timeout = max(float(spec["timeout_s"]) - max(15.0, 0.05 * float(spec["timeout_s"])), 1.0)
+    code, lines, marks, step_walls = run_script(script, flags, timeout)
+    text = "\n".join(lines)
+    if code != 0:
+        reason = f"tf_cnn_benchmarks exited {code}: {_error_reason(lines)}"
+        if OOM.search(text):
+            raise MemoryError(reason)
+        raise RuntimeError(reason)
+    parsed = parse_output(text)
+    n, global_batch = int(spec["num_devices"]), int(spec["global_batch_size"])
+    if parsed["total_images_per_sec"] is None:
+        raise Invalid("tf_cnn_benchmarks finished without printing 'total images/sec'")
+    if parsed["global_batch"] != global_batch:
+        raise Invalid(f"tf_cnn_benchmarks reports a global batch of {parsed['global_batch']}, "
+                      f"the spec {global_batch}")
+    if parsed["timed_steps"] != len(parsed["steps"]):
+        raise Invalid(f"expected a line per step (--display_every=1); got "
+                      f"{len(parsed['steps'])} lines up to step {parsed['timed_steps']}")
+    times, times_source = parsed["step_times_s"], "derived from the per-step running-mean " \
+                                                  "images/sec lines (0.1 images/sec precision)"
+    start = marks.get("done_warm_up", step_walls[0] if step_walls else None)
+    end = marks.get("total")
+    if times is None and step_walls and start is not None:
+        times = [round(b - a, 6) for a, b in zip([start, *step_walls[:-1]], step_walls,
+                                                 strict=True)]
+        times_source = "intervals between the step lines' arrival (rounded rates gave <= 0)"
+    if start is None or end is None or end <= start:
+        raise Invalid("could not place the timed window in the script's output")
+    kind = "virtual CPU device (the script's device_count['CPU'])" if spec["device"] == "cpu" \
+        else "GPU"
+    devices = [{"name": d, "kind": kind} for d in (parsed["devices"] or [])]
+    if len(devices) != n:
+        raise Invalid(f"tf_cnn_benchmarks ran on {parsed['devices']}, not {n} devices")
+    return {
+        "images_per_sec": parsed["total_images_per_sec"],
+        "images_per_sec_source": IMAGES_PER_SEC_SOURCE,
+        "step_times_s": times,
+        "step_times_source": times_source,
+        "timed_steps": parsed["timed_steps"],
+        "samples": parsed["samples"],
+        "first_loss": parsed["first_loss"],
+        "last_loss": parsed["last_loss"],
+        "loss_kind": "the script's total_loss of each displayed step (cross-entropy + L2)",
+        "window_start": start,
+        "window_end": end,
+        "window_s": end - start,
+        "window_source": "wall times when this runner read the script's 'Done warm up' line "
+                         "(printed just before its timed loop starts) and its 'total images/sec' "
+                         "line (printed just after it ends)",
+        "replicas": n,
+        "framework": {**_versions(), "tensorflow_reported": parsed["tensorflow"]},
+        "devices": devices,
+        "layout": "channels_last" if parsed["data_format"] == "NHWC" else "channels_first",
+        "script_model": parsed["model"],
+        "variable_update": parsed["variables"],
+        "all_reduce": parsed["all_reduce"],
+        "flags": flags,
+        "script": str(script),
+        "checkout_commit": _checkout_commit(script),
+        "data_placement": "the script's synthetic images, generated on each device",
+    }
+
+
+if __name__ == "__main__":
+    main(benchmark)
