@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from models import ModelSpec
+from models import ModelSpec, tfv1_common
 
 tfv1 = tf.compat.v1
 BN_MOMENTUM, BN_EPSILON = 0.99, 1e-3
@@ -35,25 +35,9 @@ def build(spec: ModelSpec, images: tf.Tensor, training: bool = True,
         return tf.nn.bias_add(y, bias, data_format=fmt)
 
     def batch_norm(x, name: str):
-        c = int(x.shape[axis])
-        with tfv1.variable_scope(name):
-            gamma = tfv1.get_variable("gamma", [c], initializer=tfv1.ones_initializer())
-            beta = tfv1.get_variable("beta", [c], initializer=tfv1.zeros_initializer())
-            mean = tfv1.get_variable("moving_mean", [c], trainable=False,
-                                     initializer=tfv1.zeros_initializer())
-            var = tfv1.get_variable("moving_variance", [c], trainable=False,
-                                    initializer=tfv1.ones_initializer())
-        if not training:
-            return tfv1.nn.fused_batch_norm(x, gamma, beta, mean, var, BN_EPSILON,
-                                            data_format=fmt, is_training=False)[0]
-        y, batch_mean, batch_var = tfv1.nn.fused_batch_norm(x, gamma, beta, epsilon=BN_EPSILON,
-                                                            data_format=fmt, is_training=True)
-        if not update_stats:
-            return y
-        updates = [tfv1.assign(mean, mean * BN_MOMENTUM + batch_mean * (1 - BN_MOMENTUM)),
-                   tfv1.assign(var, var * BN_MOMENTUM + batch_var * (1 - BN_MOMENTUM))]
-        with tf.control_dependencies(updates):
-            return tf.identity(y)
+        return tfv1_common.batch_norm(x, name, data_format=data_format, training=training,
+                                      update_stats=update_stats, momentum=BN_MOMENTUM,
+                                      epsilon=BN_EPSILON)
 
     def conv_module(x, filters: int, k: int, stride: int, name: str, padding: str = "SAME"):
         x = conv(x, filters, k, stride, f"{name}_conv", padding)
