@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
+from runners import tf_devices  # noqa: E402
 from runners.common import (  # noqa: E402
     Invalid,
     Spec,
@@ -66,22 +67,10 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]], Any]:
     # StagingArea's put blocks an inter-op thread until that tower's get has run: with N towers
     # and a pool of one thread per core (2 here) the puts can take every thread and deadlock.
     config.inter_op_parallelism_threads = max(os.cpu_count() or 1, 2 * n + 2)
+    names, devices = tf_devices.setup_devices(spec)
     if spec["device"] == "cpu":
-        cpus = tf.config.list_physical_devices("CPU")
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
         config.device_count["CPU"] = n
-        names = [f"/cpu:{i}" for i in range(n)]
-        return names, [{"name": name, "kind": "virtual CPU device"} for name in names], config
-    gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) < n:
-        raise Unavailable(f"needs {n} GPUs; TensorFlow sees {len(gpus)}")
-    for gpu in gpus[:n]:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    names = [f"/gpu:{i}" for i in range(n)]
-    return names, [{"name": name,
-                    "kind": tf.config.experimental.get_device_details(gpu).get("device_name")}
-                   for name, gpu in zip(names, gpus[:n], strict=True)], config
+    return names, devices, config
 
 
 def framework_versions() -> dict[str, str]:
