@@ -48,6 +48,12 @@ FAMILIES: dict[str, Family] = {
     for f in [
         Family("tf", "TensorFlow 2.21 with Keras 3",
                {"cpu": "envs/tf-cpu.txt", "gpu": "envs/tf-gpu.txt"}),
+        Family("mxnet", "Apache MXNet 1.9.1 (Gluon) with keras-mxnet 2.2.4.3",
+               {"cpu": "envs/mxnet-cpu.txt", "gpu": "envs/mxnet-gpu.txt"}),
+        Family("torch", "PyTorch 2.13 with Keras 3 (torch backend)",
+               {"cpu": "envs/torch-cpu.txt", "gpu": "envs/torch-gpu.txt"}),
+        Family("jax", "JAX with Flax and optax, and Keras 3 (jax backend)",
+               {"cpu": "envs/jax-cpu.txt", "gpu": "envs/jax-gpu.txt"}),
     ]
 }
 
@@ -152,6 +158,31 @@ RUNNERS: dict[str, RunnerInfo] = {
             },
             precisions=("fp32", "fp16"),  # fp16: --use_fp16
             equivalence=False,  # it brings its own models
+        ),
+        RunnerInfo(
+            "mxnet_native",
+            "mxnet",
+            "runners.mxnet_native",
+            "native MXNet: hybridised Gluon net, a context per device, kvstore gradient reduce",
+            options={
+                "kvstore": Option(str, "device", ("device", "local", "nccl"),
+                                  "where gradients are summed (nccl: GPUs only)"),
+                "hybridize": Option(bool, True, help="compile the Gluon net to a static graph"),
+            },
+            precisions=("fp32", "fp16"),  # fp16: GPUs only (no fp16 convolutions on CPU)
+        ),
+        RunnerInfo(
+            "keras_mxnet",
+            "mxnet",
+            "runners.keras_mxnet",
+            "Keras 2.2 (keras-mxnet) compiled with a context list, trained with fit",
+            options={
+                "input": Option(str, "generator", ("generator", "arrays"),
+                                "fit_generator on a batch generator, or fit on numpy arrays"),
+                "gradient_reduce": Option(str, "mean", ("mean", "sum"),
+                                          "mean: lr / N so N contexts step as 1 device; sum: "
+                                          "keras-mxnet as is (N x the gradient)"),
+            },
         ),
     ]
 }

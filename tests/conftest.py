@@ -30,6 +30,21 @@ def tf_python() -> str:
     return _family_python("tf")
 
 
+@pytest.fixture(scope="session")
+def mxnet_python() -> str:
+    return _family_python("mxnet")
+
+
+@pytest.fixture(scope="session")
+def torch_python() -> str:
+    return _family_python("torch")
+
+
+@pytest.fixture(scope="session")
+def jax_python() -> str:
+    return _family_python("jax")
+
+
 def run_cli(*args: str, timeout: float = 900, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
     """Run `python run_bench.py ARGS` as a user would, from the repo root."""

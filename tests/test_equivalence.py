@@ -31,7 +31,9 @@ def make_inputs(path: Path) -> None:
     np.savez(path, x=x, y=y, **weights)
 
 
-def step(runner: str, n: int, inputs: Path, tmp_path: Path, python: str) -> dict:
+def step(runner: str, n: int, inputs: Path, tmp_path: Path, python: str,
+         options: dict | None = None) -> dict:
+    """Weights after one step of `runner` on n devices (its default options, then `options`)."""
     info = RUNNERS[runner]
     out = tmp_path / f"{runner}-n{n}.npz"
     spec = RunSpec(
@@ -39,7 +41,8 @@ def step(runner: str, n: int, inputs: Path, tmp_path: Path, python: str) -> dict
         module=info.module, model="probe", num_devices=n, device="cpu", virtual_devices=True,
         scaling="strong", batch_size_per_device=BATCH // n, global_batch_size=BATCH,
         data="synthetic", precision="fp32", warmup_steps=0, measure_steps=1, repeat=0,
-        timeout_s=300, options={name: opt.default for name, opt in info.options.items()},
+        timeout_s=300,
+        options={**{name: opt.default for name, opt in info.options.items()}, **(options or {})},
         mode="equivalence",
         equivalence={"inputs": str(inputs), "output": str(out), "learning_rate": LR})
     rec = launch(spec, python, tmp_path, {})

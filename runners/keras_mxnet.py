@@ -1,0 +1,174 @@
+"""Keras 2.2 on MXNet (keras-mxnet 2.2.4.3): the model compiled with a context list, the
+multi-GPU API seed 000 describes (`model.compile(..., context=["gpu(0)", ..., "gpu(N-1)"])`),
+and trained with `fit` as a user would call it.
+
+Split: Keras hands each step one global batch B; keras-mxnet binds an MXNet Module over the
+context list, which slices the batch into N equal parts, one per context (data parallelism
+inside MXNet's executor group; the Keras graph itself is unchanged). Parameters: one copy per
+context. Reduce: each context's gradients go through MXNet's kvstore (keras-mxnet's default
+`device`: summed on the devices) and every context applies the same update: synchronous SGD.
+Scale (found by this harness's equivalence test): each executor's loss is the mean over its
+own slice and the kvstore sums the N gradients with rescale_grad 1.0, so keras-mxnet applies N
+times the gradient of the global mean loss, i.e. N times the learning rate of one device.
+Option `gradient_reduce: mean` (default) divides the learning rate by N so a step equals one
+device's step on the same global batch; `sum` keeps keras-mxnet's behaviour.
+Feed (option `input`): `generator` calls fit_generator on a Python generator of global
+batches, as seed 000's script fed Keras from an MXNet iterator (Keras' default queue and one
+worker thread); `arrays` calls fit on in-memory numpy arrays of warmup+measure batches.
+Synchronise: the callback that reads the clock calls mx.nd.waitall() first, so each reading
+follows a step whose update has landed (Keras only waits for the loss).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+from models import get_spec, load_builder
+from models.keras2_common import (
+    count_flops_keras2,
+    count_params_keras2,
+    get_canonical_weights,
+    set_canonical_weights,
+)
+from runners.common import (
+    Invalid,
+    Spec,
+    StepTimer,
+    Unavailable,
+    finite,
+    load_equivalence_inputs,
+    main,
+    save_equivalence_output,
+)
+from runners.mxnet_common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
+
+keras = import_keras_mxnet()
+
+
+class StepClock(keras.callbacks.Callback):
+    """Marks the timed window of fit: starts after the warm-up batches, ticks after each batch
+    once MXNet's engine has finished everything queued (the update included)."""
+
+    def __init__(self, warmup: int) -> None:
+        super().__init__()
+        self.warmup, self.timer, self.losses, self.batches = warmup, StepTimer(), [], 0
+
+    def on_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self.batches == 0 and self.warmup == 0:
+            mx.nd.waitall()
+            self.timer.start()
+
+    def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        mx.nd.waitall()
+        self.batches += 1
+        if self.batches == self.warmup:
+            self.timer.start()
+        elif self.batches > self.warmup:
+            self.timer.tick()
+            self.losses.append(float((logs or {})["loss"]))
+
+
+def batches(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The same global batch forever, as a data iterator would hand it to fit_generator."""
+    while True:
+        yield x, y
+
+
+def check_memory(nbytes: int) -> None:
+    """input: arrays holds every step's batch in memory; refuse rather than swap."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if nbytes > total // 4:
+        raise Unavailable(f"input=arrays needs {nbytes / 2**30:.1f} GiB of host arrays, over a "
+                          f"quarter of this host's {total / 2**30:.0f} GiB; use input=generator")
+
+
+def learning_rate(spec: Spec, lr: float, n: int) -> float:
+    """The lr to give keras-mxnet so its N-context step is the 1-device step (see docstring)."""
+    return lr / n if spec["options"].get("gradient_reduce", "mean") == "mean" else lr
+
+
+def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
+                  ) -> list[dict[str, Any]]:
+    """compile with the MXNet backend's context list (keras-mxnet's multi-device API); returns
+    the contexts keras-mxnet actually bound, which is what the record must show."""
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  context=[str(c) for c in ctxs])
+    # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu(): on a CPU the N
+    # executors share context cpu(0) (each still has its own parameter copy and batch slice)
+    kind = ("executor on a shared CPU context (keras-mxnet maps cpu(i) to cpu(0))"
+            if spec["device"] == "cpu" else "GPU")
+    return [{"name": str(c), "kind": kind} for c in model._context]
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    if spec["data"] != "synthetic":
+        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+    opts = spec["options"]
+    ctxs, _ = contexts(spec)
+    n, global_batch = len(ctxs), spec["global_batch_size"]
+    if global_batch % n:
+        raise Invalid(f"global batch {global_batch} does not divide by {n} contexts")
+    warmup, measure = spec["warmup_steps"], spec["measure_steps"]
+    model_spec = get_spec(spec["model"])
+    model = load_builder(spec["model"], "keras")(model_spec, data_format="channels_first")
+    optimizer = keras.optimizers.SGD(lr=learning_rate(spec, 0.01, n), momentum=0.9)
+    devices = compile_model(model, spec, optimizer, ctxs)
+    x, y = synthetic_arrays(model_spec, global_batch)
+    y = y.reshape(-1, 1)
+    clock = StepClock(warmup)
+    feed = opts.get("input", "generator")
+    # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
+    start = model.optimizer.num_update
+    if feed == "generator":
+        model.fit_generator(batches(x, y), steps_per_epoch=warmup + measure, epochs=1,
+                            callbacks=[clock], verbose=0)
+    else:
+        steps = warmup + measure
+        check_memory(x.nbytes * steps)
+        model.fit(np.concatenate([x] * steps), np.concatenate([y] * steps),
+                  batch_size=global_batch, epochs=1, shuffle=False, callbacks=[clock], verbose=0)
+    if not clock.losses:
+        raise Invalid("no measured step reported a loss")
+    updates = model.optimizer.num_update - start - warmup  # the warm-up's updates are not timed
+    return {
+        **clock.timer.summary(global_batch, updates * global_batch),
+        "first_loss": finite(clock.losses[0]),
+        "last_loss": finite(clock.losses[-1]),
+        "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
+        "replicas": n,
+        "framework": framework_versions(),
+        "devices": devices,
+        "layout": keras.backend.image_data_format(),
+        "input": feed,
+        "gradient_reduce": opts.get("gradient_reduce", "mean"),
+        "kvstore": model._kvstore,  # keras-mxnet's default; Model(..., kvstore=) would change it
+        "params": count_params_keras2(model),
+        "flops_per_sample": count_flops_keras2(model),
+    }
+
+
+def equivalence(spec: Spec) -> dict[str, Any]:
+    """One plain SGD step on the probe model over the context list; weights saved."""
+    ctxs, _ = contexts(spec)
+    weights, x, y, lr = load_equivalence_inputs(spec)
+    n = len(ctxs)
+    if len(x) % n:
+        raise Invalid(f"equivalence batch {len(x)} does not divide by {n} contexts")
+    model = load_builder("probe", "keras")(get_spec("probe"), data_format="channels_first")
+    set_canonical_weights(model, weights)
+    devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),
+                            ctxs)
+    loss = model.train_on_batch(x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
+    mx.nd.waitall()
+    save_equivalence_output(spec, get_canonical_weights(model))
+    return {"replicas": n, "framework": framework_versions(), "devices": devices,
+            "loss": finite(loss)}
+
+
+if __name__ == "__main__":
+    main(benchmark, equivalence)

@@ -1,0 +1,168 @@
+"""Native MXNet: a hybridised Gluon network, one context per device, gradients reduced through
+a kvstore (the native baseline seed 000 measured Keras-MXNet against).
+
+Split: the global batch B is split into N equal slices, one per context (mx.cpu(i) here,
+mx.gpu(i) on GPUs); the synthetic slices are copied to their contexts once, before the timed
+window, so a step copies nothing from the host. Parameters: one copy per context, initialised
+identically. Forward and backward run per context under autograd.record(); each context's
+per-example losses are summed, not averaged, so its gradients are the sum over its slice.
+Reduce: gluon.Trainer pushes every context's gradient to the kvstore (`device`: summed on the
+devices, peer to peer between GPUs; `local`: summed on the CPU; `nccl`: NCCL all-reduce) and
+pulls the sum back; trainer.step(B) scales it by 1/B, so every context applies the gradient
+of the global mean loss: synchronous SGD, identical to one device with batch B.
+Synchronise: mx.nd.waitall() after every step, so each clock reading follows a finished step
+(MXNet's engine is asynchronous; without it the clock would time the dispatch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from models import get_spec, load_builder
+from models.gluon_common import (
+    count_flops_gluon,
+    count_params_gluon,
+    get_canonical_weights,
+    set_canonical_weights,
+)
+from runners.common import (
+    Invalid,
+    Spec,
+    StepTimer,
+    Unavailable,
+    finite,
+    load_equivalence_inputs,
+    main,
+    save_equivalence_output,
+)
+from runners.mxnet_common import (
+    DTYPES,
+    contexts,
+    framework_versions,
+    input_shape_nchw,
+    synthetic_arrays,
+)
+
+
+def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer: str,
+                 params: dict[str, Any]) -> gluon.Trainer:
+    """A gluon.Trainer over the net's parameters with the kvstore the config chose."""
+    kvstore = spec["options"].get("kvstore", "device")
+    if kvstore == "nccl" and spec["device"] != "gpu":
+        raise Unavailable("kvstore nccl needs GPUs; use device or local on CPU contexts")
+    if kvstore == "nccl" and not mx.runtime.Features().is_enabled("NCCL"):
+        raise Unavailable("kvstore nccl: this MXNet build has no NCCL")
+    return gluon.Trainer(net.collect_params(), optimizer, params, kvstore=kvstore)
+
+
+def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32") -> list[Any]:
+    """Equal slices of a host array along the batch axis, each copied to its context."""
+    return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=True)
+
+
+def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Loss,
+               xs: list[Any], ys: list[Any], global_batch: int) -> list[Any]:
+    """One synchronous step over every context; returns the per-context loss arrays."""
+    with autograd.record():
+        losses = [loss_fn(net(x), y) for x, y in zip(xs, ys, strict=True)]
+    autograd.backward(losses)
+    trainer.step(global_batch)  # kvstore sum over contexts, then gradient x 1/global_batch
+    return losses
+
+
+def mean_loss(losses: list[Any], global_batch: int) -> float:
+    """The global mean loss of a step (reading it waits for the forward pass)."""
+    return finite(sum(float(l.sum().asscalar()) for l in losses) / global_batch)  # noqa: E741
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    if spec["data"] != "synthetic":
+        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+    opts = spec["options"]
+    ctxs, devices = contexts(spec)
+    n, global_batch = len(ctxs), spec["global_batch_size"]
+    if global_batch % n:
+        raise Invalid(f"global batch {global_batch} does not divide by {n} contexts")
+    dtype = DTYPES[spec["precision"]]
+    if dtype == "float16" and spec["device"] == "cpu":
+        raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
+                          "kernels for the CPU; run fp16 on GPUs")
+    model_spec = get_spec(spec["model"])
+    net = load_builder(spec["model"], "gluon")(model_spec)
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
+    if dtype == "float16":
+        net.cast("float16")  # fp32 master weights are kept by multi_precision below
+    hybridize = bool(opts.get("hybridize", True))
+    if hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+    trainer = make_trainer(spec, net, ctxs, "sgd", {
+        "learning_rate": 0.01, "momentum": 0.9, "multi_precision": dtype == "float16"})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x, y = synthetic_arrays(model_spec, global_batch)
+    xs, ys = split_to_contexts(x, ctxs, dtype), split_to_contexts(y, ctxs)
+
+    for _ in range(spec["warmup_steps"]):
+        mean_loss(train_step(net, trainer, loss_fn, xs, ys, global_batch), global_batch)
+        mx.nd.waitall()
+    optimizer = trainer._optimizer  # its num_update counts applied steps
+    start = optimizer.num_update
+    timer, losses = StepTimer(), []
+    timer.start()
+    for _ in range(spec["measure_steps"]):
+        step_losses = train_step(net, trainer, loss_fn, xs, ys, global_batch)
+        mx.nd.waitall()  # the update has landed on every context
+        timer.tick()
+        losses.append(mean_loss(step_losses, global_batch))
+    if not losses:
+        raise Invalid("measure_steps is 0: nothing was timed")
+    steps = optimizer.num_update - start
+    return {
+        **timer.summary(global_batch, steps * global_batch),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "loss_kind": "global mean cross-entropy of each step's batch",
+        "replicas": n,
+        "framework": framework_versions(),
+        "devices": devices,
+        "layout": "channels_first",
+        "dtype": dtype,
+        "api": "gluon",
+        "hybridize": hybridize,
+        "kvstore": trainer._kvstore.type if trainer._kvstore is not None else
+        f"none (kvstore {opts.get('kvstore', 'device')!r} skipped: one context)",
+        "data_placement": "one synthetic slice per context, copied once before timing",
+        "params": count_params_gluon(net),
+        "flops_per_sample": count_flops_gluon(net, input_shape_nchw(model_spec)),
+    }
+
+
+def equivalence(spec: Spec) -> dict[str, Any]:
+    """One plain SGD step on the probe model, the batch split over the contexts; weights saved."""
+    ctxs, devices = contexts(spec)
+    weights, x, y, lr = load_equivalence_inputs(spec)
+    n = len(ctxs)
+    if len(x) % n:
+        raise Invalid(f"equivalence batch {len(x)} does not divide by {n} contexts")
+    net = load_builder("probe", "gluon")(get_spec("probe"))
+    net.initialize(mx.init.Zero(), ctx=ctxs)
+    net.hybridize()
+    _, h, w, c = x.shape
+    net(mx.nd.zeros((1, c, h, w), ctx=ctxs[0]))  # completes deferred shape inference
+    set_canonical_weights(net, weights)
+    trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr})
+    xs = split_to_contexts(x.transpose(0, 3, 1, 2), ctxs)  # inputs come NHWC
+    ys = split_to_contexts(y.astype("float32"), ctxs)
+    loss = mean_loss(train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys,
+                                len(x)), len(x))
+    mx.nd.waitall()
+    save_equivalence_output(spec, get_canonical_weights(net))
+    return {"replicas": n, "framework": framework_versions(), "devices": devices,
+            "loss": loss,
+            "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}
+
+
+if __name__ == "__main__":
+    main(benchmark, equivalence)

@@ -1,0 +1,90 @@
+"""The MXNet-family runners for real on CPU: a few steps at 1 and 2 MXNet CPU contexts through
+the CLI, as a user runs them, and the runs that cannot happen on CPU saying why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.records import check_record, load_records
+from bench.registry import RUNNERS
+from tests.conftest import run_cli
+from tests.test_equivalence import make_inputs, step
+
+pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
+MXNET_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "mxnet")
+
+
+def sweep(out: Path, *sets: str) -> dict[int, dict]:
+    """Run the CPU smoke config with overrides; records by device count."""
+    args = ["--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
+            "--set", "measure_steps=3", "--set", "batch_size_per_device=8", "--out", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {r["num_devices"]: r for r in load_records(out)}
+
+
+def test_mxnet_family_is_registered() -> None:
+    assert MXNET_RUNNERS == ["keras_mxnet", "mxnet_native"]
+
+
+@pytest.mark.parametrize("runner", MXNET_RUNNERS)
+def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, mxnet_python: str) -> None:
+    records = sweep(tmp_path / runner, f"runners=[{runner}]")
+    assert sorted(records) == [1, 2]
+    for n, rec in records.items():
+        assert check_record(rec) == []
+        log = Path(rec["log_path"]).read_text()[-3000:]
+        assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
+        assert rec["virtual_devices"] is True
+        assert rec["samples"] == 3 * 8 * n
+        assert rec["images_per_sec"] > 0
+        result = rec["result"]
+        assert result["replicas"] == n
+        assert result["layout"] == "channels_first"
+        assert result["framework"]["mxnet"] == "1.9.1"
+        assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
+
+
+def test_mxnet_native_options(tmp_path: Path, mxnet_python: str) -> None:
+    """kvstore local and an imperative (not hybridised) net both train at 2 contexts."""
+    records = sweep(tmp_path, "runners=[mxnet_native]", "devices=[2]",
+                    "runner_options.mxnet_native.kvstore=local",
+                    "runner_options.mxnet_native.hybridize=false")
+    rec = records[2]
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["result"]["kvstore"] == "local" and rec["result"]["hybridize"] is False
+
+
+def test_keras_mxnet_fit_on_arrays(tmp_path: Path, mxnet_python: str) -> None:
+    records = sweep(tmp_path, "runners=[keras_mxnet]", "devices=[2]",
+                    "runner_options.keras_mxnet.input=arrays")
+    rec = records[2]
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["result"]["input"] == "arrays" and rec["samples"] == 3 * 16
+
+
+def test_what_cpu_contexts_cannot_do_is_unavailable(tmp_path: Path, mxnet_python: str) -> None:
+    """fp16 and the nccl kvstore need GPUs: unavailable records with the reason, no crash."""
+    fp16 = sweep(tmp_path / "fp16", "runners=[mxnet_native]", "devices=[1]", "precision=fp16")
+    assert fp16[1]["status"] == "unavailable" and "fp16" in fp16[1]["reason"]
+    nccl = sweep(tmp_path / "nccl", "runners=[mxnet_native]", "devices=[2]",
+                 "runner_options.mxnet_native.kvstore=nccl")
+    assert nccl[2]["status"] == "unavailable" and "nccl" in nccl[2]["reason"]
+
+
+def test_keras_mxnet_sums_gradients_over_contexts(tmp_path: Path, mxnet_python: str) -> None:
+    """keras-mxnet as is (gradient_reduce: sum) steps N times as far at N contexts: the reason
+    the runner's default divides the learning rate by N (equivalence test)."""
+    make_inputs(tmp_path / "inputs.npz")
+    with np.load(tmp_path / "inputs.npz") as data:
+        initial = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
+    moved = {n: step("keras_mxnet", n, tmp_path / "inputs.npz", tmp_path, mxnet_python,
+                     {"gradient_reduce": "sum"}) for n in (1, 2)}
+    for name, w0 in initial.items():
+        np.testing.assert_allclose(moved[2][name] - w0, 2 * (moved[1][name] - w0), rtol=1e-3,
+                                   atol=1e-6, err_msg=name)
