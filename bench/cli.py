@@ -85,7 +85,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
     failed = 0
     for fam in args.families or list(FAMILIES):
         try:
-            env = ensure_env(fam, variant)
+            env = ensure_env(fam, variant, retry=True)
             print(f"{fam}-{variant}: ready at {env.path}")
         except EnvError as exc:
             print(f"{fam}-{variant}: FAILED: {exc}", file=sys.stderr)
@@ -104,9 +104,11 @@ def cmd_list() -> int:
         print(f"  {fam.name:<14} {state:<40} {fam.description}")
     print("\nRunners:")
     for r in RUNNERS.values():
-        ready = family_env(r.family, variant).ready
-        print(f"  {r.name:<24} family={r.family:<6} {'ready' if ready else 'not ready':<10} "
-              f"{r.description}")
+        state = ("unavailable" if r.unavailable else
+                 "ready" if family_env(r.family, variant).ready else "not ready")
+        print(f"  {r.name:<24} family={r.family:<6} {state:<11} {r.description}")
+        if r.unavailable:
+            print(f"      unavailable: {r.unavailable}")
         for name, opt in r.options.items():
             allowed = f" ({' | '.join(map(str, opt.allowed))})" if opt.allowed else ""
             print(f"      {name}={opt.default!r}{allowed}  {opt.help}")
@@ -220,6 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:
     """(status, reason) for a run that cannot be launched here; None if it can."""
     info = RUNNERS[spec.runner]
+    if info.unavailable:
+        return "unavailable", info.unavailable
     if spec.precision not in info.precisions:
         return "invalid", (f"{spec.runner} supports precision {', '.join(info.precisions)}, "
                            f"not {spec.precision}")

@@ -23,6 +23,7 @@ from bench import REPO_ROOT
 from bench.registry import FAMILIES
 
 STAMP = ".mgbench-stamp"
+FAILED = ".mgbench-failed"  # a post-install build that failed, with its reason
 PROGRESS = ("Collecting", "Downloading", "Building", "Installing", "Successfully", "ERROR")
 
 
@@ -70,6 +71,8 @@ def family_env(family: str, variant: str) -> FamilyEnv:
                        f"{', '.join(fam.requirements)}")
     req = REPO_ROOT / fam.requirements[variant]
     digest = hashlib.sha256(req.read_bytes())
+    if fam.post_install:
+        digest.update((REPO_ROOT / fam.post_install).read_bytes())
     digest.update(f"{sys.version_info.major}.{sys.version_info.minor}".encode())
     return FamilyEnv(family, variant, req, digest.hexdigest()[:12])
 
@@ -86,14 +89,22 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure_env(family: str, variant: str, *, quiet: bool = False) -> FamilyEnv:
-    """Create the environment if it is missing or stale; return it ready to use."""
+def ensure_env(family: str, variant: str, *, quiet: bool = False,
+               retry: bool = False) -> FamilyEnv:
+    """Create the environment if it is missing or stale; return it ready to use.
+
+    A post-install build that failed before is not retried (it can take many minutes): its
+    reason is raised again, unless `retry` (what `run_bench.py setup` asks for)."""
     env = family_env(family, variant)
     if env.ready:
         return env
     with _locked(env.path.with_suffix(".lock")):
         if env.ready:  # another process built it while we waited
             return env
+        failed = env.path / FAILED
+        if failed.exists() and not retry:
+            raise EnvError(f"{failed.read_text().strip()} (cached; `run_bench.py setup "
+                           f"{family}` retries)")
         say = (lambda *_: None) if quiet else (lambda msg: print(msg, flush=True))
         say(f"[setup] {family}-{variant}: creating {env.path}")
         say(f"[setup] {family}-{variant}: installing {FAMILIES[family].requirements[variant]} "
@@ -103,19 +114,28 @@ def ensure_env(family: str, variant: str, *, quiet: bool = False) -> FamilyEnv:
         _run([sys.executable, "-m", "venv", str(env.path)], quiet)
         _run([str(env.python), "-m", "pip", "install", "--progress-bar", "off",
               "-r", str(env.requirements)], quiet)
+        post = FAMILIES[family].post_install
+        if post:
+            say(f"[setup] {family}-{variant}: running {post} (a source build; can take minutes)")
+            try:
+                _run([str(env.python), str(REPO_ROOT / post), variant], quiet, all_lines=True)
+            except EnvError as exc:
+                failed.write_text(str(exc) + "\n")
+                raise
         (env.path / STAMP).write_text(env.key + "\n")
         say(f"[setup] {family}-{variant}: ready")
     return env
 
 
-def _run(cmd: list[str], quiet: bool) -> None:
-    """Run an install step; stream its output unless quiet; raise EnvError with the tail."""
+def _run(cmd: list[str], quiet: bool, all_lines: bool = False) -> None:
+    """Run an install step; stream its output (progress lines only unless all_lines) unless
+    quiet; raise EnvError with its last line."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tail: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
         tail = (tail + [line.rstrip()])[-20:]
-        if not quiet and line.startswith(PROGRESS):
+        if not quiet and (all_lines or line.startswith(PROGRESS)):
             print(f"    {line.rstrip()}", flush=True)
     if proc.wait() != 0:
         reason = next((t for t in reversed(tail) if t.strip()), "no output")

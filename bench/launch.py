@@ -62,6 +62,24 @@ def child_env(spec: RunSpec) -> dict[str, str]:
     return env
 
 
+def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_path: Path
+                  ) -> list[str]:
+    """The command line that starts a run: the runner module itself, or a launcher that starts
+    one process (rank) per device running it. Rank 0 writes the result."""
+    module = ["-m", spec.module, "--spec", str(spec_path), "--result", str(result_path)]
+    if spec.launcher == "python":
+        return [str(python), *module]
+    if spec.launcher == "torchrun":
+        # --standalone: a local rendezvous on a free port, so sweeps never collide on one
+        return [str(python), "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                f"--nproc-per-node={spec.num_devices}", *module]
+    if spec.launcher == "horovodrun":
+        horovodrun = Path(python).parent / "horovodrun"
+        return [str(horovodrun), "-np", str(spec.num_devices), "--gloo",
+                "-H", f"localhost:{spec.num_devices}", str(python), *module]
+    raise ValueError(f"unknown launcher {spec.launcher!r}")
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the child's process group, then SIGKILL whatever is left of it."""
     _signal_group(proc.pid, signal.SIGTERM)
@@ -120,7 +138,7 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
     result_path.unlink(missing_ok=True)
     rec = base_record(spec, environment, log_path)
     rec["python"] = str(python)
-    cmd = [str(python), "-m", spec.module, "--spec", str(spec_path), "--result", str(result_path)]
+    cmd = child_command(spec, python, spec_path, result_path)
     t0 = time.monotonic()
     timed_out = False
     with open(log_path, "wb") as log:

@@ -37,6 +37,7 @@ class RunSpec:
     options: dict[str, Any] = field(default_factory=dict)  # the runner's own options
     python: str | None = None  # the user's interpreter, if they named one
     mode: str = "benchmark"  # or "equivalence"
+    launcher: str = "python"  # see RunnerInfo.launcher
     equivalence: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,5 +92,6 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
             timeout_s=cfg.timeout_s,
             options=opts,
             python=python,
+            launcher=info.launcher,
         ))
     return runs

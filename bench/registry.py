@@ -23,6 +23,9 @@ class Family:
     name: str
     description: str
     requirements: dict[str, str]  # variant ("cpu" | "gpu") -> requirements file, repo-relative
+    # A script run with the environment's interpreter after pip install (argument: the
+    # variant), for what pip alone cannot do (Horovod's patched source build); repo-relative.
+    post_install: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class RunnerInfo:
     options: dict[str, Option] = field(default_factory=dict)
     precisions: tuple[str, ...] = ("fp32",)
     equivalence: bool = True  # takes part in the data-parallel equivalence test
+    # How the parent starts the run: "python" (one process), "torchrun" (one process per
+    # device, torch.distributed.run) or "horovodrun" (one per device, over gloo).
+    launcher: str = "python"
+    unavailable: str | None = None  # why this runner can never run here (list shows it)
 
 
 # Options every runner accepts; the launcher consumes them, the child never sees them.
@@ -183,6 +190,16 @@ RUNNERS: dict[str, RunnerInfo] = {
                                           "mean: lr / N so N contexts step as 1 device; sum: "
                                           "keras-mxnet as is (N x the gradient)"),
             },
+        ),
+        RunnerInfo(
+            "keras_cntk",
+            "cntk",
+            "runners.keras_cntk",
+            "Keras 2.2 on CNTK 2.7 with MPI data parallelism (seed 003); cannot run here",
+            equivalence=False,
+            unavailable=("CNTK 2.7 ships wheels only for Python 2.7, 3.5 and 3.6, none for "
+                         "this machine's Python; needs a Python 3.6 env with cntk 2.7, "
+                         "keras 2.2.4 and MPI (runners/keras_cntk.py says how)"),
         ),
     ]
 }

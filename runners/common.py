@@ -136,6 +136,15 @@ def one_line(message: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def process_rank() -> int:
+    """This process's rank when a launcher (torchrun, horovodrun) started one per device; 0
+    for a single-process runner."""
+    for var in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def main(benchmark: Callable[[Spec], dict[str, Any]],
          equivalence: Callable[[Spec], dict[str, Any]] | None = None) -> None:
     """Entry point of every runner: run the spec's mode and write the result, whatever happens."""
@@ -144,7 +153,9 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
     parser.add_argument("--result", required=True)
     args = parser.parse_args()
     spec: Spec = json.loads(Path(args.spec).read_text())
-    print(f"[runner] {spec['runner']} {spec['run_id']} mode={spec.get('mode', 'benchmark')}",
+    rank = process_rank()
+    tag = "[runner]" if rank == 0 else f"[runner rank {rank}]"
+    print(f"{tag} {spec['runner']} {spec['run_id']} mode={spec.get('mode', 'benchmark')}",
           flush=True)
     code = 0
     try:
@@ -168,8 +179,9 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
         message = one_line(str(exc))
         result = {"status": status, "reason": f"{name}: {message}" if message else name}
         code = 1
-    write_json_atomic(args.result, result)
-    print(f"[runner] status={result['status']}"
+    if rank == 0:  # one result per run: the other ranks' figures are rank 0's by construction
+        write_json_atomic(args.result, result)
+    print(f"{tag} status={result['status']}"
           + (f" images_per_sec={result['images_per_sec']:.2f}"
              if result.get("images_per_sec") else "")
           + (f" reason={result['reason']}" if result.get("reason") else ""), flush=True)

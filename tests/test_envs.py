@@ -58,3 +58,26 @@ def test_failed_install_says_why(empty_family: Path) -> None:
     with pytest.raises(envs.EnvError, match="failed"):
         envs.ensure_env("empty", "cpu", quiet=True)
     assert not envs.family_env("empty", "cpu").ready
+
+
+@pytest.mark.slow  # three virtualenvs
+def test_post_install_runs_and_a_failure_is_cached(empty_family: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "build.py"
+    script.write_text("import sys, pathlib\n"
+                      "pathlib.Path(sys.prefix, 'built').write_text(sys.argv[1])\n")
+    monkeypatch.setitem(FAMILIES, "empty", Family("empty", "test family",
+                                                  {"cpu": str(empty_family)}, str(script)))
+    env = envs.ensure_env("empty", "cpu", quiet=True)
+    assert (env.path / "built").read_text() == "cpu"
+
+    script.write_text("print('compiling'); print('error: C++17 needed'); raise SystemExit(1)\n")
+    failed = envs.family_env("empty", "cpu")
+    assert failed.key != env.key  # the build script is part of the key
+    with pytest.raises(envs.EnvError, match="C\\+\\+17 needed"):
+        envs.ensure_env("empty", "cpu", quiet=True)
+    script.write_text("")  # would succeed now, but the same key's failure is cached ...
+    monkeypatch.setattr(envs, "family_env", lambda *_: failed)
+    with pytest.raises(envs.EnvError, match="cached"):
+        envs.ensure_env("empty", "cpu", quiet=True)
+    assert envs.ensure_env("empty", "cpu", quiet=True, retry=True).ready  # ... until a retry
