@@ -5,15 +5,13 @@ child process (the jax environment)."""
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from models import available_models, get_spec
+from tests.conftest import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,13 +171,9 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def jax_results(jax_python: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "KERAS_BACKEND": "jax"}
-    env.pop("XLA_FLAGS", None)  # one CPU device is enough here
-    proc = subprocess.run([jax_python, "-c", JAX_CHECK, *available_models()], cwd=REPO,
-                          capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    # XLA_FLAGS emptied: one CPU device is enough here
+    return run_check_script(jax_python, JAX_CHECK, *available_models(),
+                            env={"JAX_PLATFORMS": "cpu", "KERAS_BACKEND": "jax", "XLA_FLAGS": ""})
 
 
 @pytest.mark.slow

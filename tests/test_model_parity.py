@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from models import available_models, get_spec
+from tests.conftest import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,13 +106,8 @@ def test_specs_import_no_framework() -> None:
 
 @pytest.fixture(scope="module")
 def keras_results(tf_python: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([tf_python, "-c", KERAS_CHECK, *available_models()], cwd=REPO,
-                          capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_check_script(tf_python, KERAS_CHECK, *available_models(),
+                            env={"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.slow

@@ -4,15 +4,13 @@ and, for the probe's canonical weights, the same softmax."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from models import available_models, get_spec
+from tests.conftest import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,13 +116,8 @@ print("RESULT " + json.dumps(out))
 
 def _run(python: str, script: str) -> dict:
     """Run a check script in the MXNet interpreter; its parsed RESULT line."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
-           "MXNET_SUBGRAPH_VERBOSE": "0"}
-    proc = subprocess.run([python, "-c", script, *available_models()], cwd=REPO,
-                          capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_check_script(python, script, *available_models(),
+                            env={"PYTHONWARNINGS": "ignore", "MXNET_SUBGRAPH_VERBOSE": "0"})
 
 
 @pytest.fixture(scope="module")

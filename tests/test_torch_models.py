@@ -4,15 +4,13 @@ probe's canonical weights. Torch runs only in a child process (the torch environ
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from models import available_models, get_spec
+from tests.conftest import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,13 +116,8 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def torch_results(torch_python: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "",
-           "KERAS_BACKEND": "torch"}
-    proc = subprocess.run([torch_python, "-c", TORCH_CHECK, *available_models()], cwd=REPO,
-                          capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_check_script(torch_python, TORCH_CHECK, *available_models(),
+                            env={"CUDA_VISIBLE_DEVICES": "", "KERAS_BACKEND": "torch"})
 
 
 @pytest.mark.slow
