@@ -38,6 +38,8 @@ OOM_PATTERNS = re.compile(
 )
 ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*", re.MULTILINE)
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '[\w.]+'")
+# What a rank other than 0 says when it fails (runners/common.main); rank 0 writes the result.
+RANK_FAILURE = re.compile(r"^\[runner rank (\d+)\] status=(\w+) reason=(.*)$", re.MULTILINE)
 CHILD_FIELDS = ("images_per_sec", "step_times_s", "samples", "first_loss", "last_loss",
                 "window_start", "window_end")
 
@@ -54,6 +56,10 @@ def child_env(spec: RunSpec) -> dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if spec.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+        if spec.launcher != "python" and "OMP_NUM_THREADS" not in os.environ:
+            # N processes share the host's cores: give each its share, as torchrun's default
+            # of 1 does on 2 cores, instead of N x all cores fighting over them
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.num_devices))
     else:
         visible = env.get("CUDA_VISIBLE_DEVICES")
         ids = [v for v in visible.split(",") if v] if visible else []
@@ -190,6 +196,9 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
         missing = MISSING_MODULE.search(log_tail)
         if missing:
             return "unavailable", f"{missing.group(0)} in the interpreter {rec['python']}"
+        rank = RANK_FAILURE.search(log_tail)
+        if rank and rank.group(2) != "ok":
+            return "failed", _first_line(f"rank {rank.group(1)}: {rank.group(3)}")
         return "failed", f"exit {returncode}: {_reason_from_log(log_tail, ERROR_LINE)}"
     for key in CHILD_FIELDS:
         rec[key] = result.get(key)

@@ -61,6 +61,9 @@ FAMILIES: dict[str, Family] = {
                {"cpu": "envs/torch-cpu.txt", "gpu": "envs/torch-gpu.txt"}),
         Family("jax", "JAX with Flax and optax, and Keras 3 (jax backend)",
                {"cpu": "envs/jax-cpu.txt", "gpu": "envs/jax-gpu.txt"}),
+        Family("horovod", "Horovod 0.28.1 built from source against PyTorch 2.13 (gloo)",
+               {"cpu": "envs/horovod-cpu.txt", "gpu": "envs/horovod-gpu.txt"},
+               post_install="envs/horovod_build.py"),
     ]
 }
 
@@ -190,6 +193,56 @@ RUNNERS: dict[str, RunnerInfo] = {
                                           "mean: lr / N so N contexts step as 1 device; sum: "
                                           "keras-mxnet as is (N x the gradient)"),
             },
+        ),
+        RunnerInfo(
+            "torch_ddp",
+            "torch",
+            "runners.torch_ddp",
+            "native PyTorch DistributedDataParallel, one process per device (torchrun)",
+            options={
+                "memory_format": Option(str, "channels_first",
+                                        ("channels_first", "channels_last"),
+                                        "torch.channels_last memory format for model and data"),
+                "compile": Option(bool, False, help="torch.compile the model"),
+                "backend": Option(str, "auto", ("auto", "gloo", "nccl"),
+                                  "process group backend (auto: nccl on GPUs, gloo on CPU)"),
+            },
+            precisions=("fp32", "bf16", "fp16"),  # autocast; fp16 with a GradScaler
+            launcher="torchrun",
+        ),
+        RunnerInfo(
+            "keras_torch",
+            "torch",
+            "runners.keras_torch",
+            "Keras 3 on PyTorch, multi-device through DDP as Keras' PyTorch guide does",
+            precisions=("fp32", "bf16"),
+            launcher="torchrun",
+        ),
+        RunnerInfo(
+            "jax_native",
+            "jax",
+            "runners.jax_native",
+            "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
+            precisions=("fp32", "bf16"),
+        ),
+        RunnerInfo(
+            "keras_jax",
+            "jax",
+            "runners.keras_jax",
+            "Keras 3 on JAX with keras.distribution.DataParallel, trained with fit",
+            precisions=("fp32", "bf16"),
+        ),
+        RunnerInfo(
+            "horovod",
+            "horovod",
+            "runners.horovod",
+            "Horovod with PyTorch: DistributedOptimizer allreduce, one process per device",
+            options={
+                "fp16_allreduce": Option(bool, False,
+                                         help="compress gradients to fp16 for the allreduce"),
+            },
+            precisions=("fp32",),
+            launcher="horovodrun",
         ),
         RunnerInfo(
             "keras_cntk",

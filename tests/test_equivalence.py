@@ -43,7 +43,7 @@ def step(runner: str, n: int, inputs: Path, tmp_path: Path, python: str,
         data="synthetic", precision="fp32", warmup_steps=0, measure_steps=1, repeat=0,
         timeout_s=300,
         options={**{name: opt.default for name, opt in info.options.items()}, **(options or {})},
-        mode="equivalence",
+        mode="equivalence", launcher=info.launcher,
         equivalence={"inputs": str(inputs), "output": str(out), "learning_rate": LR})
     rec = launch(spec, python, tmp_path, {})
     assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch import launch
+from bench.launch import child_command, launch
 from bench.plan import RunSpec
 from bench.records import check_record, load_records
 
@@ -107,3 +107,24 @@ def test_records_accumulate(tmp_path: Path) -> None:
     run(tmp_path, spec())
     run(tmp_path, dataclasses.replace(spec("crash")))
     assert {r["status"] for r in load_records(tmp_path)} == {"ok", "failed"}
+
+
+@pytest.mark.parametrize("launcher, prefix", [
+    ("python", ["/env/bin/python"]),
+    ("torchrun", ["/env/bin/python", "-m", "torch.distributed.run", "--standalone",
+                  "--nnodes=1", "--nproc-per-node=4"]),
+    ("horovodrun", ["/env/bin/horovodrun", "-np", "4", "--gloo", "-H", "localhost:4",
+                    "/env/bin/python"]),
+])
+def test_child_command_per_launcher(tmp_path: Path, launcher: str, prefix: list[str]) -> None:
+    """Every launcher ends in the runner module with its spec and result paths."""
+    s = dataclasses.replace(spec(), num_devices=4, launcher=launcher)
+    cmd = child_command(s, "/env/bin/python", tmp_path / "s.json", tmp_path / "r.json")
+    assert cmd == [*prefix, "-m", "tests.children.toy", "--spec", str(tmp_path / "s.json"),
+                   "--result", str(tmp_path / "r.json")]
+
+
+def test_unknown_launcher_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown launcher 'mpirun'"):
+        child_command(dataclasses.replace(spec(), launcher="mpirun"), "/env/bin/python",
+                      tmp_path / "s.json", tmp_path / "r.json")

@@ -1,0 +1,160 @@
+"""Native PyTorch DistributedDataParallel: one process (rank) per device, started by torchrun.
+
+Processes: the parent starts `torch.distributed.run --standalone --nproc-per-node=N`; each
+rank joins one process group (backend `auto`: NCCL between GPUs, gloo on CPUs) and drives one
+device, cuda:LOCAL_RANK on GPUs. On a CPU the N devices are N gloo processes sharing the
+host's cores (virtual devices), each with the intra-op threads OMP_NUM_THREADS gives it
+(torchrun's default is 1 per rank when N > 1 and nothing set it); records list them per rank.
+Split: every rank holds its own B/N slice of the global batch, generated once on its device
+(seeded by rank), so a step copies nothing from the host. Parameters: one full replica per
+rank; DDP broadcasts rank 0's at construction, so all replicas start equal.
+Reduce: each rank's loss is the mean cross-entropy over its slice; during backward DDP
+all-reduces gradient buckets (NCCL or gloo, overlapped with the rest of backward) and divides
+by N, so every rank holds the gradient of the global mean loss and applies the same SGD update
+(synchronous data parallelism, identical to one device with batch B).
+Synchronise: backward returns only when DDP's all-reduces are done, so the ranks are in step
+without a barrier; on GPUs torch.cuda.synchronize() ends each timed step, and reading the loss
+with .item() waits for the step on every device before the clock is read.
+Count: the optimizer's own post-step hook counts applied steps, independently of the loop;
+the ranks' counts must agree, and samples are their sum of images stepped on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import get_spec, load_builder
+from models.torch_common import (
+    count_flops_torch,
+    count_params_torch,
+    get_canonical_weights,
+    set_canonical_weights,
+)
+from runners.common import (
+    Invalid,
+    Spec,
+    Unavailable,
+    finite,
+    load_equivalence_inputs,
+    main,
+    save_equivalence_output,
+)
+from runners.torch_dist import (
+    MEMORY_FORMATS,
+    StepCounter,
+    autocast,
+    check_precision,
+    close_ranks,
+    framework_versions,
+    global_mean_losses,
+    init_ranks,
+    nchw,
+    per_rank_batch,
+    synchronize,
+    synthetic_slice,
+    threads_record,
+    timed_steps,
+    wrap_ddp,
+)
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    if spec["data"] != "synthetic":
+        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+    opts = spec["options"]
+    layout = opts.get("memory_format", "channels_first")
+    compiled = bool(opts.get("compile", False))
+    ranks = init_ranks(spec, opts.get("backend", "auto"))
+    check_precision(spec, ranks)
+    batch = per_rank_batch(spec, ranks)
+    model_spec = get_spec(spec["model"])
+    torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
+    net = load_builder(spec["model"], "torch")(model_spec, data_format=layout).to(ranks.device)
+    model: nn.Module = wrap_ddp(net, ranks)
+    if compiled:
+        model = torch.compile(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    counter = StepCounter(optimizer)
+    scaler = torch.amp.GradScaler("cuda") if spec["precision"] == "fp16" else None
+    x, y = synthetic_slice(ranks, nchw(model_spec), model_spec.num_classes, batch,
+                           MEMORY_FORMATS[layout])
+    model.train()
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(ranks, spec["precision"]):
+            loss = F.cross_entropy(model(x).float(), y)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scale = scaler.get_scale()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            counter.skipped += scaler.get_scale() < scale  # the scaler backs off after a skip
+        return loss.detach()
+
+    result = timed_steps(spec, ranks, step, counter, batch)
+    result.update({
+        "replicas": ranks.world,
+        "framework": framework_versions(),
+        "devices": ranks.devices,
+        "layout": layout,
+        "memory_format": str(MEMORY_FORMATS[layout]),
+        "precision_details": {"autocast": {"fp32": None, "bf16": "bfloat16",
+                                           "fp16": "float16"}[spec["precision"]],
+                              "grad_scaler": scaler is not None,
+                              "weights": "float32"},
+        "compile": compiled,
+        "backend": ranks.backend,
+        "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
+                    "(torchrun); gradients all-reduced in buckets during backward",
+        "data_placement": "one synthetic slice per rank, generated on its device once",
+        "threads": threads_record(ranks),
+        "params": count_params_torch(net),
+        "flops_per_sample": count_flops_torch(net, nchw(model_spec)),
+    })
+    close_ranks()
+    return result
+
+
+def equivalence(spec: Spec) -> dict[str, Any]:
+    """One plain SGD step on the probe, each rank on its slice of the batch; weights saved."""
+    opts = spec["options"]
+    layout = opts.get("memory_format", "channels_first")
+    ranks = init_ranks(spec, opts.get("backend", "auto"))
+    weights, x, y, lr = load_equivalence_inputs(spec)
+    if len(x) % ranks.world:
+        raise Invalid(f"equivalence batch {len(x)} does not divide by {ranks.world} ranks")
+    per = len(x) // ranks.world
+    part = slice(ranks.rank * per, (ranks.rank + 1) * per)
+    net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
+    set_canonical_weights(net, weights)
+    net = net.to(ranks.device)
+    model = wrap_ddp(net, ranks)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
+    xs = torch.from_numpy(np.ascontiguousarray(x[part].transpose(0, 3, 1, 2)))  # NHWC in
+    xs = xs.to(ranks.device).contiguous(memory_format=MEMORY_FORMATS[layout])
+    ys = torch.from_numpy(y[part].astype(np.int64)).to(ranks.device)
+    loss = F.cross_entropy(model(xs), ys)
+    loss.backward()
+    optimizer.step()
+    synchronize(ranks)
+    global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
+    if ranks.rank == 0:
+        save_equivalence_output(spec, get_canonical_weights(net))
+    result = {"replicas": ranks.world, "framework": framework_versions(),
+              "devices": ranks.devices, "loss": global_loss, "backend": ranks.backend,
+              "layout": layout}
+    close_ranks()
+    return result
+
+
+if __name__ == "__main__":
+    main(benchmark, equivalence)

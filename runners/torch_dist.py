@@ -1,0 +1,223 @@
+"""torchrun ranks, shared by the PyTorch runners (torch_ddp, keras_torch): the process group,
+each rank's device, its synthetic slice, the step counter, the timed loop, global losses and
+per-rank threads. Imports torch: child processes only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from models import ModelSpec
+from runners.common import Invalid, Spec, StepTimer, Unavailable, finite
+
+MEMORY_FORMATS = {"channels_first": torch.contiguous_format, "channels_last": torch.channels_last}
+# The process group, referenced until the process exits (runners.common ends it with os._exit),
+# so its destructor never runs. Seen on torch 2.13 with gloo, mostly in keras_torch: the main
+# thread, freeing the DDP reducer and with it the last reference to the process group, holds
+# the GIL and joins gloo's worker thread, which is freeing a finished all-reduce whose tensors
+# have Python objects and waits for the GIL: a deadlock at teardown, after rank 0's peer exited.
+_KEEP_ALIVE: list[Any] = []
+THREADS_NOTE = ("each rank's intra-op threads follow OMP_NUM_THREADS as it found it: the "
+                "harness's share of the host's cores per rank, or, if nothing set it, torchrun's "
+                "default of 1 per rank when it starts more than one (all cores for one rank)")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the process group and the device it drives."""
+
+    rank: int
+    local_rank: int
+    world: int
+    device: torch.device
+    backend: str
+    devices: list[dict[str, Any]]  # one entry per rank, for the record
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def framework_versions() -> dict[str, str]:
+    return {"torch": torch.__version__, "numpy": np.__version__}
+
+
+def choose_backend(spec: Spec, requested: str) -> str:
+    """The process group backend for the run's devices; Unavailable if it cannot work here."""
+    gpu = spec["device"] == "gpu"
+    backend = ("nccl" if gpu else "gloo") if requested == "auto" else requested
+    if backend == "nccl" and not gpu:
+        raise Unavailable("backend nccl needs GPUs; CPU ranks communicate through gloo "
+                          "(backend auto or gloo)")
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise Unavailable(f"backend nccl: this PyTorch build ({torch.__version__}) has no NCCL")
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise Unavailable(f"backend gloo: this PyTorch build ({torch.__version__}) has no gloo")
+    return backend
+
+
+def init_ranks(spec: Spec, backend: str = "auto") -> Ranks:
+    """Join the torchrun process group and pick this rank's device (Unavailable if absent)."""
+    if "LOCAL_RANK" not in os.environ:
+        raise Unavailable("this runner needs torchrun (launcher torchrun) to start its ranks")
+    n = spec["num_devices"]
+    backend = choose_backend(spec, backend)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if spec["device"] == "gpu":
+        if not torch.cuda.is_available():
+            raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU"
+                              + ("" if torch.version.cuda else
+                                 " (a CPU-only build: install envs/torch-gpu.txt)"))
+        if torch.cuda.device_count() < n:
+            raise Unavailable(f"needs {n} GPUs; torch sees {torch.cuda.device_count()}")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # autotune convolutions (warm-up pays for it)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
+    _KEEP_ALIVE.append(dist.group.WORLD)
+    world = dist.get_world_size()
+    if world != n:
+        raise Invalid(f"torchrun started {world} ranks for a {n}-device run")
+    if device.type == "cuda":
+        devices = [{"name": torch.cuda.get_device_name(i), "kind": "GPU", "rank": i}
+                   for i in range(world)]
+    else:
+        devices = [{"name": f"cpu (rank {i})", "kind": "virtual CPU device (gloo process)",
+                    "rank": i} for i in range(world)]
+    return Ranks(dist.get_rank(), local_rank, world, device, backend, devices)
+
+
+def close_ranks() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def synchronize(ranks: Ranks) -> None:
+    """Wait for the device's queued work (a no-op on CPUs, which run eagerly)."""
+    if ranks.cuda:
+        torch.cuda.synchronize(ranks.device)
+
+
+def per_rank_batch(spec: Spec, ranks: Ranks) -> int:
+    global_batch = spec["global_batch_size"]
+    if global_batch % ranks.world:
+        raise Invalid(f"global batch {global_batch} does not divide by {ranks.world} ranks")
+    return global_batch // ranks.world
+
+
+def synthetic_slice(ranks: Ranks, shape: tuple[int, ...], classes: int, batch: int,
+                    memory_format: torch.memory_format = torch.contiguous_format
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's random (images, labels) slice, generated on its device once, seeded by rank."""
+    gen = torch.Generator(device=ranks.device).manual_seed(1234 + ranks.rank)
+    x = torch.randn((batch, *shape), generator=gen, device=ranks.device)
+    y = torch.randint(0, classes, (batch,), generator=gen, device=ranks.device)
+    return x.contiguous(memory_format=memory_format), y
+
+
+class StepCounter:
+    """Counts optimizer.step() calls by the optimizer's post-step hook, not by the loop."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.applied = 0
+        self.skipped = 0  # fp16 steps the GradScaler skipped (inf/NaN gradients)
+        optimizer.register_step_post_hook(self._hook)
+
+    def _hook(self, *_: Any) -> None:
+        self.applied += 1
+
+
+def all_reduce_ints(values: list[int], ranks: Ranks, op: dist.ReduceOp) -> list[int]:
+    t = torch.tensor(values, dtype=torch.int64, device=ranks.device)
+    dist.all_reduce(t, op=op)
+    return [int(v) for v in t.tolist()]
+
+
+def global_mean_losses(losses: list[float], ranks: Ranks) -> list[float]:
+    """Each step's loss averaged over the ranks (equal slices): the global batch's mean loss."""
+    t = torch.tensor(losses, dtype=torch.float64, device=ranks.device)
+    dist.all_reduce(t)
+    return [float(v) / ranks.world for v in t.tolist()]
+
+
+def threads_record(ranks: Ranks) -> dict[str, Any]:
+    """Intra-op threads of every rank (one row each, summed over the ranks), and why."""
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    rows = [[0, 0] for _ in range(ranks.world)]
+    rows[ranks.rank] = [torch.get_num_threads(), int(omp) if omp.isdigit() else -1]
+    table = all_reduce_ints([v for row in rows for v in row], ranks, dist.ReduceOp.SUM)
+    per_rank = [{"rank": i, "torch_threads": table[2 * i],
+                 "OMP_NUM_THREADS": table[2 * i + 1] if table[2 * i + 1] >= 0 else None}
+                for i in range(ranks.world)]
+    return {"per_rank": per_rank, "cpu_count": os.cpu_count(), "note": THREADS_NOTE}
+
+
+def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
+                counter: StepCounter, batch_per_rank: int) -> dict[str, Any]:
+    """Warm up, then time `step` (one training step, returns this rank's loss) as the record."""
+    for _ in range(spec["warmup_steps"]):
+        step().item()
+    synchronize(ranks)
+    applied0, skipped0 = counter.applied, counter.skipped
+    timer, losses = StepTimer(), []
+    timer.start()
+    for _ in range(spec["measure_steps"]):
+        loss = step()
+        synchronize(ranks)
+        losses.append(loss.item())  # waits for this rank's step; DDP's all-reduce was in it
+        timer.tick()
+    if not losses:
+        raise Invalid("measure_steps is 0: nothing was timed")
+    steps = counter.applied - applied0 + counter.skipped - skipped0
+    low, skipped = all_reduce_ints([steps, counter.skipped - skipped0], ranks, dist.ReduceOp.MIN)
+    high, = all_reduce_ints([steps], ranks, dist.ReduceOp.MAX)
+    if low != high:
+        raise Invalid(f"ranks disagree on the steps taken: between {low} and {high}")
+    samples, = all_reduce_ints([steps * batch_per_rank], ranks, dist.ReduceOp.SUM)
+    global_losses = global_mean_losses(losses, ranks)
+    return {
+        **timer.summary(spec["global_batch_size"], samples),
+        "first_loss": finite(global_losses[0]),
+        "last_loss": finite(global_losses[-1]),
+        "loss_kind": "global mean cross-entropy of each step's batch (ranks' means averaged)",
+        "steps_skipped_by_grad_scaler": skipped,
+    }
+
+
+def autocast(ranks: Ranks, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The forward pass's autocast for a precision (fp32: none)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(ranks.device.type, dtype=dtype)
+
+
+def check_precision(spec: Spec, ranks: Ranks) -> None:
+    precision = spec["precision"]
+    if precision == "fp16" and not ranks.cuda:
+        raise Unavailable("fp16 on CPU: float16 autocast with a GradScaler is for GPUs (the "
+                          "CPU has no fast float16 convolutions); use bf16 on CPUs")
+    if precision == "bf16" and ranks.cuda and not torch.cuda.is_bf16_supported():
+        raise Unavailable(f"bf16: {torch.cuda.get_device_name(ranks.device)} has no bfloat16")
+
+
+def wrap_ddp(model: nn.Module, ranks: Ranks) -> DDP:
+    """The model in DDP (its defaults: 25 MB buckets, buffers broadcast from rank 0)."""
+    return DDP(model, device_ids=[ranks.local_rank] if ranks.cuda else None)
+
+
+def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
+    h, w, c = model_spec.input_shape
+    return (c, h, w)

@@ -1,0 +1,97 @@
+"""The Horovod family: the source build's C++17 patch (fast), and the horovod runner for real on
+CPU (slow): a few steps at 1 and 2 gloo ranks through the CLI, as a user runs them."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from bench.envs import ensure_env
+from bench.records import check_record, load_records
+from tests.conftest import REPO, run_cli
+
+
+def load_build_script() -> ModuleType:
+    """envs/horovod_build.py as a module, without running the build (it is a plain script)."""
+    spec = importlib.util.spec_from_file_location("horovod_build", REPO / "envs/horovod_build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cmake_patch_raises_cxx_standard_to_17() -> None:
+    build = load_build_script()
+    text = "project(horovod CXX)\nset(CMAKE_CXX_STANDARD 14)\nset(CMAKE_CXX_STANDARD_REQUIRED ON)\n"
+    patched = build.patch_cxx_standard(text)
+    assert patched == text.replace("STANDARD 14)", "STANDARD 17)")
+    nested = 'if(NOT Pytorch_VERSION VERSION_LESS "1.5.0")\n    set(CMAKE_CXX_STANDARD 14)\nendif()'
+    assert "    set(CMAKE_CXX_STANDARD 17)\n" in build.patch_cxx_standard(nested)
+
+
+def test_cmake_patch_fails_loudly_without_the_line() -> None:
+    build = load_build_script()
+    with pytest.raises(build.BuildError, match="CMAKE_CXX_STANDARD 14"):
+        build.patch_cxx_standard("set(CMAKE_CXX_STANDARD 17)\n", "CMakeLists.txt")
+
+
+def test_build_reason_names_the_first_compiler_error() -> None:
+    build = load_build_script()
+    log = ["[ 50%] Building CXX object x.o",
+           "/tmp/h/horovod/torch/mpi_ops_v2.cc:12:3: error: 'optional' is not a member of 'std'",
+           "/tmp/h/horovod/torch/mpi_ops_v2.cc:40:1: error: later error",
+           "error: subprocess-exited-with-error"]
+    assert build.first_error(log).endswith("error: 'optional' is not a member of 'std'")
+
+
+@pytest.fixture(scope="module")
+def horovod_python() -> str:
+    """The Horovod environment's interpreter, built (from source, minutes) on first use."""
+    return str(ensure_env("horovod", "cpu").python)
+
+
+def sweep(out: Path, *sets: str) -> dict[int, dict]:
+    """Run the CPU smoke config with the horovod runner and overrides; records by device count."""
+    args = ["--config", "configs/cpu-smoke.yaml", "--set", "runners=[horovod]",
+            "--set", "warmup_steps=2", "--set", "measure_steps=3",
+            "--set", "batch_size_per_device=8", "--out", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {r["num_devices"]: r for r in load_records(out)}
+
+
+@pytest.mark.slow
+@pytest.mark.framework("horovod")
+def test_horovod_at_one_and_two_ranks(tmp_path: Path, horovod_python: str) -> None:
+    records = sweep(tmp_path)
+    assert sorted(records) == [1, 2]
+    for n, rec in records.items():
+        assert check_record(rec) == []
+        log = Path(rec["log_path"]).read_text()[-3000:]
+        assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
+        assert rec["virtual_devices"] is True
+        assert rec["samples"] == 3 * 8 * n
+        assert rec["images_per_sec"] > 0
+        result = rec["result"]
+        assert result["replicas"] == n and result["steps_per_rank"] == [3] * n
+        assert len(rec["environment"]["devices"]) == n
+        assert result["threads"]["processes"] == n
+        assert result["layout"] == "channels_first" and result["fp16_allreduce"] is False
+        assert result["controller"] == "gloo"
+        assert rec["environment"]["framework"]["horovod"] == "0.28.1"
+        assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
+
+
+@pytest.mark.slow
+@pytest.mark.framework("horovod")
+def test_horovod_fp16_allreduce(tmp_path: Path, horovod_python: str) -> None:
+    """Gradients compressed to float16 for the all-reduce still train at 2 ranks."""
+    records = sweep(tmp_path, "devices=[2]", "runner_options.horovod.fp16_allreduce=true")
+    rec = records[2]
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["result"]["fp16_allreduce"] is True and rec["samples"] == 3 * 16
