@@ -4,7 +4,6 @@ child process (the jax environment)."""
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
@@ -269,18 +268,6 @@ def test_probe_canonical_weights_errors(jax_results: dict) -> None:
     # Canonical weights cover Conv and Dense only: a model with BatchNorm is refused.
     assert jax_results["resnet50"]["canonical"].startswith("ValueError: canonical")
 
-
-def _layout(path: Path) -> object:
-    """The LAYOUT table of a builder, read without importing it (or its framework)."""
-    tree = ast.parse(path.read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "LAYOUT" for t in n.targets))
-    return ast.literal_eval(node.value)
-
-
-def test_minigooglenet_flax_layout_matches_keras() -> None:
-    folder = REPO / "models" / "minigooglenet"
-    assert _layout(folder / "flax_builder.py") == _layout(folder / "keras_builder.py")
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import math
 import subprocess
 import sys
@@ -137,3 +138,18 @@ def test_keras_probe_canonical_weights(keras_results: dict) -> None:
     assert r["names"] == {n: list(s) for n, s in get_spec("probe").weights}
     assert r["round_trip"]
     assert r["formats_diff"] < 1e-6
+
+
+@pytest.mark.parametrize(("model", "table"), [("minigooglenet", "LAYOUT"), ("resnet50", "STAGES")])
+def test_every_builder_takes_the_architecture_from_the_spec(model: str, table: str) -> None:
+    """One architecture table per model, in its framework-free spec: no builder keeps a copy."""
+    builders = sorted((REPO / "models" / model).glob("*_builder.py"))
+    assert len(builders) >= 5
+    for path in builders:
+        tree = ast.parse(path.read_text())
+        imports = {(n.module, a.name) for n in tree.body if isinstance(n, ast.ImportFrom)
+                   for a in n.names}
+        assert (f"models.{model}.spec", table) in imports, path.name
+        assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name)}
+        assert table not in assigned, f"{path.name} defines its own {table}"

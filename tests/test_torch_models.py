@@ -3,7 +3,6 @@ probe's canonical weights. Torch runs only in a child process (the torch environ
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
@@ -177,18 +176,6 @@ def test_probe_canonical_weights_errors(torch_results: dict) -> None:
     assert r["bad_shape"].startswith("ValueError: dense/kernel")
     assert r["unknown_name"].startswith("KeyError:") and "nope/kernel" in r["unknown_name"]
 
-
-def _layout(path: Path) -> object:
-    """The LAYOUT table of a builder, read without importing it (or its framework)."""
-    tree = ast.parse(path.read_text())
-    node = next(n for n in tree.body if isinstance(n, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "LAYOUT" for t in n.targets))
-    return ast.literal_eval(node.value)
-
-
-def test_minigooglenet_layout_matches_keras() -> None:
-    folder = REPO / "models" / "minigooglenet"
-    assert _layout(folder / "torch_builder.py") == _layout(folder / "keras_builder.py")
 
 
 @pytest.mark.slow

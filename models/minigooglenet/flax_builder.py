@@ -14,12 +14,8 @@ import jax.numpy as jnp
 
 from models import ModelSpec
 from models.flax_common import check_data_format
+from models.minigooglenet.spec import LAYOUT
 
-# The Keras builder's table, copied because importing it would import keras; the parity test
-# checks that the two stay equal. (1x1 filters, 3x3 filters) per inception module, "down" for a
-# downsample module (3x3 filters).
-LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
-          ("down", 96), (176, 160), (176, 160))
 # Keras' defaults for Conv2D and Dense.
 KERNEL_INIT = nn.initializers.glorot_uniform()
 

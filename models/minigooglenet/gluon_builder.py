@@ -8,12 +8,7 @@ from mxnet.gluon import nn
 from mxnet.gluon.contrib.nn import HybridConcurrent
 
 from models import ModelSpec
-
-# keras_builder.LAYOUT, repeated so this module never imports keras (keras-mxnet needs a set-up
-# import first): (1x1 filters, 3x3 filters) per inception module, ("down", 3x3 filters) per
-# downsample module. tests/test_mxnet_models.py checks both tables agree.
-LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
-          ("down", 96), (176, 160), (176, 160))
+from models.minigooglenet.spec import LAYOUT
 
 
 def conv_module(cin: int, cout: int, k: int, stride: int, padding: int,

@@ -8,10 +8,7 @@ from keras import layers
 
 from models import ModelSpec
 from models.keras_common import channel_axis, input_layer
-
-# (1x1 filters, 3x3 filters) of each inception module, "down" for a downsample module (3x3 filters)
-LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
-          ("down", 96), (176, 160), (176, 160))
+from models.minigooglenet.spec import LAYOUT
 
 
 def build(spec: ModelSpec, data_format: str = "channels_last") -> keras.Model:

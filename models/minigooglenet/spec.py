@@ -2,6 +2,11 @@
 
 from models import ModelSpec
 
+# The architecture every framework's builder follows: (1x1 filters, 3x3 filters) of each
+# inception module, ("down", 3x3 filters) for a downsample module.
+LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
+          ("down", 96), (176, 160), (176, 160))
+
 SPEC = ModelSpec(
     name="minigooglenet",
     input_shape=(32, 32, 3),

@@ -9,12 +9,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from models import ModelSpec, tfv1_common
+from models.minigooglenet.spec import LAYOUT
 
 tfv1 = tf.compat.v1
 BN_MOMENTUM, BN_EPSILON = 0.99, 1e-3
-# keras_builder.LAYOUT, repeated so this module never imports Keras 3 next to tf_keras
-LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
-          ("down", 96), (176, 160), (176, 160))
 
 
 def build(spec: ModelSpec, images: tf.Tensor, training: bool = True,

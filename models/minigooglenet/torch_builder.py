@@ -8,13 +8,8 @@ import torch
 from torch import nn
 
 from models import ModelSpec
+from models.minigooglenet.spec import LAYOUT
 from models.torch_common import apply_data_format, check_data_format
-
-# The Keras builder's table, copied because importing it would import keras; the parity test
-# checks that the two stay equal. (1x1 filters, 3x3 filters) per inception module, "down" for a
-# downsample module (3x3 filters).
-LAYOUT = ((32, 32), (32, 48), ("down", 80), (112, 48), (96, 64), (80, 80), (48, 96),
-          ("down", 96), (176, 160), (176, 160))
 
 
 class ConvModule(nn.Sequential):

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 
 from models import ModelSpec
 from models.flax_common import check_data_format
+from models.resnet50.spec import STAGES
 
-STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # width, blocks, first stride
 EXPANSION = 4
 # torchvision's conv initialisation (kaiming_normal_, fan_out, ReLU gain).
 CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")

@@ -9,9 +9,7 @@ from typing import Any
 from mxnet.gluon import HybridBlock, nn
 
 from models import ModelSpec
-
-# keras_builder.STAGES, repeated so this module never imports keras (the test checks they agree)
-STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # width, blocks, first stride
+from models.resnet50.spec import STAGES
 
 
 def conv_bn(cin: int, cout: int, k: int, stride: int, prefix: str,

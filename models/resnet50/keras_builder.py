@@ -9,8 +9,7 @@ from keras import layers
 
 from models import ModelSpec
 from models.keras_common import channel_axis, input_layer
-
-STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # width, blocks, first stride
+from models.resnet50.spec import STAGES
 
 
 def build(spec: ModelSpec, data_format: str = "channels_last") -> keras.Model:

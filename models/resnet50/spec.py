@@ -2,6 +2,9 @@
 
 from models import ModelSpec
 
+# The architecture every framework's builder follows: (width, blocks, first stride) per stage.
+STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))
+
 SPEC = ModelSpec(
     name="resnet50",
     input_shape=(224, 224, 3),

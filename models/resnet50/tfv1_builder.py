@@ -9,11 +9,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from models import ModelSpec, tfv1_common
+from models.resnet50.spec import STAGES
 
 tfv1 = tf.compat.v1
 BN_MOMENTUM, BN_EPSILON = 0.9, 1e-5
-# keras_builder.STAGES, repeated so this module never imports Keras 3 next to tf_keras
-STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # width, blocks, first stride
 
 
 def build(spec: ModelSpec, images: tf.Tensor, training: bool = True,

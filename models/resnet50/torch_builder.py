@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from models import ModelSpec
+from models.resnet50.spec import STAGES
 from models.torch_common import apply_data_format, check_data_format
 
-STAGES = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))  # width, blocks, first stride
 EXPANSION = 4
 
 
