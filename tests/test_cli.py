@@ -137,3 +137,19 @@ def test_setup_unknown_family_is_exit_2() -> None:
 def test_report_on_a_folder_without_runs_is_exit_2(tmp_path: Path) -> None:
     proc = run_cli("report", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "has no runs/ folder" in proc.stderr
+
+
+def test_keras_cntk_is_listed_and_recorded_unavailable(tmp_path: Path) -> None:
+    """A runner that can never run here: `list` says why, a sweep naming it gets records."""
+    listing = run_cli("list", timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    line = next(ln for ln in listing.stdout.splitlines() if ln.strip().startswith("keras_cntk"))
+    assert "unavailable" in line and "CNTK 2.7 ships wheels only for Python 2.7, 3.5 and 3.6" \
+        in listing.stdout
+    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--set", "runners=[keras_cntk]",
+                   "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    records = load_records(tmp_path)
+    assert [r["num_devices"] for r in sorted(records, key=lambda r: r["num_devices"])] == [1, 2]
+    for rec in records:
+        assert rec["status"] == "unavailable" and "Python 3.6" in rec["reason"]
