@@ -215,6 +215,10 @@ RUNNERS: dict[str, RunnerInfo] = {
             "torch",
             "runners.keras_torch",
             "Keras 3 on PyTorch, multi-device through DDP as Keras' PyTorch guide does",
+            options={
+                "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
+                                      "the Keras model's tensor layout"),
+            },
             precisions=("fp32", "bf16"),
             launcher="torchrun",
         ),

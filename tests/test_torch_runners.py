@@ -60,11 +60,13 @@ def test_torch_ddp_channels_last_bf16(tmp_path: Path, torch_python: str) -> None
     assert rec["result"]["precision_details"]["autocast"] == "bfloat16"
 
 
-def test_keras_torch_bf16(tmp_path: Path, torch_python: str) -> None:
-    records = sweep(tmp_path, "runners=[keras_torch]", "devices=[2]", "precision=bf16")
+def test_keras_torch_bf16_channels_first(tmp_path: Path, torch_python: str) -> None:
+    records = sweep(tmp_path, "runners=[keras_torch]", "devices=[2]", "precision=bf16",
+                    "runner_options.keras_torch.data_format=channels_first")
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["dtype_policy"] == "mixed_bfloat16" and rec["samples"] == 3 * 16
+    assert rec["result"]["layout"] == "channels_first"
 
 
 def test_what_cpu_ranks_cannot_do_is_unavailable(tmp_path: Path, torch_python: str) -> None:
