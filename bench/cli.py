@@ -20,14 +20,14 @@ from bench.records import done_run_ids, write_json_atomic
 from bench.registry import FAMILIES, RUNNERS
 from bench.report import build_report, format_table
 
-COMMANDS = ("run", "setup", "list", "report")
+COMMANDS = ("run", "setup", "list", "report", "make-dataset")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="run_bench.py",
         description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
-                    "setup, list, report.")
+                    "setup, list, report, make-dataset.")
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run a sweep (the default command)")
     run.add_argument("--config", required=True, help="YAML sweep file")
@@ -48,6 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="runners, models and families, and whether each is ready")
     report = sub.add_parser("report", help="re-render summary.csv and charts of a results folder")
     report.add_argument("results_dir")
+    make = sub.add_parser("make-dataset",
+                          help="write a synthetic dataset of real JPEGs: OUT/<class>/<image>.jpg")
+    make.add_argument("--out", required=True, help="new or empty folder to write")
+    make.add_argument("--classes", type=int, required=True, metavar="K",
+                      help="number of classes (sub-folders class_000, ...), >= 1")
+    make.add_argument("--images", type=int, required=True, metavar="N",
+                      help="images in total, spread evenly over the classes (the first N mod K "
+                           "classes get one more), >= K")
+    make.add_argument("--size", type=int, required=True, metavar="S",
+                      help="S x S RGB pixels, 8..4096")
+    make.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
+    make.add_argument("--quality", type=int, default=90, help="JPEG quality 1..95 (default 90)")
     return p
 
 
@@ -65,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(Path(args.results_dir))
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "make-dataset":
+            return cmd_make_dataset(args)
         _parser().print_help()
         return 2
     except ConfigError as exc:
@@ -130,6 +144,20 @@ def cmd_report(results_dir: Path) -> int:
     print(f"\nsummary: {results_dir / 'summary.csv'}")
     for c in charts:
         print(f"chart:   {c}")
+    return 0
+
+
+def cmd_make_dataset(args: argparse.Namespace) -> int:
+    from bench.datasets import make_dataset, validate
+
+    out = Path(args.out)
+    validate(out, args.classes, args.images, args.size, args.quality)
+    print(f"make-dataset: {args.images} images, {args.classes} classes, {args.size}x{args.size}, "
+          f"seed {args.seed}, quality {args.quality} -> {out}", flush=True)
+    manifest = make_dataset(out, args.classes, args.images, args.size, seed=args.seed,
+                            quality=args.quality, log=lambda line: print(line, flush=True))
+    print(f"dataset: {out}")
+    print(f"total:   {manifest['total_bytes']:,} bytes in {manifest['images']} images")
     return 0
 
 
