@@ -64,3 +64,17 @@ def run_check_script(python: str, script: str, *args: str, env: dict[str, str] |
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
+
+
+def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
+    """The CPU smoke config through the CLI, shortened (2 warm-up + 3 timed steps, 8 images
+    per device) and with `--set` overrides; its records by device count."""
+    from bench.records import load_records
+
+    args = ["--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
+            "--set", "measure_steps=3", "--set", "batch_size_per_device=8", "--out", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {r["num_devices"]: r for r in load_records(out)}

@@ -10,8 +10,8 @@ from types import ModuleType
 import pytest
 
 from bench.envs import ensure_env
-from bench.records import check_record, load_records
-from tests.conftest import REPO, run_cli
+from bench.records import check_record
+from tests.conftest import REPO, smoke_sweep
 
 
 def load_build_script() -> ModuleType:
@@ -53,22 +53,11 @@ def horovod_python() -> str:
     return str(ensure_env("horovod", "cpu").python)
 
 
-def sweep(out: Path, *sets: str) -> dict[int, dict]:
-    """Run the CPU smoke config with the horovod runner and overrides; records by device count."""
-    args = ["--config", "configs/cpu-smoke.yaml", "--set", "runners=[horovod]",
-            "--set", "warmup_steps=2", "--set", "measure_steps=3",
-            "--set", "batch_size_per_device=8", "--out", str(out)]
-    for s in sets:
-        args += ["--set", s]
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {r["num_devices"]: r for r in load_records(out)}
-
 
 @pytest.mark.slow
 @pytest.mark.framework("horovod")
 def test_horovod_at_one_and_two_ranks(tmp_path: Path, horovod_python: str) -> None:
-    records = sweep(tmp_path)
+    records = smoke_sweep(tmp_path, "runners=[horovod]")
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         assert check_record(rec) == []
@@ -91,7 +80,8 @@ def test_horovod_at_one_and_two_ranks(tmp_path: Path, horovod_python: str) -> No
 @pytest.mark.framework("horovod")
 def test_horovod_fp16_allreduce(tmp_path: Path, horovod_python: str) -> None:
     """Gradients compressed to float16 for the all-reduce still train at 2 ranks."""
-    records = sweep(tmp_path, "devices=[2]", "runner_options.horovod.fp16_allreduce=true")
+    records = smoke_sweep(tmp_path, "runners=[horovod]", "devices=[2]",
+                          "runner_options.horovod.fp16_allreduce=true")
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["fp16_allreduce"] is True and rec["samples"] == 3 * 16

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.records import check_record, load_records
+from bench.records import check_record
 from bench.registry import RUNNERS
 from runners.jax_common import CPU_KIND, _with_device_count
-from tests.conftest import run_check_script, run_cli
+from tests.conftest import run_check_script, smoke_sweep
 
 JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
 
@@ -48,16 +48,6 @@ print("RESULT " + json.dumps({
     "per_device_var": ((x[:4].var(0) + x[4:].var(0)) / 2).tolist()}))
 """
 
-
-def sweep(out: Path, *sets: str) -> dict[int, dict]:
-    """Run the CPU smoke config with overrides; records by device count."""
-    args = ["--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
-            "--set", "measure_steps=3", "--set", "batch_size_per_device=8", "--out", str(out)]
-    for s in sets:
-        args += ["--set", s]
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {r["num_devices"]: r for r in load_records(out)}
 
 
 def test_jax_family_is_registered() -> None:
@@ -96,7 +86,7 @@ def check_ok(rec: dict, n: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.framework("jax")
 def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: str) -> None:
-    records = sweep(tmp_path / runner, f"runners=[{runner}]")
+    records = smoke_sweep(tmp_path / runner, f"runners=[{runner}]")
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         result = check_ok(rec, n)
@@ -115,7 +105,7 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: 
 @pytest.mark.slow
 @pytest.mark.framework("jax")
 def test_jax_native_bf16(tmp_path: Path, jax_python: str) -> None:
-    rec = sweep(tmp_path, "runners=[jax_native]", "devices=[2]", "precision=bf16")[2]
+    rec = smoke_sweep(tmp_path, "runners=[jax_native]", "devices=[2]", "precision=bf16")[2]
     result = check_ok(rec, 2)
     assert rec["precision"] == "bf16"
     assert result["dtype"] == "bfloat16 compute, float32 params"

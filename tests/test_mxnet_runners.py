@@ -8,24 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.records import check_record, load_records
+from bench.records import check_record
 from bench.registry import RUNNERS
-from tests.conftest import run_cli
+from tests.conftest import smoke_sweep
 from tests.test_equivalence import make_inputs, step
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 MXNET_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "mxnet")
 
-
-def sweep(out: Path, *sets: str) -> dict[int, dict]:
-    """Run the CPU smoke config with overrides; records by device count."""
-    args = ["--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
-            "--set", "measure_steps=3", "--set", "batch_size_per_device=8", "--out", str(out)]
-    for s in sets:
-        args += ["--set", s]
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {r["num_devices"]: r for r in load_records(out)}
 
 
 def test_mxnet_family_is_registered() -> None:
@@ -34,7 +24,7 @@ def test_mxnet_family_is_registered() -> None:
 
 @pytest.mark.parametrize("runner", MXNET_RUNNERS)
 def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, mxnet_python: str) -> None:
-    records = sweep(tmp_path / runner, f"runners=[{runner}]")
+    records = smoke_sweep(tmp_path / runner, f"runners=[{runner}]")
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         assert check_record(rec) == []
@@ -52,7 +42,7 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, mxnet_python
 
 def test_mxnet_native_options(tmp_path: Path, mxnet_python: str) -> None:
     """kvstore local and an imperative (not hybridised) net both train at 2 contexts."""
-    records = sweep(tmp_path, "runners=[mxnet_native]", "devices=[2]",
+    records = smoke_sweep(tmp_path, "runners=[mxnet_native]", "devices=[2]",
                     "runner_options.mxnet_native.kvstore=local",
                     "runner_options.mxnet_native.hybridize=false")
     rec = records[2]
@@ -61,7 +51,7 @@ def test_mxnet_native_options(tmp_path: Path, mxnet_python: str) -> None:
 
 
 def test_keras_mxnet_fit_on_arrays(tmp_path: Path, mxnet_python: str) -> None:
-    records = sweep(tmp_path, "runners=[keras_mxnet]", "devices=[2]",
+    records = smoke_sweep(tmp_path, "runners=[keras_mxnet]", "devices=[2]",
                     "runner_options.keras_mxnet.input=arrays")
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
@@ -70,9 +60,9 @@ def test_keras_mxnet_fit_on_arrays(tmp_path: Path, mxnet_python: str) -> None:
 
 def test_what_cpu_contexts_cannot_do_is_unavailable(tmp_path: Path, mxnet_python: str) -> None:
     """fp16 and the nccl kvstore need GPUs: unavailable records with the reason, no crash."""
-    fp16 = sweep(tmp_path / "fp16", "runners=[mxnet_native]", "devices=[1]", "precision=fp16")
+    fp16 = smoke_sweep(tmp_path / "fp16", "runners=[mxnet_native]", "devices=[1]", "precision=fp16")
     assert fp16[1]["status"] == "unavailable" and "fp16" in fp16[1]["reason"]
-    nccl = sweep(tmp_path / "nccl", "runners=[mxnet_native]", "devices=[2]",
+    nccl = smoke_sweep(tmp_path / "nccl", "runners=[mxnet_native]", "devices=[2]",
                  "runner_options.mxnet_native.kvstore=nccl")
     assert nccl[2]["status"] == "unavailable" and "nccl" in nccl[2]["reason"]
 

@@ -13,8 +13,8 @@ from bench.launch import launch
 from bench.plan import RunSpec
 from bench.records import check_record
 from bench.registry import RUNNERS
+from tests.conftest import smoke_sweep
 from tests.test_equivalence import make_inputs, step
-from tests.test_mxnet_runners import sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 TORCH_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "torch")
@@ -28,7 +28,7 @@ def test_torch_family_is_registered() -> None:
 
 @pytest.mark.parametrize("runner", TORCH_RUNNERS)
 def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python: str) -> None:
-    records = sweep(tmp_path / runner, f"runners=[{runner}]")
+    records = smoke_sweep(tmp_path / runner, f"runners=[{runner}]")
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         assert check_record(rec) == []
@@ -51,7 +51,7 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
 
 
 def test_torch_ddp_channels_last_bf16(tmp_path: Path, torch_python: str) -> None:
-    records = sweep(tmp_path, "runners=[torch_ddp]", "devices=[2]", "precision=bf16",
+    records = smoke_sweep(tmp_path, "runners=[torch_ddp]", "devices=[2]", "precision=bf16",
                     "runner_options.torch_ddp.memory_format=channels_last")
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
@@ -61,7 +61,7 @@ def test_torch_ddp_channels_last_bf16(tmp_path: Path, torch_python: str) -> None
 
 
 def test_keras_torch_bf16_channels_first(tmp_path: Path, torch_python: str) -> None:
-    records = sweep(tmp_path, "runners=[keras_torch]", "devices=[2]", "precision=bf16",
+    records = smoke_sweep(tmp_path, "runners=[keras_torch]", "devices=[2]", "precision=bf16",
                     "runner_options.keras_torch.data_format=channels_first")
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
@@ -71,9 +71,9 @@ def test_keras_torch_bf16_channels_first(tmp_path: Path, torch_python: str) -> N
 
 def test_what_cpu_ranks_cannot_do_is_unavailable(tmp_path: Path, torch_python: str) -> None:
     """fp16 (GradScaler) and the nccl backend need GPUs: unavailable records with the reason."""
-    fp16 = sweep(tmp_path / "fp16", "runners=[torch_ddp]", "devices=[1]", "precision=fp16")
+    fp16 = smoke_sweep(tmp_path / "fp16", "runners=[torch_ddp]", "devices=[1]", "precision=fp16")
     assert fp16[1]["status"] == "unavailable" and "fp16" in fp16[1]["reason"]
-    nccl = sweep(tmp_path / "nccl", "runners=[torch_ddp]", "devices=[2]",
+    nccl = smoke_sweep(tmp_path / "nccl", "runners=[torch_ddp]", "devices=[2]",
                  "runner_options.torch_ddp.backend=nccl")
     assert nccl[2]["status"] == "unavailable" and "nccl" in nccl[2]["reason"]
 
