@@ -20,14 +20,14 @@ from bench.records import done_run_ids, write_json_atomic
 from bench.registry import FAMILIES, RUNNERS
 from bench.report import build_report, format_table
 
-COMMANDS = ("run", "setup", "list", "report", "make-dataset")
+COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="run_bench.py",
         description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
-                    "setup, list, report, make-dataset.")
+                    "setup, list, report, make-dataset, prepare-data.")
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run a sweep (the default command)")
     run.add_argument("--config", required=True, help="YAML sweep file")
@@ -60,6 +60,18 @@ def _parser() -> argparse.ArgumentParser:
                       help="S x S RGB pixels, 8..4096")
     make.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     make.add_argument("--quality", type=int, default=90, help="JPEG quality 1..95 (default 90)")
+    prep = sub.add_parser("prepare-data",
+                          help="JPEG class folders -> MXNet RecordIO, TFRecord shards and a "
+                               "JPEG file list, all holding the same re-encoded bytes")
+    prep.add_argument("--src", required=True, help="folder with one sub-folder of JPEGs per class")
+    prep.add_argument("--out", required=True, help="new or empty folder to write")
+    prep.add_argument("--resize", type=int, default=256, metavar="S",
+                      help="shorter side in pixels, aspect kept; 0 keeps the size (default 256)")
+    prep.add_argument("--quality", type=int, default=95,
+                      help="JPEG quality 1..95 of the re-encoded images (default 95)")
+    prep.add_argument("--shards", type=int, default=4, help="TFRecord shards (default 4)")
+    prep.add_argument("--workers", type=int, default=2,
+                      help="processes that decode, resize and encode (default 2)")
     return p
 
 
@@ -79,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "make-dataset":
             return cmd_make_dataset(args)
+        if args.command == "prepare-data":
+            return cmd_prepare_data(args)
         _parser().print_help()
         return 2
     except ConfigError as exc:
@@ -158,6 +172,23 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
                             quality=args.quality, log=lambda line: print(line, flush=True))
     print(f"dataset: {out}")
     print(f"total:   {manifest['total_bytes']:,} bytes in {manifest['images']} images")
+    return 0
+
+
+def cmd_prepare_data(args: argparse.Namespace) -> int:
+    from bench.prepare_data import prepare_data, validate_options
+
+    out = Path(args.out)
+    validate_options(Path(args.src), out, args.resize, args.quality, args.shards, args.workers)
+    print(f"prepare-data: {args.src} -> {out} (resize {args.resize}, quality {args.quality}, "
+          f"{args.shards} shards, {args.workers} workers)", flush=True)
+    manifest = prepare_data(Path(args.src), out, resize=args.resize, quality=args.quality,
+                            shards=args.shards, workers=args.workers,
+                            log=lambda line: print(line, flush=True))
+    print(f"dataset: {out}")
+    print(f"total:   {manifest['images']} images, {manifest['classes']} classes, "
+          f"{manifest['total_jpeg_bytes']:,} JPEG bytes; recordio train.rec, "
+          f"{args.shards} tfrecord shards, files.csv")
     return 0
 
 
