@@ -13,19 +13,21 @@ from bench.registry import RUNNERS, runner_options
 from models import available_models
 
 SCALING = ("weak", "strong")
-DATA = ("synthetic",)
+DATA = ("synthetic", "real")
+AUGMENTATIONS = ("none", "crop-flip")
+DATASET_KEYS = ("path", "augmentation", "workers")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("cpu", "gpu")
 
 KEYS = (
     "name", "description", "runners", "models", "devices", "batch_size_per_device",
     "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
-    "measure_steps", "repeats", "timeout_s", "runner_options",
+    "measure_steps", "repeats", "timeout_s", "runner_options", "dataset",
 )
 DEFAULTS: dict[str, Any] = {
     "name": None, "description": "", "data": ["synthetic"], "precision": ["fp32"],
     "device": "cpu", "warmup_steps": 5, "measure_steps": 20, "repeats": 1,
-    "timeout_s": 600, "runner_options": {},
+    "timeout_s": 600, "runner_options": {}, "dataset": None,
 }
 
 
@@ -52,6 +54,8 @@ class SweepConfig:
     timeout_s: float
     runner_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     description: str = ""
+    # Real data: the folder prepare-data wrote, the augmentation level, the loader workers.
+    dataset: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the user's key names (it loads back unchanged)."""
@@ -183,6 +187,7 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
     timeout = cfg["timeout_s"]
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise _fail("timeout_s", timeout, "a number of seconds > 0")
+    data = _choices("data", cfg["data"], DATA)
     return SweepConfig(
         name=name,
         description=cfg["description"],
@@ -191,7 +196,7 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
         devices=devices,
         scaling=scaling,
         batch_sizes=batch_sizes,
-        data=_choices("data", cfg["data"], DATA),
+        data=data,
         precision=_choices("precision", cfg["precision"], PRECISIONS),
         device=_device(cfg["device"]),
         warmup_steps=_int("warmup_steps", cfg["warmup_steps"], 0),
@@ -199,7 +204,36 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
         repeats=_int("repeats", cfg["repeats"], 1),
         timeout_s=float(timeout),
         runner_options=_runner_options(cfg["runner_options"], runners),
+        dataset=_dataset(cfg["dataset"], data),
     )
+
+
+def _dataset(raw: Any, data: list[str]) -> dict[str, Any] | None:
+    """The dataset mapping: required when data includes real, checked against the folder."""
+    if raw is None:
+        if "real" in data:
+            raise _fail("dataset", raw, "a mapping with path: <a folder written by "
+                        "`run_bench.py prepare-data`> when data includes real")
+        return None
+    if not isinstance(raw, dict):
+        raise _fail("dataset", raw, "a mapping of " + ", ".join(DATASET_KEYS))
+    for key in raw:
+        if key not in DATASET_KEYS:
+            raise _fail(f"dataset.{key}", raw[key], "keys " + ", ".join(DATASET_KEYS))
+    path = raw.get("path")
+    if not isinstance(path, str) or not path:
+        raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data`")
+    folder = Path(path).expanduser()
+    if not (folder / "manifest.json").is_file():
+        raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data` "
+                    "(it has no manifest.json)")
+    augmentation = raw.get("augmentation", "crop-flip")
+    if augmentation not in AUGMENTATIONS:
+        raise _fail("dataset.augmentation", augmentation, ", ".join(AUGMENTATIONS))
+    workers = raw.get("workers", 4)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise _fail("dataset.workers", workers, "an integer >= 0 (loader worker processes)")
+    return {"path": str(folder.resolve()), "augmentation": augmentation, "workers": workers}
 
 
 def _device(value: Any) -> str:

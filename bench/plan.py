@@ -38,6 +38,7 @@ class RunSpec:
     python: str | None = None  # the user's interpreter, if they named one
     mode: str = "benchmark"  # or "equivalence"
     launcher: str = "python"  # see RunnerInfo.launcher
+    dataset: dict[str, Any] | None = None  # the prepared dataset of a data: real run
     equivalence: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,5 +94,6 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
             options=opts,
             python=python,
             launcher=info.launcher,
+            dataset=cfg.dataset if data == "real" else None,
         ))
     return runs

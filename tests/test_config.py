@@ -117,7 +117,7 @@ def test_top_level_must_be_mapping(tmp_path: Path) -> None:
         load_config(path)
 
 
-@pytest.mark.parametrize("name", ["cpu-smoke", "gpu-smoke", "dgx1", "keras-tf-strategies"])
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("*.yaml")))
 def test_shipped_configs_validate(name: str) -> None:
     cfg = load_config(REPO / "configs" / f"{name}.yaml")
     assert cfg.name == name
@@ -156,3 +156,32 @@ def test_dry_run_prints_plan_table() -> None:
     assert runs >= 9 * 2 * 4 and f"{runs} runs" in proc.stdout
     assert "tf_mirrored__resnet50__n8__b64__synthetic__fp32__r0" in proc.stdout
     assert yaml.safe_load((REPO / "configs" / "dgx1.yaml").read_text())["devices"] == [1, 2, 4, 8]
+
+
+def test_real_data_needs_a_prepared_dataset(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="^dataset: None is not allowed; allowed: a mapping"):
+        validate({**BASE, "data": ["synthetic", "real"]})
+    with pytest.raises(ConfigError, match="^dataset.path: .* has no manifest.json"):
+        validate({**BASE, "data": "real", "dataset": {"path": str(tmp_path)}})
+    (tmp_path / "manifest.json").write_text("{}")
+    for key, value, words in [("augmentation", "mixup", "none, crop-flip"),
+                              ("workers", -1, "an integer >= 0"), ("nope", 1, "keys path")]:
+        with pytest.raises(ConfigError, match=f"^dataset.{key}: .*{words}"):
+            validate({**BASE, "data": "real", "dataset": {"path": str(tmp_path), key: value}})
+    cfg = validate({**BASE, "data": ["synthetic", "real"], "dataset": {"path": str(tmp_path)}})
+    assert cfg.dataset == {"path": str(tmp_path.resolve()), "augmentation": "crop-flip",
+                           "workers": 4}
+    assert validate(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+def test_real_runs_carry_the_dataset_and_dotted_set_reaches_it(tmp_path: Path) -> None:
+    from bench.plan import expand
+
+    (tmp_path / "manifest.json").write_text("{}")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "data": ["synthetic", "real"]}))
+    cfg = load_config(path, [f"dataset.path={tmp_path}", "dataset.workers=2"])
+    runs = expand(cfg, "s")
+    assert {r.data: r.dataset for r in runs} == {
+        "synthetic": None,
+        "real": {"path": str(tmp_path.resolve()), "augmentation": "crop-flip", "workers": 2}}
