@@ -38,22 +38,19 @@ from models.keras_common import (  # noqa: E402
     set_canonical_weights,
 )
 from runners.common import (  # noqa: E402
-    Invalid,
     Spec,
     Unavailable,
-    finite,
     load_equivalence_inputs,
     main,
-    save_equivalence_output,
 )
-from runners.torch_dist import (  # noqa: E402
+from runners.torch_dist import (
     Ranks,
     StepCounter,
     close_ranks,
-    global_mean_losses,
+    equivalence_part,
+    finish_equivalence,  # noqa: E402
     init_ranks,
     per_rank_batch,
-    synchronize,
     synthetic_slice,
     threads_record,
     timed_steps,
@@ -145,30 +142,19 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     data_format = spec["options"].get("data_format", "channels_last")
     ranks = init_ranks(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
-    if len(x) % ranks.world:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {ranks.world} ranks")
-    per = len(x) // ranks.world
-    part = slice(ranks.rank * per, (ranks.rank + 1) * per)
+    x_part, ys = equivalence_part(x, y, ranks)
     model, logits = build_logits_model("probe", data_format, ranks)
     set_canonical_weights(model, weights)
     ddp_model = wrap_ddp(logits, ranks)
     optimizer = torch.optim.SGD(logits.parameters(), lr=lr)
-    xs = x[part] if data_format == "channels_last" else x[part].transpose(0, 3, 1, 2)
+    xs = x_part if data_format == "channels_last" else x_part.transpose(0, 3, 1, 2)
     xs = torch.from_numpy(np.ascontiguousarray(xs)).to(ranks.device)  # inputs come NHWC
-    ys = torch.from_numpy(y[part].astype(np.int64)).to(ranks.device)
     loss = torch.nn.CrossEntropyLoss()(ddp_model(xs, training=True).float(), ys)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    synchronize(ranks)
-    global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
-    if ranks.rank == 0:
-        save_equivalence_output(spec, get_canonical_weights(model))
-    result = {"replicas": ranks.world, "framework": framework_versions(),
-              "devices": ranks.devices, "loss": global_loss, "backend": ranks.backend,
-              "layout": data_format}
-    close_ranks()
-    return result
+    return finish_equivalence(spec, ranks, loss, lambda: get_canonical_weights(model),
+                              data_format)
 
 
 if __name__ == "__main__":

@@ -36,13 +36,10 @@ from models.torch_common import (
     set_canonical_weights,
 )
 from runners.common import (
-    Invalid,
     Spec,
     Unavailable,
-    finite,
     load_equivalence_inputs,
     main,
-    save_equivalence_output,
 )
 from runners.torch_dist import (
     MEMORY_FORMATS,
@@ -50,12 +47,12 @@ from runners.torch_dist import (
     autocast,
     check_precision,
     close_ranks,
+    equivalence_part,
+    finish_equivalence,
     framework_versions,
-    global_mean_losses,
     init_ranks,
     nchw,
     per_rank_batch,
-    synchronize,
     synthetic_slice,
     threads_record,
     timed_steps,
@@ -130,30 +127,18 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     layout = opts.get("memory_format", "channels_first")
     ranks = init_ranks(spec, opts.get("backend", "auto"))
     weights, x, y, lr = load_equivalence_inputs(spec)
-    if len(x) % ranks.world:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {ranks.world} ranks")
-    per = len(x) // ranks.world
-    part = slice(ranks.rank * per, (ranks.rank + 1) * per)
+    x_part, ys = equivalence_part(x, y, ranks)
     net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
     set_canonical_weights(net, weights)
     net = net.to(ranks.device)
     model = wrap_ddp(net, ranks)
     optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-    xs = torch.from_numpy(np.ascontiguousarray(x[part].transpose(0, 3, 1, 2)))  # NHWC in
+    xs = torch.from_numpy(np.ascontiguousarray(x_part.transpose(0, 3, 1, 2)))  # NHWC in
     xs = xs.to(ranks.device).contiguous(memory_format=MEMORY_FORMATS[layout])
-    ys = torch.from_numpy(y[part].astype(np.int64)).to(ranks.device)
     loss = F.cross_entropy(model(xs), ys)
     loss.backward()
     optimizer.step()
-    synchronize(ranks)
-    global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
-    if ranks.rank == 0:
-        save_equivalence_output(spec, get_canonical_weights(net))
-    result = {"replicas": ranks.world, "framework": framework_versions(),
-              "devices": ranks.devices, "loss": global_loss, "backend": ranks.backend,
-              "layout": layout}
-    close_ranks()
-    return result
+    return finish_equivalence(spec, ranks, loss, lambda: get_canonical_weights(net), layout)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import ModelSpec
-from runners.common import Invalid, Spec, StepTimer, Unavailable, finite
+from runners.common import Invalid, Spec, StepTimer, Unavailable, finite, save_equivalence_output
 
 MEMORY_FORMATS = {"channels_first": torch.contiguous_format, "channels_last": torch.channels_last}
 # The process group, referenced until the process exits (runners.common ends it with os._exit),
@@ -221,3 +221,29 @@ def wrap_ddp(model: nn.Module, ranks: Ranks) -> DDP:
 def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
     h, w, c = model_spec.input_shape
     return (c, h, w)
+
+
+def equivalence_part(x: np.ndarray, y: np.ndarray, ranks: Ranks
+                     ) -> tuple[np.ndarray, torch.Tensor]:
+    """This rank's slice of the equivalence batch: images as given (NHWC numpy), labels as an
+    int64 tensor on the rank's device."""
+    if len(x) % ranks.world:
+        raise Invalid(f"equivalence batch {len(x)} does not divide by {ranks.world} ranks")
+    per = len(x) // ranks.world
+    part = slice(ranks.rank * per, (ranks.rank + 1) * per)
+    return x[part], torch.from_numpy(y[part].astype(np.int64)).to(ranks.device)
+
+
+def finish_equivalence(spec: Spec, ranks: Ranks, loss: torch.Tensor,
+                       canonical: Callable[[], dict[str, np.ndarray]], layout: str
+                       ) -> dict[str, Any]:
+    """After the step: rank 0 saves the canonical weights; the result; the group closed."""
+    synchronize(ranks)
+    global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
+    if ranks.rank == 0:
+        save_equivalence_output(spec, canonical())
+    result = {"replicas": ranks.world, "framework": framework_versions(),
+              "devices": ranks.devices, "loss": global_loss, "backend": ranks.backend,
+              "layout": layout}
+    close_ranks()
+    return result
