@@ -17,7 +17,7 @@ from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
 from bench.plan import RunSpec, expand
 from bench.records import done_run_ids, write_json_atomic
-from bench.registry import FAMILIES, RUNNERS
+from bench.registry import FAMILIES, PIPELINES, RUNNERS
 from bench.report import build_report, format_table
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data")
@@ -140,6 +140,11 @@ def cmd_list() -> int:
         for name, opt in r.options.items():
             allowed = f" ({' | '.join(map(str, opt.allowed))})" if opt.allowed else ""
             print(f"      {name}={opt.default!r}{allowed}  {opt.help}")
+    print("\nInput pipelines (mode: pipeline):")
+    for p in PIPELINES.values():
+        state = ("ready" if p.family == "harness" or family_env(p.family, variant).ready
+                 else "not ready")
+        print(f"  {p.name:<24} family={p.family:<7} {state:<10} {p.description}")
     print("\nModels:")
     for name in available_models():
         s = get_spec(name)
@@ -153,9 +158,11 @@ def cmd_report(results_dir: Path) -> int:
     if not (results_dir / "runs").is_dir():
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder; allowed: a "
                           "results folder written by a sweep")
-    rows, charts = build_report(results_dir)
-    print(format_table(rows))
+    rows, pipes, charts = build_report(results_dir)
+    print(format_table(rows, pipes))
     print(f"\nsummary: {results_dir / 'summary.csv'}")
+    if pipes:
+        print(f"pipelines: {results_dir / 'pipelines.csv'}")
     for c in charts:
         print(f"chart:   {c}")
     return 0
@@ -210,7 +217,7 @@ def print_plan(runs: list[RunSpec]) -> None:
     rows = [head] + [
         (str(i), r.run_id, r.runner, r.model,
          f"{r.num_devices} {'vcpu' if r.virtual_devices else r.device}",
-         str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data)
+         str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data_label)
         for i, r in enumerate(runs, 1)
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -222,8 +229,8 @@ def print_plan(runs: list[RunSpec]) -> None:
 
 def interpreters(runs: list[RunSpec], variant: str, quiet: bool) -> dict[str, Any]:
     """Each family's interpreter, provisioning missing environments; EnvError if it failed."""
-    found: dict[str, Any] = {}
-    for fam in sorted({r.family for r in runs if not r.python}):
+    found: dict[str, Any] = {"harness": Path(sys.executable)}  # the naive PIL loop's
+    for fam in sorted({r.family for r in runs if not r.python} - {"harness"}):
         try:
             found[fam] = ensure_env(fam, variant, quiet=quiet).python
         except EnvError as exc:
@@ -253,8 +260,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                            args.quiet_setup)
     try:
         for i, spec in enumerate(todo, 1):
-            label = (f"[{i}/{len(todo)}] {spec.runner} {spec.model} n={spec.num_devices} "
-                     f"b={spec.global_batch_size} {spec.precision}")
+            label = (f"[{i}/{len(todo)}] pipeline {spec.runner} {spec.model} "
+                     f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
+                     if spec.mode == "pipeline" and spec.dataset else
+                     f"[{i}/{len(todo)}] {spec.runner} {spec.model} n={spec.num_devices} "
+                     f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
             print(f"{label} ...", end=" ", flush=True)
             t0 = time.monotonic()
             if spec.run_id in blocked:
@@ -270,9 +280,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"continue with --resume --out {out}", file=sys.stderr)
         build_report(out)
         return 130
-    rows, charts = build_report(out)
+    rows, pipes, charts = build_report(out)
     print()
-    print(format_table(rows))
+    print(format_table(rows, pipes))
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}")
     return 0
@@ -280,7 +290,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:
     """(status, reason) for a run that cannot be launched here; None if it can."""
-    info = RUNNERS[spec.runner]
+    info = PIPELINES[spec.runner] if spec.mode == "pipeline" else RUNNERS[spec.runner]
     if info.unavailable:
         return "unavailable", info.unavailable
     if spec.precision not in info.precisions:

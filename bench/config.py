@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.registry import RUNNERS, runner_options
-from models import available_models
+from bench.registry import PIPELINES, RUNNERS, runner_options
+from models import available_models, get_spec
 
 SCALING = ("weak", "strong")
 DATA = ("synthetic", "real")
@@ -18,16 +19,18 @@ AUGMENTATIONS = ("none", "crop-flip")
 DATASET_KEYS = ("path", "augmentation", "workers")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("cpu", "gpu")
+MODES = ("benchmark", "pipeline")
 
 KEYS = (
     "name", "description", "runners", "models", "devices", "batch_size_per_device",
     "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
-    "measure_steps", "repeats", "timeout_s", "runner_options", "dataset",
+    "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
 )
 DEFAULTS: dict[str, Any] = {
     "name": None, "description": "", "data": ["synthetic"], "precision": ["fp32"],
     "device": "cpu", "warmup_steps": 5, "measure_steps": 20, "repeats": 1,
-    "timeout_s": 600, "runner_options": {}, "dataset": None,
+    "timeout_s": 600, "runner_options": {}, "dataset": None, "mode": ["benchmark"],
+    "pipelines": None,
 }
 
 
@@ -54,8 +57,12 @@ class SweepConfig:
     timeout_s: float
     runner_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     description: str = ""
-    # Real data: the folder prepare-data wrote, the augmentation level, the loader workers.
+    # Real data: the folder prepare-data wrote, the augmentation level, the loader worker
+    # counts (a list: an axis of real-data and pipeline runs).
     dataset: dict[str, Any] | None = None
+    # "benchmark" trains the runners' models; "pipeline" times the input pipelines alone.
+    mode: list[str] = field(default_factory=lambda: ["benchmark"])
+    pipelines: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the user's key names (it loads back unchanged)."""
@@ -142,12 +149,16 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
             hint = difflib.get_close_matches(str(key), KEYS, n=1)
             extra = f" (did you mean {hint[0]!r}?)" if hint else ""
             raise ConfigError(f"unknown key {key!r}{extra}; allowed keys: {', '.join(KEYS)}")
-    for key in ("runners", "models", "devices"):
+    mode = _choices("mode", raw.get("mode", DEFAULTS["mode"]), MODES)
+    required = ("runners", "models", "devices") if "benchmark" in mode else ("models",)
+    for key in required:
         if key not in raw:
             raise ConfigError(f"{key}: missing; this key is required")
-    cfg = {**DEFAULTS, **raw}
+    cfg = {**DEFAULTS, "runners": [], "devices": [1], **raw}
 
-    runners = _choices("runners", cfg["runners"], sorted(RUNNERS))
+    # a pipeline-only sweep ignores (but still checks) the runners of the config it came from
+    runners = (_choices("runners", cfg["runners"], sorted(RUNNERS))
+               if "benchmark" in mode or raw.get("runners") else [])
     models = _choices("models", cfg["models"], available_models())
     devices = _ints("devices", cfg["devices"], 1)
     per_device, global_batch = cfg.get("batch_size_per_device"), cfg.get("global_batch_size")
@@ -188,6 +199,11 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise _fail("timeout_s", timeout, "a number of seconds > 0")
     data = _choices("data", cfg["data"], DATA)
+    pipelines = _pipelines(cfg["pipelines"], mode)
+    dataset = _dataset(cfg["dataset"], data if "benchmark" in mode else [],
+                       "pipeline" in mode)
+    if dataset and "real" in data and "benchmark" in mode:
+        _check_classes(dataset, models)
     return SweepConfig(
         name=name,
         description=cfg["description"],
@@ -204,16 +220,44 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
         repeats=_int("repeats", cfg["repeats"], 1),
         timeout_s=float(timeout),
         runner_options=_runner_options(cfg["runner_options"], runners),
-        dataset=_dataset(cfg["dataset"], data),
+        dataset=dataset,
+        mode=mode,
+        pipelines=pipelines,
     )
 
 
-def _dataset(raw: Any, data: list[str]) -> dict[str, Any] | None:
-    """The dataset mapping: required when data includes real, checked against the folder."""
+def _pipelines(raw: Any, mode: list[str]) -> list[str]:
+    """The input pipelines a pipeline-mode sweep times: all of them unless named (checked
+    even when mode leaves them out, so a typo never waits for the day they run)."""
+    if raw is None or raw == []:
+        return list(PIPELINES) if "pipeline" in mode else []
+    return _choices("pipelines", raw, list(PIPELINES))
+
+
+def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
+    """Labels must index the model's outputs: a dataset cannot have more classes."""
+    try:
+        classes = int(json.loads((Path(dataset["path"]) / "manifest.json").read_text())
+                      ["classes"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _fail("dataset.path", dataset["path"], f"a readable prepare-data folder ({exc})"
+                    ) from None
+    for model in models:
+        outputs = get_spec(model).num_classes
+        if classes > outputs:
+            raise _fail("dataset.path", dataset["path"],
+                        f"a dataset of at most {outputs} classes for model {model} "
+                        f"(this one has {classes})")
+
+
+def _dataset(raw: Any, data: list[str], pipeline: bool = False) -> dict[str, Any] | None:
+    """The dataset mapping: required when data includes real or mode includes pipeline,
+    checked against the folder."""
     if raw is None:
-        if "real" in data:
+        if "real" in data or pipeline:
+            why = "mode includes pipeline" if pipeline else "data includes real"
             raise _fail("dataset", raw, "a mapping with path: <a folder written by "
-                        "`run_bench.py prepare-data`> when data includes real")
+                        f"`run_bench.py prepare-data`> when {why}")
         return None
     if not isinstance(raw, dict):
         raise _fail("dataset", raw, "a mapping of " + ", ".join(DATASET_KEYS))
@@ -231,9 +275,13 @@ def _dataset(raw: Any, data: list[str]) -> dict[str, Any] | None:
     if augmentation not in AUGMENTATIONS:
         raise _fail("dataset.augmentation", augmentation, ", ".join(AUGMENTATIONS))
     workers = raw.get("workers", 4)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise _fail("dataset.workers", workers, "an integer >= 0 (loader worker processes)")
-    return {"path": str(folder.resolve()), "augmentation": augmentation, "workers": workers}
+    for w in workers if isinstance(workers, list) and workers else [workers]:
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise _fail("dataset.workers", workers, "an integer >= 0 or a list of them "
+                        "(parallel decode workers of the loader)")
+    workers = workers if isinstance(workers, list) else [workers]
+    return {"path": str(folder.resolve()), "augmentation": augmentation,
+            "workers": list(dict.fromkeys(workers))}
 
 
 def _device(value: Any) -> str:

@@ -107,7 +107,9 @@ def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> d
         **{k: getattr(spec, k) for k in (
             "run_id", "sweep_id", "runner", "family", "model", "num_devices", "virtual_devices",
             "device", "scaling", "batch_size_per_device", "global_batch_size", "data",
-            "precision", "repeat", "warmup_steps", "measure_steps", "options")},
+            "precision", "repeat", "warmup_steps", "measure_steps", "options", "mode",
+            "dataset")},
+        "data_label": spec.data_label,
         "status": None, "reason": None, "log_path": str(log_path),
         "environment": dict(environment), "started_at": now_iso(), "finished_at": None,
         "returncode": None, "wall_time_s": None,
@@ -217,15 +219,15 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
 
 
 def validate_result(result: dict[str, Any], spec: RunSpec) -> list[str]:
-    """What is wrong with an 'ok' benchmark result (an empty list when nothing is)."""
-    if spec.mode != "benchmark":
+    """What is wrong with an 'ok' benchmark or pipeline result (empty when nothing is)."""
+    if spec.mode not in ("benchmark", "pipeline"):
         return []
     problems = []
     expected = spec.measure_steps * spec.global_batch_size
     if result.get("samples") != expected:
         problems.append(f"samples {result.get('samples')!r} != measure_steps x global batch "
                         f"= {expected}")
-    for key in ("first_loss", "last_loss"):
+    for key in ("first_loss", "last_loss") if spec.mode == "benchmark" else ():
         v = result.get(key)
         if not isinstance(v, (int, float)) or not math.isfinite(v):
             problems.append(f"{key} is {v!r}, not a finite number")

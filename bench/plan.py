@@ -6,7 +6,7 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bench.registry import COMMON_OPTIONS, RUNNERS
+from bench.registry import BASELINE_PIPELINE, COMMON_OPTIONS, PIPELINES, RUNNERS
 
 if TYPE_CHECKING:
     from bench.config import SweepConfig
@@ -36,9 +36,10 @@ class RunSpec:
     timeout_s: float
     options: dict[str, Any] = field(default_factory=dict)  # the runner's own options
     python: str | None = None  # the user's interpreter, if they named one
-    mode: str = "benchmark"  # or "equivalence"
+    mode: str = "benchmark"  # or "pipeline" (input pipeline alone), "equivalence"
     launcher: str = "python"  # see RunnerInfo.launcher
-    dataset: dict[str, Any] | None = None  # the prepared dataset of a data: real run
+    # the prepared dataset of a data: real or pipeline run: path, augmentation, workers (one)
+    dataset: dict[str, Any] | None = None
     equivalence: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,52 +49,103 @@ class RunSpec:
     def group_key(self) -> tuple[Any, ...]:
         """Runs that differ only in device count (and repeat) share this key."""
         batch = self.batch_size_per_device if self.scaling == "weak" else self.global_batch_size
-        return (self.runner, self.model, self.data, self.precision, self.scaling, batch,
-                self.device)
+        return (self.runner, self.model, self.data_label, self.precision, self.scaling, batch,
+                self.device, self.mode)
+
+    @property
+    def data_label(self) -> str:
+        """synthetic, or real-w<loader workers> (real runs differ by their worker count)."""
+        return f"real-w{self.dataset['workers']}" if self.dataset else self.data
 
 
 def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data: str,
-                precision: str, repeat: int) -> str:
+                precision: str, repeat: int, mode: str = "benchmark") -> str:
     """A stable, readable id: the same run gets the same id in every sweep (for --resume)."""
+    if mode == "pipeline":
+        return f"pipeline__{runner}__{model}__b{batch}__{data}__r{repeat}"
     b = f"b{batch}" if scaling == "weak" else f"gb{batch}"
     return f"{runner}__{model}__n{n}__{b}__{data}__{precision}__r{repeat}"
 
 
+def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
+    """One dataset mapping per loader worker count for real data; [None] for synthetic."""
+    if data != "real" or cfg.dataset is None:
+        return [None]
+    return [{**cfg.dataset, "workers": w} for w in cfg.dataset["workers"]]
+
+
 def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
-    """The sweep's runs: runners x models x data x precision x batch x devices x repeats."""
-    runs = []
+    """The sweep's runs: pipeline runs (pipelines x models x batch x workers x repeats) first,
+    then benchmark runs (runners x models x data x workers x precision x batch x devices x
+    repeats)."""
+    runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
+    if "benchmark" not in cfg.mode:
+        return runs
     for runner, model, data, precision, batch, n, repeat in itertools.product(
         cfg.runners, cfg.models, cfg.data, cfg.precision, cfg.batch_sizes, cfg.devices,
         range(cfg.repeats),
     ):
-        info = RUNNERS[runner]
         opts = dict(cfg.runner_options.get(runner, {}))
         python = opts.get("python")
         for name in COMMON_OPTIONS:
             opts.pop(name, None)
         per_device = batch if cfg.scaling == "weak" else batch // n
-        runs.append(RunSpec(
-            run_id=make_run_id(runner, model, n, cfg.scaling, batch, data, precision, repeat),
-            sweep_id=sweep_id,
-            runner=runner,
-            family=info.family,
-            module=info.module,
-            model=model,
-            num_devices=n,
-            device=cfg.device,
-            virtual_devices=cfg.device == "cpu",
-            scaling=cfg.scaling,
-            batch_size_per_device=per_device,
-            global_batch_size=per_device * n,
-            data=data,
-            precision=precision,
-            warmup_steps=cfg.warmup_steps,
-            measure_steps=cfg.measure_steps,
-            repeat=repeat,
-            timeout_s=cfg.timeout_s,
-            options=opts,
-            python=python,
-            launcher=info.launcher,
-            dataset=cfg.dataset if data == "real" else None,
-        ))
+        for dataset in _datasets(cfg, data):
+            label = f"real-w{dataset['workers']}" if dataset else data
+            runs.append(_benchmark_run(cfg, sweep_id, runner, model, label, data, precision,
+                                       batch, per_device, n, repeat, opts, python, dataset))
     return runs
+
+
+def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
+    """Pipeline-mode runs: each input pipeline alone, at every loader worker count (the naive
+    baseline once, with none)."""
+    assert cfg.dataset is not None  # config validation requires it in pipeline mode
+    runs = []
+    for name, model, batch, repeat in itertools.product(
+        cfg.pipelines, cfg.models, cfg.batch_sizes, range(cfg.repeats),
+    ):
+        info = PIPELINES[name]
+        for workers in [0] if name == BASELINE_PIPELINE else cfg.dataset["workers"]:
+            runs.append(RunSpec(
+                run_id=make_run_id(name, model, 1, "weak", batch, f"real-w{workers}", "fp32",
+                                   repeat, mode="pipeline"),
+                sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
+                model=model, num_devices=1, device=cfg.device, virtual_devices=False,
+                scaling="weak", batch_size_per_device=batch, global_batch_size=batch, data="real",
+                precision="fp32", warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps,
+                repeat=repeat, timeout_s=cfg.timeout_s, mode="pipeline",
+                dataset={**cfg.dataset, "workers": workers},
+            ))
+    return runs
+
+
+def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, label: str,
+                   data: str, precision: str, batch: int, per_device: int, n: int, repeat: int,
+                   opts: dict[str, Any], python: str | None,
+                   dataset: dict[str, Any] | None) -> RunSpec:
+    info = RUNNERS[runner]
+    return RunSpec(
+        run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat),
+        sweep_id=sweep_id,
+        runner=runner,
+        family=info.family,
+        module=info.module,
+        model=model,
+        num_devices=n,
+        device=cfg.device,
+        virtual_devices=cfg.device == "cpu",
+        scaling=cfg.scaling,
+        batch_size_per_device=per_device,
+        global_batch_size=per_device * n,
+        data=data,
+        precision=precision,
+        warmup_steps=cfg.warmup_steps,
+        measure_steps=cfg.measure_steps,
+        repeat=repeat,
+        timeout_s=cfg.timeout_s,
+        options=opts,
+        python=python,
+        launcher=info.launcher,
+        dataset=dataset,
+        )

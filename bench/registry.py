@@ -67,6 +67,11 @@ FAMILIES: dict[str, Family] = {
     ]
 }
 
+LOADER_OPTION = Option(str, "framework", ("framework", "keras"),
+                       "real data: the framework's fast pipeline, or the Keras-idiomatic "
+                       "Sequence/PyDataset a Keras user writes (runners/keras_data.py)")
+
+
 RUNNERS: dict[str, RunnerInfo] = {
     r.name: r
     for r in [
@@ -76,6 +81,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.tf_mirrored",
             "Keras 3 model.fit under tf.distribute.MirroredStrategy",
             options={
+                "loader": LOADER_OPTION,
                 "xla": Option(bool, False, help="compile the train step with XLA (jit_compile)"),
                 "steps_per_execution": Option(int, 1, help="train steps per tf.function call"),
                 "data_format": Option(
@@ -109,6 +115,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.keras_tf_kuza55",
             "kuza55's make_parallel: towers per device, outputs merged on the parameter device",
             options={
+                "loader": LOADER_OPTION,
                 "ps": Option(str, "cpu", ("cpu", "gpu"), "where variables live and outputs merge"),
             },
         ),
@@ -118,6 +125,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.keras_tf_multi_gpu_model",
             "Keras 2.0.9-2.2 multi_gpu_model: CPU template, replicas per device, CPU merge",
             options={
+                "loader": LOADER_OPTION,
                 "cpu_merge": Option(bool, True, help="merge replica outputs on the CPU"),
                 "cpu_relocation": Option(bool, False, help="rebuild the template under /cpu:0"),
             },
@@ -128,6 +136,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.keras_tf_avolkov1",
             "avolkov1's make_parallel: slicing on the parameter device, optional prefetch",
             options={
+                "loader": LOADER_OPTION,
                 "ps": Option(str, "cpu", ("cpu", "gpu"), "where variables live and slicing runs"),
                 "prefetch": Option(bool, False, help="prefetch each slice to its device"),
                 "average_gradients": Option(bool, False, help="average gradients across towers"),
@@ -187,6 +196,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.keras_mxnet",
             "Keras 2.2 (keras-mxnet) compiled with a context list, trained with fit",
             options={
+                "loader": LOADER_OPTION,
                 "input": Option(str, "generator", ("generator", "arrays"),
                                 "fit_generator on a batch generator, or fit on numpy arrays"),
                 "gradient_reduce": Option(str, "mean", ("mean", "sum"),
@@ -216,6 +226,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.keras_torch",
             "Keras 3 on PyTorch, multi-device through DDP as Keras' PyTorch guide does",
             options={
+                "loader": LOADER_OPTION,
                 "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
                                       "the Keras model's tensor layout"),
             },
@@ -234,6 +245,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "jax",
             "runners.keras_jax",
             "Keras 3 on JAX with keras.distribution.DataParallel, trained with fit",
+            options={"loader": LOADER_OPTION},
             precisions=("fp32", "bf16"),
         ),
         RunnerInfo(
@@ -261,6 +273,34 @@ RUNNERS: dict[str, RunnerInfo] = {
     ]
 }
 
+
+BASELINE_PIPELINE = "pil_loop"  # runs once, with 0 workers, whatever the worker counts
+# Input pipelines measured on their own (mode: pipeline): decode, augment, batch; no model.
+# Family "harness" is the harness's own interpreter (numpy and Pillow, no framework).
+PIPELINES: dict[str, RunnerInfo] = {
+    p.name: p
+    for p in [
+        RunnerInfo("pil_loop", "harness", "runners.pipeline_pil",
+                   "the naive baseline: one Python process, Pillow decode, numpy crop/flip, "
+                   "workers ignored", equivalence=False),
+        RunnerInfo("tf_data", "tf", "runners.pipeline_tf",
+                   "tf.data over the TFRecord shards: interleaved reads, parallel "
+                   "decode_jpeg and crop/flip (workers threads), batch, prefetch",
+                   equivalence=False),
+        RunnerInfo("mxnet_record_iter", "mxnet", "runners.pipeline_mxnet",
+                   "MXNet's C++ ImageRecordIter over train.rec (workers decode threads)",
+                   equivalence=False),
+        RunnerInfo("torch_dataloader", "torch", "runners.pipeline_torch",
+                   "PyTorch DataLoader over the JPEG file list: Pillow decode in workers "
+                   "processes, pinned memory on GPUs", equivalence=False),
+        RunnerInfo("grain", "jax", "runners.pipeline_jax",
+                   "Grain (the JAX ecosystem's loader) over the JPEG file list: Pillow decode "
+                   "in workers processes", equivalence=False),
+        RunnerInfo("keras_pydataset", "jax", "runners.pipeline_keras",
+                   "Keras 3 PyDataset over the JPEG file list (the Keras-idiomatic path): "
+                   "Pillow decode in workers processes", equivalence=False),
+    ]
+}
 
 def runner_options(runner: str) -> dict[str, Option]:
     """All options a runner accepts, its own plus the common ones."""

@@ -8,19 +8,29 @@ from pathlib import Path
 from typing import Any
 
 from bench.records import load_records
-from bench.stats import SUMMARY_FIELDS, summarise
+from bench.stats import (
+    BASELINE,
+    INPUT_BOUND_RATIO,
+    PIPELINE_FIELDS,
+    SUMMARY_FIELDS,
+    summarise,
+    summarise_pipelines,
+)
 
 CHARTS = ("throughput.png", "efficiency.png", "largest_device_count.png")
+REAL_CHART, PIPELINE_CHART = "real_vs_synthetic.png", "pipelines.png"
 
 
-def write_summary(results_dir: Path, rows: list[dict[str, Any]]) -> Path:
-    path = Path(results_dir) / "summary.csv"
+def write_summary(results_dir: Path, rows: list[dict[str, Any]],
+                  name: str = "summary.csv",
+                  fields: tuple[str, ...] = SUMMARY_FIELDS) -> Path:
+    path = Path(results_dir) / name
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=SUMMARY_FIELDS)
+        writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: _fmt(row[k]) for k in SUMMARY_FIELDS})
+            writer.writerow({k: _fmt(row[k]) for k in fields})
     tmp.replace(path)
     return path
 
@@ -29,10 +39,50 @@ def _fmt(value: Any) -> Any:
     return round(value, 4) if isinstance(value, float) else ("" if value is None else value)
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """The summary as a fixed-width text table for the terminal."""
-    head = ("runner", "model", "devices", "batch", "prec", "status", "img/s", "speedup",
-            "effic.")
+def format_table(rows: list[dict[str, Any]],
+                 pipelines: list[dict[str, Any]] | None = None) -> str:
+    """The summary (and the pipeline-mode summary, if any) as fixed-width text tables."""
+    parts = [_benchmark_table(rows)] if rows or not pipelines else []
+    if pipelines:
+        parts.append(_pipeline_table(pipelines))
+    return "\n\n".join(parts)
+
+
+def _columns(lines: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+           for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def _pipeline_table(rows: list[dict[str, Any]]) -> str:
+    lines = [("pipeline", "model", "size", "batch", "workers", "status", "img/s",
+              "img/s/core", f"x {BASELINE}")]
+    for r in rows:
+        ips, core, vs = r["images_per_sec"], r["images_per_sec_per_core"], r["vs_baseline"]
+        lines.append((
+            r["pipeline"], r["model"], str(r["image_size"] or "-"), str(r["batch"]),
+            str(r["loader_workers"]), r["status"],
+            f"{ips:.1f}" if ips is not None else "-", f"{core:.1f}" if core is not None else "-",
+            f"{vs:.2f}" if vs is not None else "-"))
+    reasons = [f"  {r['pipeline']} {r['model']} workers={r['loader_workers']}: {r['reason']}"
+               for r in rows if r["status"] != "ok" and r.get("reason")]
+    return "\n".join(["Input pipelines alone (mode: pipeline):", *_columns(lines)]
+                     + (["", "Not ok:", *reasons] if reasons else []))
+
+
+def _real_cell(r: dict[str, Any]) -> str:
+    """real/synthetic throughput, marked when input-bound."""
+    ratio = r.get("real_vs_synthetic")
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}" + (" INPUT-BOUND" if r.get("input_bound") else "")
+
+
+def _benchmark_table(rows: list[dict[str, Any]]) -> str:
+    head = ("runner", "model", "devices", "batch", "prec", "data", "status", "img/s",
+            "speedup", "effic.", "real/syn")
     lines = [head]
     for r in rows:
         kind = "vcpu" if r["virtual_devices"] else r["device"]
@@ -41,15 +91,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         ips = r["images_per_sec"]
         lines.append((
             r["runner"], r["model"], f"{r['num_devices']} {kind}", batch, r["precision"],
+            r["data_label"],
             r["status"] + (f" ({r['runs_ok']}/{r['runs_total']})" if r["runs_total"] > 1 else ""),
             f"{ips:.1f}" if ips is not None else "-",
             f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-",
             f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else "-",
+            _real_cell(r),
         ))
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
-    out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-           for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
+    out = _columns(lines)
+    if any(r.get("input_bound") for r in rows):
+        out += ["", f"INPUT-BOUND: real data below {INPUT_BOUND_RATIO:.0%} of the same run on "
+                "synthetic data (the input pipeline sets the pace)"]
     reasons = [f"  {r['runner']} {r['model']} n={r['num_devices']}: {r['reason']}"
                for r in rows if r["status"] != "ok" and r.get("reason")]
     return "\n".join(out + (["", "Not ok:"] + reasons if reasons else []))
@@ -59,7 +111,8 @@ def _series_label(row: dict[str, Any]) -> str:
     batch = (f"{row['batch_size_per_device']}/dev" if row["scaling"] == "weak"
              else f"{row['global_batch_size']} global")
     tag = " [virtual CPU devices]" if row["virtual_devices"] else ""
-    return f"{row['runner']} {row['precision']} b={batch}{tag}"
+    data = "" if row["data_label"] == "synthetic" else f" {row['data_label']}"
+    return f"{row['runner']} {row['precision']} b={batch}{data}{tag}"
 
 
 def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
@@ -151,14 +204,88 @@ def _axes(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
 
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[Path]]:
-    """Re-read a results folder's records; write summary.csv and the charts."""
-    rows = summarise(load_records(results_dir))
+def render_real_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Synthetic vs real-data throughput per runner and device count, input-bound marked."""
+    real = [r for r in rows if r["real_vs_synthetic"] is not None]
+    if not real:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in real})
+    fig, axes = plt.subplots(1, len(models), figsize=(max(6.5, 1.2 * len(real)) * len(models),
+                                                      4.8), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = sorted((r for r in real if r["model"] == model),
+                      key=lambda r: (r["runner"], r["num_devices"], r["data_label"]))
+        xs = range(len(mine))
+        syn = [r["images_per_sec"] / r["real_vs_synthetic"] for r in mine]
+        ax.bar([x - 0.2 for x in xs], syn, 0.4, label="synthetic", color="#999999")
+        bars = ax.bar([x + 0.2 for x in xs], [r["images_per_sec"] for r in mine], 0.4,
+                      label="real", color=["#d62728" if r["input_bound"] else "#1f77b4"
+                                           for r in mine])
+        ax.bar_label(bars, [f"{r['real_vs_synthetic']:.0%}" + ("\ninput-bound"
+                                                               if r["input_bound"] else "")
+                            for r in mine], fontsize=7)
+        ax.set_xticks(list(xs), [f"{r['runner']}\nn={r['num_devices']} "
+                                 f"w={r['loader_workers']}" for r in mine],
+                      rotation=30, ha="right", fontsize=7)
+        _axes(ax, model, "", "images/sec")
+        ax.set_ylim(bottom=0)
+    fig.suptitle(f"Real data vs synthetic (red: input-bound, below {INPUT_BOUND_RATIO:.0%})")
+    return _save(fig, Path(results_dir) / "charts" / REAL_CHART, plt)
+
+
+def render_pipeline_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Each input pipeline's images/sec against its worker count, the naive loop as a line."""
+    ok = [r for r in rows if r["images_per_sec"] is not None]
+    if not ok:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in ok})
+    fig, axes = _subplots(plt, len(models))
+    for ax, model in zip(axes, models, strict=False):
+        mine = [r for r in ok if r["model"] == model]
+        for r in (r for r in mine if r["pipeline"] == BASELINE):
+            ax.axhline(r["images_per_sec"], color="grey", linestyle="--",
+                       label=f"{BASELINE} (1 process) b={r['batch']}")
+        series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+        for r in mine:
+            if r["pipeline"] != BASELINE:
+                series[(r["pipeline"], r["batch"])].append(r)
+        for (name, batch), pts in sorted(series.items()):
+            pts.sort(key=lambda r: r["loader_workers"])
+            ax.plot([p["loader_workers"] for p in pts], [p["images_per_sec"] for p in pts],
+                    "o-", label=f"{name} b={batch}")
+        _axes(ax, f"{model} ({mine[0]['image_size']} px crops)", "loader workers",
+              "images/sec")
+        ax.set_ylim(bottom=0)
+    fig.suptitle("Input pipelines alone: decode, augment, batch (no model)")
+    return _save(fig, Path(results_dir) / "charts" / PIPELINE_CHART, plt)
+
+
+def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                             list[Path]]:
+    """Re-read a results folder's records; write summary.csv (and pipelines.csv) and the
+    charts. Returns the benchmark rows, the pipeline rows and the chart paths."""
+    records = load_records(results_dir)
+    rows, pipes = summarise(records), summarise_pipelines(records)
     write_summary(results_dir, rows)
-    return rows, render_charts(results_dir, rows)
+    if pipes:
+        write_summary(results_dir, pipes, "pipelines.csv", PIPELINE_FIELDS)
+    charts = render_charts(results_dir, rows) if rows or not pipes else []
+    extra = [render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes)]
+    return rows, pipes, charts + [c for c in extra if c]

@@ -6,13 +6,22 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-GROUP_FIELDS = ("runner", "model", "data", "precision", "scaling", "batch", "device")
+GROUP_FIELDS = ("runner", "model", "data_label", "precision", "scaling", "batch", "device")
 SUMMARY_FIELDS = (
     "runner", "model", "device", "virtual_devices", "num_devices", "scaling",
-    "batch_size_per_device", "global_batch_size", "data", "precision", "status", "runs_ok",
-    "runs_total", "images_per_sec", "images_per_sec_std", "speedup", "scaling_efficiency",
-    "reason",
+    "batch_size_per_device", "global_batch_size", "data", "loader_workers", "precision",
+    "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_std", "speedup",
+    "scaling_efficiency", "real_vs_synthetic", "input_bound", "reason",
 )
+PIPELINE_FIELDS = (
+    "pipeline", "model", "image_size", "batch", "augmentation", "loader_workers", "cores",
+    "device", "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_std",
+    "images_per_sec_per_core", "vs_baseline", "reason",
+)
+# A real-data run slower than this fraction of the same run on synthetic data is input-bound:
+# its input pipeline, not the model, sets the pace.
+INPUT_BOUND_RATIO = 0.9
+BASELINE = "pil_loop"
 
 
 def batch_of(rec: dict[str, Any]) -> int:
@@ -20,8 +29,21 @@ def batch_of(rec: dict[str, Any]) -> int:
     return rec["batch_size_per_device"] if rec["scaling"] == "weak" else rec["global_batch_size"]
 
 
+def data_label(rec: dict[str, Any]) -> str:
+    """synthetic, or real-w<loader workers> (records before real data carry only data)."""
+    if rec.get("data_label"):
+        return rec["data_label"]
+    ds = rec.get("dataset")
+    return f"real-w{ds['workers']}" if rec["data"] == "real" and ds else rec["data"]
+
+
+def is_pipeline(rec: dict[str, Any]) -> bool:
+    return rec.get("mode") == "pipeline"
+
+
 def group_key(rec: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(batch_of(rec) if f == "batch" else rec[f] for f in GROUP_FIELDS)
+    return tuple(batch_of(rec) if f == "batch" else data_label(rec) if f == "data_label"
+                 else rec[f] for f in GROUP_FIELDS)
 
 
 def speedup(ips: float | None, baseline: float | None) -> float | None:
@@ -45,7 +67,8 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     scaling and device kind; rows without a 1-device baseline get None."""
     by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
-        by_config[(*group_key(rec), rec["num_devices"])].append(rec)
+        if not is_pipeline(rec):
+            by_config[(*group_key(rec), rec["num_devices"])].append(rec)
     rows = []
     for key, recs in by_config.items():
         ok = [r["images_per_sec"] for r in recs if r["status"] == "ok"]
@@ -56,6 +79,8 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "virtual_devices": first["virtual_devices"], "num_devices": key[-1],
             "scaling": first["scaling"], "batch_size_per_device": first["batch_size_per_device"],
             "global_batch_size": first["global_batch_size"], "data": first["data"],
+            "data_label": data_label(first),
+            "loader_workers": (first.get("dataset") or {}).get("workers"),
             "precision": first["precision"],
             "status": "ok" if ok else "/".join(statuses),
             "runs_ok": len(ok), "runs_total": len(recs),
@@ -68,7 +93,61 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         row["speedup"] = speedup(row["images_per_sec"], baselines.get(row.pop("_group")))
         row["scaling_efficiency"] = efficiency(row["speedup"], row["num_devices"])
-    rows.sort(key=lambda r: (r["runner"], r["model"], r["data"], r["precision"],
+    compare_real_to_synthetic(rows)
+    rows.sort(key=lambda r: (r["runner"], r["model"], r["data_label"], r["precision"],
                              r["global_batch_size"] if r["scaling"] == "strong"
                              else r["batch_size_per_device"], r["num_devices"]))
+    return rows
+
+
+def compare_real_to_synthetic(rows: list[dict[str, Any]]) -> None:
+    """Give each real-data row its throughput over the synthetic row with the same runner,
+    model, devices, batch and precision, and flag it input-bound below INPUT_BOUND_RATIO."""
+    def same(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["runner"], r["model"], r["device"], r["num_devices"], r["scaling"],
+                r["batch_size_per_device"], r["global_batch_size"], r["precision"])
+
+    synthetic = {same(r): r["images_per_sec"] for r in rows if r["data"] == "synthetic"}
+    for row in rows:
+        ratio = (speedup(row["images_per_sec"], synthetic.get(same(row)))
+                 if row["data"] == "real" else None)
+        row["real_vs_synthetic"] = ratio
+        row["input_bound"] = None if ratio is None else ratio < INPUT_BOUND_RATIO
+
+
+def summarise_pipelines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per input pipeline, model, batch, augmentation and worker count (pipeline-mode
+    records), with its throughput over the naive PIL loop's at the same settings."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        if is_pipeline(rec):
+            ds = rec.get("dataset") or {}
+            groups[(rec["runner"], rec["model"], rec["global_batch_size"],
+                    ds.get("augmentation"), ds.get("workers"), rec["device"])].append(rec)
+    rows = []
+    for (name, model, batch, aug, workers, device), recs in groups.items():
+        ok = [r for r in recs if r["status"] == "ok"]
+        ips = [r["images_per_sec"] for r in ok]
+        results = [r.get("result") or {} for r in ok]
+        per_core = [x["images_per_sec_per_core"] for x in results
+                    if x.get("images_per_sec_per_core")]
+        rows.append({
+            "pipeline": name, "model": model, "batch": batch, "augmentation": aug,
+            "loader_workers": workers, "device": device,
+            "image_size": next((x.get("image_size") for x in results), None),
+            "cores": next((x.get("cores") for x in results), None),
+            "status": "ok" if ok else "/".join(sorted({r["status"] for r in recs})),
+            "runs_ok": len(ok), "runs_total": len(recs),
+            "images_per_sec": statistics.fmean(ips) if ips else None,
+            "images_per_sec_std": statistics.stdev(ips) if len(ips) > 1 else None,
+            "images_per_sec_per_core": statistics.fmean(per_core) if per_core else None,
+            "reason": next((r["reason"] for r in recs if r.get("reason")), None),
+        })
+    base = {(r["model"], r["batch"], r["augmentation"], r["device"]): r["images_per_sec"]
+            for r in rows if r["pipeline"] == BASELINE}
+    for row in rows:
+        row["vs_baseline"] = speedup(row["images_per_sec"], base.get(
+            (row["model"], row["batch"], row["augmentation"], row["device"])))
+    rows.sort(key=lambda r: (r["model"], r["batch"], r["pipeline"] != BASELINE, r["pipeline"],
+                             r["loader_workers"] or 0))
     return rows

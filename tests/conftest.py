@@ -78,3 +78,22 @@ def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
     proc = run_cli(*args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {r["num_devices"]: r for r in load_records(out)}
+
+
+@pytest.fixture(scope="session")
+def real_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small prepared dataset for real-data runs: 10 classes, 48 JPEGs of 40 x 40 (so
+    MiniGoogLeNet's 32 x 32 crops move), every format prepare-data writes."""
+    from bench.datasets import make_dataset
+    from bench.prepare_data import prepare_data
+
+    root = tmp_path_factory.mktemp("real-data")
+    make_dataset(root / "src", classes=10, images=48, size=40, seed=0)
+    prepare_data(root / "src", root / "prepared", resize=40, quality=90, shards=2, workers=1)
+    return root / "prepared"
+
+
+def real_sweep(out: Path, dataset: Path, *sets: str) -> dict[int, dict]:
+    """smoke_sweep on real data from `dataset` (augmentation crop-flip, 1 loader worker unless
+    a --set says otherwise); its records by device count."""
+    return smoke_sweep(out, "data=real", f"dataset.path={dataset}", "dataset.workers=1", *sets)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.records import load_records
+from bench.records import check_record, load_records
 from tests.conftest import REPO, run_cli
 
 
@@ -153,3 +154,28 @@ def test_keras_cntk_is_listed_and_recorded_unavailable(tmp_path: Path) -> None:
     assert [r["num_devices"] for r in sorted(records, key=lambda r: r["num_devices"])] == [1, 2]
     for rec in records:
         assert rec["status"] == "unavailable" and "Python 3.6" in rec["reason"]
+
+
+def test_pipeline_mode_times_the_naive_loop_and_reports_it(tmp_path: Path,
+                                                           real_dataset: Path) -> None:
+    """A pipeline-only sweep through the CLI: the PIL baseline runs in the harness's own
+    interpreter (no framework environment), once, whatever the worker counts."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "pipes", "mode": "pipeline", "pipelines": ["pil_loop"],
+        "models": ["minigooglenet"], "batch_size_per_device": 8, "warmup_steps": 1,
+        "measure_steps": 3, "dataset": {"path": str(real_dataset), "workers": [1, 2]}}))
+    out = tmp_path / "out"
+    proc = run_cli("run", "--config", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rec,) = load_records(out)
+    assert check_record(rec) == []
+    assert rec["status"] == "ok" and rec["mode"] == "pipeline" and rec["runner"] == "pil_loop"
+    assert rec["samples"] == 24 and rec["images_per_sec"] > 0
+    assert rec["dataset"]["workers"] == 0 and rec["result"]["image_size"] == 32
+    assert rec["result"]["dataset_images"] == 48
+    assert "Input pipelines alone" in proc.stdout and "pil_loop" in proc.stdout
+    rows = list(csv.DictReader((out / "pipelines.csv").open()))
+    assert [(r["pipeline"], r["loader_workers"], r["vs_baseline"]) for r in rows] == [
+        ("pil_loop", "0", "1.0")]
+    assert (out / "charts" / "pipelines.png").stat().st_size > 0

@@ -163,21 +163,23 @@ def test_real_data_needs_a_prepared_dataset(tmp_path: Path) -> None:
         validate({**BASE, "data": ["synthetic", "real"]})
     with pytest.raises(ConfigError, match="^dataset.path: .* has no manifest.json"):
         validate({**BASE, "data": "real", "dataset": {"path": str(tmp_path)}})
-    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "manifest.json").write_text('{"classes": 10}')
     for key, value, words in [("augmentation", "mixup", "none, crop-flip"),
-                              ("workers", -1, "an integer >= 0"), ("nope", 1, "keys path")]:
+                              ("workers", -1, "an integer >= 0"),
+                              ("workers", [1, "x"], "an integer >= 0 or a list"),
+                              ("nope", 1, "keys path")]:
         with pytest.raises(ConfigError, match=f"^dataset.{key}: .*{words}"):
             validate({**BASE, "data": "real", "dataset": {"path": str(tmp_path), key: value}})
     cfg = validate({**BASE, "data": ["synthetic", "real"], "dataset": {"path": str(tmp_path)}})
     assert cfg.dataset == {"path": str(tmp_path.resolve()), "augmentation": "crop-flip",
-                           "workers": 4}
+                           "workers": [4]}
     assert validate(cfg.to_dict()).to_dict() == cfg.to_dict()
 
 
 def test_real_runs_carry_the_dataset_and_dotted_set_reaches_it(tmp_path: Path) -> None:
     from bench.plan import expand
 
-    (tmp_path / "manifest.json").write_text("{}")
+    (tmp_path / "manifest.json").write_text('{"classes": 10}')
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({**BASE, "data": ["synthetic", "real"]}))
     cfg = load_config(path, [f"dataset.path={tmp_path}", "dataset.workers=2"])
@@ -185,3 +187,57 @@ def test_real_runs_carry_the_dataset_and_dotted_set_reaches_it(tmp_path: Path) -
     assert {r.data: r.dataset for r in runs} == {
         "synthetic": None,
         "real": {"path": str(tmp_path.resolve()), "augmentation": "crop-flip", "workers": 2}}
+    assert {r.data_label for r in runs} == {"synthetic", "real-w2"}
+
+
+def test_a_dataset_with_more_classes_than_the_model_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"classes": 11}')
+    raw = {**BASE, "models": ["minigooglenet"], "data": "real",
+           "dataset": {"path": str(tmp_path)}}
+    with pytest.raises(ConfigError, match="^dataset.path: .*at most 10 classes for model "
+                       "minigooglenet \\(this one has 11\\)"):
+        validate(raw)
+    assert validate({**raw, "models": ["resnet50"]}).models == ["resnet50"]
+
+
+def test_pipeline_mode_needs_a_dataset_and_names_real_pipelines(tmp_path: Path) -> None:
+    from bench.registry import PIPELINES
+
+    (tmp_path / "manifest.json").write_text('{"classes": 10}')
+    with pytest.raises(ConfigError, match="^dataset: None .* when mode includes pipeline"):
+        validate({"models": ["minigooglenet"], "mode": "pipeline",
+                  "batch_size_per_device": 8})
+    with pytest.raises(ConfigError, match="^mode: 'pipelines' is not allowed .*did you mean "
+                       "'pipeline'"):
+        validate({**BASE, "mode": "pipelines"})
+    with pytest.raises(ConfigError, match="^pipelines: 'tf.data' is not allowed .*did you "
+                       "mean 'tf_data'"):
+        validate({**BASE, "mode": "pipeline", "pipelines": ["tf.data"],
+                  "dataset": {"path": str(tmp_path)}})
+    # pipeline-only: no runners or devices needed; every pipeline unless named
+    cfg = validate({"models": ["minigooglenet"], "mode": "pipeline",
+                    "batch_size_per_device": 8, "dataset": {"path": str(tmp_path)}})
+    assert cfg.pipelines == list(PIPELINES) and cfg.runners == []
+    assert validate(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+def test_pipeline_runs_cover_pipelines_models_batches_and_worker_counts(tmp_path: Path) -> None:
+    from bench.plan import expand
+
+    (tmp_path / "manifest.json").write_text('{"classes": 10}')
+    cfg = validate({**BASE, "mode": ["pipeline", "benchmark"], "data": ["synthetic", "real"],
+                    "pipelines": ["pil_loop", "tf_data"],
+                    "dataset": {"path": str(tmp_path), "workers": [1, 4]}})
+    runs = expand(cfg, "s")
+    pipes = [r for r in runs if r.mode == "pipeline"]
+    # the naive baseline has no workers: it runs once, with 0
+    assert [(r.runner, r.dataset["workers"]) for r in pipes] == [
+        ("pil_loop", 0), ("tf_data", 1), ("tf_data", 4)]
+    assert pipes[0].run_id == "pipeline__pil_loop__minigooglenet__b32__real-w0__r0"
+    assert pipes[0].family == "harness" and pipes[1].module == "runners.pipeline_tf"
+    bench = [r for r in runs if r.mode == "benchmark"]
+    # synthetic once per device count; real once per worker count and device count
+    assert sorted(r.data_label for r in bench) == sorted(
+        ["synthetic", "real-w1", "real-w4"] * len(BASE["devices"]))
+    assert len({r.run_id for r in runs}) == len(runs)
+    assert runs[: len(pipes)] == pipes

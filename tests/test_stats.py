@@ -63,3 +63,72 @@ def test_strong_scaling_groups_by_global_batch() -> None:
                       rec(2, 160.0, scaling="strong", global_batch_size=64,
                           batch_size_per_device=32)])
     assert rows[1]["speedup"] == pytest.approx(1.6)
+
+
+def real(n: int, ips: float | None, workers: int = 4, **kw: object) -> dict:
+    return rec(n, ips, data="real", dataset={"path": "/d", "augmentation": "crop-flip",
+                                             "workers": workers}, **kw)
+
+
+def test_real_rows_compare_to_synthetic_and_flag_input_bound() -> None:
+    from bench.stats import summarise as s
+
+    rows = s([rec(1, 100.0), rec(2, 200.0), real(1, 95.0), real(2, 120.0),
+              real(2, 190.0, workers=8), rec(1, 50.0, precision="bf16")])
+    by = {(r["data_label"], r["num_devices"], r["precision"]): r for r in rows}
+    assert by[("real-w4", 1, "fp32")]["real_vs_synthetic"] == pytest.approx(0.95)
+    assert by[("real-w4", 1, "fp32")]["input_bound"] is False
+    assert by[("real-w4", 2, "fp32")]["real_vs_synthetic"] == pytest.approx(0.6)
+    assert by[("real-w4", 2, "fp32")]["input_bound"] is True
+    assert by[("real-w8", 2, "fp32")]["input_bound"] is False  # 0.95: more workers fed it
+    # real rows have their own speedup baseline (real at 1 device, same workers)
+    assert by[("real-w4", 2, "fp32")]["speedup"] == pytest.approx(120 / 95)
+    assert by[("real-w8", 2, "fp32")]["speedup"] is None
+    assert by[("real-w4", 1, "fp32")]["loader_workers"] == 4
+    for key in [("synthetic", 1, "fp32"), ("synthetic", 1, "bf16")]:
+        assert by[key]["real_vs_synthetic"] is None and by[key]["input_bound"] is None
+
+
+def test_real_row_without_a_synthetic_twin_is_not_flagged() -> None:
+    rows = summarise([real(1, 10.0), rec(1, 100.0, precision="bf16")])
+    row = next(r for r in rows if r["data"] == "real")
+    assert row["real_vs_synthetic"] is None and row["input_bound"] is None
+
+
+def pipe(name: str, workers: int, ips: float | None, status: str = "ok", **kw: object) -> dict:
+    result = {"images_per_sec_per_core": ips / max(1, workers) if ips else None,
+              "image_size": 32, "cores": 2}
+    return rec(1, ips, status=status, runner=name, mode="pipeline", data="real",
+               dataset={"path": "/d", "augmentation": "crop-flip", "workers": workers},
+               result=result, **kw)
+
+
+def test_pipeline_rows_are_apart_and_compared_to_the_naive_loop() -> None:
+    from bench.stats import summarise_pipelines
+
+    records = [pipe("pil_loop", 0, 100.0), pipe("tf_data", 1, 150.0), pipe("tf_data", 2, 280.0),
+               pipe("tf_data", 2, 320.0, repeat=1), pipe("grain", 2, None, status="failed"),
+               rec(1, 50.0)]
+    assert [r["runner"] for r in summarise(records)] == ["r"]  # pipelines stay out
+    rows = summarise_pipelines(records)
+    assert [(r["pipeline"], r["loader_workers"]) for r in rows] == [
+        ("pil_loop", 0), ("grain", 2), ("tf_data", 1), ("tf_data", 2)]
+    by = {(r["pipeline"], r["loader_workers"]): r for r in rows}
+    assert by[("tf_data", 2)]["images_per_sec"] == 300.0
+    assert by[("tf_data", 2)]["runs_ok"] == 2 and by[("tf_data", 2)]["vs_baseline"] == 3.0
+    assert by[("tf_data", 2)]["images_per_sec_per_core"] == 150.0
+    assert by[("pil_loop", 0)]["vs_baseline"] == 1.0
+    assert by[("grain", 2)]["status"] == "failed" and by[("grain", 2)]["vs_baseline"] is None
+    assert by[("grain", 2)]["reason"] == "boom"
+
+
+def test_table_and_chart_show_real_vs_synthetic(tmp_path) -> None:
+    from bench.report import format_table, render_real_chart
+
+    rows = summarise([rec(1, 100.0), rec(2, 200.0), real(1, 95.0), real(2, 120.0)])
+    table = format_table(rows)
+    assert "real-w4" in table and "0.95" in table and "0.60 INPUT-BOUND" in table
+    assert "INPUT-BOUND: real data below 90%" in table
+    chart = render_real_chart(tmp_path, rows)
+    assert chart is not None and chart.stat().st_size > 0
+    assert render_real_chart(tmp_path, summarise([rec(1, 100.0)])) is None

@@ -1,0 +1,235 @@
+"""Child-side real-data pieces every family shares: the prepared dataset, the preprocessing
+every pipeline must reproduce, the naive PIL loop, and the timing of a pipeline on its own.
+
+The preprocessing is defined once, here, and each framework's pipeline implements the same
+steps with its own ops:
+  1. decode the JPEG to RGB uint8;
+  2. if the shorter side is below the model's input size S, resize it to S (bilinear);
+  3. crop S x S: at a uniformly random position (`crop-flip`) or at the centre (`none`);
+  4. `crop-flip` only: flip left-right with probability 1/2;
+  5. float32 = pixel / 127.5 - 1, labels int.
+Batches are whole (drop the remainder), the order is shuffled every epoch, and the data
+repeats forever. Multi-process runners give rank r the files r, r + world, ... (disjoint).
+
+Imports numpy and Pillow only (every family's environment has both).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runners.common import Invalid, Spec, StepTimer, Unavailable
+
+AUGMENTATIONS = ("none", "crop-flip")
+
+
+@dataclass(frozen=True)
+class RealData:
+    """A folder written by `run_bench.py prepare-data`, as one run sees it."""
+
+    path: Path
+    augmentation: str
+    workers: int
+    files: list[tuple[str, int]]  # absolute JPEG path, label
+    classes: int
+    manifest: dict[str, Any]
+
+    @property
+    def images(self) -> int:
+        return len(self.files)
+
+    @property
+    def recordio(self) -> tuple[Path, Path]:
+        """MXNet's train.rec and its index train.idx."""
+        return self.path / "train.rec", self.path / "train.idx"
+
+    @property
+    def tfrecords(self) -> list[Path]:
+        """The TFRecord shards (tf.train.Example: image/encoded, image/class/label, ...)."""
+        return sorted(self.path / name for name in self.manifest["formats"]["tfrecord"]["shards"])
+
+    @property
+    def tfrecord_dir(self) -> Path:
+        return self.path / "tfrecord"
+
+    @property
+    def jpeg_dir(self) -> Path:
+        """jpeg/<class>/<image>: the ImageNet-style folder tree (Keras flow_from_directory)."""
+        return self.path / "jpeg"
+
+
+def open_dataset(spec: Spec) -> RealData:
+    """The run's dataset; Unavailable when the run is not a real-data run or the folder is
+    not usable (the parent checked it when the sweep was read, but a sweep can run later)."""
+    if spec.get("data") != "real" or not spec.get("dataset"):
+        raise Unavailable(f"data {spec.get('data')!r} has no dataset to read")
+    ds = spec["dataset"]
+    path = Path(ds["path"])
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        with (path / "files.csv").open(newline="") as fh:
+            files = [(str(path / row[0]), int(row[1])) for row in csv.reader(fh) if row]
+    except (OSError, ValueError, IndexError) as exc:
+        raise Unavailable(f"dataset {str(path)!r} is not a prepare-data folder: {exc}") from exc
+    if not files:
+        raise Unavailable(f"dataset {str(path)!r} holds no images")
+    if ds.get("augmentation", "crop-flip") not in AUGMENTATIONS:
+        raise Unavailable(f"augmentation {ds.get('augmentation')!r} is not one of "
+                          f"{', '.join(AUGMENTATIONS)}")
+    return RealData(path=path, augmentation=ds.get("augmentation", "crop-flip"),
+                    workers=int(ds.get("workers", 4)), files=files,
+                    classes=int(manifest["classes"]), manifest=manifest)
+
+
+def check_classes(data: RealData, num_classes: int, model: str) -> None:
+    """A dataset with more classes than the model has outputs cannot train it."""
+    if data.classes > num_classes:
+        raise Unavailable(f"dataset has {data.classes} classes, model {model} has "
+                          f"{num_classes} outputs")
+
+
+def rank_files(files: list[tuple[str, int]], rank: int, world: int) -> list[tuple[str, int]]:
+    """The disjoint share of one rank: files rank, rank + world, ..."""
+    share = files[rank::world]
+    if not share:
+        raise Unavailable(f"dataset has {len(files)} images, fewer than the {world} ranks")
+    return share
+
+
+def load_image(path: str) -> np.ndarray:
+    """Step 1: decode a JPEG file to RGB uint8 (H, W, 3) with Pillow."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def resize_shorter(image: np.ndarray, size: int) -> np.ndarray:
+    """Step 2: bring the shorter side up to `size` (bilinear) when it is smaller."""
+    h, w = image.shape[:2]
+    if min(h, w) >= size:
+        return image
+    from PIL import Image
+
+    scale = size / min(h, w)
+    new = (max(size, round(w * scale)), max(size, round(h * scale)))
+    return np.asarray(Image.fromarray(image).resize(new, Image.BILINEAR))
+
+
+def crop_flip(image: np.ndarray, size: int, augmentation: str,
+              rng: np.random.Generator) -> np.ndarray:
+    """Steps 3 and 4 on an image whose shorter side is at least `size`."""
+    h, w = image.shape[:2]
+    if augmentation == "crop-flip":
+        top, left = int(rng.integers(0, h - size + 1)), int(rng.integers(0, w - size + 1))
+    else:
+        top, left = (h - size) // 2, (w - size) // 2
+    out = image[top:top + size, left:left + size]
+    if augmentation == "crop-flip" and rng.random() < 0.5:
+        out = out[:, ::-1]
+    return out
+
+
+def normalise(image: np.ndarray) -> np.ndarray:
+    """Step 5: uint8 pixels to float32 in [-1, 1]."""
+    return image.astype(np.float32) / 127.5 - 1.0
+
+
+def preprocess(path: str, size: int, augmentation: str,
+               rng: np.random.Generator) -> np.ndarray:
+    """Steps 1-5 for one file with PIL and numpy: the reference every pipeline matches."""
+    return normalise(crop_flip(resize_shorter(load_image(path), size), size, augmentation, rng))
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_order(n: int, epoch: int, seed: int = 0) -> np.ndarray:
+    """The shuffled order of epoch `epoch` (the same in every framework's Python loaders)."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def batch_at(n: int, batch: int, i: int, seed: int = 0) -> np.ndarray:
+    """The indices of batch i of the endless stream of shuffled epochs (random access, so
+    loaders with worker processes can compute any batch). Each epoch's remainder is dropped;
+    when the share is smaller than one batch, batches run across epoch boundaries instead."""
+    if n >= batch:
+        epoch, j = divmod(i, n // batch)
+        return epoch_order(n, epoch, seed)[j * batch:(j + 1) * batch]
+    pos = np.arange(i * batch, (i + 1) * batch)
+    return np.array([epoch_order(n, int(p // n), seed)[p % n] for p in pos])
+
+
+def batch_indices(n: int, batch: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """batch_at(0), batch_at(1), ... forever."""
+    for i in itertools.count():
+        yield batch_at(n, batch, i, seed)
+
+
+def load_batch(files: list[tuple[str, int]], idx: np.ndarray, size: int, augmentation: str,
+               rng: np.random.Generator, channels_first: bool = False) -> tuple[np.ndarray,
+                                                                              np.ndarray]:
+    """One batch (x float32 NHWC or NCHW, y int32) through the reference preprocessing."""
+    x = np.stack([preprocess(files[i][0], size, augmentation, rng) for i in idx])
+    y = np.array([files[i][1] for i in idx], dtype=np.int32)
+    return (x.transpose(0, 3, 1, 2) if channels_first else x), y
+
+
+def pil_batches(files: list[tuple[str, int]], size: int, augmentation: str, batch: int,
+                channels_first: bool = False, seed: int = 0) -> Iterator[tuple[np.ndarray,
+                                                                              np.ndarray]]:
+    """The naive loop: one process decodes and augments every image of every batch in turn."""
+    rng = np.random.default_rng(seed)
+    for idx in batch_indices(len(files), batch, seed):
+        yield load_batch(files, idx, size, augmentation, rng, channels_first)
+
+
+def cores() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def time_pipeline(spec: Spec, batches: Iterator[Any], batch: int,
+                  count: Any = None) -> dict[str, Any]:
+    """Pipeline mode: pull warmup_steps batches, then time measure_steps batches.
+
+    `count(b)` returns how many images batch b holds (default: len(b[0])) and must touch the
+    data so that lazy pipelines finish producing it; every batch must be whole."""
+    count = count or (lambda b: len(b[0]))
+    for _ in range(spec["warmup_steps"]):
+        next(batches)
+    timer, seen = StepTimer(), 0
+    timer.start()
+    for _ in range(spec["measure_steps"]):
+        got = int(count(next(batches)))
+        if got != batch:
+            raise Invalid(f"the pipeline gave a batch of {got} images, expected {batch}")
+        seen += got
+        timer.tick()
+    result = timer.summary(batch, seen)
+    workers = spec["dataset"]["workers"]
+    used = max(1, min(workers, cores()))
+    result.update({
+        "loader_workers": workers,
+        "cores": cores(),
+        "images_per_sec_per_core": result["images_per_sec"] / used,
+    })
+    return result
+
+
+def describe(data: RealData, size: int) -> dict[str, Any]:
+    """What every real-data record says about its data."""
+    return {"dataset_images": data.images, "dataset_classes": data.classes,
+            "augmentation": data.augmentation, "loader_workers": data.workers,
+            "image_size": size}
