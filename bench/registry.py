@@ -72,6 +72,10 @@ LOADER_OPTION = Option(str, "framework", ("framework", "keras"),
                        "Sequence/PyDataset a Keras user writes (runners/keras_data.py)")
 
 
+DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
+                            "real data: NVIDIA DALI on GPUs when it is installed (auto), or "
+                            "always the torch DataLoader, or always DALI")
+
 RUNNERS: dict[str, RunnerInfo] = {
     r.name: r
     for r in [
@@ -210,6 +214,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.torch_ddp",
             "native PyTorch DistributedDataParallel, one process per device (torchrun)",
             options={
+                "data_loader": DATA_LOADER_OPTION,
                 "memory_format": Option(str, "channels_first",
                                         ("channels_first", "channels_last"),
                                         "torch.channels_last memory format for model and data"),
@@ -226,6 +231,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.keras_torch",
             "Keras 3 on PyTorch, multi-device through DDP as Keras' PyTorch guide does",
             options={
+                "data_loader": DATA_LOADER_OPTION,
                 "loader": LOADER_OPTION,
                 "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
                                       "the Keras model's tensor layout"),
@@ -254,6 +260,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.horovod",
             "Horovod with PyTorch: DistributedOptimizer allreduce, one process per device",
             options={
+                "data_loader": DATA_LOADER_OPTION,
                 "fp16_allreduce": Option(bool, False,
                                          help="compress gradients to fp16 for the allreduce"),
             },

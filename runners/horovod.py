@@ -8,9 +8,14 @@ host's cores (virtual devices). horovodrun does not size the ranks' thread pools
 sets OMP_NUM_THREADS to each rank's share of the cores (cores // N, bench/launch.py), and a
 rank started by hand without it takes the same share itself; records list each rank's threads.
 Split: every rank holds its own B/N slice of the global batch, generated once on its device
-(seeded by rank), so a step copies nothing from the host. Parameters: one full replica per
-rank; hvd.broadcast_parameters and hvd.broadcast_optimizer_state copy rank 0's weights,
-BatchNorm statistics and momentum buffers to every rank before the first step.
+(seeded by rank), so a step copies nothing from the host. Real data: each rank reads B/N
+images per step from its DistributedSampler share (num_replicas=hvd.size(), rank=hvd.rank(),
+as Horovod's PyTorch examples do) of the JPEG file list through a DataLoader with `workers`
+processes started by forkserver (Horovod's ImageNet example avoids fork), pinned memory and a
+non_blocking copy on GPUs (DALI instead when installed there; runners/torch_data.py); the
+timed window includes it. Parameters: one full replica per rank; hvd.broadcast_parameters
+and hvd.broadcast_optimizer_state copy rank 0's weights, BatchNorm statistics and momentum
+buffers to every rank before the first step.
 Reduce: each rank's loss is the mean cross-entropy over its slice; during backward Horovod's
 per-parameter hooks start an asynchronous all-reduce of each gradient as soon as it is ready
 (fused into buffers by its background thread), with op Average, so every rank holds the
@@ -59,6 +64,8 @@ from runners.common import (
     main,
     save_equivalence_output,
 )
+from runners.real_data import check_classes, open_dataset
+from runners.torch_data import RealInput, SyntheticInput, open_input
 
 THREADS_NOTE = ("horovodrun leaves thread pools alone; the harness sets OMP_NUM_THREADS to "
                 "cores // N (or, unset, each rank sets torch threads to cores // ranks), so N "
@@ -262,10 +269,28 @@ def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
     return (c, h, w)
 
 
+def worker_context() -> str | None:
+    """Horovod's examples start DataLoader workers with forkserver where it exists (fork is
+    unsafe with some transports, e.g. InfiniBand verbs)."""
+    import multiprocessing as mp
+
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else None
+
+
+def rank_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int
+               ) -> SyntheticInput | RealInput:
+    """This rank's synthetic slice, or on real data its DistributedSampler share."""
+    if spec["data"] != "real":
+        return SyntheticInput(*synthetic_slice(ranks, nchw(model_spec), model_spec.num_classes,
+                                               batch))
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec["model"])
+    return open_input(spec, data, model_spec.input_shape[0], batch, ranks.rank, ranks.world,
+                      ranks.device, context=worker_context())
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     hvd = horovod()
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
     if spec["precision"] != "fp32":
         raise Unavailable(f"precision {spec['precision']!r}: this runner trains in fp32 (see "
                           "the fp16_allreduce option for fp16 gradient exchange)")
@@ -273,14 +298,15 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     ranks = init_ranks(spec)
     batch = per_rank_batch(spec, ranks)
     model_spec = get_spec(spec["model"])
+    feed = rank_input(spec, ranks, model_spec, batch)
     torch.manual_seed(0)  # rank 0's weights are broadcast anyway; this makes runs repeatable
     net = load_builder(spec["model"], "torch")(model_spec).to(ranks.device)
     optimizer = distributed_sgd(net, 0.01, 0.9, fp16_allreduce)
     counter = StepCounter(optimizer)
-    x, y = synthetic_slice(ranks, nchw(model_spec), model_spec.num_classes, batch)
     net.train()
 
     def step() -> torch.Tensor:
+        x, y = feed.next()
         optimizer.zero_grad()  # Horovod's takes no set_to_none; torch's default is True
         loss = F.cross_entropy(net(x), y)
         loss.backward()  # each gradient's all-reduce starts as soon as it is ready
@@ -297,12 +323,13 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "controller": "gloo" if hvd.gloo_enabled() else "mpi",
         "strategy": "horovod.torch.DistributedOptimizer, one process per device (horovodrun); "
                     "gradients all-reduced (Average) as backward produces them",
-        "data_placement": "one synthetic slice per rank, generated on its device once",
         "batch_size_per_rank": batch,
         "threads": ranks.threads,
         "params": count_params_torch(net),
         "flops_per_sample": count_flops_torch(net, nchw(model_spec)),
     })
+    result.update(feed.record())
+    feed.close()
     hvd.shutdown()
     return result
 

@@ -55,7 +55,9 @@ def fit_worker_kwargs(data: RealData) -> dict[str, Any]:
     PyDataset instead)."""
     if KERAS3:
         return {}
-    return {"workers": max(1, data.workers), "use_multiprocessing": data.workers > 0,
+    # workers=0: Keras 2 runs the Sequence on the main thread (no enqueuer), as Keras 3 does
+    # with workers=1 and no multiprocessing
+    return {"workers": data.workers, "use_multiprocessing": data.workers > 0,
             "max_queue_size": max(10, 2 * data.workers)}
 
 

@@ -15,6 +15,14 @@ device's step on the same global batch; `sum` keeps keras-mxnet's behaviour.
 Feed (option `input`): `generator` calls fit_generator on a Python generator of global
 batches, as seed 000's script fed Keras from an MXNet iterator (Keras' default queue and one
 worker thread); `arrays` calls fit on in-memory numpy arrays of warmup+measure batches.
+Real data (data: real), option `loader`: `framework` (default) is that generator over MXNet's
+ImageRecordIter (runners/mxnet_data.py: C++ decode and augmentation in the run's loader
+workers threads, running ahead), each batch copied to numpy for Keras; `keras` is the
+Keras-idiomatic path seed 000 measured as "Keras' generator": a keras.utils.Sequence over the
+JPEG files (Pillow decode, runners/keras_data.py) given to fit_generator with workers and
+use_multiprocessing. `input: arrays` with real data is unavailable: fit on arrays decoded
+before the timed window would leave the input pipeline out of a run whose point is to time
+it. `loader` has no effect on synthetic data.
 Synchronise: the callback that reads the clock calls mx.nd.waitall() first, so each reading
 follows a step whose update has landed (Keras only waits for the loss).
 """
@@ -46,6 +54,8 @@ from runners.common import (
     save_equivalence_output,
 )
 from runners.mxnet_common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
+from runners.mxnet_data import describe_pipeline, numpy_batches, record_iter, stream
+from runners.real_data import RealData, batch_at, check_classes, describe, open_dataset
 
 keras = import_keras_mxnet()
 
@@ -79,6 +89,34 @@ def batches(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarr
         yield x, y
 
 
+def keras_batches(batches: Iterator[tuple[np.ndarray, np.ndarray]], labels: list[int]
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Host batches with labels as the (B, 1) column sparse_categorical_crossentropy takes; the
+    first batch's labels are appended to `labels` (the record's evidence of what trained)."""
+    for x, y in batches:
+        if not labels:
+            labels.extend(int(v) for v in y)
+        yield x, y.reshape(-1, 1)
+
+
+def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: int,
+              labels: list[int]) -> tuple[Any, dict[str, Any], str]:
+    """What fit_generator reads for a real-data run: (generator or Sequence, its worker
+    arguments, the record's input_pipeline line)."""
+    if spec["options"].get("loader", "framework") == "keras":
+        from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
+
+        labels.extend(data.files[i][1] for i in batch_at(len(data.files), global_batch, 0))
+        kwargs = {**fit_worker_kwargs(data), "shuffle": False}  # the Sequence shuffles itself
+        return (jpeg_sequence(data, size, global_batch, steps, channels_first=True), kwargs,
+                f"{describe_keras(data)}; fit_generator(workers={kwargs['workers']}, "
+                f"use_multiprocessing={kwargs['use_multiprocessing']})")
+    it = record_iter(data, size, global_batch)  # plain host memory: Keras copies it to numpy
+    return (keras_batches(numpy_batches(stream(it)), labels), {},
+            f"{describe_pipeline(data, size)}; batches copied to numpy by a Python generator "
+            "read by fit_generator (Keras' queue, 1 worker thread)")
+
+
 def check_memory(nbytes: int) -> None:
     """input: arrays holds every step's batch in memory; refuse rather than swap."""
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -106,8 +144,6 @@ def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
     opts = spec["options"]
     ctxs, _ = contexts(spec)
     n, global_batch = len(ctxs), spec["global_batch_size"]
@@ -115,18 +151,32 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         raise Invalid(f"global batch {global_batch} does not divide by {n} contexts")
     warmup, measure = spec["warmup_steps"], spec["measure_steps"]
     model_spec = get_spec(spec["model"])
+    feed = opts.get("input", "generator")
+    real = spec["data"] == "real"
+    labels: list[int] = []
+    if real:
+        if feed == "arrays":
+            raise Unavailable("input=arrays with real data: fit on arrays decoded before the "
+                              "timed window leaves out the input pipeline a real-data run "
+                              "times; use input=generator (loader framework or keras)")
+        data = open_dataset(spec)
+        check_classes(data, model_spec.num_classes, spec["model"])
+        size = model_spec.input_shape[0]
+        source, fit_kwargs, pipeline = real_feed(spec, data, size, global_batch,
+                                                 warmup + measure, labels)
     model = load_builder(spec["model"], "keras")(model_spec, data_format="channels_first")
     optimizer = keras.optimizers.SGD(lr=learning_rate(spec, 0.01, n), momentum=0.9)
     devices = compile_model(model, spec, optimizer, ctxs)
-    x, y = synthetic_arrays(model_spec, global_batch)
-    y = y.reshape(-1, 1)
     clock = StepClock(warmup)
-    feed = opts.get("input", "generator")
+    if not real:
+        x, y = synthetic_arrays(model_spec, global_batch)
+        y = y.reshape(-1, 1)
+        source, fit_kwargs = batches(x, y), {}
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
     if feed == "generator":
-        model.fit_generator(batches(x, y), steps_per_epoch=warmup + measure, epochs=1,
-                            callbacks=[clock], verbose=0)
+        model.fit_generator(source, steps_per_epoch=warmup + measure, epochs=1,
+                            callbacks=[clock], verbose=0, **fit_kwargs)
     else:
         steps = warmup + measure
         check_memory(x.nbytes * steps)
@@ -149,6 +199,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "kvstore": model._kvstore,  # keras-mxnet's default; Model(..., kvstore=) would change it
         "params": count_params_keras2(model),
         "flops_per_sample": count_flops_keras2(model),
+        **({**describe(data, size), "loader": opts.get("loader", "framework"),
+            "first_batch_labels": labels, "input_pipeline": pipeline} if real else {}),
     }
 
 

@@ -16,12 +16,19 @@ model(inputs), which in Keras 3 leaves BatchNorm and Dropout in inference mode (
 read torch's module.training), so this runner passes training=True; SGD with momentum 0.9,
 the harness's optimizer, in place of the guide's Adam; synthetic tensors resident on the
 device instead of a DataLoader over MNIST.
+Real data: with loader `framework` each rank reads its DistributedSampler share of the JPEG
+file list through a torch DataLoader (as the guide's loop does; runners/torch_data.py), in
+the Keras model's layout. With loader `keras` each rank reads its share (files rank, rank + N,
+...) through runners/keras_data.py's JpegSequence, a Keras 3 PyDataset with `workers`
+processes, iterated by the adapter Keras' own fit uses on the torch backend (the public
+PyDataset iterates serially; its workers only run inside that adapter).
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 os.environ["KERAS_BACKEND"] = "torch"  # Keras reads its backend once, at import
@@ -43,15 +50,17 @@ from runners.common import (  # noqa: E402
     load_equivalence_inputs,
     main,
 )
-from runners.torch_dist import (
+from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
+from runners.torch_data import Batch, RealInput, SyntheticInput  # noqa: E402
+from runners.torch_dist import (  # noqa: E402
     Ranks,
     StepCounter,
     close_ranks,
     equivalence_part,
-    finish_equivalence,  # noqa: E402
+    finish_equivalence,
     init_ranks,
     per_rank_batch,
-    synthetic_slice,
+    rank_input,
     threads_record,
     timed_steps,
     wrap_ddp,
@@ -85,29 +94,67 @@ def build_logits_model(name: str, data_format: str, ranks: Ranks) -> tuple[keras
     return model, logits.to(ranks.device)
 
 
+def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
+                channels_first: bool) -> RealInput:
+    """This rank's share (files rank, rank + N, ...) through JpegSequence, a Keras 3 PyDataset
+    with `workers` processes, iterated as Keras' fit does on the torch backend."""
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    from runners.keras_data import JpegSequence
+
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec["model"])
+    share = rank_files(data.files, ranks.rank, ranks.world)
+    size = model_spec.input_shape[0]
+    steps = spec["warmup_steps"] + spec["measure_steps"]
+    sequence = JpegSequence(share, size, data.augmentation, batch, steps, channels_first,
+                            data.workers, seed=ranks.rank)
+    loader = PyDatasetAdapter(sequence, shuffle=False).get_torch_dataloader()
+
+    def batches() -> Iterator[Batch]:
+        for i, (x, y) in enumerate(loader):
+            share_index = batch_at(len(share), batch, i, ranks.rank)
+            yield x, y, torch.from_numpy(ranks.rank + share_index * ranks.world)
+
+    description = (f"Keras 3 PyDataset (JpegSequence) over the JPEG file list: rank r reads "
+                   f"files r, r + {ranks.world}, ... ({len(share)} images); Pillow decode and "
+                   f"numpy {data.augmentation} in "
+                   + (f"{data.workers} worker process(es)" if data.workers else
+                      "the main process (workers 0)")
+                   + f", through the adapter fit uses on the torch backend; batches copied "
+                   f"to {ranks.device}")
+    return RealInput("keras", description, batches(), ranks.device, torch.contiguous_format,
+                     data, size, len(share))
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     check_backend()
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
     if spec["precision"] not in POLICIES:
         raise Unavailable(f"precision {spec['precision']}: this runner has fp32 and bf16 "
                           "(Keras' mixed_bfloat16 policy)")
     data_format = spec["options"].get("data_format", "channels_last")
+    loader = spec["options"].get("loader", "framework")
     ranks = init_ranks(spec)
     batch = per_rank_batch(spec, ranks)
+    model_spec = get_spec(spec["model"])
+    shape = input_shape(model_spec, data_format)
+    channels_first = data_format == "channels_first"
+    feed: SyntheticInput | RealInput
+    if spec["data"] == "real" and loader == "keras":
+        feed = keras_input(spec, ranks, model_spec, batch, channels_first)
+    else:
+        feed = rank_input(spec, ranks, model_spec, batch, shape, channels_first)
     policy = POLICIES[spec["precision"]]
     keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
-    model_spec = get_spec(spec["model"])
     model, logits = build_logits_model(spec["model"], data_format, ranks)
     ddp_model = wrap_ddp(logits, ranks)
     optimizer = torch.optim.SGD(logits.parameters(), lr=0.01, momentum=0.9)
     counter = StepCounter(optimizer)
     loss_fn = torch.nn.CrossEntropyLoss()
-    x, y = synthetic_slice(ranks, input_shape(model_spec, data_format), model_spec.num_classes,
-                           batch)
 
     def step() -> torch.Tensor:
+        x, y = feed.next()
         outputs = ddp_model(x, training=True)
         loss = loss_fn(outputs.float(), y)
         optimizer.zero_grad()
@@ -127,11 +174,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                     "per device (torchrun), trained by the PyTorch loop of Keras' guide",
         "loop": "torch.optim.SGD + torch.nn.CrossEntropyLoss on the logits, "
                 "model(x, training=True)",
-        "data_placement": "one synthetic slice per rank, generated on its device once",
         "threads": threads_record(ranks),
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
     })
+    result.update(feed.record())
+    if spec["data"] == "real":
+        result["loader_option"] = loader
+    feed.close()
     close_ranks()
     return result
 

@@ -3,9 +3,13 @@ a kvstore (the native baseline seed 000 measured Keras-MXNet against).
 
 Split: the global batch B is split into N equal slices, one per context (mx.cpu(i) here,
 mx.gpu(i) on GPUs); the synthetic slices are copied to their contexts once, before the timed
-window, so a step copies nothing from the host. Parameters: one copy per context, initialised
-identically. Forward and backward run per context under autograd.record(); each context's
-per-example losses are summed, not averaged, so its gradients are the sum over its slice.
+window, so a step copies nothing from the host. Real data (data: real): every step takes the
+next global batch from MXNet's ImageRecordIter over train.rec (runners/mxnet_data.py; decode
+and augmentation in its own threads, running ahead of training) and copies its N slices to
+the contexts (split_and_load) inside the timed step. Parameters: one copy per context,
+initialised identically. Forward and backward run per context under autograd.record(); each
+context's per-example losses are summed, not averaged, so its gradients are the sum over its
+slice.
 Reduce: gluon.Trainer pushes every context's gradient to the kvstore (`device`: summed on the
 devices, peer to peer between GPUs; `local`: summed on the CPU; `nccl`: NCCL all-reduce) and
 pulls the sum back; trainer.step(B) scales it by 1/B, so every context applies the gradient
@@ -16,6 +20,7 @@ Synchronise: mx.nd.waitall() after every step, so each clock reading follows a f
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import mxnet as mx
@@ -45,6 +50,8 @@ from runners.mxnet_common import (
     input_shape_nchw,
     synthetic_arrays,
 )
+from runners.mxnet_data import describe_pipeline, nd_batches, record_iter, stream
+from runners.real_data import check_classes, describe, open_dataset
 
 
 def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer: str,
@@ -63,6 +70,25 @@ def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32"
     return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=True)
 
 
+def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype: str,
+              labels: list[int]) -> Iterator[tuple[list[Any], list[Any]]]:
+    """Each global batch of the iterator split over the contexts (cast there for fp16); the
+    first batch's labels are appended to `labels`, as the record's evidence of what trained."""
+    for x, y in batches:
+        if not labels:
+            labels.extend(int(v) for v in y.asnumpy())
+        xs = gluon.utils.split_and_load(x, ctxs, even_split=True)
+        if dtype != "float32":
+            xs = [s.astype(dtype) for s in xs]
+        yield xs, gluon.utils.split_and_load(y, ctxs, even_split=True)
+
+
+def synthetic_feed(xs: list[Any], ys: list[Any]) -> Iterator[tuple[list[Any], list[Any]]]:
+    """The same resident slices every step."""
+    while True:
+        yield xs, ys
+
+
 def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Loss,
                xs: list[Any], ys: list[Any], global_batch: int) -> list[Any]:
     """One synchronous step over every context; returns the per-context loss arrays."""
@@ -79,8 +105,6 @@ def mean_loss(losses: list[Any], global_batch: int) -> float:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
     opts = spec["options"]
     ctxs, devices = contexts(spec)
     n, global_batch = len(ctxs), spec["global_batch_size"]
@@ -91,6 +115,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
                           "kernels for the CPU; run fp16 on GPUs")
     model_spec = get_spec(spec["model"])
+    real = spec["data"] == "real"
+    if real:  # open the dataset first: a bad folder is unavailable before the net is built
+        data = open_dataset(spec)
+        check_classes(data, model_spec.num_classes, spec["model"])
+        size = model_spec.input_shape[0]
+        it = record_iter(data, size, global_batch, spec["device"])
     net = load_builder(spec["model"], "gluon")(model_spec)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
     if dtype == "float16":
@@ -101,24 +131,36 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     trainer = make_trainer(spec, net, ctxs, "sgd", {
         "learning_rate": 0.01, "momentum": 0.9, "multi_precision": dtype == "float16"})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    x, y = synthetic_arrays(model_spec, global_batch)
-    xs, ys = split_to_contexts(x, ctxs, dtype), split_to_contexts(y, ctxs)
+    labels: list[int] = []
+    if real:
+        feed = real_feed(nd_batches(stream(it)), ctxs, dtype, labels)
+    else:
+        x, y = synthetic_arrays(model_spec, global_batch)
+        feed = synthetic_feed(split_to_contexts(x, ctxs, dtype), split_to_contexts(y, ctxs))
 
     for _ in range(spec["warmup_steps"]):
-        mean_loss(train_step(net, trainer, loss_fn, xs, ys, global_batch), global_batch)
+        mean_loss(train_step(net, trainer, loss_fn, *next(feed), global_batch), global_batch)
         mx.nd.waitall()
     optimizer = trainer._optimizer  # its num_update counts applied steps
     start = optimizer.num_update
     timer, losses = StepTimer(), []
     timer.start()
     for _ in range(spec["measure_steps"]):
-        step_losses = train_step(net, trainer, loss_fn, xs, ys, global_batch)
+        step_losses = train_step(net, trainer, loss_fn, *next(feed), global_batch)
         mx.nd.waitall()  # the update has landed on every context
         timer.tick()
         losses.append(mean_loss(step_losses, global_batch))
     if not losses:
         raise Invalid("measure_steps is 0: nothing was timed")
     steps = optimizer.num_update - start
+    if real:
+        placement = ("each global batch from the ImageRecordIter split over the contexts "
+                     "(split_and_load) inside the timed step")
+        extra = {**describe(data, size), "first_batch_labels": labels,
+                 "input_pipeline": f"{describe_pipeline(data, size, spec['device'])}; "
+                                   f"{placement}"}
+    else:
+        placement, extra = "one synthetic slice per context, copied once before timing", {}
     return {
         **timer.summary(global_batch, steps * global_batch),
         "first_loss": losses[0],
@@ -133,9 +175,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "hybridize": hybridize,
         "kvstore": trainer._kvstore.type if trainer._kvstore is not None else
         f"none (kvstore {opts.get('kvstore', 'device')!r} skipped: one context)",
-        "data_placement": "one synthetic slice per context, copied once before timing",
+        "data_placement": placement,
         "params": count_params_gluon(net),
         "flops_per_sample": count_flops_gluon(net, input_shape_nchw(model_spec)),
+        **extra,
     }
 
 

@@ -6,8 +6,12 @@ device, cuda:LOCAL_RANK on GPUs. On a CPU the N devices are N gloo processes sha
 host's cores (virtual devices), each with the intra-op threads OMP_NUM_THREADS gives it
 (torchrun's default is 1 per rank when N > 1 and nothing set it); records list them per rank.
 Split: every rank holds its own B/N slice of the global batch, generated once on its device
-(seeded by rank), so a step copies nothing from the host. Parameters: one full replica per
-rank; DDP broadcasts rank 0's at construction, so all replicas start equal.
+(seeded by rank), so a step copies nothing from the host. Real data: each rank reads B/N
+images per step from its DistributedSampler share of the JPEG file list through a DataLoader
+with `workers` processes, pinned memory and a non_blocking copy on GPUs (DALI instead when it
+is installed on a GPU machine; runners/torch_data.py); the timed window includes it.
+Parameters: one full replica per rank; DDP broadcasts rank 0's at construction, so all
+replicas start equal.
 Reduce: each rank's loss is the mean cross-entropy over its slice; during backward DDP
 all-reduces gradient buckets (NCCL or gloo, overlapped with the rest of backward) and divides
 by N, so every rank holds the gradient of the global mean loss and applies the same SGD update
@@ -37,7 +41,6 @@ from models.torch_common import (
 )
 from runners.common import (
     Spec,
-    Unavailable,
     load_equivalence_inputs,
     main,
 )
@@ -53,7 +56,7 @@ from runners.torch_dist import (
     init_ranks,
     nchw,
     per_rank_batch,
-    synthetic_slice,
+    rank_input,
     threads_record,
     timed_steps,
     wrap_ddp,
@@ -61,8 +64,6 @@ from runners.torch_dist import (
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
     opts = spec["options"]
     layout = opts.get("memory_format", "channels_first")
     compiled = bool(opts.get("compile", False))
@@ -70,6 +71,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     check_precision(spec, ranks)
     batch = per_rank_batch(spec, ranks)
     model_spec = get_spec(spec["model"])
+    feed = rank_input(spec, ranks, model_spec, batch, nchw(model_spec),
+                      memory_format=MEMORY_FORMATS[layout])
     torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
     net = load_builder(spec["model"], "torch")(model_spec, data_format=layout).to(ranks.device)
     model: nn.Module = wrap_ddp(net, ranks)
@@ -78,11 +81,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     counter = StepCounter(optimizer)
     scaler = torch.amp.GradScaler("cuda") if spec["precision"] == "fp16" else None
-    x, y = synthetic_slice(ranks, nchw(model_spec), model_spec.num_classes, batch,
-                           MEMORY_FORMATS[layout])
     model.train()
 
     def step() -> torch.Tensor:
+        x, y = feed.next()
         optimizer.zero_grad(set_to_none=True)
         with autocast(ranks, spec["precision"]):
             loss = F.cross_entropy(model(x).float(), y)
@@ -112,11 +114,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "backend": ranks.backend,
         "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
                     "(torchrun); gradients all-reduced in buckets during backward",
-        "data_placement": "one synthetic slice per rank, generated on its device once",
         "threads": threads_record(ranks),
         "params": count_params_torch(net),
         "flops_per_sample": count_flops_torch(net, nchw(model_spec)),
     })
+    result.update(feed.record())
+    feed.close()
     close_ranks()
     return result
 

@@ -1,6 +1,7 @@
 """torchrun ranks, shared by the PyTorch runners (torch_ddp, keras_torch): the process group,
-each rank's device, its synthetic slice, the step counter, the timed loop, global losses and
-per-rank threads. Imports torch: child processes only.
+each rank's device, its input (the synthetic slice, or its share of the real data through
+runners/torch_data.py), the step counter, the timed loop, global losses and per-rank threads.
+Imports torch: child processes only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import ModelSpec
 from runners.common import Invalid, Spec, StepTimer, Unavailable, finite, save_equivalence_output
+from runners.real_data import check_classes, open_dataset
+from runners.torch_data import RealInput, SyntheticInput, open_input
 
 MEMORY_FORMATS = {"channels_first": torch.contiguous_format, "channels_last": torch.channels_last}
 # The process group, referenced until the process exits (runners.common ends it with os._exit),
@@ -125,6 +128,21 @@ def synthetic_slice(ranks: Ranks, shape: tuple[int, ...], classes: int, batch: i
     x = torch.randn((batch, *shape), generator=gen, device=ranks.device)
     y = torch.randint(0, classes, (batch,), generator=gen, device=ranks.device)
     return x.contiguous(memory_format=memory_format), y
+
+
+def rank_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
+               shape: tuple[int, int, int], channels_first: bool = True,
+               memory_format: torch.memory_format = torch.contiguous_format
+               ) -> SyntheticInput | RealInput:
+    """This rank's `batch` images per step of shape `shape`: its synthetic slice, or on real
+    data its DistributedSampler share through the DataLoader (DALI on GPUs when installed)."""
+    if spec["data"] != "real":
+        return SyntheticInput(*synthetic_slice(ranks, shape, model_spec.num_classes, batch,
+                                               memory_format))
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec["model"])
+    return open_input(spec, data, model_spec.input_shape[0], batch, ranks.rank, ranks.world,
+                      ranks.device, channels_first, memory_format)
 
 
 class StepCounter:

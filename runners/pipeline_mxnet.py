@@ -1,0 +1,41 @@
+"""Pipeline mode for `mxnet_record_iter`: the ImageRecordIter the MXNet runners train from
+(runners/mxnet_data.py), timed on its own with no model.
+
+A batch counts once its image and label NDArrays are written (wait_to_read: the prefetcher's
+copy into them has finished), which is where mxnet_native's split_and_load takes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models import get_spec
+from runners.common import Spec, main
+from runners.mxnet_common import framework_versions
+from runners.mxnet_data import describe_pipeline, record_iter, stream
+from runners.real_data import describe, open_dataset, time_pipeline
+
+
+def count(batch: Any) -> int:
+    """Wait for the batch's arrays to be written; its image count."""
+    batch.data[0].wait_to_read()
+    batch.label[0].wait_to_read()
+    return int(batch.data[0].shape[0])
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    data = open_dataset(spec)
+    size = get_spec(spec["model"]).input_shape[0]
+    batch = spec["global_batch_size"]
+    device = spec.get("device", "cpu")
+    it = record_iter(data, size, batch, device)
+    return {
+        **time_pipeline(spec, stream(it), batch, count),
+        **describe(data, size),
+        "pipeline": describe_pipeline(data, size, device),
+        "framework": framework_versions(),
+    }
+
+
+if __name__ == "__main__":
+    main(benchmark)

@@ -1,0 +1,55 @@
+"""Pipeline mode for `torch_dataloader`: the PyTorch runners' input (runners/torch_data.py) on
+its own, one rank, no model. The DataLoader over the JPEG file list with `workers` processes
+(pinned memory and a non_blocking copy on a GPU; DALI instead when it is installed there and
+the runner option data_loader allows it), timed per batch until the batch is on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from models import get_spec
+from runners.common import Spec, Unavailable, main
+from runners.real_data import check_classes, open_dataset, time_pipeline
+from runners.torch_data import open_input
+
+
+def device_of(spec: Spec) -> torch.device:
+    if spec["device"] != "gpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU")
+    return torch.device("cuda", 0)
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    data = open_dataset(spec)
+    model_spec = get_spec(spec["model"])
+    check_classes(data, model_spec.num_classes, spec["model"])
+    size = model_spec.input_shape[0]
+    batch = spec["global_batch_size"]
+    device = device_of(spec)
+    feed = open_input(spec, data, size, batch, 0, 1, device)
+
+    def batches() -> Any:
+        while True:
+            yield feed.next()
+
+    def count(b: tuple[torch.Tensor, torch.Tensor]) -> int:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the copy to the device has finished
+        return int(b[0].shape[0])
+
+    result = time_pipeline(spec, batches(), batch, count)
+    feed.close()
+    record = feed.record()
+    del record["data_placement"]  # a training run's field: no model here
+    return {**result, **record, "pipeline": feed.description,
+            "framework": {"torch": torch.__version__, "numpy": np.__version__}}
+
+
+if __name__ == "__main__":
+    main(benchmark)

@@ -1,0 +1,219 @@
+"""Real data in the MXNet family: mxnet_native and keras_mxnet trained from the prepared
+dataset through the CLI at 1 and 2 contexts, the Keras-idiomatic loader, MXNet's
+ImageRecordIter against the numpy/Pillow reference, and the `mxnet_record_iter` pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.records import check_record
+from tests.conftest import REPO, real_sweep, run_check_script
+
+pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
+
+
+def dataset_labels(dataset: Path) -> Counter[int]:
+    """How many images of each label the prepared dataset holds."""
+    rows = (dataset / "files.csv").read_text().split()
+    return Counter(int(row.rsplit(",", 1)[1]) for row in rows)
+
+
+def assert_trained_on_dataset(rec: dict, dataset: Path, n: int) -> dict:
+    """The record is an ok real-data run whose first batch holds the dataset's labels."""
+    log = Path(rec["log_path"]).read_text()[-3000:]
+    assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
+    assert check_record(rec) == []
+    assert rec["data"] == "real" and rec["images_per_sec"] > 0
+    assert rec["samples"] == 3 * 8 * n
+    result = rec["result"]
+    assert result["replicas"] == n
+    assert result["dataset_images"] == 48 and result["dataset_classes"] == 10
+    assert result["loader_workers"] == 1 and result["augmentation"] == "crop-flip"
+    assert result["image_size"] == 32
+    labels = result["first_batch_labels"]
+    # one global batch drawn without replacement from the dataset: never more of a label than
+    # the dataset holds (random or constant labels would break this)
+    assert len(labels) == 8 * n
+    assert not Counter(labels) - dataset_labels(dataset), labels
+    return result
+
+
+@pytest.mark.parametrize("runner", ["mxnet_native", "keras_mxnet"])
+def test_real_data_at_one_and_two_devices(runner: str, tmp_path: Path, real_dataset: Path,
+                                          mxnet_python: str) -> None:
+    records = real_sweep(tmp_path / runner, real_dataset, f"runners=[{runner}]")
+    assert sorted(records) == [1, 2]
+    for n, rec in records.items():
+        result = assert_trained_on_dataset(rec, real_dataset, n)
+        assert result["input_pipeline"].startswith("mx.io.ImageRecordIter over train.rec")
+        assert "1 preprocess thread" in result["input_pipeline"]
+    if runner == "mxnet_native":
+        assert "split_and_load" in records[2]["result"]["data_placement"]
+    else:
+        assert records[2]["result"]["loader"] == "framework"
+
+
+def test_keras_mxnet_keras_loader(tmp_path: Path, real_dataset: Path,
+                                  mxnet_python: str) -> None:
+    """loader: keras feeds fit_generator from the Keras Sequence over the JPEG files."""
+    records = real_sweep(tmp_path, real_dataset, "runners=[keras_mxnet]", "devices=[2]",
+                         "runner_options.keras_mxnet.loader=keras")
+    result = assert_trained_on_dataset(records[2], real_dataset, 2)
+    assert result["loader"] == "keras"
+    assert result["input_pipeline"].startswith("Keras Sequence over the JPEG file list")
+    assert "use_multiprocessing=True" in result["input_pipeline"]
+
+
+def test_keras_mxnet_arrays_on_real_data_is_unavailable(tmp_path: Path, real_dataset: Path,
+                                                         mxnet_python: str) -> None:
+    records = real_sweep(tmp_path, real_dataset, "runners=[keras_mxnet]", "devices=[1]",
+                         "runner_options.keras_mxnet.input=arrays")
+    rec = records[1]
+    assert rec["status"] == "unavailable" and "input=arrays" in rec["reason"]
+
+
+PARITY = r"""
+import json, sys
+import numpy as np
+from runners import real_data
+from runners.mxnet_data import numpy_batches, record_iter, stream
+
+def read(path, augmentation, batch, batches):
+    spec = {"data": "real", "dataset": {"path": path, "augmentation": augmentation,
+                                        "workers": 2}}
+    data = real_data.open_dataset(spec)
+    feed = numpy_batches(stream(record_iter(data, 32, batch, shuffle=False)))
+    got = [next(feed) for _ in range(batches)]
+    return data, np.concatenate([x for x, _ in got]), np.concatenate([y for _, y in got])
+
+def window(x, full):
+    # the (top, left, flipped) window of the full image closest to x, and its distance
+    best = None
+    for t in range(full.shape[1] - 31):
+        for l in range(full.shape[2] - 31):
+            for f in (0, 1):
+                c = full[:, t:t + 32, l:l + 32]
+                d = float(np.abs((c[:, :, ::-1] if f else c) - x).mean())
+                if best is None or d < best[0]:
+                    best = (d, t, l, f)
+    return best
+
+out = {}
+for name, path in (("kept", sys.argv[1]), ("upscaled", sys.argv[2])):
+    data, x, y = read(path, "none", 16, 3)
+    rx, ry = real_data.load_batch(data.files, np.arange(48), 32, "none",
+                                  np.random.default_rng(0), channels_first=True)
+    out[name] = {"shape": list(x.shape), "dtype": str(x.dtype),
+                 "labels_equal": bool((y == ry).all()),
+                 "mean_abs": float(np.abs(x - rx).mean()),
+                 "max_abs": float(np.abs(x - rx).max())}
+data, x, y = read(sys.argv[1], "crop-flip", 16, 3)
+_, none, _ = read(sys.argv[1], "none", 16, 3)
+full = [real_data.normalise(real_data.load_image(f)).transpose(2, 0, 1)
+        for f, _ in data.files]
+windows = [window(x[i], full[i]) for i in range(48)]
+out["crop_flip"] = {
+    "shape": list(x.shape), "min": float(x.min()), "max": float(x.max()),
+    "labels_equal": bool((y == np.array([l for _, l in data.files])).all()),
+    "differs_from_none": float(np.abs(x - none).mean()),
+    "worst_window": max(w[0] for w in windows),
+    "positions": len({w[1:3] for w in windows}), "flipped": sum(w[3] for w in windows),
+    "slots_repeat": [w[1:] for w in windows[:16]] == [w[1:] for w in windows[16:32]]}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_record_iter_matches_the_reference(tmp_path: Path, real_dataset: Path,
+                                           mxnet_python: str) -> None:
+    """ImageRecordIter (shuffle off, file order) against real_data.load_batch: the same images
+    and labels for augmentation none, on the 40 x 40 dataset (crop only) and on one prepared
+    at 24 x 24 (resized up to 32 first); crop-flip gives windows of the right images."""
+    from bench.datasets import make_dataset
+    from bench.prepare_data import prepare_data
+
+    make_dataset(tmp_path / "src", classes=10, images=48, size=40, seed=0)
+    small = tmp_path / "small"
+    prepare_data(tmp_path / "src", small, resize=24, quality=90, shards=1, workers=1)
+    got = run_check_script(mxnet_python, PARITY, str(real_dataset), str(small))
+    for name in ("kept", "upscaled"):
+        case = got[name]
+        assert case["shape"] == [48, 3, 32, 32] and case["dtype"] == "float32", case
+        assert case["labels_equal"], case
+        # OpenCV/libjpeg-turbo and Pillow decode (and resize) slightly differently
+        assert case["mean_abs"] < 0.02, case
+    assert got["kept"]["max_abs"] < 0.05, got["kept"]  # no resize: the same decoded pixels
+    flip = got["crop_flip"]
+    assert flip["shape"] == [48, 3, 32, 32] and flip["labels_equal"], flip
+    assert -1.0 <= flip["min"] < flip["max"] <= 1.0, flip
+    assert flip["differs_from_none"] > 0.01, flip
+    assert flip["worst_window"] < 0.02, flip  # every output is a window of its own image
+    assert flip["positions"] > 5 and 0 < flip["flipped"] < 48, flip
+    assert not flip["slots_repeat"], flip  # seed_aug would repeat each slot's crop per batch
+
+
+def test_pipeline_mode(tmp_path: Path, real_dataset: Path, mxnet_python: str) -> None:
+    """runners.pipeline_mxnet on its own: the ImageRecordIter timed with no model."""
+    spec = {"mode": "pipeline", "runner": "mxnet_record_iter", "run_id": "pipe-1",
+            "sweep_id": "pipe", "model": "minigooglenet", "global_batch_size": 8,
+            "warmup_steps": 1, "measure_steps": 3, "data": "real", "device": "cpu",
+            "num_devices": 1, "dataset": {"path": str(real_dataset),
+                                          "augmentation": "crop-flip", "workers": 2}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [mxnet_python, "-m", "runners.pipeline_mxnet", "--spec", str(tmp_path / "spec.json"),
+         "--result", str(tmp_path / "result.json")], cwd=REPO, capture_output=True, text=True,
+        timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "ok", result
+    assert result["images_per_sec"] > 0 and result["samples"] == 24
+    assert result["timed_steps"] == 3 and result["loader_workers"] == 2
+    assert result["dataset_images"] == 48 and result["image_size"] == 32
+    assert result["pipeline"].startswith("mx.io.ImageRecordIter over train.rec")
+    assert "2 preprocess thread" in result["pipeline"]
+    assert result["framework"]["mxnet"] == "1.9.1"
+
+
+RESIZE = r"""
+import json, sys
+from pathlib import Path
+from runners.common import Unavailable
+from runners.mxnet_data import record_iter, resize_for
+from runners.real_data import RealData, open_dataset
+
+root = Path(sys.argv[1])
+files = [(str(p), 0) for p in sorted(root.glob("*.jpg"))]
+kept = RealData(root, "none", 1, files, 1, {"options": {"resize": 0}})
+small = RealData(root, "none", 1, files, 1, {"options": {"resize": 24}})
+out = {"mixed_32": resize_for(kept, 32), "mixed_16": resize_for(kept, 16),
+       "mixed_64": resize_for(kept, 64), "manifest_24": resize_for(small, 32)}
+data = open_dataset({"data": "real", "dataset": {"path": sys.argv[2], "workers": 1}})
+try:
+    record_iter(data, 32, 64)
+except Unavailable as exc:
+    out["too_small"] = str(exc)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_resize_only_when_an_image_is_smaller(tmp_path: Path, real_dataset: Path,
+                                             mxnet_python: str) -> None:
+    """resize=S only when a shorter side is below S (from the manifest, or the JPEG headers
+    when prepare-data kept the sizes), and a dataset smaller than the batch is unavailable
+    (ImageRecordIter would abort the process)."""
+    from PIL import Image
+
+    for w, h in ((30, 20), (50, 40), (48, 64)):  # shorter sides 20, 40, 48
+        Image.new("RGB", (w, h), (w, h, 0)).save(tmp_path / f"{w}x{h}.jpg")
+    got = run_check_script(mxnet_python, RESIZE, str(tmp_path), str(real_dataset))
+    assert got["mixed_16"][0] == -1
+    assert got["mixed_32"][0] == 32 and "scaled down too" in got["mixed_32"][1]
+    assert got["mixed_64"][0] == 64 and "resized up to 64" in got["mixed_64"][1]
+    assert got["manifest_24"][0] == 32 and "resized up to 32" in got["manifest_24"][1]
+    assert "48 images is smaller than the batch of 64" in got["too_small"]

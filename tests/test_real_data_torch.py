@@ -1,0 +1,168 @@
+"""Real data in the PyTorch and Horovod families: torch_ddp, keras_torch (both loaders) and
+horovod through the CLI at 1 and 2 ranks, the ranks' disjoint shares, the DataLoader's output
+against the numpy/Pillow reference, and the torch_dataloader pipeline mode."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.envs import ensure_env
+from bench.records import check_record
+from tests.conftest import REPO, real_sweep, run_check_script
+
+pytestmark = pytest.mark.slow
+
+
+def dataset_labels(dataset: Path) -> dict[str, int]:
+    """files.csv as {relative path: label}."""
+    with (dataset / "files.csv").open(newline="") as fh:
+        return {row[0]: int(row[1]) for row in csv.reader(fh) if row}
+
+
+def check_real_records(records: dict[int, dict], dataset: Path, loader: str,
+                       pipeline_words: tuple[str, ...]) -> None:
+    """What every real-data record of these runners must say, at 1 and 2 ranks."""
+    labels = dataset_labels(dataset)
+    assert sorted(records) == [1, 2]
+    for n, rec in records.items():
+        log = Path(rec["log_path"]).read_text()[-3000:]
+        assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
+        assert check_record(rec) == []
+        assert rec["samples"] == 3 * 8 * n and rec["images_per_sec"] > 0
+        result = rec["result"]
+        assert result["loader"] == loader
+        assert all(word in result["input_pipeline"] for word in pipeline_words), \
+            result["input_pipeline"]
+        assert result["loader_workers"] == 1 and result["dataset_images"] == 48
+        assert result["dataset_classes"] == 10 and result["image_size"] == 32
+        assert result["augmentation"] == "crop-flip"
+        assert result["rank_images_per_epoch"] == 48 // n
+        assert "every step" in result["data_placement"]
+        first = result["first_batch"]  # rank 0's first batch, labels as the model got them
+        assert len(first["files"]) == 8
+        assert first["labels"] == [labels[f] for f in first["files"]]
+
+
+@pytest.mark.framework("torch")
+@pytest.mark.parametrize("runner", ["torch_ddp", "keras_torch"])
+def test_torchrun_runners_on_real_data(runner: str, tmp_path: Path, real_dataset: Path,
+                                       torch_python: str) -> None:
+    records = real_sweep(tmp_path, real_dataset, f"runners=[{runner}]")
+    check_real_records(records, real_dataset, "dataloader",
+                       ("torch DataLoader", "DistributedSampler", "1 worker process"))
+
+
+@pytest.mark.framework("torch")
+def test_keras_torch_keras_loader(tmp_path: Path, real_dataset: Path,
+                                  torch_python: str) -> None:
+    """loader: keras feeds the torch loop from JpegSequence (a Keras 3 PyDataset); each rank
+    reads files rank, rank + N, ..."""
+    records = real_sweep(tmp_path, real_dataset, "runners=[keras_torch]",
+                         "runner_options.keras_torch.loader=keras")
+    check_real_records(records, real_dataset, "keras", ("PyDataset", "1 worker process"))
+    order = list(dataset_labels(real_dataset))
+    two = records[2]["result"]
+    assert two["loader_option"] == "keras"
+    assert all(order.index(f) % 2 == 0 for f in two["first_batch"]["files"])  # rank 0's share
+
+
+@pytest.fixture(scope="module")
+def horovod_python() -> str:
+    return str(ensure_env("horovod", "cpu").python)
+
+
+@pytest.mark.framework("horovod")
+def test_horovod_on_real_data(tmp_path: Path, real_dataset: Path, horovod_python: str) -> None:
+    records = real_sweep(tmp_path, real_dataset, "runners=[horovod]")
+    check_real_records(records, real_dataset, "dataloader",
+                       ("torch DataLoader", "DistributedSampler", "1 worker process"))
+
+
+LOADER_SCRIPT = """
+import json, sys
+import numpy as np
+from runners.real_data import open_dataset
+from runners.torch_data import make_dataloader, epochs
+
+def data(augmentation, workers):
+    return open_dataset({"data": "real", "dataset": {"path": sys.argv[1],
+                         "augmentation": augmentation, "workers": workers}})
+"""
+
+SHARES = LOADER_SCRIPT + """
+seen = {}
+for rank in (0, 1):
+    stream = epochs(make_dataloader(data("crop-flip", 1), 32, 8, rank, 2))
+    # 24 images per rank and epoch: 3 batches an epoch, two epochs
+    seen[rank] = [sorted(int(i) for b in [next(stream) for _ in range(3)] for i in b[2])
+                  for _ in range(2)]
+print("RESULT " + json.dumps(seen))
+"""
+
+
+@pytest.mark.framework("torch")
+def test_ranks_read_disjoint_shares(real_dataset: Path, torch_python: str) -> None:
+    seen = run_check_script(torch_python, SHARES, str(real_dataset))
+    for epoch in (0, 1):
+        zero, one = set(seen["0"][epoch]), set(seen["1"][epoch])
+        assert len(zero) == len(one) == 24 and not zero & one
+        assert zero | one == set(range(48))
+    assert seen["0"][0] != seen["0"][1]  # set_epoch reshuffles the shares
+
+
+PARITY = LOADER_SCRIPT + """
+from runners.real_data import load_batch
+out = {}
+for aug in ("none", "crop-flip"):
+    x, y, idx = next(epochs(make_dataloader(data(aug, 2), 32, 8, 0, 1)))
+    again = next(epochs(make_dataloader(data(aug, 0), 32, 8, 0, 1)))
+    ref_x, ref_y = load_batch(data(aug, 0).files, idx.numpy(), 32, "none",
+                              np.random.default_rng(0), channels_first=True)
+    out[aug] = {"shape": list(x.shape), "dtype": str(x.dtype), "min": float(x.min()),
+                "max": float(x.max()), "mad_vs_centre": float(np.abs(x.numpy() - ref_x).mean()),
+                "labels_equal": bool((y.numpy() == ref_y).all()),
+                "rerun_equal": bool((again[0] == x).all() and (again[2] == idx).all())}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.framework("torch")
+def test_dataloader_matches_the_reference(real_dataset: Path, torch_python: str) -> None:
+    """augmentation none equals real_data.load_batch (centre crop) on the same files;
+    crop-flip keeps shape and range and differs; a rerun (other worker count) reads the same
+    pixels."""
+    out = run_check_script(torch_python, PARITY, str(real_dataset))
+    none, flip = out["none"], out["crop-flip"]
+    assert none["mad_vs_centre"] < 0.02 and none["labels_equal"]
+    for r in (none, flip):
+        assert r["shape"] == [8, 3, 32, 32] and r["dtype"] == "torch.float32"
+        assert -1.0 <= r["min"] < r["max"] <= 1.0
+        assert r["rerun_equal"]
+    assert flip["mad_vs_centre"] > 0.02 and flip["labels_equal"]
+
+
+@pytest.mark.framework("torch")
+def test_pipeline_mode(tmp_path: Path, real_dataset: Path, torch_python: str) -> None:
+    spec = {"mode": "pipeline", "runner": "torch_dataloader", "model": "minigooglenet",
+            "global_batch_size": 8, "warmup_steps": 1, "measure_steps": 3, "data": "real",
+            "dataset": {"path": str(real_dataset), "augmentation": "crop-flip", "workers": 2},
+            "device": "cpu", "num_devices": 1, "options": {}, "run_id": "pipe-1",
+            "sweep_id": "test"}
+    spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run([torch_python, "-m", "runners.pipeline_torch", "--spec",
+                           str(spec_path), "--result", str(result_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = json.loads(result_path.read_text())
+    assert result["status"] == "ok", proc.stdout + proc.stderr
+    assert result["images_per_sec"] > 0 and result["samples"] == 24
+    assert result["loader"] == "dataloader" and "2 worker process" in result["pipeline"]
+    assert result["loader_workers"] == 2 and result["dataset_images"] == 48
+    assert len(result["step_times_s"]) == 3 and result["framework"]["torch"].startswith("2.13")
