@@ -1,5 +1,5 @@
-"""JAX-family child code shared by jax_native and keras_jax: the run's devices, versions, and the
-synthetic batch.
+"""JAX-family child code shared by jax_native and keras_jax: the run's devices, versions, the
+synthetic batch and the real dataset (its pipeline is runners/jax_data.py).
 
 Imports no framework at module level. N virtual CPU devices exist only if XLA_FLAGS asks for
 them before XLA's CPU backend starts, so a runner calls setup_devices(spec) before anything
@@ -14,9 +14,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from runners.common import Spec, Unavailable
+from runners.real_data import RealData, check_classes, open_dataset
 
 if TYPE_CHECKING:
     import jax
+
+    from models import ModelSpec
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 CPU_KIND = "virtual CPU device (XLA host platform)"
@@ -64,9 +67,20 @@ def framework_versions(*extra: str) -> dict[str, str]:
     return {name: importlib.import_module(name).__version__ for name in names}
 
 
-def check_synthetic(spec: Spec) -> None:
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+def real_dataset(spec: Spec, model_spec: ModelSpec) -> RealData | None:
+    """The run's prepared dataset (None for synthetic data), checked against the model."""
+    if spec["data"] == "synthetic":
+        return None
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec["model"])
+    return data
+
+
+def host_labels(y: jax.Array) -> list[int]:
+    """A batch's labels as the model got them (copied to the host)."""
+    import numpy as np
+
+    return [int(v) for v in np.asarray(y)]
 
 
 def synthetic_batch(shape_hwc: tuple[int, int, int], classes: int, batch: int,

@@ -19,6 +19,10 @@ BatchNorm, one all-reduce per layer per pass), unlike per-device BatchNorm in
 MirroredStrategy, DDP or MXNet. Observed: the running variance of a BatchNorm applied to a
 2-device sharded batch equals the variance of the whole batch, not the mean of the per-device
 variances (tests/test_jax_runners.py checks it).
+Real data (data: real): the global batch comes from the Grain pipeline of runners/jax_data.py
+(Pillow decode and crop/flip in `workers` processes), each batch jax.device_put into the batch
+sharding one batch ahead; the step is compiled for its shapes before the first batch is read,
+so the input pipeline's start-up falls in the warm-up and its steady state in the timed window.
 Timing: the loss is replicated, so loss.block_until_ready() waits for its copy on every device
 (float(loss) would wait only for device 0's copy); every output of one execution on a device
 becomes ready together, so the whole step has finished everywhere at each clock reading.
@@ -31,7 +35,8 @@ optimizer updates the float32 params.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from models import get_spec, load_builder
@@ -45,12 +50,14 @@ from runners.common import (
     save_equivalence_output,
 )
 from runners.jax_common import (
-    check_synthetic,
     framework_versions,
+    host_labels,
+    real_dataset,
     setup_devices,
     sharding_record,
     synthetic_batch,
 )
+from runners.real_data import RealData, describe
 
 if TYPE_CHECKING:
     import flax.linen as nn
@@ -141,8 +148,32 @@ def compile_step(step: Any, state: Any, x: Any, y: Any) -> tuple[Any, dict[str, 
     return compiled, {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in ops}
 
 
+def input_batches(data: RealData | None, model_spec: Any, global_batch: int, batch: Any
+                  ) -> tuple[Iterator[Any], Any, Any, dict[str, Any]]:
+    """(batches, x and y to compile the step for, what the record says about the input):
+    one resident synthetic batch for ever, or the Grain pipeline's batches."""
+    import jax
+    import jax.numpy as jnp
+
+    if data is None:
+        x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
+                               batch)
+        return itertools.repeat((x, y)), x, y, {
+            "data_placement": "one synthetic global batch generated under jit into the batch "
+                              "sharding; no host copy per step"}
+    from runners.jax_data import device_batches
+
+    size = model_spec.input_shape[0]
+    batches, line = device_batches(data, size, global_batch, batch)
+    x = jax.ShapeDtypeStruct((global_batch, *model_spec.input_shape), jnp.float32,
+                             sharding=batch)
+    y = jax.ShapeDtypeStruct((global_batch,), jnp.int32, sharding=batch)
+    return batches, x, y, {**describe(data, size), "input_pipeline": line,
+                           "data_placement": "a host batch per step from the Grain workers, "
+                                             "device_put into the batch sharding"}
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
-    check_synthetic(spec)
     devices, described = setup_devices(spec)
     import jax.numpy as jnp
     import optax
@@ -154,36 +185,49 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         raise Invalid(f"global batch {global_batch} does not divide by {n} devices")
     dtype = {"fp32": None, "bf16": jnp.bfloat16}[spec["precision"]]
     model_spec = get_spec(spec["model"])
+    data = real_dataset(spec, model_spec)
     model = load_builder(spec["model"], "flax")(model_spec, dtype=dtype)
     replicated, batch = make_shardings(devices)
     variables = init_variables(model, model_spec.input_shape)
     params = count_params_flax(variables)
     state = create_state(model, variables, optax.sgd(0.01, momentum=0.9), replicated)
     del variables
-    x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch, batch)
-    step, collectives = compile_step(make_train_step(replicated, batch), state, x, y)
-
-    for _ in range(spec["warmup_steps"]):
-        state, loss = step(state, x, y)
-        finite(loss.block_until_ready())
-    start = int(state.step)
-    timer, losses = StepTimer(), []
-    timer.start()
-    for _ in range(spec["measure_steps"]):
-        state, loss = step(state, x, y)
-        loss.block_until_ready()  # every device's copy: the step has finished everywhere
-        timer.tick()
-        losses.append(finite(loss))
+    batches, x, y, input_record = input_batches(data, model_spec, global_batch, batch)
+    try:
+        step, collectives = compile_step(make_train_step(replicated, batch), state, x, y)
+        for _ in range(spec["warmup_steps"]):
+            state, loss = step(state, *next(batches))
+            finite(loss.block_until_ready())
+        start = int(state.step)
+        timer, losses, first_labels = StepTimer(), [], None
+        timer.start()
+        for _ in range(spec["measure_steps"]):
+            x, y = next(batches)
+            state, loss = step(state, x, y)
+            loss.block_until_ready()  # every device's copy: the step has finished everywhere
+            timer.tick()
+            losses.append(finite(loss))
+            if first_labels is None:
+                first_labels = y
+    finally:
+        if data is not None:
+            batches.close()  # the Grain workers
     if not losses:
         raise Invalid("measure_steps is 0: nothing was timed")
     steps = int(state.step) - start
+    framework, extra = framework_versions(*VERSIONS), {}
+    if data is not None:
+        from runners.jax_data import grain_version
+
+        framework.update(grain_version())
+        extra = {"first_timed_labels": host_labels(first_labels)}
     return {
         **timer.summary(global_batch, steps * global_batch),
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "loss_kind": "global mean cross-entropy of each step's batch",
         "replicas": n,
-        "framework": framework_versions(*VERSIONS),
+        "framework": framework,
         "devices": described,
         "layout": "channels_last",
         "dtype": "float32" if dtype is None else "bfloat16 compute, float32 params",
@@ -191,8 +235,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                       "per_device_batch": global_batch // n},
         "collectives": collectives,
         "batchnorm": "global-batch statistics (XLA all-reduces the mean and variance)",
-        "data_placement": "one synthetic global batch generated under jit into the batch "
-                          "sharding; no host copy per step",
+        **input_record,
+        **extra,
         "params": params,
         "flops_per_sample": count_flops_flax(model, model_spec.input_shape),
     }

@@ -18,6 +18,12 @@ which in one process is a jax.device_put: a no-op for an array already laid out 
 host-to-device copy on every step (and, under a distribution, with no look-ahead) for numpy
 arrays. The resident batch is what tf_mirrored's prefetched tf.data batch and jax_native's
 batch are, so the runners compare the training step, not the host copy.
+Real data (data: real), option `loader`: "framework" (default) feeds fit, through the same kind
+of generator, the Grain pipeline jax_native uses (runners/jax_data.py: Pillow decode in
+`workers` processes, each global batch device_put into DataParallel's layout one batch ahead),
+so Keras' own device_put is again a no-op; "keras" feeds fit the Keras-idiomatic PyDataset
+(runners/keras_data.py, Pillow decode in `workers` processes of Keras' OrderedEnqueuer), whose
+numpy batches Keras copies to the devices itself on every step.
 
 Timing: a callback reads the clock at the end of each measured batch after waiting for the
 step on every device. Keras hands callbacks the loss already converted to a float, and that
@@ -32,6 +38,7 @@ Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 com
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from models import get_spec, load_builder
@@ -46,12 +53,14 @@ from runners.common import (
     save_equivalence_output,
 )
 from runners.jax_common import (
-    check_synthetic,
     framework_versions,
+    host_labels,
+    real_dataset,
     setup_devices,
     sharding_record,
     synthetic_batch,
 )
+from runners.real_data import RealData, describe
 
 if TYPE_CHECKING:
     import keras
@@ -141,6 +150,14 @@ def resident_batches(x: Any, y: Any) -> Any:
         yield x, y
 
 
+def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Iterator[Any]:
+    """The batches unchanged; batch `index`'s labels (the first timed step's) go to `noted`."""
+    for i, (x, y) in enumerate(batches):
+        if i == index:
+            noted.append(y)
+        yield x, y
+
+
 def timed_fit(spec: Spec, model: keras.Model, data: Any) -> dict[str, Any]:
     """model.fit for warmup + measure steps: the timing summary, samples counted from the
     optimizer's step counter, and the losses."""
@@ -160,19 +177,55 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any) -> dict[str, Any]:
     }
 
 
-def distribution_record(distribution: Any, x: Any) -> dict[str, Any]:
-    """The mesh, and where the variables and the batch live."""
+def distribution_record(distribution: Any, sharding: Any, shape: tuple[int, ...]
+                        ) -> dict[str, Any]:
+    """The mesh, and where the variables and the batch (of this shape) live."""
     mesh = distribution.device_mesh
     return {
         "distribution": type(distribution).__name__,
         "mesh": dict(zip(mesh.axis_names, mesh.shape, strict=True)),
-        "batch": sharding_record(x.sharding),
-        "per_device_batch": x.sharding.shard_shape(x.shape)[0],
+        "batch": sharding_record(sharding),
+        "per_device_batch": sharding.shard_shape(shape)[0],
     }
 
 
+SYNTHETIC_PLACEMENT = ("one synthetic global batch generated on the devices in DataParallel's "
+                       "batch layout, yielded by a generator; Keras' device_put of it is a "
+                       "no-op, no host copy per step")
+GRAIN_PLACEMENT = ("Grain's batches device_put into DataParallel's batch layout one batch "
+                   "ahead, yielded by a generator; Keras' device_put of them is a no-op")
+PYDATASET_PLACEMENT = ("numpy batches from the PyDataset's workers; Keras' jax trainer "
+                       "device_puts each into DataParallel's batch layout (no look-ahead under "
+                       "a distribution)")
+
+
+def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tuple[Any, Any],
+              noted: list[Any]) -> tuple[Any, dict[str, Any], Any]:
+    """(what fit is given, what the record says about the input, the iterator to close or
+    None) for synthetic data, the Grain pipeline or the Keras PyDataset."""
+    global_batch = spec["global_batch_size"]
+    if data is None:
+        x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
+                               *shardings)
+        return resident_batches(x, y), {"data_placement": SYNTHETIC_PLACEMENT}, None
+    size = model_spec.input_shape[0]
+    loader = spec["options"].get("loader", "framework")
+    record = {**describe(data, size), "loader": loader}
+    if loader == "keras":
+        from runners.keras_data import describe_keras, jpeg_sequence
+
+        steps = spec["warmup_steps"] + spec["measure_steps"]
+        return jpeg_sequence(data, size, global_batch, steps), {
+            **record, "input_pipeline": describe_keras(data),
+            "data_placement": PYDATASET_PLACEMENT}, None
+    from runners.jax_data import device_batches
+
+    batches, line = device_batches(data, size, global_batch, *shardings)
+    return noting_labels(batches, spec["warmup_steps"], noted), {
+        **record, "input_pipeline": line, "data_placement": GRAIN_PLACEMENT}, batches
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
-    check_synthetic(spec)
     keras, distribution, described = make_distribution(spec)
     n, global_batch = distribution.device_mesh.devices.size, spec["global_batch_size"]
     if global_batch % n:
@@ -180,29 +233,40 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     policy = POLICIES[spec["precision"]]
     keras.mixed_precision.set_global_policy(policy)
     model_spec = get_spec(spec["model"])
+    data = real_dataset(spec, model_spec)
     model = load_builder(spec["model"], "keras")(model_spec, data_format="channels_last")
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
                   loss="sparse_categorical_crossentropy")
-    x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
-                           batch_sharding(distribution, (global_batch, *model_spec.input_shape)),
-                           batch_sharding(distribution, (global_batch,)))
-    timing = timed_fit(spec, model, resident_batches(x, y))
+    shape = (global_batch, *model_spec.input_shape)
+    shardings = (batch_sharding(distribution, shape),
+                 batch_sharding(distribution, (global_batch,)))
+    noted: list[Any] = []
+    feed, input_record, owner = fit_input(spec, data, model_spec, shardings, noted)
+    try:
+        timing = timed_fit(spec, model, feed)
+    finally:
+        if owner is not None:
+            owner.close()  # the Grain workers
     kernel = next(v for v in model.trainable_variables if v.path.endswith("kernel"))
     params, flops = keras_counts(model)
+    framework = framework_versions("keras")
+    if owner is not None:
+        from runners.jax_data import grain_version
+
+        framework.update(grain_version())
+        input_record["first_timed_labels"] = host_labels(noted[0])
     return {
         **timing,
         "replicas": n,
-        "framework": framework_versions("keras"),
+        "framework": framework,
         "devices": described,
         "layout": "channels_last",
         "dtype_policy": policy,
         "xla": True,  # the jax trainer always jits its step
-        "shardings": {**distribution_record(distribution, x),
+        "shardings": {**distribution_record(distribution, shardings[0], shape),
                       "variables": sharding_record(kernel.value.sharding)},
         "batchnorm": "global-batch statistics (XLA all-reduces the moments)",
-        "data_placement": "one synthetic global batch generated on the devices in "
-                          "DataParallel's batch layout, yielded by a generator; Keras' "
-                          "device_put of it is a no-op, no host copy per step",
+        **input_record,
         "params": params,
         "flops_per_sample": flops,
     }

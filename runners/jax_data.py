@@ -1,0 +1,148 @@
+"""The JAX family's real-data pipeline: Grain (the JAX ecosystem's loader, no TensorFlow) over
+the prepared JPEG file list, shared by jax_native, keras_jax (loader: framework) and the
+`grain` pipeline mode (runners/pipeline_jax.py).
+
+The Grain graph: MapDataset.range(n) of file indices, seeded, shuffled (Grain reshuffles every
+epoch: its shuffle takes the epoch from the index that repeat passes through), repeated forever,
+random_map of the reference preprocessing (runners.real_data: Pillow decode, resize, crop/flip,
+scale; Grain hands each element its own np.random.Generator), batch(drop_remainder=True), then
+to_iter_dataset and mp_prefetch with `workers` spawned processes (each decodes whole batches,
+batches i, i + workers, ... of the stream, the order kept). Each global batch is then
+jax.device_put with the runner's NamedSharding (the batch split over the devices along axis 0),
+one batch ahead in a thread (grain.experimental.device_put). workers 0 decodes and copies in
+the main process, in the loop, with no look-ahead.
+
+Imports neither grain nor jax at module level (grain imports jax, and jax must be imported only
+after runners.jax_common.setup_devices); worker processes unpickle `Decode` from here.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runners.real_data import RealData, preprocess
+
+if TYPE_CHECKING:
+    import grain
+    import jax
+
+SEED = 0
+INPUT_PIPELINE = ("Grain over the JPEG file list: shuffle, repeat, random_map(Pillow decode, "
+                  "crop/flip, scale), batch({batch}, drop_remainder) {where}; {placement}")
+WORKERS = "in {workers} worker process(es) (mp_prefetch)"
+MAIN = "in the main process (workers 0: no mp_prefetch)"
+PREFETCHED = "jax.device_put of each global batch into {sharding}, one batch ahead"
+INLINE = "jax.device_put of each global batch into {sharding} in the loop"
+
+
+@dataclass(frozen=True)
+class Decode:
+    """Grain random_map transform: a file index to (image float32 HWC, label int32) through
+    the reference preprocessing (picklable, so spawned workers can run it)."""
+
+    files: tuple[tuple[str, int], ...]
+    size: int
+    augmentation: str
+
+    def __call__(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.int32]:
+        path, label = self.files[int(index)]
+        return preprocess(path, self.size, self.augmentation, rng), np.int32(label)
+
+
+def shuffled_indices(n: int, seed: int = SEED) -> grain.MapDataset:
+    """The endless shuffled stream of file indices (a new order every epoch)."""
+    import grain
+
+    return grain.MapDataset.range(n).seed(seed).shuffle().repeat()
+
+
+def grain_batches(files: list[tuple[str, int]], size: int, augmentation: str, batch: int,
+                  seed: int = SEED) -> grain.MapDataset:
+    """Batches of (images NHWC float32, labels int32), random access (no workers yet)."""
+    return (shuffled_indices(len(files), seed)
+            .random_map(Decode(tuple(files), size, augmentation))
+            .batch(batch, drop_remainder=True))
+
+
+def batch_file_indices(n: int, batch: int, i: int, seed: int = SEED) -> list[int]:
+    """The file indices of batch i of grain_batches (tests check labels with it)."""
+    return [int(k) for k in shuffled_indices(n, seed).batch(batch, drop_remainder=True)[i]]
+
+
+def host_batches(data: RealData, size: int, batch: int, seed: int = SEED) -> grain.IterDataset:
+    """The pipeline up to host memory: numpy batches, `data.workers` decode processes."""
+    import grain
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        # grain 0.2.18 with jax installed reads an absl flag when an iterator starts, and
+        # absl refuses before flags are parsed (only absl.app programs parse them): keep the
+        # defaults. google/grain#1355, fixed after 0.2.18.
+        flags.FLAGS.mark_as_parsed()
+    ds = grain_batches(data.files, size, data.augmentation, batch, seed)
+    # No read threads: each process (the main one for workers 0) decodes one batch at a time,
+    # so `workers` is the whole decode parallelism, as in the other families' loaders.
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    if data.workers > 0:
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=data.workers,
+                                                         per_worker_buffer_size=2))
+    return it
+
+
+def device_batches(data: RealData, size: int, batch: int, sharding: jax.sharding.Sharding,
+                   label_sharding: jax.sharding.Sharding | None = None, seed: int = SEED
+                   ) -> tuple[DeviceBatches, str]:
+    """(iterator of global batches, images in `sharding` and labels in `label_sharding`
+    (default the same), the input_pipeline line). Close the iterator when done."""
+    import grain
+    import jax
+
+    from runners.jax_common import sharding_record
+
+    ds = host_batches(data, size, batch, seed)
+    shardings = (sharding, label_sharding or sharding)
+    if data.workers > 0:
+        ds = grain.experimental.device_put(ds, shardings, cpu_buffer_size=1,
+                                           device_buffer_size=1)
+        placement = PREFETCHED.format(sharding=sharding_record(sharding))
+    else:
+        ds = ds.map(lambda b: jax.device_put(b, shardings))
+        placement = INLINE.format(sharding=sharding_record(sharding))
+    where = WORKERS.format(workers=data.workers) if data.workers > 0 else MAIN
+    line = INPUT_PIPELINE.format(batch=batch, where=where, placement=placement)
+    return DeviceBatches(iter(ds)), line
+
+
+class DeviceBatches:
+    """The iterator device_batches returns: it owns Grain's iterator, its worker processes and
+    the shared-memory batches in flight until close()."""
+
+    def __init__(self, iterator: Iterator[tuple[jax.Array, jax.Array]]) -> None:
+        self._iterator: Any = iterator
+
+    def __iter__(self) -> DeviceBatches:
+        return self
+
+    def __next__(self) -> tuple[jax.Array, jax.Array]:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        """Stop the workers and prefetch threads and free the buffered batches."""
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+            # Batches still buffered live in shared memory freed by their finalisers; the
+            # runners end with os._exit, so collect now (else the resource tracker warns).
+            gc.collect()
+
+
+def grain_version() -> dict[str, str]:
+    """{"grain": version} for a result's framework versions."""
+    from importlib.metadata import version
+
+    return {"grain": version("grain")}

@@ -1,0 +1,45 @@
+"""Pipeline mode for `grain`: the JAX runners' real-data input (runners/jax_data.py) on its own,
+no model. Grain over the JPEG file list (shuffle, repeat, Pillow decode and crop/flip in
+`workers` spawned processes, batch), each batch jax.device_put into the batch sharding of the
+run's devices one batch ahead, exactly as jax_native feeds its step; timed per batch until the
+batch is on the device (block_until_ready).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models import get_spec
+from runners.common import Spec, main
+from runners.jax_common import framework_versions, setup_devices
+from runners.real_data import check_classes, describe, open_dataset, time_pipeline
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    devices, described = setup_devices({**spec, "num_devices": spec.get("num_devices", 1)})
+    import jax
+
+    from runners.jax_data import device_batches, grain_version
+    from runners.jax_native import make_shardings
+
+    data = open_dataset(spec)
+    model_spec = get_spec(spec["model"])
+    check_classes(data, model_spec.num_classes, spec["model"])
+    size, batch = model_spec.input_shape[0], spec["global_batch_size"]
+    _, sharding = make_shardings(devices)
+    batches, line = device_batches(data, size, batch, sharding)
+
+    def count(b: tuple[jax.Array, jax.Array]) -> int:
+        jax.block_until_ready(b)  # the copy to every device has finished
+        return int(b[0].shape[0])
+
+    try:
+        result = time_pipeline(spec, batches, batch, count)
+    finally:
+        batches.close()
+    return {**result, **describe(data, size), "pipeline": line, "devices": described,
+            "framework": {**framework_versions(), **grain_version()}}
+
+
+if __name__ == "__main__":
+    main(benchmark)

@@ -1,0 +1,72 @@
+"""Pipeline mode for `keras_pydataset`: the Keras-idiomatic real-data input on its own, no
+model. runners/keras_data.py's JpegSequence (a Keras 3 PyDataset: Pillow decode and numpy
+crop/flip, `workers` processes when workers > 0) read the way model.fit reads it on the jax
+backend: through the PyDataset data adapter fit builds (its OrderedEnqueuer runs the workers
+and keeps the batches in order), each numpy batch then jax.device_put to the device as the jax
+trainer does; timed per batch until the batch is on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models import get_spec
+from runners.common import Spec, main
+from runners.jax_common import framework_versions, setup_devices
+from runners.real_data import check_classes, describe, open_dataset, time_pipeline
+
+
+def fit_adapter(sequence: Any) -> Any:
+    """The data adapter model.fit builds for a PyDataset. Keras 3 has no public enqueuer, so
+    this is keras.src, a private module: when a Keras release moves it, fail loudly rather than
+    time some other path."""
+    import keras
+
+    try:
+        from keras.src.trainers.data_adapters import get_data_adapter
+        from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+    except ImportError as exc:
+        raise RuntimeError(f"keras {keras.__version__} no longer has the private "
+                           f"keras.src.trainers.data_adapters fit uses ({exc}); update "
+                           "runners/pipeline_keras.py") from exc
+    adapter = get_data_adapter(sequence, shuffle=False)
+    if not isinstance(adapter, PyDatasetAdapter):
+        raise RuntimeError(f"keras {keras.__version__} adapts a PyDataset with "
+                           f"{type(adapter).__name__}, not PyDatasetAdapter; update "
+                           "runners/pipeline_keras.py")
+    return adapter
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    devices, described = setup_devices({**spec, "num_devices": spec.get("num_devices", 1)})
+    import jax
+
+    from runners.keras_jax import import_keras
+
+    keras = import_keras()
+    from runners.keras_data import describe_keras, jpeg_sequence
+
+    data = open_dataset(spec)
+    model_spec = get_spec(spec["model"])
+    check_classes(data, model_spec.num_classes, spec["model"])
+    size, batch = model_spec.input_shape[0], spec["global_batch_size"]
+    steps = spec["warmup_steps"] + spec["measure_steps"]
+    adapter = fit_adapter(jpeg_sequence(data, size, batch, steps))
+    adapter.on_epoch_begin()  # starts the enqueuer's workers, as fit does at each epoch
+    batches = (jax.device_put(b, devices[0]) for b in adapter.get_jax_iterator())
+
+    def count(b: tuple[jax.Array, jax.Array]) -> int:
+        jax.block_until_ready(b)  # the copy to the device has finished
+        return int(b[0].shape[0])
+
+    try:
+        result = time_pipeline(spec, batches, batch, count)
+    finally:
+        adapter.on_epoch_end()  # stops the workers
+    return {**result, **describe(data, size),
+            "pipeline": describe_keras(data) + "; each batch jax.device_put to the device",
+            "devices": described, "framework": {**framework_versions(), "keras": keras.__version__}}
+
+
+if __name__ == "__main__":
+    main(benchmark)

@@ -1,0 +1,204 @@
+"""Real data in the JAX family, for real on CPU: jax_native and keras_jax fed by the Grain
+pipeline (runners/jax_data.py) at 1 and 2 virtual devices, keras_jax fed by the Keras PyDataset
+(loader: keras), the Grain output against the numpy/Pillow reference (runners.real_data), and
+the `grain` and `keras_pydataset` pipeline modes run directly from a spec."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.records import check_record
+from bench.registry import PIPELINES
+from tests.conftest import REPO, real_sweep, run_check_script
+
+pytestmark = [pytest.mark.slow, pytest.mark.framework("jax")]
+
+WARMUP = 2  # real_sweep's warm-up steps: the first timed batch is batch 2 of the stream
+
+# Runs in the jax interpreter: file indices of Grain's batch WARMUP for each global batch size.
+GRAIN_ORDER = r"""
+import json, sys
+from runners.jax_data import batch_file_indices
+n, warmup = int(sys.argv[1]), int(sys.argv[2])
+print("RESULT " + json.dumps({b: batch_file_indices(n, int(b), warmup) for b in sys.argv[3:]}))
+"""
+
+# A script file for the jax interpreter on 2 virtual devices: Grain's batches (2 worker
+# processes) with augmentation none and crop-flip, the reference batches of the same files, and
+# one batch through device_batches split over the devices. A file with a main guard, not -c:
+# Grain's spawned workers import the parent's main module.
+PARITY = r"""
+import json, sys
+import numpy as np
+from runners.jax_common import setup_devices
+from runners.real_data import load_batch, open_dataset
+
+
+def dataset(augmentation):
+    return open_dataset({"data": "real", "dataset": {
+        "path": sys.argv[1], "augmentation": augmentation, "workers": 2}})
+
+
+def take(augmentation, count):
+    from runners.jax_data import host_batches
+
+    it = iter(host_batches(dataset(augmentation), 32, 8))
+    out = [(np.array(x), np.array(y)) for x, y in (next(it) for _ in range(count))]
+    it.close()
+    return out
+
+
+def main():
+    devices, _ = setup_devices({"num_devices": 2, "device": "cpu"})
+    from runners.jax_data import batch_file_indices, device_batches
+    from runners.jax_native import make_shardings
+
+    none, flip = take("none", 3), take("crop-flip", 3)
+    data = dataset("none")
+    diffs, labels_equal = [], []
+    for i, (x, y) in enumerate(none):
+        idx = np.array(batch_file_indices(len(data.files), 8, i))
+        rx, ry = load_batch(data.files, idx, 32, "none", np.random.default_rng(0))
+        diffs.append(float(np.abs(x - rx).mean()))
+        labels_equal.append(bool((y == ry).all()) and y.dtype == np.int32)
+    _, sharding = make_shardings(devices)
+    batches, line = device_batches(data, 32, 16, sharding)
+    x, y = next(batches)
+    rows = sorted(s.data.shape[0] for s in x.addressable_shards)
+    label_rows = sorted(s.data.shape[0] for s in y.addressable_shards)
+    batches.close()
+    fx = np.stack([x for x, _ in flip])
+    print("RESULT " + json.dumps({
+        "mean_abs_diff": diffs, "labels_equal": labels_equal,
+        "none_shape": list(none[0][0].shape), "none_dtype": str(none[0][0].dtype),
+        "flip_shape": list(flip[0][0].shape), "flip_dtype": str(flip[0][0].dtype),
+        "flip_min": float(fx.min()), "flip_max": float(fx.max()),
+        "flip_vs_none": float(np.abs(fx - np.stack([x for x, _ in none])).mean()),
+        "flip_labels_equal": all(bool((a[1] == b[1]).all()) for a, b in zip(none, flip)),
+        "device_rows": rows, "device_label_rows": label_rows, "device_line": line}))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def dataset_labels(dataset: Path) -> list[int]:
+    """The labels of files.csv, in its order (the runners' file indices)."""
+    with (dataset / "files.csv").open(newline="") as fh:
+        return [int(row[1]) for row in csv.reader(fh) if row]
+
+
+def check_real(rec: dict, n: int) -> dict:
+    """The checks of an ok real-data record at n virtual devices; its runner's result."""
+    assert check_record(rec) == []
+    log = Path(rec["log_path"]).read_text()[-3000:]
+    assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
+    assert rec["data"] == "real" and rec["virtual_devices"] is True
+    assert rec["samples"] == 3 * 8 * n
+    assert rec["images_per_sec"] > 0
+    result = rec["result"]
+    assert result["replicas"] == n
+    assert result["dataset_images"] == 48 and result["dataset_classes"] == 10
+    assert result["loader_workers"] == 1 and result["augmentation"] == "crop-flip"
+    assert result["image_size"] == 32
+    assert result["framework"]["jax"] == "0.10.2"
+    assert result["shardings"]["per_device_batch"] == 8
+    return result
+
+
+@pytest.mark.parametrize("runner", ["jax_native", "keras_jax"])
+def test_runner_reads_real_data_at_one_and_two_devices(runner: str, tmp_path: Path,
+                                                       real_dataset: Path,
+                                                       jax_python: str) -> None:
+    records = real_sweep(tmp_path / runner, real_dataset, f"runners=[{runner}]")
+    assert sorted(records) == [1, 2]
+    labels = dataset_labels(real_dataset)
+    order = run_check_script(jax_python, GRAIN_ORDER, str(len(labels)), str(WARMUP), "8", "16")
+    for n, rec in records.items():
+        result = check_real(rec, n)
+        assert result["framework"]["grain"] == "0.2.18"
+        line = result["input_pipeline"]
+        assert line.startswith("Grain over the JPEG file list") and "1 worker process" in line
+        assert "one batch ahead" in line
+        # the labels the first timed step trained on are the dataset's, in Grain's order
+        assert result["first_timed_labels"] == [labels[i] for i in order[str(8 * n)]]
+        if runner == "keras_jax":
+            assert result["loader"] == "framework"
+            assert result["shardings"]["mesh"] == {"batch": n}
+        else:
+            assert f"mesh={{data: {n}}}" in line
+
+
+def test_keras_jax_keras_loader(tmp_path: Path, real_dataset: Path, jax_python: str) -> None:
+    records = real_sweep(tmp_path, real_dataset, "runners=[keras_jax]", "devices=[2]",
+                         "runner_options.keras_jax.loader=keras")
+    rec = records[2]
+    result = check_real(rec, 2)
+    assert rec["options"]["loader"] == "keras"
+    assert result["loader"] == "keras"
+    assert "grain" not in result["framework"]
+    assert result["input_pipeline"].startswith("Keras PyDataset over the JPEG file list")
+    assert "1 worker process" in result["input_pipeline"]
+    assert "PyDataset" in result["data_placement"]
+
+
+def test_grain_matches_the_reference_preprocessing(tmp_path: Path, real_dataset: Path,
+                                                    jax_python: str) -> None:
+    script = tmp_path / "parity.py"
+    script.write_text(PARITY)
+    proc = subprocess.run([jax_python, str(script), str(real_dataset)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(next(ln for ln in proc.stdout.splitlines()
+                        if ln.startswith("RESULT "))[len("RESULT "):])
+    # augmentation none: Grain's workers decode exactly what load_batch gives for its files
+    assert all(d < 0.02 for d in r["mean_abs_diff"]), r["mean_abs_diff"]
+    assert r["labels_equal"] == [True, True, True]
+    assert r["none_shape"] == r["flip_shape"] == [8, 32, 32, 3]
+    assert r["none_dtype"] == r["flip_dtype"] == "float32"
+    # crop-flip: same files and labels, random crops and flips inside [-1, 1]
+    assert -1.0 <= r["flip_min"] < 0 < r["flip_max"] <= 1.0
+    assert r["flip_vs_none"] > 0.01
+    assert r["flip_labels_equal"] is True
+    # a global batch of 16 lands on 2 devices as 8 + 8 rows, labels too
+    assert r["device_rows"] == [8, 8] and r["device_label_rows"] == [8, 8]
+    assert "mesh={data: 2}" in r["device_line"]
+
+
+@pytest.mark.parametrize("pipeline", ["grain", "keras_pydataset"])
+def test_pipeline_mode(pipeline: str, tmp_path: Path, real_dataset: Path,
+                       jax_python: str) -> None:
+    spec = {"mode": "pipeline", "runner": pipeline, "model": "minigooglenet",
+            "global_batch_size": 8, "warmup_steps": 1, "measure_steps": 3, "data": "real",
+            "dataset": {"path": str(real_dataset), "augmentation": "crop-flip", "workers": 2},
+            "device": "cpu", "num_devices": 1, "run_id": f"{pipeline}-test",
+            "sweep_id": "test"}
+    spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [jax_python, "-m", PIPELINES[pipeline].module, "--spec", str(spec_path),
+         "--result", str(result_path)], cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": ""})
+    result = json.loads(result_path.read_text())
+    assert result["status"] == "ok", result.get("reason", "") + proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 0
+    assert result["images_per_sec"] > 0 and result["timed_steps"] == 3
+    assert result["loader_workers"] == 2 and result["dataset_images"] == 48
+    assert result["augmentation"] == "crop-flip" and result["image_size"] == 32
+    assert result["framework"]["jax"] == "0.10.2"
+    if pipeline == "grain":
+        assert result["pipeline"].startswith("Grain over the JPEG file list")
+        assert result["framework"]["grain"] == "0.2.18"
+    else:
+        assert result["pipeline"].startswith("Keras PyDataset over the JPEG file list")
+        assert result["framework"]["keras"] == "3.15.1"
+    assert "2 worker process" in result["pipeline"]
+
