@@ -155,7 +155,8 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "trainer": Option(str, "replicated", ("replicated", "parameter_server"),
                                   "SyncMultiGPUTrainerReplicated or ...ParameterServer"),
                 "input": Option(str, "staging", ("queue", "staging"),
-                                "QueueInput, or QueueInput wrapped in StagingInput"),
+                                "QueueInput (real data: TFDatasetInput), or it wrapped "
+                                "in StagingInput"),
                 "ps_device": Option(str, "cpu", ("cpu", "gpu"),
                                     "variables' device for the parameter-server trainer"),
                 "allreduce": Option(str, "auto", ("auto", "nccl", "gpu", "hierarchical"),

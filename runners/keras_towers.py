@@ -15,6 +15,10 @@ shared variable's gradient are summed where TF aggregates them. With `average_gr
 tower computes its own loss and gradients on its device (a GradientTape under the tower's
 device scope) and the per-tower gradients are averaged on the parameter device.
 
+Data: the synthetic global batch, or real data (option `loader`: tf.data over the TFRecord
+shards, runners/tf_data.py, or the Keras 3 PyDataset of runners/keras_data.py); either way fit
+feeds the whole global batch to the TowerModel, which slices it as the runner's recipe does.
+
 Imports TensorFlow and Keras 3: only runner child processes import this module.
 """
 
@@ -37,17 +41,15 @@ from models.keras_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, load_equivalence_inputs, save_equivalence_output
-from runners.tf_common import (
-    check_synthetic,
-    framework_versions,
-    input_shape,
-    setup_devices,
-    synthetic_dataset,
-    timed_fit,
-)
+from runners.tf_common import fit_input, framework_versions, setup_devices, timed_fit
 
 DATA_FORMAT = "channels_last"
 LOSS = "sparse_categorical_crossentropy"
+DATA_PLACEMENT = {
+    "synthetic": "one synthetic global batch in tf.data, fed whole to the tower model",
+    "real": "global batches from the input pipeline on the host, fed whole to the tower model, "
+            "which slices them as the runner's recipe does",
+}
 
 
 def split_sizes(batch: int, parts: int, remainder: str) -> list[int]:
@@ -223,18 +225,17 @@ def benchmark_towers(spec: Spec, make: Callable[[Spec, list[str]], tuple[TowerMo
                      after: Callable[[keras.Model], dict[str, Any]] | None = None
                      ) -> dict[str, Any]:
     """The benchmark every tower runner shares: make(spec, device names) -> (TowerModel,
-    template); compile, time model.fit on the synthetic batch, report. `after(template)` runs
+    template); compile, time model.fit on the run's data (the synthetic batch, or global
+    batches of real data from the `loader` option's pipeline), report. `after(template)` runs
     once the timed window is over; its dict joins the result."""
-    check_synthetic(spec)
     if spec["precision"] != "fp32":
         raise Invalid(f"{spec['runner']} runs fp32 only, not {spec['precision']}")
     names, devices = setup_devices(spec)
     model, template = make(spec, names)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9), loss=LOSS)
-    model_spec = get_spec(spec["model"])
-    ds = synthetic_dataset(input_shape(model_spec, DATA_FORMAT), model_spec.num_classes,
-                           spec["global_batch_size"])
-    timing = timed_fit(spec, model, ds)
+    data, data_info = fit_input(spec, get_spec(spec["model"]), DATA_FORMAT,
+                                spec["warmup_steps"] + spec["measure_steps"])
+    timing = timed_fit(spec, model, data)
     return {
         **timing,
         "replicas": len(names),
@@ -248,6 +249,8 @@ def benchmark_towers(spec: Spec, make: Callable[[Spec, list[str]], tuple[TowerMo
         "variables_device": variable_device(template),
         "merge_device": model.merge_device,
         "slice_device": model.slice_device or "each tower's device",
+        "data_placement": DATA_PLACEMENT[spec["data"]],
+        **data_info,
         **(extra or {}),
         **(after(template) if after else {}),
     }

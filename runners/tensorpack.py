@@ -5,6 +5,10 @@ feeds per-tower batches (spec batch_size_per_device rows each) from a DataFlow i
 on /cpu:0, and every tower dequeues its *own* batch, so the global batch is per-device batch x
 towers (the runner checks the spec agrees). With `input: staging` each tower's batch is also put
 into a StagingArea on the tower's device one step ahead (seed 003's asynchronous feeding).
+Real data: tensorpack's TFDatasetInput over the tf.data pipeline of runners/tf_data.py (a
+tf.compat.v1 dataset of per-tower batches); each tower's get_next takes its own batch, staged
+the same way with `input: staging` (`input: queue` is TFDatasetInput alone: QueueInput takes a
+Python DataFlow, not a tf.data dataset).
 Towers: one per device, "/cpu:0".."/cpu:N-1" (N virtual CPU devices) or "/gpu:0".."/gpu:N-1";
 tensorpack hard-codes "/gpu:<id>", so small builder subclasses here pass the device names in.
 Variables and merge: `replicated` (SyncMultiGPUTrainerReplicated) keeps one copy of every
@@ -38,7 +42,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
-from runners import tf_devices  # noqa: E402
+from runners import tf_data, tf_devices  # noqa: E402
 from runners.common import (  # noqa: E402
     Invalid,
     Spec,
@@ -49,6 +53,7 @@ from runners.common import (  # noqa: E402
     main,
     save_equivalence_output,
 )
+from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 
 tfv1 = tf.compat.v1
 DATA_FORMAT = "channels_last"
@@ -202,19 +207,29 @@ def make_trainer(spec: Spec, devices: list[str]) -> tuple[Any, dict[str, Any]]:
     raise ValueError(f"unknown trainer {kind!r}")
 
 
-def make_input(spec: Spec, datapoints: list[list[np.ndarray]]) -> tuple[Any, str]:
-    """QueueInput over a DataFlow of the given per-tower batches (repeated forever), wrapped in
-    StagingInput for `input: staging`."""
+def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:
+    """The trainer's InputSource, and its name. Synthetic (a list of per-tower batches):
+    QueueInput over a DataFlow of them, repeated forever. Real data (a RealData): tensorpack's
+    TFDatasetInput over the tf.data pipeline of runners/tf_data.py, one per-tower batch per
+    get_next (tensorpack's QueueInput takes a Python DataFlow, not a tf.data dataset). Either
+    is wrapped in StagingInput for `input: staging`. Call inside the training graph."""
     from tensorpack.dataflow import DataFromList
-    from tensorpack.input_source import QueueInput, StagingInput
+    from tensorpack.input_source import QueueInput, StagingInput, TFDatasetInput
 
-    queue = QueueInput(DataFromList(datapoints, shuffle=False))
+    if isinstance(feed, RealData):
+        size = get_spec(spec["model"]).input_shape[0]
+        # a V1 dataset: TFDatasetInput asks for output_types and make_initializable_iterator
+        ds = tf_data.make_dataset(feed, size, spec["batch_size_per_device"],
+                                  dataset_cls=tfv1.data.Dataset)
+        source, name = TFDatasetInput(ds), "TFDatasetInput"
+    else:
+        source, name = QueueInput(DataFromList(feed, shuffle=False)), "QueueInput"
     if spec["options"].get("input", "staging") == "staging":
-        return StagingInput(queue), "StagingInput(QueueInput)"
-    return queue, "QueueInput"
+        return StagingInput(source), f"StagingInput({name})"
+    return source, name
 
 
-def train(spec: Spec, model: str, datapoints: list[list[np.ndarray]], optimizer: Any,
+def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optimizer: Any,
           steps: tuple[int, int], trace: bool, initial: dict[str, np.ndarray] | None = None,
           read_vars: list[str] | None = None) -> dict[str, Any]:
     """Build the towers and train for warm-up + measured steps; the clock and what it saw."""
@@ -228,11 +243,12 @@ def train(spec: Spec, model: str, datapoints: list[list[np.ndarray]], optimizer:
     model_spec: ModelSpec = get_spec(model)
     build = load_builder(model, "tfv1")
     trainer, trainer_info = make_trainer(spec, names)
-    source, input_name = make_input(spec, datapoints)
+    source, input_name = make_input(spec, feed)
     per_tower = spec["batch_size_per_device"]
     signature = [tf.TensorSpec((per_tower, *model_spec.input_shape), tf.float32, "image"),
                  tf.TensorSpec((per_tower,), tf.int32, "label")]
     tower_losses: list[tf.Tensor] = []
+    tower_labels: list[tf.Tensor] = []
 
     def tower_cost(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         ctx = get_current_tower_context()
@@ -241,6 +257,7 @@ def train(spec: Spec, model: str, datapoints: list[list[np.ndarray]], optimizer:
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=labels, logits=logits), name="loss")
         tower_losses.append(loss)
+        tower_labels.append(labels)
         return loss
 
     warmup, measure = steps
@@ -254,6 +271,7 @@ def train(spec: Spec, model: str, datapoints: list[list[np.ndarray]], optimizer:
             self.gs0 = self.gs1 = None
             self.partition_devices: list[str] = []
             self.values: dict[str, np.ndarray] = {}
+            self.first_labels: list[int] = []
 
         def _setup_graph(self) -> None:
             with tf.device(names[0]):
@@ -267,15 +285,20 @@ def train(spec: Spec, model: str, datapoints: list[list[np.ndarray]], optimizer:
                 self.gs0 = int(self.trainer.sess.run(self.gs))
                 self.timer.start()
             options = None
-            if trace and self.done == 0:
-                options = tfv1.RunOptions(output_partition_graphs=True)
-            return tfv1.train.SessionRunArgs(fetches=self.loss, options=options)
+            fetches: dict[str, Any] = {"loss": self.loss}
+            if self.done == 0:  # the labels the towers trained on in the first (warm-up) step
+                fetches["labels"] = tower_labels
+                if trace:
+                    options = tfv1.RunOptions(output_partition_graphs=True)
+            return tfv1.train.SessionRunArgs(fetches=fetches, options=options)
 
         def _after_run(self, ctx, values):
             self.done += 1
             if self.done > warmup:
                 self.timer.tick()
-                self.losses.append(float(values.results))
+                self.losses.append(float(values.results["loss"]))
+            if "labels" in values.results:
+                self.first_labels = [int(v) for t in values.results["labels"] for v in t]
             metadata = values.run_metadata
             if metadata is not None and metadata.partition_graphs:
                 self.partition_devices = sorted({node.device for g in metadata.partition_graphs
@@ -313,8 +336,8 @@ def _check_batch(spec: Spec) -> int:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+    if spec["data"] not in ("synthetic", "real"):
+        raise Unavailable(f"data {spec['data']!r} is neither synthetic nor real")
     if spec["precision"] != "fp32":
         raise Unavailable(f"precision {spec['precision']!r}: this runner builds fp32 graphs")
     per = _check_batch(spec)
@@ -323,16 +346,36 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if (params, trainable) != (model_spec.params, model_spec.trainable_params):
         raise Invalid(f"tfv1 {spec['model']} has {params} params ({trainable} trainable); the "
                       f"spec says {model_spec.params} ({model_spec.trainable_params})")
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((per, *model_spec.input_shape), dtype=np.float32)
-    y = rng.integers(0, model_spec.num_classes, per).astype(np.int32)
-    run = train(spec, spec["model"], [[x, y]],
+    feed: list[list[np.ndarray]] | RealData
+    data_info: dict[str, Any] = {}
+    if spec["data"] == "real":
+        feed = open_dataset(spec)
+        check_classes(feed, model_spec.num_classes, spec["model"])
+        size = model_spec.input_shape[0]
+        data_info = {**describe(feed, size),
+                     "input_pipeline": tf_data.describe_pipeline(feed, per)
+                     + "; each tower takes its own batch (get_next per tower)"}
+    else:
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((per, *model_spec.input_shape), dtype=np.float32)
+        y = rng.integers(0, model_spec.num_classes, per).astype(np.int32)
+        feed = [[x, y]]
+    run = train(spec, spec["model"], feed,
                 lambda: tfv1.train.MomentumOptimizer(0.01, 0.9),
                 (spec["warmup_steps"], spec["measure_steps"]), trace=spec["warmup_steps"] > 0)
     clock = run["clock"]
     if not clock.losses:
         raise Invalid("no measured step reported a loss")
     global_batch = spec["global_batch_size"]
+    staged = " and stages it on its device" if "Staging" in run["input"] else ""
+    if spec["data"] == "real":
+        data_info["labels_first_batch"] = clock.first_labels
+        placement = (f"per-tower batches from tf.data on the host; each tower calls the "
+                     f"iterator's get_next for its own batch{staged}")
+    else:
+        placement = ("one synthetic per-tower batch, enqueued from numpy by tensorpack's "
+                     "EnqueueThread into a FIFOQueue on /cpu:0; each tower dequeues its own"
+                     + staged)
     result = {
         **clock.timer.summary(global_batch, (clock.gs1 - clock.gs0) * global_batch),
         "first_loss": finite(clock.losses[0]),
@@ -345,9 +388,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "variable_devices": run["variable_devices"],
         "layout": DATA_FORMAT,
         "input": run["input"],
-        "data_placement": "one synthetic per-tower batch, enqueued from numpy by tensorpack's "
-                          "EnqueueThread into a FIFOQueue on /cpu:0; each tower dequeues its own"
-                          + (" and stages it on its device" if "Staging" in run["input"] else ""),
+        "data_placement": placement,
+        **data_info,
         "params": params,
         "trainable_params": trainable,
         "flops_per_sample": model_spec.flops_per_sample,

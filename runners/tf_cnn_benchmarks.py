@@ -11,6 +11,11 @@ device builds its own tower and input (synthetic data is generated on each devic
 --local_parameter_device); merge: gradients are all-reduced across the towers (--all_reduce_spec,
 e.g. nccl) or summed on the parameter device. With --device=cpu it runs --num_gpus CPU devices
 (its session config sets device_count['CPU']), so N virtual CPU devices work here.
+Real data: --data_dir=<dataset>/tfrecord --data_name=imagenet; prepare-data's shards
+(train-*-of-*, tf.train.Example with image/encoded and image/class/label) are what the script's
+parse_example_proto reads (its other features have defaults; no boxes means the whole image).
+The script preprocesses with its own training pipeline, not runners/real_data.py's; the
+dataset's `workers` become --datasets_num_private_threads.
 
 The pure functions (find_script, build_flags, parse_output, step_times) import no framework,
 so the parent's tests import them; no TensorFlow is imported by this module at all.
@@ -31,7 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from models import get_spec
 from runners.common import Invalid, Spec, Unavailable, main
+from runners.real_data import RealData, check_classes, describe, open_dataset
 
 ENV_VAR = "TF_CNN_BENCHMARKS_DIR"
 SCRIPT = "tf_cnn_benchmarks.py"
@@ -46,6 +53,7 @@ NO_MODEL = {"minigooglenet": "MiniGoogLeNet (a CIFAR-sized GoogLeNet) is not amo
 LAYOUTS = {"channels_last": "NHWC", "channels_first": "NCHW"}
 PRECISION_FLAGS = {"fp32": [], "fp16": ["--use_fp16"]}
 IMAGES_PER_SEC_SOURCE = "tf_cnn_benchmarks total images/sec"
+IMAGENET_CLASSES = 1001  # the script's imagenet models: 1000 classes + background (label 0)
 
 STEP_LINE = re.compile(
     r"^(?P<step>\d+)\timages/sec: (?P<mean>[\d.]+)"
@@ -56,6 +64,7 @@ GLOBAL_BATCH = re.compile(r"^Batch size:\s+(?P<value>\d+) global\s*$")
 PER_DEVICE = re.compile(r"^\s+(?P<value>\d+) per device\s*$")
 HEADER = {"model": re.compile(r"^Model:\s+(?P<value>\S+)"),
           "devices": re.compile(r"^Devices:\s+(?P<value>\[.*\])"),
+          "dataset": re.compile(r"^Dataset:\s+(?P<value>.+?)\s*$"),
           "data_format": re.compile(r"^Data format:\s+(?P<value>\S+)"),
           "variables": re.compile(r"^Variables:\s+(?P<value>\S+)"),
           "all_reduce": re.compile(r"^AllReduce:\s+(?P<value>\S+)"),
@@ -135,11 +144,16 @@ def build_flags(spec: Spec, options: Mapping[str, Any] | None = None) -> list[st
         flags.append(f"--all_reduce_spec={opts['all_reduce_spec']}")
     flags += PRECISION_FLAGS[precision]
     if spec.get("data", "synthetic") != "synthetic":
-        data_dir = opts.get("data_dir") or spec.get("data_dir")
+        dataset = spec.get("dataset") or {}
+        data_dir = (str(Path(dataset["path"]) / "tfrecord") if dataset.get("path")
+                    else opts.get("data_dir") or spec.get("data_dir"))
         if not data_dir:
             raise Unavailable(f"data {spec['data']!r} needs a data_dir of TFRecords for "
                               f"tf_cnn_benchmarks' --data_dir")
-        flags.append(f"--data_dir={data_dir}")
+        # the folder name need not say "imagenet": name the format (train-*-of-* Examples)
+        flags += [f"--data_dir={data_dir}", "--data_name=imagenet"]
+        if "workers" in dataset:
+            flags.append(f"--datasets_num_private_threads={max(1, int(dataset['workers']))}")
     return flags
 
 
@@ -277,9 +291,26 @@ def run_script(script: Path, flags: list[str], timeout_s: float
     return code, lines, marks, step_walls
 
 
+def real_input_line(data: RealData, flags: list[str]) -> str:
+    """What feeds the script's models on real data: its own ImageNet training preprocessing,
+    not runners/real_data.py's (the `augmentation` setting does not reach it)."""
+    threads = next((f.split("=", 1)[1] for f in flags
+                    if f.startswith("--datasets_num_private_threads=")), "default")
+    return (f"tf_cnn_benchmarks' own input (--data_name=imagenet) over {len(data.tfrecords)} "
+            f"TFRecord shard(s): parallel_interleave reads, shuffle_and_repeat 10000, "
+            f"map_and_batch of its training preprocessing (sample_distorted_bounding_box crop, "
+            f"INTEGER_FAST decode, random flip, bilinear resize to the model's size; dataset "
+            f"augmentation {data.augmentation!r} not applied), {threads} private dataset "
+            f"thread(s), a pipeline per device")
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.get("options") or {}
     script = find_script(opts)
+    data = None
+    if spec["data"] == "real":
+        data = open_dataset(spec)
+        check_classes(data, IMAGENET_CLASSES, "tf_cnn_benchmarks' imagenet models")
     flags = build_flags(spec, opts)
     model = flags[0].split("=", 1)[1]
     check_model_in_checkout(script, model)
@@ -317,6 +348,15 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     devices = [{"name": d, "kind": kind} for d in (parsed["devices"] or [])]
     if len(devices) != n:
         raise Invalid(f"tf_cnn_benchmarks ran on {parsed['devices']}, not {n} devices")
+    if spec["data"] == "real" and "synthetic" in (parsed["dataset"] or "synthetic"):
+        raise Invalid(f"a real-data run, but the script reports dataset {parsed['dataset']!r}")
+    data_info: dict[str, Any] = {"data_placement": "the script's synthetic images, generated "
+                                                   "on each device"}
+    if spec["data"] == "real":
+        data_info = {**describe(data, get_spec(spec["model"]).input_shape[0]),
+                     "input_pipeline": real_input_line(data, flags),
+                     "data_placement": "the script's per-device tf.data input pipelines (its "
+                                       "own preprocessing), staged onto each device"}
     return {
         "images_per_sec": parsed["total_images_per_sec"],
         "images_per_sec_source": IMAGES_PER_SEC_SOURCE,
@@ -338,12 +378,13 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "devices": devices,
         "layout": "channels_last" if parsed["data_format"] == "NHWC" else "channels_first",
         "script_model": parsed["model"],
+        "script_dataset": parsed["dataset"],
         "variable_update": parsed["variables"],
         "all_reduce": parsed["all_reduce"],
         "flags": flags,
         "script": str(script),
         "checkout_commit": _checkout_commit(script),
-        "data_placement": "the script's synthetic images, generated on each device",
+        **data_info,
     }
 
 

@@ -1,4 +1,5 @@
-"""TensorFlow-family child code shared by the TF runners: devices, data, timing of Keras fit.
+"""TensorFlow-family child code shared by the TF runners: devices, data (synthetic, or real
+through runners/tf_data.py or the Keras loader), timing of Keras fit.
 
 Imports TensorFlow and Keras 3: only runner child processes import this module.
 """
@@ -15,7 +16,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec  # noqa: E402
+from runners import tf_data  # noqa: E402
 from runners.common import Invalid, Spec, StepTimer, Unavailable, finite  # noqa: E402
+from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf_devices import setup_devices  # noqa: E402, F401  (re-exported)
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -50,9 +53,44 @@ def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
     return ds.with_options(options)
 
 
-def check_synthetic(spec: Spec) -> None:
-    if spec["data"] != "synthetic":
-        raise Unavailable(f"data {spec['data']!r} is not supported by this runner yet")
+def open_real(spec: Spec, model_spec: ModelSpec) -> RealData:
+    """The run's prepared dataset, checked against the model; Unavailable for any data other
+    than synthetic and real."""
+    if spec["data"] != "real":
+        raise Unavailable(f"data {spec['data']!r} is neither synthetic nor real")
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec["model"])
+    return data
+
+
+def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
+              ) -> tuple[Any, dict[str, Any]]:
+    """What a Keras runner's fit trains on, and what the record says about it.
+
+    Synthetic: one random global batch, repeated (no fields added). Real: the `loader`
+    option's pipeline over the run's dataset, giving global batches: "framework" is tf.data
+    over the TFRecord shards (runners/tf_data.py), "keras" the Keras 3 PyDataset over the JPEG
+    file list (runners/keras_data.py, `steps` batches long)."""
+    batch = spec["global_batch_size"]
+    if spec["data"] == "synthetic":
+        return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
+                                 batch), {}
+    data = open_real(spec, model_spec)
+    size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
+    loader = spec["options"].get("loader", "framework")
+    if loader == "keras":
+        from runners.keras_data import describe_keras, jpeg_sequence
+
+        source: Any = jpeg_sequence(data, size, batch, steps, channels_first)
+        info = {"input_pipeline": describe_keras(data),
+                "labels_first_batch": [int(v) for v in source[0][1]]}
+    elif loader == "framework":
+        source = tf_data.make_dataset(data, size, batch, channels_first=channels_first)
+        info = {"input_pipeline": tf_data.describe_pipeline(data, batch, channels_first),
+                "labels_first_batch": tf_data.first_labels(source)}
+    else:
+        raise Unavailable(f"loader {loader!r} is neither framework nor keras")
+    return source, {**describe(data, size), "loader": loader, **info}
 
 
 class FitClock(keras.callbacks.Callback):

@@ -9,6 +9,9 @@ same summed update in the same step, so the replicas never diverge (synchronous 
 
 Synthetic data: one random global batch made once in the tf.data pipeline and prefetched to
 each replica's device by the distributed iterator (no decoding, no host-side work per step).
+Real data (option `loader`): "framework" is tf.data over the TFRecord shards
+(runners/tf_data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras_data.py,
+worker processes); either gives global batches that the distributed iterator splits.
 """
 
 from __future__ import annotations
@@ -28,14 +31,17 @@ from models.keras_common import (
 from runners.common import Spec, load_equivalence_inputs, main, save_equivalence_output
 from runners.tf_common import (
     POLICIES,
-    check_synthetic,
+    fit_input,
     framework_versions,
-    input_shape,
     setup_devices,
-    synthetic_dataset,
     timed_fit,
 )
 
+DATA_PLACEMENT = {
+    "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",
+    "real": "global batches from the input pipeline on the host; Keras' distributed iterator "
+            "splits each into per-replica slices and prefetches them to the replicas' devices",
+}
 CROSS_DEVICE_OPS = {
     "auto": None,
     "nccl": tf.distribute.NcclAllReduce,
@@ -55,7 +61,6 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec["options"]
-    check_synthetic(spec)
     keras.mixed_precision.set_global_policy(POLICIES[spec["precision"]])
     strategy, devices = make_strategy(spec)
     model_spec = get_spec(spec["model"])
@@ -69,10 +74,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
             steps_per_execution=per_call,
             jit_compile=bool(opts.get("xla", False)),
         )
-    ds = synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
-                           spec["global_batch_size"])
+    data, data_info = fit_input(spec, model_spec, data_format,
+                                spec["warmup_steps"] + spec["measure_steps"])
     return {
-        **timed_fit(spec, model, ds, per_call),
+        **timed_fit(spec, model, data, per_call),
         "replicas": strategy.num_replicas_in_sync,
         "framework": framework_versions(),
         "devices": devices,
@@ -81,7 +86,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "xla": bool(opts.get("xla", False)),
         "cross_device_ops": type(strategy.extended._cross_device_ops).__name__
         if getattr(strategy.extended, "_cross_device_ops", None) else "default",
-        "data_placement": "one synthetic batch in tf.data, prefetched to each replica's device",
+        "data_placement": DATA_PLACEMENT[spec["data"]],
+        **data_info,
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
     }

@@ -6,29 +6,34 @@ no compile, no fit, no callbacks; the step is GradientTape + optimizer in one tf
 
 Split: each replica gets its own B/N slice of the global batch. Synthetic data is made once,
 directly on each replica's device (experimental_distribute_values_from_function), so a step
-copies nothing from the host. Variables: mirrored, one copy per device, created under the
-strategy's scope. Merge: each replica's loss is its per-example losses summed and divided by
-the *global* batch (tf.nn.compute_average_loss), so the gradients MirroredStrategy sums with
-an all-reduce inside optimizer.apply_gradients (NCCL between GPUs, a reduction on CPUs) are
-the gradients of the global mean loss; every replica applies the same update (synchronous SGD).
+copies nothing from the host. Real data: tf.data's global batches (runners/tf_data.py) through
+experimental_distribute_dataset, which splits each batch and prefetches the slices to the
+replicas' devices; the timed steps include the input pipeline. Variables: mirrored, one copy
+per device, created under the strategy's scope. Merge: each replica's loss is its per-example
+losses summed and divided by the *global* batch (tf.nn.compute_average_loss), so the gradients
+MirroredStrategy sums with an all-reduce inside optimizer.apply_gradients (NCCL between GPUs, a
+reduction on CPUs) are the gradients of the global mean loss; every replica applies the same
+update (synchronous SGD).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from models import get_spec, load_builder
+from models import ModelSpec, get_spec, load_builder
 from models.keras_common import (
     count_flops_keras,
     count_params_keras,
     get_canonical_weights,
     set_canonical_weights,
 )
+from runners import tf_data
 from runners.common import (
     Invalid,
     Spec,
@@ -39,11 +44,12 @@ from runners.common import (
     main,
     save_equivalence_output,
 )
+from runners.real_data import describe
 from runners.tf_common import (
     POLICIES,
-    check_synthetic,
     framework_versions,
     input_shape,
+    open_real,
     setup_devices,
 )
 
@@ -67,6 +73,34 @@ def device_batches(strategy: tf.distribute.Strategy, shape: tuple[int, ...], cla
 
     values = strategy.experimental_distribute_values_from_function(make)
     return values  # a (PerReplica x, PerReplica y) pair
+
+
+def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelSpec,
+                data_format: str) -> tuple[Iterator[tuple[Any, Any]], dict[str, Any]]:
+    """Each step's (PerReplica x, PerReplica y), and what the record says about the data.
+
+    Synthetic: the same slices made once on each device. Real: the tf.data pipeline's global
+    batches through strategy.experimental_distribute_dataset, which splits each batch into
+    per-replica slices and prefetches them to the replicas' devices."""
+    global_batch, n = spec["global_batch_size"], strategy.num_replicas_in_sync
+    if spec["data"] == "synthetic":
+        xy = device_batches(strategy, input_shape(model_spec, data_format),
+                            model_spec.num_classes, global_batch // n)
+        return itertools.repeat(xy), {
+            "data_placement": "one synthetic slice per replica, created on its device once "
+                              "(experimental_distribute_values_from_function); no host copy "
+                              "per step"}
+    data = open_real(spec, model_spec)
+    size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
+    ds = tf_data.make_dataset(data, size, global_batch, channels_first=channels_first)
+    return iter(strategy.experimental_distribute_dataset(ds)), {
+        **describe(data, size),
+        "input_pipeline": tf_data.describe_pipeline(data, global_batch, channels_first),
+        "labels_first_batch": tf_data.first_labels(ds),
+        "data_placement": "global batches from tf.data on the host, split into per-replica "
+                          "slices and prefetched to each replica's device by "
+                          "experimental_distribute_dataset",
+    }
 
 
 def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
@@ -101,7 +135,6 @@ def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec["options"]
-    check_synthetic(spec)
     policy = POLICIES[spec["precision"]]
     keras.mixed_precision.set_global_policy(policy)
     strategy, devices = make_strategy(spec)
@@ -124,17 +157,17 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         if spec["precision"] == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    x, y = device_batches(strategy, input_shape(model_spec, data_format),
-                          model_spec.num_classes, global_batch // n)
+    batches, data_info = step_inputs(spec, strategy, model_spec, data_format)
     train_step = make_train_step(strategy, model, optimizer, global_batch, xla)
 
     for _ in range(spec["warmup_steps"]):
-        finite(train_step(x, y))  # a float read waits for the step to finish on every device
+        # a float read waits for the step to finish on every device
+        finite(train_step(*next(batches)))
     timer, losses = StepTimer(), []
     start = int(optimizer.iterations.numpy())
     timer.start()
     for _ in range(spec["measure_steps"]):
-        losses.append(finite(train_step(x, y)))
+        losses.append(finite(train_step(*next(batches))))
         timer.tick()
     steps = int(optimizer.iterations.numpy()) - start
     if not losses:
@@ -151,8 +184,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "dtype_policy": policy,
         "loss_scaling": spec["precision"] == "fp16",
         "xla": xla,
-        "data_placement": "one synthetic slice per replica, created on its device once "
-                          "(experimental_distribute_values_from_function); no host copy per step",
+        **data_info,
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
     }

@@ -1,0 +1,46 @@
+"""Pipeline mode for `tf_data`: the TF runners' tf.data pipeline (runners/tf_data.py) on its
+own, no model: TFRecord shards -> interleaved reads -> shuffle -> parse -> decode/crop/flip in
+`workers` parallel map calls -> whole batches -> repeat -> prefetch, timed per batch.
+
+Each timed batch is read back as numpy (.numpy()), so the clock waits until it is produced.
+The pipeline runs on the host (GPUs hidden from TF), as it does in the runners, before their
+distributed iterators copy the slices to the devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from models import get_spec
+from runners import tf_data
+from runners.common import Spec, main
+from runners.real_data import describe, open_dataset, time_pipeline
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    data = open_dataset({**spec, "data": "real"})  # a pipeline run always reads real data
+    # the pipeline runs on the host; keep TF from taking every GPU's memory at start-up
+    tf.config.set_visible_devices([], "GPU")
+    size, batch = get_spec(spec["model"]).input_shape[0], spec["global_batch_size"]
+    channels_first = spec.get("options", {}).get("data_format") == "channels_first"
+    ds = tf_data.make_dataset(data, size, batch, channels_first=channels_first)
+    batches = iter(ds)
+
+    def count(b: Any) -> int:
+        x, y = b[0].numpy(), b[1].numpy()
+        if len(y) != len(x):
+            raise ValueError(f"a batch of {len(x)} images with {len(y)} labels")
+        return len(x)
+
+    return {
+        **time_pipeline(spec, batches, batch, count),
+        **describe(data, size),
+        "pipeline": tf_data.describe_pipeline(data, batch, channels_first),
+        "framework": tf_data.versions(),
+    }
+
+
+if __name__ == "__main__":
+    main(benchmark)
