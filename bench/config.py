@@ -25,12 +25,13 @@ KEYS = (
     "name", "description", "runners", "models", "devices", "batch_size_per_device",
     "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
     "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
+    "pipeline_steps",
 )
 DEFAULTS: dict[str, Any] = {
     "name": None, "description": "", "data": ["synthetic"], "precision": ["fp32"],
     "device": "cpu", "warmup_steps": 5, "measure_steps": 20, "repeats": 1,
     "timeout_s": 600, "runner_options": {}, "dataset": None, "mode": ["benchmark"],
-    "pipelines": None,
+    "pipelines": None, "pipeline_steps": 200,
 }
 
 
@@ -63,6 +64,9 @@ class SweepConfig:
     # "benchmark" trains the runners' models; "pipeline" times the input pipelines alone.
     mode: list[str] = field(default_factory=lambda: ["benchmark"])
     pipelines: list[str] = field(default_factory=list)
+    # timed batches of a pipeline run: many, so buffers that fill during warm-up (MXNet runs
+    # up to 16 batches ahead) are a small share of the window
+    pipeline_steps: int = 200
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the user's key names (it loads back unchanged)."""
@@ -223,6 +227,7 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
         dataset=dataset,
         mode=mode,
         pipelines=pipelines,
+        pipeline_steps=_int("pipeline_steps", cfg["pipeline_steps"], 1),
     )
 
 

@@ -113,7 +113,7 @@ def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
                 sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
                 model=model, num_devices=1, device=cfg.device, virtual_devices=False,
                 scaling="weak", batch_size_per_device=batch, global_batch_size=batch, data="real",
-                precision="fp32", warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps,
+                precision="fp32", warmup_steps=cfg.warmup_steps, measure_steps=cfg.pipeline_steps,
                 repeat=repeat, timeout_s=cfg.timeout_s, mode="pipeline",
                 dataset={**cfg.dataset, "workers": workers},
             ))

@@ -200,16 +200,53 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def tree_cpu_seconds(root: int | None = None) -> float | None:
+    """CPU seconds (user + system, threads included) used so far by a process and all its
+    live descendants plus the ones they reaped: a pipeline's worker processes count too.
+    None where there is no /proc (not Linux)."""
+    root = root or os.getpid()
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return None
+    for name in entries:
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:  # gone since the listing
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces
+        parents[int(name)] = int(fields[1])
+        # utime, stime, and cutime, cstime of reaped children (fields 14-17 of proc(5))
+        ticks[int(name)] = sum(int(f) for f in fields[11:15])
+    if root not in ticks:
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def time_pipeline(spec: Spec, batches: Iterator[Any], batch: int,
                   count: Any = None) -> dict[str, Any]:
     """Pipeline mode: pull warmup_steps batches, then time measure_steps batches.
 
     `count(b)` returns how many images batch b holds (default: len(b[0])) and must touch the
-    data so that lazy pipelines finish producing it; every batch must be whole."""
+    data so that lazy pipelines finish producing it; every batch must be whole. Images per
+    core divide the images by the CPU seconds the process tree spent in the window (threads
+    and worker processes alike), so a pipeline that quietly uses every core is not credited
+    with its worker count."""
     count = count or (lambda b: len(b[0]))
     for _ in range(spec["warmup_steps"]):
         next(batches)
     timer, seen = StepTimer(), 0
+    cpu0 = tree_cpu_seconds()
     timer.start()
     for _ in range(spec["measure_steps"]):
         got = int(count(next(batches)))
@@ -217,13 +254,22 @@ def time_pipeline(spec: Spec, batches: Iterator[Any], batch: int,
             raise Invalid(f"the pipeline gave a batch of {got} images, expected {batch}")
         seen += got
         timer.tick()
+    cpu1 = tree_cpu_seconds()
     result = timer.summary(batch, seen)
     workers = spec["dataset"]["workers"]
-    used = max(1, min(workers, cores()))
+    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+    if cpu:
+        per_core, basis = seen / cpu, "CPU seconds of the process tree in the window"
+    else:
+        per_core = result["images_per_sec"] / max(1, min(workers, cores()))
+        basis = "images/sec over min(workers, cores) (no /proc CPU times)"
     result.update({
         "loader_workers": workers,
         "cores": cores(),
-        "images_per_sec_per_core": result["images_per_sec"] / used,
+        "cpu_seconds": cpu,
+        "cores_busy": cpu / result["window_s"] if cpu is not None else None,
+        "images_per_sec_per_core": per_core,
+        "per_core_basis": basis,
     })
     return result
 

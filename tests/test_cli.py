@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bench.records import check_record, load_records
@@ -164,7 +165,7 @@ def test_pipeline_mode_times_the_naive_loop_and_reports_it(tmp_path: Path,
     cfg.write_text(yaml.safe_dump({
         "name": "pipes", "mode": "pipeline", "pipelines": ["pil_loop"],
         "models": ["minigooglenet"], "batch_size_per_device": 8, "warmup_steps": 1,
-        "measure_steps": 3, "dataset": {"path": str(real_dataset), "workers": [1, 2]}}))
+        "pipeline_steps": 3, "dataset": {"path": str(real_dataset), "workers": [1, 2]}}))
     out = tmp_path / "out"
     proc = run_cli("run", "--config", str(cfg), "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -174,6 +175,10 @@ def test_pipeline_mode_times_the_naive_loop_and_reports_it(tmp_path: Path,
     assert rec["samples"] == 24 and rec["images_per_sec"] > 0
     assert rec["dataset"]["workers"] == 0 and rec["result"]["image_size"] == 32
     assert rec["result"]["dataset_images"] == 48
+    # images per CPU second of the process tree (the naive loop: about one core busy)
+    result = rec["result"]
+    assert result["cpu_seconds"] > 0 and result["per_core_basis"].startswith("CPU seconds")
+    assert result["images_per_sec_per_core"] == pytest.approx(24 / result["cpu_seconds"])
     assert "Input pipelines alone" in proc.stdout and "pil_loop" in proc.stdout
     rows = list(csv.DictReader((out / "pipelines.csv").open()))
     assert [(r["pipeline"], r["loader_workers"], r["vs_baseline"]) for r in rows] == [

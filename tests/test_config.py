@@ -245,3 +245,7 @@ def test_pipeline_runs_cover_pipelines_models_batches_and_worker_counts(tmp_path
         ["synthetic", "real-w1", "real-w4"] * len(BASE["devices"]))
     assert len({r.run_id for r in runs}) == len(runs)
     assert runs[: len(pipes)] == pipes
+    assert {r.measure_steps for r in pipes} == {200} and bench[0].measure_steps == 20
+    assert validate({**BASE, "pipeline_steps": 50}).pipeline_steps == 50
+    with pytest.raises(ConfigError, match="^pipeline_steps: 0 is not allowed"):
+        validate({**BASE, "pipeline_steps": 0})
