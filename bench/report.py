@@ -72,6 +72,17 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> str:
                      + (["", "Not ok:", *reasons] if reasons else []))
 
 
+def _ci_cell(low: float | None, high: float | None) -> str:
+    return f"{low:.1f}-{high:.1f}" if low is not None and high is not None else "-"
+
+
+def _flags(r: dict[str, Any]) -> str:
+    """The row's trust flags (see bench/trust.py), or '-'."""
+    names = [n for n, on in (("unstable", r.get("unstable")),
+                             ("not-steady", r.get("not_steady"))) if on]
+    return ",".join(names) or "-"
+
+
 def _real_cell(r: dict[str, Any]) -> str:
     """real/synthetic throughput, marked when input-bound."""
     ratio = r.get("real_vs_synthetic")
@@ -82,7 +93,7 @@ def _real_cell(r: dict[str, Any]) -> str:
 
 def _benchmark_table(rows: list[dict[str, Any]]) -> str:
     head = ("runner", "model", "devices", "batch", "prec", "data", "status", "img/s",
-            "speedup", "effic.", "real/syn")
+            "95% CI", "speedup", "effic.", "real/syn", "flags")
     lines = [head]
     for r in rows:
         kind = "vcpu" if r["virtual_devices"] else r["device"]
@@ -94,11 +105,19 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
             r["data_label"],
             r["status"] + (f" ({r['runs_ok']}/{r['runs_total']})" if r["runs_total"] > 1 else ""),
             f"{ips:.1f}" if ips is not None else "-",
+            _ci_cell(r.get("images_per_sec_ci_low"), r.get("images_per_sec_ci_high")),
             f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-",
             f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else "-",
             _real_cell(r),
+            _flags(r),
         ))
     out = _columns(lines)
+    if any(r.get("unstable") for r in rows):
+        out += ["", "unstable: a run's mean of per-step rates and its images/sec (all images over "
+                "the whole window) differ by more than 2%: some steps stalled"]
+    if any(r.get("not_steady") for r in rows):
+        out += ["", "not-steady: a run's first fifth of timed steps ran below 90% of the rest: "
+                "raise warmup_steps"]
     if any(r.get("input_bound") for r in rows):
         out += ["", f"INPUT-BOUND: real data below {INPUT_BOUND_RATIO:.0%} of the same run on "
                 "synthetic data (the input pipeline sets the pace)"]
@@ -141,6 +160,8 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
             pts.sort(key=lambda r: r["num_devices"])
             xs = [p["num_devices"] for p in pts]
             line, = ax.plot(xs, [p["images_per_sec"] for p in pts], "o-", label=label)
+            _error_bars(ax, xs, pts, "images_per_sec", "images_per_sec_ci_low",
+                        "images_per_sec_ci_high", line.get_color())
             base = next((p for p in pts if p["num_devices"] == 1), None)
             if base is not None:
                 ax.plot(xs, [base["images_per_sec"] * x for x in xs], "--",
@@ -159,8 +180,10 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
             if m != model or not pts:
                 continue
             pts.sort(key=lambda r: r["num_devices"])
-            ax.plot([p["num_devices"] for p in pts], [p["scaling_efficiency"] for p in pts],
-                    "o-", label=label)
+            line, = ax.plot([p["num_devices"] for p in pts],
+                            [p["scaling_efficiency"] for p in pts], "o-", label=label)
+            _error_bars(ax, [p["num_devices"] for p in pts], pts, "scaling_efficiency",
+                        "efficiency_ci_low", "efficiency_ci_high", line.get_color())
         _axes(ax, model, "devices", "scaling efficiency")
         _device_ticks(ax, [r for r in ok if r["model"] == model])
         ax.set_ylim(bottom=0)
@@ -181,6 +204,19 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     fig.suptitle("All runners at the largest device count" + note)
     paths.append(_save(fig, out / CHARTS[2], plt))
     return paths
+
+
+def _error_bars(ax: Any, xs: list[int], pts: list[dict[str, Any]], key: str, low: str,
+                high: str, color: str) -> None:
+    """95% bootstrap intervals (over repeats) as error bars, where a row has one."""
+    have = [(x, p) for x, p in zip(xs, pts, strict=True)
+            if p.get(low) is not None and p.get(high) is not None]
+    if have:
+        ax.errorbar([x for x, _ in have], [p[key] for _, p in have],
+                    # a percentile interval need not hold the point: clip, never negative
+                    yerr=[[max(0.0, p[key] - p[low]) for _, p in have],
+                          [max(0.0, p[high] - p[key]) for _, p in have]],
+                    fmt="none", ecolor=color, capsize=3, alpha=0.8)
 
 
 def _subplots(plt: Any, n: int) -> tuple[Any, list[Any]]:

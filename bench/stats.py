@@ -6,12 +6,23 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from bench.trust import (
+    bootstrap_ci,
+    coefficient_of_variation,
+    estimators,
+    ratio_ci,
+    warmup_not_steady,
+)
+
 GROUP_FIELDS = ("runner", "model", "data_label", "precision", "scaling", "batch", "device")
 SUMMARY_FIELDS = (
     "runner", "model", "device", "virtual_devices", "num_devices", "scaling",
     "batch_size_per_device", "global_batch_size", "data", "loader_workers", "precision",
-    "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_std", "speedup",
-    "scaling_efficiency", "real_vs_synthetic", "input_bound", "reason",
+    "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_ci_low",
+    "images_per_sec_ci_high", "images_per_sec_std", "images_per_sec_cv", "mean_step_rate",
+    "speedup", "speedup_ci_low", "speedup_ci_high", "scaling_efficiency",
+    "efficiency_ci_low", "efficiency_ci_high", "unstable", "not_steady",
+    "real_vs_synthetic", "input_bound", "reason",
 )
 PIPELINE_FIELDS = (
     "pipeline", "model", "image_size", "batch", "augmentation", "loader_workers", "cores",
@@ -60,18 +71,37 @@ def efficiency(spd: float | None, num_devices: int, baseline_devices: int = 1) -
     return spd / (num_devices / baseline_devices)
 
 
-def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per configuration and device count (repeats folded into mean and std).
+def run_flags(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The estimators and flags of a configuration's ok runs: unstable when a run's
+    estimators disagree by more than 2% (stalls), not_steady when a run's first timed slice
+    was much slower than the rest (warm-up too short); None when no run could tell."""
+    per_run = [(estimators(r.get("step_times_s") or [], r["global_batch_size"]),
+                warmup_not_steady(r.get("step_times_s") or [])) for r in recs]
+    disagree = [e["estimators_disagree"] for e, _ in per_run
+                if e["estimators_disagree"] is not None]
+    steady = [ns for _, ns in per_run if ns is not None]
+    means = [e["mean_step_rate"] for e, _ in per_run if e["mean_step_rate"] is not None]
+    return {"unstable": any(disagree) if disagree else None,
+            "not_steady": any(steady) if steady else None,
+            "mean_step_rate": statistics.median(means) if means else None}
 
-    Speedup is against the 1-device row of the same runner, model, data, batch, precision,
-    scaling and device kind; rows without a 1-device baseline get None."""
+
+def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration and device count: the median images/sec over repeats with
+    its 95% bootstrap interval, spread, and the flags of run_flags.
+
+    Speedup is the median against the median of the 1-device row of the same runner, model,
+    data, batch, precision, scaling and device kind (interval: bootstrap of that ratio); rows
+    without a 1-device baseline get None."""
     by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
         if not is_pipeline(rec):
             by_config[(*group_key(rec), rec["num_devices"])].append(rec)
     rows = []
     for key, recs in by_config.items():
-        ok = [r["images_per_sec"] for r in recs if r["status"] == "ok"]
+        ok_recs = [r for r in recs if r["status"] == "ok"]
+        ok = [r["images_per_sec"] for r in ok_recs]
+        low, high = bootstrap_ci(ok)
         first = recs[0]
         statuses = sorted({r["status"] for r in recs})
         rows.append({
@@ -84,15 +114,25 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "precision": first["precision"],
             "status": "ok" if ok else "/".join(statuses),
             "runs_ok": len(ok), "runs_total": len(recs),
-            "images_per_sec": statistics.fmean(ok) if ok else None,
+            "images_per_sec": statistics.median(ok) if ok else None,
+            "images_per_sec_ci_low": low, "images_per_sec_ci_high": high,
             "images_per_sec_std": statistics.stdev(ok) if len(ok) > 1 else None,
+            "images_per_sec_cv": coefficient_of_variation(ok),
+            **run_flags(ok_recs),
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
-            "_group": key[:-1],
+            "_group": key[:-1], "_ok": ok,
         })
-    baselines = {r["_group"]: r["images_per_sec"] for r in rows if r["num_devices"] == 1}
+    baselines = {r["_group"]: (r["images_per_sec"], r["_ok"]) for r in rows
+                 if r["num_devices"] == 1}
     for row in rows:
-        row["speedup"] = speedup(row["images_per_sec"], baselines.get(row.pop("_group")))
+        base_ips, base_ok = baselines.get(row.pop("_group"), (None, []))
+        ok = row.pop("_ok")
+        row["speedup"] = speedup(row["images_per_sec"], base_ips)
         row["scaling_efficiency"] = efficiency(row["speedup"], row["num_devices"])
+        low, high = ratio_ci(ok, base_ok)
+        row["speedup_ci_low"], row["speedup_ci_high"] = low, high
+        row["efficiency_ci_low"] = efficiency(low, row["num_devices"])
+        row["efficiency_ci_high"] = efficiency(high, row["num_devices"])
     compare_real_to_synthetic(rows)
     rows.sort(key=lambda r: (r["runner"], r["model"], r["data_label"], r["precision"],
                              r["global_batch_size"] if r["scaling"] == "strong"

@@ -95,7 +95,10 @@ def test_ctrl_c_keeps_finished_records(tmp_path: Path) -> None:
     cfg.write_text(yaml.safe_dump(raw))
     proc = subprocess.Popen([sys.executable, "-m", "tests.children.cli_with_toy", "--config",
                              str(cfg), "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            # a test run started as a background job inherits SIGINT ignored;
+                            # the CLI must see Ctrl-C as a user's terminal delivers it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -165,20 +168,25 @@ def test_pipeline_mode_times_the_naive_loop_and_reports_it(tmp_path: Path,
     cfg.write_text(yaml.safe_dump({
         "name": "pipes", "mode": "pipeline", "pipelines": ["pil_loop"],
         "models": ["minigooglenet"], "batch_size_per_device": 8, "warmup_steps": 1,
-        "pipeline_steps": 3, "dataset": {"path": str(real_dataset), "workers": [1, 2]}}))
+        "pipeline_steps": 40, "dataset": {"path": str(real_dataset), "workers": [1, 2]}}))
     out = tmp_path / "out"
     proc = run_cli("run", "--config", str(cfg), "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (rec,) = load_records(out)
     assert check_record(rec) == []
     assert rec["status"] == "ok" and rec["mode"] == "pipeline" and rec["runner"] == "pil_loop"
-    assert rec["samples"] == 24 and rec["images_per_sec"] > 0
+    assert rec["samples"] == 320 and rec["images_per_sec"] > 0
     assert rec["dataset"]["workers"] == 0 and rec["result"]["image_size"] == 32
     assert rec["result"]["dataset_images"] == 48
-    # images per CPU second of the process tree (the naive loop: about one core busy)
+    # images per CPU second of the process tree, read from /proc in 10 ms clock ticks: a
+    # window under one tick reads 0 CPU seconds and falls back to images/sec per worker
     result = rec["result"]
-    assert result["cpu_seconds"] > 0 and result["per_core_basis"].startswith("CPU seconds")
-    assert result["images_per_sec_per_core"] == pytest.approx(24 / result["cpu_seconds"])
+    assert result["cpu_seconds"] is not None and result["cores"] >= 1
+    if result["cpu_seconds"] > 0:
+        assert result["per_core_basis"].startswith("CPU seconds")
+        assert result["images_per_sec_per_core"] == pytest.approx(320 / result["cpu_seconds"])
+    else:
+        assert result["images_per_sec_per_core"] == pytest.approx(rec["images_per_sec"])
     assert "Input pipelines alone" in proc.stdout and "pil_loop" in proc.stdout
     rows = list(csv.DictReader((out / "pipelines.csv").open()))
     assert [(r["pipeline"], r["loader_workers"], r["vs_baseline"]) for r in rows] == [
