@@ -66,6 +66,7 @@ from runners.common import (
 )
 from runners.real_data import check_classes, open_dataset
 from runners.torch_data import RealInput, SyntheticInput, open_input
+from runners.torch_dist import per_rank_batch, synchronize, synthetic_slice
 
 THREADS_NOTE = ("horovodrun leaves thread pools alone; the harness sets OMP_NUM_THREADS to "
                 "cores // N (or, unset, each rank sets torch threads to cores // ranks), so N "
@@ -158,28 +159,6 @@ def init_ranks(spec: Spec) -> Ranks:
         "note": THREADS_NOTE,
     }
     return Ranks(hvd.rank(), hvd.local_rank(), world, device, devices, threads)
-
-
-def synchronize(ranks: Ranks) -> None:
-    """Wait for the device's queued work (a no-op on CPUs, which run eagerly)."""
-    if ranks.cuda:
-        torch.cuda.synchronize(ranks.device)
-
-
-def per_rank_batch(spec: Spec, ranks: Ranks) -> int:
-    global_batch = spec["global_batch_size"]
-    if global_batch % ranks.world:
-        raise Invalid(f"global batch {global_batch} does not divide by {ranks.world} ranks")
-    return global_batch // ranks.world
-
-
-def synthetic_slice(ranks: Ranks, shape: tuple[int, ...], classes: int, batch: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's random (images, labels) slice, generated on its device once, seeded by rank."""
-    gen = torch.Generator(device=ranks.device).manual_seed(1234 + ranks.rank)
-    x = torch.randn((batch, *shape), generator=gen, device=ranks.device)
-    y = torch.randint(0, classes, (batch,), generator=gen, device=ranks.device)
-    return x, y
 
 
 class StepCounter:

@@ -10,7 +10,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -107,20 +107,31 @@ def close_ranks() -> None:
         dist.destroy_process_group()
 
 
-def synchronize(ranks: Ranks) -> None:
+class DeviceRank(Protocol):
+    """What the helpers below need of a rank: torchrun's Ranks here, Horovod's in horovod.py."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def cuda(self) -> bool: ...
+
+
+def synchronize(ranks: DeviceRank) -> None:
     """Wait for the device's queued work (a no-op on CPUs, which run eagerly)."""
     if ranks.cuda:
         torch.cuda.synchronize(ranks.device)
 
 
-def per_rank_batch(spec: Spec, ranks: Ranks) -> int:
+def per_rank_batch(spec: Spec, ranks: DeviceRank) -> int:
     global_batch = spec["global_batch_size"]
     if global_batch % ranks.world:
         raise Invalid(f"global batch {global_batch} does not divide by {ranks.world} ranks")
     return global_batch // ranks.world
 
 
-def synthetic_slice(ranks: Ranks, shape: tuple[int, ...], classes: int, batch: int,
+def synthetic_slice(ranks: DeviceRank, shape: tuple[int, ...], classes: int, batch: int,
                     memory_format: torch.memory_format = torch.contiguous_format
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's random (images, labels) slice, generated on its device once, seeded by rank."""
