@@ -15,10 +15,11 @@ from bench import REPO_ROOT, environment
 from bench.config import ConfigError, SweepConfig, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
-from bench.plan import RunSpec, expand
-from bench.records import done_run_ids, write_json_atomic
+from bench.plan import RunSpec, another_repeat, config_id, expand
+from bench.records import done_run_ids, load_records, write_json_atomic
 from bench.registry import FAMILIES, PIPELINES, RUNNERS
 from bench.report import build_report, format_table
+from bench.trust import coefficient_of_variation
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data")
 
@@ -164,7 +165,7 @@ def cmd_report(results_dir: Path) -> int:
     if pipes:
         print(f"pipelines: {results_dir / 'pipelines.csv'}")
     for c in charts:
-        print(f"chart:   {c}")
+        print(f"{'report' if c.suffix == '.html' else 'chart'}:   {c}")
     return 0
 
 
@@ -244,6 +245,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs = expand(cfg, out.name)
     if args.dry_run:
         print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
+        if cfg.until_stable:
+            print(f"until_stable: more repeats of a configuration while its images/sec CV is "
+                  f"above {cfg.until_stable['target_cv']:.1%}, up to "
+                  f"{cfg.until_stable['max_repeats']} runs each")
         print_plan(runs)
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -260,21 +265,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                            args.quiet_setup)
     try:
         for i, spec in enumerate(todo, 1):
-            label = (f"[{i}/{len(todo)}] pipeline {spec.runner} {spec.model} "
-                     f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
-                     if spec.mode == "pipeline" and spec.dataset else
-                     f"[{i}/{len(todo)}] {spec.runner} {spec.model} n={spec.num_devices} "
-                     f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
-            print(f"{label} ...", end=" ", flush=True)
-            t0 = time.monotonic()
-            if spec.run_id in blocked:
-                rec = record_without_run(spec, out, env, *blocked[spec.run_id])
-            else:
-                rec = run_one(spec, pythons, out, env)
-            took = time.monotonic() - t0
-            detail = (f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok"
-                      else rec["reason"])
-            print(f"{rec['status']} ({took:.1f}s) {detail}", flush=True)
+            run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env)
+        if cfg.until_stable:
+            repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished records are kept in {out}; "
               f"continue with --resume --out {out}", file=sys.stderr)
@@ -284,8 +277,60 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(format_table(rows, pipes))
     print(f"\nresults: {out}")
-    print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}")
+    print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
+          f"report: {out / 'report.html'}")
     return 0
+
+
+def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
+                  pythons: dict[str, Any], out: Path, env: dict[str, Any]) -> dict[str, Any]:
+    """Run (or record as blocked) one spec, with a progress line."""
+    label = (f"{tag} pipeline {spec.runner} {spec.model} "
+             f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
+             if spec.mode == "pipeline" and spec.dataset else
+             f"{tag} {spec.runner} {spec.model} n={spec.num_devices} "
+             f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
+    print(f"{label} ...", end=" ", flush=True)
+    t0 = time.monotonic()
+    if spec.run_id in blocked:
+        rec = record_without_run(spec, out, env, *blocked[spec.run_id])
+    else:
+        rec = run_one(spec, pythons, out, env)
+    took = time.monotonic() - t0
+    detail = f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok" else rec["reason"]
+    print(f"{rec['status']} ({took:.1f}s) {detail}", flush=True)
+    return rec
+
+
+def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
+                        blocked: dict[str, tuple[str, str]], pythons: dict[str, Any], out: Path,
+                        env: dict[str, Any]) -> None:
+    """Extra repeats, one per unsettled configuration per round (so slow drift spreads over
+    all of them), until each one's CV of images/sec is at most target_cv or it has
+    max_repeats runs. A configuration with fewer than two ok runs is left alone."""
+    first: dict[str, RunSpec] = {}
+    for spec in runs:
+        first.setdefault(config_id(spec.run_id), spec)
+    while True:
+        records = load_records(out)
+        by_config: dict[str, list[dict[str, Any]]] = {}
+        for rec in records:
+            by_config.setdefault(config_id(rec["run_id"]), []).append(rec)
+        todo = []
+        for cid, spec in first.items():
+            recs = by_config.get(cid, [])
+            ok = [r["images_per_sec"] for r in recs if r["status"] == "ok"]
+            cv = coefficient_of_variation(ok)
+            if spec.run_id in blocked or cv is None or cv <= rule["target_cv"] \
+                    or len(recs) >= rule["max_repeats"]:
+                continue
+            todo.append((another_repeat(spec, max(r["repeat"] for r in recs) + 1), cv))
+        if not todo:
+            return
+        for spec, cv in todo:
+            run_and_print(spec, f"[until_stable: cv {cv:.1%} > {rule['target_cv']:.1%}, "
+                                f"repeat {spec.repeat + 1}/{rule['max_repeats']}]",
+                          blocked, pythons, out, env)
 
 
 def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:

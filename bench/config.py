@@ -25,14 +25,18 @@ KEYS = (
     "name", "description", "runners", "models", "devices", "batch_size_per_device",
     "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
     "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
-    "pipeline_steps",
+    "pipeline_steps", "until_stable", "telemetry",
 )
 DEFAULTS: dict[str, Any] = {
     "name": None, "description": "", "data": ["synthetic"], "precision": ["fp32"],
     "device": "cpu", "warmup_steps": 5, "measure_steps": 20, "repeats": 1,
     "timeout_s": 600, "runner_options": {}, "dataset": None, "mode": ["benchmark"],
-    "pipelines": None, "pipeline_steps": 200,
+    "pipelines": None, "pipeline_steps": 200, "until_stable": None, "telemetry": {},
 }
+UNTIL_STABLE_KEYS = ("target_cv", "max_repeats")
+TELEMETRY_KEYS = ("enabled", "interval_s", "starved_below_pct")
+TELEMETRY_DEFAULTS: dict[str, Any] = {"enabled": True, "interval_s": 0.25,
+                                      "starved_below_pct": 50.0}
 
 
 class ConfigError(ValueError):
@@ -67,6 +71,11 @@ class SweepConfig:
     # timed batches of a pipeline run: many, so buffers that fill during warm-up (MXNet runs
     # up to 16 batches ahead) are a small share of the window
     pipeline_steps: int = 200
+    # Repeat a configuration beyond `repeats` until the CV of its images/sec is at most
+    # target_cv, or it has max_repeats runs; None: exactly `repeats`.
+    until_stable: dict[str, Any] | None = None
+    # The parent's sampler (GPU through NVML, host through psutil) while each run goes.
+    telemetry: dict[str, Any] = field(default_factory=lambda: dict(TELEMETRY_DEFAULTS))
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the user's key names (it loads back unchanged)."""
@@ -228,7 +237,55 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
         mode=mode,
         pipelines=pipelines,
         pipeline_steps=_int("pipeline_steps", cfg["pipeline_steps"], 1),
+        until_stable=_until_stable(cfg["until_stable"], cfg["repeats"]),
+        telemetry=_telemetry(cfg["telemetry"]),
     )
+
+
+def _until_stable(raw: Any, repeats: int) -> dict[str, Any] | None:
+    """target_cv in (0, 1) and max_repeats >= repeats; repeats >= 2 (one run has no CV)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _fail("until_stable", raw, "a mapping with target_cv (e.g. 0.02) and max_repeats")
+    for key in raw:
+        if key not in UNTIL_STABLE_KEYS:
+            raise _fail(f"until_stable.{key}", raw[key], "keys " + ", ".join(UNTIL_STABLE_KEYS))
+    target = raw.get("target_cv", 0.02)
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
+        raise _fail("until_stable.target_cv", target, "a number between 0 and 1 (0.02 = 2%)")
+    if repeats < 2:
+        raise _fail("repeats", repeats, "an integer >= 2 with until_stable (the coefficient "
+                    "of variation of one run is undefined)")
+    maximum = _int("until_stable.max_repeats", raw.get("max_repeats", 10), repeats)
+    return {"target_cv": float(target), "max_repeats": maximum}
+
+
+def _telemetry(raw: Any) -> dict[str, Any]:
+    """The sampler's settings over TELEMETRY_DEFAULTS; `false` turns it off."""
+    if raw is False:
+        return {**TELEMETRY_DEFAULTS, "enabled": False}
+    if raw is None or raw is True:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _fail("telemetry", raw, "a mapping of " + ", ".join(TELEMETRY_KEYS) + ", or false")
+    for key in raw:
+        if key not in TELEMETRY_KEYS:
+            raise _fail(f"telemetry.{key}", raw[key], "keys " + ", ".join(TELEMETRY_KEYS))
+    out = {**TELEMETRY_DEFAULTS, **raw}
+    if not isinstance(out["enabled"], bool):
+        raise _fail("telemetry.enabled", out["enabled"], "true or false")
+    interval = out["interval_s"]
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
+            or not 0.05 <= interval <= 10:
+        raise _fail("telemetry.interval_s", interval, "seconds between samples, 0.05 to 10")
+    starved = out["starved_below_pct"]
+    if isinstance(starved, bool) or not isinstance(starved, (int, float)) \
+            or not 0 <= starved <= 100:
+        raise _fail("telemetry.starved_below_pct", starved, "a GPU utilisation percentage, "
+                    "0 to 100")
+    return {"enabled": out["enabled"], "interval_s": float(interval),
+            "starved_below_pct": float(starved)}
 
 
 def _pipelines(raw: Any, mode: list[str]) -> list[str]:

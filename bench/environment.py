@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -59,12 +60,58 @@ def gpus() -> list[dict[str, Any]]:
                 "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
                 "driver_version": driver,
                 "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}",
+                **interconnect(pynvml, handle),
             })
         return found
     except pynvml.NVMLError:
         return []
     finally:
         pynvml.nvmlShutdown()
+
+
+NVLINK_MAX = 18  # links per GPU on NVLink 4 (H100); older GPUs answer "not supported" sooner
+
+
+def interconnect(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """A GPU's PCIe link (generation and width, now and at most; a link idles at a lower
+    generation) and its active NVLink count; None where NVML cannot say."""
+    def read(name: str, *args: Any) -> Any:
+        try:
+            return getattr(pynvml, name)(handle, *args)
+        except (pynvml.NVMLError, AttributeError):
+            return None
+
+    nvlinks = 0
+    for link in range(NVLINK_MAX):
+        state = read("nvmlDeviceGetNvLinkState", link)
+        if state is None:
+            break
+        nvlinks += int(state == getattr(pynvml, "NVML_FEATURE_ENABLED", 1))
+    return {
+        "pcie_gen": read("nvmlDeviceGetCurrPcieLinkGeneration"),
+        "pcie_width": read("nvmlDeviceGetCurrPcieLinkWidth"),
+        "pcie_max_gen": read("nvmlDeviceGetMaxPcieLinkGeneration"),
+        "pcie_max_width": read("nvmlDeviceGetMaxPcieLinkWidth"),
+        "nvlinks_active": nvlinks,
+    }
+
+
+def gpu_topology() -> dict[str, Any]:
+    """`nvidia-smi topo -m` (how each GPU pair connects: NVLink, PCIe switch, CPU socket) as
+    text, or why it is missing."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {"nvidia_smi_topo_m": None, "reason": "nvidia-smi is not on PATH"}
+    try:
+        done = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"nvidia_smi_topo_m": None, "reason": f"nvidia-smi topo -m: {exc}"}
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        return {"nvidia_smi_topo_m": None,
+                "reason": f"nvidia-smi topo -m exited {done.returncode}: "
+                          f"{why[0] if why else 'no output'}"}
+    return {"nvidia_smi_topo_m": done.stdout.rstrip(), "reason": None}
 
 
 def _text(value: str | bytes) -> str:
@@ -95,5 +142,6 @@ def capture() -> dict[str, Any]:
         "python": platform.python_version(),
         "parent_python": sys.executable,
         "gpus": gpus(),
+        "gpu_topology": gpu_topology(),
         "harness_commit": git_commit(),
     }

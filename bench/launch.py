@@ -29,6 +29,8 @@ from bench.records import (
     runs_dir,
     write_json_atomic,
 )
+from bench.telemetry import Sampler, write_series
+from bench.telemetry import summarise as summarise_telemetry
 
 KILL_GRACE_S = 5.0
 OOM_PATTERNS = re.compile(
@@ -61,11 +63,22 @@ def child_env(spec: RunSpec) -> dict[str, str]:
             # of 1 does on 2 cores, instead of N x all cores fighting over them
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.num_devices))
     else:
+        # CUDA numbers GPUs fastest first by default; NVML (the parent's telemetry) by PCI bus
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         visible = env.get("CUDA_VISIBLE_DEVICES")
         ids = [v for v in visible.split(",") if v] if visible else []
         ids = ids or [str(i) for i in range(spec.num_devices)]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[: spec.num_devices])
     return env
+
+
+def sampled_gpus(spec: RunSpec, env: dict[str, str]) -> list[int]:
+    """The NVML indices of the GPUs the child may use (none for a CPU run)."""
+    if spec.device != "gpu":
+        return []
+    ids = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    return [int(v) for v in ids] if all(v.isdigit() for v in ids) else \
+        list(range(spec.num_devices))
 
 
 def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_path: Path
@@ -149,31 +162,54 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
     cmd = child_command(spec, python, spec_path, result_path)
     t0 = time.monotonic()
     timed_out = False
+    env = child_env(spec)
+    sampler = None
     with open(log_path, "wb") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
         try:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=child_env(spec), stdout=log,
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         except OSError as exc:
             return finish(rec, results_dir, "unavailable",
                           f"cannot start interpreter {python}: {exc.strerror}")
         try:
+            if spec.telemetry:
+                sampler = Sampler(proc.pid, sampled_gpus(spec, env),
+                                  spec.telemetry["interval_s"]).start()
             proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
         except BaseException:  # Ctrl-C or anything else: no orphans, no half record
             _kill_group(proc)
+            if sampler:
+                sampler.stop()
             raise
+    samples = sampler.stop() if sampler else None
     rec["returncode"] = proc.returncode
     rec["wall_time_s"] = round(time.monotonic() - t0, 3)
     if timed_out:
-        return finish(rec, results_dir, "timeout",
-                      f"exceeded timeout_s={spec.timeout_s:g}; process group killed")
-    status, reason = classify(proc.returncode, result_path, log_path, rec, spec)
+        status, reason = "timeout", f"exceeded timeout_s={spec.timeout_s:g}; process group killed"
+    else:
+        status, reason = classify(proc.returncode, result_path, log_path, rec, spec)
+    if sampler and samples is not None:
+        add_telemetry(rec, spec, sampler, samples, rdir / f"{spec.run_id}.telemetry.csv")
     return finish(rec, results_dir, status, reason)
+
+
+def add_telemetry(rec: dict[str, Any], spec: RunSpec, sampler: Sampler,
+                  samples: list[dict[str, Any]], path: Path) -> None:
+    """Cut the samples to the child's timed window: the series to path, a summary to rec."""
+    assert spec.telemetry is not None
+    start, end = rec.get("window_start"), rec.get("window_end")
+    write_series(path, samples, start, end)
+    rec["telemetry"] = summarise_telemetry(
+        samples, start, end, rec.get("samples"),
+        starved_below_pct=spec.telemetry["starved_below_pct"], interval_s=sampler.interval_s,
+        nvml_reason=sampler.nvml_reason, sampled_gpus=bool(sampler.handles))
+    rec["telemetry"]["path"] = f"{path.parent.name}/{path.name}"  # within the results folder
 
 
 def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, Any],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bench.registry import BASELINE_PIPELINE, COMMON_OPTIONS, PIPELINES, RUNNERS
@@ -41,6 +41,8 @@ class RunSpec:
     # the prepared dataset of a data: real or pipeline run: path, augmentation, workers (one)
     dataset: dict[str, Any] | None = None
     equivalence: dict[str, Any] | None = None
+    # the parent's sampler settings (config key telemetry); None: sampler off
+    telemetry: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,7 +117,7 @@ def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
                 scaling="weak", batch_size_per_device=batch, global_batch_size=batch, data="real",
                 precision="fp32", warmup_steps=cfg.warmup_steps, measure_steps=cfg.pipeline_steps,
                 repeat=repeat, timeout_s=cfg.timeout_s, mode="pipeline",
-                dataset={**cfg.dataset, "workers": workers},
+                dataset={**cfg.dataset, "workers": workers}, telemetry=_telemetry(cfg),
             ))
     return runs
 
@@ -148,4 +150,19 @@ def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, lab
         python=python,
         launcher=info.launcher,
         dataset=dataset,
-        )
+        telemetry=_telemetry(cfg),
+    )
+
+
+def _telemetry(cfg: SweepConfig) -> dict[str, Any] | None:
+    return dict(cfg.telemetry) if cfg.telemetry.get("enabled", True) else None
+
+
+def config_id(run_id: str) -> str:
+    """A run id without its repeat: the runs of one configuration share it."""
+    return run_id.rsplit("__r", 1)[0]
+
+
+def another_repeat(spec: RunSpec, repeat: int) -> RunSpec:
+    """The same run as spec, as repeat number `repeat` (an extra until_stable run)."""
+    return replace(spec, repeat=repeat, run_id=f"{config_id(spec.run_id)}__r{repeat}")

@@ -7,15 +7,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.records import load_records
+from bench.report_html import write_html
 from bench.stats import (
     BASELINE,
+    CV_TARGET,
     INPUT_BOUND_RATIO,
     PIPELINE_FIELDS,
     SUMMARY_FIELDS,
     summarise,
     summarise_pipelines,
 )
+from bench.telemetry_chart import render_telemetry_charts
 
 CHARTS = ("throughput.png", "efficiency.png", "largest_device_count.png")
 REAL_CHART, PIPELINE_CHART = "real_vs_synthetic.png", "pipelines.png"
@@ -79,7 +84,9 @@ def _ci_cell(low: float | None, high: float | None) -> str:
 def _flags(r: dict[str, Any]) -> str:
     """The row's trust flags (see bench/trust.py), or '-'."""
     names = [n for n, on in (("unstable", r.get("unstable")),
-                             ("not-steady", r.get("not_steady"))) if on]
+                             ("not-steady", r.get("not_steady")),
+                             ("noisy", r.get("noisy")),
+                             ("STARVED", r.get("starved"))) if on]
     return ",".join(names) or "-"
 
 
@@ -93,7 +100,7 @@ def _real_cell(r: dict[str, Any]) -> str:
 
 def _benchmark_table(rows: list[dict[str, Any]]) -> str:
     head = ("runner", "model", "devices", "batch", "prec", "data", "status", "img/s",
-            "95% CI", "speedup", "effic.", "real/syn", "flags")
+            "95% CI", "speedup", "effic.", "real/syn", "MFU", "flags")
     lines = [head]
     for r in rows:
         kind = "vcpu" if r["virtual_devices"] else r["device"]
@@ -109,6 +116,7 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
             f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-",
             f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else "-",
             _real_cell(r),
+            f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-",
             _flags(r),
         ))
     out = _columns(lines)
@@ -118,6 +126,12 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
     if any(r.get("not_steady") for r in rows):
         out += ["", "not-steady: a run's first fifth of timed steps ran below 90% of the rest: "
                 "raise warmup_steps"]
+    if any(r.get("noisy") for r in rows):
+        out += ["", "noisy: images/sec varied across repeats by more than the CV target "
+                "(until_stable.target_cv, else 5%)"]
+    if any(r.get("starved") for r in rows):
+        out += ["", "STARVED: the GPUs' mean utilisation in the timed window was below the "
+                "threshold (telemetry.starved_below_pct): input or synchronisation starves them"]
     if any(r.get("input_bound") for r in rows):
         out += ["", f"INPUT-BOUND: real data below {INPUT_BOUND_RATIO:.0%} of the same run on "
                 "synthetic data (the input pipeline sets the pace)"]
@@ -318,10 +332,22 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
     """Re-read a results folder's records; write summary.csv (and pipelines.csv) and the
     charts. Returns the benchmark rows, the pipeline rows and the chart paths."""
     records = load_records(results_dir)
-    rows, pipes = summarise(records), summarise_pipelines(records)
+    rows, pipes = summarise(records, cv_target(results_dir)), summarise_pipelines(records)
     write_summary(results_dir, rows)
     if pipes:
         write_summary(results_dir, pipes, "pipelines.csv", PIPELINE_FIELDS)
     charts = render_charts(results_dir, rows) if rows or not pipes else []
     extra = [render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes)]
-    return rows, pipes, charts + [c for c in extra if c]
+    charts += [c for c in extra if c]
+    telemetry = render_telemetry_charts(results_dir, records)
+    charts.append(write_html(results_dir, rows, pipes, records, charts, telemetry))
+    return rows, pipes, charts
+
+
+def cv_target(results_dir: Path) -> float:
+    """The sweep's until_stable.target_cv (from its config.yaml), else stats.CV_TARGET."""
+    try:
+        cfg = yaml.safe_load((Path(results_dir) / "config.yaml").read_text()) or {}
+        return float((cfg.get("until_stable") or {}).get("target_cv", CV_TARGET))
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return CV_TARGET

@@ -21,7 +21,8 @@ SUMMARY_FIELDS = (
     "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_ci_low",
     "images_per_sec_ci_high", "images_per_sec_std", "images_per_sec_cv", "mean_step_rate",
     "speedup", "speedup_ci_low", "speedup_ci_high", "scaling_efficiency",
-    "efficiency_ci_low", "efficiency_ci_high", "unstable", "not_steady",
+    "efficiency_ci_low", "efficiency_ci_high", "unstable", "not_steady", "noisy", "starved",
+    "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu", "peak_flops",
     "real_vs_synthetic", "input_bound", "reason",
 )
 PIPELINE_FIELDS = (
@@ -33,6 +34,9 @@ PIPELINE_FIELDS = (
 # its input pipeline, not the model, sets the pace.
 INPUT_BOUND_RATIO = 0.9
 BASELINE = "pil_loop"
+# Repeats whose images/sec vary more than this (coefficient of variation) are noisy, unless
+# the sweep's until_stable.target_cv says otherwise.
+CV_TARGET = 0.05
 
 
 def batch_of(rec: dict[str, Any]) -> int:
@@ -86,9 +90,39 @@ def run_flags(recs: list[dict[str, Any]]) -> dict[str, Any]:
             "mean_step_rate": statistics.median(means) if means else None}
 
 
-def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _median_of(recs: list[dict[str, Any]], *path: str) -> float | None:
+    """The median of a nested numeric field over records that have it."""
+    values = []
+    for rec in recs:
+        node: Any = rec
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, (int, float)) and not isinstance(node, bool):
+            values.append(node)
+    return statistics.median(values) if values else None
+
+
+def telemetry_columns(recs: list[dict[str, Any]], cv: float | None,
+                      cv_target: float) -> dict[str, Any]:
+    """A configuration's telemetry, energy and MFU (medians over its ok runs), and the
+    starved (any run's GPUs below the threshold) and noisy (CV above target) flags."""
+    starved = [r["telemetry"]["starved"] for r in recs
+               if (r.get("telemetry") or {}).get("starved") is not None]
+    return {
+        "noisy": None if cv is None else cv > cv_target,
+        "starved": any(starved) if starved else None,
+        "gpu_util_pct": _median_of(recs, "telemetry", "gpu_util_mean_pct"),
+        "run_cpu_cores": _median_of(recs, "telemetry", "host", "run_cpu_cores_mean"),
+        "joules_per_image": _median_of(recs, "telemetry", "joules_per_image"),
+        "mfu": _median_of(recs, "mfu", "mfu"),
+        "peak_flops": _median_of(recs, "mfu", "peak_flops"),
+    }
+
+
+def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
+              ) -> list[dict[str, Any]]:
     """One row per configuration and device count: the median images/sec over repeats with
-    its 95% bootstrap interval, spread, and the flags of run_flags.
+    its 95% bootstrap interval, spread, the flags of run_flags, and telemetry_columns.
 
     Speedup is the median against the median of the 1-device row of the same runner, model,
     data, batch, precision, scaling and device kind (interval: bootstrap of that ratio); rows
@@ -119,6 +153,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "images_per_sec_std": statistics.stdev(ok) if len(ok) > 1 else None,
             "images_per_sec_cv": coefficient_of_variation(ok),
             **run_flags(ok_recs),
+            **telemetry_columns(ok_recs, coefficient_of_variation(ok), cv_target),
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
             "_group": key[:-1], "_ok": ok,
         })
