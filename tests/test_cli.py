@@ -192,3 +192,19 @@ def test_pipeline_mode_times_the_naive_loop_and_reports_it(tmp_path: Path,
     assert [(r["pipeline"], r["loader_workers"], r["vs_baseline"]) for r in rows] == [
         ("pil_loop", "0", "1.0")]
     assert (out / "charts" / "pipelines.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(("target", "expected"), [(0.99, 2), (1e-9, 4)])
+def test_until_stable_adds_repeats_until_the_cv_target_or_the_maximum(
+        tmp_path: Path, target: float, expected: int) -> None:
+    out = tmp_path / "out"
+    cfg = toy_config(tmp_path, "ok", devices=[1], repeats=2,
+                     until_stable={"target_cv": target, "max_repeats": 4})
+    proc = toy_cli("--config", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    recs = load_records(out)
+    assert sorted(r["repeat"] for r in recs) == list(range(expected))
+    assert proc.stdout.count("[until_stable: cv") == expected - 2
+    with open(out / "summary.csv") as fh:
+        row = next(csv.DictReader(fh))
+    assert row["runs_total"] == str(expected)

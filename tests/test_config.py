@@ -249,3 +249,41 @@ def test_pipeline_runs_cover_pipelines_models_batches_and_worker_counts(tmp_path
     assert validate({**BASE, "pipeline_steps": 50}).pipeline_steps == 50
     with pytest.raises(ConfigError, match="^pipeline_steps: 0 is not allowed"):
         validate({**BASE, "pipeline_steps": 0})
+
+
+def test_until_stable_and_telemetry_defaults() -> None:
+    cfg = validate(dict(BASE))
+    assert cfg.until_stable is None
+    assert cfg.telemetry == {"enabled": True, "interval_s": 0.25, "starved_below_pct": 50.0}
+    cfg = validate({**BASE, "repeats": 3, "until_stable": {"target_cv": 0.03},
+                    "telemetry": {"interval_s": 1, "starved_below_pct": 70}})
+    assert cfg.until_stable == {"target_cv": 0.03, "max_repeats": 10}
+    assert cfg.telemetry["interval_s"] == 1.0 and cfg.telemetry["starved_below_pct"] == 70.0
+    assert validate({**BASE, "telemetry": False}).telemetry["enabled"] is False
+    assert validate(cfg.to_dict()).until_stable == cfg.until_stable
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"repeats": 1, "until_stable": {"target_cv": 0.02}}, "repeats: 1 is not allowed"),
+    ({"repeats": 3, "until_stable": {"target_cv": 2}}, "until_stable.target_cv: 2"),
+    ({"repeats": 3, "until_stable": {"cv": 0.1}}, "until_stable.cv: 0.1 is not allowed"),
+    ({"repeats": 3, "until_stable": {"max_repeats": 2}}, "until_stable.max_repeats: 2"),
+    ({"until_stable": "yes"}, "until_stable: 'yes'"),
+    ({"telemetry": {"interval_s": 0}}, "telemetry.interval_s: 0 is not allowed"),
+    ({"telemetry": {"starved_below_pct": 120}}, "telemetry.starved_below_pct: 120"),
+    ({"telemetry": {"gpu": True}}, "telemetry.gpu: True is not allowed"),
+    ({"telemetry": "on"}, "telemetry: 'on'"),
+])
+def test_bad_until_stable_and_telemetry(changes: dict, words: str) -> None:
+    assert words in bad(**changes)
+
+
+def test_runs_carry_the_telemetry_settings_unless_off() -> None:
+    from bench.plan import another_repeat, config_id, expand
+
+    runs = expand(validate({**BASE, "telemetry": {"interval_s": 0.5}}), "s")
+    assert runs[0].telemetry == {"enabled": True, "interval_s": 0.5, "starved_below_pct": 50.0}
+    assert expand(validate({**BASE, "telemetry": False}), "s")[0].telemetry is None
+    extra = another_repeat(runs[0], 7)
+    assert extra.repeat == 7 and extra.run_id.endswith("__r7")
+    assert config_id(extra.run_id) == config_id(runs[0].run_id)

@@ -57,8 +57,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         train_step(w, x, y, 0.1)
     timer, losses, steps = StepTimer(), [], 0
     timer.start()
+    busy_s = float(spec["options"].get("busy_s") or 0)  # CPU burnt per step: a window to sample
     for _ in range(spec["measure_steps"]):
         losses.append(train_step(w, x, y, 0.1))
+        end = time.perf_counter() + busy_s
+        while time.perf_counter() < end:
+            pass
         steps += 1
         timer.tick()
     if behaviour == "nan":
