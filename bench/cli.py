@@ -15,6 +15,7 @@ from bench import REPO_ROOT, environment
 from bench.config import ConfigError, SweepConfig, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
+from bench.peak import FAMILY_FRAMEWORK, measure_peak
 from bench.plan import RunSpec, another_repeat, config_id, expand
 from bench.records import done_run_ids, load_records, write_json_atomic
 from bench.registry import FAMILIES, PIPELINES, RUNNERS
@@ -263,11 +264,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     blocked = {r.run_id: why for r in todo if (why := precheck(r, visible_gpus))}
     pythons = interpreters([r for r in todo if r.run_id not in blocked], cfg.device,
                            args.quiet_setup)
+    peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env, out)
     try:
         for i, spec in enumerate(todo, 1):
-            run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env)
+            run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks)
         if cfg.until_stable:
-            repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env)
+            repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env, peaks)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished records are kept in {out}; "
               f"continue with --resume --out {out}", file=sys.stderr)
@@ -282,8 +284,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],
+                  out: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The measured matmul peak (bench/peak.py, cached) of each interpreter and precision the
+    benchmark runs use, for their MFU; also written to peaks.json."""
+    peaks: dict[tuple[str, str], dict[str, Any]] = {}
+    for spec in runs:
+        python = python_for(spec, pythons)
+        key = (str(python), spec.precision)
+        if spec.mode != "benchmark" or key in peaks or spec.family not in FAMILY_FRAMEWORK \
+                or python is None or isinstance(python, Exception):
+            continue
+        print(f"peak: {spec.family} {spec.device} {spec.precision} matmul probe ...", end=" ",
+              flush=True)
+        peak = measure_peak(spec.family, python, spec.device, spec.precision, env)
+        peaks[key] = peak
+        print(f"{peak['peak_flops'] / 1e9:.1f} GFLOP/s" + (" (cached)" if peak["cached"] else "")
+              if peak["status"] == "ok" else f"{peak['status']}: {peak.get('reason')}",
+              flush=True)
+    if peaks:
+        write_json_atomic(out / "peaks.json", [{"python": k[0], **v} for k, v in peaks.items()])
+    return peaks
+
+
 def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
-                  pythons: dict[str, Any], out: Path, env: dict[str, Any]) -> dict[str, Any]:
+                  pythons: dict[str, Any], out: Path, env: dict[str, Any],
+                  peaks: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
     """Run (or record as blocked) one spec, with a progress line."""
     label = (f"{tag} pipeline {spec.runner} {spec.model} "
              f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
@@ -295,7 +321,7 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
     if spec.run_id in blocked:
         rec = record_without_run(spec, out, env, *blocked[spec.run_id])
     else:
-        rec = run_one(spec, pythons, out, env)
+        rec = run_one(spec, pythons, out, env, peaks)
     took = time.monotonic() - t0
     detail = f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok" else rec["reason"]
     print(f"{rec['status']} ({took:.1f}s) {detail}", flush=True)
@@ -304,7 +330,8 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
 
 def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
                         blocked: dict[str, tuple[str, str]], pythons: dict[str, Any], out: Path,
-                        env: dict[str, Any]) -> None:
+                        env: dict[str, Any], peaks: dict[tuple[str, str], dict[str, Any]]
+                        ) -> None:
     """Extra repeats, one per unsettled configuration per round (so slow drift spreads over
     all of them), until each one's CV of images/sec is at most target_cv or it has
     max_repeats runs. A configuration with fewer than two ok runs is left alone."""
@@ -330,7 +357,7 @@ def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
         for spec, cv in todo:
             run_and_print(spec, f"[until_stable: cv {cv:.1%} > {rule['target_cv']:.1%}, "
                                 f"repeat {spec.repeat + 1}/{rule['max_repeats']}]",
-                          blocked, pythons, out, env)
+                          blocked, pythons, out, env, peaks)
 
 
 def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:
@@ -346,12 +373,17 @@ def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:
     return None
 
 
-def run_one(spec: RunSpec, pythons: dict[str, Any], out: Path,
-            env: dict[str, Any]) -> dict[str, Any]:
-    """Launch one run in its family's interpreter, or record why there is none."""
-    python = interpreter_for(spec.family, spec.device, spec.python) if spec.python \
+def python_for(spec: RunSpec, pythons: dict[str, Any]) -> Any:
+    """The run's interpreter: the user's, or its family's (an EnvError if that failed)."""
+    return interpreter_for(spec.family, spec.device, spec.python) if spec.python \
         else pythons.get(spec.family)
+
+
+def run_one(spec: RunSpec, pythons: dict[str, Any], out: Path, env: dict[str, Any],
+            peaks: dict[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Launch one run in its family's interpreter, or record why there is none."""
+    python = python_for(spec, pythons)
     if isinstance(python, Exception) or python is None:
         return record_without_run(spec, out, env, "unavailable",
                                   f"{spec.family} environment: {python}")
-    return launch(spec, python, out, env)
+    return launch(spec, python, out, env, (peaks or {}).get((str(python), spec.precision)))

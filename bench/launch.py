@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.mfu import mfu
 from bench.plan import RunSpec
 from bench.records import (
     SCHEMA_VERSION,
@@ -31,6 +32,7 @@ from bench.records import (
 )
 from bench.telemetry import Sampler, write_series
 from bench.telemetry import summarise as summarise_telemetry
+from models import get_spec
 
 KILL_GRACE_S = 5.0
 OOM_PATTERNS = re.compile(
@@ -148,8 +150,9 @@ def record_without_run(spec: RunSpec, results_dir: Path, environment: dict[str, 
 
 
 def launch(spec: RunSpec, python: str | Path, results_dir: Path,
-           environment: dict[str, Any]) -> dict[str, Any]:
-    """Run spec in a child process; write and return its record. Ctrl-C kills the child."""
+           environment: dict[str, Any], peak: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run spec in a child process; write and return its record (with its MFU against peak,
+    the device's measured matmul peak, when given). Ctrl-C kills the child."""
     rdir = runs_dir(results_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     spec_path = rdir / f"{spec.run_id}.spec.json"
@@ -196,7 +199,24 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
         status, reason = classify(proc.returncode, result_path, log_path, rec, spec)
     if sampler and samples is not None:
         add_telemetry(rec, spec, sampler, samples, rdir / f"{spec.run_id}.telemetry.csv")
+    if peak is not None and status == "ok" and spec.mode == "benchmark":
+        rec["mfu"] = run_mfu(spec, rec["images_per_sec"], peak)
     return finish(rec, results_dir, status, reason)
+
+
+def run_mfu(spec: RunSpec, images_per_sec: float, peak: dict[str, Any]) -> dict[str, Any]:
+    """The run's model FLOPs utilisation and what it was measured against."""
+    try:
+        forward = get_spec(spec.model).flops_per_sample
+    except KeyError:
+        forward = None
+    ok = peak.get("status") == "ok"
+    out = mfu(images_per_sec, forward, peak.get("peak_flops") if ok else None,
+              spec.num_devices, shared_device=spec.virtual_devices)
+    out["peak"] = {k: peak.get(k) for k in (
+        "status", "reason", "peak_flops", "device_type", "precision", "dtype", "framework",
+        "framework_version", "device_name", "n", "measured_at", "cached", "cache_path")}
+    return out
 
 
 def add_telemetry(rec: dict[str, Any], spec: RunSpec, sampler: Sampler,

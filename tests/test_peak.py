@@ -1,0 +1,172 @@
+"""MFU: the arithmetic, the peak cache's key, and the matmul probe for real in each family's
+environment on CPU (measured once, cached, failures returned as records and never cached)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.mfu import TRAINING_FLOPS_FACTOR, mfu
+from bench.peak import cache_key, device_type, measure_peak
+
+CPU_ENV = {"cpu_model": "AMD EPYC", "cpu_cores": 2, "gpus": []}
+GPU_ENV = {"cpu_model": "Intel Xeon", "cpu_cores": 80,
+           "gpus": [{"index": 0, "name": "Tesla V100-SXM2-16GB"},
+                    {"index": 1, "name": "Tesla V100-SXM2-16GB"}]}
+
+
+def test_mfu_on_four_gpus() -> None:
+    out = mfu(100.0, 1_000_000_000, 1e12, 4, shared_device=False)
+    assert TRAINING_FLOPS_FACTOR == 3
+    assert out["training_flops_per_sample"] == 3e9
+    assert out["achieved_flops"] == pytest.approx(3e11)
+    assert out["peak_flops"] == pytest.approx(4e12)
+    assert out["mfu"] == pytest.approx(0.075)
+
+
+def test_mfu_on_virtual_devices_sharing_one_host() -> None:
+    out = mfu(100.0, 1_000_000_000, 1e12, 4, shared_device=True)
+    assert out["peak_flops"] == pytest.approx(1e12)
+    assert out["mfu"] == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("ips, flops, peak", [(None, 10**9, 1e12), (100.0, None, 1e12),
+                                              (100.0, 10**9, None), (100.0, 10**9, 0.0),
+                                              (100.0, 10**9, -1.0)])
+def test_mfu_is_none_without_an_input_or_a_positive_peak(ips: float | None, flops: int | None,
+                                                          peak: float | None) -> None:
+    out = mfu(ips, flops, peak, 2, shared_device=False)
+    assert out["mfu"] is None
+    if ips is not None and flops is not None:  # what was measured is still reported
+        assert out["achieved_flops"] == pytest.approx(ips * 3 * flops)
+
+
+def test_device_type() -> None:
+    assert device_type("cpu", CPU_ENV) == "cpu: AMD EPYC x2"
+    assert device_type("cpu", GPU_ENV) == "cpu: Intel Xeon x80"
+    assert device_type("gpu", GPU_ENV) == "Tesla V100-SXM2-16GB"
+    assert device_type("gpu", CPU_ENV) == "gpu: unknown"
+
+
+def test_cache_key_names_interpreter_device_precision_and_framework(tmp_path: Path) -> None:
+    base = cache_key("/envs/torch/bin/python", "cpu: AMD EPYC x2", "fp32", "torch")
+    assert base == cache_key("/envs/torch/bin/python", "cpu: AMD EPYC x2", "fp32", "torch")
+    others = {cache_key("/envs/torch/bin/python", "cpu: AMD EPYC x2", "bf16", "torch"),
+              cache_key("/envs/torch/bin/python", "cpu: AMD EPYC x4", "fp32", "torch"),
+              cache_key("/envs/torch/bin/python", "Tesla V100-SXM2-16GB", "fp32", "torch"),
+              cache_key("/envs/torch/bin/python", "cpu: AMD EPYC x2", "fp32", "jax"),
+              cache_key("/envs/jax/bin/python", "cpu: AMD EPYC x2", "fp32", "torch")}
+    assert base not in others and len(others) == 5
+    # two venvs whose bin/python link to the same base interpreter are still two keys
+    for name in ("a", "b"):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        (tmp_path / name / "bin" / "python").symlink_to("/usr/bin/env")
+    assert cache_key(tmp_path / "a/bin/python", "cpu", "fp32", "torch") != \
+        cache_key(tmp_path / "b/bin/python", "cpu", "fp32", "torch")
+
+
+def test_missing_interpreter_is_a_record_and_not_cached(tmp_path: Path) -> None:
+    rec = measure_peak("torch", tmp_path / "nowhere/bin/python", "cpu", "fp32", CPU_ENV,
+                       cache_dir=tmp_path / "peaks")
+    assert rec["status"] == "unavailable"
+    assert "cannot start interpreter" in rec["reason"] and "\n" not in rec["reason"]
+    assert rec["cached"] is False and rec["cache_path"] is None
+    assert (rec["family"], rec["device"], rec["precision"]) == ("torch", "cpu", "fp32")
+    assert rec["device_type"] == "cpu: AMD EPYC x2" and rec["measured_at"]
+    assert list((tmp_path / "peaks").glob("peak-*.json")) == []
+
+
+def _probe(family: str, python: str, tmp_path: Path, precision: str = "fp32",
+           **kwargs: float) -> dict:
+    return measure_peak(family, python, "cpu", precision, CPU_ENV, cache_dir=tmp_path,
+                        seconds=1.0, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.framework("torch")
+def test_torch_peak_is_measured_once_then_cached(tmp_path: Path, torch_python: str) -> None:
+    rec = _probe("torch", torch_python, tmp_path)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["peak_flops"] > 1e8 and rec["peak_flops"] == max(rec["trials_flops"])
+    assert rec["dtype"] == "float32" and rec["framework"] == "torch"
+    assert rec["framework_version"].startswith("2.13.0")
+    assert rec["n"] >= 256 and rec["cached"] is False
+    assert Path(rec["cache_path"]).is_file()
+    t0 = time.monotonic()
+    again = _probe("torch", torch_python, tmp_path)
+    assert time.monotonic() - t0 < 2
+    assert again["cached"] is True and again["cache_path"] == rec["cache_path"]
+    assert again["peak_flops"] == rec["peak_flops"]
+    assert again["measured_at"] == rec["measured_at"]
+    bf16 = _probe("torch", torch_python, tmp_path, "bf16")  # another precision, another peak
+    assert bf16["status"] == "ok" and bf16["cached"] is False and bf16["dtype"] == "bfloat16"
+
+
+@pytest.mark.slow
+@pytest.mark.framework("torch")
+def test_probe_failures_are_records(tmp_path: Path, torch_python: str) -> None:
+    # mxnet's probe in torch's environment: the framework is not there
+    missing = _probe("mxnet", torch_python, tmp_path)
+    assert missing["status"] == "unavailable"
+    assert missing["reason"].startswith("mxnet is not installed here")
+    late = _probe("torch", torch_python, tmp_path, timeout_s=0.5)
+    assert late["status"] == "timeout" and "killed" in late["reason"]
+    assert list(tmp_path.glob("peak-*.json")) == []
+    assert list(tmp_path.iterdir()) == []  # no result files left behind either
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_jax_peak(tmp_path: Path, jax_python: str) -> None:
+    rec = _probe("jax", jax_python, tmp_path)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["peak_flops"] > 1e8 and rec["framework"] == "jax"
+
+
+@pytest.mark.slow
+@pytest.mark.framework("tf")
+def test_tf_peak(tmp_path: Path, tf_python: str) -> None:
+    rec = _probe("tf", tf_python, tmp_path)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["peak_flops"] > 1e8 and rec["framework_version"].startswith("2.21")
+
+
+@pytest.mark.slow
+@pytest.mark.framework("mxnet")
+def test_mxnet_peak_and_its_cpu_half_precisions(tmp_path: Path, mxnet_python: str) -> None:
+    rec = _probe("mxnet", mxnet_python, tmp_path)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["peak_flops"] > 1e8 and rec["framework_version"] == "1.9.1"
+    # MXNet 1.9's dot takes float16 on GPU only, and NDArray has no bfloat16
+    for precision, words in (("fp16", "dot only supports float32/float64 for CPU"),
+                             ("bf16", "bfloat16")):
+        rec = _probe("mxnet", mxnet_python, tmp_path, precision)
+        assert rec["status"] == "unavailable" and words in rec["reason"], rec["reason"]
+        assert rec["cache_path"] is None
+
+
+@pytest.mark.slow
+def test_sweep_records_carry_mfu_against_the_cached_peak(tmp_path: Path, tf_python: str) -> None:
+    """The CPU smoke sweep: peaks.json, each record's MFU and its inputs, the summary column."""
+    import csv
+    import json
+
+    from models import get_spec
+    from tests.conftest import smoke_sweep
+
+    records = smoke_sweep(tmp_path)
+    peaks = json.loads((tmp_path / "peaks.json").read_text())
+    assert [(p["family"], p["precision"], p["status"]) for p in peaks] == [("tf", "fp32", "ok")]
+    forward = get_spec("minigooglenet").flops_per_sample
+    for n, rec in records.items():
+        m = rec["mfu"]
+        assert m["peak"]["status"] == "ok" and m["peak"]["peak_flops"] == peaks[0]["peak_flops"]
+        # virtual CPU devices share the host: the peak is not multiplied by n
+        assert m["peak_flops"] == peaks[0]["peak_flops"]
+        assert m["mfu"] == pytest.approx(rec["images_per_sec"] * TRAINING_FLOPS_FACTOR * forward
+                                         / peaks[0]["peak_flops"])
+        assert 0 < m["mfu"] < 1.5, (n, m)  # CPU peaks here are rough (best of noisy trials)
+    with open(tmp_path / "summary.csv") as fh:
+        assert all(float(row["mfu"]) > 0 for row in csv.DictReader(fh))

@@ -1,0 +1,81 @@
+"""The harness's own overhead: one run launched by the harness (telemetry on) against the same
+run started by hand (the runner module with the same spec, nothing watching), alternated so
+drift hits both alike. Prints the medians, the ratio with a 95% bootstrap interval, and the
+telemetry cost.
+
+    python -m tools.harness_overhead --config configs/cpu-smoke.yaml --pairs 5 \
+        --set devices=1 --set measure_steps=30
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import REPO_ROOT, environment
+from bench.config import load_config
+from bench.envs import ensure_env
+from bench.launch import launch
+from bench.plan import RunSpec, expand
+from bench.trust import ratio_ci
+
+
+def by_hand(spec: RunSpec, python: Path, work: Path) -> float:
+    """Start the runner as a user would, with the spec file: images/sec from its result."""
+    spec_path, result_path = work / "hand.spec.json", work / "hand.result.json"
+    spec_path.write_text(json.dumps(spec.to_dict()))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    if spec.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    subprocess.run([str(python), "-m", spec.module, "--spec", str(spec_path), "--result",
+                    str(result_path)], cwd=REPO_ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = json.loads(result_path.read_text())
+    if result.get("status") != "ok":
+        raise SystemExit(f"hand-started run failed: {result.get('reason')}")
+    return float(result["images_per_sec"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/cpu-smoke.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--pairs", type=int, default=5)
+    args = p.parse_args()
+    cfg = load_config(args.config, args.set)
+    spec = expand(cfg, "overhead")[0]
+    if spec.telemetry is None:
+        raise SystemExit("telemetry is off in this config; the point is to measure it on")
+    python = ensure_env(spec.family, cfg.device).python
+    env = environment.capture()
+    harness, hand = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for i in range(args.pairs):
+            rec = launch(dataclasses.replace(spec, run_id=f"overhead-{i}"), python, work, env)
+            if rec["status"] != "ok":
+                raise SystemExit(f"harness run failed: {rec['reason']}")
+            harness.append(rec["images_per_sec"])
+            hand.append(by_hand(spec, python, work))
+            print(f"pair {i + 1}/{args.pairs}: harness {harness[-1]:.2f}  hand {hand[-1]:.2f} "
+                  f"img/s  (telemetry: {rec['telemetry']['samples']} samples)", flush=True)
+    ratio = statistics.median(harness) / statistics.median(hand)
+    low, high = ratio_ci(harness, hand)
+    print(f"\n{spec.runner} {spec.model} n={spec.num_devices} b={spec.global_batch_size} "
+          f"{spec.measure_steps} timed steps, telemetry every {spec.telemetry['interval_s']} s")
+    print(f"harness median {statistics.median(harness):.2f} img/s, by hand "
+          f"{statistics.median(hand):.2f} img/s")
+    ci = f" (95% CI {low:.3f}-{high:.3f})" if low is not None else ""
+    print(f"harness / by hand = {ratio:.3f}{ci}; target >= 0.98")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
