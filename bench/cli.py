@@ -15,7 +15,7 @@ from bench import REPO_ROOT, environment
 from bench.config import ConfigError, SweepConfig, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
-from bench.peak import FAMILY_FRAMEWORK, measure_peak
+from bench.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
 from bench.plan import RunSpec, another_repeat, config_id, expand
 from bench.records import done_run_ids, load_records, write_json_atomic
 from bench.registry import FAMILIES, PIPELINES, RUNNERS
@@ -287,7 +287,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],
                   out: Path) -> dict[tuple[str, str], dict[str, Any]]:
     """The measured matmul peak (bench/peak.py, cached) of each interpreter and precision the
-    benchmark runs use, for their MFU; also written to peaks.json."""
+    benchmark runs use (written to peaks.json); each key maps to the machine's best peak on
+    that device type and precision, with the interpreter's own under "own"."""
     peaks: dict[tuple[str, str], dict[str, Any]] = {}
     for spec in runs:
         python = python_for(spec, pythons)
@@ -304,6 +305,9 @@ def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, A
               flush=True)
     if peaks:
         write_json_atomic(out / "peaks.json", [{"python": k[0], **v} for k, v in peaks.items()])
+    for key, own in peaks.items():
+        best = machine_peak(own.get("device_type", ""), key[1], extra=tuple(peaks.values()))
+        peaks[key] = {**(best or own), "own": own}
     return peaks
 
 

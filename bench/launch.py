@@ -179,8 +179,11 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
                           f"cannot start interpreter {python}: {exc.strerror}")
         try:
             if spec.telemetry:
-                sampler = Sampler(proc.pid, sampled_gpus(spec, env),
-                                  spec.telemetry["interval_s"]).start()
+                try:
+                    sampler = Sampler(proc.pid, sampled_gpus(spec, env),
+                                      spec.telemetry["interval_s"]).start()
+                except Exception as exc:  # telemetry is evidence, never a reason to lose a run
+                    rec["telemetry"] = {"note": f"sampler did not start: {_first_line(str(exc))}"}
             proc.wait(timeout=spec.timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -205,17 +208,27 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
 
 
 def run_mfu(spec: RunSpec, images_per_sec: float, peak: dict[str, Any]) -> dict[str, Any]:
-    """The run's model FLOPs utilisation and what it was measured against."""
+    """The run's model FLOPs utilisation against the machine's best measured peak (peak), and
+    against its own environment's probe (peak["own"]), with what each was."""
     try:
         forward = get_spec(spec.model).flops_per_sample
     except KeyError:
         forward = None
-    ok = peak.get("status") == "ok"
-    out = mfu(images_per_sec, forward, peak.get("peak_flops") if ok else None,
-              spec.num_devices, shared_device=spec.virtual_devices)
-    out["peak"] = {k: peak.get(k) for k in (
-        "status", "reason", "peak_flops", "device_type", "precision", "dtype", "framework",
-        "framework_version", "device_name", "n", "measured_at", "cached", "cache_path")}
+    def flops(p: dict[str, Any]) -> float | None:
+        return p.get("peak_flops") if p.get("status") == "ok" else None
+
+    def meta(p: dict[str, Any]) -> dict[str, Any]:
+        return {k: p.get(k) for k in (
+            "status", "reason", "peak_flops", "device_type", "precision", "dtype", "family",
+            "framework", "framework_version", "device_name", "n", "measured_at", "cache_path")}
+
+    own = peak.get("own") or peak
+    out = mfu(images_per_sec, forward, flops(peak), spec.num_devices,
+              shared_device=spec.virtual_devices)
+    # against the run's own framework's matmul: how close its kernels get to their own best
+    out["mfu_own_peak"] = mfu(images_per_sec, forward, flops(own), spec.num_devices,
+                              shared_device=spec.virtual_devices)["mfu"]
+    out["peak"], out["own_peak"] = meta(peak), meta(own)
     return out
 
 

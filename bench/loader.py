@@ -34,6 +34,20 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
     row["layout"] = result.get("layout")
     for key, value in (rec.get("options") or {}).items():
         row[f"opt_{key}"] = value
+    tel = rec.get("telemetry") or {}
+    host = tel.get("host") or {}
+    row.update({
+        "gpu_util_pct": tel.get("gpu_util_mean_pct"), "starved": tel.get("starved"),
+        "joules_per_image": tel.get("joules_per_image"), "energy_j": tel.get("energy_j"),
+        "run_cpu_cores": host.get("run_cpu_cores_mean"),
+        "run_rss_max_bytes": host.get("run_rss_max_bytes"),
+        "host_cpu_util_pct": host.get("cpu_util_mean_pct"),
+        "gpu_mem_peak_bytes": max((g["mem_used_peak_bytes"] or 0 for g in tel.get("gpus") or []),
+                                  default=None),
+        "telemetry_path": tel.get("path"),
+    })
+    m = rec.get("mfu") or {}
+    row["mfu"], row["peak_flops"] = m.get("mfu"), m.get("peak_flops")
     return row
 
 

@@ -139,3 +139,19 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
+
+
+def machine_peak(device_type_name: str, precision: str, cache_dir: Path | None = None,
+                 extra: tuple[dict[str, Any], ...] = ()) -> dict[str, Any] | None:
+    """The highest ok peak any environment measured on this device type at this precision
+    (cached probes plus `extra`): the machine's demonstrated limit. Frameworks' matmuls differ
+    (MXNet's CPU dot reached 40% of TensorFlow's here), so one framework's probe is no
+    ceiling for another's convolutions."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    found = list(extra)
+    for path in cache_dir.glob("peak-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(json.loads(path.read_text()))
+    ok = [p for p in found if p.get("status") == "ok" and p.get("device_type") ==
+          device_type_name and p.get("precision") == precision and p.get("peak_flops")]
+    return max(ok, key=lambda p: p["peak_flops"]) if ok else None

@@ -13,6 +13,7 @@ import pytest
 
 from bench import environment
 from bench.launch import launch
+from bench.loader import load_results
 from bench.plan import RunSpec
 from bench.report import build_report, format_table
 from bench.stats import summarise
@@ -193,6 +194,9 @@ def test_report_html_lists_flagged_rows_and_telemetry_charts(tmp_path: Path) -> 
     page = (tmp_path / "report.html").read_text()
     assert tmp_path / "report.html" in charts
     assert "<i>starved</i>" in page and 'href="charts/telemetry/r__n1__r0.png"' in page
+    df = load_results(tmp_path)
+    assert df.loc[0, "starved"] and df.loc[0, "gpu_util_pct"] == 30.0
+    assert df.loc[0, "telemetry_path"] == "runs/r__n1__r0.telemetry.csv"
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """The harness's own overhead: one run launched by the harness (telemetry on) against the same
-run started by hand (the runner module with the same spec, nothing watching), alternated so
-drift hits both alike. Prints the medians, the ratio with a 95% bootstrap interval, and the
-telemetry cost.
+run started by hand (the runner module with the same spec, nothing watching), and launched by
+the harness with telemetry off (to tell the sampler's cost from the launcher's), rotated so
+drift hits all three alike. Prints the medians and the ratios with 95% bootstrap intervals.
 
     python -m tools.harness_overhead --config configs/cpu-smoke.yaml --pairs 5 \
         --set devices=1 --set measure_steps=30
@@ -47,7 +47,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/cpu-smoke.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--pairs", type=int, default=5)
+    p.add_argument("--pairs", type=int, default=5, help="rounds of the three arms")
     args = p.parse_args()
     cfg = load_config(args.config, args.set)
     spec = expand(cfg, "overhead")[0]
@@ -55,25 +55,35 @@ def main() -> int:
         raise SystemExit("telemetry is off in this config; the point is to measure it on")
     python = ensure_env(spec.family, cfg.device).python
     env = environment.capture()
-    harness, hand = [], []
+    arms: dict[str, list[float]] = {"harness": [], "hand": [], "no_telemetry": []}
+
+    def harness_run(telemetry: bool, i: int) -> float:
+        s = dataclasses.replace(spec, run_id=f"overhead-{i}-{telemetry}",
+                                telemetry=spec.telemetry if telemetry else None)
+        rec = launch(s, python, work, env)
+        if rec["status"] != "ok":
+            raise SystemExit(f"harness run failed: {rec['reason']}")
+        return float(rec["images_per_sec"])
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        runs = {"harness": lambda i: harness_run(True, i), "hand": lambda i: by_hand(
+            spec, python, work), "no_telemetry": lambda i: harness_run(False, i)}
+        order = list(runs)
         for i in range(args.pairs):
-            rec = launch(dataclasses.replace(spec, run_id=f"overhead-{i}"), python, work, env)
-            if rec["status"] != "ok":
-                raise SystemExit(f"harness run failed: {rec['reason']}")
-            harness.append(rec["images_per_sec"])
-            hand.append(by_hand(spec, python, work))
-            print(f"pair {i + 1}/{args.pairs}: harness {harness[-1]:.2f}  hand {hand[-1]:.2f} "
-                  f"img/s  (telemetry: {rec['telemetry']['samples']} samples)", flush=True)
-    ratio = statistics.median(harness) / statistics.median(hand)
-    low, high = ratio_ci(harness, hand)
+            for name in order[i % 3:] + order[:i % 3]:  # rotate who goes first
+                arms[name].append(runs[name](i))
+            print(f"round {i + 1}/{args.pairs}: " + "  ".join(
+                f"{k} {v[-1]:.2f}" for k, v in arms.items()) + " img/s", flush=True)
+    med = {k: statistics.median(v) for k, v in arms.items()}
     print(f"\n{spec.runner} {spec.model} n={spec.num_devices} b={spec.global_batch_size} "
           f"{spec.measure_steps} timed steps, telemetry every {spec.telemetry['interval_s']} s")
-    print(f"harness median {statistics.median(harness):.2f} img/s, by hand "
-          f"{statistics.median(hand):.2f} img/s")
-    ci = f" (95% CI {low:.3f}-{high:.3f})" if low is not None else ""
-    print(f"harness / by hand = {ratio:.3f}{ci}; target >= 0.98")
+    print("medians: " + ", ".join(f"{k} {v:.2f} img/s" for k, v in med.items()))
+    for num, den in (("harness", "hand"), ("no_telemetry", "hand"), ("harness", "no_telemetry")):
+        low, high = ratio_ci(arms[num], arms[den])
+        ci = f" (95% CI {low:.3f}-{high:.3f})" if low is not None else ""
+        print(f"{num} / {den} = {med[num] / med[den]:.3f}{ci}"
+              + ("; target >= 0.98" if (num, den) == ("harness", "hand") else ""))
     return 0
 
 
