@@ -9,13 +9,13 @@ trial's FLOP/s. The parent (bench/peak.py) runs it once per environment and devi
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from bench.environment import cpu_model
 from runners.common import write_json_atomic
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -30,17 +30,6 @@ Backend = Callable[[str, str], tuple[str, str, Setup]]
 
 class Unavailable(RuntimeError):
     """The framework, the device or the dtype is not there; the message says which."""
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -73,7 +62,7 @@ def _torch(device: str, dtype: str) -> tuple[str, str, Setup]:
                     c = c @ b
             sync()
         return run
-    name = torch.cuda.get_device_name(0) if device == "gpu" else _cpu_name()
+    name = torch.cuda.get_device_name(0) if device == "gpu" else cpu_model()
     return torch.__version__, name, setup
 
 
@@ -97,13 +86,13 @@ def _jax(device: str, dtype: str) -> tuple[str, str, Setup]:
                 c = step(c, b)
             c.block_until_ready()
         return run
-    return jax.__version__, dev.device_kind if device == "gpu" else _cpu_name(), setup
+    return jax.__version__, dev.device_kind if device == "gpu" else cpu_model(), setup
 
 
 def _tf(device: str, dtype: str) -> tuple[str, str, Setup]:
     import tensorflow as tf
 
-    name = _cpu_name()
+    name = cpu_model()
     if device == "gpu":  # listing GPUs initialises them all: only when the run is on GPU
         gpus = tf.config.list_physical_devices("GPU")
         if not gpus:
@@ -145,7 +134,7 @@ def _mxnet(device: str, dtype: str) -> tuple[str, str, Setup]:
                 c = mx.nd.dot(c, b)
             mx.nd.waitall()
         return run
-    return mx.__version__, "gpu(0)" if device == "gpu" else _cpu_name(), setup
+    return mx.__version__, "gpu(0)" if device == "gpu" else cpu_model(), setup
 
 
 BACKENDS: dict[str, Backend] = {"torch": _torch, "jax": _jax, "tf": _tf, "mxnet": _mxnet}
