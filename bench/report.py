@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from bench.plotting import pyplot
 from bench.records import load_records
 from bench.report_html import write_html
 from bench.stats import (
@@ -150,10 +151,7 @@ def _series_label(row: dict[str, Any]) -> str:
 
 def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     """Throughput with the ideal line, efficiency, and all runners at the largest count."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(results_dir) / "charts"
     out.mkdir(parents=True, exist_ok=True)
@@ -266,10 +264,7 @@ def render_real_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | N
     real = [r for r in rows if r["real_vs_synthetic"] is not None]
     if not real:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     models = sorted({r["model"] for r in real})
     fig, axes = plt.subplots(1, len(models), figsize=(max(6.5, 1.2 * len(real)) * len(models),
@@ -300,10 +295,7 @@ def render_pipeline_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path
     ok = [r for r in rows if r["images_per_sec"] is not None]
     if not ok:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     models = sorted({r["model"] for r in ok})
     fig, axes = _subplots(plt, len(models))

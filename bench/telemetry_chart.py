@@ -10,6 +10,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from bench.plotting import pyplot
 from bench.telemetry import gpu_indices_of
 
 CHART_DIR = "telemetry"
@@ -75,9 +76,6 @@ def render_telemetry_charts(results_dir: Path, records: list[dict[str, Any]]) ->
     have = [r for r in records if (r.get("telemetry") or {}).get("path")]
     if not have:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     return [p for r in have if (p := render_run(r, results_dir, plt))]
