@@ -130,6 +130,7 @@ def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> d
         "returncode": None, "wall_time_s": None,
     }
     rec.update({k: None for k in CHILD_FIELDS})
+    rec["placement"] = None
     return rec
 
 
@@ -274,6 +275,7 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
     for key in CHILD_FIELDS:
         rec[key] = result.get(key)
     rec["result"] = {k: v for k, v in result.items() if k not in CHILD_FIELDS}
+    rec["placement"] = result.get("placement")
     rec["environment"]["framework"] = result.get("framework")
     rec["environment"]["devices"] = result.get("devices")
     status = result.get("status", "ok")
@@ -287,11 +289,32 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
     return ("invalid", "; ".join(problems)) if problems else ("ok", None)
 
 
+def validate_placement(result: dict[str, Any], num_devices: int) -> list[str]:
+    """What is wrong with a training result's `placement`: the devices its timed (or
+    equivalence) steps ran on, read back from the framework, each with a positive count of
+    compute ops, rows or shards. N devices need N keys, unless the framework itself collapsed
+    them (`placement_collapsed` says how), which the record then shows."""
+    placement = result.get("placement")
+    if not isinstance(placement, dict) or not placement:
+        return [f"no placement read back from the framework (placement={placement!r})"]
+    bad = {k: v for k, v in placement.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0}
+    if bad:
+        return [f"placement counts must be positive numbers: {bad}"]
+    if len(placement) < num_devices and not result.get("placement_collapsed"):
+        return [f"the work did not spread over the {num_devices} devices: the framework "
+                f"placed it on {sorted(placement)}"]
+    return []
+
+
 def validate_result(result: dict[str, Any], spec: RunSpec) -> list[str]:
-    """What is wrong with an 'ok' benchmark or pipeline result (empty when nothing is)."""
+    """What is wrong with an 'ok' benchmark, equivalence or pipeline result (empty when
+    nothing is)."""
+    if spec.mode == "equivalence":
+        return validate_placement(result, spec.num_devices)
     if spec.mode not in ("benchmark", "pipeline"):
         return []
-    problems = []
+    problems = validate_placement(result, spec.num_devices) if spec.mode == "benchmark" else []
     expected = spec.measure_steps * spec.global_batch_size
     if result.get("samples") != expected:
         problems.append(f"samples {result.get('samples')!r} != measure_steps x global batch "

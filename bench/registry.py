@@ -39,6 +39,9 @@ class RunnerInfo:
     options: dict[str, Option] = field(default_factory=dict)
     precisions: tuple[str, ...] = ("fp32",)
     equivalence: bool = True  # takes part in the data-parallel equivalence test
+    # Option sets the equivalence test runs besides the defaults: every option that changes
+    # how gradients are reduced or the step is compiled (each dict overrides the defaults).
+    equivalence_options: tuple[dict[str, Any], ...] = ()
     # How the parent starts the run: "python" (one process), "torchrun" (one process per
     # device, torch.distributed.run) or "horovodrun" (one per device, over gloo).
     launcher: str = "python"

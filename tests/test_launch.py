@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch import child_command, launch
+from bench.launch import child_command, launch, validate_result
 from bench.plan import RunSpec
 from bench.records import check_record, load_records
 
@@ -96,6 +96,28 @@ def test_missing_framework_is_unavailable(tmp_path: Path, module: str) -> None:
 def test_untrustworthy_numbers_are_invalid(tmp_path: Path, behaviour: str, words: str) -> None:
     rec = run(tmp_path, spec(behaviour))
     assert rec["status"] == "invalid" and words in rec["reason"]
+
+
+def test_multi_device_run_whose_work_stayed_on_one_device_is_invalid(tmp_path: Path) -> None:
+    """A 2-device run must show both devices in the placement the child read back; one that
+    only used one is invalid, with the device it used named."""
+    two = dict(num_devices=2, global_batch_size=16)
+    ok = run(tmp_path, dataclasses.replace(spec(), run_id="spread", **two))
+    assert ok["status"] == "ok" and ok["placement"] == {"toy:shard0": 8, "toy:shard1": 8}
+    rec = run(tmp_path, dataclasses.replace(spec("one_device"), **two))
+    assert rec["status"] == "invalid"
+    assert "did not spread over the 2 devices" in rec["reason"] and "toy:shard0" in rec["reason"]
+
+
+def test_result_without_placement_is_invalid() -> None:
+    s = dataclasses.replace(spec(), num_devices=2, global_batch_size=16)
+    base = {"samples": 80, "first_loss": 1.0, "last_loss": 1.0, "images_per_sec": 3.0,
+            "window_start": 1.0, "window_end": 2.0}
+    assert any("no placement" in p for p in validate_result(base, s))
+    assert any("positive" in p for p in validate_result(
+        {**base, "placement": {"a": 8, "b": 0}}, s))
+    collapsed = {**base, "placement": {"cpu(0)": 2}, "placement_collapsed": "keras-mxnet"}
+    assert validate_result(collapsed, s) == []
 
 
 def test_missing_interpreter_is_unavailable(tmp_path: Path) -> None:

@@ -72,7 +72,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     samples = (steps - 1 if behaviour == "short" else steps) * batch
     return {**timer.summary(batch, samples), "first_loss": finite(losses[0]),
             "last_loss": finite(losses[-1]), "framework": {"numpy": np.__version__},
-            "devices": [{"name": "cpu", "kind": "host"}]}
+            "devices": [{"name": "cpu", "kind": "host"}], "placement": placement(spec, x)}
+
+
+def placement(spec: Spec, x: np.ndarray) -> dict[str, int]:
+    """Rows per shard of the batch as numpy splits it, one shard per device; behaviour
+    `one_device` keeps every row on the first, as a strategy that never spread would."""
+    parts = 1 if spec["options"].get("behaviour") == "one_device" else spec["num_devices"]
+    return {f"toy:shard{i}": len(rows) for i, rows in enumerate(np.array_split(x, parts))}
 
 
 if __name__ == "__main__":
