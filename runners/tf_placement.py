@@ -1,0 +1,152 @@
+"""Where a TensorFlow step's work ran, read back from TensorFlow itself (issue 13's `placement`).
+
+TensorFlow partitions every graph it runs into one graph per device and reports those
+partition graphs in a RunMetadata: in graph mode when `session.run` is asked for them
+(`RunOptions(output_partition_graphs=True)`), in eager mode for every tf.function instantiated
+while the context collects run metadata (`context.enable_run_metadata()`, what TensorBoard's
+graph tracing uses). The placement of a step is the number of compute ops in each device's
+partition: the ops TF itself assigned there after placement and partitioning, not the device
+names a runner asked for. Ops that only move or name data (constants, arguments, send/receive
+pairs, identities, variable handles) are not counted, so a device that merely forwards an
+input shows no work.
+
+With full tracing (`RunOptions.FULL_TRACE`, graph mode) the step stats also list the nodes that
+executed on each device; `executed_ops_by_device` counts those.
+
+Imports TensorFlow: only runner child processes import this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+BOOKKEEPING_OPS = frozenset({
+    "Const", "HostConst", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "_Send", "_Recv",
+    "_HostSend", "_HostRecv", "NoOp", "Identity", "IdentityN", "Placeholder",
+    "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "ReadVariableOp", "StopGradient",
+})
+# "/job:localhost/replica:0/task:0/device:CPU:1" and "/device:CPU:1" name the same device;
+# keep the full name TF reports, only normalise the short forms some graphs carry.
+_SHORT = re.compile(r"^/?(device:)?(?P<kind>[A-Za-z_]+):(?P<index>\d+)$")
+
+
+def device_key(name: str) -> str:
+    """The device as TensorFlow names it in a partition graph."""
+    m = _SHORT.match(name)
+    if m:
+        return f"/job:localhost/replica:0/task:0/device:{m['kind'].upper()}:{m['index']}"
+    return name
+
+
+def partition_graphs(run_metadata: Any) -> list[Any]:
+    """Every per-device partition graph in a RunMetadata (graph mode and tf.functions)."""
+    graphs = list(run_metadata.partition_graphs)
+    for fg in run_metadata.function_graphs:
+        graphs.extend(fg.partition_graphs)
+    return graphs
+
+
+def compute_ops_by_device(run_metadata: Any) -> dict[str, int]:
+    """Compute ops per device in the partition graphs TF ran: the step's placement."""
+    counts: Counter[str] = Counter()
+    for graph in partition_graphs(run_metadata):
+        for node in graph.node:
+            if node.device and node.op not in BOOKKEEPING_OPS:
+                counts[device_key(node.device)] += 1
+    return dict(sorted(counts.items()))
+
+
+def executed_ops_by_device(run_metadata: Any) -> dict[str, int]:
+    """Nodes that executed per device, from a FULL_TRACE step's step stats (empty without)."""
+    counts: Counter[str] = Counter()
+    for dev in run_metadata.step_stats.dev_stats:
+        n = sum(1 for s in dev.node_stats if s.node_name not in ("_SOURCE", "_SINK"))
+        if n:
+            counts[device_key(dev.device.split(" ")[0])] += n
+    return dict(sorted(counts.items()))
+
+
+def ops_by_type_on(run_metadata: Any, device: str) -> dict[str, int]:
+    """How many ops of each type TF placed on `device` (for records and tests)."""
+    key = device_key(device)
+    counts: Counter[str] = Counter()
+    for graph in partition_graphs(run_metadata):
+        for node in graph.node:
+            if node.device and device_key(node.device) == key:
+                counts[node.op] += 1
+    return dict(counts.most_common())
+
+
+class EagerPlacement:
+    """Collects the partition graphs of the tf.functions instantiated between start() and
+    stop(): start before the step function's first call (its graphs are partitioned when it is
+    instantiated) and stop after it, before the timed window, so collecting costs the timed
+    steps nothing. The same instantiated function then runs every later step."""
+
+    def __init__(self) -> None:
+        self.run_metadata: Any = None
+        self._on = False
+
+    def start(self) -> None:
+        ctx = context.context()
+        ctx.export_run_metadata()  # drop whatever an earlier collection left
+        ctx.enable_run_metadata()
+        self._on = True
+
+    def stop(self) -> None:
+        if not self._on:
+            return
+        ctx = context.context()
+        self.run_metadata = ctx.export_run_metadata()
+        ctx.disable_run_metadata()
+        self._on = False
+
+    def result(self) -> dict[str, Any]:
+        """`placement` and `placement_source` for the result (empty placement if nothing ran)."""
+        self.stop()
+        placement = compute_ops_by_device(self.run_metadata) if self.run_metadata else {}
+        return {"placement": placement,
+                "placement_source": "compute ops per device in the partition graphs of the "
+                                    "tf.functions TensorFlow instantiated for the step "
+                                    "(eager RunMetadata)"}
+
+
+@contextlib.contextmanager
+def eager_placement() -> Iterator[EagerPlacement]:
+    """`with eager_placement() as p: <first step>`; then p.result()."""
+    p = EagerPlacement()
+    p.start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def graph_run_options(full_trace: bool = False) -> tuple[Any, Any]:
+    """RunOptions and a RunMetadata for one `session.run` (or Keras 2's compile(options=,
+    run_metadata=)) that report the partition graphs TF ran (and, with full_trace, each
+    executed node)."""
+    options = tf.compat.v1.RunOptions(
+        output_partition_graphs=True,
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE if full_trace
+        else tf.compat.v1.RunOptions.NO_TRACE)
+    return options, tf.compat.v1.RunMetadata()
+
+
+def graph_placement(run_metadata: Any) -> dict[str, Any]:
+    """`placement` and `placement_source` from a graph-mode session.run's RunMetadata."""
+    executed = executed_ops_by_device(run_metadata)
+    if executed:
+        return {"placement": executed,
+                "placement_source": "nodes executed per device in a FULL_TRACE session.run's "
+                                    "step stats"}
+    return {"placement": compute_ops_by_device(run_metadata),
+            "placement_source": "compute ops per device in the partition graphs of a "
+                                "session.run (RunOptions.output_partition_graphs)"}
