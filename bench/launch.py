@@ -33,6 +33,7 @@ from bench.records import (
 from bench.telemetry import Sampler, write_series
 from bench.telemetry import summarise as summarise_telemetry
 from models import get_spec
+from runners.threads import thread_env
 
 KILL_GRACE_S = 5.0
 OOM_PATTERNS = re.compile(
@@ -58,12 +59,11 @@ def child_env(spec: RunSpec) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    # each framework's documented thread settings, never over the user's (runners/threads.py)
+    env.update(thread_env(spec.family, spec.runner, spec.launcher, spec.device,
+                          spec.num_devices, os.environ))
     if spec.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-        if spec.launcher != "python" and "OMP_NUM_THREADS" not in os.environ:
-            # N processes share the host's cores: give each its share, as torchrun's default
-            # of 1 does on 2 cores, instead of N x all cores fighting over them
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.num_devices))
     else:
         # CUDA numbers GPUs fastest first by default; NVML (the parent's telemetry) by PCI bus
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")

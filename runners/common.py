@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from runners.threads import observed as observed_threads
+
 Spec = dict[str, Any]
 OOM_NAMES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
 
@@ -179,6 +181,7 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
         message = one_line(str(exc))
         result = {"status": status, "reason": f"{name}: {message}" if message else name}
         code = 1
+    result["threads"] = observed_threads()  # what the run used, whatever its status
     if rank == 0:  # one result per run: the other ranks' figures are rank 0's by construction
         write_json_atomic(args.result, result)
     print(f"{tag} status={result['status']}"

@@ -25,6 +25,18 @@ before the timed window would leave the input pipeline out of a run whose point 
 it. `loader` has no effect on synthetic data.
 Synchronise: the callback that reads the clock calls mx.nd.waitall() first, so each reading
 follows a step whose update has landed (Keras only waits for the loss).
+Placement: the context and rows of the data array bound to each executor of the Module
+keras-mxnet trained with. keras-mxnet maps every "cpu(i)" of the context list to mx.cpu(), so
+on a CPU the N executors (one slice each) all run on cpu(0): the record shows {"cpu(0)": B}
+with placement_collapsed saying why; gpu(i) stay distinct.
+Equivalence: the benchmark's compile(context=...) and its fit_generator or fit (option input),
+on the probe model, one plain SGD step.
+Threads: on CPU the parent sets OMP_NUM_THREADS to the physical cores (one MXNet context, so
+one engine worker, whatever N is; runners/threads.py).
+
+Follows keras-mxnet 2.2.4.3 (awslabs/keras-apache-mxnet, its last release) on MXNet 1.9.1.
+Differs from seed 000 (NVIDIA's fork of dmlc Keras 1.2 on MXNet 0.10.1): the Keras 2.2 API;
+the multi-device API, compile(context=[...]), is the same.
 """
 
 from __future__ import annotations
@@ -133,7 +145,7 @@ def learning_rate(spec: Spec, lr: float, n: int) -> float:
 def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
                   ) -> list[dict[str, Any]]:
     """compile with the MXNet backend's context list (keras-mxnet's multi-device API); returns
-    the contexts keras-mxnet actually bound, which is what the record must show."""
+    the contexts keras-mxnet resolved them to."""
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   context=[str(c) for c in ctxs])
     # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu(): on a CPU the N
@@ -141,6 +153,44 @@ def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
     kind = ("executor on a shared CPU context (keras-mxnet maps cpu(i) to cpu(0))"
             if spec["device"] == "cpu" else "GPU")
     return [{"name": str(c), "kind": kind} for c in model._context]
+
+
+def read_placement(model: Any, n: int) -> dict[str, Any]:
+    """Where the training steps ran, read from the MXNet Module keras-mxnet trained with: the
+    context and rows of the data array bound to each executor of its train executor group.
+    Fewer contexts than the N asked for is keras-mxnet's own doing (placement_collapsed)."""
+    group = model._module._buckets["train"]._exec_group
+    data_name = group.data_names[0]
+    executors = [(str(e.arg_dict[data_name].context), int(e.arg_dict[data_name].shape[0]))
+                 for e in group.execs]
+    rows: dict[str, int] = {}
+    for ctx, count in executors:
+        rows[ctx] = rows.get(ctx, 0) + count
+    out: dict[str, Any] = {
+        "placement": rows, "placement_executors": [list(e) for e in executors],
+        "placement_source": "context and rows of the data array bound to each executor of "
+                            "the keras-mxnet Module's train executor group (_exec_group.execs)"}
+    if len(rows) < n:
+        out["placement_collapsed"] = (
+            f"keras-mxnet 2.2.4.3 binds the {n} contexts of compile(context=...) as "
+            f"{sorted(rows)}: _get_mxnet_context maps every 'cpu(i)' to mx.cpu(); "
+            f"{len(executors)} executors, one batch slice each, share it")
+    return out
+
+
+def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps: int,
+          clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None) -> None:
+    """Train `steps` steps as the run's input option says: fit_generator on the source
+    (generator or Sequence), or fit on `steps` copies of the arrays' batch."""
+    if spec["options"].get("input", "generator") == "generator":
+        model.fit_generator(source, steps_per_epoch=steps, epochs=1, callbacks=[clock],
+                            verbose=0, **fit_kwargs)
+        return
+    assert arrays is not None
+    x, y = arrays
+    check_memory(x.nbytes * steps)
+    model.fit(np.concatenate([x] * steps), np.concatenate([y] * steps), batch_size=len(x),
+              epochs=1, shuffle=False, callbacks=[clock], verbose=0)
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -168,20 +218,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     optimizer = keras.optimizers.SGD(lr=learning_rate(spec, 0.01, n), momentum=0.9)
     devices = compile_model(model, spec, optimizer, ctxs)
     clock = StepClock(warmup)
+    arrays = None
     if not real:
         x, y = synthetic_arrays(model_spec, global_batch)
-        y = y.reshape(-1, 1)
-        source, fit_kwargs = batches(x, y), {}
+        arrays = (x, y.reshape(-1, 1))
+        source, fit_kwargs = batches(*arrays), {}
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
-    if feed == "generator":
-        model.fit_generator(source, steps_per_epoch=warmup + measure, epochs=1,
-                            callbacks=[clock], verbose=0, **fit_kwargs)
-    else:
-        steps = warmup + measure
-        check_memory(x.nbytes * steps)
-        model.fit(np.concatenate([x] * steps), np.concatenate([y] * steps),
-                  batch_size=global_batch, epochs=1, shuffle=False, callbacks=[clock], verbose=0)
+    train(model, spec, source, fit_kwargs, warmup + measure, clock, arrays)
     if not clock.losses:
         raise Invalid("no measured step reported a loss")
     updates = model.optimizer.num_update - start - warmup  # the warm-up's updates are not timed
@@ -197,6 +241,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "input": feed,
         "gradient_reduce": opts.get("gradient_reduce", "mean"),
         "kvstore": model._kvstore,  # keras-mxnet's default; Model(..., kvstore=) would change it
+        **read_placement(model, n),
         "params": count_params_keras2(model),
         "flops_per_sample": count_flops_keras2(model),
         **({**describe(data, size), "loader": opts.get("loader", "framework"),
@@ -205,7 +250,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model over the context list; weights saved."""
+    """One plain SGD step on the probe model through the benchmark's path (compile with the
+    context list, then fit_generator or fit as the input option says); weights saved."""
     ctxs, _ = contexts(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
     n = len(ctxs)
@@ -215,11 +261,15 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     set_canonical_weights(model, weights)
     devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),
                             ctxs)
-    loss = model.train_on_batch(x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
+    arrays = (x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
+    clock = StepClock(0)
+    train(model, spec, batches(*arrays), {}, 1, clock, arrays)
     mx.nd.waitall()
     save_equivalence_output(spec, get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
-            "loss": finite(loss)}
+            "loss": finite(clock.losses[0]), "input": spec["options"].get("input", "generator"),
+            "gradient_reduce": spec["options"].get("gradient_reduce", "mean"),
+            **read_placement(model, n)}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,17 @@ pulls the sum back; trainer.step(B) scales it by 1/B, so every context applies t
 of the global mean loss: synchronous SGD, identical to one device with batch B.
 Synchronise: mx.nd.waitall() after every step, so each clock reading follows a finished step
 (MXNet's engine is asynchronous; without it the clock would time the dispatch).
+Placement: the context and rows of each slice's loss array of the last timed step (and the
+contexts of every parameter's copies), read from the NDArrays.
+Equivalence: the same hybridize(static_alloc, static_shape), Trainer and kvstore and resident
+slices, on the probe model, one plain SGD step.
+Threads: on CPU the parent sets OMP_NUM_THREADS to the physical cores shared by the N contexts
+(MXNet's perf guide; MXNet's own default halves the logical CPUs, see runners/threads.py).
+
+Follows MXNet 1.9.1's Gluon data parallelism (split_and_load, Trainer over a kvstore, hybridize
+with static memory). Differs from seed 000's native reference (MXNet 0.10.1, Symbol/Module
+API, train_imagenet.py): Gluon's CachedOp instead of a bound Module; the kvstore reduction and
+the per-context executors are the same engine's.
 """
 
 from __future__ import annotations
@@ -89,6 +100,30 @@ def synthetic_feed(xs: list[Any], ys: list[Any]) -> Iterator[tuple[list[Any], li
         yield xs, ys
 
 
+def hybridize_as_configured(net: gluon.HybridBlock, spec: Spec) -> bool:
+    """hybridize (default): compile the net to a static graph with static memory and shapes,
+    as the MXNet docs advise for speed; false keeps the imperative Gluon net."""
+    hybridize = bool(spec["options"].get("hybridize", True))
+    if hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+    return hybridize
+
+
+def read_placement(losses: list[Any], net: gluon.Block) -> dict[str, Any]:
+    """Where a step ran, read from MXNet's arrays: the context of each slice's loss (computed
+    by the forward on that slice) with its rows, and the parameter copies per context."""
+    rows: dict[str, int] = {}
+    for loss in losses:
+        rows[str(loss.context)] = rows.get(str(loss.context), 0) + int(loss.shape[0])
+    copies: dict[str, int] = {}
+    for param in net.collect_params().values():
+        for data in param.list_data():
+            copies[str(data.context)] = copies.get(str(data.context), 0) + 1
+    return {"placement": rows, "parameter_copies": copies,
+            "placement_source": "NDArray.context and rows of each slice's loss array of the "
+                                "step; parameter_copies: contexts of each Parameter's data()"}
+
+
 def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Loss,
                xs: list[Any], ys: list[Any], global_batch: int) -> list[Any]:
     """One synchronous step over every context; returns the per-context loss arrays."""
@@ -125,9 +160,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
     if dtype == "float16":
         net.cast("float16")  # fp32 master weights are kept by multi_precision below
-    hybridize = bool(opts.get("hybridize", True))
-    if hybridize:
-        net.hybridize(static_alloc=True, static_shape=True)
+    hybridize = hybridize_as_configured(net, spec)
     trainer = make_trainer(spec, net, ctxs, "sgd", {
         "learning_rate": 0.01, "momentum": 0.9, "multi_precision": dtype == "float16"})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -143,7 +176,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         mx.nd.waitall()
     optimizer = trainer._optimizer  # its num_update counts applied steps
     start = optimizer.num_update
-    timer, losses = StepTimer(), []
+    timer, losses, step_losses = StepTimer(), [], []
     timer.start()
     for _ in range(spec["measure_steps"]):
         step_losses = train_step(net, trainer, loss_fn, *next(feed), global_batch)
@@ -176,6 +209,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "kvstore": trainer._kvstore.type if trainer._kvstore is not None else
         f"none (kvstore {opts.get('kvstore', 'device')!r} skipped: one context)",
         "data_placement": placement,
+        **read_placement(step_losses, net),
         "params": count_params_gluon(net),
         "flops_per_sample": count_flops_gluon(net, input_shape_nchw(model_spec)),
         **extra,
@@ -183,7 +217,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model, the batch split over the contexts; weights saved."""
+    """One plain SGD step on the probe model through the benchmark's path (its hybridize,
+    Trainer and kvstore, the synthetic slices resident on the contexts); weights saved."""
     ctxs, devices = contexts(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
     n = len(ctxs)
@@ -191,19 +226,20 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         raise Invalid(f"equivalence batch {len(x)} does not divide by {n} contexts")
     net = load_builder("probe", "gluon")(get_spec("probe"))
     net.initialize(mx.init.Zero(), ctx=ctxs)
-    net.hybridize()
-    _, h, w, c = x.shape
-    net(mx.nd.zeros((1, c, h, w), ctx=ctxs[0]))  # completes deferred shape inference
-    set_canonical_weights(net, weights)
-    trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr})
+    hybridize = hybridize_as_configured(net, spec)
     xs = split_to_contexts(x.transpose(0, 3, 1, 2), ctxs)  # inputs come NHWC
     ys = split_to_contexts(y.astype("float32"), ctxs)
-    loss = mean_loss(train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys,
-                                len(x)), len(x))
+    for s in xs:  # completes deferred shape inference on every context (no gradient)
+        net(s)
+    set_canonical_weights(net, weights)
+    trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr})
+    feed = synthetic_feed(xs, ys)
+    losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), *next(feed), len(x))
+    loss = mean_loss(losses, len(x))
     mx.nd.waitall()
     save_equivalence_output(spec, get_canonical_weights(net))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
-            "loss": loss,
+            "loss": loss, "hybridize": hybridize, **read_placement(losses, net),
             "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}
 
 

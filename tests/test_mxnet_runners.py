@@ -17,7 +17,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 MXNET_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "mxnet")
 
 
-
 def test_mxnet_family_is_registered() -> None:
     assert MXNET_RUNNERS == ["keras_mxnet", "mxnet_native"]
 
@@ -38,6 +37,26 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, mxnet_python
         assert result["layout"] == "channels_first"
         assert result["framework"]["mxnet"] == "1.9.1"
         assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
+        # where the timed steps ran, read from MXNet, and the threads the run used
+        assert result["threads"]["mxnet"]["openmp"] is True
+        assert "OMP_NUM_THREADS" in result["threads"]["env"]
+        assert rec["placement"] == PLACEMENT[runner][n], rec["placement"]
+        assert bool(result.get("placement_collapsed")) == (runner == "keras_mxnet" and n == 2)
+
+
+# rows of the global batch per context: mxnet_native one slice per context; keras-mxnet binds
+# every cpu(i) to cpu(0), so its N executors' slices all land there
+PLACEMENT = {"mxnet_native": {1: {"cpu(0)": 8}, 2: {"cpu(0)": 8, "cpu(1)": 8}},
+             "keras_mxnet": {1: {"cpu(0)": 8}, 2: {"cpu(0)": 16}}}
+
+
+def test_keras_mxnet_collapses_cpu_contexts(tmp_path: Path, mxnet_python: str) -> None:
+    """Two executors, one slice each, both on cpu(0): the record shows it and says why."""
+    rec = smoke_sweep(tmp_path, "runners=[keras_mxnet]", "devices=[2]")[2]
+    assert rec["status"] == "ok", rec["reason"]
+    result = rec["result"]
+    assert result["placement_executors"] == [["cpu(0)", 8], ["cpu(0)", 8]]
+    assert "maps every 'cpu(i)' to mx.cpu()" in result["placement_collapsed"]
 
 
 def test_mxnet_native_options(tmp_path: Path, mxnet_python: str) -> None:
@@ -48,6 +67,9 @@ def test_mxnet_native_options(tmp_path: Path, mxnet_python: str) -> None:
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["kvstore"] == "local" and rec["result"]["hybridize"] is False
+    assert rec["placement"] == {"cpu(0)": 8, "cpu(1)": 8}
+    assert rec["result"]["parameter_copies"]["cpu(0)"] == rec["result"]["parameter_copies"][
+        "cpu(1)"] > 0
 
 
 def test_keras_mxnet_fit_on_arrays(tmp_path: Path, mxnet_python: str) -> None:

@@ -1,0 +1,190 @@
+"""Thread settings: the policy the parent applies to every run, and what a run actually used.
+
+Every framework is given the thread settings its own documentation tells its users to set, the
+same way, so that no row compares one busy core against two (issue 13, "Every framework on
+equal footing"). A variable the user exported is never overridden; MGBENCH_THREAD_POLICY=off
+leaves every framework on its bare defaults.
+
+Policy (CPU runs; GPU runs keep the frameworks' defaults):
+- MXNet: OMP_NUM_THREADS = physical cores / concurrent CPU contexts. MXNet's perf guide
+  (docs/faq/perf.md, "Intel CPU") says to set OMP_NUM_THREADS to `vCPUs / 2`, one OpenMP thread
+  per physical core of a 2-way hyper-threaded Xeon, and env_var.md says to leave
+  MXNET_CPU_WORKER_NTHREADS at 1 and parallelise operators through OMP_NUM_THREADS. Without it,
+  MXNet 1.9 (src/engine/openmp.cc) takes omp_get_num_procs() / 2 on any x86 CPU, assuming two
+  hyper-threads per core: on a host without SMT it uses half the cores. MXNet's threaded engine
+  runs one worker (with its own OpenMP team) per CPU context, so N contexts share the cores;
+  keras-mxnet binds every cpu(i) to cpu(0), one context whatever N is.
+  KMP_AFFINITY (the guide's other variable) is Intel OpenMP's; the pip wheel links GNU libgomp,
+  which ignores it, and OMP_PLACES slows that wheel down (apache/mxnet#14087): neither is set.
+- PyTorch and Horovod, one process per device (torchrun, horovodrun): OMP_NUM_THREADS =
+  physical cores / ranks per process. torchrun sets 1 when the variable is unset and tells the
+  user to tune it; a single process's default (torch.get_num_threads()) is the physical cores,
+  so each rank gets its share of them.
+- TensorFlow: its defaults (intra- and inter-op parallelism 0: TensorFlow sizes both pools to
+  the host), as tf.config.threading documents; recorded, not set.
+- JAX: XLA's defaults (one Eigen pool over every core, shared by all host-platform devices);
+  XLA_FLAGS recorded, not set.
+
+`observed()` runs in the child after the benchmark (runners/common.main): the thread variables
+in its environment, and what each framework already imported reports. It imports no framework
+and never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+POLICY_VAR = "MGBENCH_THREAD_POLICY"  # the user's "off", or the harness's note of what it set
+OFF = ("off", "0", "false", "none")
+THREAD_VARS = (
+    "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY",
+    "KMP_BLOCKTIME", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "MXNET_CPU_WORKER_NTHREADS", "MXNET_OMP_MAX_THREADS", "MXNET_ENGINE_TYPE",
+    "MXNET_MKLDNN_ENABLED", "MXNET_SUBGRAPH_BACKEND", "MXNET_CPU_PRIORITY_NTHREADS",
+    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "TF_ENABLE_ONEDNN_OPTS",
+    "XLA_FLAGS", "TORCHINDUCTOR_COMPILE_THREADS",
+)
+# Runners whose N devices are one MXNet CPU context (keras-mxnet maps every cpu(i) to cpu(0)).
+ONE_CPU_CONTEXT = frozenset({"keras_mxnet"})
+PER_RANK_LAUNCHERS = ("torchrun", "horovodrun")
+SOURCES = {
+    "mxnet": "MXNet perf.md: OMP_NUM_THREADS = physical cores (vCPUs / 2 on 2-way SMT), shared "
+             "by the engine's per-context workers",
+    "rank": "torchrun: OMP_NUM_THREADS per rank, the physical cores shared by the ranks",
+}
+
+
+def physical_cores() -> int:
+    """The physical cores this process may run on: its CPU affinity over the hardware threads
+    per core (Linux sysfs; 1 where it cannot be read)."""
+    try:
+        logical = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        logical = os.cpu_count() or 1
+    per_core = 1
+    with contextlib.suppress(OSError, ValueError), \
+            open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as fh:
+        per_core = max(1, _count_cpu_list(fh.read()))
+    return max(1, logical // per_core)
+
+
+def _count_cpu_list(text: str) -> int:
+    """How many CPUs a kernel CPU list ("0", "0,64", "0-3,8") names."""
+    count = 0
+    for part in text.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            count += int(hi) - int(lo) + 1
+        elif part:
+            count += 1
+    return count
+
+
+def thread_env(family: str, runner: str, launcher: str, device: str, num_devices: int,
+               environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
+    """The variables the policy adds to a child's environment (none the user already set),
+    with POLICY_VAR saying what was set and why, for the record."""
+    if environ.get(POLICY_VAR, "").strip().lower() in OFF:
+        return {}
+    wanted: dict[str, str] = {}
+    source = ""
+    if device == "cpu":
+        cores = cores or physical_cores()
+        if family == "mxnet":
+            contexts = 1 if runner in ONE_CPU_CONTEXT else max(1, num_devices)
+            wanted["OMP_NUM_THREADS"] = str(max(1, cores // contexts))
+            source = SOURCES["mxnet"]
+        elif launcher in PER_RANK_LAUNCHERS:
+            wanted["OMP_NUM_THREADS"] = str(max(1, cores // max(1, num_devices)))
+            source = SOURCES["rank"]
+    added = {k: v for k, v in wanted.items() if k not in environ}
+    kept = sorted(k for k in wanted if k in environ)
+    note = " ".join(f"{k}={v}" for k, v in added.items()) or "nothing set (framework defaults)"
+    if source:
+        note += f" ({source})"
+    if kept:
+        note += f"; the user's {', '.join(kept)} kept"
+    return {**added, POLICY_VAR: note}
+
+
+# ---- child side: what the run used ----
+
+def _tensorflow(tf: Any) -> dict[str, Any]:
+    threading = tf.config.threading
+    return {"intra_op_parallelism_threads": threading.get_intra_op_parallelism_threads(),
+            "inter_op_parallelism_threads": threading.get_inter_op_parallelism_threads(),
+            "note": "0 means TensorFlow sizes the pool to the host"}
+
+
+def _torch(torch: Any) -> dict[str, Any]:
+    return {"num_threads": torch.get_num_threads(),
+            "num_interop_threads": torch.get_num_interop_threads()}
+
+
+def _mxnet(mx: Any) -> dict[str, Any]:
+    features = mx.runtime.Features()
+    out: dict[str, Any] = {
+        "engine": os.environ.get("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice (default)"),
+        "cpu_worker_nthreads": int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")),
+        **{name.lower(): features.is_enabled(name) for name in ("MKLDNN", "OPENMP")},
+        "blas": next((n[5:].lower() for n in ("BLAS_OPEN", "BLAS_MKL", "BLAS_ATLAS",
+                                              "BLAS_APPLE") if features.is_enabled(n)), None),
+    }
+    omp = openmp_max_threads()
+    if omp is not None:
+        # MXNet sets this at load (openmp.cc); its engine workers use the same count
+        out["openmp_max_threads"] = omp
+    return out
+
+
+def _jax(jax: Any) -> dict[str, Any]:
+    return {"xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "cpu_devices": len(jax.devices("cpu"))}
+
+
+PROBES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    "tensorflow": ("tensorflow", _tensorflow),
+    "torch": ("torch", _torch),
+    "mxnet": ("mxnet", _mxnet),
+    "jax": ("jax", _jax),
+}
+
+
+def openmp_max_threads() -> int | None:
+    """omp_get_max_threads() of the GNU OpenMP runtime this process already loaded (None if it
+    loaded none: loading one here would answer for a runtime nobody uses)."""
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split()[-1] for line in fh if "libgomp" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        with contextlib.suppress(OSError, AttributeError):
+            return int(ctypes.CDLL(path).omp_get_max_threads())
+    return None
+
+
+def observed() -> dict[str, Any]:
+    """The run's thread settings: the thread variables of its environment, the policy's note,
+    the cores it may use, and each already-imported framework's own answer. Never raises."""
+    out: dict[str, Any] = {}
+    try:
+        out["env"] = {k: os.environ[k] for k in THREAD_VARS if k in os.environ}
+        out["policy"] = os.environ.get(POLICY_VAR)
+        out["physical_cores"] = physical_cores()
+        with contextlib.suppress(AttributeError, OSError):
+            out["cpus_allowed"] = len(os.sched_getaffinity(0))
+        for name, (module, probe) in PROBES.items():
+            if module in sys.modules:
+                try:
+                    out[name] = probe(sys.modules[module])
+                except Exception as exc:  # evidence, never a reason to lose a run
+                    out[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
