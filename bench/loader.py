@@ -32,6 +32,10 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
     row["step_time_median_s"] = float(pd.Series(steps).median()) if steps else None
     result = rec.get("result") or {}
     row["layout"] = result.get("layout")
+    placement = rec.get("placement") or {}
+    row["placed_devices"] = len(placement) if placement else None
+    row["placement_collapsed"] = result.get("placement_collapsed")
+    row["batchnorm"] = result.get("batchnorm")
     for key, value in (rec.get("options") or {}).items():
         row[f"opt_{key}"] = value
     tel = rec.get("telemetry") or {}

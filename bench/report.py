@@ -99,9 +99,15 @@ def _real_cell(r: dict[str, Any]) -> str:
     return f"{ratio:.2f}" + (" INPUT-BOUND" if r.get("input_bound") else "")
 
 
+def _placed_cell(r: dict[str, Any]) -> str:
+    """How many devices the framework says the work ran on; `*` when it collapsed them."""
+    n = r.get("placed_devices")
+    return "-" if n is None else f"{n}" + ("*" if r.get("placement_collapsed") else "")
+
+
 def _benchmark_table(rows: list[dict[str, Any]]) -> str:
-    head = ("runner", "model", "devices", "batch", "prec", "data", "status", "img/s",
-            "95% CI", "speedup", "effic.", "real/syn", "MFU", "flags")
+    head = ("runner", "model", "devices", "placed", "BN", "batch", "prec", "data", "status",
+            "img/s", "95% CI", "speedup", "effic.", "real/syn", "MFU", "flags")
     lines = [head]
     for r in rows:
         kind = "vcpu" if r["virtual_devices"] else r["device"]
@@ -109,7 +115,8 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
                  else f"{r['global_batch_size']} glob")
         ips = r["images_per_sec"]
         lines.append((
-            r["runner"], r["model"], f"{r['num_devices']} {kind}", batch, r["precision"],
+            r["runner"], r["model"], f"{r['num_devices']} {kind}", _placed_cell(r),
+            r.get("batchnorm") or "-", batch, r["precision"],
             r["data_label"],
             r["status"] + (f" ({r['runs_ok']}/{r['runs_total']})" if r["runs_total"] > 1 else ""),
             f"{ips:.1f}" if ips is not None else "-",
@@ -121,6 +128,11 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
             _flags(r),
         ))
     out = _columns(lines)
+    out += ["", "placed: devices the framework reports the timed steps ran on (the record's "
+            "placement); BN: BatchNorm statistics per device or over the global batch"]
+    for r in rows:
+        if r.get("placement_collapsed"):
+            out.append(f"  * {r['runner']} n={r['num_devices']}: {r['placement_collapsed']}")
     if any(r.get("unstable") for r in rows):
         out += ["", "unstable: a run's mean of per-step rates and its images/sec (all images over "
                 "the whole window) differ by more than 2%: some steps stalled"]

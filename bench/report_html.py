@@ -42,15 +42,21 @@ def _flags(row: dict[str, Any]) -> list[str]:
 
 
 def _summary(rows: list[dict[str, Any]]) -> str:
-    head = ["runner", "model", "devices", "batch", "prec", "data", "status", "img/s", "95% CI",
+    head = ["runner", "model", "devices", "placed", "BN", "batch", "prec", "data", "status",
+            "img/s", "95% CI",
             "CV", "speedup", "efficiency", "GPU util", "run cores", "J/image", "MFU", "flags"]
     out = []
     for r in rows:
         kind = "virtual CPU" if r["virtual_devices"] else r["device"]
         ci = (f"{r['images_per_sec_ci_low']:.1f}-{r['images_per_sec_ci_high']:.1f}"
               if r.get("images_per_sec_ci_low") is not None else "-")
+        placed = r.get("placed_devices")
         out.append([_e(r["runner"]), _e(r["model"]), _e(f"{r['num_devices']} {kind}"),
-                    _e(r["global_batch_size"]), _e(r["precision"]), _e(r["data_label"]),
+                    _e("-" if placed is None else placed) + (
+                        f" <i>({_e(r['placement_collapsed'])})</i>"
+                        if r.get("placement_collapsed") else ""),
+                    _e(r.get("batchnorm") or "-"), _e(r["global_batch_size"]),
+                    _e(r["precision"]), _e(r["data_label"]),
                     _e(f"{r['status']} ({r['runs_ok']}/{r['runs_total']})"),
                     _num(r["images_per_sec"], ".1f"), ci, _num(r.get("images_per_sec_cv"), ".1%"),
                     _num(r.get("speedup"), ".2f"), _num(r.get("scaling_efficiency"), ".0%"),

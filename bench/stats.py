@@ -23,7 +23,8 @@ SUMMARY_FIELDS = (
     "speedup", "speedup_ci_low", "speedup_ci_high", "scaling_efficiency",
     "efficiency_ci_low", "efficiency_ci_high", "unstable", "not_steady", "noisy", "starved",
     "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu", "peak_flops",
-    "real_vs_synthetic", "input_bound", "reason",
+    "placed_devices", "placement_collapsed", "batchnorm", "real_vs_synthetic", "input_bound",
+    "reason",
 )
 PIPELINE_FIELDS = (
     "pipeline", "model", "image_size", "batch", "augmentation", "loader_workers", "cores",
@@ -119,6 +120,20 @@ def telemetry_columns(recs: list[dict[str, Any]], cv: float | None,
     }
 
 
+def placement_columns(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a configuration's ok runs worked, as their frameworks reported it: the fewest
+    devices any run's placement named, the framework's own collapse note if any, and the
+    BatchNorm statistics' scope the runner reported (per_device, global)."""
+    placed = [len(r["placement"]) for r in recs if isinstance(r.get("placement"), dict)]
+    results = [r.get("result") or {} for r in recs]
+    return {
+        "placed_devices": min(placed) if placed else None,
+        "placement_collapsed": next((x["placement_collapsed"] for x in results
+                                     if x.get("placement_collapsed")), None),
+        "batchnorm": next((x["batchnorm"] for x in results if x.get("batchnorm")), None),
+    }
+
+
 def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
               ) -> list[dict[str, Any]]:
     """One row per configuration and device count: the median images/sec over repeats with
@@ -154,6 +169,7 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
             "images_per_sec_cv": coefficient_of_variation(ok),
             **run_flags(ok_recs),
             **telemetry_columns(ok_recs, coefficient_of_variation(ok), cv_target),
+            **placement_columns(ok_recs),
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
             "_group": key[:-1], "_ok": ok,
         })

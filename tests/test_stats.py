@@ -132,3 +132,23 @@ def test_table_and_chart_show_real_vs_synthetic(tmp_path) -> None:
     chart = render_real_chart(tmp_path, rows)
     assert chart is not None and chart.stat().st_size > 0
     assert render_real_chart(tmp_path, summarise([rec(1, 100.0)])) is None
+
+
+def test_summary_shows_placement_and_batchnorm_from_the_records() -> None:
+    """placed_devices is the fewest devices any ok run's framework-read placement named; the
+    collapse note and the BatchNorm scope come from the runner's result; the table shows them."""
+    from bench.report import format_table
+
+    spread = {"placement": {"rank0:cpu": 8, "rank1:cpu": 8},
+              "result": {"batchnorm": "per_device"}}
+    collapsed = {"placement": {"cpu(0)": 2},
+                 "result": {"placement_collapsed": "keras-mxnet maps cpu(i) to cpu(0)"}}
+    rows = summarise([rec(1, 100.0, placement={"rank0:cpu": 8}), rec(2, 180.0, **spread),
+                      rec(2, 170.0, runner="k", **collapsed)])
+    by = {(r["runner"], r["num_devices"]): r for r in rows}
+    assert by[("r", 1)]["placed_devices"] == 1 and by[("r", 2)]["placed_devices"] == 2
+    assert by[("r", 2)]["batchnorm"] == "per_device" and by[("r", 1)]["batchnorm"] is None
+    assert by[("k", 2)]["placed_devices"] == 1
+    assert "cpu(0)" in by[("k", 2)]["placement_collapsed"]
+    table = format_table(rows)
+    assert "per_device" in table and "keras-mxnet maps cpu(i) to cpu(0)" in table
