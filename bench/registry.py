@@ -74,6 +74,15 @@ LOADER_OPTION = Option(str, "framework", ("framework", "keras"),
                        "real data: the framework's fast pipeline, or the Keras-idiomatic "
                        "Sequence/PyDataset a Keras user writes (runners/keras_data.py)")
 
+KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data"),
+                             "Keras 2 tower runners: numpy batches fed by session.run's "
+                             "feed_dict every step (as fit on arrays did), the same through a "
+                             "StagingArea per tower one step ahead, or a tf.data dataset "
+                             "given to fit")
+KERAS2_WRAP_OPTION = Option(bool, False, help="at 1 device, build the one-tower wrapper "
+                                              "(measures its cost) instead of the plain model "
+                                              "the original falls back to")
+
 
 DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
                             "real data: NVIDIA DALI on GPUs when it is installed (auto), or "
@@ -120,34 +129,62 @@ RUNNERS: dict[str, RunnerInfo] = {
             "keras_tf_kuza55",
             "tf",
             "runners.keras_tf_kuza55",
-            "kuza55's make_parallel: towers per device, outputs merged on the parameter device",
+            "kuza55's make_parallel (2016) on Keras 2 (tf_keras, TF1 graph, fit): whole batch "
+            "to every tower, sliced there, outputs merged on /cpu:0",
             options={
                 "loader": LOADER_OPTION,
-                "ps": Option(str, "cpu", ("cpu", "gpu"), "where variables live and outputs merge"),
+                "input": KERAS2_INPUT_OPTION,
+                "ps": Option(str, "cpu", ("cpu", "gpu"), "where the template's variables live"),
             },
+            equivalence_options=({"input": "staging"}, {"input": "tf_data"}, {"ps": "gpu"}),
         ),
         RunnerInfo(
             "keras_tf_multi_gpu_model",
             "tf",
             "runners.keras_tf_multi_gpu_model",
-            "Keras 2.0.9-2.2 multi_gpu_model: CPU template, replicas per device, CPU merge",
+            "Keras 2.1.6-2.2.5 multi_gpu_model on Keras 2 (tf_keras, TF1 graph, fit): CPU "
+            "template, replicas per device, CPU merge; plain model at 1 device",
             options={
                 "loader": LOADER_OPTION,
+                "input": KERAS2_INPUT_OPTION,
+                "keras_version": Option(str, "2.2", ("2.1", "2.2"),
+                                        "2.1: slice inside each replica's device scope (whole "
+                                        "batch to every device); 2.2: slice on the input's "
+                                        "device (keras PR #10230)"),
                 "cpu_merge": Option(bool, True, help="merge replica outputs on the CPU"),
-                "cpu_relocation": Option(bool, False, help="rebuild the template under /cpu:0"),
+                "cpu_relocation": Option(bool, False,
+                                         help="clone the template under /cpu:0 and train the "
+                                              "clone (Keras 2.1.6+)"),
+                "wrap_single_device": KERAS2_WRAP_OPTION,
             },
+            equivalence_options=({"keras_version": "2.1"}, {"cpu_merge": False},
+                                 {"input": "staging"}, {"input": "tf_data"},
+                                 {"wrap_single_device": True}),
         ),
         RunnerInfo(
             "keras_tf_avolkov1",
             "tf",
             "runners.keras_tf_avolkov1",
-            "avolkov1's make_parallel: slicing on the parameter device, optional prefetch",
+            "avolkov1's make_parallel (2017) on Keras 2 (tf_keras, TF1 graph, fit): slicing "
+            "and merge on the parameter device, StagingArea input, its multi-GPU optimizer; "
+            "plain model at 1 device",
             options={
                 "loader": LOADER_OPTION,
-                "ps": Option(str, "cpu", ("cpu", "gpu"), "where variables live and slicing runs"),
-                "prefetch": Option(bool, False, help="prefetch each slice to its device"),
-                "average_gradients": Option(bool, False, help="average gradients across towers"),
+                "input": KERAS2_INPUT_OPTION,
+                "ps": Option(str, "cpu", ("cpu", "gpu"),
+                             "where variables live, slicing and the merge run"),
+                "average_gradients": Option(bool, False,
+                                            help="its SGD_MGPU: gradients of the merged loss "
+                                                 "once per device (N backward passes), "
+                                                 "averaged"),
+                "nccl": Option(bool, False, help="average those copies by NCCL all-reduce "
+                                                 "(GPUs; needs average_gradients)"),
+                "wrap_single_device": KERAS2_WRAP_OPTION,
             },
+            equivalence_options=({"average_gradients": True}, {"input": "staging"},
+                                 {"input": "tf_data"}, {"ps": "gpu"},
+                                 {"average_gradients": True, "input": "staging"},
+                                 {"wrap_single_device": True}),
         ),
         RunnerInfo(
             "tensorpack",

@@ -1,8 +1,9 @@
-"""Keras 2.2 (keras-mxnet) helpers for the keras_mxnet runner and the MXNet parity test:
-parameter counts, FLOPs and the probe's canonical weights, as models.keras_common has them.
+"""Keras 2 helpers (keras-mxnet 2.2 for the keras_mxnet runner and the MXNet parity test; tf_keras
+for the Keras 2 tower runners, runners/keras2_towers.py): parameter counts, FLOPs and the
+probe's canonical weights, as models.keras_common has them.
 
-Imports keras lazily, inside the functions: callers import keras-mxnet first
-(runners.mxnet_common.import_keras_mxnet), never the parent process.
+Imports keras lazily, inside the functions: callers make a Keras 2 the `keras` module first
+(runners.mxnet_common.import_keras_mxnet, runners.keras2_towers), never the parent process.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ def _keras() -> Any:
 
 def _leaf_layers(model: Any) -> Iterator[Any]:
     """The model's layers, nested models expanded."""
-    network = _keras().engine.network.Network
+    keras = _keras()
+    # keras-mxnet (Keras 2.2) nests Networks; tf_keras (Keras 2.x for TF) has no keras.engine
+    engine = getattr(keras, "engine", None)
+    network = engine.network.Network if engine is not None else keras.Model
     for layer in model.layers:
         if isinstance(layer, network):
             yield from _leaf_layers(layer)

@@ -1,44 +1,49 @@
-"""kuza55's make_parallel (Oct 2016, keras-extras utils/multi_gpu.py) rebuilt on Keras 3 + TF.
+"""kuza55's make_parallel (keras-extras utils/multi_gpu.py, Oct 2016) on Keras 2 (tf_keras in a
+TF1 graph), trained by fit as its users trained it (runners/keras2_towers.py: stack, input).
 
-Split: the whole global batch goes to every tower's device and each tower slices its own
-B/N rows there (x[i*B/N:(i+1)*B/N]), as kuza55's get_slice did inside the device scope.
-Variables: one template model built on the parameter device (`ps`: /cpu:0, or the first
-device); every tower calls that same template, so weights and BatchNorm statistics are shared.
-Merge: tower outputs are concatenated on the parameter device, where one loss is computed
-over the merged output; gradients are taken with tf.gradients, which colocates each tower's
-backward ops with its forward ops (colocate_gradients_with_ops=True), and the per-tower
-contributions to each shared variable are summed for a single update on the parameter device.
-kuza55 gave each tower B//N rows and silently dropped the rest: this runner refuses (Invalid)
-a global batch that does not divide by N instead.
+Follows the original: for each device i, under `tf.device(device i)` and name scope tower_i,
+a Lambda slices the whole input batch (so the whole batch travels to every tower and is cut
+there) to rows [i*B//N, (i+1)*B//N) and calls the one template model on it (shared weights and
+BatchNorm statistics); the towers' outputs are concatenated on /cpu:0 into the model fit
+trains. Compile adds the loss with no device scope (TF's default placement); Keras 2's
+gradients colocate each tower's backward ops with its forward ops, and the per-tower
+contributions to each shared variable are summed for one SGD update where the variable lives.
+At 1 device kuza55 wraps too (one tower, the merge on /cpu:0): so does this runner.
+The template is built under the `ps` device (/cpu:0, or the first tower device); the original
+leaves that to its user (no scope: TF put the variables on /gpu:0).
+Differs: kuza55 silently dropped the B mod N rows left over; this runner refuses such a global
+batch (Invalid). Keras 1's merge(mode='concat') is Keras 2's Concatenate.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import keras
-
-from runners import keras_towers as kt
+from runners import keras2_towers as kt
 from runners.common import Spec, main
 
 RUNNER = "keras_tf_kuza55"
 
 
-def make(spec: Spec, devices: list[str]) -> tuple[kt.TowerModel, keras.Model]:
-    """The parallel model and its template, variables on the parameter device."""
+def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
     ps = kt.ps_device(spec, devices)
     template = kt.build_template(spec["model"], ps)
-    return kt.TowerModel(template, devices, merge_device=ps, remainder="drop"), template
+    recipe = kt.Recipe(devices, merge_device="/cpu:0", slice_device=None, remainder="drop")
+    built = kt.compile_model(template, recipe, devices[0], input_mode, kt.optimizer(spec))
+    return built, {"wrapped": True, "ps": spec["options"].get("ps", "cpu"),
+                   "tower_devices": list(devices), "merge_device": "/cpu:0",
+                   "slice_device": "each tower's device (whole batch to every tower)",
+                   "split": [spec["global_batch_size"] // len(devices)] * len(devices)}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     kt.require_even_split(spec["global_batch_size"], spec["num_devices"], RUNNER)
-    return kt.benchmark_towers(spec, make, {"ps": spec["options"].get("ps", "cpu")})
+    return kt.benchmark(spec, make)
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     kt.require_even_split(spec["global_batch_size"], spec["num_devices"], RUNNER)
-    return kt.equivalence_towers(spec, make)
+    return kt.equivalence(spec, make)
 
 
 if __name__ == "__main__":

@@ -1,53 +1,107 @@
-"""Keras 2.0.9-2.2.x `keras.utils.multi_gpu_model` rebuilt on Keras 3 + TF.
+"""Keras 2's `keras.utils.multi_gpu_model` (keras-team/keras 2.1.6 .. 2.2.5,
+keras/utils/multi_gpu_utils.py) on Keras 2 (tf_keras in a TF1 graph), trained by fit
+(runners/keras2_towers.py: stack, input).
 
-Split: every replica slices its part of the global batch on its own device; each gets B//N
-rows and the last one also takes the remainder (B - (N-1)*(B//N)), as Keras 2.1+ did.
-Variables: the template is built under /cpu:0 (what the Keras docs told users to do); with
-`cpu_relocation` the template is built without a device scope and then rebuilt under /cpu:0
-with its weights copied in (clone_model + set_weights), as Keras 2.2.1's option did.
-Merge: replica outputs are concatenated on the CPU (`cpu_merge`, default) or on the first
-device; one loss over the merged output; gradients via tf.gradients, colocated with each
-replica's forward ops, summed per shared variable and applied once where the variable lives.
-The template (not the wrapper) stays saveable (seed 002, tip 4): once per run it is saved to
-a .keras file, reloaded and its weights compared ("saved_template_ok").
+Follows the original: the template is built under /cpu:0 (the docs' usage); for each device
+i, under `tf.device(device i)` and name scope replica_i, a Lambda takes rows
+[i*B//N, (i+1)*B//N) of the input batch, the last replica also taking the remainder, and the
+template is called on them; outputs are concatenated on /cpu:0 (`cpu_merge: true`) or on the
+first device (`cpu_merge: false`).
+`keras_version` picks the slicing: "2.1" (2.0.9 .. 2.1.6) slices inside each replica's device
+scope, so the whole batch travels to every device; "2.2" (2.2.0+, keras PR #10230) slices
+under `tf.device(x.device)`, the device of the template's input placeholder (/cpu:0 here), so
+only each slice travels. `cpu_relocation` (from 2.1.6 on, both versions) clones the template
+under /cpu:0 (clone_model: new variables, freshly initialised) and trains the clone, as the
+original does; the model passed in is then not the one trained.
+At 1 device the original refuses (gpus must be >= 2): this runner trains the plain template on
+that device and says so (`wrapped: false`); `wrap_single_device: true` builds the one-replica
+wrapper instead, to measure the wrapper's own cost.
+Differs: Keras 2.0.9-2.1.5 had no cpu_merge / cpu_relocation arguments (merge on /cpu:0
+always); "2.1" here is 2.1.6's code. The template, not the wrapper, is saved once per run
+(HDF5, Keras 2's format) and reloaded ("saved_template_ok", seed 002 tip 4).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
-import keras
-import tensorflow as tf
+import numpy as np
 
-from runners import keras_towers as kt
-from runners.common import Spec, main
+from runners import keras2_towers as kt
+from runners.common import Invalid, Spec, main
+
+ORIGINAL = "Keras 2.2 multi_gpu_model (refuses gpus < 2)"
+SLICING = {"2.1": None, "2.2": "input"}
 
 
-def make(spec: Spec, devices: list[str]) -> tuple[kt.TowerModel, keras.Model]:
-    """The parallel model and the template it trains."""
+def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
     opts = spec["options"]
-    if opts.get("cpu_relocation", False):
-        built = kt.build_template(spec["model"], None)
+    version = str(opts.get("keras_version", "2.2"))
+    if version not in SLICING:
+        raise Invalid(f"keras_version {version!r} is not one of {sorted(SLICING)}")
+    common = {"keras_version": version, "cpu_merge": bool(opts.get("cpu_merge", True)),
+              "cpu_relocation": bool(opts.get("cpu_relocation", False))}
+    plain = kt.single_device(spec, devices, ORIGINAL)
+    if plain is not None:
+        template = kt.build_template(spec["model"], devices[0])
+        built = kt.compile_model(template, None, devices[0], input_mode, kt.optimizer(spec))
+        return built, {**common, **plain}
+    if common["cpu_relocation"]:
+        import tensorflow as tf
+        import tf_keras
+
+        passed = kt.build_template(spec["model"], None)
         with tf.device("/cpu:0"):
-            template = keras.models.clone_model(built)
-        template.set_weights(built.get_weights())
+            template = tf_keras.models.clone_model(passed)
     else:
         template = kt.build_template(spec["model"], "/cpu:0")
-    merge = "/cpu:0" if opts.get("cpu_merge", True) else devices[0]
-    return kt.TowerModel(template, devices, merge_device=merge, remainder="last"), template
+    merge = "/cpu:0" if common["cpu_merge"] else devices[0]
+    recipe = kt.Recipe(devices, merge_device=merge, slice_device=SLICING[version],
+                       remainder="last", scope="replica")
+    built = kt.compile_model(template, recipe, devices[0], input_mode, kt.optimizer(spec))
+    b, n = spec["global_batch_size"], len(devices)
+    return built, {
+        **common, "wrapped": True, "tower_devices": list(devices), "merge_device": merge,
+        "slice_device": (f"the input's device ({template.inputs[0].device or 'none'})"
+                         if version == "2.2" else "each replica's device (whole batch to "
+                                                  "every replica)"),
+        "split": [b // n] * (n - 1) + [b - (n - 1) * (b // n)]}
+
+
+def check_saveable(template: Any) -> bool:
+    """Save the template to HDF5, load it back, and check every weight matches; Invalid if
+    not."""
+    import tf_keras
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "template.h5")
+        template.save(path)
+        loaded = tf_keras.models.load_model(path, compile=False)
+        ours, theirs = template.get_weights(), loaded.get_weights()
+    if len(ours) != len(theirs) or not all(
+            a.shape == b.shape and np.array_equal(a, b) for a, b in zip(ours, theirs,
+                                                                         strict=True)):
+        raise Invalid("the saved and reloaded template's weights differ from the template's")
+    return True
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec["options"]
-    return kt.benchmark_towers(spec, make, {
-        "cpu_merge": bool(opts.get("cpu_merge", True)),
-        "cpu_relocation": bool(opts.get("cpu_relocation", False)),
-        "split": kt.split_sizes(spec["global_batch_size"], spec["num_devices"], "last"),
-    }, after=lambda template: {"saved_template_ok": kt.check_saveable(template)})
+    holder: dict[str, Any] = {}
+
+    def make_and_keep(spec: Spec, devices: list[str], input_mode: str
+                      ) -> tuple[kt.Built, dict[str, Any]]:
+        built, fields = make(spec, devices, input_mode)
+        holder["template"] = built.template
+        return built, fields
+
+    result = kt.benchmark(spec, make_and_keep)
+    return {**result, "saved_template_ok": check_saveable(holder["template"])}
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    return kt.equivalence_towers(spec, make)
+    return kt.equivalence(spec, make)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""The 2017 Keras tower runners (keras_tf_kuza55, keras_tf_multi_gpu_model, keras_tf_avolkov1):
-what the generic equivalence and CLI tests do not cover. multi_gpu_model's uneven split, kuza55
-refusing an uneven batch, the saved template, and avolkov1's options, run for real on virtual
-CPU devices in the TF environment."""
+"""The 2017 Keras tower runners on Keras 2 (keras_tf_kuza55, keras_tf_multi_gpu_model,
+keras_tf_avolkov1; runners/keras2_towers.py): what the generic equivalence, real-data and CLI
+tests do not cover. Where each strategy's ops ran is read from TensorFlow's partition graphs,
+never from the device names the runner asked for. Run for real on virtual CPU devices in the
+TF environment."""
 
 from __future__ import annotations
 
@@ -15,140 +16,217 @@ import pytest
 
 from bench.launch import launch
 from bench.plan import RunSpec
-from bench.records import load_records
 from bench.registry import RUNNERS
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
 from tests.test_equivalence import BATCH, LR, RTOL, make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
+CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
 
 
 def run_tf(python: str, code: str) -> dict:
     """Run `code` in the TF environment from the repo root; it prints one JSON line last."""
     proc = subprocess.run([python, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def child_spec(runner: str, n: int, global_batch: int, tmp_path: Path, *, model: str = "probe",
+def child_spec(runner: str, n: int, global_batch: int, *, model: str = "probe",
                mode: str = "benchmark", options: dict | None = None,
                equivalence: dict | None = None) -> RunSpec:
     info = RUNNERS[runner]
+    opts = "".join(f"-{k}={v}" for k, v in (options or {}).items())
     return RunSpec(
-        run_id=f"{runner}-{mode}-n{n}-gb{global_batch}", sweep_id="towers", runner=runner,
-        family=info.family, module=info.module, model=model, num_devices=n, device="cpu",
-        virtual_devices=True, scaling="strong", batch_size_per_device=global_batch // n,
-        global_batch_size=global_batch, data="synthetic", precision="fp32", warmup_steps=1,
-        measure_steps=1, repeat=0, timeout_s=300,
+        run_id=f"{runner}-{mode}-n{n}-gb{global_batch}{opts}", sweep_id="towers",
+        runner=runner, family=info.family, module=info.module, model=model, num_devices=n,
+        device="cpu", virtual_devices=True, scaling="strong",
+        batch_size_per_device=global_batch // n, global_batch_size=global_batch,
+        data="synthetic", precision="fp32", warmup_steps=1, measure_steps=2, repeat=0,
+        timeout_s=600,
         options={**{k: o.default for k, o in info.options.items()}, **(options or {})},
         mode=mode, equivalence=equivalence)
 
 
-def test_multi_gpu_model_slices_give_last_tower_the_remainder(tf_python: str) -> None:
-    """B=10 over 3 towers: [3, 3, 4], nothing dropped; kuza55's split would be [3, 3, 3]. The
-    tower model on 3 virtual devices returns all 10 rows, equal to the template's output, and
-    owns no weights beyond the template's (BatchNorm statistics included)."""
-    out = run_tf(tf_python, """
-        import json
-        import numpy as np
-        import tensorflow as tf
-        from runners import keras_towers as kt
-        from runners.tf_common import setup_devices
-        names, _ = setup_devices({"num_devices": 3, "device": "cpu"})
-        x = tf.reshape(tf.range(10 * 2), (10, 2))
-        last = [kt.slice_batch(x, i, 3, "last") for i in range(3)]
-        drop = [kt.slice_batch(x, i, 3, "drop") for i in range(3)]
-        template = kt.build_template("minigooglenet", "/cpu:0")
-        model = kt.TowerModel(template, names, merge_device="/cpu:0", remainder="last")
-        images = tf.random.stateless_normal((10, 32, 32, 3), seed=(5, 6))
-        mean = [w for w in template.weights if "moving_mean" in w.path][0]
-        before = mean.numpy().copy()
-        merged = model(images, training=False)
-        reference = template(images, training=False)
-        model(images, training=True)
-        print(json.dumps({
-            "last": [int(t.shape[0]) for t in last],
-            "drop": [int(t.shape[0]) for t in drop],
-            "rows_kept": bool(np.array_equal(tf.concat(last, 0).numpy(), x.numpy())),
-            "sizes_last": kt.split_sizes(10, 3, "last"),
-            "sizes_drop": kt.split_sizes(10, 3, "drop"),
-            "merged_rows": int(merged.shape[0]),
-            "max_diff": float(np.abs(merged.numpy() - reference.numpy()).max()),
-            "same_weights": [id(w) for w in model.weights] == [id(w) for w in template.weights],
-            "bn_updated": bool(np.abs(mean.numpy() - before).max() > 0),
-        }))
-        """)
-    assert out["last"] == out["sizes_last"] == [3, 3, 4]
-    assert out["drop"] == out["sizes_drop"] == [3, 3, 3]
-    assert out["rows_kept"]
-    assert out["merged_rows"] == 10
-    assert out["max_diff"] < 1e-5
-    assert out["same_weights"]
-    assert out["bn_updated"], "towers did not update the template's BatchNorm statistics"
+def run(runner: str, n: int, batch: int, tmp_path: Path, python: str,
+        options: dict | None = None) -> dict:
+    rec = launch(child_spec(runner, n, batch, options=options), python, tmp_path, {})
+    assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])
+    return rec
 
 
-@pytest.mark.parametrize("runner", ["keras_tf_kuza55", "keras_tf_avolkov1"])
-def test_uneven_batch_is_invalid_not_silently_dropped(runner: str, tmp_path: Path,
-                                                     tf_python: str) -> None:
-    """The config refuses an uneven strong-scaling batch; the child refuses it too."""
-    rec = launch(child_spec(runner, 3, 10, tmp_path), tf_python, tmp_path, {})
+# Slicing: where each tower's rows are cut, read from the partition graphs of one session.run
+# of the parallel model's output, and how many rows each tower gets.
+SLICES = """
+import json
+import numpy as np
+import tensorflow as tf
+from runners import keras2_towers as kt
+from runners import keras_tf_avolkov1, keras_tf_kuza55, keras_tf_multi_gpu_model
+from runners.tf_placement import graph_run_options, partition_graphs
+
+spec = {"num_devices": 3, "device": "cpu", "precision": "fp32", "global_batch_size": 10,
+        "model": "probe", "runner": "x", "data": "synthetic"}
+names, _, _ = kt.setup(spec)
+cases = {"kuza55": (keras_tf_kuza55, {}),
+         "mgm21": (keras_tf_multi_gpu_model, {"keras_version": "2.1"}),
+         "mgm22": (keras_tf_multi_gpu_model, {"keras_version": "2.2"}),
+         "avolkov1": (keras_tf_avolkov1, {})}
+x = np.random.default_rng(0).standard_normal((10, 8, 8, 3)).astype(np.float32)
+out = {}
+sess = kt.K.get_session()
+for name, (module, options) in cases.items():
+    built, fields = module.make({**spec, "options": options}, names, "feed_dict")
+    model = built.model
+    opts, md = graph_run_options()
+    tower = sess.run([l.output for l in model.layers if l.name.startswith("slice_")],
+                     feed_dict={model.inputs[0]: x}, options=opts, run_metadata=md)
+    merged = sess.run(model.outputs[0], feed_dict={model.inputs[0]: x}, options=opts,
+                      run_metadata=md)
+    plain = sess.run(built.template.outputs[0], feed_dict={built.template.inputs[0]: x})
+    cut = {}
+    for g in partition_graphs(md):
+        for node in g.node:
+            if node.op == "StridedSlice" and "/slice_" in "/" + node.name:
+                cut[node.name.split("/")[-2] if "/" in node.name else node.name] = node.device
+    out[name] = {"rows": [int(t.shape[0]) for t in tower], "merged": int(merged.shape[0]),
+                 "max_diff": float(np.abs(merged[:len(merged)] - plain[:len(merged)]).max()),
+                 "slice_devices": sorted(set(cut.values())), "split": fields["split"]}
+print(json.dumps(out))
+"""
+
+
+def test_slicing_follows_each_original(tf_python: str) -> None:
+    """B=10 over 3 towers: kuza55 drops the remainder ([3, 3, 3]); multi_gpu_model and avolkov1
+    give the last tower the rest ([3, 3, 4]). kuza55 and multi_gpu_model 2.1 slice on each
+    tower's device, 2.2 on the input's device (CPU:0), avolkov1 on the parameter device: as TF
+    placed the slices. The merged output equals the template's on the rows kept."""
+    out = run_tf(tf_python, SLICES)
+    assert out["kuza55"]["rows"] == out["kuza55"]["split"] == [3, 3, 3]
+    assert out["kuza55"]["merged"] == 9
+    for name in ("mgm21", "mgm22", "avolkov1"):
+        assert out[name]["rows"] == out[name]["split"] == [3, 3, 4], name
+        assert out[name]["merged"] == 10, name
+    for name, o in out.items():
+        assert o["max_diff"] < 1e-5, (name, o)
+    every = [CPU.format(i) for i in range(3)]
+    assert out["kuza55"]["slice_devices"] == every
+    assert out["mgm21"]["slice_devices"] == every
+    assert out["mgm22"]["slice_devices"] == [CPU.format(0)]
+    assert out["avolkov1"]["slice_devices"] == [CPU.format(0)]
+
+
+def test_kuza55_refuses_an_uneven_batch(tmp_path: Path, tf_python: str) -> None:
+    rec = launch(child_spec("keras_tf_kuza55", 3, 10), tf_python, tmp_path, {})
     assert rec["status"] == "invalid", rec["reason"]
     assert "drop" in rec["reason"] and "10" in rec["reason"], rec["reason"]
 
 
-@pytest.mark.parametrize("options", [{}, {"cpu_relocation": True, "cpu_merge": False}],
-                         ids=["defaults", "relocation-gpu-merge"])
+@pytest.mark.parametrize("runner", ["keras_tf_multi_gpu_model", "keras_tf_avolkov1"])
+def test_one_device_baseline_is_the_plain_model(runner: str, tmp_path: Path,
+                                                tf_python: str) -> None:
+    """At 1 device the originals refuse (multi_gpu_model) or return the serial model
+    (avolkov1): the record says plain model, and TF ran it on that one device; with
+    wrap_single_device the wrapper is built (its merge/slicing on /cpu:0 = device 0 here)."""
+    plain = run(runner, 1, 8, tmp_path, tf_python)["result"]
+    assert plain["wrapped"] is False and plain["baseline"].startswith("plain model, as ")
+    assert list(plain["placement"]) == [CPU.format(0)]
+    wrapped = run(runner, 1, 8, tmp_path, tf_python, {"wrap_single_device": True})["result"]
+    assert wrapped["wrapped"] is True and "baseline" not in wrapped
+    assert list(wrapped["placement"]) == [CPU.format(0)]
+    # the wrapper adds ops (slice, concatenate) to the same step
+    assert wrapped["placement"][CPU.format(0)] > plain["placement"][CPU.format(0)]
+
+
+def test_kuza55_wraps_at_one_device(tmp_path: Path, tf_python: str) -> None:
+    res = run("keras_tf_kuza55", 1, 8, tmp_path, tf_python)["result"]
+    assert res["wrapped"] is True and res["tower_devices"] == ["/cpu:0"]
+
+
+def test_avolkov1_average_gradients_runs_n_backward_passes(tmp_path: Path,
+                                                           tf_python: str) -> None:
+    """Its SGD_MGPU takes the merged loss's gradients once per device: the step TF ran holds
+    N times the convolution backward ops of the default step, over both devices."""
+    default = run("keras_tf_avolkov1", 2, 8, tmp_path, tf_python)["result"]
+    averaged = run("keras_tf_avolkov1", 2, 8, tmp_path, tf_python,
+                   {"average_gradients": True})["result"]
+    assert default["conv_backprop_filter_ops"] > 0
+    assert averaged["conv_backprop_filter_ops"] == 2 * default["conv_backprop_filter_ops"]
+    assert averaged["gradient_copies"] == 2
+    assert sorted(averaged["placement"]) == [CPU.format(0), CPU.format(1)]
+
+
+@pytest.mark.parametrize("options", [{}, {"cpu_relocation": True, "cpu_merge": False,
+                                          "keras_version": "2.1"}],
+                         ids=["defaults", "relocation-gpu-merge-2.1"])
 def test_multi_gpu_model_saves_its_template(options: dict, tmp_path: Path,
                                             tf_python: str) -> None:
-    args = ["--config", "configs/cpu-smoke.yaml", "--set", "runners=[keras_tf_multi_gpu_model]",
-            "--set", "devices=[2]", "--set", "warmup_steps=1", "--set", "measure_steps=2",
-            "--set", "batch_size_per_device=4", "--out", str(tmp_path / "out")]
-    for name, value in options.items():
-        args += ["--set", f"runner_options.keras_tf_multi_gpu_model.{name}={str(value).lower()}"]
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (rec,) = load_records(tmp_path / "out")
-    assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])
+    rec = run("keras_tf_multi_gpu_model", 2, 8, tmp_path, tf_python, options)
     result = rec["result"]
     assert result["saved_template_ok"] is True
-    assert result["split"] == [4, 4]
-    assert result["tower_devices"] == ["/cpu:0", "/cpu:1"]
+    assert result["split"] == [4, 4] and result["wrapped"] is True
+    assert sorted(result["placement"]) == [CPU.format(0), CPU.format(1)]
     assert result["variables_device"].endswith("CPU:0")
     assert result["cpu_relocation"] is options.get("cpu_relocation", False)
     assert result["cpu_merge"] is options.get("cpu_merge", True)
+    assert result["merge_device"] == "/cpu:0"  # CPU:0, or the first device: /cpu:0 here
+    assert result["keras_version"] == options.get("keras_version", "2.2")
 
 
-def test_avolkov1_prefetch_and_average_gradients_run(tmp_path: Path, tf_python: str) -> None:
-    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--set", "runners=[keras_tf_avolkov1]",
-                   "--set", "devices=[2]", "--set", "warmup_steps=1", "--set", "measure_steps=2",
-                   "--set", "batch_size_per_device=4",
-                   "--set", "runner_options.keras_tf_avolkov1.prefetch=true",
-                   "--set", "runner_options.keras_tf_avolkov1.average_gradients=true",
-                   "--out", str(tmp_path / "out"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (rec,) = load_records(tmp_path / "out")
-    assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])
-    assert rec["samples"] == 2 * 8
-    result = rec["result"]
-    assert result["prefetch"] is True and result["average_gradients"] is True
-    assert result["tower_devices"] == ["/cpu:0", "/cpu:1"]
-    assert result["slice_device"] == "/cpu:0"
+STAGING = """
+import json, sys
+import numpy as np
+from runners import keras2_towers as kt
+from runners import keras_tf_avolkov1
+from runners.common import load_equivalence_inputs
+from models.keras2_common import get_canonical_weights, set_canonical_weights
+
+spec = {"num_devices": 2, "device": "cpu", "precision": "fp32", "global_batch_size": 16,
+        "model": "probe", "runner": "x", "data": "synthetic",
+        "options": {"input": "staging"}, "equivalence": {"inputs": sys.argv[1],
+                                                         "learning_rate": 0.5}}
+names, _, _ = kt.setup(spec)
+weights, x, y, lr = load_equivalence_inputs(spec)
+other = x[::-1].copy() * 3
+
+def step(primed, fed):
+    built, _ = keras_tf_avolkov1.make({**spec, "learning_rate": lr}, names, "staging")
+    set_canonical_weights(built.template, weights)
+    kt.prime(built, *primed)
+    built.model.fit(**kt.arrays_source(*fed).fit_args(1, True), verbose=0)
+    return get_canonical_weights(built.template)
+
+a = step((x, y), (other, y[::-1].copy()))   # trains on the primed batch
+b = step((x, y), (x, y))
+print(json.dumps({k: float(np.abs(a[k] - b[k]).max()) for k in a}))
+"""
+
+
+def test_staging_trains_on_the_batch_put_one_step_before(tmp_path: Path,
+                                                        tf_python: str) -> None:
+    """A step reads the StagingArea's previous put: primed with batch A and fed batch B, it
+    gives the same weights as a step primed with A and fed A."""
+    inputs = tmp_path / "inputs.npz"
+    make_inputs(inputs)
+    proc = subprocess.run([tf_python, "-c", textwrap.dedent(STAGING), str(inputs)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    diffs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert diffs and max(diffs.values()) < 1e-6, diffs
 
 
 def test_avolkov1_averaged_gradients_equal_one_device_step(tmp_path: Path,
                                                            tf_python: str) -> None:
-    """Per-tower mean-loss gradients averaged over 2 equal slices (with prefetch) give the
-    same SGD step as the global-mean gradient on 1 device."""
+    """N copies of the merged loss's gradients averaged, fed through staging at 2 devices, give
+    the same SGD step as the plain model on 1 device."""
     inputs = tmp_path / "inputs.npz"
     make_inputs(inputs)
     weights = {}
-    for n, options in [(1, {}), (2, {"prefetch": True, "average_gradients": True})]:
+    for n, options in [(1, {}), (2, {"input": "staging", "average_gradients": True})]:
         out = tmp_path / f"n{n}.npz"
-        spec = child_spec("keras_tf_avolkov1", n, BATCH, tmp_path, mode="equivalence",
-                          options=options, equivalence={"inputs": str(inputs),
-                                                        "output": str(out),
-                                                        "learning_rate": LR})
+        spec = child_spec("keras_tf_avolkov1", n, BATCH, mode="equivalence", options=options,
+                          equivalence={"inputs": str(inputs), "output": str(out),
+                                       "learning_rate": LR})
         rec = launch(spec, tf_python, tmp_path, {})
         assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])
         with np.load(out) as data:
