@@ -267,6 +267,8 @@ RUNNERS: dict[str, RunnerInfo] = {
                                   "process group backend (auto: nccl on GPUs, gloo on CPU)"),
             },
             precisions=("fp32", "bf16", "fp16"),  # autocast; fp16 with a GradScaler
+            equivalence_options=({"compile": True}, {"memory_format": "channels_last"},
+                                 {"backend": "gloo"}),
             launcher="torchrun",
         ),
         RunnerInfo(
@@ -281,6 +283,7 @@ RUNNERS: dict[str, RunnerInfo] = {
                                       "the Keras model's tensor layout"),
             },
             precisions=("fp32", "bf16"),
+            equivalence_options=({"data_format": "channels_first"},),
             launcher="torchrun",
         ),
         RunnerInfo(

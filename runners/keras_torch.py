@@ -23,12 +23,17 @@ the Keras model's layout. With loader `keras` each rank reads its share (files r
 processes, iterated by the adapter Keras' own fit uses on the torch backend (the public
 PyDataset iterates serially; its workers only run inside that adapter).
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
+Placement: each rank's batch rows and device and its Keras model's parameter device, gathered
+over the process group (runners.torch_dist, as torch_ddp). Equivalence runs the benchmark's
+step function (the guide's loop in DDP, the run's data_format, resident-tensor input) on the
+probe, one step of SGD without momentum. Follows the guide as published for Keras 3 (Keras
+3.x on PyTorch 2.13).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 os.environ["KERAS_BACKEND"] = "torch"  # Keras reads its backend once, at import
@@ -53,11 +58,12 @@ from runners.common import (  # noqa: E402
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
 from runners.torch_data import Batch, RealInput, SyntheticInput  # noqa: E402
 from runners.torch_dist import (  # noqa: E402
+    PlacementTracker,
     Ranks,
     StepCounter,
     close_ranks,
-    equivalence_part,
-    finish_equivalence,
+    equivalence_input,
+    equivalence_step,
     init_ranks,
     per_rank_batch,
     rank_input,
@@ -127,11 +133,41 @@ def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
                      data, size, len(share))
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    check_backend()
+def training_step(ranks: Ranks, logits: keras.Model, feed: SyntheticInput | RealInput,
+                  lr: float, momentum: float
+                  ) -> tuple[Callable[[], torch.Tensor], StepCounter, PlacementTracker]:
+    """The one step function of both modes, the guide's loop: the logits model in DDP,
+    model(x, training=True), CrossEntropyLoss, torch SGD; it returns this rank's loss."""
+    ddp_model = wrap_ddp(logits, ranks)
+    optimizer = torch.optim.SGD(logits.parameters(), lr=lr, momentum=momentum)
+    counter = StepCounter(optimizer)
+    tracker = PlacementTracker(logits)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> torch.Tensor:
+        x, y = feed.next()
+        outputs = ddp_model(tracker.saw(x), training=True)
+        loss = loss_fn(outputs.float(), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step, counter, tracker
+
+
+def dtype_policy(spec: Spec) -> str:
+    """Keras' dtype policy for the run's precision (set globally before the model is built)."""
     if spec["precision"] not in POLICIES:
         raise Unavailable(f"precision {spec['precision']}: this runner has fp32 and bf16 "
                           "(Keras' mixed_bfloat16 policy)")
+    keras.mixed_precision.set_global_policy(POLICIES[spec["precision"]])
+    return POLICIES[spec["precision"]]
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    check_backend()
+    policy = dtype_policy(spec)
     data_format = spec["options"].get("data_format", "channels_last")
     loader = spec["options"].get("loader", "framework")
     ranks = init_ranks(spec)
@@ -144,25 +180,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         feed = keras_input(spec, ranks, model_spec, batch, channels_first)
     else:
         feed = rank_input(spec, ranks, model_spec, batch, shape, channels_first)
-    policy = POLICIES[spec["precision"]]
-    keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
     model, logits = build_logits_model(spec["model"], data_format, ranks)
-    ddp_model = wrap_ddp(logits, ranks)
-    optimizer = torch.optim.SGD(logits.parameters(), lr=0.01, momentum=0.9)
-    counter = StepCounter(optimizer)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step() -> torch.Tensor:
-        x, y = feed.next()
-        outputs = ddp_model(x, training=True)
-        loss = loss_fn(outputs.float(), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-
-    result = timed_steps(spec, ranks, step, counter, batch)
+    step, counter, tracker = training_step(ranks, logits, feed, 0.01, 0.9)
+    result = timed_steps(spec, ranks, step, counter, batch, tracker)
     result.update({
         "replicas": ranks.world,
         "framework": framework_versions(),
@@ -174,7 +195,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                     "per device (torchrun), trained by the PyTorch loop of Keras' guide",
         "loop": "torch.optim.SGD + torch.nn.CrossEntropyLoss on the logits, "
                 "model(x, training=True)",
-        "threads": threads_record(ranks),
+        "rank_threads": threads_record(ranks),  # "threads" is runners.common's (rank 0)
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
     })
@@ -187,24 +208,22 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe, each rank on its slice of the batch; weights saved."""
+    """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
+    on its slice of the batch, resident on its device in the run's layout as the synthetic
+    input is; weights saved."""
     check_backend()
     data_format = spec["options"].get("data_format", "channels_last")
     ranks = init_ranks(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
-    x_part, ys = equivalence_part(x, y, ranks)
+    feed = equivalence_input(x, y, ranks, data_format == "channels_first")
+    dtype_policy(spec)
     model, logits = build_logits_model("probe", data_format, ranks)
     set_canonical_weights(model, weights)
-    ddp_model = wrap_ddp(logits, ranks)
-    optimizer = torch.optim.SGD(logits.parameters(), lr=lr)
-    xs = x_part if data_format == "channels_last" else x_part.transpose(0, 3, 1, 2)
-    xs = torch.from_numpy(np.ascontiguousarray(xs)).to(ranks.device)  # inputs come NHWC
-    loss = torch.nn.CrossEntropyLoss()(ddp_model(xs, training=True).float(), ys)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return finish_equivalence(spec, ranks, loss, lambda: get_canonical_weights(model),
-                              data_format)
+    step, counter, tracker = training_step(ranks, logits, feed, lr, 0.0)
+    result = equivalence_step(spec, ranks, step, counter, tracker,
+                              lambda: get_canonical_weights(model), data_format)
+    result["framework"] = framework_versions()
+    return result
 
 
 if __name__ == "__main__":

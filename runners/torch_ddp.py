@@ -21,13 +21,22 @@ without a barrier; on GPUs torch.cuda.synchronize() ends each timed step, and re
 with .item() waits for the step on every device before the clock is read.
 Count: the optimizer's own post-step hook counts applied steps, independently of the loop;
 the ranks' counts must agree, and samples are their sum of images stepped on.
+Placement: after the timed window each rank reports the rows and device of the batches it fed
+the model and its parameters' device, gathered with dist.all_gather_object over the process
+group whose backend and size (dist.get_backend(), get_world_size()) are checked against the
+run's; keys "rank<r>:<device>" (rank1:cpu, rank1:cuda:1), counts the rows, which must add up
+to the samples.
+Equivalence: the benchmark's own step function (DDP, torch.compile when `compile`, the memory
+format, autocast, the resident-tensor input) on the probe, one step of SGD without momentum.
+Follows PyTorch 2.13's DDP as its tutorials use it (torchrun, DDP defaults, SGD); what
+differs: synthetic data made on each device once (no DataLoader on synthetic runs).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,18 +49,22 @@ from models.torch_common import (
     set_canonical_weights,
 )
 from runners.common import (
+    Invalid,
     Spec,
     load_equivalence_inputs,
     main,
 )
+from runners.torch_data import RealInput, SyntheticInput
 from runners.torch_dist import (
     MEMORY_FORMATS,
+    PlacementTracker,
+    Ranks,
     StepCounter,
     autocast,
     check_precision,
     close_ranks,
-    equivalence_part,
-    finish_equivalence,
+    equivalence_input,
+    equivalence_step,
     framework_versions,
     init_ranks,
     nchw,
@@ -62,24 +75,21 @@ from runners.torch_dist import (
     wrap_ddp,
 )
 
+Step = Callable[[], torch.Tensor]
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec["options"]
-    layout = opts.get("memory_format", "channels_first")
-    compiled = bool(opts.get("compile", False))
-    ranks = init_ranks(spec, opts.get("backend", "auto"))
-    check_precision(spec, ranks)
-    batch = per_rank_batch(spec, ranks)
-    model_spec = get_spec(spec["model"])
-    feed = rank_input(spec, ranks, model_spec, batch, nchw(model_spec),
-                      memory_format=MEMORY_FORMATS[layout])
-    torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
-    net = load_builder(spec["model"], "torch")(model_spec, data_format=layout).to(ranks.device)
+
+def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: SyntheticInput | RealInput,
+                  lr: float, momentum: float
+                  ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None]:
+    """The one step function of both modes: `net` (on the rank's device) in DDP, compiled when
+    the run says `compile`, SGD, the run's autocast (and GradScaler in fp16), the batch from
+    `feed`; it returns this rank's loss."""
     model: nn.Module = wrap_ddp(net, ranks)
-    if compiled:
+    if spec["options"].get("compile", False):
         model = torch.compile(model)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
     counter = StepCounter(optimizer)
+    tracker = PlacementTracker(net)
     scaler = torch.amp.GradScaler("cuda") if spec["precision"] == "fp16" else None
     model.train()
 
@@ -87,7 +97,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         x, y = feed.next()
         optimizer.zero_grad(set_to_none=True)
         with autocast(ranks, spec["precision"]):
-            loss = F.cross_entropy(model(x).float(), y)
+            loss = F.cross_entropy(model(tracker.saw(x)).float(), y)
         if scaler is None:
             loss.backward()
             optimizer.step()
@@ -99,7 +109,36 @@ def benchmark(spec: Spec) -> dict[str, Any]:
             counter.skipped += scaler.get_scale() < scale  # the scaler backs off after a skip
         return loss.detach()
 
-    result = timed_steps(spec, ranks, step, counter, batch)
+    return step, counter, tracker, scaler
+
+
+def compile_record(spec: Spec) -> dict[str, Any]:
+    """Whether the step was compiled, with the graphs TorchDynamo captured (its own counters):
+    a compiled run in which it captured none did not run the compiled step."""
+    if not spec["options"].get("compile", False):
+        return {"compile": False}
+    from torch._dynamo.utils import counters
+
+    graphs = int(counters["stats"]["unique_graphs"])
+    if graphs < 1:
+        raise Invalid("compile: true, but TorchDynamo captured no graph: the step ran eagerly")
+    return {"compile": True, "compiled_graphs": graphs,
+            "compiled_by": "torch.compile (TorchDynamo, Inductor) of the DDP module"}
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    opts = spec["options"]
+    layout = opts.get("memory_format", "channels_first")
+    ranks = init_ranks(spec, opts.get("backend", "auto"))
+    check_precision(spec, ranks)
+    batch = per_rank_batch(spec, ranks)
+    model_spec = get_spec(spec["model"])
+    feed = rank_input(spec, ranks, model_spec, batch, nchw(model_spec),
+                      memory_format=MEMORY_FORMATS[layout])
+    torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
+    net = load_builder(spec["model"], "torch")(model_spec, data_format=layout).to(ranks.device)
+    step, counter, tracker, scaler = training_step(spec, ranks, net, feed, 0.01, 0.9)
+    result = timed_steps(spec, ranks, step, counter, batch, tracker)
     result.update({
         "replicas": ranks.world,
         "framework": framework_versions(),
@@ -110,11 +149,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                                            "fp16": "float16"}[spec["precision"]],
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},
-        "compile": compiled,
+        **compile_record(spec),
         "backend": ranks.backend,
         "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
                     "(torchrun); gradients all-reduced in buckets during backward",
-        "threads": threads_record(ranks),
+        "rank_threads": threads_record(ranks),  # "threads" is runners.common's (rank 0)
         "params": count_params_torch(net),
         "flops_per_sample": count_flops_torch(net, nchw(model_spec)),
     })
@@ -125,23 +164,22 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe, each rank on its slice of the batch; weights saved."""
+    """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
+    on its slice of the batch, resident on its device as the synthetic input is; weights
+    saved."""
     opts = spec["options"]
     layout = opts.get("memory_format", "channels_first")
     ranks = init_ranks(spec, opts.get("backend", "auto"))
+    check_precision(spec, ranks)
     weights, x, y, lr = load_equivalence_inputs(spec)
-    x_part, ys = equivalence_part(x, y, ranks)
+    feed = equivalence_input(x, y, ranks, True, MEMORY_FORMATS[layout])
     net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
     set_canonical_weights(net, weights)
     net = net.to(ranks.device)
-    model = wrap_ddp(net, ranks)
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr)
-    xs = torch.from_numpy(np.ascontiguousarray(x_part.transpose(0, 3, 1, 2)))  # NHWC in
-    xs = xs.to(ranks.device).contiguous(memory_format=MEMORY_FORMATS[layout])
-    loss = F.cross_entropy(model(xs), ys)
-    loss.backward()
-    optimizer.step()
-    return finish_equivalence(spec, ranks, loss, lambda: get_canonical_weights(net), layout)
+    step, counter, tracker, _ = training_step(spec, ranks, net, feed, lr, 0.0)
+    result = equivalence_step(spec, ranks, step, counter, tracker,
+                              lambda: get_canonical_weights(net), layout)
+    return {**result, **compile_record(spec)}
 
 
 if __name__ == "__main__":

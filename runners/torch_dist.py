@@ -1,7 +1,8 @@
 """torchrun ranks, shared by the PyTorch runners (torch_ddp, keras_torch): the process group,
 each rank's device, its input (the synthetic slice, or its share of the real data through
-runners/torch_data.py), the step counter, the timed loop, global losses and per-rank threads.
-Imports torch: child processes only.
+runners/torch_data.py), the step counter, the timed loop, global losses and per-rank threads;
+and, for them and horovod, the placement read back from the ranks (PlacementTracker,
+gather_placement). Imports torch: child processes only.
 """
 
 from __future__ import annotations
@@ -156,6 +157,70 @@ def rank_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
                       ranks.device, channels_first, memory_format)
 
 
+class PlacementTracker:
+    """What this rank's steps actually ran on, read from the tensors themselves: the rows and
+    devices of every input batch the step fed to its model (`saw`, called with the tensor the
+    model is given), and the devices of the model's parameters. `reset()` starts a window (the
+    timed steps, or the equivalence step)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.rows = 0
+        self.batch_devices: set[str] = set()
+
+    def reset(self) -> None:
+        self.rows, self.batch_devices = 0, set()
+
+    def saw(self, x: torch.Tensor) -> torch.Tensor:
+        self.rows += int(x.shape[0])
+        self.batch_devices.add(str(x.device))
+        return x
+
+    def local(self, rank: int) -> dict[str, Any]:
+        """This rank's row of the placement (`rank` as the process group numbers it)."""
+        return {"rank": rank, "rows": self.rows, "batch_devices": sorted(self.batch_devices),
+                "param_devices": sorted({str(p.device) for p in self.model.parameters()})}
+
+
+def gather_placement(tracker: PlacementTracker, rank: int, world: int,
+                     gather: Callable[[Any], list[Any]], source: str) -> dict[str, Any]:
+    """Every rank's row gathered over the process group (`gather(obj)` returns each rank's
+    obj in rank order): `placement` maps "rank<r>:<device>" to the rows rank r stepped on.
+    `rank` and `world` are the framework's (dist.get_rank()/get_world_size(), hvd.rank()/
+    size()); a rank whose batches and parameters are not on one device is Invalid."""
+    rows = gather(tracker.local(rank))
+    if len(rows) != world or [r["rank"] for r in rows] != list(range(world)):
+        raise Invalid(f"placement gathered from ranks {[r['rank'] for r in rows]}, but the "
+                      f"process group has {world}")
+    placement: dict[str, int] = {}
+    for row in rows:
+        devices = set(row["batch_devices"]) | set(row["param_devices"])
+        if len(devices) != 1:
+            raise Invalid(f"rank {row['rank']}: batches on {row['batch_devices']}, parameters "
+                          f"on {row['param_devices']}: not one device")
+        placement[f"rank{row['rank']}:{devices.pop()}"] = row["rows"]
+    return {"placement": placement, "placement_source": source, "placement_ranks": rows}
+
+
+def torch_placement(tracker: PlacementTracker, ranks: Ranks) -> dict[str, Any]:
+    """gather_placement over the torch.distributed process group, whose backend and size are
+    read back from it and checked against the run's."""
+    backend, world = dist.get_backend(), dist.get_world_size()
+    if backend != ranks.backend or world != ranks.world:
+        raise Invalid(f"the process group is {backend} with {world} ranks; the run asked for "
+                      f"{ranks.backend} with {ranks.world}")
+
+    def gather(obj: Any) -> list[Any]:
+        out: list[Any] = [None] * world
+        dist.all_gather_object(out, obj)
+        return out
+
+    source = (f"torch.distributed process group (get_backend()={backend}, get_world_size()="
+              f"{world}); each rank's input-batch rows and device and its parameters' device, "
+              "read from the tensors it stepped on and gathered with all_gather_object")
+    return gather_placement(tracker, dist.get_rank(), world, gather, source)
+
+
 class StepCounter:
     """Counts optimizer.step() calls by the optimizer's post-step hook, not by the loop."""
 
@@ -194,12 +259,15 @@ def threads_record(ranks: Ranks) -> dict[str, Any]:
 
 
 def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
-                counter: StepCounter, batch_per_rank: int) -> dict[str, Any]:
-    """Warm up, then time `step` (one training step, returns this rank's loss) as the record."""
+                counter: StepCounter, batch_per_rank: int, tracker: PlacementTracker
+                ) -> dict[str, Any]:
+    """Warm up, then time `step` (one training step, returns this rank's loss) as the record,
+    with the placement of the timed steps (`step` shows `tracker` each batch it feeds)."""
     for _ in range(spec["warmup_steps"]):
         step().item()
     synchronize(ranks)
     applied0, skipped0 = counter.applied, counter.skipped
+    tracker.reset()
     timer, losses = StepTimer(), []
     timer.start()
     for _ in range(spec["measure_steps"]):
@@ -216,13 +284,23 @@ def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
         raise Invalid(f"ranks disagree on the steps taken: between {low} and {high}")
     samples, = all_reduce_ints([steps * batch_per_rank], ranks, dist.ReduceOp.SUM)
     global_losses = global_mean_losses(losses, ranks)
+    placement = torch_placement(tracker, ranks)
+    check_rows(placement["placement"], samples)
     return {
+        **placement,
         **timer.summary(spec["global_batch_size"], samples),
         "first_loss": finite(global_losses[0]),
         "last_loss": finite(global_losses[-1]),
         "loss_kind": "global mean cross-entropy of each step's batch (ranks' means averaged)",
         "steps_skipped_by_grad_scaler": skipped,
     }
+
+
+def check_rows(placement: dict[str, int], samples: int) -> None:
+    """The rows the ranks stepped on add up to the samples their step counts imply."""
+    if sum(placement.values()) != samples:
+        raise Invalid(f"the ranks stepped on {placement} rows, {sum(placement.values())} in "
+                      f"all, but their optimizer steps imply {samples} samples")
 
 
 def autocast(ranks: Ranks, precision: str) -> contextlib.AbstractContextManager[Any]:
@@ -252,26 +330,40 @@ def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
     return (c, h, w)
 
 
-def equivalence_part(x: np.ndarray, y: np.ndarray, ranks: Ranks
-                     ) -> tuple[np.ndarray, torch.Tensor]:
-    """This rank's slice of the equivalence batch: images as given (NHWC numpy), labels as an
-    int64 tensor on the rank's device."""
+def equivalence_input(x: np.ndarray, y: np.ndarray, ranks: DeviceRank, channels_first: bool,
+                      memory_format: torch.memory_format = torch.contiguous_format
+                      ) -> SyntheticInput:
+    """This rank's slice of the equivalence batch (given NHWC) as the benchmark's synthetic
+    input: resident on the rank's device, in the run's layout and memory format."""
     if len(x) % ranks.world:
         raise Invalid(f"equivalence batch {len(x)} does not divide by {ranks.world} ranks")
     per = len(x) // ranks.world
     part = slice(ranks.rank * per, (ranks.rank + 1) * per)
-    return x[part], torch.from_numpy(y[part].astype(np.int64)).to(ranks.device)
+    images = x[part].transpose(0, 3, 1, 2) if channels_first else x[part]
+    xs = torch.from_numpy(np.ascontiguousarray(images)).to(ranks.device)
+    ys = torch.from_numpy(y[part].astype(np.int64)).to(ranks.device)
+    return SyntheticInput(xs.contiguous(memory_format=memory_format), ys)
 
 
-def finish_equivalence(spec: Spec, ranks: Ranks, loss: torch.Tensor,
-                       canonical: Callable[[], dict[str, np.ndarray]], layout: str
-                       ) -> dict[str, Any]:
-    """After the step: rank 0 saves the canonical weights; the result; the group closed."""
+def equivalence_step(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
+                     counter: StepCounter, tracker: PlacementTracker,
+                     canonical: Callable[[], dict[str, np.ndarray]], layout: str
+                     ) -> dict[str, Any]:
+    """One call of the benchmark's `step`, counted by the optimizer's hook; rank 0 saves the
+    canonical weights; the result with the step's placement; the group closed."""
+    tracker.reset()
+    applied0 = counter.applied
+    loss = step()
     synchronize(ranks)
+    steps, = all_reduce_ints([counter.applied - applied0], ranks, dist.ReduceOp.MIN)
+    if steps != 1:
+        raise Invalid(f"the equivalence step applied {steps} optimizer steps on some rank, "
+                      "not 1")
     global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
+    placement = torch_placement(tracker, ranks)
     if ranks.rank == 0:
         save_equivalence_output(spec, canonical())
-    result = {"replicas": ranks.world, "framework": framework_versions(),
+    result = {**placement, "replicas": ranks.world, "framework": framework_versions(),
               "devices": ranks.devices, "loss": global_loss, "backend": ranks.backend,
               "layout": layout}
     close_ranks()

@@ -35,6 +35,8 @@ def check_real_records(records: dict[int, dict], dataset: Path, loader: str,
         assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
         assert check_record(rec) == []
         assert rec["samples"] == 3 * 8 * n and rec["images_per_sec"] > 0
+        # each rank stepped on its 8 loaded images per step, on its own device
+        assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
         result = rec["result"]
         assert result["loader"] == loader
         assert all(word in result["input_pipeline"] for word in pipeline_words), \

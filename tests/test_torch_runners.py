@@ -45,9 +45,14 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         assert result["framework"]["torch"].startswith("2.13.0")
         assert [d["name"] for d in rec["environment"]["devices"]] == [
             f"cpu (rank {i})" for i in range(n)]
-        assert [t["rank"] for t in result["threads"]["per_rank"]] == list(range(n))
-        assert all(t["torch_threads"] >= 1 for t in result["threads"]["per_rank"])
+        assert [t["rank"] for t in result["rank_threads"]["per_rank"]] == list(range(n))
+        assert all(t["torch_threads"] >= 1 for t in result["rank_threads"]["per_rank"])
         assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
+        # where the timed steps ran, read back from the process group: each rank's device and
+        # the rows it stepped on (3 steps of 8), gathered over gloo
+        assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
+        assert f"get_backend()=gloo, get_world_size()={n}" in result["placement_source"]
+        assert [r["param_devices"] for r in result["placement_ranks"]] == [["cpu"]] * n
 
 
 def test_torch_ddp_channels_last_bf16(tmp_path: Path, torch_python: str) -> None:
@@ -67,6 +72,17 @@ def test_keras_torch_bf16_channels_first(tmp_path: Path, torch_python: str) -> N
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["dtype_policy"] == "mixed_bfloat16" and rec["samples"] == 3 * 16
     assert rec["result"]["layout"] == "channels_first"
+
+
+def test_torch_ddp_compiled(tmp_path: Path, torch_python: str) -> None:
+    """compile: true runs the step through torch.compile (TorchDynamo captured a graph) on both
+    ranks, and the placement shows both."""
+    records = smoke_sweep(tmp_path, "runners=[torch_ddp]", "devices=[2]", "models=[probe]",
+                          "runner_options.torch_ddp.compile=true")
+    rec = records[2]
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["result"]["compile"] is True and rec["result"]["compiled_graphs"] >= 1
+    assert rec["placement"] == {"rank0:cpu": 3 * 8, "rank1:cpu": 3 * 8}
 
 
 def test_what_cpu_ranks_cannot_do_is_unavailable(tmp_path: Path, torch_python: str) -> None:
