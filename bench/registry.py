@@ -83,6 +83,12 @@ KERAS2_WRAP_OPTION = Option(bool, False, help="at 1 device, build the one-tower 
                                               "(measures its cost) instead of the plain model "
                                               "the original falls back to")
 
+JAX_BATCHNORM_OPTION = Option(str, "per_device", ("per_device", "global"),
+                              "per_device: each device's BatchNorm normalises its own B/N rows "
+                              "(shard_map), as MirroredStrategy and DDP do; global: statistics "
+                              "over the whole global batch (jit over the sharded batch: XLA "
+                              "all-reduces them, sync BatchNorm)")
+
 
 DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
                             "real data: NVIDIA DALI on GPUs when it is installed (auto), or "
@@ -98,7 +104,9 @@ RUNNERS: dict[str, RunnerInfo] = {
             "Keras 3 model.fit under tf.distribute.MirroredStrategy",
             options={
                 "loader": LOADER_OPTION,
-                "xla": Option(bool, False, help="compile the train step with XLA (jit_compile)"),
+                "xla": Option(bool, False, help="compile the train step with XLA (jit_compile; "
+                              "Keras 3 compiles strategy.run whole, so 2+ replicas are "
+                              "unavailable)"),
                 "steps_per_execution": Option(int, 1, help="train steps per tf.function call"),
                 "data_format": Option(
                     str, "channels_last", ("channels_last", "channels_first"), "tensor layout"
@@ -111,6 +119,8 @@ RUNNERS: dict[str, RunnerInfo] = {
                 ),
             },
             precisions=("fp32", "bf16", "fp16"),
+            equivalence_options=({"cross_device_ops": "reduction_to_one_device"},
+                                 {"cross_device_ops": "hierarchical_copy"}),
         ),
         RunnerInfo(
             "tf_native",
@@ -122,8 +132,14 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "data_format": Option(
                     str, "channels_last", ("channels_last", "channels_first"), "tensor layout"
                 ),
+                "fused_batchnorm": Option(bool, True, help="BatchNorm by TF's fused kernel "
+                                          "(FusedBatchNormV3), not Keras 3's unfused ops"),
             },
             precisions=("fp32", "bf16", "fp16"),
+            # No reduction option (MirroredStrategy's default all-reduce). Not here: xla (on 2
+            # virtual CPU devices XLA runs every replica on CPU:0, so the step is invalid:
+            # tests/test_tf_runners.py checks that, and xla = no xla at 1 device) and
+            # channels_first (TF's CPU Conv2DBackpropFilter has no NCHW kernel).
         ),
         RunnerInfo(
             "keras_tf_kuza55",
@@ -200,8 +216,13 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "ps_device": Option(str, "cpu", ("cpu", "gpu"),
                                     "variables' device for the parameter-server trainer"),
                 "allreduce": Option(str, "auto", ("auto", "nccl", "gpu", "hierarchical"),
-                                    "replicated trainer's all-reduce (nccl, hierarchical: GPUs)"),
+                                    "replicated trainer's all-reduce mode (auto: tensorpack's "
+                                    "choice, hierarchical with the GradientPacker at 8 towers, "
+                                    "else gpu; hierarchical needs 8 towers; nccl: GPUs only)"),
             },
+            equivalence_options=({"trainer": "parameter_server"},
+                                 {"trainer": "parameter_server", "ps_device": "gpu"},
+                                 {"input": "queue"}),
         ),
         RunnerInfo(
             "tf_cnn_benchmarks",
@@ -211,14 +232,20 @@ RUNNERS: dict[str, RunnerInfo] = {
             options={
                 "benchmarks_dir": Option(str, None, help="checkout of tensorflow/benchmarks "
                                          "(default: $TF_CNN_BENCHMARKS_DIR)"),
-                "variable_update": Option(str, "replicated",
+                "variable_update": Option(str, None,
                                           ("parameter_server", "replicated", "independent"),
-                                          "--variable_update"),
+                                          "--variable_update (unset: the script's "
+                                          "parameter_server)"),
                 "all_reduce_spec": Option(str, None, help="--all_reduce_spec, e.g. nccl"),
-                "local_parameter_device": Option(str, "cpu", ("cpu", "gpu"),
-                                                 "--local_parameter_device"),
-                "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
-                                      "mapped to --data_format NHWC or NCHW"),
+                "local_parameter_device": Option(str, None, ("cpu", "gpu"),
+                                                 "--local_parameter_device (unset: the "
+                                                 "script's gpu)"),
+                "data_format": Option(str, None, ("channels_last", "channels_first"),
+                                      "--data_format NHWC or NCHW (unset: the script's NCHW "
+                                      "on GPUs, NHWC on CPU, the only one it runs there)"),
+                "script_model": Option(str, None, ("resnet50_v1.5", "resnet50"),
+                                       "--model for our resnet50 (unset: resnet50_v1.5, our "
+                                       "architecture; resnet50 is v1, TF's 2017 tables)"),
             },
             precisions=("fp32", "fp16"),  # fp16: --use_fp16
             equivalence=False,  # it brings its own models
@@ -291,15 +318,26 @@ RUNNERS: dict[str, RunnerInfo] = {
             "jax",
             "runners.jax_native",
             "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
+            options={"batchnorm": JAX_BATCHNORM_OPTION},
             precisions=("fp32", "bf16"),
+            equivalence_options=({"batchnorm": "global"},),
         ),
         RunnerInfo(
             "keras_jax",
             "jax",
             "runners.keras_jax",
             "Keras 3 on JAX with keras.distribution.DataParallel, trained with fit",
-            options={"loader": LOADER_OPTION},
+            options={
+                "loader": LOADER_OPTION,
+                "batchnorm": JAX_BATCHNORM_OPTION,
+                "input": Option(str, "numpy", ("numpy", "preplaced"),
+                                "numpy: fit gets host numpy data (arrays with batch_size, or the "
+                                "loader's numpy batches) and DataParallel distributes each batch "
+                                "itself; preplaced: batches already laid out on the devices in "
+                                "DataParallel's layout (synthetic or loader=framework)"),
+            },
             precisions=("fp32", "bf16"),
+            equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
         ),
         RunnerInfo(
             "horovod",
@@ -312,6 +350,7 @@ RUNNERS: dict[str, RunnerInfo] = {
                                          help="compress gradients to fp16 for the allreduce"),
             },
             precisions=("fp32",),
+            equivalence_options=({"fp16_allreduce": True},),
             launcher="horovodrun",
         ),
         RunnerInfo(

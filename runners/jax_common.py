@@ -104,6 +104,16 @@ def synthetic_batch(shape_hwc: tuple[int, int, int], classes: int, batch: int,
     return jax.block_until_ready((x, y))
 
 
+def placement(array: jax.Array) -> dict[str, int]:
+    """Where a batch array lives, read from jax: {device as jax names it: rows of the array's
+    shards on it}, from array.addressable_shards (each shard's device and index into axis 0)."""
+    rows: dict[str, int] = {}
+    for shard in array.addressable_shards:
+        start, stop, _ = shard.index[0].indices(array.shape[0])
+        rows[str(shard.device)] = rows.get(str(shard.device), 0) + stop - start
+    return rows
+
+
 def sharding_record(sharding: jax.sharding.Sharding) -> str:
     """A sharding as one readable line, e.g. "NamedSharding(mesh={data: 2}, spec=P('data',))"."""
     mesh = getattr(sharding, "mesh", None)

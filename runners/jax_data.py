@@ -118,9 +118,18 @@ def device_batches(data: RealData, size: int, batch: int, sharding: jax.sharding
     return DeviceBatches(iter(ds)), line
 
 
+def host_iterator(data: RealData, size: int, batch: int, placement: str, seed: int = SEED
+                  ) -> tuple[DeviceBatches, str]:
+    """(iterator of numpy global batches (images, labels) in host memory, the input_pipeline
+    line ending with `placement`: what the consumer does with them). Close it when done."""
+    where = WORKERS.format(workers=data.workers) if data.workers > 0 else MAIN
+    line = INPUT_PIPELINE.format(batch=batch, where=where, placement=placement)
+    return DeviceBatches(iter(host_batches(data, size, batch, seed))), line
+
+
 class DeviceBatches:
-    """The iterator device_batches returns: it owns Grain's iterator, its worker processes and
-    the shared-memory batches in flight until close()."""
+    """The iterator device_batches (and host_iterator) returns: it owns Grain's iterator, its
+    worker processes and the shared-memory batches in flight until close()."""
 
     def __init__(self, iterator: Iterator[tuple[jax.Array, jax.Array]]) -> None:
         self._iterator: Any = iterator

@@ -1,24 +1,42 @@
-"""Native JAX: one jax.jit train step over a 1-D device mesh, data parallel by sharding alone
-(no pmap, no explicit collectives); Flax (linen) model, optax SGD with momentum.
+"""Native JAX: one jitted train step over a 1-D device mesh, data parallel; Flax (linen) model,
+optax SGD with momentum. Follows jax 0.10.2's own two idioms for data parallelism, chosen by the
+option `batchnorm`.
 
 Split: the N devices form a Mesh with one axis, "data". The global batch is one jax.Array
 sharded along axis 0 (NamedSharding(mesh, P("data"))): each device holds B/N rows. The
 synthetic batch is generated once, under jit, straight into that sharding, so a step copies
 nothing from the host. Params, BatchNorm statistics, the momentum and the step counter are
 replicated (NamedSharding(mesh, P())), and the jitted step's in/out shardings pin them there.
-Reduce: the step is written for the global batch (value_and_grad of the mean softmax
-cross-entropy over all B rows); XLA's SPMD partitioner splits it per device and, because the
-loss and the parameter gradients reduce over the sharded batch axis while their outputs are
-replicated, inserts the all-reduces itself (NCCL between GPUs, an in-process reduction between
-virtual CPU devices). The compiled step's all-reduce count is recorded. Synchronise: every
-device applies the same all-reduced update inside the same program (synchronous SGD); the
-state buffers are donated, so an update happens in place.
-BatchNorm: under this global-view jit the batch mean and variance are reductions over the
-sharded axis too, so XLA all-reduces them: statistics are over the whole global batch (sync
-BatchNorm, one all-reduce per layer per pass), unlike per-device BatchNorm in
-MirroredStrategy, DDP or MXNet. Observed: the running variance of a BatchNorm applied to a
-2-device sharded batch equals the variance of the whole batch, not the mean of the per-device
-variances (tests/test_jax_runners.py checks it).
+Synchronise: every device applies the same all-reduced update inside the same program
+(synchronous SGD); the state buffers are donated, so an update happens in place.
+
+batchnorm: per_device (default, as MirroredStrategy, DDP, MXNet and the Keras towers normalise)
+  The step is jax.shard_map over the mesh: each device runs the Flax model on its own B/N rows,
+  so every BatchNorm layer normalises with the moments of those rows (no collective inside the
+  forward pass). Reduce: each device's gradient of its local mean cross-entropy is averaged
+  over the "data" axis with lax.pmean (an all-reduce, then / N: the gradient of the global mean
+  loss, the rows being split evenly), as DDP averages its ranks' gradients. Dropout masks
+  differ per device (the rng is folded with the device's axis index). Moving statistics: each
+  device updates the running mean and variance with its own moments, then the updated
+  statistics are averaged over the devices (lax.pmean, one small all-reduce per step), so every
+  device holds the mean of the N per-device running statistics. The update being linear
+  (new = momentum x old + (1 - momentum) x moment), this is exactly what MirroredStrategy users
+  read from Keras' BatchNormalization variables (SyncOnRead, aggregation MEAN: each replica
+  keeps its own copy, a read returns their mean); DDP instead broadcasts rank 0's buffers
+  (broadcast_buffers=True), i.e. keeps device 0's statistics only.
+batchnorm: global (the pre-2026 behaviour; "sync BatchNorm")
+  The step is written for the global batch (value_and_grad of the mean softmax cross-entropy
+  over all B rows) under plain jit; XLA's SPMD partitioner splits it per device and, because
+  the loss, the parameter gradients and every BatchNorm's batch mean and variance reduce over
+  the sharded batch axis, inserts the all-reduces itself (NCCL between GPUs, an in-process
+  reduction between virtual CPU devices): statistics are over the whole global batch, one
+  all-reduce per BatchNorm layer per pass. Observed (tests/test_jax_runners.py): after one step
+  on 2 devices whose halves differ, the running variance is the whole batch's variance under
+  global and the mean of the two halves' variances under per_device.
+The compiled step's collectives are counted from its HLO and recorded.
+
+Placement (`placement`): the rows of the first timed batch on each device, read from the batch
+jax.Array's addressable_shards (each shard's device and its index into the batch axis).
 Real data (data: real): the global batch comes from the Grain pipeline of runners/jax_data.py
 (Pillow decode and crop/flip in `workers` processes), each batch jax.device_put into the batch
 sharding one batch ahead; the step is compiled for its shapes before the first batch is read,
@@ -31,6 +49,8 @@ inside the jitted step; optax's sgd keeps no counter of its own), read back afte
 Precision: bf16 builds the Flax model with dtype=bfloat16 (bfloat16 compute, float32 params,
 float32 BatchNorm statistics and reductions), the logits cast to float32 for the loss; the
 optimizer updates the float32 params.
+Equivalence mode runs the same step (same batchnorm mode, same AOT compile) on the probe model
+with the batch device_put into the batch sharding.
 """
 
 from __future__ import annotations
@@ -52,6 +72,7 @@ from runners.common import (
 from runners.jax_common import (
     framework_versions,
     host_labels,
+    placement,
     real_dataset,
     setup_devices,
     sharding_record,
@@ -67,6 +88,9 @@ if TYPE_CHECKING:
 
 VERSIONS = ("flax", "optax")
 DROPOUT_SEED = 1
+AXIS = "data"  # the mesh's one axis, along which the batch is split
+PLACEMENT_SOURCE = ("rows of the first timed batch per device, from the batch jax.Array's "
+                    "addressable_shards")
 
 
 def make_shardings(devices: list[jax.Device]) -> tuple[Any, Any]:
@@ -75,8 +99,8 @@ def make_shardings(devices: list[jax.Device]) -> tuple[Any, Any]:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = Mesh(np.array(devices), ("data",))
-    return NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    mesh = Mesh(np.array(devices), (AXIS,))
+    return NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
 
 
 def state_class() -> type[train_state.TrainState]:
@@ -112,16 +136,31 @@ def init_variables(model: nn.Module, shape_hwc: tuple[int, int, int]) -> Any:
     return jax.jit(lambda: model.init(jax.random.key(0), x, train=False))()
 
 
-def make_train_step(replicated: Any, batch: Any) -> Callable[..., Any]:
-    """The jitted step (state, x, y) -> (state, loss): SGD on the global mean cross-entropy,
-    BatchNorm statistics updated; the state donated, its shardings pinned."""
+BATCHNORM_MODES = ("per_device", "global")
+BATCHNORM_RECORD = {
+    "per_device": "per-device statistics (shard_map: each device's B/N rows); running "
+                  "statistics averaged over devices after each step (pmean)",
+    "global": "global-batch statistics (jit over the sharded batch: XLA all-reduces the mean "
+              "and variance)",
+}
+
+
+def make_train_step(replicated: Any, batch: Any, batchnorm: str = "per_device"
+                    ) -> Callable[..., Any]:
+    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy, BatchNorm
+    statistics updated, per device under shard_map or over the global batch under plain jit
+    (see the module docstring); the state donated, its shardings pinned."""
     import jax
     import jax.numpy as jnp
     import optax
+    from jax.sharding import PartitionSpec as P
 
-    def step(state: train_state.TrainState, x: jax.Array, y: jax.Array
-             ) -> tuple[train_state.TrainState, jax.Array]:
-        dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
+    if batchnorm not in BATCHNORM_MODES:
+        raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
+
+    def grads_and_stats(state: train_state.TrainState, x: jax.Array, y: jax.Array,
+                        dropout: jax.Array) -> tuple[jax.Array, Any, Any]:
+        """(mean loss over x's rows, its gradients, the updated BatchNorm statistics)."""
 
         def loss_fn(params: Any) -> tuple[jax.Array, Any]:
             logits, updates = state.apply_fn(
@@ -132,10 +171,29 @@ def make_train_step(replicated: Any, batch: Any) -> Callable[..., Any]:
             return loss, updates
 
         (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        state = state.apply_gradients(
-            grads=grads, batch_stats=updates.get("batch_stats", state.batch_stats))
-        return state, loss
+        return loss, grads, updates.get("batch_stats", state.batch_stats)
 
+    def global_step(state: train_state.TrainState, x: jax.Array, y: jax.Array
+                    ) -> tuple[train_state.TrainState, jax.Array]:
+        dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
+        loss, grads, stats = grads_and_stats(state, x, y, dropout)
+        return state.apply_gradients(grads=grads, batch_stats=stats), loss
+
+    def device_step(state: train_state.TrainState, x: jax.Array, y: jax.Array
+                    ) -> tuple[train_state.TrainState, jax.Array]:
+        """One device's part: its B/N rows in, the averaged update applied to its replica."""
+        dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
+        dropout = jax.random.fold_in(dropout, jax.lax.axis_index(AXIS))
+        loss, grads, stats = grads_and_stats(state, x, y, dropout)
+        grads, stats, loss = jax.lax.pmean((grads, stats, loss), AXIS)
+        return state.apply_gradients(grads=grads, batch_stats=stats), loss
+
+    step = global_step
+    if batchnorm == "per_device":
+        # check_vma=False: the gradients stay per device until the explicit pmean (with
+        # check_vma=True jax would psum the replicated params' gradients on its own).
+        step = jax.shard_map(device_step, mesh=batch.mesh, in_specs=(P(), P(AXIS), P(AXIS)),
+                             out_specs=(P(), P()), check_vma=False)
     return jax.jit(step, in_shardings=(replicated, batch, batch),
                    out_shardings=(replicated, replicated), donate_argnums=0)
 
@@ -193,13 +251,15 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     state = create_state(model, variables, optax.sgd(0.01, momentum=0.9), replicated)
     del variables
     batches, x, y, input_record = input_batches(data, model_spec, global_batch, batch)
+    batchnorm = spec["options"].get("batchnorm", "per_device")
     try:
-        step, collectives = compile_step(make_train_step(replicated, batch), state, x, y)
+        step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state,
+                                         x, y)
         for _ in range(spec["warmup_steps"]):
             state, loss = step(state, *next(batches))
             finite(loss.block_until_ready())
         start = int(state.step)
-        timer, losses, first_labels = StepTimer(), [], None
+        timer, losses, first = StepTimer(), [], None
         timer.start()
         for _ in range(spec["measure_steps"]):
             x, y = next(batches)
@@ -207,8 +267,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
             loss.block_until_ready()  # every device's copy: the step has finished everywhere
             timer.tick()
             losses.append(finite(loss))
-            if first_labels is None:
-                first_labels = y
+            if first is None:
+                first = x, y
     finally:
         if data is not None:
             batches.close()  # the Grain workers
@@ -220,7 +280,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         from runners.jax_data import grain_version
 
         framework.update(grain_version())
-        extra = {"first_timed_labels": host_labels(first_labels)}
+        extra = {"first_timed_labels": host_labels(first[1])}
     return {
         **timer.summary(global_batch, steps * global_batch),
         "first_loss": losses[0],
@@ -234,7 +294,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "shardings": {"params": sharding_record(replicated), "batch": sharding_record(batch),
                       "per_device_batch": global_batch // n},
         "collectives": collectives,
-        "batchnorm": "global-batch statistics (XLA all-reduces the mean and variance)",
+        "batchnorm": batchnorm,
+        "batchnorm_statistics": BATCHNORM_RECORD[batchnorm],
+        "placement": placement(first[0]),
+        "placement_source": PLACEMENT_SOURCE,
         **input_record,
         **extra,
         "params": params,
@@ -243,7 +306,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model, the batch sharded over the devices; weights saved."""
+    """One plain SGD step on the probe model through the benchmark's step (same batchnorm mode,
+    same shard_map or jit, compiled ahead of time as there), the batch device_put into the batch
+    sharding; weights saved."""
     devices, described = setup_devices(spec)
     import jax
     import optax
@@ -260,15 +325,15 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     replicated, batch = make_shardings(devices)
     state = create_state(model, variables, optax.sgd(lr), replicated)
     xs, ys = jax.device_put(x, batch), jax.device_put(y, batch)  # inputs come NHWC
-    shard_rows = sorted(s.data.shape[0] for s in xs.addressable_shards)
-    if shard_rows != [len(x) // n] * n:
-        raise Invalid(f"batch of {len(x)} was not split evenly over {n} devices: {shard_rows}")
-    state, loss = make_train_step(replicated, batch)(state, xs, ys)
+    batchnorm = spec["options"].get("batchnorm", "per_device")
+    step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state, xs, ys)
+    state, loss = step(state, xs, ys)
     finite(loss.block_until_ready())
     save_equivalence_output(spec, get_canonical_weights({"params": state.params}))
     return {"replicas": n, "framework": framework_versions(*VERSIONS), "devices": described,
             "loss": float(loss), "batch_sharding": sharding_record(xs.sharding),
-            "rows_per_device": shard_rows}
+            "batchnorm": batchnorm, "collectives": collectives,
+            "placement": placement(xs), "placement_source": PLACEMENT_SOURCE}
 
 
 if __name__ == "__main__":

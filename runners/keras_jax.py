@@ -1,44 +1,67 @@
-"""Keras 3 on JAX, data parallel with keras.distribution.DataParallel, trained with model.fit.
+"""Keras 3 on JAX, data parallel with keras.distribution.DataParallel, trained with model.fit
+(keras 3.15.1, jax 0.10.2), as Keras' distribution guide does it.
 
 Split: DataParallel puts the N devices on a 1-D mesh (axis "batch"); set before the model is
 built, it creates every variable replicated on all N devices, and the jax trainer lays each
 input batch out sharded along axis 0 (B/N rows per device) before the jitted train step.
 Reduce: Keras jits its train step over the global batch with the variables' shardings as
 out_shardings; the loss is the mean over all B rows, and XLA's SPMD partitioner inserts the
-all-reduces of the gradients (and of the loss) itself, as in jax_native. Synchronise: each
-device applies the same all-reduced update inside that one program (synchronous SGD).
-BatchNorm: as in jax_native, the layer's batch moments are reductions over the sharded axis,
-so XLA all-reduces them and the statistics are over the whole global batch (sync BatchNorm),
-not per device as under tf.distribute.MirroredStrategy.
+all-reduces of the gradients (and of the loss) itself. Synchronise: each device applies the
+same all-reduced update inside that one program (synchronous SGD).
 
-Input: fit takes a Python generator that yields one synthetic global batch, made once on the
-devices in the layout DataParallel gives a batch (DataParallel.get_data_layout). Keras' jax
-epoch iterator hands every batch to jax.make_array_from_process_local_data with that layout,
-which in one process is a jax.device_put: a no-op for an array already laid out so, a
-host-to-device copy on every step (and, under a distribution, with no look-ahead) for numpy
-arrays. The resident batch is what tf_mirrored's prefetched tf.data batch and jax_native's
-batch are, so the runners compare the training step, not the host copy.
-Real data (data: real), option `loader`: "framework" (default) feeds fit, through the same kind
-of generator, the Grain pipeline jax_native uses (runners/jax_data.py: Pillow decode in
-`workers` processes, each global batch device_put into DataParallel's layout one batch ahead),
-so Keras' own device_put is again a no-op; "keras" feeds fit the Keras-idiomatic PyDataset
-(runners/keras_data.py, Pillow decode in `workers` processes of Keras' OrderedEnqueuer), whose
-numpy batches Keras copies to the devices itself on every step.
+Input, option `input`:
+  numpy (default, what a Keras user hands fit): synthetic data is a numpy dataset in host memory
+  (random images and labels, K global batches, K = warmup + measure steps or as many as fit in
+  min(2 GiB, a quarter of the free memory), the epochs repeating it) given to
+  fit(x, y, batch_size=B, shuffle=True); real data is the loader's numpy batches (`loader`
+  framework: the Grain pipeline's host batches through a generator; keras: the PyDataset).
+  Keras' jax epoch iterator hands every batch to jax.make_array_from_process_local_data with
+  DataParallel's layout: a host-to-device copy on every step, with no look-ahead under a
+  distribution (Keras 3.15's _get_distributed_iterator), as a Keras user gets.
+  preplaced (the pre-2026 path): fit takes a generator of batches already in DataParallel's
+  layout (DataParallel.get_data_layout): one synthetic global batch made once on the devices,
+  or the Grain pipeline's batches device_put there one batch ahead (runners/jax_data.py);
+  Keras' device_put of them is a no-op, so the runner measures the training step alone, as
+  jax_native and tf_mirrored's prefetched batches do. Not available with loader: keras.
+Placement (`placement`): the rows on each device of the batch Keras' trainer passed to its
+jitted train step at the first timed step, read from that jax.Array's addressable_shards (the
+runner wraps model.train_function to look at what Keras distributed; nothing is derived from
+the mesh it configured).
+
+BatchNorm, option `batchnorm`:
+  global: Keras' own BatchNormalization. Under DataParallel's global-view jit its batch moments
+  are reductions over the sharded axis, so XLA all-reduces them: statistics over the whole
+  global batch (sync BatchNorm). Keras 3 has no per-replica BatchNorm on JAX
+  (BatchNormalization(synchronized=...) acts on the TensorFlow backend only).
+  per_device (default, as MirroredStrategy, DDP and the other runners normalise): what a Keras
+  user on JAX must write to get it, since Keras offers none: the model is cloned
+  (keras.models.clone_model, weights copied) with every BatchNormalization replaced by a
+  subclass whose training call computes the moments and normalises under jax.shard_map over
+  DataParallel's mesh, so each device uses its own B/N rows; inference and the variables are
+  Keras' own. Its moving mean and variance are updated with the mean over devices of the
+  per-device moments: the update being linear, this equals the mean of N per-device running
+  statistics, which is what MirroredStrategy users read from Keras' SyncOnRead (MEAN)
+  BatchNormalization variables (DDP instead keeps rank 0's buffers).
 
 Timing: a callback reads the clock at the end of each measured batch after waiting for the
 step on every device. Keras hands callbacks the loss already converted to a float, and that
 conversion of a replicated jax.Array reads device 0's copy only; so the callback also blocks
-on the step's new optimizer step counter (replicated) in the trainer's live state. Samples are
-counted from model.optimizer.iterations: its live value when the window opens, its value after
-fit. Reading the model's variables in the middle of fit would make Keras write its whole
-state back to them (jax_state_sync), so the callback reads the trainer's state directly.
+on the step's new optimizer step counter (replicated) in the trainer's live state, and stops
+fit after warmup + measure steps. Samples are counted from model.optimizer.iterations: its live
+value when the window opens, its value after fit. Reading the model's variables in the middle
+of fit would make Keras write its whole state back to them (jax_state_sync), so the callback
+reads the trainer's state directly. With numpy input the window may span epochs (when K is
+smaller than the steps): Keras' end-of-epoch work (its state sync) is then timed, as a user
+pays it.
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
+Equivalence mode runs the same path: the same `input` and `batchnorm`, one step of fit with
+plain SGD on the probe model, placement read the same way.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from models import get_spec, load_builder
@@ -55,6 +78,7 @@ from runners.common import (
 from runners.jax_common import (
     framework_versions,
     host_labels,
+    placement,
     real_dataset,
     setup_devices,
     sharding_record,
@@ -94,8 +118,11 @@ def batch_sharding(distribution: Any, shape: tuple[int, ...]) -> Any:
     return distribution.get_data_layout(shape).backend_layout
 
 
-def make_clock(warmup: int) -> keras.callbacks.Callback:
-    """A callback marking the timed window of fit, synchronised on every device per step."""
+def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
+               ) -> keras.callbacks.Callback:
+    """A callback marking the timed window of fit, synchronised on every device per step; it
+    stops fit after warmup + measure steps (counted over epochs), and hands the model to
+    `on_begin` when training begins (fit has made its train function by then)."""
     import jax
 
     keras = import_keras()
@@ -108,12 +135,14 @@ def make_clock(warmup: int) -> keras.callbacks.Callback:
             self.timer, self.losses = StepTimer(), []
             self.start_iteration: int | None = None
             self._counter = 0
+            self._done = 0
 
         def on_train_begin(self, logs: dict | None = None) -> None:
             # self._model, not self.model: the property syncs the jax state into the variables
             optimizer = self._model.optimizer
             self._counter = next(i for i, v in enumerate(optimizer.variables)
                                  if v is optimizer.iterations)
+            on_begin(self._model)
 
         def _live_iterations(self) -> jax.Array:
             """The step counter in the state the last step returned (not yet in the variables)."""
@@ -128,20 +157,49 @@ def make_clock(warmup: int) -> keras.callbacks.Callback:
             self.timer.start()
 
         def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-            if warmup == 0 and batch == 0:  # before the first step the variables hold the state
+            if warmup == 0 and self._done == 0:  # before the first step the variables hold it
                 self._start(int(self._model.optimizer.iterations.numpy()))
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             counter = self._live_iterations().block_until_ready()  # every device's copy
             loss = float((logs or {})["loss"])
-            done = batch + 1
-            if done == warmup:
+            self._done += 1
+            if self._done == warmup:
                 self._start(int(counter))
-            elif done > warmup:
+            elif self._done > warmup:
                 self.timer.tick()
                 self.losses.append(loss)
+            if self._done >= warmup + measure:
+                self._model.stop_training = True
 
     return JaxFitClock()
+
+
+class BatchPlacement:
+    """Wraps model.train_function (Keras' step over its epoch iterator; fit looks it up at every
+    step) to read where the batch Keras passes its jitted step at call `index` lies:
+    {device: rows} from the jax.Array. install(model) once fit has made the function."""
+
+    def __init__(self, index: int) -> None:
+        self.index, self.placement, self.sharding, self._calls = index, None, None, 0
+
+    def install(self, model: keras.Model) -> None:
+        inner, index = model.train_function, self.index
+
+        def observed(state: Any, iterator: Iterator[Any]) -> Any:
+            if self._calls == index:
+                data = next(iterator)
+                x = data[0]  # (x, y[, sample_weight]) as Keras' trainer distributed it
+                self.placement, self.sharding = placement(x), sharding_record(x.sharding)
+                iterator = iter((data,))
+            self._calls += 1
+            return inner(state, iterator)
+
+        model.train_function = observed
+
+
+PLACEMENT_SOURCE = ("rows per device of the batch Keras' trainer passed its jitted train step "
+                    "at the first timed step, from that jax.Array's addressable_shards")
 
 
 def resident_batches(x: Any, y: Any) -> Any:
@@ -158,14 +216,20 @@ def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Itera
         yield x, y
 
 
-def timed_fit(spec: Spec, model: keras.Model, data: Any) -> dict[str, Any]:
-    """model.fit for warmup + measure steps: the timing summary, samples counted from the
-    optimizer's step counter, and the losses."""
+def fit_steps(spec: Spec, model: keras.Model, feed: dict[str, Any]) -> tuple[Any, Any]:
+    """model.fit(**feed) for warmup + measure steps with the clock and the placement probe."""
     warmup, measure = spec["warmup_steps"], spec["measure_steps"]
-    clock = make_clock(warmup)
-    model.fit(data, epochs=1, steps_per_epoch=warmup + measure, callbacks=[clock], verbose=0,
-              shuffle=False)
-    if not clock.losses or clock.start_iteration is None:
+    probe = BatchPlacement(warmup)
+    clock = make_clock(warmup, measure, probe.install)
+    model.fit(**feed, callbacks=[clock], verbose=0)
+    return clock, probe
+
+
+def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any]) -> dict[str, Any]:
+    """model.fit for warmup + measure steps: the timing summary, samples counted from the
+    optimizer's step counter, the losses and the placement of the first timed batch."""
+    clock, probe = fit_steps(spec, model, feed)
+    if not clock.losses or clock.start_iteration is None or probe.placement is None:
         raise Invalid("no measured step reported a loss")
     steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
     global_batch = spec["global_batch_size"]
@@ -174,12 +238,15 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any) -> dict[str, Any]:
         "first_loss": finite(clock.losses[0]),
         "last_loss": finite(clock.losses[-1]),
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
+        "placement": probe.placement,
+        "placement_source": PLACEMENT_SOURCE,
+        "fed_batch_sharding": probe.sharding,
     }
 
 
 def distribution_record(distribution: Any, sharding: Any, shape: tuple[int, ...]
                         ) -> dict[str, Any]:
-    """The mesh, and where the variables and the batch (of this shape) live."""
+    """The mesh, and where DataParallel lays out the batch (of this shape)."""
     mesh = distribution.device_mesh
     return {
         "distribution": type(distribution).__name__,
@@ -192,37 +259,157 @@ def distribution_record(distribution: Any, sharding: Any, shape: tuple[int, ...]
 SYNTHETIC_PLACEMENT = ("one synthetic global batch generated on the devices in DataParallel's "
                        "batch layout, yielded by a generator; Keras' device_put of it is a "
                        "no-op, no host copy per step")
+ARRAYS_PLACEMENT = ("numpy arrays in host memory given to fit with batch_size; Keras slices "
+                    "each batch and lays it out over the devices itself (a host-to-device copy "
+                    "per step, no look-ahead under a distribution)")
 GRAIN_PLACEMENT = ("Grain's batches device_put into DataParallel's batch layout one batch "
                    "ahead, yielded by a generator; Keras' device_put of them is a no-op")
+GRAIN_HOST_PLACEMENT = ("Grain's numpy batches yielded by a generator to fit; Keras lays each "
+                        "out over the devices itself (no look-ahead under a distribution)")
+GRAIN_HOST_LINE = "numpy batches to Keras fit, which lays each out over the devices itself"
 PYDATASET_PLACEMENT = ("numpy batches from the PyDataset's workers; Keras' jax trainer "
                        "device_puts each into DataParallel's batch layout (no look-ahead under "
                        "a distribution)")
+INPUTS = ("numpy", "preplaced")
+HOST_DATA_CAP = 2 << 30  # bytes of synthetic numpy data at most
+
+
+def host_dataset(model_spec: Any, global_batch: int, steps: int) -> dict[str, Any]:
+    """The synthetic numpy dataset a Keras user would hand fit: K global batches of random
+    images and labels (K = steps, or as many as fit the memory cap), and the fit arguments
+    that run at least `steps` steps over it (the clock stops fit at `steps`)."""
+    import numpy as np
+
+    batch_bytes = global_batch * int(np.prod(model_spec.input_shape)) * 4
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    k = max(1, min(steps, min(HOST_DATA_CAP, free // 4) // batch_bytes))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((k * global_batch, *model_spec.input_shape), dtype=np.float32)
+    y = rng.integers(0, model_spec.num_classes, k * global_batch, dtype=np.int32)
+    return {"x": x, "y": y, "batch_size": global_batch, "epochs": -(-steps // k),
+            "shuffle": True}
 
 
 def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tuple[Any, Any],
-              noted: list[Any]) -> tuple[Any, dict[str, Any], Any]:
-    """(what fit is given, what the record says about the input, the iterator to close or
-    None) for synthetic data, the Grain pipeline or the Keras PyDataset."""
+              noted: list[Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """(fit's data arguments, what the record says about the input, the iterator to close or
+    None) for the option `input` over synthetic data, the Grain pipeline or the PyDataset."""
     global_batch = spec["global_batch_size"]
+    mode = spec["options"].get("input", "numpy")
+    if mode not in INPUTS:
+        raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
+    steps = spec["warmup_steps"] + spec["measure_steps"]
     if data is None:
+        if mode == "numpy":
+            feed = host_dataset(model_spec, global_batch, steps)
+            return feed, {"input": mode, "data_placement": ARRAYS_PLACEMENT, "host_dataset": {
+                "batches": len(feed["x"]) // global_batch, "epochs": feed["epochs"],
+                "shuffle": True}}, None
         x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
                                *shardings)
-        return resident_batches(x, y), {"data_placement": SYNTHETIC_PLACEMENT}, None
+        return {"x": resident_batches(x, y), "steps_per_epoch": steps}, {
+            "input": mode, "data_placement": SYNTHETIC_PLACEMENT}, None
     size = model_spec.input_shape[0]
     loader = spec["options"].get("loader", "framework")
-    record = {**describe(data, size), "loader": loader}
+    record = {**describe(data, size), "loader": loader, "input": mode}
     if loader == "keras":
+        if mode == "preplaced":
+            raise Invalid("input: preplaced needs synthetic data or loader: framework (the "
+                          "PyDataset yields numpy batches)")
         from runners.keras_data import describe_keras, jpeg_sequence
 
-        steps = spec["warmup_steps"] + spec["measure_steps"]
-        return jpeg_sequence(data, size, global_batch, steps), {
+        return {"x": jpeg_sequence(data, size, global_batch, steps)}, {
             **record, "input_pipeline": describe_keras(data),
             "data_placement": PYDATASET_PLACEMENT}, None
-    from runners.jax_data import device_batches
+    from runners.jax_data import device_batches, host_iterator
 
-    batches, line = device_batches(data, size, global_batch, *shardings)
-    return noting_labels(batches, spec["warmup_steps"], noted), {
-        **record, "input_pipeline": line, "data_placement": GRAIN_PLACEMENT}, batches
+    if mode == "numpy":
+        batches, line = host_iterator(data, size, global_batch, GRAIN_HOST_LINE)
+        where = GRAIN_HOST_PLACEMENT
+    else:
+        batches, line = device_batches(data, size, global_batch, *shardings)
+        where = GRAIN_PLACEMENT
+    return {"x": noting_labels(batches, spec["warmup_steps"], noted), "steps_per_epoch": steps}, {
+        **record, "input_pipeline": line, "data_placement": where}, batches
+
+
+def per_device_batchnorm(keras: Any, model: keras.Model) -> keras.Model:
+    """The model cloned with every BatchNormalization replaced by PerDeviceBatchNormalization
+    (same config, same weights); a model without BatchNorm comes back as a clone too."""
+    cls = per_device_batchnorm_class(keras)
+
+    def clone(layer: Any) -> Any:
+        if type(layer) is keras.layers.BatchNormalization:
+            return cls.from_config(layer.get_config())
+        return layer.__class__.from_config(layer.get_config())
+
+    clone_model = keras.models.clone_model(model, clone_function=clone)
+    clone_model.set_weights(model.get_weights())
+    return clone_model
+
+
+def per_device_batchnorm_class(keras: Any) -> type:
+    """keras.layers.BatchNormalization whose training call normalises each device's rows with
+    their own moments (jax.shard_map over DataParallel's mesh, split along its batch axis) and
+    updates the moving statistics with the mean over devices of those moments."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    ops = keras.ops
+
+    class PerDeviceBatchNormalization(keras.layers.BatchNormalization):
+        def call(self, inputs: Any, training: bool | None = None, mask: Any = None) -> Any:
+            distribution = keras.distribution.distribution()
+            if not (training and self.trainable) or distribution is None or mask is not None \
+                    or self.renorm:
+                return super().call(inputs, training=training, mask=mask)
+            dtype = keras.backend.result_type(inputs.dtype, "float32")  # as Keras upcasts
+            x = ops.cast(inputs, dtype)
+            channels = x.shape[self.axis]
+            gamma = ops.cast(self.gamma, dtype) if self.scale else ops.ones((channels,), dtype)
+            beta = ops.cast(self.beta, dtype) if self.center else ops.zeros((channels,), dtype)
+            axes, axis, epsilon = self._reduction_axes, self.axis, self.epsilon
+
+            def local(x: Any, gamma: Any, beta: Any) -> tuple[Any, Any, Any]:
+                mean, variance = ops.moments(x, axes=axes)
+                y = ops.batch_normalization(x, mean, variance, axis=axis, offset=beta,
+                                            scale=gamma, epsilon=epsilon)
+                return y, mean[None], variance[None]
+
+            name = distribution.batch_dim_name
+            y, means, variances = jax.shard_map(
+                local, mesh=distribution.device_mesh.backend_mesh,
+                in_specs=(P(name), P(), P()), out_specs=(P(name), P(name), P(name)))(
+                    x, gamma, beta)
+            momentum = self.momentum
+            self.moving_mean.assign(ops.cast(self.moving_mean, dtype) * momentum
+                                    + ops.mean(means, axis=0) * (1.0 - momentum))
+            self.moving_variance.assign(ops.cast(self.moving_variance, dtype) * momentum
+                                        + ops.mean(variances, axis=0) * (1.0 - momentum))
+            return ops.cast(y, self.compute_dtype)
+
+    return PerDeviceBatchNormalization
+
+
+BATCHNORM_MODES = ("per_device", "global")
+BATCHNORM_RECORD = {
+    "per_device": "per-device statistics (BatchNormalization subclass: moments and "
+                  "normalisation under shard_map over each device's B/N rows); moving "
+                  "statistics updated with the mean over devices",
+    "global": "global-batch statistics (Keras' BatchNormalization under DataParallel's jit: "
+              "XLA all-reduces the moments)",
+}
+
+
+def build_model(keras: Any, spec: Spec, name: str, **kwargs: Any) -> tuple[Any, str]:
+    """(the Keras model `name`, the batchnorm mode): per_device swaps its BatchNorm layers."""
+    batchnorm = spec["options"].get("batchnorm", "per_device")
+    if batchnorm not in BATCHNORM_MODES:
+        raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
+    model = load_builder(name, "keras")(get_spec(name), **kwargs)
+    if batchnorm == "per_device":
+        model = per_device_batchnorm(keras, model)
+    return model, batchnorm
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -234,7 +421,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     keras.mixed_precision.set_global_policy(policy)
     model_spec = get_spec(spec["model"])
     data = real_dataset(spec, model_spec)
-    model = load_builder(spec["model"], "keras")(model_spec, data_format="channels_last")
+    model, batchnorm = build_model(keras, spec, spec["model"], data_format="channels_last")
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
                   loss="sparse_categorical_crossentropy")
     shape = (global_batch, *model_spec.input_shape)
@@ -265,7 +452,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "xla": True,  # the jax trainer always jits its step
         "shardings": {**distribution_record(distribution, shardings[0], shape),
                       "variables": sharding_record(kernel.value.sharding)},
-        "batchnorm": "global-batch statistics (XLA all-reduces the moments)",
+        "batchnorm": batchnorm,
+        "batchnorm_statistics": BATCHNORM_RECORD[batchnorm],
         **input_record,
         "params": params,
         "flops_per_sample": flops,
@@ -280,8 +468,8 @@ def keras_counts(model: keras.Model) -> tuple[int, int]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step (train_on_batch) on the probe model, the batch distributed by
-    DataParallel over the devices; weights saved after."""
+    """One plain SGD step of fit on the probe model through the benchmark's path (the same
+    `input` and `batchnorm`, the batch distributed by DataParallel); weights saved after."""
     keras, distribution, described = make_distribution(spec)
     from models.keras_common import get_canonical_weights, set_canonical_weights
 
@@ -289,17 +477,28 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     n = distribution.device_mesh.devices.size
     if len(x) % n:
         raise Invalid(f"equivalence batch {len(x)} does not divide by {n} devices")
-    model = load_builder("probe", "keras")(get_spec("probe"))
+    model, batchnorm = build_model(keras, spec, "probe")
     set_canonical_weights(model, weights)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=lr),
                   loss="sparse_categorical_crossentropy")
-    loss = model.train_on_batch(x, y)  # numpy in: Keras lays it out over the devices
-    finite(loss)
+    mode = spec["options"].get("input", "numpy")
+    if mode == "numpy":
+        feed = {"x": x, "y": y, "batch_size": len(x), "epochs": 1, "shuffle": True}
+    elif mode == "preplaced":
+        layouts = (batch_sharding(distribution, x.shape), batch_sharding(distribution, y.shape))
+        import jax
+
+        feed = {"x": resident_batches(*jax.device_put((x, y), layouts)), "steps_per_epoch": 1}
+    else:
+        raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
+    clock, probe = fit_steps({**spec, "warmup_steps": 0, "measure_steps": 1}, model, feed)
+    if int(model.optimizer.iterations.numpy()) != 1 or probe.placement is None:
+        raise Invalid("fit did not run exactly one step")
     save_equivalence_output(spec, get_canonical_weights(model))
-    layout = batch_sharding(distribution, x.shape)
     return {"replicas": n, "framework": framework_versions("keras"), "devices": described,
-            "loss": float(loss), "batch_sharding": sharding_record(layout),
-            "rows_per_device": layout.shard_shape(x.shape)[0]}
+            "loss": finite(clock.losses[0]), "input": mode, "batchnorm": batchnorm,
+            "batch_sharding": probe.sharding, "placement": probe.placement,
+            "placement_source": PLACEMENT_SOURCE}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The JAX-family runners for real on CPU: a few steps at 1 and 2 virtual CPU devices (XLA host
-platform) through the CLI, as a user runs them, bf16 on 2, and the BatchNorm semantics their
-docstrings state (statistics over the global batch, not per device)."""
+platform) through the CLI, as a user runs them, bf16 on 2, keras_jax's preplaced input and
+global BatchNorm, the placement read back from jax, and the BatchNorm semantics of both
+`batchnorm` modes (per-device statistics or over the global batch)."""
 
 from __future__ import annotations
 
@@ -15,39 +16,60 @@ from tests.conftest import run_check_script, smoke_sweep
 
 JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
 
-# Runs in the jax interpreter: one BatchNorm step, in Flax under jit with a sharded batch and in
-# Keras under DataParallel, on 2 devices whose halves of the batch have different moments.
+# Runs in the jax interpreter on 2 devices: one training step of a BatchNorm (momentum 0, so its
+# running variance becomes the step's batch variance) through each runner's own step, in both
+# `batchnorm` modes, on a batch whose two halves (one per device) have different moments:
+# jax_native's make_train_step (shard_map or jit) on a Flax model, keras_jax's build path
+# (per_device swaps in its BatchNormalization subclass) trained by fit on numpy arrays.
 BN_CHECK = r"""
 import json
 import numpy as np
-from runners.keras_jax import batch_sharding, make_distribution
+from runners.keras_jax import BatchPlacement, make_clock, make_distribution, per_device_batchnorm
 
 keras, distribution, _ = make_distribution({"num_devices": 2, "device": "cpu"})
 import flax.linen as nn
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import optax
+from runners.jax_native import compile_step, create_state, make_shardings, make_train_step
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.0, epsilon=0.0)(x)
+        return nn.Dense(10)(x)
+
 
 rng = np.random.default_rng(0)
 x = np.concatenate([rng.normal(0, 1, (4, 3)), rng.normal(5, 2, (4, 3))]).astype(np.float32)
-mesh = Mesh(np.array(jax.devices()), ("data",))
-bn = nn.BatchNorm(use_running_average=False, momentum=0.0, epsilon=0.0)
-variables = jax.device_put(bn.init(jax.random.key(0), x), NamedSharding(mesh, P()))
-xs = jax.device_put(x, NamedSharding(mesh, P("data")))
-_, updates = jax.jit(lambda v, x: bn.apply(v, x, mutable=["batch_stats"]))(variables, xs)
-layer = keras.layers.BatchNormalization(momentum=0.0, epsilon=0.0, center=False, scale=False)
-inputs = keras.Input((3,))
-model = keras.Model(inputs, layer(inputs))
-model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
-model.train_on_batch(x, np.zeros_like(x))
-print("RESULT " + json.dumps({
-    "rows_per_device": [s.data.shape[0] for s in xs.addressable_shards],
-    "keras_rows_per_device": batch_sharding(distribution, x.shape).shard_shape(x.shape)[0],
-    "flax_var": np.asarray(updates["batch_stats"]["var"]).tolist(),
-    "keras_var": np.asarray(layer.moving_variance.value).tolist(),
-    "global_var": x.var(0).tolist(),
-    "per_device_var": ((x[:4].var(0) + x[4:].var(0)) / 2).tolist()}))
-"""
+y = np.arange(8, dtype=np.int32)
+out = {"global_var": x.var(0).tolist(),
+       "per_device_var": ((x[:4].var(0) + x[4:].var(0)) / 2).tolist()}
+for mode in ("global", "per_device"):
+    replicated, batch = make_shardings(jax.devices())
+    model = Net()
+    state = create_state(model, model.init(jax.random.key(0), x), optax.sgd(0.1), replicated)
+    xs, ys = jax.device_put(x, batch), jax.device_put(y, batch)
+    step, _ = compile_step(make_train_step(replicated, batch, mode), state, xs, ys)
+    state, _ = step(state, xs, ys)
+    out["flax_" + mode] = np.asarray(state.batch_stats["BatchNorm_0"]["var"]).tolist()
+    out["rows_per_device"] = sorted(s.data.shape[0] for s in xs.addressable_shards)
 
+    inputs = keras.Input((3,))
+    layer = keras.layers.BatchNormalization(momentum=0.0, epsilon=0.0, name="bn")
+    kmodel = keras.Model(inputs, layer(inputs))
+    if mode == "per_device":
+        kmodel = per_device_batchnorm(keras, kmodel)
+    kmodel.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    probe = BatchPlacement(0)
+    kmodel.fit(x, np.zeros_like(x), batch_size=8, shuffle=False, verbose=0,
+               callbacks=[make_clock(0, 1, probe.install)])
+    bn = kmodel.get_layer("bn")
+    out["keras_" + mode] = np.asarray(bn.moving_variance.value).tolist()
+    out["keras_class_" + mode] = type(bn).__name__
+    out["keras_placement"] = probe.placement
+print("RESULT " + json.dumps(out))
+"""
 
 
 def test_jax_family_is_registered() -> None:
@@ -79,6 +101,10 @@ def check_ok(rec: dict, n: int) -> dict:
     assert [d["id"] for d in result["devices"]] == list(range(n))
     assert result["shardings"]["per_device_batch"] == 8
     assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
+    # where the timed batch lay, as jax reports it: 8 rows on each of the n devices
+    assert result["placement"] == rec["placement"]
+    assert sorted(rec["placement"].values()) == [8] * n, rec["placement"]
+    assert result["batchnorm"] == rec["options"]["batchnorm"]
     return result
 
 
@@ -100,6 +126,30 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: 
             assert result["framework"]["keras"] == "3.15.1"
             assert result["shardings"]["mesh"] == {"batch": n}
             assert result["dtype_policy"] == "float32"
+            assert result["input"] == "numpy" and result["host_dataset"]["batches"] == 5
+            assert result["fed_batch_sharding"].startswith(
+                f"NamedSharding(mesh={{batch: {n}}}, spec=P('batch'")
+        assert result["batchnorm"] == "per_device"
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_keras_jax_preplaced_global_batchnorm(tmp_path: Path, jax_python: str) -> None:
+    rec = smoke_sweep(tmp_path, "runners=[keras_jax]", "devices=[2]",
+                      "runner_options.keras_jax.input=preplaced",
+                      "runner_options.keras_jax.batchnorm=global")[2]
+    result = check_ok(rec, 2)
+    assert result["input"] == "preplaced" and "no-op" in result["data_placement"]
+    assert result["batchnorm"] == "global"
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_jax_native_global_batchnorm(tmp_path: Path, jax_python: str) -> None:
+    rec = smoke_sweep(tmp_path, "runners=[jax_native]", "devices=[2]",
+                      "runner_options.jax_native.batchnorm=global")[2]
+    result = check_ok(rec, 2)
+    assert result["batchnorm"] == "global" and result["collectives"]["all-reduce"] > 0
 
 
 @pytest.mark.slow
@@ -113,12 +163,16 @@ def test_jax_native_bf16(tmp_path: Path, jax_python: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.framework("jax")
-def test_batchnorm_statistics_are_over_the_global_batch(jax_python: str) -> None:
-    """Under global-view jit (jax_native) and Keras DataParallel (keras_jax) a BatchNorm on a
-    batch sharded over 2 devices takes the moments of the whole batch (XLA all-reduces them),
-    not the mean of per-device moments as MirroredStrategy or DDP would."""
+def test_batchnorm_statistics_per_device_and_global(jax_python: str) -> None:
+    """batchnorm: global (jit over the sharded batch, Keras' own layer under DataParallel) takes
+    the moments of the whole batch (XLA all-reduces them); per_device (shard_map, the Keras
+    subclass) the mean of each device's moments, as MirroredStrategy or DDP would."""
     r = run_check_script(jax_python, BN_CHECK, env={"XLA_FLAGS": ""}, timeout=300)
-    assert r["rows_per_device"] == [4, 4] and r["keras_rows_per_device"] == 4
-    assert r["flax_var"] == pytest.approx(r["global_var"], rel=1e-5)
-    assert r["keras_var"] == pytest.approx(r["global_var"], rel=1e-5)
-    assert r["flax_var"] != pytest.approx(r["per_device_var"], rel=0.1)
+    assert r["rows_per_device"] == [4, 4]
+    assert sorted(r["keras_placement"].values()) == [4, 4] and len(r["keras_placement"]) == 2
+    assert r["keras_class_global"] == "BatchNormalization"
+    assert r["keras_class_per_device"] == "PerDeviceBatchNormalization"
+    for framework in ("flax", "keras"):
+        assert r[f"{framework}_global"] == pytest.approx(r["global_var"], rel=1e-5)
+        assert r[f"{framework}_per_device"] == pytest.approx(r["per_device_var"], rel=1e-5)
+        assert r[f"{framework}_global"] != pytest.approx(r["per_device_var"], rel=0.1)

@@ -126,14 +126,27 @@ def test_runner_reads_real_data_at_one_and_two_devices(runner: str, tmp_path: Pa
         assert result["framework"]["grain"] == "0.2.18"
         line = result["input_pipeline"]
         assert line.startswith("Grain over the JPEG file list") and "1 worker process" in line
-        assert "one batch ahead" in line
+        assert sorted(rec["placement"].values()) == [8] * n, rec["placement"]
         # the labels the first timed step trained on are the dataset's, in Grain's order
         assert result["first_timed_labels"] == [labels[i] for i in order[str(8 * n)]]
         if runner == "keras_jax":
-            assert result["loader"] == "framework"
+            assert result["loader"] == "framework" and result["input"] == "numpy"
             assert result["shardings"]["mesh"] == {"batch": n}
+            # Grain's host batches go to fit, which lays them out on the devices itself
+            assert line.endswith("numpy batches to Keras fit, which lays each out over the "
+                                 "devices itself")
         else:
-            assert f"mesh={{data: {n}}}" in line
+            assert f"mesh={{data: {n}}}" in line and "one batch ahead" in line
+
+
+def test_keras_jax_preplaced_grain_batches(tmp_path: Path, real_dataset: Path,
+                                           jax_python: str) -> None:
+    rec = real_sweep(tmp_path, real_dataset, "runners=[keras_jax]", "devices=[2]",
+                     "runner_options.keras_jax.input=preplaced")[2]
+    result = check_real(rec, 2)
+    assert result["input"] == "preplaced"
+    assert "one batch ahead" in result["input_pipeline"] and "no-op" in result["data_placement"]
+    assert sorted(rec["placement"].values()) == [8, 8]
 
 
 def test_keras_jax_keras_loader(tmp_path: Path, real_dataset: Path, jax_python: str) -> None:
@@ -147,6 +160,7 @@ def test_keras_jax_keras_loader(tmp_path: Path, real_dataset: Path, jax_python: 
     assert result["input_pipeline"].startswith("Keras PyDataset over the JPEG file list")
     assert "1 worker process" in result["input_pipeline"]
     assert "PyDataset" in result["data_placement"]
+    assert sorted(rec["placement"].values()) == [8, 8]
 
 
 def test_grain_matches_the_reference_preprocessing(tmp_path: Path, real_dataset: Path,
