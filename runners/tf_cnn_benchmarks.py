@@ -17,8 +17,22 @@ parse_example_proto reads (its other features have defaults; no boxes means the 
 The script preprocesses with its own training pipeline, not runners/real_data.py's; the
 dataset's `workers` become --datasets_num_private_threads.
 
-The pure functions (find_script, build_flags, parse_output, step_times) import no framework,
-so the parent's tests import them; no TensorFlow is imported by this module at all.
+Defaults: options left unset pass no flag, so the script's own defaults apply, as for a user
+who runs it without them: --variable_update=parameter_server, --local_parameter_device=gpu,
+--data_format=NCHW on GPUs; on CPU the script refuses NCHW ("device=cpu requires that
+data_format=NHWC"), so CPU runs pass NHWC. The result records the flags passed and the defaults
+left to the script (left_to_script), and the script's own header (variables, optimizer).
+Followed: tensorflow/benchmarks master (tested at commit 8fb7907, 2023), run with TF 2.21 and
+TF_USE_LEGACY_KERAS=1; TF's May 2017 tables ran its commit 9165a70 on TF commit b1e174e
+(configs/dgx1.yaml).
+
+Placement: the script's own --trace_file, a FULL_TRACE of step -2 (a warm-up step, so at least
+2 warm-up steps) as TF's Chrome timeline: the nodes TF executed on each device, read from it;
+op counts and op seconds per type come with it (traced_ops_by_type, traced_op_seconds_by_type).
+
+The pure functions (find_script, build_flags, parse_output, step_times, trace_placement)
+import no framework, so the parent's tests import them; no TensorFlow is imported by this
+module at all.
 Never copy the script's code into this project: point the harness at a checkout
 (TF_CNN_BENCHMARKS_DIR or runner_options.tf_cnn_benchmarks.benchmarks_dir).
 """
@@ -26,10 +40,12 @@ Never copy the script's code into this project: point the harness at a checkout
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -47,6 +63,10 @@ HOW_TO_GET = (f"git clone https://github.com/tensorflow/benchmarks and set {ENV_
               f"folder> or runner_options.tf_cnn_benchmarks.benchmarks_dir in the config")
 # our model name -> the script's --model; models missing here have no tf_cnn_benchmarks twin
 MODEL_NAMES = {"resnet50": "resnet50_v1.5"}
+# --model values that build one of our models (script_model option): "resnet50" is v1 (stride on
+# the first 1x1 conv), the ResNet-50 of TF's May 2017 tables (benchmarks commit 9165a70 had
+# no v1.5); our models/resnet50 is v1.5 (stride on the 3x3), the default.
+SCRIPT_MODELS = {"resnet50": ("resnet50_v1.5", "resnet50")}
 NO_MODEL = {"minigooglenet": "MiniGoogLeNet (a CIFAR-sized GoogLeNet) is not among "
                              "tf_cnn_benchmarks' models (its 'googlenet' is the ImageNet one)",
             "probe": "the probe model exists only for the equivalence test"}
@@ -67,6 +87,7 @@ HEADER = {"model": re.compile(r"^Model:\s+(?P<value>\S+)"),
           "dataset": re.compile(r"^Dataset:\s+(?P<value>.+?)\s*$"),
           "data_format": re.compile(r"^Data format:\s+(?P<value>\S+)"),
           "variables": re.compile(r"^Variables:\s+(?P<value>\S+)"),
+          "optimizer": re.compile(r"^Optimizer:\s+(?P<value>\S+)"),
           "all_reduce": re.compile(r"^AllReduce:\s+(?P<value>\S+)"),
           "tensorflow": re.compile(r"^TensorFlow:\s+(?P<value>\S+)"),
           "num_batches": re.compile(r"^Num batches:\s+(?P<value>\d+)")}
@@ -109,12 +130,36 @@ def check_model_in_checkout(script: Path, name: str) -> None:
         raise Unavailable(f"the checkout's {config} has no model {name!r}")
 
 
+# The script's own flag defaults (benchmark_cnn.py) for what this runner can leave unset; the
+# result records which of them a run left to the script and what it passed instead.
+SCRIPT_DEFAULTS = {"variable_update": "parameter_server", "local_parameter_device": "gpu",
+                   "data_format": "NCHW"}
+
+
+def layout_flag(device: str, data_format: str | None) -> str | None:
+    """--data_format for a run: the given layout, or None to leave the script's default NCHW
+    (cuDNN's layout, the script's choice for GPUs). On CPU the script refuses its own default
+    ('device=cpu requires that data_format=NHWC', unless --mkl), so CPU runs pass NHWC."""
+    if data_format:
+        layout = LAYOUTS[data_format]
+        if device == "cpu" and layout == "NCHW":
+            raise Unavailable("tf_cnn_benchmarks refuses --device=cpu with --data_format=NCHW "
+                              "('device=cpu requires that data_format=NHWC'); use "
+                              "channels_last")
+        return layout
+    return "NHWC" if device == "cpu" else None
+
+
 def build_flags(spec: Spec, options: Mapping[str, Any] | None = None) -> list[str]:
     """tf_cnn_benchmarks flags for a run spec (pure: no framework, no file access).
 
     --batch_size is per device (the script multiplies it by --num_gpus); --num_gpus is the
     number of devices of either kind (with --device=cpu the script makes that many CPU
-    devices)."""
+    devices). Options left unset (None) pass no flag, so the script's own default applies:
+    --variable_update=parameter_server, --local_parameter_device=gpu, --data_format=NCHW on
+    GPUs (NHWC on CPU, the only layout the script accepts there). --trace_file, when the spec
+    carries one, makes the script write step -2's (a warm-up step's) FULL_TRACE step stats as
+    a Chrome trace: TensorFlow's own record of the device each node ran on."""
     opts = dict(spec.get("options") or {}) if options is None else dict(options)
     n, per_device = int(spec["num_devices"]), int(spec["batch_size_per_device"])
     if per_device * n != int(spec["global_batch_size"]):
@@ -123,26 +168,31 @@ def build_flags(spec: Spec, options: Mapping[str, Any] | None = None) -> list[st
     precision = spec.get("precision", "fp32")
     if precision not in PRECISION_FLAGS:
         raise Unavailable(f"tf_cnn_benchmarks runs fp32 or fp16 (--use_fp16), not {precision}")
-    layout = LAYOUTS[opts.get("data_format") or "channels_last"]
     device = spec["device"]
-    if device == "cpu" and layout == "NCHW":
-        raise Unavailable("tf_cnn_benchmarks refuses --device=cpu with --data_format=NCHW "
-                          "('device=cpu requires that data_format=NHWC'); use channels_last")
+    model = opts.get("script_model") or script_model(spec["model"])
+    if model not in SCRIPT_MODELS.get(spec["model"], (model,)):
+        raise Unavailable(f"script_model {model!r} is not a {spec['model']}: "
+                          f"{', '.join(SCRIPT_MODELS[spec['model']])}")
     flags = [
-        f"--model={script_model(spec['model'])}",
+        f"--model={model}",
         f"--num_gpus={n}",
         f"--batch_size={per_device}",
         f"--device={device}",
-        f"--data_format={layout}",
-        f"--variable_update={opts.get('variable_update') or 'replicated'}",
-        f"--local_parameter_device={opts.get('local_parameter_device') or 'cpu'}",
+    ]
+    layout = layout_flag(device, opts.get("data_format"))
+    if layout:
+        flags.append(f"--data_format={layout}")
+    for name in ("variable_update", "local_parameter_device", "all_reduce_spec"):
+        if opts.get(name):
+            flags.append(f"--{name}={opts[name]}")
+    flags += [
         f"--num_batches={int(spec['measure_steps'])}",
         f"--num_warmup_batches={int(spec['warmup_steps'])}",
         "--display_every=1",
     ]
-    if opts.get("all_reduce_spec"):
-        flags.append(f"--all_reduce_spec={opts['all_reduce_spec']}")
     flags += PRECISION_FLAGS[precision]
+    if spec.get("trace_file"):
+        flags.append(f"--trace_file={spec['trace_file']}")
     if spec.get("data", "synthetic") != "synthetic":
         dataset = spec.get("dataset") or {}
         data_dir = (str(Path(dataset["path"]) / "tfrecord") if dataset.get("path")
@@ -155,6 +205,54 @@ def build_flags(spec: Spec, options: Mapping[str, Any] | None = None) -> list[st
         if "workers" in dataset:
             flags.append(f"--datasets_num_private_threads={max(1, int(dataset['workers']))}")
     return flags
+
+
+def left_to_script(flags: list[str]) -> dict[str, str]:
+    """The SCRIPT_DEFAULTS flags a run did not pass, with the value the script then uses."""
+    passed = {f[2:].split("=", 1)[0] for f in flags}
+    return {k: v for k, v in SCRIPT_DEFAULTS.items() if k not in passed}
+
+
+def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """From the script's Chrome trace (TF's timeline of one FULL_TRACE step): the nodes that
+    executed on each device, and how many of each op type (pure: parses JSON already loaded).
+
+    TF's timeline names one process per device and stream ("<device> Compute", plus
+    "<device> Tensors" and allocator processes for memory); each executed node is a complete
+    ("X") event of a Compute process with args {name, op}."""
+    devices: dict[int, str] = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") == "M" and ev.get("name") == "process_name":
+            name = str((ev.get("args") or {}).get("name", ""))
+            if name.endswith(" Compute"):
+                devices[ev["pid"]] = name[: -len(" Compute")]
+    by_device: dict[str, int] = {}
+    by_type: dict[str, int] = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") != "X" or ev.get("pid") not in devices:
+            continue
+        args = ev.get("args") or {}
+        if args.get("name") in ("_SOURCE", "_SINK"):
+            continue
+        dev = devices[ev["pid"]]
+        by_device[dev] = by_device.get(dev, 0) + 1
+        op = str(args.get("op", ev.get("name", "?")))
+        by_type[op] = by_type.get(op, 0) + 1
+    return dict(sorted(by_device.items())), dict(sorted(by_type.items(), key=lambda kv: -kv[1]))
+
+
+def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
+    """Seconds per op type summed over the traced step's executed nodes (all devices; the
+    FULL_TRACE step runs slower than an untraced one, so read shares, not totals)."""
+    compute = {ev["pid"] for ev in trace.get("traceEvents", [])
+               if ev.get("ph") == "M" and ev.get("name") == "process_name"
+               and str((ev.get("args") or {}).get("name", "")).endswith(" Compute")}
+    seconds: dict[str, float] = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") == "X" and ev.get("pid") in compute:
+            op = str((ev.get("args") or {}).get("op", ev.get("name", "?")))
+            seconds[op] = seconds.get(op, 0.0) + float(ev.get("dur", 0)) / 1e6
+    return {k: round(v, 6) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
 
 
 def parse_output(text: str) -> dict[str, Any]:
@@ -311,12 +409,19 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if spec["data"] == "real":
         data = open_dataset(spec)
         check_classes(data, IMAGENET_CLASSES, "tf_cnn_benchmarks' imagenet models")
-    flags = build_flags(spec, opts)
-    model = flags[0].split("=", 1)[1]
-    check_model_in_checkout(script, model)
-    # leave the launcher time to record what happened before it kills our process group
-    timeout = max(float(spec["timeout_s"]) - max(15.0, 0.05 * float(spec["timeout_s"])), 1.0)
-    code, lines, marks, step_walls = run_script(script, flags, timeout)
+    if int(spec["warmup_steps"]) < 2:
+        raise Invalid("tf_cnn_benchmarks needs warmup_steps >= 2 here: the placement comes from "
+                      "the script's --trace_file, which traces step -2 (a warm-up step)")
+    with tempfile.TemporaryDirectory(prefix="tf_cnn_trace_") as tmp:
+        trace_path = Path(tmp) / "trace.json"
+        flags = build_flags({**spec, "trace_file": str(trace_path)}, opts)
+        model = flags[0].split("=", 1)[1]
+        check_model_in_checkout(script, model)
+        # leave the launcher time to record what happened before it kills our process group
+        timeout = max(float(spec["timeout_s"]) - max(15.0, 0.05 * float(spec["timeout_s"])),
+                      1.0)
+        code, lines, marks, step_walls = run_script(script, flags, timeout)
+        trace = json.loads(trace_path.read_text()) if trace_path.is_file() else None
     text = "\n".join(lines)
     if code != 0:
         reason = f"tf_cnn_benchmarks exited {code}: {_error_reason(lines)}"
@@ -350,6 +455,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         raise Invalid(f"tf_cnn_benchmarks ran on {parsed['devices']}, not {n} devices")
     if spec["data"] == "real" and "synthetic" in (parsed["dataset"] or "synthetic"):
         raise Invalid(f"a real-data run, but the script reports dataset {parsed['dataset']!r}")
+    if trace is None:
+        raise Invalid("the script wrote no --trace_file: no placement from TensorFlow")
+    placement, ops_by_type = trace_placement(trace)
     data_info: dict[str, Any] = {"data_placement": "the script's synthetic images, generated "
                                                    "on each device"}
     if spec["data"] == "real":
@@ -381,7 +489,15 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "script_dataset": parsed["dataset"],
         "variable_update": parsed["variables"],
         "all_reduce": parsed["all_reduce"],
-        "flags": flags,
+        "optimizer": parsed["optimizer"],
+        "placement": placement,
+        "placement_source": "nodes executed per device in the step stats of the script's "
+                            "--trace_file (a FULL_TRACE warm-up step, step -2, as TF's "
+                            "Chrome timeline)",
+        "traced_ops_by_type": ops_by_type,
+        "traced_op_seconds_by_type": trace_op_seconds(trace),
+        "flags": [f for f in flags if not f.startswith("--trace_file=")],
+        "left_to_script": left_to_script(flags),
         "script": str(script),
         "checkout_commit": _checkout_commit(script),
         **data_info,

@@ -1,8 +1,20 @@
 """Native TensorFlow: a custom training loop in tf.function under tf.distribute.MirroredStrategy.
 
 The "fast TensorFlow" baseline the seeds measured Keras against (the "Keras tax" is a Keras
-runner's images/sec over this one's). The model from models/ is used only as a layer graph:
-no compile, no fit, no callbacks; the step is GradientTape + optimizer in one tf.function.
+runner's images/sec over this one's); what a TF 2 user writes from the TF guides ("Custom
+training with tf.distribute.Strategy", TF 2.21). The model from models/ is used only as a layer
+graph: no compile, no fit, no callbacks; the step is GradientTape + optimizer in one
+tf.function, and each step's loss is read back as a float (the clock needs a finished step;
+tf_cnn_benchmarks fetches its loss every step too).
+
+BatchNorm (fused_batchnorm, default true): each Keras BatchNormalization layer of the model is
+swapped (keras.models.clone_model, same names, config and canonical weights) for
+FusedBatchNormalization, the same layer computed by TF's fused kernel FusedBatchNormV3, as TF 1
+layers (fused=True) and tf_cnn_benchmarks compute it. Keras 3 computes BatchNorm from unfused
+ops on every backend; on ResNet-50 that cost tf_native a third of its CPU step and put it at
+0.79 of tf_cnn_benchmarks (docs/PERFORMANCE.md, "tf_native vs tf_cnn_benchmarks").
+fused_batchnorm: false keeps Keras 3's layer. Optimizer: Keras SGD, momentum 0.9, no weight
+decay (tf_cnn_benchmarks: plain SGD plus L2 weight decay on its defaults).
 
 Split: each replica gets its own B/N slice of the global batch. Synthetic data is made once,
 directly on each replica's device (experimental_distribute_values_from_function), so a step
@@ -14,11 +26,20 @@ losses summed and divided by the *global* batch (tf.nn.compute_average_loss), so
 MirroredStrategy sums with an all-reduce inside optimizer.apply_gradients (NCCL between GPUs, a
 reduction on CPUs) are the gradients of the global mean loss; every replica applies the same
 update (synchronous SGD).
+
+Placement: the partition graphs TF instantiated for the first step (runners/tf_placement.py),
+compute ops per device, collected around the first warm-up step. xla: the replica step is
+jit_compiled; on N > 1 virtual CPU devices XLA runs every replica on its one host device, which
+cannot reach the other replicas' variables ("Trying to access resource ... located in
+device"): the run is invalid with TF's message, never a pass. The equivalence mode runs this
+same path (model path, per-replica input, the same tf.function step, xla) on the probe model.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,7 +59,6 @@ from runners.common import (
     Invalid,
     Spec,
     StepTimer,
-    Unavailable,
     finite,
     load_equivalence_inputs,
     main,
@@ -52,6 +72,76 @@ from runners.tf_common import (
     open_real,
     setup_devices,
 )
+from runners.tf_placement import BOOKKEEPING_OPS, EagerPlacement, partition_graphs
+
+
+class FusedBatchNormalization(keras.layers.BatchNormalization):
+    """Keras 3's BatchNormalization computed by TensorFlow's one fused kernel, FusedBatchNormV3
+    (and FusedBatchNormGradV3 for its gradient), as TF 1's tf.layers/tf.keras (fused=True) and
+    tf_cnn_benchmarks compute it. Keras 3 computes it from unfused ops on every backend (mean,
+    squared difference, mean, rsqrt, multiply-adds), whose gradient is ~20 more elementwise
+    and reduction ops per layer: a third of tf_native's ResNet-50 CPU step (docs/PERFORMANCE.md).
+
+    Same variables, same arithmetic: normalise by the batch's biased variance, moving statistics
+    updated as Keras does (momentum, the *biased* batch variance: the kernel returns the
+    unbiased one for its own moving averages, so it is scaled back by (n - 1) / n). Falls back to
+    Keras' call for what the kernel cannot do (not 4-D, a mask, renorm, synchronized)."""
+
+    def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
+        axis = self.axis % len(inputs.shape)
+        if (len(inputs.shape) != 4 or axis not in (1, 3) or mask is not None or self.renorm
+                or self.synchronized):
+            return super().call(inputs, training=training, mask=mask)
+        channels = inputs.shape[axis]
+        x = tf.convert_to_tensor(inputs)
+        if x.dtype not in (tf.float16, tf.bfloat16, tf.float32):
+            x = tf.cast(x, tf.float32)
+        scale = (tf.cast(self.gamma.value, tf.float32) if self.scale
+                 else tf.ones((channels,), tf.float32))
+        offset = (tf.cast(self.beta.value, tf.float32) if self.center
+                  else tf.zeros((channels,), tf.float32))
+        fmt = "NHWC" if axis == 3 else "NCHW"
+        if training and self.trainable:
+            y, mean, unbiased, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+                x=x, scale=scale, offset=offset, mean=tf.constant([], tf.float32),
+                variance=tf.constant([], tf.float32), epsilon=self.epsilon,
+                exponential_avg_factor=1.0, data_format=fmt, is_training=True)
+            shape = tf.shape(x)
+            n = tf.cast(tf.reduce_prod(shape) // shape[axis], tf.float32)
+            variance = unbiased * ((n - 1.0) / tf.maximum(n, 1.0))
+            m = self.momentum
+            self.moving_mean.assign(self.moving_mean.value * m + mean * (1.0 - m))
+            self.moving_variance.assign(self.moving_variance.value * m + variance * (1.0 - m))
+        else:
+            y, _, _, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+                x=x, scale=scale, offset=offset, mean=tf.cast(self.moving_mean.value, tf.float32),
+                variance=tf.cast(self.moving_variance.value, tf.float32),
+                epsilon=self.epsilon, exponential_avg_factor=1.0, data_format=fmt,
+                is_training=False)
+        return tf.cast(y, self.compute_dtype)
+
+
+def build_model(model: str, model_spec: ModelSpec, data_format: str,
+                fused_batchnorm: bool) -> tuple[keras.Model, int]:
+    """The model from models/ (its Keras builder, the layer graph every Keras runner uses);
+    with fused_batchnorm, each BatchNormalization layer swapped for FusedBatchNormalization
+    (same name and config, so the same canonical weights). Returns the model and how many
+    layers were swapped."""
+    built = load_builder(model, "keras")(model_spec, data_format=data_format)
+    if not fused_batchnorm:
+        return built, 0
+    swapped = 0
+
+    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
+        nonlocal swapped
+        if type(layer) is keras.layers.BatchNormalization:
+            swapped += 1
+            return FusedBatchNormalization.from_config(layer.get_config())
+        return layer.__class__.from_config(layer.get_config())
+
+    if not any(type(layer) is keras.layers.BatchNormalization for layer in built.layers):
+        return built, 0
+    return keras.models.clone_model(built, clone_function=clone), swapped
 
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.MirroredStrategy, list[dict[str, Any]]]:
@@ -123,6 +213,8 @@ def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
+    # nothing in the step needs AutoGraph (no tensor-dependent Python control flow)
+    replica_step = tf.autograph.experimental.do_not_convert(replica_step)
     inner = tf.function(replica_step, jit_compile=True) if xla else replica_step
 
     @tf.function
@@ -133,6 +225,36 @@ def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
     return train_step
 
 
+XLA_DEVICE_ERROR = re.compile(r"Trying to access resource .{0,300}? located in device")
+
+
+def first_step(step: Callable[..., tf.Tensor], *args: Any) -> tuple[float, dict[str, Any]]:
+    """Run the step once (the first warm-up step, or the equivalence step) while TF collects
+    the partition graphs of the functions it instantiates for it; the loss and the placement.
+
+    XLA on N virtual CPU devices compiles each replica's step for XLA's one host device, which
+    cannot reach the variables of the other replicas: TF raises "Trying to access resource
+    ... located in device ...". That is a step that did not run where it was asked to: Invalid,
+    with TF's words."""
+    placement = EagerPlacement()
+    placement.start()
+    try:
+        loss = finite(step(*args))
+    except tf.errors.InvalidArgumentError as exc:
+        if XLA_DEVICE_ERROR.search(str(exc)):
+            said = next((line.strip() for line in str(exc).splitlines()
+                         if "Trying to access resource" in line), "")
+            raise Invalid("XLA ran the replicas' step on one device that cannot reach the "
+                          f"other replicas' variables: {said[:300]}") from exc
+        raise
+    finally:
+        placement.stop()
+    kinds: Counter[str] = Counter()
+    for graph in partition_graphs(placement.run_metadata) if placement.run_metadata else ():
+        kinds.update(node.op for node in graph.node if node.op not in BOOKKEEPING_OPS)
+    return loss, {**placement.result(), "compute_ops_by_type": dict(kinds.most_common())}
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec["options"]
     policy = POLICIES[spec["precision"]]
@@ -141,17 +263,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model_spec = get_spec(spec["model"])
     data_format = opts.get("data_format", "channels_last")
     xla = bool(opts.get("xla", False))
+    fused = bool(opts.get("fused_batchnorm", True))
     global_batch, n = spec["global_batch_size"], strategy.num_replicas_in_sync
-    if xla and spec["device"] == "cpu" and n > 1:
-        # seen on TF 2.21: "Trying to access resource stem_conv/kernel/replica_1 located in
-        # device CPU:1 from device CPU:0" (XLA known issue tfvariable_on_a_different_device)
-        raise Unavailable("xla on more than one virtual CPU device: the jit-compiled step of "
-                          "replica 1 runs on XLA's one host device (CPU:0) and cannot reach "
-                          "its variables on /cpu:1; use xla with 1 CPU device or on GPUs")
     if global_batch % n:
         raise Invalid(f"global batch {global_batch} does not divide by {n} replicas")
     with strategy.scope():
-        model = load_builder(spec["model"], "keras")(model_spec, data_format=data_format)
+        model, swapped = build_model(spec["model"], model_spec, data_format, fused)
         optimizer: keras.optimizers.Optimizer = keras.optimizers.SGD(learning_rate=0.01,
                                                                      momentum=0.9)
         if spec["precision"] == "fp16":
@@ -160,18 +277,29 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     batches, data_info = step_inputs(spec, strategy, model_spec, data_format)
     train_step = make_train_step(strategy, model, optimizer, global_batch, xla)
 
-    for _ in range(spec["warmup_steps"]):
-        # a float read waits for the step to finish on every device
-        finite(train_step(*next(batches)))
+    # the first step instantiates the step function: its partition graphs are the placement
+    # (collected outside the timed window; with no warm-up it is the first timed step's)
+    warmup, measure = spec["warmup_steps"], spec["measure_steps"]
+    if measure < 1:
+        raise Invalid("measure_steps is 0: nothing was timed")
     timer, losses = StepTimer(), []
     start = int(optimizer.iterations.numpy())
-    timer.start()
-    for _ in range(spec["measure_steps"]):
+    if warmup:
+        _, placed = first_step(train_step, *next(batches))
+        for _ in range(warmup - 1):
+            # a float read waits for the step to finish on every device
+            finite(train_step(*next(batches)))
+        start = int(optimizer.iterations.numpy())
+        timer.start()
+    else:
+        timer.start()
+        loss, placed = first_step(train_step, *next(batches))
+        losses.append(loss)
+        timer.tick()
+    for _ in range(measure - len(losses)):
         losses.append(finite(train_step(*next(batches))))
         timer.tick()
     steps = int(optimizer.iterations.numpy()) - start
-    if not losses:
-        raise Invalid("measure_steps is 0: nothing was timed")
     return {
         **timer.summary(global_batch, steps * global_batch),
         "first_loss": losses[0],
@@ -184,6 +312,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "dtype_policy": policy,
         "loss_scaling": spec["precision"] == "fp16",
         "xla": xla,
+        "batchnorm": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
+                      else "none in this model" if fused
+                      else "Keras 3 BatchNormalization (unfused ops)"),
+        **placed,
         **data_info,
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
@@ -191,30 +323,38 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model, the batch split over the replicas; weights saved."""
+    """The timed path on the probe model: the same strategy, model path (fused_batchnorm),
+    per-replica slices made on each replica's device by experimental_distribute_values_from_
+    function, and the same tf.function step (xla honoured), for one plain SGD step on the
+    given weights and batch split over the replicas; weights saved, placement read back."""
+    opts = spec.get("options") or {}
     strategy, devices = make_strategy(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
+    data_format = opts.get("data_format", "channels_last")
     n = strategy.num_replicas_in_sync
     if len(x) % n:
         raise Invalid(f"equivalence batch {len(x)} does not divide by {n} replicas")
     per = len(x) // n
+    images = np.asarray(x) if data_format == "channels_last" \
+        else np.ascontiguousarray(np.transpose(np.asarray(x), (0, 3, 1, 2)))
     with strategy.scope():
-        model = load_builder("probe", "keras")(get_spec("probe"))
+        model, _ = build_model("probe", get_spec("probe"), data_format,
+                               bool(opts.get("fused_batchnorm", True)))
         set_canonical_weights(model, weights)
         optimizer = keras.optimizers.SGD(learning_rate=lr)
         optimizer.build(model.trainable_variables)
 
     def slice_of(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, tf.Tensor]:
         i = ctx.replica_id_in_sync_group
-        return (tf.constant(np.asarray(x[i * per:(i + 1) * per])),
+        return (tf.constant(images[i * per:(i + 1) * per]),
                 tf.constant(np.asarray(y[i * per:(i + 1) * per])))
 
     xs, ys = strategy.experimental_distribute_values_from_function(slice_of)
-    loss = make_train_step(strategy, model, optimizer, len(x))(xs, ys)
-    finite(loss)
+    step = make_train_step(strategy, model, optimizer, len(x), bool(opts.get("xla", False)))
+    loss, placed = first_step(step, xs, ys)
     save_equivalence_output(spec, get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
-            "loss": float(loss)}
+            "loss": loss, "layout": data_format, **placed}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ and one real run through the CLI when a checkout is given in TF_CNN_BENCHMARKS_D
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,8 +20,11 @@ from runners.tf_cnn_benchmarks import (
     benchmark,
     build_flags,
     find_script,
+    left_to_script,
     parse_output,
     step_times,
+    trace_op_seconds,
+    trace_placement,
 )
 from tests.conftest import run_cli
 
@@ -89,6 +94,51 @@ def test_flags_variable_update_all_reduce_and_parameter_device() -> None:
     assert flags["variable_update"] == "parameter_server"
     assert flags["all_reduce_spec"] == "nccl"
     assert flags["local_parameter_device"] == "gpu"
+
+
+def test_unset_options_leave_the_scripts_own_defaults() -> None:
+    unset = {"variable_update": None, "all_reduce_spec": None, "local_parameter_device": None,
+             "data_format": None, "benchmarks_dir": None, "script_model": None}
+    gpu = build_flags(make_spec(), unset)
+    names = set(flag_dict(gpu))
+    # benchmark_cnn.py's defaults: parameter_server, ps on gpu, NCHW
+    assert not names & {"variable_update", "local_parameter_device", "data_format"}
+    assert left_to_script(gpu) == {"variable_update": "parameter_server",
+                                   "local_parameter_device": "gpu", "data_format": "NCHW"}
+    # on CPU the script refuses its default NCHW: the one layout it runs there is passed
+    cpu = build_flags(make_spec(device="cpu"), unset)
+    assert flag_dict(cpu)["data_format"] == "NHWC"
+    assert left_to_script(cpu) == {"variable_update": "parameter_server",
+                                   "local_parameter_device": "gpu"}
+
+
+def test_flags_script_model_and_trace_file() -> None:
+    assert flag_dict(build_flags(make_spec(), {"script_model": "resnet50"}))["model"] == \
+        "resnet50"
+    with pytest.raises(Unavailable, match="not a resnet50"):
+        build_flags(make_spec(), {"script_model": "resnet101"})
+    flags = flag_dict(build_flags(make_spec(trace_file="/tmp/t.json")))
+    assert flags["trace_file"] == "/tmp/t.json"
+
+
+def test_trace_placement_from_a_real_two_device_trace() -> None:
+    # the script's --trace_file of a 2-CPU-device ResNet-50 v1.5 run (batch 1 per device,
+    # parameter_server), kept to its process names and executed-node events
+    with gzip.open(DATA / "resnet50_cpu_2dev_trace.json.gz", "rt") as f:
+        trace = json.load(f)
+    placement, by_type = trace_placement(trace)
+    assert sorted(placement) == ["/job:localhost/replica:0/task:0/device:CPU:0",
+                                 "/job:localhost/replica:0/task:0/device:CPU:1"]
+    assert all(v > 100 for v in placement.values())
+    # its model: fused BatchNorm (53 layers per tower), plain SGD, L2 weight decay
+    assert by_type["FusedBatchNormV3"] == by_type["FusedBatchNormGradV3"] == 2 * 53
+    assert by_type["Conv2D"] == 2 * 53
+    assert by_type["ApplyGradientDescent"] == 161
+    assert "L2Loss" in by_type and "_SOURCE" not in by_type
+    assert trace_placement({"traceEvents": []}) == ({}, {})
+    seconds = trace_op_seconds(trace)
+    assert set(seconds) == set(by_type) and all(v >= 0 for v in seconds.values())
+    assert max(seconds, key=seconds.get).startswith("Conv2D")  # the convolutions dominate
 
 
 def test_flags_precision() -> None:
@@ -190,7 +240,7 @@ def test_parse_output_without_a_run() -> None:
 def test_real_script_on_cpu(tmp_path: Path, tf_python: str) -> None:
     out = tmp_path / "tcb"
     proc = run_cli("--config", "configs/cpu-smoke.yaml", "--set", "runners=[tf_cnn_benchmarks]",
-                   "--set", "models=[resnet50]", "--set", "warmup_steps=1",
+                   "--set", "models=[resnet50]", "--set", "warmup_steps=2",
                    "--set", "measure_steps=2", "--set", "batch_size_per_device=2",
                    "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -205,3 +255,8 @@ def test_real_script_on_cpu(tmp_path: Path, tf_python: str) -> None:
         assert len(rec["step_times_s"]) == 2
         assert len(rec["environment"]["devices"]) == n
         assert "total images/sec" in Path(rec["log_path"]).read_text()
+        # where TF ran the traced step, from the script's own trace: both devices at n=2
+        assert len(rec["placement"]) == n and all(v > 0 for v in rec["placement"].values())
+        assert rec["result"]["left_to_script"]["variable_update"] == "parameter_server"
+        assert rec["result"]["variable_update"] == "parameter_server"  # the script's header
+        assert not any(f.startswith("--trace_file") for f in rec["result"]["flags"])

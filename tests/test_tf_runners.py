@@ -42,3 +42,106 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, tf_python: s
         assert rec["samples"] == 3 * 8 * n
         assert rec["images_per_sec"] > 0
         assert len(rec["environment"]["devices"]) == n
+
+
+FUSED_BN_CHECK = r"""
+import json
+import numpy as np, tensorflow as tf, keras
+from models import get_spec
+from models.keras_common import get_canonical_weights
+from runners.tf_native import FusedBatchNormalization, build_model
+
+diffs = {}
+for fmt, axis, shape in (("channels_last", -1, (4, 5, 6, 3)), ("channels_first", 1, (4, 3, 5, 6))):
+    x = tf.constant(np.random.default_rng(0).standard_normal(shape).astype("float32") * 2 + 1)
+    outs = []
+    for layer in (keras.layers.BatchNormalization(axis=axis, epsilon=1e-5, momentum=0.9),
+                  FusedBatchNormalization(axis=axis, epsilon=1e-5, momentum=0.9)):
+        layer.build(shape)
+        layer.gamma.assign([1.5, 0.5, 2.0])
+        layer.beta.assign([0.1, -0.2, 0.3])
+
+        @tf.function
+        def step(x, layer=layer):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = layer(x, training=True)
+                loss = tf.reduce_sum(tf.sin(y))
+            return [y, *tape.gradient(loss, [x, layer.gamma.value, layer.beta.value])]
+
+        got = step(x)
+        got += [layer.moving_mean.value, layer.moving_variance.value, layer(x, training=False)]
+        outs.append([np.asarray(v) for v in got])
+    diffs[fmt] = [float(np.abs(a - b).max() / max(1.0, np.abs(a).max()))
+                  for a, b in zip(*outs)]
+fused, swapped = build_model("resnet50", get_spec("resnet50"), "channels_last", True)
+plain, _ = build_model("resnet50", get_spec("resnet50"), "channels_last", False)
+print("RESULT " + json.dumps({
+    "diffs": diffs, "swapped": swapped, "params": fused.count_params(),
+    "fused_layers": sum(isinstance(l, FusedBatchNormalization) for l in fused.layers),
+    "same_names": sorted(get_canonical_weights(fused)) == sorted(get_canonical_weights(plain)),
+}))
+"""
+
+
+def test_tf_native_fused_batchnorm_is_keras_batchnorm(tf_python: str) -> None:
+    """FusedBatchNormV3 in place of Keras 3's BatchNormalization: the same outputs, gradients
+    and moving statistics (training and inference), in both layouts; the swapped ResNet-50 has
+    the spec's parameters under the same canonical names."""
+    from models import get_spec
+    from tests.conftest import run_check_script
+
+    out = run_check_script(tf_python, FUSED_BN_CHECK)
+    for fmt, diffs in out["diffs"].items():
+        assert max(diffs) < 1e-5, (fmt, diffs)
+    assert out["swapped"] == out["fused_layers"] == 53
+    assert out["params"] == get_spec("resnet50").params
+    assert out["same_names"]
+
+
+def _tf_native_equivalence(tmp_path: Path, tf_python: str, n: int, options: dict) -> dict:
+    import numpy as np
+
+    from bench.launch import launch
+    from bench.plan import RunSpec
+    from models import get_spec
+
+    inputs, out = tmp_path / "in.npz", tmp_path / f"out-n{n}-{len(options)}.npz"
+    if not inputs.exists():
+        rng = np.random.default_rng(7)
+        probe = get_spec("probe")
+        weights = {f"w:{k}": (rng.standard_normal(s) * 0.3).astype(np.float32)
+                   for k, s in probe.weights}
+        np.savez(inputs, x=rng.standard_normal((8, *probe.input_shape)).astype(np.float32),
+                 y=rng.integers(0, probe.num_classes, 8).astype(np.int32), **weights)
+    info = RUNNERS["tf_native"]
+    spec = RunSpec(
+        run_id=f"tfn-n{n}-{len(options)}", sweep_id="tfn", runner="tf_native", family="tf",
+        module=info.module, model="probe", num_devices=n, device="cpu", virtual_devices=True,
+        scaling="strong", batch_size_per_device=8 // n, global_batch_size=8, data="synthetic",
+        precision="fp32", warmup_steps=0, measure_steps=1, repeat=0, timeout_s=300,
+        options={**{k: o.default for k, o in info.options.items()}, **options},
+        mode="equivalence", launcher=info.launcher,
+        equivalence={"inputs": str(inputs), "output": str(out), "learning_rate": 0.5})
+    rec = launch(spec, tf_python, tmp_path, {})
+    if out.exists():
+        with np.load(out) as data:
+            rec["weights"] = {k: data[k] for k in data.files}
+    return rec
+
+
+def test_tf_native_xla(tmp_path: Path, tf_python: str) -> None:
+    """xla=true compiles the same step: at 1 device it gives the weights of the plain step; at
+    2 virtual CPU devices XLA runs the replicas on one device that cannot reach the other's
+    variables, and the run says so (invalid, TF's words), never a pass."""
+    import numpy as np
+
+    plain = _tf_native_equivalence(tmp_path, tf_python, 1, {})
+    xla = _tf_native_equivalence(tmp_path, tf_python, 1, {"xla": True})
+    assert plain["status"] == xla["status"] == "ok", (plain["reason"], xla["reason"])
+    assert xla["placement"] and all(v > 0 for v in xla["placement"].values())
+    for name, value in plain["weights"].items():
+        np.testing.assert_allclose(xla["weights"][name], value, rtol=1e-5, atol=1e-6)
+    two = _tf_native_equivalence(tmp_path, tf_python, 2, {"xla": True})
+    assert two["status"] == "invalid", two
+    assert "Trying to access resource" in two["reason"], two["reason"]
