@@ -26,8 +26,8 @@ Policy (CPU runs; GPU runs keep the frameworks' defaults):
   XLA_FLAGS recorded, not set.
 
 `observed()` runs in the child after the benchmark (runners/common.main): the thread variables
-in its environment, and what each framework already imported reports. It imports no framework
-and never raises.
+in its environment, what each framework already imported reports, and the CPU seconds of the
+process's busiest threads. It imports no framework and never raises.
 """
 
 from __future__ import annotations
@@ -169,6 +169,24 @@ def openmp_max_threads() -> int | None:
     return None
 
 
+def busiest_threads(top: int = 4) -> list[float]:
+    """CPU seconds (user + system) of this process's busiest threads so far, most first (Linux
+    /proc; empty elsewhere). Unlike busy cores over wall time, how the CPU time splits between
+    threads does not change when other processes share the cores."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    times = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/self/task/{tid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            times.append((int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
+    return [round(t, 2) for t in sorted(times, reverse=True)[:top]]
+
+
 def observed() -> dict[str, Any]:
     """The run's thread settings: the thread variables of its environment, the policy's note,
     the cores it may use, and each already-imported framework's own answer. Never raises."""
@@ -179,6 +197,7 @@ def observed() -> dict[str, Any]:
         out["physical_cores"] = physical_cores()
         with contextlib.suppress(AttributeError, OSError):
             out["cpus_allowed"] = len(os.sched_getaffinity(0))
+        out["busiest_threads_cpu_s"] = busiest_threads()
         for name, (module, probe) in PROBES.items():
             if module in sys.modules:
                 try:

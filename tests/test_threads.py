@@ -120,12 +120,16 @@ def test_observed_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 @pytest.mark.framework("mxnet")
-def test_mxnet_with_the_policy_keeps_more_than_one_core_busy(
+def test_mxnet_with_the_policy_computes_on_more_than_one_core(
         tmp_path: Path, mxnet_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """mxnet_native at 1 device, MXNet's default (policy off) and the policy, in one sweep
-    each. MXNet 1.9 halves omp_get_num_procs() on x86 (it assumes 2 hyper-threads per core):
-    on this host without SMT its default is one OpenMP thread. With the policy the run's
-    OpenMP count is the physical cores and its process tree keeps more than one core busy."""
+    """mxnet_native at 1 device, with the policy and with MXNet's default (policy off).
+
+    MXNet 1.9 halves omp_get_num_procs() on x86 (it assumes 2 hyper-threads per core): on a
+    host without SMT its default is one OpenMP thread, and one thread does all the compute.
+    With the policy the OpenMP count is the physical cores and a second thread computes as
+    much as the first. That split of the process's CPU time between its threads holds however
+    busy the host is; the record's busy cores (telemetry) exceed one only when no other
+    process takes the cores, so that is asserted only when the host had them to give."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(POLICY_VAR, raising=False)
     cores = threads.physical_cores()
@@ -139,10 +143,13 @@ def test_mxnet_with_the_policy_keeps_more_than_one_core_busy(
     assert used["env"]["OMP_NUM_THREADS"] == str(cores)
     assert used["mxnet"]["openmp_max_threads"] == cores
     assert used["mxnet"]["mkldnn"] is True
-    busy = policy["telemetry"]["host"]["run_cpu_cores_mean"]
-    host = policy["telemetry"]["host"]["cpu_util_mean_pct"]
-    assert busy > 1.1, (f"{busy:.2f} busy cores with {cores} OpenMP threads; the host was "
-                        f"{host:.0f}% busy (another process on the cores?)")
+    first, second = used["busiest_threads_cpu_s"][:2]
+    assert second > 0.5 * first, f"one thread did the compute: {used['busiest_threads_cpu_s']}"
+    host = policy["telemetry"]["host"]
+    busy = host["run_cpu_cores_mean"]
+    others = host["cpu_util_mean_pct"] / 100 * (os.cpu_count() or 1) - busy
+    if others < 0.5:  # the cores were the run's to take
+        assert busy > 1.1, f"{busy:.2f} busy cores with {cores} OpenMP threads"
 
     monkeypatch.setenv(POLICY_VAR, "off")  # the CLI and its child inherit it
     default = smoke_sweep(tmp_path / "default", *sets)[1]
@@ -153,3 +160,6 @@ def test_mxnet_with_the_policy_keeps_more_than_one_core_busy(
     if siblings.exists() and threads._count_cpu_list(siblings.read_text()) == 1:
         # no SMT: MXNet's halving leaves half the cores without an OpenMP thread
         assert bare["mxnet"]["openmp_max_threads"] == len(os.sched_getaffinity(0)) // 2
+        if cores == 2:
+            first, second = bare["busiest_threads_cpu_s"][:2]
+            assert second < 0.5 * first, bare["busiest_threads_cpu_s"]
