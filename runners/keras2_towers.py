@@ -472,13 +472,18 @@ def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str]
     if missing:
         raise Invalid(f"no compute ops ran on {missing}: TF placed the step on "
                       f"{sorted(placement)}")
+    # the step's convolution weight gradients: as built in the graph, and as TF ran them
+    # after its graph optimisations (common-subexpression elimination merges identical ones)
     backprop = sum(1 for g in partition_graphs(built.run_metadata) for node in g.node
                    if node.op == "Conv2DBackpropFilter")
+    backprop_built = sum(1 for op in built.model.train_function.updates_op.graph
+                         .get_operations() if op.type == "Conv2DBackpropFilter")
     return {"placement": placement,
             "placement_source": "compute ops per device in the partition graphs of one "
                                 "traced fit step before the warm-up (session.run "
                                 "RunOptions.output_partition_graphs)",
-            "conv_backprop_filter_ops": backprop}
+            "conv_backprop_filter_ops": backprop,
+            "conv_backprop_filter_ops_built": backprop_built}
 
 
 def _full(name: str) -> str:

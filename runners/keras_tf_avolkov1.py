@@ -14,7 +14,10 @@ the same step and warned that it did not work; runners/keras2_towers.py primes t
 `tf.device(device)` and name scope tower_i, tf.gradients of the MERGED loss (colocated with
 the forward ops), i.e. N full backward passes over all towers, then the N copies averaged
 with reduce_mean(stack) on the first device (all_avg_gradients' default '/gpu:0') and applied
-once. `nccl` (GPUs only, with average_gradients) is its usenccl: the copies are computed
+once. The graph holds the N copies ("conv_backprop_filter_ops_built"), but TF's
+common-subexpression elimination merges the identical copies before it runs the step
+("conv_backprop_filter_ops", read from the partition graphs): with colocated gradients the
+N-fold backward work is not executed. `nccl` (GPUs only, with average_gradients) is its usenccl: the copies are computed
 without colocation under each device's scope, summed by NCCL all-reduce and scaled by 1/N on
 each device.
 At 1 device make_parallel returns the serial model: this runner trains the plain model on that

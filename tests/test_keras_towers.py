@@ -74,9 +74,9 @@ cases = {"kuza55": (keras_tf_kuza55, {}),
          "avolkov1": (keras_tf_avolkov1, {})}
 x = np.random.default_rng(0).standard_normal((10, 8, 8, 3)).astype(np.float32)
 out = {}
-sess = kt.K.get_session()
 for name, (module, options) in cases.items():
     built, fields = module.make({**spec, "options": options}, names, "feed_dict")
+    sess = kt.K.get_session()  # initialises the new model's variables
     model = built.model
     opts, md = graph_run_options()
     tower = sess.run([l.output for l in model.layers if l.name.startswith("slice_")],
@@ -145,13 +145,16 @@ def test_kuza55_wraps_at_one_device(tmp_path: Path, tf_python: str) -> None:
 
 def test_avolkov1_average_gradients_runs_n_backward_passes(tmp_path: Path,
                                                            tf_python: str) -> None:
-    """Its SGD_MGPU takes the merged loss's gradients once per device: the step TF ran holds
-    N times the convolution backward ops of the default step, over both devices."""
+    """Its SGD_MGPU takes the merged loss's gradients once per device: the graph holds N times
+    the convolution backward ops of the default step. TF's common-subexpression elimination
+    merges the identical copies, so the step TF runs holds no more than the default's."""
     default = run("keras_tf_avolkov1", 2, 8, tmp_path, tf_python)["result"]
     averaged = run("keras_tf_avolkov1", 2, 8, tmp_path, tf_python,
                    {"average_gradients": True})["result"]
     assert default["conv_backprop_filter_ops"] > 0
-    assert averaged["conv_backprop_filter_ops"] == 2 * default["conv_backprop_filter_ops"]
+    assert (averaged["conv_backprop_filter_ops_built"]
+            == 2 * default["conv_backprop_filter_ops_built"] > 0)
+    assert averaged["conv_backprop_filter_ops"] == default["conv_backprop_filter_ops"]
     assert averaged["gradient_copies"] == 2
     assert sorted(averaged["placement"]) == [CPU.format(0), CPU.format(1)]
 
