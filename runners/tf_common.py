@@ -7,6 +7,7 @@ Imports TensorFlow and Keras 3: only runner child processes import this module.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -45,7 +46,13 @@ def synthetic_batch(shape: tuple[int, ...], classes: int, batch: int) -> tuple[t
 def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
                       repeat: bool = True) -> tf.data.Dataset:
     """One synthetic global batch, repeated; not sharded when a strategy distributes it."""
-    ds = tf.data.Dataset.from_tensors(synthetic_batch(shape, classes, batch))
+    return global_batch_dataset(synthetic_batch(shape, classes, batch), repeat)
+
+
+def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
+    """A dataset of one given global batch (repeated, or once), which a strategy's distributed
+    iterator splits into per-replica slices instead of sharding the dataset."""
+    ds = tf.data.Dataset.from_tensors(batch)
     ds = ds.repeat() if repeat else ds
     options = tf.data.Options()
     # each element is already one global batch: split it, do not shard the dataset by file
@@ -121,16 +128,19 @@ class FitClock(keras.callbacks.Callback):
             self.losses.append(loss)
 
 
-def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1) -> dict[str, Any]:
+def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
+              callbacks: Sequence[keras.callbacks.Callback] = ()) -> dict[str, Any]:
     """Run model.fit for warmup + measure steps on data (a repeating dataset) and return the
-    timing summary, the samples counted from the optimizer's step counter, and the losses."""
+    timing summary, the samples counted from the optimizer's step counter, and the losses.
+    `callbacks` run before the clock's at every batch end (so what they do at the last warm-up
+    batch stays outside the timed window)."""
     warmup, measure = spec["warmup_steps"], spec["measure_steps"]
     if warmup % per_call or measure % per_call:
         raise Invalid(f"steps_per_execution={per_call} must divide warmup_steps={warmup} and "
                       f"measure_steps={measure} so the timed window starts and ends on a call")
     clock = FitClock(warmup, per_call)
-    model.fit(data, epochs=1, steps_per_epoch=warmup + measure, callbacks=[clock], verbose=0,
-              shuffle=False)
+    model.fit(data, epochs=1, steps_per_epoch=warmup + measure, callbacks=[*callbacks, clock],
+              verbose=0, shuffle=False)
     steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
     if not clock.losses:
         raise Invalid("no measured step reported a loss")

@@ -12,10 +12,30 @@ each replica's device by the distributed iterator (no decoding, no host-side wor
 Real data (option `loader`): "framework" is tf.data over the TFRecord shards
 (runners/tf_data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras_data.py,
 worker processes); either gives global batches that the distributed iterator splits.
+
+Follows TensorFlow 2.21's MirroredStrategy with Keras 3's `fit` (its own train function: one
+`strategy.run` per step, or a `tf.while_loop` of them with `steps_per_execution` > 1; with
+`xla` Keras 3 jit-compiles that whole per-step function, `strategy.run` included).
+Placement: the compute ops per device in the partition graphs TensorFlow made for fit's train
+function, collected while its first call (a warm-up call) instantiates it and stopped before
+the timed window (runners/tf_placement.py).
+Limits of this stack at 2+ replicas, reported as unavailable with TensorFlow's message (see
+known_limits): `xla` (Keras 3 compiles strategy.run whole, XLA cannot reach the other replicas'
+variables; tf.keras 2 compiled each replica's step instead), and `steps_per_execution` > 1 with
+the default CollectiveAllReduce (fails inside Keras' while loop; reduction_to_one_device and
+hierarchical_copy run). channels_first is unavailable on CPU (TF's CPU conv gradient is NHWC
+only); `nccl` needs GPUs.
+Equivalence runs the benchmark's path: the same compile (steps_per_execution, jit_compile,
+data_format, all-reduce) and the same distributed tf.data input of global batches, fed the
+test's one batch once, so fit runs exactly one step (with steps_per_execution > 1, inside the
+multi-step while loop, which stops when the iterator is exhausted).
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -28,14 +48,24 @@ from models.keras_common import (
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners.common import Spec, load_equivalence_inputs, main, save_equivalence_output
+from runners.common import (
+    Invalid,
+    Spec,
+    Unavailable,
+    load_equivalence_inputs,
+    main,
+    one_line,
+    save_equivalence_output,
+)
 from runners.tf_common import (
     POLICIES,
     fit_input,
     framework_versions,
+    global_batch_dataset,
     setup_devices,
     timed_fit,
 )
+from runners.tf_placement import EagerPlacement
 
 DATA_PLACEMENT = {
     "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",
@@ -52,40 +82,128 @@ CROSS_DEVICE_OPS = {
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]]]:
     """MirroredStrategy over the run's devices, with the configured all-reduce."""
+    choice = spec["options"].get("cross_device_ops", "auto")
+    if choice == "nccl" and spec["device"] == "cpu":
+        raise Unavailable("cross_device_ops nccl: NCCL all-reduces between GPUs; this run is on "
+                          "CPU devices")
+    if spec["options"].get("data_format") == "channels_first" and spec["device"] == "cpu":
+        raise Unavailable("data_format channels_first on CPU devices: TensorFlow's CPU kernel "
+                          "for Conv2D's filter gradient (Conv2DCustomBackpropFilterOp) only "
+                          "supports NHWC")
     names, devices = setup_devices(spec)
-    cross = CROSS_DEVICE_OPS[spec["options"].get("cross_device_ops", "auto")]
+    cross = CROSS_DEVICE_OPS[choice]
     strategy = tf.distribute.MirroredStrategy(devices=names,
                                               cross_device_ops=cross() if cross else None)
     return strategy, devices
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
+def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
+    """The all-reduce class MirroredStrategy uses (for auto: the one it chose itself)."""
+    ops = getattr(strategy.extended, "_cross_device_ops", None)
+    return type(ops).__name__ if ops is not None else "default"
+
+
+def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str,
+                   optimizer: Callable[[], keras.optimizers.Optimizer]) -> keras.Model:
+    """The model and its optimizer (made under the strategy), compiled as the benchmark
+    compiles it (layout, steps_per_execution, XLA from the options)."""
     opts = spec["options"]
-    keras.mixed_precision.set_global_policy(POLICIES[spec["precision"]])
-    strategy, devices = make_strategy(spec)
-    model_spec = get_spec(spec["model"])
-    data_format = opts.get("data_format", "channels_last")
-    per_call = opts.get("steps_per_execution", 1)
     with strategy.scope():
-        model = load_builder(spec["model"], "keras")(model_spec, data_format=data_format)
-        model.compile(
-            optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
-            loss="sparse_categorical_crossentropy",
-            steps_per_execution=per_call,
-            jit_compile=bool(opts.get("xla", False)),
-        )
-    data, data_info = fit_input(spec, model_spec, data_format,
-                                spec["warmup_steps"] + spec["measure_steps"])
+        model = load_builder(model_name, "keras")(
+            get_spec(model_name), data_format=opts.get("data_format", "channels_last"))
+        model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy",
+                      steps_per_execution=opts.get("steps_per_execution", 1),
+                      jit_compile=bool(opts.get("xla", False)))
+    return model
+
+
+class StopPlacement(keras.callbacks.Callback):
+    """Stops collecting the train function's partition graphs at the end of fit's first call
+    (the function is instantiated then; the later calls run the same one)."""
+
+    def __init__(self, placement: EagerPlacement) -> None:
+        super().__init__()
+        self.placement = placement
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.placement.stop()
+
+
+@contextlib.contextmanager
+def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]:
+    """Two failures of Keras 3 fit under MirroredStrategy with 2+ replicas that are the stack's
+    limits, not this run's, reported as unavailable with TensorFlow's own words:
+    - xla: Keras 3 jit-compiles its whole step function, `strategy.run` over every replica
+      included, as one XLA cluster on the first device, and XLA cannot read variables placed
+      on another device ("Trying to access resource ... located in device").
+    - steps_per_execution > 1 with CollectiveAllReduce (MirroredStrategy's own choice, `auto`):
+      the collective all-reduce inside Keras' multi-step tf.while_loop leaves a placeholder
+      unfed ("You must feed a value for placeholder tensor 'while/..."); the reduction-to-one-
+      device and hierarchical-copy all-reduces run that loop."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as exc:
+        message, replicas = str(exc), strategy.num_replicas_in_sync
+        if replicas > 1 and spec["options"].get("xla") and "Trying to access resource" in message:
+            raise Unavailable(
+                f"xla with {replicas} replicas: Keras {keras.__version__} jit-compiles the "
+                "whole step (strategy.run over every replica) as one XLA cluster, which cannot "
+                "read the other replicas' variables (TensorFlow: "
+                f"{xla_resource_error(message)})") from exc
+        per_call = spec["options"].get("steps_per_execution", 1)
+        if (replicas > 1 and per_call > 1 and "must feed a value for placeholder" in message
+                and "while/" in message):
+            raise Unavailable(
+                f"steps_per_execution={per_call} with {replicas} replicas and "
+                f"{cross_device_ops_used(strategy)}: TensorFlow {tf.__version__} fails inside "
+                f"Keras {keras.__version__}'s multi-step while loop "
+                f"({one_line(message.split('INVALID_ARGUMENT:')[-1], 120)}); "
+                "cross_device_ops reduction_to_one_device or hierarchical_copy run it") from exc
+        raise
+
+
+def xla_resource_error(message: str) -> str:
+    """The device pair of TensorFlow's "Trying to access resource" error, in one line."""
+    m = re.search(r"Trying to access resource (\S+).*?located in device (\S+) from device "
+                  r"(\S+)", message, re.S)
+    if not m:
+        return one_line(message, 160)
+    return f"resource {m[1]} located in device {m[2]} accessed from device {m[3]}"
+
+
+def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dict[str, Any]]
+                 ) -> dict[str, Any]:
+    opts = spec["options"]
     return {
-        **timed_fit(spec, model, data, per_call),
         "replicas": strategy.num_replicas_in_sync,
         "framework": framework_versions(),
         "devices": devices,
-        "layout": data_format,
-        "dtype_policy": POLICIES[spec["precision"]],
+        "layout": opts.get("data_format", "channels_last"),
+        "steps_per_execution": opts.get("steps_per_execution", 1),
         "xla": bool(opts.get("xla", False)),
-        "cross_device_ops": type(strategy.extended._cross_device_ops).__name__
-        if getattr(strategy.extended, "_cross_device_ops", None) else "default",
+        "cross_device_ops": cross_device_ops_used(strategy),
+    }
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    keras.mixed_precision.set_global_policy(POLICIES[spec["precision"]])
+    strategy, devices = make_strategy(spec)
+    model_spec = get_spec(spec["model"])
+    model = build_compiled(spec, strategy, spec["model"],
+                           lambda: keras.optimizers.SGD(learning_rate=0.01, momentum=0.9))
+    data_format = spec["options"].get("data_format", "channels_last")
+    data, data_info = fit_input(spec, model_spec, data_format,
+                                spec["warmup_steps"] + spec["measure_steps"])
+    placement = EagerPlacement()
+    placement.start()  # before fit's first call, which instantiates its train function
+    with known_limits(spec, strategy):
+        timed = timed_fit(spec, model, data, spec["options"].get("steps_per_execution", 1),
+                          callbacks=[StopPlacement(placement)])
+    return {
+        **timed,
+        **compile_info(spec, strategy, devices),
+        **placement.result(),
+        "dtype_policy": POLICIES[spec["precision"]],
         "data_placement": DATA_PLACEMENT[spec["data"]],
         **data_info,
         "params": count_params_keras(model),
@@ -94,21 +212,27 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model over the spec's devices; weights saved after."""
+    """One plain SGD step on the probe model, compiled and fed as the benchmark does; the
+    weights saved after it."""
     strategy, devices = make_strategy(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
+    model = build_compiled(spec, strategy, "probe", lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
-        model = load_builder("probe", "keras")(get_spec("probe"))
         set_canonical_weights(model, weights)
-        model.compile(optimizer=keras.optimizers.SGD(learning_rate=lr),
-                      loss="sparse_categorical_crossentropy")
-    ds = tf.data.Dataset.from_tensors((x, y))
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    model.fit(ds.with_options(options), epochs=1, steps_per_epoch=1, verbose=0, shuffle=False)
+    if spec["options"].get("data_format", "channels_last") == "channels_first":
+        x = x.transpose(0, 3, 1, 2)
+    placement = EagerPlacement()
+    placement.start()
+    # the benchmark's input path (one global batch in tf.data, split by the distributed
+    # iterator), given once: fit stops when it is exhausted, after exactly one step
+    with known_limits(spec, strategy):
+        model.fit(global_batch_dataset((x, y), repeat=False), epochs=1, verbose=0,
+                  shuffle=False, callbacks=[StopPlacement(placement)])
+    steps = int(model.optimizer.iterations.numpy())
+    if steps != 1:
+        raise Invalid(f"the equivalence fit ran {steps} optimizer steps, not 1")
     save_equivalence_output(spec, get_canonical_weights(model))
-    return {"replicas": strategy.num_replicas_in_sync, "framework": framework_versions(),
-            "devices": devices}
+    return {**compile_info(spec, strategy, devices), **placement.result()}
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""tf_mirrored for real on CPU: the smoke sweep end to end (records, summary, charts, resume,
-notebook), a real timeout, and the data-parallel equivalence test."""
+"""tf_mirrored for real on CPU: the smoke sweep end to end (records with the placement TF
+reports, summary, charts, resume, notebook), a real timeout, steps_per_execution and the
+all-reduce choices at 2 devices, XLA (one device only: Keras 3 compiles strategy.run whole), and
+channels_first (unavailable on CPU)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from bench.loader import load_results
 from bench.records import check_record, load_records
 from bench.report import CHARTS
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 SMOKE = ("--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
@@ -45,6 +47,18 @@ def test_smoke_sweep_records(smoke: Path) -> None:
         assert rec["environment"]["cpu_cores"] >= 1
         assert rec["result"]["params"] == 1_656_250
         assert Path(rec["log_path"]).exists()
+        check_placement(rec, n)
+
+
+CPU = "/job:localhost/replica:0/task:0/device:CPU:"
+
+
+def check_placement(rec: dict, n: int) -> None:
+    """The record's placement is TF's: compute ops on each of the n replica devices."""
+    placement = rec["placement"]
+    assert set(placement) == {f"{CPU}{k}" for k in range(n)}, placement
+    assert all(count > 3 for count in placement.values()), placement
+    assert "partition graphs" in rec["result"]["placement_source"]
 
 
 def test_smoke_summary_and_charts(smoke: Path) -> None:
@@ -112,3 +126,43 @@ def test_timeout_is_recorded_and_sweep_finishes(tmp_path: Path, tf_python: str) 
     assert len(records) == 2
     assert {r["status"] for r in records} == {"timeout"}
     assert (out / "summary.csv").exists()
+
+
+def test_steps_per_execution_and_hierarchical_copy(tmp_path: Path, tf_python: str) -> None:
+    """Two steps per tf.function call (a tf.while_loop of strategy.run) with the hierarchical-
+    copy all-reduce: both replicas' devices run the compiled loop; every step is counted."""
+    records = smoke_sweep(tmp_path / "out", "runner_options.tf_mirrored.steps_per_execution=2",
+                          "warmup_steps=2", "measure_steps=4",
+                          "runner_options.tf_mirrored.cross_device_ops=hierarchical_copy")
+    assert sorted(records) == [1, 2]
+    for n, rec in records.items():
+        assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])
+        assert rec["samples"] == 4 * 8 * n
+        assert rec["result"]["steps_per_execution"] == 2
+        assert rec["result"]["cross_device_ops"] == "HierarchicalCopyAllReduce"
+        check_placement(rec, n)
+    # with MirroredStrategy's own all-reduce (CollectiveAllReduce) TF fails inside that loop
+    records = smoke_sweep(tmp_path / "auto", "devices=[2]", "warmup_steps=2", "measure_steps=4",
+                          "runner_options.tf_mirrored.steps_per_execution=2")
+    assert records[2]["status"] == "unavailable", (records[2]["status"], records[2]["reason"])
+    assert "CollectiveAllReduce" in records[2]["reason"], records[2]["reason"]
+
+
+def test_xla_runs_on_one_device_and_says_why_not_on_two(tmp_path: Path, tf_python: str) -> None:
+    """Keras 3 jit-compiles its step function with strategy.run inside it, one XLA cluster on
+    the first device; XLA cannot reach the second replica's variables, so 2 devices are
+    unavailable with TF's reason, never an ok record with the work on one device."""
+    records = smoke_sweep(tmp_path / "out", "runner_options.tf_mirrored.xla=true")
+    one, two = records[1], records[2]
+    assert one["status"] == "ok", (one["reason"], Path(one["log_path"]).read_text()[-3000:])
+    assert one["result"]["xla"] is True
+    check_placement(one, 1)
+    assert two["status"] == "unavailable", (two["status"], two["reason"])
+    assert "XLA cluster" in two["reason"] and "located in device" in two["reason"], two["reason"]
+
+
+def test_channels_first_is_unavailable_on_cpu(tmp_path: Path, tf_python: str) -> None:
+    records = smoke_sweep(tmp_path / "out", "devices=[1]",
+                          "runner_options.tf_mirrored.data_format=channels_first")
+    assert records[1]["status"] == "unavailable"
+    assert "NHWC" in records[1]["reason"]
