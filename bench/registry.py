@@ -350,7 +350,8 @@ RUNNERS: dict[str, RunnerInfo] = {
                                          help="compress gradients to fp16 for the allreduce"),
             },
             precisions=("fp32",),
-            equivalence_options=({"fp16_allreduce": True},),
+            # fp16_allreduce rounds gradients to float16: tests/test_horovod.py checks its step
+            # against one device at float16's precision, not the float32 test's 1e-5
             launcher="horovodrun",
         ),
         RunnerInfo(

@@ -27,6 +27,16 @@ so after it the ranks have applied the same update; on GPUs torch.cuda.synchroni
 each timed step, and reading the loss with .item() waits for the step before the clock is read.
 Count: an optimizer step hook counts applied updates, independently of the loop; the ranks'
 counts are all-gathered and must agree, and samples are their sum of images stepped on.
+Placement: each rank's batch rows and device and its parameters' device, gathered with
+hvd.allgather_object, keyed by hvd.rank() out of hvd.size() (runners.torch_dist's
+gather_placement, shared with the torchrun runners). Equivalence runs the benchmark's step
+function (DistributedOptimizer with the run's compression, resident-tensor input) on the
+probe, one step of SGD without momentum.
+Follows Horovod 0.28.1's PyTorch API as its pytorch_synthetic_benchmark.py example uses it
+(DistributedOptimizer with op Average, broadcast_parameters, --fp16-allreduce as the
+fp16_allreduce option); what differs: the harness's models and SGD with momentum 0.9 in
+place of the example's torchvision model and plain SGD, and no Adasum option (Adasum is by
+design not the 1-device step, so it could not pass the equivalence test).
 
 Horovod's TensorFlow binding is not built (HOROVOD_WITHOUT_TENSORFLOW in
 envs/horovod_build.py): it would put a second framework into this environment, and
@@ -66,7 +76,15 @@ from runners.common import (
 )
 from runners.real_data import check_classes, open_dataset
 from runners.torch_data import RealInput, SyntheticInput, open_input
-from runners.torch_dist import per_rank_batch, synchronize, synthetic_slice
+from runners.torch_dist import (
+    PlacementTracker,
+    check_rows,
+    equivalence_input,
+    gather_placement,
+    per_rank_batch,
+    synchronize,
+    synthetic_slice,
+)
 
 THREADS_NOTE = ("horovodrun leaves thread pools alone; the harness sets OMP_NUM_THREADS to "
                 "cores // N (or, unset, each rank sets torch threads to cores // ranks), so N "
@@ -212,15 +230,29 @@ def global_mean_losses(losses: list[float]) -> list[float]:
     return [float(v) for v in hvd.allreduce(t, op=hvd.Average, name="losses").tolist()]
 
 
+def horovod_placement(tracker: PlacementTracker) -> dict[str, Any]:
+    """runners.torch_dist.gather_placement over Horovod's ranks: hvd.rank() and hvd.size() as
+    Horovod counts them, the rows gathered with hvd.allgather_object."""
+    hvd = horovod()
+    source = (f"Horovod (hvd.size()={hvd.size()}, controller "
+              f"{'gloo' if hvd.gloo_enabled() else 'mpi'}); each rank's input-batch rows and "
+              "device and its parameters' device, read from the tensors it stepped on and "
+              "gathered with hvd.allgather_object")
+    return gather_placement(tracker, hvd.rank(), hvd.size(), hvd.allgather_object, source)
+
+
 def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
-                counter: StepCounter, batch_per_rank: int) -> dict[str, Any]:
-    """Warm up, then time measure_steps steps; the timer summary and the global losses.
+                counter: StepCounter, batch_per_rank: int, tracker: PlacementTracker
+                ) -> dict[str, Any]:
+    """Warm up, then time measure_steps steps; the timer summary, the global losses and the
+    placement of the timed steps (`step` shows `tracker` each batch it feeds).
 
     `step` runs one whole training step and returns this rank's loss (a device tensor)."""
     for _ in range(spec["warmup_steps"]):
         step().item()
     synchronize(ranks)
     applied0 = counter.applied
+    tracker.reset()
     timer, losses = StepTimer(), []
     timer.start()
     for _ in range(spec["measure_steps"]):
@@ -234,8 +266,12 @@ def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
     if len(set(steps)) != 1:
         raise Invalid(f"ranks disagree on the steps applied: {steps}")
     global_losses = global_mean_losses(losses)
+    samples = sum(s * batch_per_rank for s in steps)
+    placement = horovod_placement(tracker)
+    check_rows(placement["placement"], samples)
     return {
-        **timer.summary(spec["global_batch_size"], sum(s * batch_per_rank for s in steps)),
+        **placement,
+        **timer.summary(spec["global_batch_size"], samples),
         "first_loss": finite(global_losses[0]),
         "last_loss": finite(global_losses[-1]),
         "loss_kind": "global mean cross-entropy of each step's batch (ranks' means averaged)",
@@ -268,6 +304,27 @@ def rank_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int
                       ranks.device, context=worker_context())
 
 
+def training_step(net: nn.Module, feed: SyntheticInput | RealInput, lr: float, momentum: float,
+                  fp16_allreduce: bool
+                  ) -> tuple[Callable[[], torch.Tensor], StepCounter, PlacementTracker]:
+    """The one step function of both modes: `net` (on the rank's device, in train mode) with
+    distributed_sgd, the batch from `feed`; it returns this rank's loss."""
+    optimizer = distributed_sgd(net, lr, momentum, fp16_allreduce)
+    counter = StepCounter(optimizer)
+    tracker = PlacementTracker(net)
+    net.train()
+
+    def step() -> torch.Tensor:
+        x, y = feed.next()
+        optimizer.zero_grad()  # Horovod's takes no set_to_none; torch's default is True
+        loss = F.cross_entropy(net(tracker.saw(x)), y)
+        loss.backward()  # each gradient's all-reduce starts as soon as it is ready
+        optimizer.step()  # waits for all of them, then applies the averaged gradient
+        return loss.detach()
+
+    return step, counter, tracker
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     hvd = horovod()
     if spec["precision"] != "fp32":
@@ -280,19 +337,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     feed = rank_input(spec, ranks, model_spec, batch)
     torch.manual_seed(0)  # rank 0's weights are broadcast anyway; this makes runs repeatable
     net = load_builder(spec["model"], "torch")(model_spec).to(ranks.device)
-    optimizer = distributed_sgd(net, 0.01, 0.9, fp16_allreduce)
-    counter = StepCounter(optimizer)
-    net.train()
-
-    def step() -> torch.Tensor:
-        x, y = feed.next()
-        optimizer.zero_grad()  # Horovod's takes no set_to_none; torch's default is True
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()  # each gradient's all-reduce starts as soon as it is ready
-        optimizer.step()  # waits for all of them, then applies the averaged gradient
-        return loss.detach()
-
-    result = timed_steps(spec, ranks, step, counter, batch)
+    step, counter, tracker = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
+    result = timed_steps(spec, ranks, step, counter, batch, tracker)
     result.update({
         "replicas": hvd.size(),
         "framework": framework_versions(),
@@ -303,7 +349,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "strategy": "horovod.torch.DistributedOptimizer, one process per device (horovodrun); "
                     "gradients all-reduced (Average) as backward produces them",
         "batch_size_per_rank": batch,
-        "threads": ranks.threads,
+        "rank_threads": ranks.threads,  # "threads" is runners.common's (rank 0)
         "params": count_params_torch(net),
         "flops_per_sample": count_flops_torch(net, nchw(model_spec)),
     })
@@ -314,30 +360,32 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe, each rank on its slice of the batch; weights saved."""
+    """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
+    on its slice of the batch, resident on its device as the synthetic input is; weights
+    saved."""
     hvd = horovod()
+    fp16_allreduce = bool(spec["options"].get("fp16_allreduce", False))
     ranks = init_ranks(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
-    if len(x) % ranks.world:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {ranks.world} ranks")
-    per = len(x) // ranks.world
-    part = slice(ranks.rank * per, (ranks.rank + 1) * per)
+    feed = equivalence_input(x, y, ranks, channels_first=True)
     net = load_builder("probe", "torch")(get_spec("probe"))
     set_canonical_weights(net, weights)
     net = net.to(ranks.device)
-    optimizer = distributed_sgd(net, lr, 0.0, bool(spec["options"].get("fp16_allreduce")))
-    xs = torch.from_numpy(np.ascontiguousarray(x[part].transpose(0, 3, 1, 2)))  # NHWC in
-    ys = torch.from_numpy(y[part].astype(np.int64))
-    optimizer.zero_grad()
-    loss = F.cross_entropy(net(xs.to(ranks.device)), ys.to(ranks.device))
-    loss.backward()
-    optimizer.step()
+    step, counter, tracker = training_step(net, feed, lr, 0.0, fp16_allreduce)
+    tracker.reset()
+    applied0 = counter.applied
+    loss = step()
     synchronize(ranks)
+    steps = gather_ints(counter.applied - applied0)
+    if steps != [1] * ranks.world:
+        raise Invalid(f"the equivalence step applied {steps} optimizer steps per rank, not 1")
     global_loss = finite(global_mean_losses([loss.item()])[0])
+    placement = horovod_placement(tracker)
     if ranks.rank == 0:
         save_equivalence_output(spec, get_canonical_weights(net))
-    result = {"replicas": hvd.size(), "framework": framework_versions(),
-              "devices": ranks.devices, "loss": global_loss, "layout": "channels_first"}
+    result = {**placement, "replicas": hvd.size(), "framework": framework_versions(),
+              "devices": ranks.devices, "loss": global_loss, "layout": "channels_first",
+              "fp16_allreduce": fp16_allreduce}
     hvd.shutdown()
     return result
 

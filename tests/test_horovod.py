@@ -7,11 +7,13 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from bench.envs import ensure_env
 from bench.records import check_record
 from tests.conftest import REPO, smoke_sweep
+from tests.test_equivalence import make_inputs, step
 
 
 def load_build_script() -> ModuleType:
@@ -68,8 +70,11 @@ def test_horovod_at_one_and_two_ranks(tmp_path: Path, horovod_python: str) -> No
         assert rec["images_per_sec"] > 0
         result = rec["result"]
         assert result["replicas"] == n and result["steps_per_rank"] == [3] * n
+        # read back from Horovod: hvd.size() ranks, each one's device and the rows it stepped on
+        assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
+        assert f"hvd.size()={n}, controller gloo" in result["placement_source"]
         assert len(rec["environment"]["devices"]) == n
-        assert result["threads"]["processes"] == n
+        assert result["rank_threads"]["processes"] == n
         assert result["layout"] == "channels_first" and result["fp16_allreduce"] is False
         assert result["controller"] == "gloo"
         assert rec["environment"]["framework"]["horovod"] == "0.28.1"
@@ -85,3 +90,29 @@ def test_horovod_fp16_allreduce(tmp_path: Path, horovod_python: str) -> None:
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["fp16_allreduce"] is True and rec["samples"] == 3 * 16
+
+
+@pytest.mark.slow
+@pytest.mark.framework("horovod")
+def test_fp16_allreduce_step_equals_one_device_at_float16_precision(tmp_path: Path,
+                                                                      horovod_python: str
+                                                                      ) -> None:
+    """The benchmark's step with fp16_allreduce at 2 ranks against 1 rank (where Horovod
+    reduces nothing): the same update up to float16 rounding of the exchanged gradients
+    (2^-11 relative each, twice: the cast and the float16 sum), and not exactly the same, so the
+    compressed all-reduce did run. A summed or unsynchronised gradient is off by far more."""
+    inputs = tmp_path / "inputs.npz"
+    make_inputs(inputs)
+    options = {"fp16_allreduce": True}
+    one = step("horovod", 1, inputs, tmp_path, horovod_python, options)
+    two = step("horovod", 2, inputs, tmp_path, horovod_python, options)
+    with np.load(inputs) as data:
+        initial = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
+    largest_difference = 0.0
+    for name in initial:
+        update = np.abs(one[name] - initial[name]).max()
+        assert update > 1e-3, f"{name} did not move"
+        difference = np.abs(two[name] - one[name]).max()
+        assert difference <= 2 * 2.0 ** -10 * update + 1e-6, (name, difference, update)
+        largest_difference = max(largest_difference, difference)
+    assert largest_difference > 1e-6, "2 ranks matched 1 exactly: nothing was rounded to fp16"
