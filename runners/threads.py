@@ -143,8 +143,8 @@ def _mxnet(mx: Any) -> dict[str, Any]:
 
 
 def _jax(jax: Any) -> dict[str, Any]:
-    return {"xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "cpu_devices": len(jax.devices("cpu"))}
+    # XLA's CPU thread pool has no query API: its flags say everything the run changed
+    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "version": jax.__version__}
 
 
 PROBES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
