@@ -72,7 +72,7 @@ from runners.tf_common import (
     open_real,
     setup_devices,
 )
-from runners.tf_placement import BOOKKEEPING_OPS, EagerPlacement, partition_graphs
+from runners.tf_placement import BOOKKEEPING_OPS, EagerPlacement
 
 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
@@ -249,8 +249,13 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any) -> tuple[float, dict[
         raise
     finally:
         placement.stop()
+    # eager run metadata lists each partition graph twice (on its own and under the function
+    # it belongs to): count the functions' graphs once
+    rm = placement.run_metadata
+    graphs = ([g for fg in rm.function_graphs for g in fg.partition_graphs]
+              or list(rm.partition_graphs)) if rm is not None else []
     kinds: Counter[str] = Counter()
-    for graph in partition_graphs(placement.run_metadata) if placement.run_metadata else ():
+    for graph in graphs:
         kinds.update(node.op for node in graph.node if node.op not in BOOKKEEPING_OPS)
     return loss, {**placement.result(), "compute_ops_by_type": dict(kinds.most_common())}
 

@@ -140,6 +140,11 @@ def test_tf_native_xla(tmp_path: Path, tf_python: str) -> None:
     xla = _tf_native_equivalence(tmp_path, tf_python, 1, {"xla": True})
     assert plain["status"] == xla["status"] == "ok", (plain["reason"], xla["reason"])
     assert xla["placement"] and all(v > 0 for v in xla["placement"].values())
+    # the step's own ops, once: the probe's one convolution (which Grappler fuses with its
+    # bias and ReLU) and its kernel's gradient
+    kinds = plain["result"]["compute_ops_by_type"]
+    assert kinds.get("Conv2D", 0) + kinds.get("_FusedConv2D", 0) == 1, kinds
+    assert kinds["Conv2DBackpropFilter"] == 1, kinds
     for name, value in plain["weights"].items():
         np.testing.assert_allclose(xla["weights"][name], value, rtol=1e-5, atol=1e-6)
     two = _tf_native_equivalence(tmp_path, tf_python, 2, {"xla": True})
