@@ -9,18 +9,32 @@ Real data: tensorpack's TFDatasetInput over the tf.data pipeline of runners/tf_d
 tf.compat.v1 dataset of per-tower batches); each tower's get_next takes its own batch, staged
 the same way with `input: staging` (`input: queue` is TFDatasetInput alone: QueueInput takes a
 Python DataFlow, not a tf.data dataset).
-Towers: one per device, "/cpu:0".."/cpu:N-1" (N virtual CPU devices) or "/gpu:0".."/gpu:N-1";
-tensorpack hard-codes "/gpu:<id>", so small builder subclasses here pass the device names in.
-Variables and merge: `replicated` (SyncMultiGPUTrainerReplicated) keeps one copy of every
-variable per tower (tower 0's under the plain names, tower i's under "tower<i>/" as local
-variables, copied from tower 0 before training); the towers' gradients are all-reduced and
-averaged (tensorpack's "gpu" mode: an add_n per variable spread round-robin over the tower
-devices; `nccl`/`hierarchical` on GPUs only) and every tower applies the same update to its own
-copy. `parameter_server` (SyncMultiGPUTrainerParameterServer) keeps one shared copy, on /cpu:0
+Towers: one per device. tensorpack's builders hard-code "/gpu:<k>"; the runner builds with
+tensorpack's own code and, before the session starts, moves every op on "/gpu:k" to the run's
+device k (relocate_towers: "/cpu:k" for N virtual CPU devices, the identity on GPUs), so the
+GPU and CPU runs build the same graph.
+Variables and merge: `replicated` (SyncMultiGPUTrainerReplicated, builder untouched) keeps one
+copy of every variable per tower (tower 0's under the plain names, tower i's under "tower<i>/"
+as local variables, copied from tower 0 before training); the towers' gradients are
+all-reduced and averaged and every tower applies the same update to its own copy. The mode is
+tensorpack 0.11's (`allreduce: auto`): "hierarchical" at exactly 8 towers (DGX-1's two groups
+of 4: add_n in each group, the two sums exchanged), with the GradientPacker first (the
+gradients flattened, concatenated and cut into 8 equal splits, reduced, then unpacked;
+tensorpack skips it below 1024 elements per split); "gpu" otherwise on TF >= 1.15 (an add_n
+per variable, round-robin over the tower devices; tensorpack avoids NCCL there for TF issue
+41539). `allreduce: hierarchical` below 8 towers falls back to "gpu" (tensorpack's warning);
+`allreduce: nccl` asks for NCCL (GPUs only: unavailable on CPU devices). The hierarchical
+all-reduce and the packer are plain TF ops, so they run on 8 virtual CPU devices too. The
+record says which mode ran (`allreduce`) and the packer as found in the built graph
+(`gradient_packer`: towers and splits, or why not).
+`parameter_server` (SyncMultiGPUTrainerParameterServer) keeps one shared copy, on /cpu:0
 (`ps_device: cpu`) or spread over the tower devices (`ps_device: gpu`); the gradients are
-averaged next to each variable and applied once there.
-`allreduce: auto` keeps tensorpack's heuristic on GPUs ("gpu" below 8 GPUs on TF >= 1.15, where
-tensorpack warns about NCCL; "hierarchical" at 8); `allreduce: nccl` asks for NCCL explicitly.
+averaged next to each variable and applied once there. Differs from tensorpack 0.11 on TF 2:
+its device setters place only TF 1's VariableV2 ops, so TF 2's resource variables would all
+stay on tower 0's device; the runner places them where 0.11 put them on TF 1.x.
+Placement: the first step (a warm-up step) asks TF for its partition graphs (RunOptions through
+a tensorpack callback's _before_run, as tensorpack's GraphProfiler does); `placement` counts
+the compute ops per device, and a tower whose device ran none is invalid.
 BatchNorm moving statistics are updated in the main tower only (tensorpack's convention).
 CPU notes: a tf.compat.v1 Session ignores tf.config's logical devices, so the session config
 also asks for N CPU devices; inter-op threads >= 2N+2, because each StagingArea put holds a
@@ -32,6 +46,7 @@ and parameter count as the Keras builders; the runner checks the count against t
 from __future__ import annotations
 
 import os
+import re
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf_keras (Keras 2), never Keras 3, here
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -54,10 +69,13 @@ from runners.common import (  # noqa: E402
     save_equivalence_output,
 )
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
+from runners.tf_placement import graph_placement, graph_run_options  # noqa: E402
 
 tfv1 = tf.compat.v1
 DATA_FORMAT = "channels_last"
-GPU_ONLY_MODES = ("nccl", "hierarchical")
+# what train() says about the trainer and where the step ran, copied into every result
+RUN_FIELDS = ("trainer", "allreduce_asked", "allreduce", "gradient_packer", "ps_device",
+              "gradients", "placement", "placement_source")
 
 
 def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]], Any]:
@@ -97,69 +115,64 @@ def count_params(model: str) -> tuple[int, int]:
     return total, trainable
 
 
-def make_trainer(spec: Spec, devices: list[str]) -> tuple[Any, dict[str, Any]]:
-    """The configured tensorpack trainer with its towers on `devices`, and what it is."""
+def tensorpack_devices(n: int) -> list[str]:
+    """Tower k's device as tensorpack 0.11 names it: "/gpu:k" (hard-coded in its builders)."""
+    return [f"/gpu:{k}" for k in range(n)]
+
+
+def relocate_towers(graph: Any, devices: list[str]) -> int:
+    """Put every op tensorpack placed on "/gpu:k" on the run's device k (devices[k]); ops on
+    other devices stay. The identity on GPUs (devices are "/gpu:k" there); on N virtual CPU
+    devices it moves tower k, its share of the all-reduce and its update to "/cpu:k". Call on
+    the finished graph, before the session sees it. Returns how many ops moved."""
+    targets = [tfv1.DeviceSpec.from_string(d) for d in devices]
+    moved = 0
+    for op in graph.get_operations():
+        if not op.device:
+            continue
+        spec = tfv1.DeviceSpec.from_string(op.device)
+        if spec.device_type != "GPU" or spec.device_index is None:
+            continue
+        target = spec.make_merged_spec(targets[spec.device_index]).to_string()
+        if target != spec.to_string():
+            op._set_device(target)
+            moved += 1
+    return moved
+
+
+def gradient_packer(graph: Any) -> dict[str, int] | None:
+    """tensorpack's GradientPacker as it appears in the built graph: how many towers' gradients
+    it concatenated and into how many splits (None when tensorpack did not pack)."""
+    ops = [op for op in graph.get_operations() if "GradientPacker/" in op.name]
+    # one concat per tower; the reused name scope numbers them concatenated_grads_<i>
+    packs = [op for op in ops if re.search(r"/concatenated_grads(_\d+)?$", op.name)]
+    if not packs:
+        return None
+    split = next(op for op in ops if op.type == "SplitV" and op.inputs[0].op in packs)
+    return {"towers": len(packs), "splits": len(split.outputs)}
+
+
+def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
+    """The configured tensorpack trainer for n towers, and what it is. The replicated trainer
+    is tensorpack's own, builder included (its mode heuristic, all-reduce and GradientPacker);
+    the parameter-server builder keeps tensorpack's build and changes only where variables go
+    (see ParameterServerBuilder). Towers are on tensorpack's "/gpu:k" devices, moved to the
+    run's devices by relocate_towers."""
     from tensorpack.graph_builder.training import (
         DataParallelBuilder,
         SyncMultiGPUParameterServerBuilder,
-        SyncMultiGPUReplicatedBuilder,
-    )
-    from tensorpack.graph_builder.utils import (
-        allreduce_grads,
-        allreduce_grads_hierarchical,
-        allreduce_grads_naive,
-        merge_grad_list,
-        override_to_local_variable,
-        split_grad_list,
     )
     from tensorpack.train import (
         SyncMultiGPUTrainerParameterServer,
         SyncMultiGPUTrainerReplicated,
     )
 
-    class ReplicatedBuilder(SyncMultiGPUReplicatedBuilder):
-        """tensorpack's replicated builder with tower i on devices[i] instead of /gpu:i."""
-
-        def __init__(self, average: bool, mode: str) -> None:
-            super().__init__(list(range(len(devices))), average, mode)
-
-        def call_for_each_tower(self, tower_fn):
-            return DataParallelBuilder.build_on_towers(
-                self.towers, tower_fn, devices=devices,
-                use_vs=[False] + [True] * (len(self.towers) - 1))
-
-        def build(self, grad_list, get_opt_fn):
-            # SyncMultiGPUReplicatedBuilder.build without the packer, with our device names
-            DataParallelBuilder._check_grad_list(grad_list)
-            all_grads, all_vars = split_grad_list(grad_list)
-            if len(self.towers) > 1:
-                if self._mode in ("nccl", "collective"):
-                    all_grads = allreduce_grads(all_grads, average=self._average,
-                                                mode=self._mode)
-                elif self._mode == "hierarchical":
-                    all_grads = allreduce_grads_hierarchical(all_grads, devices,
-                                                             average=self._average)
-                else:  # "gpu": one add_n per variable, round-robin over the tower devices
-                    all_grads = [allreduce_grads_naive(all_grads, devices=devices,
-                                                       average=self._average)] * len(devices)
-            self.grads = merge_grad_list(all_grads, all_vars)
-            train_ops = []
-            opt = get_opt_fn()
-            with tf.name_scope("apply_gradients"):
-                for idx, grad_and_vars in enumerate(self.grads):
-                    with tf.device(devices[idx]), override_to_local_variable(enable=idx > 0):
-                        train_ops.append(opt.apply_gradients(grad_and_vars,
-                                                             name=f"apply_grad_{idx}"))
-            train_op = tf.group(*train_ops, name="train_op")
-            post_init = None
-            if len(self.towers) > 1:
-                with tf.name_scope("sync_variables"):
-                    post_init = SyncMultiGPUReplicatedBuilder.get_post_init_ops()
-            return train_op, post_init
+    raw = tensorpack_devices(n)
 
     class VariableSetter:
         """Device function: variables on the least loaded of ps_devices, other ops on worker.
-        (tensorpack's LeastLoadedDeviceSetter misses TF2's resource variables, VarHandleOp.)"""
+        tensorpack 0.11's LeastLoadedDeviceSetter places only VariableV2 ops (TF1's variables);
+        TF2's resource variables (VarHandleOp) would all stay on tower 0's device."""
 
         def __init__(self, worker: str, ps_devices: list[str], sizes: list[int]) -> None:
             self.worker, self.ps_devices, self.sizes = worker, ps_devices, sizes
@@ -174,29 +187,27 @@ def make_trainer(spec: Spec, devices: list[str]) -> tuple[Any, dict[str, Any]]:
             return self.ps_devices[i]
 
     class ParameterServerBuilder(SyncMultiGPUParameterServerBuilder):
-        """tensorpack's parameter-server builder with tower i on devices[i]; variables on /cpu:0
-        (ps_device cpu) or spread over the tower devices (ps_device gpu)."""
+        """tensorpack's parameter-server builder, with the variables where tensorpack 0.11 put
+        them on TF 1.x: on /cpu:0 (ps_device cpu, its replica_device_setter) or spread over
+        the tower devices (ps_device gpu, its LeastLoadedDeviceSetter)."""
 
         def call_for_each_tower(self, tower_fn):
-            ps = ["/cpu:0"] if self.ps_device == "cpu" else list(devices)
+            ps = ["/cpu:0"] if self.ps_device == "cpu" else list(raw)
             sizes = [0] * len(ps)
-            setters = [VariableSetter(d, ps, sizes) for d in devices]
+            setters = [VariableSetter(d, ps, sizes) for d in raw]
             return DataParallelBuilder.build_on_towers(self.towers, tower_fn, setters)
 
-    opts, n = spec["options"], len(devices)
+    opts = spec["options"]
     kind = opts.get("trainer", "replicated")
     if kind == "replicated":
         mode = opts.get("allreduce", "auto")
-        if spec["device"] == "cpu" and mode in GPU_ONLY_MODES:
-            raise Unavailable(f"all-reduce mode {mode!r} needs GPUs; this run is on CPU devices")
+        if spec["device"] == "cpu" and mode == "nccl":
+            raise Unavailable("all-reduce mode 'nccl': NCCL all-reduces between GPUs; this run "
+                              "is on CPU devices")
         trainer = SyncMultiGPUTrainerReplicated(n, average=True,
                                                 mode=None if mode == "auto" else mode)
-        mode = trainer._builder._mode
-        if spec["device"] == "cpu":
-            mode = "gpu"  # tensorpack's name for the add_n all-reduce on the tower devices
-        trainer._builder = ReplicatedBuilder(average=True, mode=mode)
-        trainer.BROADCAST_EVERY_EPOCH = False
-        return trainer, {"trainer": "SyncMultiGPUTrainerReplicated", "allreduce": mode,
+        trainer.BROADCAST_EVERY_EPOCH = False  # tensorpack's advice for benchmarks
+        return trainer, {"trainer": "SyncMultiGPUTrainerReplicated", "allreduce_asked": mode,
                          "gradients": "averaged over towers"}
     if kind == "parameter_server":
         ps_device = opts.get("ps_device", "cpu")
@@ -230,9 +241,11 @@ def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any
 
 
 def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optimizer: Any,
-          steps: tuple[int, int], trace: bool, initial: dict[str, np.ndarray] | None = None,
+          steps: tuple[int, int], initial: dict[str, np.ndarray] | None = None,
           read_vars: list[str] | None = None) -> dict[str, Any]:
-    """Build the towers and train for warm-up + measured steps; the clock and what it saw."""
+    """Build the towers and train for warm-up + measured steps; the clock and what it saw.
+    The first step (a warm-up step when there is one) asks TF for its partition graphs: the
+    run's placement."""
     from tensorpack.callbacks import Callback
     from tensorpack.tfutils import get_current_tower_context, get_global_step_var
     from tensorpack.tfutils.sesscreate import NewSessionCreator
@@ -242,7 +255,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
     tfv1.disable_eager_execution()
     model_spec: ModelSpec = get_spec(model)
     build = load_builder(model, "tfv1")
-    trainer, trainer_info = make_trainer(spec, names)
+    trainer, trainer_info = make_trainer(spec, len(names))
     source, input_name = make_input(spec, feed)
     per_tower = spec["batch_size_per_device"]
     signature = [tf.TensorSpec((per_tower, *model_spec.input_shape), tf.float32, "image"),
@@ -269,7 +282,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
         def __init__(self) -> None:
             self.timer, self.losses, self.done = StepTimer(), [], 0
             self.gs0 = self.gs1 = None
-            self.partition_devices: list[str] = []
+            self.placement: dict[str, Any] = {}
             self.values: dict[str, np.ndarray] = {}
             self.first_labels: list[int] = []
 
@@ -288,8 +301,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
             fetches: dict[str, Any] = {"loss": self.loss}
             if self.done == 0:  # the labels the towers trained on in the first (warm-up) step
                 fetches["labels"] = tower_labels
-                if trace:
-                    options = tfv1.RunOptions(output_partition_graphs=True)
+                options, _ = graph_run_options()  # the hooked session fills its RunMetadata
             return tfv1.train.SessionRunArgs(fetches=fetches, options=options)
 
         def _after_run(self, ctx, values):
@@ -300,19 +312,30 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
             if "labels" in values.results:
                 self.first_labels = [int(v) for t in values.results["labels"] for v in t]
             metadata = values.run_metadata
-            if metadata is not None and metadata.partition_graphs:
-                self.partition_devices = sorted({node.device for g in metadata.partition_graphs
-                                                 for node in g.node if node.device})
+            if self.done == 1 and metadata is not None:
+                self.placement = graph_placement(metadata)
 
         def _after_train(self) -> None:
             self.gs1 = int(self.trainer.sess.run(self.gs))
             self.values = self.trainer.sess.run(self.read) if self.read else {}
 
+    class RelocatingSessionCreator(NewSessionCreator):
+        """tensorpack's session creator, after moving its "/gpu:k" ops to the run's devices
+        (the graph is complete then: towers, all-reduce, input and callbacks)."""
+
+        def create_session(self):
+            relocate_towers(tfv1.get_default_graph(), names)
+            return super().create_session()
+
     trainer.setup_graph(signature, source, tower_cost,
                         lambda: optimizer() if callable(optimizer) else optimizer)
+    packer = gradient_packer(tfv1.get_default_graph())
+    if hasattr(trainer._builder, "_mode"):  # the mode tensorpack's builder settled on
+        trainer_info["allreduce"] = trainer._builder._mode
+        trainer_info["gradient_packer"] = packer or packer_absent(trainer._builder._mode)
     clock = Clock()
     trainer.train(callbacks=[clock], monitors=[],
-                  session_creator=NewSessionCreator(config=config),
+                  session_creator=RelocatingSessionCreator(config=config),
                   session_init=DictRestore(initial) if initial else JustCurrentSession(),
                   steps_per_epoch=warmup + measure, starting_epoch=1, max_epoch=1)
     def canonical(device: str) -> str:
@@ -322,9 +345,33 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
                                if not v.name.startswith("tower")})
     if clock.done != warmup + measure or clock.gs0 is None or clock.gs1 is None:
         raise Invalid(f"tensorpack ran {clock.done} of {warmup + measure} steps")
+    tower_devices = [canonical(loss.op.device) for loss in tower_losses]
+    check_towers_ran(tower_devices, clock.placement.get("placement", {}))
     return {"clock": clock, "devices": devices, "names": names, "input": input_name,
-            "tower_devices": [canonical(loss.op.device) for loss in tower_losses],
-            "variable_devices": variable_devices, **trainer_info}
+            "tower_devices": tower_devices, "variable_devices": variable_devices,
+            **clock.placement, **trainer_info}
+
+
+def packer_absent(mode: str) -> str:
+    """Why the built graph has no GradientPacker (tensorpack packs in mode hierarchical only,
+    and skips it when the gradients are too few for its splits)."""
+    if mode != "hierarchical":
+        return f"not used: tensorpack 0.11 packs only in mode 'hierarchical', not {mode!r}"
+    return ("skipped by tensorpack: fewer than 1024 gradient elements per split, or mixed "
+            "gradient dtypes")
+
+
+def check_towers_ran(tower_devices: list[str], placement: dict[str, int]) -> None:
+    """Invalid unless TF ran compute ops on every tower's device (tensorpack's towers are asked
+    for by name; soft placement would move a tower it cannot place without a word)."""
+    def short(device: str) -> str:
+        return device.split("device:")[-1].upper()
+
+    ran = {short(d) for d in placement}
+    missing = [d for d in tower_devices if short(d) not in ran]
+    if missing:
+        raise Invalid(f"towers on {missing} ran no compute ops there; TensorFlow placed the "
+                      f"step's work on {sorted(placement)}")
 
 
 def _check_batch(spec: Spec) -> int:
@@ -362,7 +409,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         feed = [[x, y]]
     run = train(spec, spec["model"], feed,
                 lambda: tfv1.train.MomentumOptimizer(0.01, 0.9),
-                (spec["warmup_steps"], spec["measure_steps"]), trace=spec["warmup_steps"] > 0)
+                (spec["warmup_steps"], spec["measure_steps"]))
     clock = run["clock"]
     if not clock.losses:
         raise Invalid("no measured step reported a loss")
@@ -393,10 +440,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "params": params,
         "trainable_params": trainable,
         "flops_per_sample": model_spec.flops_per_sample,
-        **{k: run[k] for k in ("trainer", "allreduce", "ps_device", "gradients") if k in run},
+        **{k: run[k] for k in RUN_FIELDS if k in run},
     }
-    if clock.partition_devices:
-        result["partition_devices"] = clock.partition_devices  # where the first step ran
     return result
 
 
@@ -413,7 +458,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     replicated = spec["options"].get("trainer", "replicated") == "replicated"
     copies = [f"tower{i}/{k}" for i in range(1, n) for k in names] if replicated else []
     run = train(spec, "probe", slices, tfv1.train.GradientDescentOptimizer(lr), (0, 1),
-                trace=True, initial=weights, read_vars=names + copies)
+                initial=weights, read_vars=names + copies)
     after = run["clock"].values
     for key in copies:  # every replica applied the same averaged update
         main_copy = after[key.split("/", 1)[1]]
@@ -421,8 +466,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
             raise Invalid(f"replica {key} differs from tower 0's copy after the step")
     save_equivalence_output(spec, {k: after[k] for k in names})
     return {"replicas": n, "framework": framework_versions(), "devices": run["devices"],
-            "tower_devices": run["tower_devices"], "trainer": run["trainer"],
-            "input": run["input"], "partition_devices": run["clock"].partition_devices}
+            "tower_devices": run["tower_devices"], "input": run["input"],
+            "variable_devices": run["variable_devices"],
+            **{k: run[k] for k in RUN_FIELDS if k in run}}
 
 
 if __name__ == "__main__":
