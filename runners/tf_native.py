@@ -74,6 +74,8 @@ from runners.tf_common import (
 )
 from runners.tf_placement import BOOKKEEPING_OPS, EagerPlacement
 
+FUSED_MIN_EPSILON = 1.001e-5
+
 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
     """Keras 3's BatchNormalization computed by TensorFlow's one fused kernel, FusedBatchNormV3
@@ -84,7 +86,8 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
     Same variables, same arithmetic: normalise by the batch's biased variance, moving statistics
     updated as Keras does (momentum, the *biased* batch variance: the kernel returns the
-    unbiased one for its own moving averages, so it is scaled back by (n - 1) / n). Falls back to
+    unbiased one for its own moving averages, so it is scaled back by (n - 1) / n); epsilon at
+    least 1.001e-5, as TF's own fused_batch_norm wrapper sets it for cuDNN. Falls back to
     Keras' call for what the kernel cannot do (not 4-D, a mask, renorm, synchronized)."""
 
     def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
@@ -101,10 +104,12 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         offset = (tf.cast(self.beta.value, tf.float32) if self.center
                   else tf.zeros((channels,), tf.float32))
         fmt = "NHWC" if axis == 3 else "NCHW"
+        # cuDNN's minimum epsilon, raised as tf.nn.fused_batch_norm raises it (1e-5 -> 1.001e-5)
+        epsilon = max(self.epsilon, FUSED_MIN_EPSILON)
         if training and self.trainable:
             y, mean, unbiased, _, _, _ = tf.raw_ops.FusedBatchNormV3(
                 x=x, scale=scale, offset=offset, mean=tf.constant([], tf.float32),
-                variance=tf.constant([], tf.float32), epsilon=self.epsilon,
+                variance=tf.constant([], tf.float32), epsilon=epsilon,
                 exponential_avg_factor=1.0, data_format=fmt, is_training=True)
             shape = tf.shape(x)
             n = tf.cast(tf.reduce_prod(shape) // shape[axis], tf.float32)
@@ -116,7 +121,7 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             y, _, _, _, _, _ = tf.raw_ops.FusedBatchNormV3(
                 x=x, scale=scale, offset=offset, mean=tf.cast(self.moving_mean.value, tf.float32),
                 variance=tf.cast(self.moving_variance.value, tf.float32),
-                epsilon=self.epsilon, exponential_avg_factor=1.0, data_format=fmt,
+                epsilon=epsilon, exponential_avg_factor=1.0, data_format=fmt,
                 is_training=False)
         return tf.cast(y, self.compute_dtype)
 
