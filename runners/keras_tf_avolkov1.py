@@ -17,9 +17,9 @@ with reduce_mean(stack) on the first device (all_avg_gradients' default '/gpu:0'
 once. The graph holds the N copies ("conv_backprop_filter_ops_built"), but TF's
 common-subexpression elimination merges the identical copies before it runs the step
 ("conv_backprop_filter_ops", read from the partition graphs): with colocated gradients the
-N-fold backward work is not executed. `nccl` (GPUs only, with average_gradients) is its usenccl: the copies are computed
-without colocation under each device's scope, summed by NCCL all-reduce and scaled by 1/N on
-each device.
+N-fold backward work is not executed. `nccl` (GPUs only, with average_gradients) is its
+usenccl: the copies are computed without colocation under each device's scope, summed by NCCL
+all-reduce and scaled by 1/N on each device.
 At 1 device make_parallel returns the serial model: this runner trains the plain model on that
 device (`wrapped: false`); `wrap_single_device: true` builds the one-tower wrapper instead.
 Differs: with usenccl the original also builds one optimizer update per device on the shared
