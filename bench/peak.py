@@ -22,6 +22,7 @@ from typing import Any
 from bench import REPO_ROOT
 from bench.envs import env_root
 from bench.records import write_json_atomic
+from runners.threads import POLICY_VAR, thread_env
 
 FAMILY_FRAMEWORK = {"tf": "tf", "mxnet": "mxnet", "torch": "torch", "jax": "jax",
                     "horovod": "torch"}  # horovod's environment has torch
@@ -41,14 +42,17 @@ def device_type(device: str, environment: dict[str, Any]) -> str:
     return f"cpu: {environment.get('cpu_model', 'unknown')} x{environment.get('cpu_cores')}"
 
 
-def cache_key(python: str | Path, device_type: str, precision: str, framework: str) -> str:
-    """A short hash naming one peak: interpreter, device type, precision, framework, probe."""
+def cache_key(python: str | Path, device_type: str, precision: str, framework: str,
+              threads: str = "") -> str:
+    """A short hash naming one peak: interpreter, device type, precision, framework, probe,
+    and the thread settings the policy gave it (runners/threads.py)."""
     # resolve the folder, not the file: a venv's bin/python links to the base interpreter,
     # which every environment shares
     path = Path(python).expanduser()
     path = path.parent.resolve() / path.name
     probe = hashlib.sha256(PROBE.read_bytes()).hexdigest()
-    text = json.dumps([str(path), device_type, precision, framework, probe])
+    text = json.dumps([str(path), device_type, precision, framework, probe]
+                      + ([threads] if threads else []))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -59,14 +63,17 @@ def measure_peak(family: str, python: str | Path, device: str, precision: str,
     framework = FAMILY_FRAMEWORK[family]
     dtype = device_type(device, environment)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache_path = cache_dir / f"peak-{cache_key(python, dtype, precision, framework)}.json"
+    env = _child_env(device, family)
+    threads = env.get(POLICY_VAR, "")
+    cache_path = cache_dir / f"peak-{cache_key(python, dtype, precision, framework, threads)}.json"
     meta = {"family": family, "device": device, "device_type": dtype, "precision": precision,
-            "python": str(python)}
+            "python": str(python), "thread_policy": threads or None}
     with contextlib.suppress(OSError, ValueError):
         cached = json.loads(cache_path.read_text())
         if cached.get("status") == "ok":
             return {**cached, "family": family, "cached": True, "cache_path": str(cache_path)}
-    result = _run_probe(framework, python, device, precision, cache_dir, timeout_s, seconds)
+    result = _run_probe(framework, python, env, device, precision, cache_dir, timeout_s,
+                        seconds)
     rec = {**result, **meta,
            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "cached": False, "cache_path": None}
@@ -76,8 +83,9 @@ def measure_peak(family: str, python: str | Path, device: str, precision: str,
     return rec
 
 
-def _run_probe(framework: str, python: str | Path, device: str, precision: str,
-               workdir: Path, timeout_s: float, seconds: float) -> dict[str, Any]:
+def _run_probe(framework: str, python: str | Path, env: dict[str, str], device: str,
+               precision: str, workdir: Path, timeout_s: float, seconds: float
+               ) -> dict[str, Any]:
     """Run the probe in a child process; its result, or a failed/timeout/unavailable one."""
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -92,7 +100,7 @@ def _run_probe(framework: str, python: str | Path, device: str, precision: str,
     t0 = time.monotonic()
     try:
         try:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_child_env(device),
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
         except OSError as exc:
@@ -122,9 +130,11 @@ def _run_probe(framework: str, python: str | Path, device: str, precision: str,
         result_path.unlink(missing_ok=True)
 
 
-def _child_env(device: str) -> dict[str, str]:
-    """The probe's environment: the repo importable, no GPU on cpu, one GPU on gpu."""
+def _child_env(device: str, family: str) -> dict[str, str]:
+    """The probe's environment: the repo importable, no GPU on cpu, one GPU on gpu, and the
+    family's thread policy for one device, as its 1-device runs get it."""
     env = dict(os.environ)
+    env.update(thread_env(family, "peak_probe", "python", device, 1, os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if device == "cpu":
