@@ -146,7 +146,10 @@ def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
             ):
                 types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
                 raise _fail(key, value, " or ".join(t.__name__ for t in types))
-            if opt.allowed is not None and value not in opt.allowed:
+            # None is allowed where it is the default: "leave it to the program" (the script's
+            # own default, for tf_cnn_benchmarks)
+            if opt.allowed is not None and value not in opt.allowed and not (
+                    value is None and opt.default is None):
                 raise _fail(key, value, ", ".join(map(str, opt.allowed)))
             opts[name] = value
         resolved[runner] = opts
