@@ -28,8 +28,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context
 
 BOOKKEEPING_OPS = frozenset({
-    "Const", "HostConst", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "_Send", "_Recv",
-    "_HostSend", "_HostRecv", "NoOp", "Identity", "IdentityN", "Placeholder",
+    "Const", "HostConst", "_EagerConst", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
+    "_Send", "_Recv", "_HostSend", "_HostRecv", "NoOp", "Identity", "IdentityN", "Placeholder",
     "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "ReadVariableOp", "StopGradient",
 })
 # "/job:localhost/replica:0/task:0/device:CPU:1" and "/device:CPU:1" name the same device;
@@ -46,10 +46,18 @@ def device_key(name: str) -> str:
 
 
 def partition_graphs(run_metadata: Any) -> list[Any]:
-    """Every per-device partition graph in a RunMetadata (graph mode and tf.functions)."""
-    graphs = list(run_metadata.partition_graphs)
+    """Every per-device partition graph in a RunMetadata (graph mode and tf.functions), once:
+    eager run metadata lists a function's partitions both on their own and under the
+    function, so a graph with the same nodes (name, op, device, inputs) is kept once."""
+    graphs, seen = [], set()
+    candidates = list(run_metadata.partition_graphs)
     for fg in run_metadata.function_graphs:
-        graphs.extend(fg.partition_graphs)
+        candidates.extend(fg.partition_graphs)
+    for graph in candidates:
+        key = tuple((n.name, n.op, n.device, tuple(n.input)) for n in graph.node)
+        if key not in seen:
+            seen.add(key)
+            graphs.append(graph)
     return graphs
 
 

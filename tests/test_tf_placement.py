@@ -66,3 +66,26 @@ def test_placement_is_read_from_tensorflows_partition_graphs(tf_python: str) -> 
     # a function whose only compute is on /cpu:1 shows that device alone
     assert set(out["one"]) == {cpu + "1"}
     assert out["graph"] == {cpu + "1": 1}
+
+
+COUNT_SCRIPT = """
+import json
+import tensorflow as tf
+from runners.tf_placement import eager_placement
+
+@tf.function
+def three_matmuls(x):
+    return tf.matmul(tf.matmul(tf.matmul(x, x), x), x)
+
+x = tf.ones((4, 4))
+with eager_placement() as p:
+    three_matmuls(x)
+print("RESULT " + json.dumps(p.result()["placement"]))
+"""
+
+
+def test_each_op_is_counted_once(tf_python: str) -> None:
+    """Eager run metadata lists a function's partition graphs twice (alone and under the
+    function): three matmuls are three compute ops, not six."""
+    out = run_check_script(tf_python, COUNT_SCRIPT)
+    assert out == {"/job:localhost/replica:0/task:0/device:CPU:0": 3}
