@@ -120,8 +120,9 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: 
             assert result["framework"]["flax"] == "0.12.8"
             assert result["shardings"]["batch"] == f"NamedSharding(mesh={{data: {n}}}, " \
                                                    "spec=P('data',))"
-            # XLA's SPMD partitioner adds the all-reduces only when there is more than 1 device
-            assert (result["collectives"]["all-reduce"] > 0) == (n > 1)
+            # per-device BatchNorm: the step's one pmean of gradients, statistics and loss is
+            # one combined all-reduce in the compiled program (kept, over 1 device, at n=1)
+            assert result["collectives"]["all-reduce"] >= 1
         else:
             assert result["framework"]["keras"] == "3.15.1"
             assert result["shardings"]["mesh"] == {"batch": n}
