@@ -78,14 +78,15 @@ def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
 
 def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     """The sweep's runs: pipeline runs (pipelines x models x batch x workers x repeats) first,
-    then benchmark runs (runners x models x data x workers x precision x batch x devices x
-    repeats)."""
+    then benchmark runs (repeats x runners x models x data x workers x precision x batch x
+    devices). Repeats are the outer loop, so the runners' repeats interleave: a slow spell of
+    the machine falls on every runner alike instead of on all repeats of one."""
     runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
     if "benchmark" not in cfg.mode:
         return runs
-    for runner, model, data, precision, batch, n, repeat in itertools.product(
-        cfg.runners, cfg.models, cfg.data, cfg.precision, cfg.batch_sizes, cfg.devices,
-        range(cfg.repeats),
+    for repeat, runner, model, data, precision, batch, n in itertools.product(
+        range(cfg.repeats), cfg.runners, cfg.models, cfg.data, cfg.precision, cfg.batch_sizes,
+        cfg.devices,
     ):
         opts = dict(cfg.runner_options.get(runner, {}))
         python = opts.get("python")

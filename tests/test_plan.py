@@ -53,3 +53,13 @@ def test_gpu_runs_are_not_virtual() -> None:
 def test_group_key_ignores_device_count_and_repeat() -> None:
     runs = expand(cfg(models=["minigooglenet"], batch_size_per_device=32, precision="fp32"), "s")
     assert len({r.group_key for r in runs}) == 1
+
+
+def test_repeats_interleave_across_runners() -> None:
+    """Every configuration's first repeat runs before any second one, so drift of the machine
+    spreads over the runners being compared."""
+    cfg = validate({"runners": ["tf_mirrored", "tf_native"], "models": ["minigooglenet"],
+                    "devices": [1], "batch_size_per_device": 8, "repeats": 2})
+    order = [(r.repeat, r.runner) for r in expand(cfg, "s")]
+    assert order == [(0, "tf_mirrored"), (0, "tf_native"), (1, "tf_mirrored"),
+                     (1, "tf_native")]
