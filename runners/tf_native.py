@@ -322,7 +322,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "dtype_policy": policy,
         "loss_scaling": spec["precision"] == "fp16",
         "xla": xla,
-        "batchnorm": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
+        # MirroredStrategy: each replica normalises over its own rows (the summary's BN column)
+        "batchnorm": "per_device",
+        "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
                       else "none in this model" if fused
                       else "Keras 3 BatchNormalization (unfused ops)"),
         **placed,
