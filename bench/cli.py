@@ -372,6 +372,9 @@ def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:
     if spec.precision not in info.precisions:
         return "invalid", (f"{spec.runner} supports precision {', '.join(info.precisions)}, "
                            f"not {spec.precision}")
+    if spec.precision == "tf32" and spec.device != "gpu":
+        return "invalid", ("precision tf32 is NVIDIA GPU tensor-core math (Ampere and newer); "
+                           "on CPU float32 is always IEEE: use fp32")
     if spec.device == "gpu" and spec.num_devices > visible_gpus:
         return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
     return None

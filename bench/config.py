@@ -17,7 +17,7 @@ SCALING = ("weak", "strong")
 DATA = ("synthetic", "real")
 AUGMENTATIONS = ("none", "crop-flip")
 DATASET_KEYS = ("path", "augmentation", "workers")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("cpu", "gpu")
 MODES = ("benchmark", "pipeline")
 

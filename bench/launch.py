@@ -33,6 +33,7 @@ from bench.records import (
 from bench.telemetry import Sampler, write_series
 from bench.telemetry import summarise as summarise_telemetry
 from models import get_spec
+from runners.math_mode import math_env
 from runners.threads import thread_env
 
 KILL_GRACE_S = 5.0
@@ -71,7 +72,7 @@ def child_env(spec: RunSpec) -> dict[str, str]:
         ids = [v for v in visible.split(",") if v] if visible else []
         ids = ids or [str(i) for i in range(spec.num_devices)]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[: spec.num_devices])
-    return env
+    return math_env(spec.precision, spec.device, env)  # fp32 is IEEE, tf32 TF32 (math_mode)
 
 
 def sampled_gpus(spec: RunSpec, env: dict[str, str]) -> list[int]:

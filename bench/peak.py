@@ -22,6 +22,7 @@ from typing import Any
 from bench import REPO_ROOT
 from bench.envs import env_root
 from bench.records import write_json_atomic
+from runners.math_mode import math_env
 from runners.threads import POLICY_VAR, thread_env
 
 FAMILY_FRAMEWORK = {"tf": "tf", "mxnet": "mxnet", "torch": "torch", "jax": "jax",
@@ -63,7 +64,7 @@ def measure_peak(family: str, python: str | Path, device: str, precision: str,
     framework = FAMILY_FRAMEWORK[family]
     dtype = device_type(device, environment)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    env = _child_env(device, family)
+    env = _child_env(device, family, precision)
     threads = env.get(POLICY_VAR, "")
     cache_path = cache_dir / f"peak-{cache_key(python, dtype, precision, framework, threads)}.json"
     meta = {"family": family, "device": device, "device_type": dtype, "precision": precision,
@@ -130,9 +131,10 @@ def _run_probe(framework: str, python: str | Path, env: dict[str, str], device: 
         result_path.unlink(missing_ok=True)
 
 
-def _child_env(device: str, family: str) -> dict[str, str]:
+def _child_env(device: str, family: str, precision: str) -> dict[str, str]:
     """The probe's environment: the repo importable, no GPU on cpu, one GPU on gpu, and the
-    family's thread policy for one device, as its 1-device runs get it."""
+    family's thread policy for one device and the precision's float32 math, as its 1-device
+    runs get them."""
     env = dict(os.environ)
     env.update(thread_env(family, "peak_probe", "python", device, 1, os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
@@ -142,7 +144,7 @@ def _child_env(device: str, family: str) -> dict[str, str]:
     else:  # the probe uses the first GPU; TF would take memory on every one it sees
         visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
         env["CUDA_VISIBLE_DEVICES"] = visible[0] if visible else "0"
-    return env
+    return math_env(precision, device, env)
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:

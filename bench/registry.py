@@ -118,7 +118,7 @@ RUNNERS: dict[str, RunnerInfo] = {
                     "how MirroredStrategy all-reduces gradients",
                 ),
             },
-            precisions=("fp32", "bf16", "fp16"),
+            precisions=("fp32", "tf32", "bf16", "fp16"),
             equivalence_options=({"cross_device_ops": "reduction_to_one_device"},
                                  {"cross_device_ops": "hierarchical_copy"}),
         ),
@@ -135,7 +135,7 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "fused_batchnorm": Option(bool, True, help="BatchNorm by TF's fused kernel "
                                           "(FusedBatchNormV3), not Keras 3's unfused ops"),
             },
-            precisions=("fp32", "bf16", "fp16"),
+            precisions=("fp32", "tf32", "bf16", "fp16"),
             # No reduction option (MirroredStrategy's default all-reduce). Not here: xla (on 2
             # virtual CPU devices XLA runs every replica on CPU:0, so the step is invalid:
             # tests/test_tf_runners.py checks that, and xla = no xla at 1 device) and
@@ -293,7 +293,7 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "backend": Option(str, "auto", ("auto", "gloo", "nccl"),
                                   "process group backend (auto: nccl on GPUs, gloo on CPU)"),
             },
-            precisions=("fp32", "bf16", "fp16"),  # autocast; fp16 with a GradScaler
+            precisions=("fp32", "tf32", "bf16", "fp16"),  # autocast; fp16 with a GradScaler
             equivalence_options=({"compile": True}, {"memory_format": "channels_last"},
                                  {"backend": "gloo"}),
             launcher="torchrun",
@@ -309,7 +309,7 @@ RUNNERS: dict[str, RunnerInfo] = {
                 "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
                                       "the Keras model's tensor layout"),
             },
-            precisions=("fp32", "bf16"),
+            precisions=("fp32", "tf32", "bf16"),
             equivalence_options=({"data_format": "channels_first"},),
             launcher="torchrun",
         ),
@@ -319,7 +319,7 @@ RUNNERS: dict[str, RunnerInfo] = {
             "runners.jax_native",
             "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
             options={"batchnorm": JAX_BATCHNORM_OPTION},
-            precisions=("fp32", "bf16"),
+            precisions=("fp32", "tf32", "bf16"),
             equivalence_options=({"batchnorm": "global"},),
         ),
         RunnerInfo(
@@ -336,7 +336,7 @@ RUNNERS: dict[str, RunnerInfo] = {
                                 "itself; preplaced: batches already laid out on the devices in "
                                 "DataParallel's layout (synthetic or loader=framework)"),
             },
-            precisions=("fp32", "bf16"),
+            precisions=("fp32", "tf32", "bf16"),
             equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
         ),
         RunnerInfo(

@@ -144,7 +144,9 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
                 "(until_stable.target_cv, else 5%)"]
     if any(r.get("starved") for r in rows):
         out += ["", "STARVED: the GPUs' mean utilisation in the timed window was below the "
-                "threshold (telemetry.starved_below_pct): input or synchronisation starves them"]
+                "threshold (telemetry.starved_below_pct): input, synchronisation or the host's own "
+                "per-step work (Python, kernel launches: a model too small for the GPU) "
+                "starves them"]
     if any(r.get("input_bound") for r in rows):
         out += ["", f"INPUT-BOUND: real data below {INPUT_BOUND_RATIO:.0%} of the same run on "
                 "synthetic data (the input pipeline sets the pace)"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from runners import math_mode
 from runners.threads import observed as observed_threads
 
 Spec = dict[str, Any]
@@ -161,6 +162,8 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
           flush=True)
     code = 0
     try:
+        # float32 math of the frameworks imported so far; JAX's from the environment
+        math_mode.apply(spec.get("precision", "fp32"), spec.get("device", "cpu"))
         if spec.get("mode", "benchmark") == "equivalence":
             if equivalence is None:
                 raise Unavailable(f"{spec['runner']} does not implement the equivalence mode")
@@ -168,7 +171,8 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
         else:
             result = benchmark(spec)
         result.setdefault("status", "ok")
-    except Unavailable as exc:
+        result["math"] = math_mode.read_back()  # as the frameworks report it after the run
+    except (Unavailable, math_mode.MathModeUnavailable) as exc:
         result = {"status": "unavailable", "reason": str(exc)}
     except ModuleNotFoundError as exc:  # the environment lacks a package this run needs
         result = {"status": "unavailable", "reason": f"{exc} in {sys.executable}"}

@@ -241,7 +241,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     n, global_batch = len(devices), spec["global_batch_size"]
     if global_batch % n:
         raise Invalid(f"global batch {global_batch} does not divide by {n} devices")
-    dtype = {"fp32": None, "bf16": jnp.bfloat16}[spec["precision"]]
+    dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[spec["precision"]]
     model_spec = get_spec(spec["model"])
     data = real_dataset(spec, model_spec)
     model = load_builder(spec["model"], "flax")(model_spec, dtype=dtype)

@@ -72,7 +72,7 @@ from runners.torch_dist import (  # noqa: E402
     wrap_ddp,
 )
 
-POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}
+POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
 
 
 def framework_versions() -> dict[str, str]:

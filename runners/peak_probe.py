@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.environment import cpu_model
+from runners import math_mode
 from runners.common import write_json_atomic
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MIN_MATMUL_S = 0.02  # calibrate n up to where one matmul takes this long
 MAX_N = {"cpu": 4096, "gpu": 8192}
 # A backend gets (device, dtype name) and returns (version, device name, setup); setup(n)
@@ -154,6 +155,10 @@ def measure(framework: str, device: str, precision: str, seconds: float) -> dict
         version, name, setup = BACKENDS[framework](device, dtype)
     except ImportError as exc:
         raise Unavailable(f"{MODULES[framework]} is not installed here: {exc}") from exc
+    try:  # fp32 IEEE, tf32 on tensor cores: the math the runs at this precision get
+        math_mode.apply(precision, device)
+    except math_mode.MathModeUnavailable as exc:
+        raise Unavailable(str(exc)) from exc
     try:  # a dtype the framework cannot multiply on this device fails here, on a tiny case
         setup(64)(1)
     except Exception as exc:
@@ -174,7 +179,7 @@ def measure(framework: str, device: str, precision: str, seconds: float) -> dict
         trials.append(k * 2 * n**3 / _timed(run, k))
     return {"status": "ok", "peak_flops": max(trials), "n": n, "dtype": dtype,
             "framework": framework, "framework_version": version, "device_name": name,
-            "matmuls_per_trial": k, "trials_flops": trials,
+            "matmuls_per_trial": k, "trials_flops": trials, "math": math_mode.read_back(),
             "seconds": round(time.perf_counter() - start, 3)}
 
 

@@ -22,7 +22,7 @@ from runners.common import Invalid, Spec, StepTimer, Unavailable, finite  # noqa
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf_devices import setup_devices  # noqa: E402, F401  (re-exported)
 
-POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def framework_versions() -> dict[str, str]:

@@ -145,7 +145,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "devices": ranks.devices,
         "layout": layout,
         "memory_format": str(MEMORY_FORMATS[layout]),
-        "precision_details": {"autocast": {"fp32": None, "bf16": "bfloat16",
+        "precision_details": {"autocast": {"fp32": None, "tf32": None, "bf16": "bfloat16",
                                            "fp16": "float16"}[spec["precision"]],
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},

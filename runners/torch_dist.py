@@ -305,7 +305,7 @@ def check_rows(placement: dict[str, int], samples: int) -> None:
 
 def autocast(ranks: Ranks, precision: str) -> contextlib.AbstractContextManager[Any]:
     """The forward pass's autocast for a precision (fp32: none)."""
-    if precision == "fp32":
+    if precision in ("fp32", "tf32"):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(ranks.device.type, dtype=dtype)

@@ -53,7 +53,7 @@ def test_scalars_become_lists() -> None:
     ({"global_batch_size": 64}, ["both given", "exactly one"]),
     ({"batch_size_per_device": ...}, ["batch_size_per_device", "missing"]),
     ({"device": "tpu"}, ["device", "'tpu'", "cpu, gpu"]),
-    ({"precision": ["fp8"]}, ["precision", "'fp8'", "fp32, bf16, fp16"]),
+    ({"precision": ["fp8"]}, ["precision", "'fp8'", "fp32, tf32, bf16, fp16"]),
     ({"data": "imagenet"}, ["data", "'imagenet'", "synthetic"]),
     ({"timeout_s": -1}, ["timeout_s", "-1", "> 0"]),
     ({"runners": []}, ["runners", "[]", "non-empty"]),

@@ -53,6 +53,9 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
         assert f"get_backend()=gloo, get_world_size()={n}" in result["placement_source"]
         assert [r["param_devices"] for r in result["placement_ranks"]] == [["cpu"]] * n
+        # fp32 is IEEE float32, read back from torch's own switches (runners/math_mode.py)
+        assert result["math"]["torch"]["matmul"] == "ieee"
+        assert result["math"]["torch"]["conv"] == "ieee"
 
 
 def test_torch_ddp_channels_last_bf16(tmp_path: Path, torch_python: str) -> None:
