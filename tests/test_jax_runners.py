@@ -74,7 +74,7 @@ print("RESULT " + json.dumps(out))
 
 def test_jax_family_is_registered() -> None:
     assert JAX_RUNNERS == ["jax_native", "keras_jax"]
-    assert all(RUNNERS[n].precisions == ("fp32", "bf16") for n in JAX_RUNNERS)
+    assert all(RUNNERS[n].precisions == ("fp32", "tf32", "bf16") for n in JAX_RUNNERS)
 
 
 def test_device_count_flag_is_appended_or_replaced() -> None:
@@ -177,3 +177,38 @@ def test_batchnorm_statistics_per_device_and_global(jax_python: str) -> None:
         assert r[f"{framework}_global"] == pytest.approx(r["global_var"], rel=1e-5)
         assert r[f"{framework}_per_device"] == pytest.approx(r["per_device_var"], rel=1e-5)
         assert r[f"{framework}_global"] != pytest.approx(r["per_device_var"], rel=0.1)
+
+
+def test_warmup_runs_past_the_second_epochs_recompile() -> None:
+    from runners.keras_jax import warmup_past_recompile
+
+    assert warmup_past_recompile(2, 40, 10) == 11  # step 11 opens epoch 2: warm-up
+    assert warmup_past_recompile(20, 100, 55) == 56  # the H100 ResNet-50 case
+    assert warmup_past_recompile(20, 100, 120) == 20  # one epoch holds every step
+    assert warmup_past_recompile(60, 40, 55) == 60  # the warm-up already ran past it
+
+
+# keras_jax on numpy input whose host data holds 4 batches (epochs of 4 steps): the window must
+# not hold the recompile at the second epoch's first step (seconds, against ~0.1 s steps).
+EPOCH_CHECK = r"""
+import json
+import runners.keras_jax as kj
+kj.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
+spec = {"runner": "keras_jax", "model": "minigooglenet", "device": "cpu", "num_devices": 1,
+        "virtual_devices": False, "precision": "fp32", "data": "synthetic", "dataset": None,
+        "batch_size_per_device": 8, "global_batch_size": 8, "warmup_steps": 2,
+        "measure_steps": 8, "options": {"input": "numpy", "batchnorm": "per_device"}}
+r = kj.benchmark(spec)
+print("RESULT " + json.dumps({k: r.get(k) for k in (
+    "step_times_s", "warmup_steps_run", "warmup_extended", "host_dataset", "samples")}))
+"""
+
+
+@pytest.mark.slow
+def test_keras_jax_window_excludes_the_second_epochs_recompile(jax_python: str) -> None:
+    r = run_check_script(jax_python, EPOCH_CHECK, env={"XLA_FLAGS": ""}, timeout=600)
+    times = sorted(r["step_times_s"])
+    assert len(times) == 8
+    assert times[-1] < 4 * times[len(times) // 2], times  # no compile-length step timed
+    assert r["host_dataset"]["batches"] == 4 and r["warmup_steps_run"] == 5
+    assert "compiles its train step again" in r["warmup_extended"]
