@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
-from bench import REPO_ROOT, environment
+from bench import REPO_ROOT, environment, sweep_lock
 from bench.config import ConfigError, SweepConfig, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
@@ -201,6 +204,36 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
     return 0
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a CI cancel, a scheduler's preemption, a closed terminal): handled
+    as Ctrl-C is, the running run's group killed and the finished records kept."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """While the sweep runs, SIGTERM and SIGHUP raise Stopped like Ctrl-C's KeyboardInterrupt."""
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def acquire_folder(out: Path) -> IO[str]:
+    try:
+        return sweep_lock.acquire(out)
+    except sweep_lock.FolderBusy as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
     if out:
         return Path(out)
@@ -235,7 +268,7 @@ def interpreters(runs: list[RunSpec], variant: str, quiet: bool) -> dict[str, An
     for fam in sorted({r.family for r in runs if not r.python} - {"harness"}):
         try:
             found[fam] = ensure_env(fam, variant, quiet=quiet).python
-        except EnvError as exc:
+        except (EnvError, OSError) as exc:  # OSError: the cache folder cannot be made
             found[fam] = exc
     return found
 
@@ -252,7 +285,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{cfg.until_stable['max_repeats']} runs each")
         print_plan(runs)
         return 0
-    out.mkdir(parents=True, exist_ok=True)
+    lock = acquire_folder(out)  # held until this process ends (a dead one's is taken over)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     env = environment.capture()
     write_json_atomic(out / "environment.json", env)
@@ -262,19 +295,23 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"results in {out}", flush=True)
     visible_gpus = len(env["gpus"])
     blocked = {r.run_id: why for r in todo if (why := precheck(r, visible_gpus))}
-    pythons = interpreters([r for r in todo if r.run_id not in blocked], cfg.device,
-                           args.quiet_setup)
-    peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env, out)
     try:
-        for i, spec in enumerate(todo, 1):
-            run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks)
-        if cfg.until_stable:
-            repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env, peaks)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: finished records are kept in {out}; "
-              f"continue with --resume --out {out}", file=sys.stderr)
+        with stop_signals_interrupt():
+            pythons = interpreters([r for r in todo if r.run_id not in blocked], cfg.device,
+                                   args.quiet_setup)
+            peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env,
+                                  out)
+            for i, spec in enumerate(todo, 1):
+                run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks)
+            if cfg.until_stable:
+                repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env, peaks)
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept in "
+              f"{out}; continue with --resume --out {out}", file=sys.stderr)
         build_report(out)
-        return 130
+        lock.close()
+        return 128 + signum
     rows, pipes, charts = build_report(out)
     print()
     print(format_table(rows, pipes))

@@ -13,8 +13,10 @@ import json
 import math
 import os
 import re
+import secrets
 import signal
 import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -102,6 +104,18 @@ def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_pat
     raise ValueError(f"unknown launcher {spec.launcher!r}")
 
 
+_PARENT_PIPE: tuple[int, int] | None = None
+
+
+def parent_death_fd() -> int:
+    """The read end of a pipe whose write end only this process holds (bench/guard.py): it
+    reads EOF when this process is gone, however it went."""
+    global _PARENT_PIPE
+    if _PARENT_PIPE is None:
+        _PARENT_PIPE = os.pipe()  # both ends non-inheritable; the guard gets the read end
+    return _PARENT_PIPE[0]
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the child's process group, then SIGKILL whatever is left of it."""
     _signal_group(proc.pid, signal.SIGTERM)
@@ -109,6 +123,14 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=KILL_GRACE_S)
     _signal_group(proc.pid, signal.SIGKILL)  # also what the leader started and left behind
     proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -158,12 +180,16 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
     rdir = runs_dir(results_dir)
     rdir.mkdir(parents=True, exist_ok=True)
     spec_path = rdir / f"{spec.run_id}.spec.json"
-    result_path = rdir / f"{spec.run_id}.result.json"
+    # this attempt's own result file: a straggler of an earlier attempt (an orphan of a killed
+    # sweep, say) writes to its own and can never be read as this one's
+    attempt = secrets.token_hex(4)
+    result_path = rdir / f"{spec.run_id}.{attempt}.result.json"
     log_path = rdir / f"{spec.run_id}.log"
     write_json_atomic(spec_path, spec.to_dict())
     result_path.unlink(missing_ok=True)
     rec = base_record(spec, environment, log_path)
     rec["python"] = str(python)
+    rec["attempt"] = attempt
     cmd = child_command(spec, python, spec_path, result_path)
     t0 = time.monotonic()
     timed_out = False
@@ -172,10 +198,18 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
     with open(log_path, "wb") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
+        if not os.access(cmd[0], os.X_OK):  # the guard would start, its child could not
+            reason = "No such file" if not os.path.exists(cmd[0]) else "not executable"
+            return finish(rec, results_dir, "unavailable",
+                          f"cannot start interpreter {python}: {reason}")
         try:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log,
+            # through bench.guard: the run's process group dies with this process (a kill -9
+            # of the harness included), and with its timeout or Ctrl-C as before
+            watch_fd = parent_death_fd()
+            proc = subprocess.Popen([sys.executable, "-m", "bench.guard", str(watch_fd), "--",
+                                     *cmd], cwd=REPO_ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True, pass_fds=(watch_fd,))
         except OSError as exc:
             return finish(rec, results_dir, "unavailable",
                           f"cannot start interpreter {python}: {exc.strerror}")
@@ -196,6 +230,9 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
                 sampler.stop()
             raise
     samples = sampler.stop() if sampler else None
+    if _group_alive(proc.pid):  # what the run started and left running (workers, ranks)
+        rec["left_running"] = "processes of the run's group outlived it; killed"
+        _signal_group(proc.pid, signal.SIGKILL)
     rec["returncode"] = proc.returncode
     rec["wall_time_s"] = round(time.monotonic() - t0, 3)
     if timed_out:
@@ -243,7 +280,10 @@ def add_telemetry(rec: dict[str, Any], spec: RunSpec, sampler: Sampler,
     rec["telemetry"] = summarise_telemetry(
         samples, start, end, rec.get("samples"),
         starved_below_pct=spec.telemetry["starved_below_pct"], interval_s=sampler.interval_s,
-        nvml_reason=sampler.nvml_reason, sampled_gpus=bool(sampler.handles))
+        nvml_reason=sampler.nvml_reason, sampled_gpus=bool(sampler.handles),
+        logical_cpus=sampler.logical_cpus, top_others=sampler.top_others,
+        gpu_holders=list(sampler.others.gpu_holders.values()))
+    rec["contended"] = rec["telemetry"]["contention"]["contended"]
     rec["telemetry"]["path"] = f"{path.parent.name}/{path.name}"  # within the results folder
 
 

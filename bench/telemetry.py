@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import math
+import os
 import statistics
 import threading
 import time
@@ -20,7 +21,14 @@ from typing import Any
 
 import psutil
 
-HOST_FIELDS = ("host_cpu_pct", "host_mem_used_bytes", "run_cpu_cores", "run_rss_bytes")
+HOST_FIELDS = ("host_cpu_pct", "host_mem_used_bytes", "run_cpu_cores", "run_rss_bytes",
+               "other_cpu_cores")
+# CONTENDED: processes outside the run (and outside this harness) used more than this share of
+# the machine's logical CPUs on average over the timed window, or any other process held one of
+# the run's GPUs. A quarter: on 2 cores half a core, which is what an orphaned CPU run or a
+# compile beside the benchmark costs; an idle desktop stays well under it.
+CONTENDED_CPU_SHARE = 0.25
+TOP_OTHERS = 3
 GPU_FIELDS = ("util_pct", "mem_util_pct", "mem_used_bytes", "power_w", "sm_clock_mhz",
               "temp_c", "pcie_tx_kbs", "pcie_rx_kbs")
 # A GPU below this share of utilisation in a sample counts as idle (a pause between bursts).
@@ -49,6 +57,7 @@ class ProcessTree:
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)
         self._cpu: dict[tuple[int, float], float] = {}
+        self.pids: set[int] = {pid}
 
     def read(self) -> tuple[float, int]:
         """(CPU seconds so far, RSS bytes now) of the tree."""
@@ -56,6 +65,7 @@ class ProcessTree:
             procs = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
             procs = []
+        self.pids = {p.pid for p in procs}
         rss = 0
         for proc in procs:
             with contextlib.suppress(psutil.Error), proc.oneshot():
@@ -63,6 +73,56 @@ class ProcessTree:
                 self._cpu[(proc.pid, proc.create_time())] = times.user + times.system
                 rss += proc.memory_info().rss
         return sum(self._cpu.values()), rss
+
+
+def _cpu_by_process() -> dict[tuple[int, float], tuple[str, float]]:
+    """(pid, start time) -> (name, CPU seconds so far) of every process we may read."""
+    found = {}
+    for proc in psutil.process_iter(["name", "cpu_times", "create_time"]):
+        info = proc.info
+        if info.get("cpu_times") is None or info.get("create_time") is None:
+            continue
+        found[(proc.pid, info["create_time"])] = (
+            info.get("name") or "?", info["cpu_times"].user + info["cpu_times"].system)
+    return found
+
+
+class OtherProcesses:
+    """Which processes outside the run's tree (and this harness) used the CPU during the run,
+    and which held the run's GPUs: the evidence behind CONTENDED."""
+
+    def __init__(self, tree: ProcessTree) -> None:
+        self.tree = tree
+        self.mine = {os.getpid()}
+        self.start = _cpu_by_process()
+        self.t0 = time.time()
+        self.gpu_holders: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def note_gpu(self, index: int, procs: Sequence[Any]) -> None:
+        for p in procs:
+            if p.pid in self.tree.pids or p.pid in self.mine:
+                continue
+            try:
+                name = psutil.Process(p.pid).name()
+            except psutil.Error:
+                name = "?"  # another container's process: NVML sees it, psutil may not
+            used = getattr(p, "usedGpuMemory", None)
+            self.gpu_holders[(index, p.pid)] = {"gpu": index, "pid": p.pid, "name": name,
+                                                "gpu_mem_bytes": used}
+
+    def top(self) -> list[dict[str, Any]]:
+        """The biggest CPU users outside the run since the sampler started."""
+        elapsed = max(time.time() - self.t0, 1e-9)
+        end = _cpu_by_process()
+        used = []
+        for key, (name, cpu) in end.items():
+            if key[0] in self.tree.pids or key[0] in self.mine:
+                continue
+            before = self.start.get(key, (name, 0.0))[1]
+            if cpu - before > 0:
+                used.append({"pid": key[0], "name": name, "cpu_s": round(cpu - before, 3),
+                             "cores": round((cpu - before) / elapsed, 3)})
+        return sorted(used, key=lambda u: -u["cpu_s"])[:TOP_OTHERS]
 
 
 class Sampler:
@@ -84,6 +144,9 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
         self._last_pcie = -math.inf
         self._prev: tuple[float, float] | None = None
+        self.logical_cpus = psutil.cpu_count() or 1
+        self.others = OtherProcesses(self.tree)
+        self.top_others: list[dict[str, Any]] = []
         psutil.cpu_percent(interval=None)  # the first call only sets the reference point
 
     def start(self) -> Sampler:
@@ -94,6 +157,8 @@ class Sampler:
         """Stop sampling (one last sample first) and release NVML; returns the samples."""
         self._stop.set()
         self._thread.join()
+        with contextlib.suppress(Exception):
+            self.top_others = self.others.top()
         if self.nvml is not None:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
@@ -116,16 +181,26 @@ class Sampler:
         if self._prev is not None and t > self._prev[0]:
             cores = max(0.0, (cpu_s - self._prev[1]) / (t - self._prev[0]))
         self._prev = (t, cpu_s)
+        host_pct = psutil.cpu_percent(interval=None)
         row: dict[str, Any] = {
-            "t": t, "host_cpu_pct": psutil.cpu_percent(interval=None),
+            "t": t, "host_cpu_pct": host_pct,
             "host_mem_used_bytes": psutil.virtual_memory().used,
             "run_cpu_cores": cores, "run_rss_bytes": rss,
+            # the host's busy cores less the run's: the harness's own share is in it (small)
+            "other_cpu_cores": (max(0.0, host_pct / 100 * self.logical_cpus - cores)
+                                if cores is not None else None),
         }
         pcie = t - self._last_pcie >= PCIE_EVERY_S
         if pcie:
             self._last_pcie = t
         for i, handle in self.handles:
             row.update({f"gpu{i}_{k}": v for k, v in self._gpu(handle, pcie).items()})
+            if pcie:  # who else holds this GPU, at the PCIe readings' pace
+                with contextlib.suppress(Exception):
+                    nv = self.nvml
+                    assert nv is not None
+                    self.others.note_gpu(i, [*nv.nvmlDeviceGetComputeRunningProcesses(handle),
+                                             *nv.nvmlDeviceGetGraphicsRunningProcesses(handle)])
         return row
 
     def _gpu(self, handle: Any, pcie: bool) -> dict[str, Any]:
@@ -190,10 +265,33 @@ def _max(values: list[Any]) -> Any:
     return max(vals) if vals else None
 
 
+def contention(samples: Sequence[dict[str, Any]], inside: Sequence[dict[str, Any]],
+               logical_cpus: int, top_others: Sequence[dict[str, Any]],
+               gpu_holders: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How much of the machine others took during the timed window, who, and the verdict."""
+    other = _mean([s.get("other_cpu_cores") for s in inside])
+    share = other / logical_cpus if other is not None else None
+    reasons = []
+    if share is not None and share > CONTENDED_CPU_SHARE:
+        names = ", ".join(f"{o['name']} (pid {o['pid']}, {o['cores']:.2f} cores)"
+                          for o in top_others) or "not identified"
+        reasons.append(f"other processes used {other:.2f} of {logical_cpus} CPUs in the timed "
+                       f"window (over {CONTENDED_CPU_SHARE:.0%}); biggest: {names}")
+    for h in gpu_holders:
+        reasons.append(f"GPU {h['gpu']} also held by {h['name']} (pid {h['pid']})")
+    return {"other_cpu_cores_mean": other, "other_cpu_share": share,
+            "logical_cpus": logical_cpus, "threshold_share": CONTENDED_CPU_SHARE,
+            "top_other_processes": list(top_others), "gpu_other_processes": list(gpu_holders),
+            "contended": bool(reasons) if (share is not None or gpu_holders) else None,
+            "reason": "; ".join(reasons) or None}
+
+
 def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
               window_end: float | None, images: int | None, *, starved_below_pct: float,
               interval_s: float, nvml_reason: str | None = None,
-              sampled_gpus: bool = True) -> dict[str, Any]:
+              sampled_gpus: bool = True, logical_cpus: int | None = None,
+              top_others: Sequence[dict[str, Any]] = (),
+              gpu_holders: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """The record's telemetry: means over the timed window (peaks over the whole run), energy
     and joules per image from the power samples, and the starved flag."""
     flags = in_window(samples, window_start, window_end)
@@ -245,6 +343,8 @@ def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
     out["starved_below_pct"] = starved_below_pct
     out["starved"] = (out["gpu_util_mean_pct"] < starved_below_pct
                       if out["gpu_util_mean_pct"] is not None else None)
+    out["contention"] = contention(samples, inside, logical_cpus or psutil.cpu_count() or 1,
+                                   top_others, gpu_holders)
     if not sampled_gpus and out["note"] is None:
         out["note"] = "CPU run: no GPU sampled"
     return out

@@ -8,7 +8,7 @@ from bench.registry import RUNNERS, Option, RunnerInfo
 RUNNERS["toy"] = RunnerInfo(
     "toy", "tf", "tests.children.toy", "numpy softmax regression (tests only)",
     options={"behaviour": Option(str, "ok"), "pid_file": Option(str, None),
-             "busy_s": Option(float, 0.0)},
+             "busy_s": Option(float, 0.0), "worker_pid_file": Option(str, None)},
 )
 
 if __name__ == "__main__":

@@ -46,6 +46,17 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         os._exit(1)
     if behaviour == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if behaviour == "oom_real":  # a real allocation past a real address-space limit
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        np.ones((1 << 31,), dtype=np.uint8)  # 2 GiB under a 1 GiB limit: MemoryError
+    if behaviour == "quiet_exit":  # exits 0 without a result, after a while
+        time.sleep(float(spec["options"].get("busy_s") or 1.0))
+        os._exit(0)
+    if spec["options"].get("worker_pid_file"):  # a loader worker / launcher rank of the run
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        Path(spec["options"]["worker_pid_file"]).write_text(str(worker.pid))
     if behaviour == "import_error":
         import tensorflow_that_is_not_installed  # noqa: F401
     rng = np.random.default_rng(0)

@@ -1,0 +1,283 @@
+"""Fault injection through real child processes (docs/RELIABILITY.md keeps the table): each
+case asserts the record, the exit code, and that nothing of the run is left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.records import load_records, runs_dir
+from tests.conftest import REPO, run_cli
+
+TOY = [sys.executable, "-m", "tests.children.cli_with_toy"]
+
+
+def config(tmp_path: Path, behaviour: str = "ok", **extra: object) -> Path:
+    options = {"python": sys.executable, "behaviour": behaviour}
+    options.update(extra.pop("options", {}))  # type: ignore[arg-type]
+    cfg = {"name": "toy", "runners": ["toy"], "models": ["probe"], "devices": [1, 2],
+           "batch_size_per_device": 8, "warmup_steps": 1, "measure_steps": 3,
+           "timeout_s": 60, "runner_options": {"toy": options}}
+    cfg.update(extra)
+    path = tmp_path / f"toy-{behaviour}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def toy(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TOY, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_toy(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*TOY, *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that name text (every run's process names its folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if text in cmd and state != "Z":
+                found.append(cmd)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def nothing_left(out: Path, worker_pid_file: Path | None = None, within_s: float = 10) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        left = processes_mentioning(str(out))
+        worker = int(worker_pid_file.read_text()) if worker_pid_file and \
+            worker_pid_file.exists() else None
+        if not left and not (worker and alive(worker)):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still running: {left} worker={worker}")
+        time.sleep(0.2)
+
+
+def statuses(out: Path) -> dict[int, str]:
+    return {r["num_devices"]: r["status"] for r in load_records(out)}
+
+
+@pytest.mark.parametrize("behaviour, status, words", [
+    ("crash", "failed", "the toy runner crashed on purpose"),
+    ("garbage", "failed", "unreadable result"),
+    ("nan", "invalid", "last_loss is nan"),
+    ("oom_real", "oom", "MemoryError"),
+    ("import_error", "unavailable", "tensorflow_that_is_not_installed"),
+])
+def test_a_failing_run_is_a_record_and_leaves_nothing(tmp_path: Path, behaviour: str,
+                                                      status: str, words: str) -> None:
+    out, pids = tmp_path / "out", tmp_path / "worker.pid"
+    cfg = config(tmp_path, behaviour, devices=[1], options={"worker_pid_file": str(pids)})
+    proc = toy("--config", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    [rec] = load_records(out)
+    assert rec["status"] == status and words in rec["reason"], rec["reason"]
+    nothing_left(out, pids)
+
+
+def test_a_worker_left_running_by_a_finished_run_is_killed(tmp_path: Path) -> None:
+    out, pids = tmp_path / "out", tmp_path / "worker.pid"
+    cfg = config(tmp_path, devices=[1], options={"worker_pid_file": str(pids)})
+    assert toy("--config", str(cfg), "--out", str(out)).returncode == 0
+    [rec] = load_records(out)
+    assert rec["status"] == "ok" and "killed" in rec["left_running"]
+    nothing_left(out, pids, within_s=2)
+
+
+def test_a_hang_past_the_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+    out, pids = tmp_path / "out", tmp_path / "hang.pid"
+    cfg = config(tmp_path, "hang", devices=[1], timeout_s=3, options={"pid_file": str(pids)})
+    proc = toy("--config", str(cfg), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert statuses(out) == {1: "timeout"}
+    nothing_left(out, pids, within_s=2)
+
+
+def test_a_missing_environment_is_unavailable_before_any_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--set", "runners=[torch_ddp]",
+                   "--set", "devices=[1]", "--out", str(out),
+                   env={"MGBENCH_ENV_DIR": "/dev/null/envs"})  # a folder that cannot exist
+    assert proc.returncode == 0, proc.stderr
+    [rec] = load_records(out)
+    assert rec["status"] == "unavailable" and "torch environment" in rec["reason"]
+    assert "/dev/null/envs" in rec["reason"]
+
+
+def test_a_stale_result_of_another_attempt_is_never_read(tmp_path: Path) -> None:
+    """A straggler (an orphan of a killed sweep) writes its result while this attempt runs;
+    this attempt's child writes none: the record must say so, not take the straggler's."""
+    out = tmp_path / "out"
+    cfg = config(tmp_path, "quiet_exit", devices=[1], options={"busy_s": 2.0})
+    fake = {"status": "ok", "images_per_sec": 1e9, "samples": 24, "timed_steps": 3,
+            "step_times_s": [0.1] * 3, "window_s": 0.3, "first_loss": 1.0, "last_loss": 1.0,
+            "placement": {"toy:shard0": 8}}
+
+    def straggle() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            specs = list(runs_dir(out).glob("*.spec.json")) if out.exists() else []
+            if specs:
+                run_id = specs[0].name[: -len(".spec.json")]
+                for name in (f"{run_id}.result.json", f"{run_id}.0badcafe.result.json"):
+                    (runs_dir(out) / name).write_text(json.dumps(fake))
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=straggle)
+    thread.start()
+    proc = toy("--config", str(cfg), "--out", str(out))
+    thread.join()
+    assert proc.returncode == 0, proc.stderr
+    [rec] = load_records(out)
+    assert rec["status"] == "failed" and "without writing a result" in rec["reason"]
+
+
+def run_until_second_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path, Path]:
+    """A two-run sweep started in the background, returned once run 1 is recorded and run 2
+    (with a worker process of its own) is under way."""
+    out, pids = tmp_path / "out", tmp_path / "worker.pid"
+    cfg = config(tmp_path, measure_steps=4,
+                 options={"busy_s": 1.0, "worker_pid_file": str(pids)})
+    proc = start_toy("--config", str(cfg), "--out", str(out))
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the sweep never reached its second run"
+        spec2 = list(runs_dir(out).glob("*__n2__*.spec.json")) if out.exists() else []
+        if spec2 and pids.exists() and pids.stat().st_mtime_ns >= spec2[0].stat().st_mtime_ns:
+            break  # run 2's own worker is up
+        time.sleep(0.1)
+    time.sleep(1.0)  # run 2 is training
+    return proc, out, pids, cfg
+
+
+def resume_finishes(out: Path, cfg: Path) -> None:
+    first = next(runs_dir(out).glob("*__n1__*r0.json")).stat().st_mtime_ns
+    proc = toy("--config", str(cfg), "--out", str(out), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 runs, 1 already done" in proc.stdout
+    assert statuses(out) == {1: "ok", 2: "ok"}
+    assert next(runs_dir(out).glob("*__n1__*r0.json")).stat().st_mtime_ns == first
+
+
+def test_kill_9_of_the_parent_kills_the_run_and_resume_finishes(tmp_path: Path) -> None:
+    proc, out, pids, cfg = run_until_second_run(tmp_path)
+    worker = int(pids.read_text())
+    assert alive(worker)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    nothing_left(out, pids, within_s=5)
+    assert not alive(worker)
+    resume_finishes(out, cfg)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
+                                       (signal.SIGHUP, 129)])
+def test_a_stop_signal_keeps_finished_records_and_resume_finishes(
+        tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    proc, out, pids, cfg = run_until_second_run(tmp_path)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert f"interrupted ({sig.name})" in err and "--resume" in err
+    assert statuses(out) == {1: "ok"}
+    nothing_left(out, pids, within_s=5)
+    resume_finishes(out, cfg)
+
+
+def test_two_sweeps_on_one_folder_the_second_is_refused(tmp_path: Path) -> None:
+    proc, out, _, cfg = run_until_second_run(tmp_path)
+    try:
+        second = toy("--config", str(cfg), "--out", str(out), "--resume")
+        assert second.returncode == 2
+        [line] = second.stderr.strip().splitlines()
+        assert f"pid {proc.pid}" in line and "another sweep" in line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    # the holder gone, its lock is free again: a resume takes the folder over
+    resume_finishes(out, cfg)
+
+
+def test_a_lock_left_by_a_killed_sweep_is_taken_over(tmp_path: Path) -> None:
+    proc, out, pids, cfg = run_until_second_run(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert json.loads((out / ".sweep.lock").read_text())["pid"] == proc.pid  # left behind
+    nothing_left(out, pids, within_s=5)
+    resume_finishes(out, cfg)
+
+
+WRITE_UNDER_FSIZE = r"""
+import json, os, resource, signal, sys
+from pathlib import Path
+from bench.records import write_json_atomic
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail with EFBIG/ENOSPC
+path = Path(sys.argv[1])
+write_json_atomic(path, {"run_id": "r", "status": "ok"})  # the record as it was
+resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+try:
+    write_json_atomic(path, {"run_id": "r", "status": "ok", "big": "x" * 100_000})
+    outcome = "written"
+except OSError as exc:
+    outcome = f"OSError errno {exc.errno}"
+print("RESULT " + json.dumps({"outcome": outcome,
+                              "files": sorted(p.name for p in path.parent.iterdir())}))
+"""
+
+
+def test_disk_full_while_a_record_is_written_leaves_no_half_record(tmp_path: Path) -> None:
+    from tests.conftest import run_check_script
+
+    path = tmp_path / "runs" / "r.json"
+    out = run_check_script(sys.executable, WRITE_UNDER_FSIZE, str(path))
+    assert out["outcome"].startswith("OSError")
+    assert out["files"] == ["r.json"]  # no temporary file left beside it
+    assert json.loads(path.read_text()) == {"run_id": "r", "status": "ok"}  # the old record
+
+
+def test_a_cpu_hog_beside_the_run_is_named_and_flags_it_contended(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        cfg = config(tmp_path, devices=[1], measure_steps=4, options={"busy_s": 0.5})
+        proc = toy("--config", str(cfg), "--out", str(out))
+    finally:
+        hog.kill()
+        hog.wait()
+    assert proc.returncode == 0, proc.stderr
+    [rec] = load_records(out)
+    contention = rec["telemetry"]["contention"]
+    assert rec["contended"] is True, contention
+    assert contention["other_cpu_cores_mean"] > 0.5
+    assert any(p["pid"] == hog.pid for p in contention["top_other_processes"])
+    assert f"pid {hog.pid}" in contention["reason"]
+    assert "CONTENDED" in proc.stdout
