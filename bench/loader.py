@@ -7,8 +7,9 @@ from typing import Any
 
 import pandas as pd
 
+from bench.grouping import GROUP_FIELDS, READERS, baseline_key, config_key
 from bench.records import load_records
-from bench.stats import group_key, summarise
+from bench.stats import summarise
 
 SCALARS = (
     "run_id", "sweep_id", "runner", "family", "model", "num_devices", "virtual_devices",
@@ -17,10 +18,17 @@ SCALARS = (
     "first_loss", "last_loss", "window_start", "window_end", "wall_time_s", "started_at",
     "finished_at", "log_path",
 )
+# The grouping key's fields (bench.grouping) are columns too: data_label (synthetic or
+# real-w<workers>), batch (the one held fixed across device counts) and mode besides the
+# scalars above. Group on these to get summary.csv's configurations:
+#   df.groupby([*GROUP_COLUMNS, "num_devices"])
+GROUP_COLUMNS = GROUP_FIELDS
 
 
 def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
     row = {k: rec.get(k) for k in SCALARS}
+    row.update({f: read(rec) for f, read in READERS.items()})
+    row["loader_workers"] = (rec.get("dataset") or {}).get("workers")
     env = rec.get("environment") or {}
     for key in ("host", "os", "cpu_model", "cpu_cores", "memory_bytes", "python",
                 "harness_commit"):
@@ -56,19 +64,18 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_results(results_dir: str | Path) -> pd.DataFrame:
-    """One row per run: the record's scalar fields, the environment flattened, and the run's
-    speedup and scaling efficiency against the mean 1-device throughput of its group."""
+    """One row per run: the record's scalar fields, the grouping key's fields, the
+    environment flattened, and the run's speedup and scaling efficiency against the 1-device
+    throughput of its configuration: the median over repeats, summary.csv's images_per_sec
+    of the row at bench.grouping.baseline_key. The median of a configuration's per-run
+    speedups is summary.csv's speedup."""
     records = load_records(Path(results_dir))
     df = pd.DataFrame([_flatten(r) for r in records])
     if df.empty:
-        return pd.DataFrame(columns=[*SCALARS, "speedup", "scaling_efficiency"])
-    baselines = {
-        (r["runner"], r["model"], r["data"], r["precision"], r["scaling"],
-         r["batch_size_per_device"] if r["scaling"] == "weak" else r["global_batch_size"],
-         r["device"]): r["images_per_sec"]
-        for r in summarise(records) if r["num_devices"] == 1
-    }
-    base = [baselines.get(group_key(r)) for r in records]
+        return pd.DataFrame(columns=[*SCALARS, *GROUP_COLUMNS, "loader_workers", "speedup",
+                                     "scaling_efficiency"])
+    summary = {config_key(row): row["images_per_sec"] for row in summarise(records)}
+    base = [summary.get(baseline_key(r)) for r in records]
     df["speedup"] = [ips / b if ips is not None and b else None
                      for ips, b in zip(df["images_per_sec"], base, strict=True)]
     df["scaling_efficiency"] = [s / n if s is not None else None

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from bench import grouping
 from bench.registry import BASELINE_PIPELINE, COMMON_OPTIONS, PIPELINES, RUNNERS
 
 if TYPE_CHECKING:
@@ -49,15 +50,14 @@ class RunSpec:
 
     @property
     def group_key(self) -> tuple[Any, ...]:
-        """Runs that differ only in device count (and repeat) share this key."""
-        batch = self.batch_size_per_device if self.scaling == "weak" else self.global_batch_size
-        return (self.runner, self.model, self.data_label, self.precision, self.scaling, batch,
-                self.device, self.mode)
+        """Runs that differ only in device count (and repeat) share this key (bench.grouping:
+        the same key the summary and the loader group records on)."""
+        return grouping.group_key(self)
 
     @property
     def data_label(self) -> str:
         """synthetic, or real-w<loader workers> (real runs differ by their worker count)."""
-        return f"real-w{self.dataset['workers']}" if self.dataset else self.data
+        return grouping.data_label(self)
 
 
 def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data: str,

@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from bench.grouping import baseline_key, config_key, data_label, mode_of, synthetic_key
 from bench.trust import (
     bootstrap_ci,
     coefficient_of_variation,
@@ -14,7 +15,6 @@ from bench.trust import (
     warmup_not_steady,
 )
 
-GROUP_FIELDS = ("runner", "model", "data_label", "precision", "scaling", "batch", "device")
 SUMMARY_FIELDS = (
     "runner", "model", "device", "virtual_devices", "num_devices", "scaling",
     "batch_size_per_device", "global_batch_size", "data", "loader_workers", "precision",
@@ -40,26 +40,8 @@ BASELINE = "pil_loop"
 CV_TARGET = 0.05
 
 
-def batch_of(rec: dict[str, Any]) -> int:
-    """The batch that is held fixed across device counts: per device (weak) or global."""
-    return rec["batch_size_per_device"] if rec["scaling"] == "weak" else rec["global_batch_size"]
-
-
-def data_label(rec: dict[str, Any]) -> str:
-    """synthetic, or real-w<loader workers> (records before real data carry only data)."""
-    if rec.get("data_label"):
-        return rec["data_label"]
-    ds = rec.get("dataset")
-    return f"real-w{ds['workers']}" if rec["data"] == "real" and ds else rec["data"]
-
-
 def is_pipeline(rec: dict[str, Any]) -> bool:
     return rec.get("mode") == "pipeline"
-
-
-def group_key(rec: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(batch_of(rec) if f == "batch" else data_label(rec) if f == "data_label"
-                 else rec[f] for f in GROUP_FIELDS)
 
 
 def speedup(ips: float | None, baseline: float | None) -> float | None:
@@ -139,26 +121,30 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
     """One row per configuration and device count: the median images/sec over repeats with
     its 95% bootstrap interval, spread, the flags of run_flags, and telemetry_columns.
 
-    Speedup is the median against the median of the 1-device row of the same runner, model,
-    data, batch, precision, scaling and device kind (interval: bootstrap of that ratio); rows
-    without a 1-device baseline get None."""
+    Speedup is the median against the median of the 1-device row of the same configuration
+    (bench.grouping.baseline_key: runner, model, data label, precision, scaling, batch and
+    device kind) with a bootstrap interval of that ratio; rows without a 1-device baseline
+    get None. A row has the fields its records' key is read from, so config_key(row) is
+    theirs."""
     by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
         if not is_pipeline(rec):
-            by_config[(*group_key(rec), rec["num_devices"])].append(rec)
-    rows = []
+            by_config[config_key(rec)].append(rec)
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    oks: dict[tuple[Any, ...], list[float]] = {}
     for key, recs in by_config.items():
         ok_recs = [r for r in recs if r["status"] == "ok"]
         ok = [r["images_per_sec"] for r in ok_recs]
         low, high = bootstrap_ci(ok)
         first = recs[0]
         statuses = sorted({r["status"] for r in recs})
-        rows.append({
+        oks[key] = ok
+        rows[key] = {
             "runner": first["runner"], "model": first["model"], "device": first["device"],
-            "virtual_devices": first["virtual_devices"], "num_devices": key[-1],
+            "virtual_devices": first["virtual_devices"], "num_devices": first["num_devices"],
             "scaling": first["scaling"], "batch_size_per_device": first["batch_size_per_device"],
             "global_batch_size": first["global_batch_size"], "data": first["data"],
-            "data_label": data_label(first),
+            "data_label": data_label(first), "mode": mode_of(first),
             "loader_workers": (first.get("dataset") or {}).get("workers"),
             "precision": first["precision"],
             "status": "ok" if ok else "/".join(statuses),
@@ -171,37 +157,34 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
             **telemetry_columns(ok_recs, coefficient_of_variation(ok), cv_target),
             **placement_columns(ok_recs),
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
-            "_group": key[:-1], "_ok": ok,
-        })
-    baselines = {r["_group"]: (r["images_per_sec"], r["_ok"]) for r in rows
-                 if r["num_devices"] == 1}
-    for row in rows:
-        base_ips, base_ok = baselines.get(row.pop("_group"), (None, []))
-        ok = row.pop("_ok")
-        row["speedup"] = speedup(row["images_per_sec"], base_ips)
+        }
+    for key, row in rows.items():
+        base = baseline_key(row)
+        row["speedup"] = speedup(row["images_per_sec"],
+                                 rows[base]["images_per_sec"] if base in rows else None)
         row["scaling_efficiency"] = efficiency(row["speedup"], row["num_devices"])
-        low, high = ratio_ci(ok, base_ok)
+        low, high = ratio_ci(oks[key], oks.get(base, []))
         row["speedup_ci_low"], row["speedup_ci_high"] = low, high
         row["efficiency_ci_low"] = efficiency(low, row["num_devices"])
         row["efficiency_ci_high"] = efficiency(high, row["num_devices"])
     compare_real_to_synthetic(rows)
-    rows.sort(key=lambda r: (r["runner"], r["model"], r["data_label"], r["precision"],
-                             r["global_batch_size"] if r["scaling"] == "strong"
-                             else r["batch_size_per_device"], r["num_devices"]))
-    return rows
+    return sorted(rows.values(), key=summary_order)
 
 
-def compare_real_to_synthetic(rows: list[dict[str, Any]]) -> None:
-    """Give each real-data row its throughput over the synthetic row with the same runner,
-    model, devices, batch and precision, and flag it input-bound below INPUT_BOUND_RATIO."""
-    def same(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (r["runner"], r["model"], r["device"], r["num_devices"], r["scaling"],
-                r["batch_size_per_device"], r["global_batch_size"], r["precision"])
+def summary_order(r: dict[str, Any]) -> tuple[Any, ...]:
+    """The summary's row order: runner, model, data, precision, batch, devices."""
+    return (r["runner"], r["model"], r["data_label"], r["precision"],
+            r["global_batch_size"] if r["scaling"] == "strong" else r["batch_size_per_device"],
+            r["num_devices"])
 
-    synthetic = {same(r): r["images_per_sec"] for r in rows if r["data"] == "synthetic"}
-    for row in rows:
-        ratio = (speedup(row["images_per_sec"], synthetic.get(same(row)))
-                 if row["data"] == "real" else None)
+
+def compare_real_to_synthetic(rows: dict[tuple[Any, ...], dict[str, Any]]) -> None:
+    """Give each real-data row (rows by config_key) its throughput over the synthetic row of
+    the same configuration and device count (bench.grouping.synthetic_key), and flag it
+    input-bound below INPUT_BOUND_RATIO."""
+    for row in rows.values():
+        twin = rows.get(synthetic_key(row)) if row["data"] == "real" else None
+        ratio = speedup(row["images_per_sec"], twin["images_per_sec"]) if twin else None
         row["real_vs_synthetic"] = ratio
         row["input_bound"] = None if ratio is None else ratio < INPUT_BOUND_RATIO
 
