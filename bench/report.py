@@ -87,7 +87,8 @@ def _flags(r: dict[str, Any]) -> str:
     names = [n for n, on in (("unstable", r.get("unstable")),
                              ("not-steady", r.get("not_steady")),
                              ("noisy", r.get("noisy")),
-                             ("STARVED", r.get("starved"))) if on]
+                             ("STARVED", r.get("starved")),
+                             ("CONTENDED", r.get("contended"))) if on]
     return ",".join(names) or "-"
 
 
@@ -147,6 +148,10 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
                 "threshold (telemetry.starved_below_pct): input, synchronisation or the host's own "
                 "per-step work (Python, kernel launches: a model too small for the GPU) "
                 "starves them"]
+    if any(r.get("contended") for r in rows):
+        out += ["", "CONTENDED: other processes used more than a quarter of the machine's CPUs "
+                "in a run's timed window, or held its GPUs; the record's telemetry.contention "
+                "names them (docs/RELIABILITY.md)"]
     if any(r.get("input_bound") for r in rows):
         out += ["", f"INPUT-BOUND: real data below {INPUT_BOUND_RATIO:.0%} of the same run on "
                 "synthetic data (the input pipeline sets the pace)"]

@@ -18,6 +18,9 @@ FLAG_HELP = {
              "or until_stable, and quiet the machine",
     "starved": "the GPUs' mean utilisation in the timed window was below the threshold: the "
                "input pipeline or synchronisation leaves them idle (seed 002, tip 3)",
+    "contended": "other processes used more than a quarter of the machine's CPUs in a run's "
+                 "timed window, or held its GPUs: the number is not the machine's alone (the "
+                 "record's telemetry.contention names them)",
     "input_bound": "real data ran below 90% of the same run on synthetic data: the input "
                    "pipeline sets the pace",
 }

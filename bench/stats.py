@@ -22,7 +22,7 @@ SUMMARY_FIELDS = (
     "images_per_sec_ci_high", "images_per_sec_std", "images_per_sec_cv", "mean_step_rate",
     "speedup", "speedup_ci_low", "speedup_ci_high", "scaling_efficiency",
     "efficiency_ci_low", "efficiency_ci_high", "unstable", "not_steady", "noisy", "starved",
-    "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu", "peak_flops",
+    "contended", "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu", "peak_flops",
     "placed_devices", "placement_collapsed", "batchnorm", "real_vs_synthetic", "input_bound",
     "reason",
 )
@@ -91,9 +91,12 @@ def telemetry_columns(recs: list[dict[str, Any]], cv: float | None,
     starved (any run's GPUs below the threshold) and noisy (CV above target) flags."""
     starved = [r["telemetry"]["starved"] for r in recs
                if (r.get("telemetry") or {}).get("starved") is not None]
+    contended = [r["contended"] for r in recs if r.get("contended") is not None]
     return {
         "noisy": None if cv is None else cv > cv_target,
         "starved": any(starved) if starved else None,
+        # any run of the configuration shared the machine (bench/telemetry.py: contention)
+        "contended": any(contended) if contended else None,
         "gpu_util_pct": _median_of(recs, "telemetry", "gpu_util_mean_pct"),
         "run_cpu_cores": _median_of(recs, "telemetry", "host", "run_cpu_cores_mean"),
         "joules_per_image": _median_of(recs, "telemetry", "joules_per_image"),
