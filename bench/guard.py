@@ -24,6 +24,24 @@ import sys
 import threading
 from pathlib import Path
 
+_PARENT_PIPE: tuple[int, int] | None = None
+
+
+def parent_death_fd() -> int:
+    """The read end of a pipe whose write end only this process holds: it reads EOF when this
+    process is gone, however it went."""
+    global _PARENT_PIPE
+    if _PARENT_PIPE is None:
+        _PARENT_PIPE = os.pipe()  # both ends non-inheritable; a guard gets the read end
+    return _PARENT_PIPE[0]
+
+
+def guarded(cmd: list[str]) -> tuple[list[str], int]:
+    """(the command run under a guard, the fd to pass it): start it with
+    start_new_session=True and pass_fds=(fd,)."""
+    fd = parent_death_fd()
+    return [sys.executable, "-m", "bench.guard", str(fd), "--", *cmd], fd
+
 
 def descendants(pid: int) -> list[int]:
     """Every live descendant of pid, from /proc (children files, else the ppid fields)."""

@@ -16,13 +16,13 @@ import re
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.guard import guarded
 from bench.mfu import mfu
 from bench.plan import RunSpec
 from bench.records import (
@@ -102,18 +102,6 @@ def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_pat
         return [str(horovodrun), "-np", str(spec.num_devices), "--gloo",
                 "-H", f"localhost:{spec.num_devices}", str(python), *module]
     raise ValueError(f"unknown launcher {spec.launcher!r}")
-
-
-_PARENT_PIPE: tuple[int, int] | None = None
-
-
-def parent_death_fd() -> int:
-    """The read end of a pipe whose write end only this process holds (bench/guard.py): it
-    reads EOF when this process is gone, however it went."""
-    global _PARENT_PIPE
-    if _PARENT_PIPE is None:
-        _PARENT_PIPE = os.pipe()  # both ends non-inheritable; the guard gets the read end
-    return _PARENT_PIPE[0]
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -205,9 +193,8 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
         try:
             # through bench.guard: the run's process group dies with this process (a kill -9
             # of the harness included), and with its timeout or Ctrl-C as before
-            watch_fd = parent_death_fd()
-            proc = subprocess.Popen([sys.executable, "-m", "bench.guard", str(watch_fd), "--",
-                                     *cmd], cwd=REPO_ROOT, env=env, stdout=log,
+            guarded_cmd, watch_fd = guarded(cmd)
+            proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, pass_fds=(watch_fd,))
         except OSError as exc:

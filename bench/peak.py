@@ -21,6 +21,7 @@ from typing import Any
 
 from bench import REPO_ROOT
 from bench.envs import env_root
+from bench.guard import guarded
 from bench.records import write_json_atomic
 from runners.math_mode import math_env
 from runners.threads import POLICY_VAR, thread_env
@@ -100,13 +101,15 @@ def _run_probe(framework: str, python: str | Path, env: dict[str, str], device: 
            "--seconds", str(seconds)]
     t0 = time.monotonic()
     try:
-        try:
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
-        except OSError as exc:
+        if not os.access(str(python), os.X_OK):
             return {"status": "unavailable",
-                    "reason": f"cannot start interpreter {python}: {exc.strerror}"}
+                    "reason": f"cannot start interpreter {python}: No such file or not "
+                              "executable"}
+        guarded_cmd, watch_fd = guarded(cmd)  # the probe dies with the harness (bench/guard)
+        proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                pass_fds=(watch_fd,))
         try:
             _, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
