@@ -305,6 +305,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks)
             if cfg.until_stable:
                 repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env, peaks)
+    except OSError as exc:  # a full disk, a folder gone: what is written stays whole
+        print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
+              f"finished records are kept; free space, then --resume --out {out}",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept in "

@@ -281,3 +281,34 @@ def test_a_cpu_hog_beside_the_run_is_named_and_flags_it_contended(tmp_path: Path
     assert any(p["pid"] == hog.pid for p in contention["top_other_processes"])
     assert f"pid {hog.pid}" in contention["reason"]
     assert "CONTENDED" in proc.stdout
+
+
+def test_disk_full_during_a_sweep_stops_it_with_one_line_and_resume_finishes(
+        tmp_path: Path) -> None:
+    """The CLI under a file-size limit (a full disk, as writes see it) just above its
+    environment.json: every record write fails. One line, exit 1, no half record; then
+    --resume with room finishes."""
+    import resource
+
+    first, out = tmp_path / "first", tmp_path / "out"
+    cfg = config(tmp_path, devices=[1])
+    assert toy("--config", str(cfg), "--out", str(first)).returncode == 0
+    limit = (first / "environment.json").stat().st_size + 256
+    record = next(runs_dir(first).glob("*__n1__*r0.json")).stat().st_size
+    assert record > limit  # so the record is what cannot be written
+
+    def full_disk() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([*TOY, "--config", str(cfg), "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=180, preexec_fn=full_disk)
+    assert proc.returncode == 1, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "cannot write" in line and "--resume" in line
+    assert load_records(out) == []
+    assert not [p.name for p in runs_dir(out).iterdir() if p.name.endswith(".tmp")]
+    nothing_left(out)
+    resume = toy("--config", str(cfg), "--out", str(out), "--resume")
+    assert resume.returncode == 0, resume.stderr
+    assert statuses(out) == {1: "ok"}
