@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "timeout_s": 600, "runner_options": {}, "dataset": None, "mode": ["benchmark"],
     "pipelines": None, "pipeline_steps": 200, "until_stable": None, "telemetry": {},
 }
+INT_MAX = 2**63 - 1  # integers beyond are no count of anything (and may not even print)
+# repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
+MAX_REPEATS = 1000
 UNTIL_STABLE_KEYS = ("target_cv", "max_repeats")
 TELEMETRY_KEYS = ("enabled", "interval_s", "starved_below_pct")
 TELEMETRY_DEFAULTS: dict[str, Any] = {"enabled": True, "interval_s": 0.25,
@@ -41,6 +47,10 @@ TELEMETRY_DEFAULTS: dict[str, Any] = {"enabled": True, "interval_s": 0.25,
 
 class ConfigError(ValueError):
     """A bad config: the message is one line naming the key, the value and what is allowed."""
+
+    def __init__(self, message: str) -> None:
+        # one line whatever went into it: the CLI prints it as the single line of stderr
+        super().__init__(" ".join(str(message).splitlines()))
 
 
 @dataclass
@@ -85,19 +95,63 @@ class SweepConfig:
         return d
 
 
+def _show(value: Any) -> str:
+    """repr(value) for a message, cut to 200 characters (and never an exception: the repr of
+    an int of more than 4300 digits, which YAML's hex 0xfff... gives, is a ValueError)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= 200 else text[:190] + "...(cut)"
+
+
+def _hint(item: Any, allowed: tuple[str, ...] | list[str]) -> str:
+    """' (did you mean ...?)' with the allowed value closest to item, or ''."""
+    close = difflib.get_close_matches(item if isinstance(item, str) else _show(item),
+                                      allowed, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _fail(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{key}: {value!r} is not allowed; allowed: {allowed}")
+    return ConfigError(f"{key}: {_show(value)} is not allowed; allowed: {allowed}")
+
+
+def _sub(parent: str, key: Any) -> str:
+    """The key path of key under parent: parent.key, or parent[<repr>] for an odd key."""
+    if isinstance(key, str) and re.fullmatch(r"[\w-]+", key, re.ASCII):
+        return f"{parent}.{key}"
+    return f"{parent}[{_show(key)}]"
+
+
+def _unknown(key: str, item: Any, allowed: tuple[str, ...] | list[str]) -> ConfigError:
+    return ConfigError(f"{key}: {_show(item)} is not allowed{_hint(item, allowed)}; allowed: "
+                       f"{', '.join(allowed)}")
 
 
 def _choices(key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> list[str]:
     items = _as_list(key, value)
     for item in items:
         if item not in allowed:
-            hint = difflib.get_close_matches(str(item), allowed, n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise ConfigError(
-                f"{key}: {item!r} is not allowed{extra}; allowed: {', '.join(allowed)}"
-            )
+            raise _unknown(key, item, allowed)
+    return _unique(key, items)
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str:
+    """One value of allowed (a key that is not an axis of the sweep: no list)."""
+    if isinstance(value, str) and value in allowed:
+        return value
+    if not isinstance(value, str):
+        raise _fail(key, value, f"one of {', '.join(allowed)} (one value for the whole sweep)")
+    raise _unknown(key, value, allowed)
+
+
+def _unique(key: str, items: list[Any]) -> list[Any]:
+    """A list key lists each value once: a repeated one would plan the same run twice (one
+    run_id, the second run overwriting the first)."""
+    for item, count in Counter(items).items():
+        if count > 1:
+            times = "twice" if count == 2 else f"{count} times"
+            raise ConfigError(f"{key}: {_show(item)} appears {times}; list each value once")
     return items
 
 
@@ -111,27 +165,42 @@ def _as_list(key: str, value: Any) -> list[Any]:
     return [value]
 
 
-def _int(key: str, value: Any, minimum: int) -> int:
+def _int(key: str, value: Any, minimum: int, maximum: int = INT_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(key, value, f"an integer >= {minimum}")
     if value < minimum:
         raise _fail(key, value, f"an integer >= {minimum}")
+    if value > maximum:
+        most = "2**63 - 1" if maximum == INT_MAX else maximum
+        raise _fail(key, value, f"an integer from {minimum} to {most}")
     return value
 
 
 def _ints(key: str, value: Any, minimum: int) -> list[int]:
-    return [_int(key, v, minimum) for v in _as_list(key, value)]
+    return _unique(key, [_int(key, v, minimum) for v in _as_list(key, value)])
 
 
 def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
+    """Each runner's options over its defaults. Every key of runner_options names a runner of
+    this sweep: a typo or a runner left out of `runners` would otherwise be options silently
+    never used."""
     if not isinstance(raw, dict):
         raise _fail("runner_options", raw, "a mapping of runner name to its options")
-    resolved: dict[str, dict[str, Any]] = {}
+    sweep = ", ".join(runners) if runners else "none (this sweep has no runners)"
     for runner in raw:
+        if runner in runners:
+            continue
         if runner not in RUNNERS:
-            _choices("runner_options", runner, sorted(RUNNERS))
+            # the closest of this sweep's runners, else of all runners
+            hint = _hint(runner, runners) or _hint(runner, sorted(RUNNERS))
+            raise ConfigError(f"runner_options: {_show(runner)} is not a runner{hint}; "
+                              f"allowed: this sweep's runners: {sweep}")
+        raise ConfigError(f"runner_options: {runner!r} is not one of this sweep's runners; "
+                          f"allowed: {sweep} (add {runner} to runners, or remove its options)")
+    resolved: dict[str, dict[str, Any]] = {}
     for runner in runners:
-        given = raw.get(runner) or {}
+        given = raw.get(runner)
+        given = {} if given is None else given
         if not isinstance(given, dict):
             raise _fail(f"runner_options.{runner}", given, "a mapping of option to value")
         spec = runner_options(runner)
@@ -139,13 +208,18 @@ def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
         for name, value in given.items():
             key = f"runner_options.{runner}.{name}"
             if name not in spec:
-                _choices(key.rsplit(".", 1)[0] + " option", name, sorted(spec))
+                raise _unknown(f"runner_options.{runner} option", name, sorted(spec))
             opt = spec[name]
             if value is not None and (
                 not isinstance(value, opt.type) or (isinstance(value, bool) and opt.type is int)
             ):
                 types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
                 raise _fail(key, value, " or ".join(t.__name__ for t in types))
+            # what the child gets (JSON, argv, a path) cannot hold these
+            if isinstance(value, int) and not -INT_MAX <= value <= INT_MAX:
+                raise _fail(key, value, "an integer of magnitude < 2**63")
+            if isinstance(value, str) and "\x00" in value:
+                raise _fail(key, value, "a string without NUL characters")
             # None is allowed where it is the default: "leave it to the program" (the script's
             # own default, for tf_cnn_benchmarks)
             if opt.allowed is not None and value not in opt.allowed and not (
@@ -159,12 +233,12 @@ def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
 def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
     """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"config: expected a mapping of keys at the top level, got {raw!r}")
+        raise ConfigError("config: expected a mapping of keys at the top level, got "
+                          f"{_show(raw)}")
     for key in raw:
         if key not in KEYS:
-            hint = difflib.get_close_matches(str(key), KEYS, n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise ConfigError(f"unknown key {key!r}{extra}; allowed keys: {', '.join(KEYS)}")
+            raise ConfigError(f"unknown key {_show(key)}{_hint(key, KEYS)}; allowed keys: "
+                              f"{', '.join(KEYS)}")
     mode = _choices("mode", raw.get("mode", DEFAULTS["mode"]), MODES)
     required = ("runners", "models", "devices") if "benchmark" in mode else ("models",)
     for key in required:
@@ -186,8 +260,10 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
     if per_device is None and global_batch is None:
         raise ConfigError("batch_size_per_device: missing; give it (weak scaling) "
                           "or global_batch_size (strong scaling)")
-    scaling = cfg.get("scaling") or ("weak" if per_device is not None else "strong")
-    _choices("scaling", scaling, SCALING)
+    scaling = cfg.get("scaling")
+    if scaling is None:
+        scaling = "weak" if per_device is not None else "strong"
+    scaling = _choice("scaling", scaling, SCALING)
     if scaling == "weak":
         if per_device is None:
             raise _fail("global_batch_size", global_batch,
@@ -207,13 +283,14 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
                         "dropped or give a short batch)"
                     )
     name = cfg["name"] if cfg["name"] is not None else default_name
-    if not isinstance(name, str) or not name or any(c in name for c in "/\\ "):
-        raise _fail("name", name, "a non-empty string without spaces or slashes")
+    # the name is a folder name (results/<name>-<time>) and printed: printable characters
+    if not isinstance(name, str) or not name or not name.isprintable() \
+            or any(c in name for c in "/\\ "):
+        raise _fail("name", name, "a non-empty string of printable characters without spaces "
+                    "or slashes")
     if not isinstance(cfg["description"], str):
         raise _fail("description", cfg["description"], "a string")
-    timeout = cfg["timeout_s"]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise _fail("timeout_s", timeout, "a number of seconds > 0")
+    timeout = _seconds("timeout_s", cfg["timeout_s"])
     data = _choices("data", cfg["data"], DATA)
     pipelines = _pipelines(cfg["pipelines"], mode)
     dataset = _dataset(cfg["dataset"], data if "benchmark" in mode else [],
@@ -233,8 +310,8 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
         device=_device(cfg["device"]),
         warmup_steps=_int("warmup_steps", cfg["warmup_steps"], 0),
         measure_steps=_int("measure_steps", cfg["measure_steps"], 1),
-        repeats=_int("repeats", cfg["repeats"], 1),
-        timeout_s=float(timeout),
+        repeats=_int("repeats", cfg["repeats"], 1, MAX_REPEATS),
+        timeout_s=timeout,
         runner_options=_runner_options(cfg["runner_options"], runners),
         dataset=dataset,
         mode=mode,
@@ -245,6 +322,19 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
     )
 
 
+def _seconds(key: str, value: Any) -> float:
+    """A finite number of seconds > 0, as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _fail(key, value, "a number of seconds > 0")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise _fail(key, value, "a number of seconds > 0")
+    return seconds
+
+
 def _until_stable(raw: Any, repeats: int) -> dict[str, Any] | None:
     """target_cv in (0, 1) and max_repeats >= repeats; repeats >= 2 (one run has no CV)."""
     if raw is None:
@@ -253,14 +343,14 @@ def _until_stable(raw: Any, repeats: int) -> dict[str, Any] | None:
         raise _fail("until_stable", raw, "a mapping with target_cv (e.g. 0.02) and max_repeats")
     for key in raw:
         if key not in UNTIL_STABLE_KEYS:
-            raise _fail(f"until_stable.{key}", raw[key], "keys " + ", ".join(UNTIL_STABLE_KEYS))
+            raise _fail(_sub("until_stable", key), raw[key], "keys " + ", ".join(UNTIL_STABLE_KEYS))
     target = raw.get("target_cv", 0.02)
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
         raise _fail("until_stable.target_cv", target, "a number between 0 and 1 (0.02 = 2%)")
     if repeats < 2:
         raise _fail("repeats", repeats, "an integer >= 2 with until_stable (the coefficient "
                     "of variation of one run is undefined)")
-    maximum = _int("until_stable.max_repeats", raw.get("max_repeats", 10), repeats)
+    maximum = _int("until_stable.max_repeats", raw.get("max_repeats", 10), repeats, MAX_REPEATS)
     return {"target_cv": float(target), "max_repeats": maximum}
 
 
@@ -274,7 +364,7 @@ def _telemetry(raw: Any) -> dict[str, Any]:
         raise _fail("telemetry", raw, "a mapping of " + ", ".join(TELEMETRY_KEYS) + ", or false")
     for key in raw:
         if key not in TELEMETRY_KEYS:
-            raise _fail(f"telemetry.{key}", raw[key], "keys " + ", ".join(TELEMETRY_KEYS))
+            raise _fail(_sub("telemetry", key), raw[key], "keys " + ", ".join(TELEMETRY_KEYS))
     out = {**TELEMETRY_DEFAULTS, **raw}
     if not isinstance(out["enabled"], bool):
         raise _fail("telemetry.enabled", out["enabled"], "true or false")
@@ -304,7 +394,7 @@ def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
     try:
         classes = int(json.loads((Path(dataset["path"]) / "manifest.json").read_text())
                       ["classes"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
         raise _fail("dataset.path", dataset["path"], f"a readable prepare-data folder ({exc})"
                     ) from None
     for model in models:
@@ -328,12 +418,18 @@ def _dataset(raw: Any, data: list[str], pipeline: bool = False) -> dict[str, Any
         raise _fail("dataset", raw, "a mapping of " + ", ".join(DATASET_KEYS))
     for key in raw:
         if key not in DATASET_KEYS:
-            raise _fail(f"dataset.{key}", raw[key], "keys " + ", ".join(DATASET_KEYS))
+            raise _fail(_sub("dataset", key), raw[key], "keys " + ", ".join(DATASET_KEYS))
     path = raw.get("path")
     if not isinstance(path, str) or not path:
         raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data`")
-    folder = Path(path).expanduser()
-    if not (folder / "manifest.json").is_file():
+    try:
+        folder = Path(path).expanduser()
+        prepared = (folder / "manifest.json").is_file()
+        resolved = str(folder.resolve())
+    except (OSError, RuntimeError, ValueError) as exc:  # ~nosuchuser, a NUL, a name too long
+        raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data` "
+                    f"({type(exc).__name__}: {exc})") from None
+    if not prepared:
         raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data` "
                     "(it has no manifest.json)")
     augmentation = raw.get("augmentation", "crop-flip")
@@ -344,9 +440,8 @@ def _dataset(raw: Any, data: list[str], pipeline: bool = False) -> dict[str, Any
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise _fail("dataset.workers", workers, "an integer >= 0 or a list of them "
                         "(parallel decode workers of the loader)")
-    workers = workers if isinstance(workers, list) else [workers]
-    return {"path": str(folder.resolve()), "augmentation": augmentation,
-            "workers": list(dict.fromkeys(workers))}
+    workers = _unique("dataset.workers", workers if isinstance(workers, list) else [workers])
+    return {"path": resolved, "augmentation": augmentation, "workers": workers}
 
 
 def _device(value: Any) -> str:
@@ -355,18 +450,80 @@ def _device(value: Any) -> str:
     return value
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping in the YAML gives one key twice (YAML forbids it; PyYAML keeps the last)."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        self.key, self.line, self.first_line = key, line, first_line
+        super().__init__(problem=f"key {_show(key)} appears twice (lines {first_line} and "
+                         f"{line})")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping, at any depth (a second
+    `runners:` line would silently replace the first), and turns a scalar that cannot be
+    built (an int of more than 4300 digits, the 13th month) into a YAMLError with its line."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # Here, before flattening merges the keys of `<<: *anchor` into the node (keys a
+        # mapping may override), see the node's own keys once.
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) \
+                        or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # unhashable: construct_mapping says so
+                    continue
+                if first is not key_node:
+                    raise DuplicateKeyError(key, key_node.start_mark.line + 1,
+                                            first.start_mark.line + 1)
+        super().flatten_mapping(node)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError,
+                IndexError) as exc:  # e.g. `2024-13-01`, `!!bool maybe`, `!!timestamp 1`
+            text = node.value if isinstance(node, yaml.ScalarNode) else node.tag
+            shown = repr(text) if len(str(text)) <= 40 else repr(str(text)[:37]) + "..."
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {shown} as {node.tag.rsplit(':', 1)[-1]} "
+                f"({type(exc).__name__}: {exc})",
+                node.start_mark) from None
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML text into Python objects (as yaml.safe_load, refusing a key given twice), or a
+    ConfigError that starts with `where` (the file or the --set value)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{where}: key {_show(exc.key)} at line {exc.line} appears twice (first "
+                          f"at line {exc.first_line}); give each key once") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML ({_yaml_reason(exc)})") from None
+    except RecursionError:
+        raise ConfigError(f"{where} is not allowed; allowed: YAML nested less deeply") from None
+
+
 def apply_override(raw: dict[str, Any], assignment: str) -> None:
     """Apply one `--set key.sub=value` (value parsed as YAML) to the raw config in place."""
     key, sep, text = assignment.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"--set: {assignment!r} is not allowed; allowed: key=value "
+        raise ConfigError(f"--set: {_show(assignment)} is not allowed; allowed: key=value "
                           "(e.g. devices=[1,2] or runner_options.tf_mirrored.xla=true)")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        reason = _yaml_reason(exc)
-        raise ConfigError(f"--set {key}: {text!r} is not valid YAML ({reason})") from None
+    shown = key if re.fullmatch(r"[\w.-]+", key, re.ASCII) else _show(key)
+    value = parse_yaml(text, f"--set {shown}: {_show(text)}")
     parts = key.split(".")
     node = raw
     for i, part in enumerate(parts[:-1]):
@@ -375,14 +532,16 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
             child = node[part] = {}
         if not isinstance(child, dict):
             where = ".".join(parts[: i + 1])
-            raise ConfigError(f"--set {key}: {where} is {child!r}, not a mapping to set keys in")
+            raise ConfigError(f"--set {shown}: {_show(where)} is {_show(child)}, not a mapping "
+                              "to set keys in")
         node = child
     node[parts[-1]] = value
 
 
 def _yaml_reason(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    problem = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
+    problem = " ".join(problem.split())  # one line
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
@@ -390,17 +549,16 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read, override and validate a YAML sweep file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"--config: {str(path)!r} does not exist; allowed: a path to a YAML "
                           "file (e.g. configs/cpu-smoke.yaml)") from None
     except OSError as exc:
         raise ConfigError(f"--config: {str(path)!r} cannot be read ({exc.strerror})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        reason = _yaml_reason(exc)
-        raise ConfigError(f"--config: {str(path)!r} is not valid YAML ({reason})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config: {str(path)!r} is not UTF-8 text (byte {exc.start}); "
+                          "allowed: a YAML file in UTF-8") from None
+    raw = parse_yaml(text, f"--config: {str(path)!r}")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.config import ConfigError, apply_override, load_config, validate
+from bench.config import KEYS, ConfigError, apply_override, load_config, parse_yaml, validate
 from tests.conftest import REPO, run_cli
 
 BASE = {
@@ -287,3 +287,204 @@ def test_runs_carry_the_telemetry_settings_unless_off() -> None:
     extra = another_repeat(runs[0], 7)
     assert extra.repeat == 7 and extra.run_id.endswith("__r7")
     assert config_id(extra.run_id) == config_id(runs[0].run_id)
+
+
+# A key whose value may be a list (an axis of the sweep), a valid list for it, and the message
+# when its first value is listed twice. Every other key refuses a list (checked below), so a
+# list key added to the config without a duplicate check fails these tests.
+LIST_KEYS = {
+    "runners": (["tf_mirrored", "torch_ddp"], "'tf_mirrored'"),
+    "models": (["minigooglenet", "resnet50"], "'minigooglenet'"),
+    "devices": ([1, 2], "1"),
+    "batch_size_per_device": ([16, 32], "16"),
+    "global_batch_size": ([64, 128], "64"),
+    "data": (["synthetic", "real"], "'synthetic'"),
+    "precision": (["fp32", "bf16"], "'fp32'"),
+    "mode": (["benchmark", "pipeline"], "'benchmark'"),
+    "pipelines": (["pil_loop", "tf_data"], "'pil_loop'"),
+    "dataset.workers": ([1, 2], "1"),
+}
+
+
+def _with(raw: dict, key: str, value: object) -> dict:
+    """raw with a dotted key set (a copy)."""
+    raw = yaml.safe_load(yaml.safe_dump(raw))
+    *parents, last = key.split(".")
+    node = raw
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    if key == "global_batch_size":
+        del raw["batch_size_per_device"]
+    return raw
+
+
+@pytest.fixture()
+def real_base(tmp_path: Path) -> dict:
+    """BASE on real data, in both modes, with a prepared-looking dataset."""
+    (tmp_path / "manifest.json").write_text('{"classes": 10}')
+    return {**BASE, "data": ["synthetic", "real"], "mode": ["benchmark", "pipeline"],
+            "dataset": {"path": str(tmp_path)}, "repeats": 2}
+
+
+@pytest.mark.parametrize("key", sorted(LIST_KEYS))
+def test_a_value_listed_twice_is_refused(key: str, real_base: dict) -> None:
+    values, shown = LIST_KEYS[key]
+    assert validate(_with(real_base, key, values))  # the list itself is fine
+    for repeated, times in ([values[0], values[1], values[0]], "twice"), (
+            [values[0]] * 3, "3 times"):
+        with pytest.raises(ConfigError) as info:
+            validate(_with(real_base, key, repeated))
+        assert str(info.value) == f"{key}: {shown} appears {times}; list each value once"
+
+
+@pytest.mark.parametrize("key, value", [
+    ("name", "x"), ("description", "d"), ("scaling", "weak"), ("device", "cpu"),
+    ("warmup_steps", 1), ("measure_steps", 1), ("repeats", 2), ("timeout_s", 60),
+    ("runner_options", {}), ("dataset", {"path": "."}), ("pipeline_steps", 10),
+    ("until_stable", {"target_cv": 0.05}), ("telemetry", {}),
+])
+def test_keys_that_are_no_axis_refuse_a_list(key: str, value: object, real_base: dict) -> None:
+    assert set(KEYS) == {k.split(".")[0] for k in LIST_KEYS} | {
+        "name", "description", "scaling", "device", "warmup_steps", "measure_steps", "repeats",
+        "timeout_s", "runner_options", "dataset", "pipeline_steps", "until_stable",
+        "telemetry"}, "a new key: add it to LIST_KEYS or to this test"
+    if key != "dataset":
+        validate(_with(real_base, key, value))
+    with pytest.raises(ConfigError, match=f"^{key}: "):
+        validate(_with(real_base, key, [value]))
+
+
+def test_a_run_listed_twice_is_refused_on_the_command_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "runners": ["tf_mirrored", "tf_mirrored"]}))
+    proc = run_cli("--config", str(path), "--dry-run", timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr == ("error: runners: 'tf_mirrored' appears twice; list each value "
+                           "once\n")
+    # a --set that repeats a value is refused the same way
+    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--dry-run", "--set", "devices=[2,2]",
+                   timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: devices: 2 appears twice; list each value once\n"
+
+
+SMOKE_TEXT = (REPO / "configs" / "cpu-smoke.yaml").read_text()
+
+
+@pytest.mark.parametrize("text, key, line, first", [
+    # a second runners: line (PyYAML alone keeps the last one)
+    (SMOKE_TEXT + "runners: [torch_ddp]\n", "runners", SMOKE_TEXT.count("\n") + 1, 5),
+    # a runner named twice under runner_options
+    (SMOKE_TEXT + "runner_options:\n  tf_mirrored: {xla: true}\n  tf_mirrored: {}\n",
+     "tf_mirrored", SMOKE_TEXT.count("\n") + 3, SMOKE_TEXT.count("\n") + 2),
+    # an option twice, two levels down
+    (SMOKE_TEXT + "runner_options:\n  tf_mirrored:\n    xla: true\n    xla: false\n",
+     "xla", SMOKE_TEXT.count("\n") + 4, SMOKE_TEXT.count("\n") + 3),
+    # in a flow mapping, on one line
+    (SMOKE_TEXT + "telemetry: {interval_s: 1, interval_s: 2}\n", "interval_s",
+     SMOKE_TEXT.count("\n") + 1, SMOKE_TEXT.count("\n") + 1),
+], ids=["top-level", "runner-under-runner_options", "runner-option", "flow-mapping"])
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path: Path, text: str, key: str,
+                                                     line: int, first: int) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (f"--config: {str(path)!r}: key {key!r} at line {line} appears "
+                               f"twice (first at line {first}); give each key once")
+
+
+def test_a_key_given_twice_in_a_set_value_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--set telemetry: .*key 'interval_s' at line 1 "
+                       "appears twice"):
+        apply_override({}, "telemetry={interval_s: 1, interval_s: 2}")
+
+
+def test_yaml_merge_keys_may_still_override_and_the_loader_stays_safe() -> None:
+    # `<<: *base` then one of its keys: YAML's override, not a key given twice
+    doc = parse_yaml("base: &b {xla: true, data_format: channels_last}\n"
+                     "over: {<<: *b, xla: false}\n", "m")
+    assert doc["over"] == {"xla": False, "data_format": "channels_last"}
+    with pytest.raises(ConfigError, match="^m is not valid YAML .*could not determine a "
+                       "constructor for the tag 'tag:yaml.org,2002:python/object/apply:os"):
+        parse_yaml("x: !!python/object/apply:os.getcwd []\n", "m")
+
+
+def test_runner_options_typo_names_the_closest_runner_of_the_sweep() -> None:
+    message = bad(runners=["tf_mirrored", "torch_ddp"],
+                  runner_options={"tf_mirored": {"xla": True}})
+    assert message == ("runner_options: 'tf_mirored' is not a runner (did you mean "
+                       "'tf_mirrored'?); allowed: this sweep's runners: tf_mirrored, torch_ddp")
+
+
+def test_runner_options_for_a_runner_outside_the_sweep_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"classes": 10}')
+    message = bad(runner_options={"torch_ddp": {"backend": "gloo"}})
+    assert message == ("runner_options: 'torch_ddp' is not one of this sweep's runners; "
+                       "allowed: tf_mirrored (add torch_ddp to runners, or remove its options)")
+    # a pipeline-only sweep has no runners, so no runner options
+    with pytest.raises(ConfigError, match="^runner_options: 'tf_mirrored' is not one of this "
+                       r"sweep's runners; allowed: none \(this sweep has no runners\)"):
+        validate({"models": ["minigooglenet"], "mode": "pipeline", "batch_size_per_device": 8,
+                  "runner_options": {"tf_mirrored": {}}, "pipelines": ["pil_loop"],
+                  "dataset": {"path": str(tmp_path)}})
+
+
+def test_runner_options_are_checked_against_the_runners_after_set(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "runner_options": {"tf_mirrored": {"xla": True}}}))
+    # --set runners replaces the list the options were written for
+    with pytest.raises(ConfigError, match="^runner_options: 'tf_mirrored' is not one of this "
+                       "sweep's runners; allowed: torch_ddp "):
+        load_config(path, ["runners=[torch_ddp]"])
+    # an option set for a runner the sweep lacks, unless --set adds the runner too
+    with pytest.raises(ConfigError, match="^runner_options: 'torch_ddp' is not one"):
+        load_config(path, ["runner_options.torch_ddp.python=/x/py"])
+    cfg = load_config(path, ["runner_options.torch_ddp.python=/x/py",
+                             "runners=[tf_mirrored, torch_ddp]"])
+    assert cfg.runner_options["torch_ddp"]["python"] == "/x/py"
+    assert cfg.runner_options["tf_mirrored"]["xla"] is True
+    proc = run_cli("--config", str(path), "--dry-run", "--set", "runner_options.tf_mirored.xla=1",
+                   timeout=60)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert "'tf_mirored'" in proc.stderr and "did you mean 'tf_mirrored'" in proc.stderr
+
+
+@pytest.mark.parametrize("text, words", [
+    # each of these once ended in a traceback instead of a one-line error
+    ("name: 2024-13-01", "cannot read '2024-13-01' as timestamp"),
+    ("description: !!bool maybe", "cannot read 'maybe' as bool"),
+    ("description: !!timestamp 1", "cannot read '1' as timestamp"),
+    ("warmup_steps: " + "1" * 5000, "as int (ValueError: Exceeds the limit"),
+    ("warmup_steps: 0x" + "f" * 5000, "warmup_steps: <int too large to show> is not allowed"),
+    ("description: " + "[" * 5000 + "]" * 5000, "allowed: YAML nested less deeply"),
+    ("scaling: [weak]", "scaling: ['weak'] is not allowed; allowed: one of weak, strong (one "
+     "value for the whole sweep)"),
+    ("name: \"a\\tb\"", "name: 'a\\tb' is not allowed; allowed: a non-empty string of printable"),
+    ("timeout_s: .inf", "timeout_s: inf is not allowed"),
+    ("timeout_s: .nan", "timeout_s: nan is not allowed"),
+    ("repeats: 1000000000", "repeats: 1000000000 is not allowed; allowed: an integer from 1 "
+     "to 1000"),
+    ("data: real\ndataset: {path: ~nosuchuser/data}", "dataset.path: '~nosuchuser/data' is not "
+     "allowed"),
+    ("data: real\ndataset: {path: \"a\\0b\"}", "dataset.path: 'a\\x00b' is not allowed"),
+    ("data: real\ndataset: {path: " + "x" * 5000 + "}", "dataset.path: 'xxxx"),
+    ("telemetry: {\"a\\nb\": 1}", "telemetry['a\\nb']: 1 is not allowed"),
+], ids=lambda v: v[:30] if isinstance(v, str) else None)
+def test_odd_values_end_in_one_line_errors(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(BASE) + text + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert words in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_odd_set_keys_and_files_end_in_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "configs" / "cpu-smoke.yaml", ["a\nb=\x1f"])
+    assert str(info.value).startswith("--set 'a\\nb': '\\x1f' is not valid YAML")
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(SMOKE_TEXT.encode() + b"description: caf\xe9\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config(path)
