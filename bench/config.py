@@ -6,6 +6,7 @@ import difflib
 import json
 import math
 import re
+import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -181,9 +182,10 @@ def _ints(key: str, value: Any, minimum: int) -> list[int]:
 
 
 def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
-    """Each runner's options over its defaults. Every key of runner_options names a runner of
-    this sweep: a typo or a runner left out of `runners` would otherwise be options silently
-    never used."""
+    """Each runner's options over its defaults. A key of runner_options that names no runner
+    (a typo) is an error with the closest name; options of a runner this sweep does not run
+    (a config narrowed with --set runners=[...]) are dropped with a note on stderr, never
+    silently."""
     if not isinstance(raw, dict):
         raise _fail("runner_options", raw, "a mapping of runner name to its options")
     sweep = ", ".join(runners) if runners else "none (this sweep has no runners)"
@@ -195,8 +197,8 @@ def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
             hint = _hint(runner, runners) or _hint(runner, sorted(RUNNERS))
             raise ConfigError(f"runner_options: {_show(runner)} is not a runner{hint}; "
                               f"allowed: this sweep's runners: {sweep}")
-        raise ConfigError(f"runner_options: {runner!r} is not one of this sweep's runners; "
-                          f"allowed: {sweep} (add {runner} to runners, or remove its options)")
+        print(f"note: runner_options.{runner} not used: {runner} is not one of this sweep's "
+              f"runners ({sweep})", file=sys.stderr)
     resolved: dict[str, dict[str, Any]] = {}
     for runner in runners:
         given = raw.get(runner)
