@@ -181,11 +181,12 @@ def _ints(key: str, value: Any, minimum: int) -> list[int]:
     return _unique(key, [_int(key, v, minimum) for v in _as_list(key, value)])
 
 
-def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
-    """Each runner's options over its defaults. A key of runner_options that names no runner
-    (a typo) is an error with the closest name; options of a runner this sweep does not run
-    (a config narrowed with --set runners=[...]) are dropped with a note on stderr, never
-    silently."""
+def _runner_options(raw: Any, runners: list[str], narrowed: frozenset[str] = frozenset()
+                    ) -> dict[str, dict[str, Any]]:
+    """Each runner's options over its defaults. Every key of runner_options names a runner of
+    this sweep: a typo or a runner left out of `runners` would otherwise be options silently
+    never used. The one exception is `narrowed`: runners the config file ran and gave options
+    that a --set runners=[...] then dropped; their options are left out with a note."""
     if not isinstance(raw, dict):
         raise _fail("runner_options", raw, "a mapping of runner name to its options")
     sweep = ", ".join(runners) if runners else "none (this sweep has no runners)"
@@ -197,8 +198,12 @@ def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
             hint = _hint(runner, runners) or _hint(runner, sorted(RUNNERS))
             raise ConfigError(f"runner_options: {_show(runner)} is not a runner{hint}; "
                               f"allowed: this sweep's runners: {sweep}")
-        print(f"note: runner_options.{runner} not used: {runner} is not one of this sweep's "
-              f"runners ({sweep})", file=sys.stderr)
+        if runner in narrowed:
+            print(f"note: runner_options.{runner} not used: --set runners left {runner} out "
+                  f"of this sweep ({sweep})", file=sys.stderr)
+            continue
+        raise ConfigError(f"runner_options: {runner!r} is not one of this sweep's runners; "
+                          f"allowed: {sweep} (add {runner} to runners, or remove its options)")
     resolved: dict[str, dict[str, Any]] = {}
     for runner in runners:
         given = raw.get(runner)
@@ -232,7 +237,8 @@ def _runner_options(raw: Any, runners: list[str]) -> dict[str, dict[str, Any]]:
     return resolved
 
 
-def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
+def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = frozenset()
+             ) -> SweepConfig:
     """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError."""
     if not isinstance(raw, dict):
         raise ConfigError("config: expected a mapping of keys at the top level, got "
@@ -314,7 +320,7 @@ def validate(raw: Any, default_name: str = "sweep") -> SweepConfig:
         measure_steps=_int("measure_steps", cfg["measure_steps"], 1),
         repeats=_int("repeats", cfg["repeats"], 1, MAX_REPEATS),
         timeout_s=timeout,
-        runner_options=_runner_options(cfg["runner_options"], runners),
+        runner_options=_runner_options(cfg["runner_options"], runners, narrowed),
         dataset=dataset,
         mode=mode,
         pipelines=pipelines,
@@ -566,6 +572,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if not isinstance(raw, dict):
         raise ConfigError(f"--config: {str(path)!r} holds {type(raw).__name__}; allowed: a "
                           "mapping of keys (runners, models, devices, ...)")
+    # runners the file runs and gives options to: a --set runners=[...] may drop them
+    own = raw.get("runners") if isinstance(raw.get("runners"), list) else [raw.get("runners")]
+    opts = raw.get("runner_options") if isinstance(raw.get("runner_options"), dict) else {}
+    given = frozenset(r for r in opts if isinstance(r, str) and r in own)
     for assignment in overrides:
         apply_override(raw, assignment)
-    return validate(raw, default_name=path.stem)
+    sets_runners = any(str(a).split("=", 1)[0].strip() == "runners" for a in overrides)
+    return validate(raw, default_name=path.stem, narrowed=given if sets_runners else frozenset())

@@ -418,19 +418,30 @@ def test_runner_options_typo_names_the_closest_runner_of_the_sweep() -> None:
                        "'tf_mirrored'?); allowed: this sweep's runners: tf_mirrored, torch_ddp")
 
 
-def test_runner_options_for_a_runner_outside_the_sweep_are_dropped_with_a_note(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = validate({**BASE, "runner_options": {"torch_ddp": {"backend": "gloo"}}})
-    assert "torch_ddp" not in cfg.runner_options
-    assert ("note: runner_options.torch_ddp not used: torch_ddp is not one of this sweep's "
-            "runners (tf_mirrored)") in capsys.readouterr().err
+def test_runner_options_for_a_runner_outside_the_sweep_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"classes": 10}')
+    message = bad(runner_options={"torch_ddp": {"backend": "gloo"}})
+    assert message == ("runner_options: 'torch_ddp' is not one of this sweep's runners; "
+                       "allowed: tf_mirrored (add torch_ddp to runners, or remove its options)")
+    # a pipeline-only sweep has no runners, so no runner options
+    with pytest.raises(ConfigError, match="^runner_options: 'tf_mirrored' is not one of this "
+                       r"sweep's runners; allowed: none \(this sweep has no runners\)"):
+        validate({"models": ["minigooglenet"], "mode": "pipeline", "batch_size_per_device": 8,
+                  "runner_options": {"tf_mirrored": {}}, "pipelines": ["pil_loop"],
+                  "dataset": {"path": str(tmp_path)}})
 
 
-def test_narrowing_runners_with_set_keeps_working_and_typos_still_fail(tmp_path: Path) -> None:
+def test_narrowing_runners_with_set_drops_the_files_options_with_a_note(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({**BASE, "runner_options": {"tf_mirrored": {"xla": True}}}))
-    # --set runners replaces the list the options were written for: their options are unused
+    # --set runners replaces the list the file's options were written for
     assert list(load_config(path, ["runners=[torch_ddp]"]).runner_options) == ["torch_ddp"]
+    assert ("note: runner_options.tf_mirrored not used: --set runners left tf_mirrored out"
+            in capsys.readouterr().err)
+    # an option --set gives a runner the sweep lacks is still refused, unless --set adds it
+    with pytest.raises(ConfigError, match="^runner_options: 'torch_ddp' is not one"):
+        load_config(path, ["runner_options.torch_ddp.python=/x/py"])
     cfg = load_config(path, ["runner_options.torch_ddp.python=/x/py",
                              "runners=[tf_mirrored, torch_ddp]"])
     assert cfg.runner_options["torch_ddp"]["python"] == "/x/py"

@@ -11,8 +11,26 @@
 # PYTHONPATH first if the image lacks it.
 set -u
 py=$1; out=$2; shift 2
+# runner_options may name only runners of the sweep: set the interpreter of those of the four
+# that this sweep (the config with the --set arguments given) runs
+in_sweep=$(PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$py" - "$@" 2>/dev/null <<'PY'
+import argparse
+import sys
+
+from bench.config import ConfigError, load_config
+
+p = argparse.ArgumentParser(add_help=False)
+p.add_argument("--config")
+p.add_argument("--set", action="append", default=[])
+args, _ = p.parse_known_args(sys.argv[1:])
+try:
+    print(" ".join(load_config(args.config, args.set).runners) if args.config else "")
+except ConfigError:
+    pass  # run_bench.py says what is wrong
+PY
+)
 sets=()
 for r in torch_ddp keras_torch jax_native keras_jax; do
-  sets+=(--set "runner_options.$r.python=$py")
+  case " $in_sweep " in *" $r "*) sets+=(--set "runner_options.$r.python=$py") ;; esac
 done
-PIP_NO_INDEX=1 exec "$py" run_bench.py "$@" "${sets[@]}" --out "$out"
+PIP_NO_INDEX=1 exec "$py" run_bench.py "$@" ${sets[@]+"${sets[@]}"} --out "$out"
