@@ -3,7 +3,7 @@
 This runner does not train anything itself. It maps our run spec onto the flags of
 scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py, runs that script in a subprocess (the
 family's interpreter, TF_USE_LEGACY_KERAS=1, cwd the script's folder), streams its output into
-our log, and parses that output: the one log the harness parses (DESIGN.md).
+our log, and parses that output: the one log the harness parses (docs/DESIGN.md).
 
 What the script does (its own models, not models/): split: --batch_size is *per device*, each
 device builds its own tower and input (synthetic data is generated on each device); variables:

@@ -1,4 +1,4 @@
-"""Data-parallel equivalence (DESIGN.md): one SGD step on global batch B over N devices gives
+"""Data-parallel equivalence (docs/DESIGN.md): one SGD step on global batch B over N devices gives
 the same weights as one step on 1 device. Every runner registered with equivalence=True
 plugs in here by name; it implements `equivalence(spec)` in its module."""
 
