@@ -46,7 +46,11 @@ def guarded(cmd: list[str]) -> tuple[list[str], int]:
 def descendants(pid: int) -> list[int]:
     """Every live descendant of pid, from /proc (children files, else the ppid fields)."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:  # no /proc (macOS): the process group alone is killed
+        entries = []
+    for entry in entries:
         if not entry.name.isdigit():
             continue
         try:
