@@ -301,8 +301,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    args.quiet_setup)
             peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env,
                                   out)
+            clock = SweepClock([r.run_id not in blocked for r in todo])
             for i, spec in enumerate(todo, 1):
-                run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks)
+                run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks,
+                              clock)
             if cfg.until_stable:
                 repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env, peaks)
     except OSError as exc:  # a full disk, a folder gone: what is written stays whole
@@ -353,10 +355,39 @@ def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, A
     return peaks
 
 
+class SweepClock:
+    """Elapsed time and an estimate of what is left, from the runs launched so far (runs
+    recorded without launching take no time)."""
+
+    def __init__(self, launched: list[bool]) -> None:
+        self.t0 = time.monotonic()
+        self.launched = launched
+        self.took: list[float] = []
+        self.done = 0
+
+    def tick(self, seconds: float) -> str:
+        if self.launched[self.done]:
+            self.took.append(seconds)
+        self.done += 1
+        left = sum(self.launched[self.done:])
+        text = f"{self.done}/{len(self.launched)} done, {_clock(time.monotonic() - self.t0)}"
+        if left and self.took:
+            text += f", ~{_clock(left * sum(self.took) / len(self.took))} left"
+        return f"[{text}]"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else \
+        f"{minutes}:{secs:02d}"
+
+
 def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
                   pythons: dict[str, Any], out: Path, env: dict[str, Any],
-                  peaks: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
-    """Run (or record as blocked) one spec, with a progress line."""
+                  peaks: dict[tuple[str, str], dict[str, Any]],
+                  clock: SweepClock | None = None) -> dict[str, Any]:
+    """Run (or record as blocked) one spec, with a progress line (and the sweep's elapsed time
+    and estimate of what is left, given its clock)."""
     label = (f"{tag} pipeline {spec.runner} {spec.model} "
              f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
              if spec.mode == "pipeline" and spec.dataset else
@@ -370,7 +401,8 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
         rec = run_one(spec, pythons, out, env, peaks)
     took = time.monotonic() - t0
     detail = f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok" else rec["reason"]
-    print(f"{rec['status']} ({took:.1f}s) {detail}", flush=True)
+    print(f"{rec['status']} ({took:.1f}s) {detail}"
+          + (f"  {clock.tick(took)}" if clock else ""), flush=True)
     return rec
 
 

@@ -208,3 +208,24 @@ def test_until_stable_adds_repeats_until_the_cv_target_or_the_maximum(
     with open(out / "summary.csv") as fh:
         row = next(csv.DictReader(fh))
     assert row["runs_total"] == str(expected)
+
+
+def test_sweep_clock_estimates_what_is_left_from_launched_runs() -> None:
+    from bench.cli import SweepClock, _clock
+
+    clock = SweepClock([True, False, True, True])  # the second is recorded without a launch
+    assert clock.tick(10.0).endswith("~0:20 left]")  # 2 launched runs left at 10 s each
+    assert clock.tick(0.0).endswith("~0:20 left]")  # a blocked run changes no estimate
+    assert clock.tick(20.0).endswith("~0:15 left]")  # mean of 10 and 20
+    last = clock.tick(30.0)
+    assert last.startswith("[4/4 done, ") and "left" not in last
+    assert _clock(3725) == "1:02:05" and _clock(65) == "1:05"
+
+
+def test_progress_lines_say_how_much_is_done(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = toy_cli("--config", str(toy_config(tmp_path, "ok")), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
+    assert "[1/2 done, " in lines[0] and "left]" in lines[0]
+    assert "[2/2 done, " in lines[1] and "left" not in lines[1]
