@@ -43,8 +43,16 @@ def guarded(cmd: list[str]) -> tuple[list[str], int]:
     return [sys.executable, "-m", "bench.guard", str(fd), "--", *cmd], fd
 
 
+def cannot_start(program: str | Path) -> str | None:
+    """Why program cannot be executed, or None: checked before a guard is started, since the
+    guard itself would start and only its child fail."""
+    if os.access(program, os.X_OK):
+        return None
+    return "No such file" if not os.path.exists(program) else "not executable"
+
+
 def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid, from /proc (children files, else the ppid fields)."""
+    """Every live descendant of pid, from the ppid fields of /proc/<pid>/stat."""
     children: dict[int, list[int]] = {}
     try:
         entries = list(Path("/proc").iterdir())

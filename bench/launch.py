@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
-from bench.guard import guarded
+from bench.guard import cannot_start, guarded
 from bench.mfu import mfu
 from bench.plan import RunSpec
 from bench.records import (
@@ -186,8 +186,8 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
     with open(log_path, "wb") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
-        if not os.access(cmd[0], os.X_OK):  # the guard would start, its child could not
-            reason = "No such file" if not os.path.exists(cmd[0]) else "not executable"
+        reason = cannot_start(cmd[0])
+        if reason:
             return finish(rec, results_dir, "unavailable",
                           f"cannot start interpreter {python}: {reason}")
         try:

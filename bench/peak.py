@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import REPO_ROOT
 from bench.envs import env_root
-from bench.guard import guarded
+from bench.guard import cannot_start, guarded
 from bench.records import write_json_atomic
 from runners.math_mode import math_env
 from runners.threads import POLICY_VAR, thread_env
@@ -101,10 +101,10 @@ def _run_probe(framework: str, python: str | Path, env: dict[str, str], device: 
            "--seconds", str(seconds)]
     t0 = time.monotonic()
     try:
-        if not os.access(str(python), os.X_OK):
+        reason = cannot_start(python)
+        if reason:
             return {"status": "unavailable",
-                    "reason": f"cannot start interpreter {python}: No such file or not "
-                              "executable"}
+                    "reason": f"cannot start interpreter {python}: {reason}"}
         guarded_cmd, watch_fd = guarded(cmd)  # the probe dies with the harness (bench/guard)
         proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -265,9 +265,9 @@ def _max(values: list[Any]) -> Any:
     return max(vals) if vals else None
 
 
-def contention(samples: Sequence[dict[str, Any]], inside: Sequence[dict[str, Any]],
-               logical_cpus: int, top_others: Sequence[dict[str, Any]],
-               gpu_holders: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def contention(inside: Sequence[dict[str, Any]], logical_cpus: int,
+               top_others: Sequence[dict[str, Any]], gpu_holders: Sequence[dict[str, Any]]
+               ) -> dict[str, Any]:
     """How much of the machine others took during the timed window, who, and the verdict."""
     other = _mean([s.get("other_cpu_cores") for s in inside])
     share = other / logical_cpus if other is not None else None
@@ -343,7 +343,7 @@ def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
     out["starved_below_pct"] = starved_below_pct
     out["starved"] = (out["gpu_util_mean_pct"] < starved_below_pct
                       if out["gpu_util_mean_pct"] is not None else None)
-    out["contention"] = contention(samples, inside, logical_cpus or psutil.cpu_count() or 1,
+    out["contention"] = contention(inside, logical_cpus or psutil.cpu_count() or 1,
                                    top_others, gpu_holders)
     if not sampled_gpus and out["note"] is None:
         out["note"] = "CPU run: no GPU sampled"

@@ -291,8 +291,8 @@ def warmup_past_recompile(warmup: int, measure: int, epoch_batches: int) -> int:
 
 def host_dataset(model_spec: Any, global_batch: int, steps: int) -> dict[str, Any]:
     """The synthetic numpy dataset a Keras user would hand fit: K global batches of random
-    images and labels (K = steps, or as many as fit the memory cap), and the fit arguments
-    that run at least `steps` steps over it (the clock stops fit at `steps`)."""
+    images and labels (K = steps, or as many as fit the memory cap), and fit's batch_size and
+    shuffle (fit_input sets the epochs, from the warm-up it settles on)."""
     import numpy as np
 
     batch_bytes = global_batch * int(np.prod(model_spec.input_shape)) * 4
@@ -301,8 +301,7 @@ def host_dataset(model_spec: Any, global_batch: int, steps: int) -> dict[str, An
     rng = np.random.default_rng(0)
     x = rng.standard_normal((k * global_batch, *model_spec.input_shape), dtype=np.float32)
     y = rng.integers(0, model_spec.num_classes, k * global_batch, dtype=np.int32)
-    return {"x": x, "y": y, "batch_size": global_batch, "epochs": -(-steps // k),
-            "shuffle": True}
+    return {"x": x, "y": y, "batch_size": global_batch, "shuffle": True}
 
 
 def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tuple[Any, Any],
