@@ -72,7 +72,7 @@ FAMILIES: dict[str, Family] = {
 
 LOADER_OPTION = Option(str, "framework", ("framework", "keras"),
                        "real data: the framework's fast pipeline, or the Keras-idiomatic "
-                       "Sequence/PyDataset a Keras user writes (runners/keras_data.py)")
+                       "Sequence/PyDataset a Keras user writes (runners/keras/data.py)")
 
 KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data"),
                              "Keras 2 tower runners: numpy batches fed by session.run's "
@@ -100,7 +100,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "tf_mirrored",
             "tf",
-            "runners.tf_mirrored",
+            "runners.tf.mirrored",
             "Keras 3 model.fit under tf.distribute.MirroredStrategy",
             options={
                 "loader": LOADER_OPTION,
@@ -125,7 +125,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "tf_native",
             "tf",
-            "runners.tf_native",
+            "runners.tf.native",
             "custom training loop in tf.function under MirroredStrategy (the no-Keras baseline)",
             options={
                 "xla": Option(bool, False, help="jit_compile the train step"),
@@ -144,7 +144,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "keras_tf_kuza55",
             "tf",
-            "runners.keras_tf_kuza55",
+            "runners.tf.keras_kuza55",
             "kuza55's make_parallel (2016) on Keras 2 (tf_keras, TF1 graph, fit): whole batch "
             "to every tower, sliced there, outputs merged on /cpu:0",
             options={
@@ -159,7 +159,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "keras_tf_multi_gpu_model",
             "tf",
-            "runners.keras_tf_multi_gpu_model",
+            "runners.tf.keras_multi_gpu_model",
             "Keras 2.1.6-2.2.5 multi_gpu_model on Keras 2 (tf_keras, TF1 graph, fit): CPU "
             "template, replicas per device, CPU merge; plain model at 1 device",
             options={
@@ -182,7 +182,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "keras_tf_avolkov1",
             "tf",
-            "runners.keras_tf_avolkov1",
+            "runners.tf.keras_avolkov1",
             "avolkov1's make_parallel (2017) on Keras 2 (tf_keras, TF1 graph, fit): slicing "
             "and merge on the parameter device, StagingArea input, its multi-GPU optimizer; "
             "plain model at 1 device",
@@ -207,7 +207,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "tensorpack",
             "tf",
-            "runners.tensorpack",
+            "runners.tf.tensorpack",
             "tensorpack 0.11 synchronous multi-tower trainers (tf.compat.v1, legacy Keras)",
             options={
                 "trainer": Option(str, "replicated", ("replicated", "parameter_server"),
@@ -229,7 +229,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "tf_cnn_benchmarks",
             "tf",
-            "runners.tf_cnn_benchmarks",
+            "runners.tf.cnn_benchmarks",
             "the real tf_cnn_benchmarks script from a tensorflow/benchmarks checkout",
             options={
                 "benchmarks_dir": Option(str, None, help="checkout of tensorflow/benchmarks "
@@ -255,7 +255,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "mxnet_native",
             "mxnet",
-            "runners.mxnet_native",
+            "runners.mxnet.native",
             "native MXNet: hybridised Gluon net, a context per device, kvstore gradient reduce",
             options={
                 "kvstore": Option(str, "device", ("device", "local", "nccl"),
@@ -268,7 +268,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "keras_mxnet",
             "mxnet",
-            "runners.keras_mxnet",
+            "runners.mxnet.keras_mxnet",
             "Keras 2.2 (keras-mxnet) compiled with a context list, trained with fit",
             options={
                 "loader": LOADER_OPTION,
@@ -284,7 +284,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "torch_ddp",
             "torch",
-            "runners.torch_ddp",
+            "runners.torch.ddp",
             "native PyTorch DistributedDataParallel, one process per device (torchrun)",
             options={
                 "data_loader": DATA_LOADER_OPTION,
@@ -303,7 +303,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "keras_torch",
             "torch",
-            "runners.keras_torch",
+            "runners.torch.keras_torch",
             "Keras 3 on PyTorch, multi-device through DDP as Keras' PyTorch guide does",
             options={
                 "data_loader": DATA_LOADER_OPTION,
@@ -318,7 +318,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "jax_native",
             "jax",
-            "runners.jax_native",
+            "runners.jax.native",
             "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
             options={"batchnorm": JAX_BATCHNORM_OPTION},
             precisions=("fp32", "tf32", "bf16"),
@@ -327,7 +327,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "keras_jax",
             "jax",
-            "runners.keras_jax",
+            "runners.jax.keras_jax",
             "Keras 3 on JAX with keras.distribution.DataParallel, trained with fit",
             options={
                 "loader": LOADER_OPTION,
@@ -344,7 +344,7 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "horovod",
             "horovod",
-            "runners.horovod",
+            "runners.torch.horovod",
             "Horovod with PyTorch: DistributedOptimizer allreduce, one process per device",
             options={
                 "data_loader": DATA_LOADER_OPTION,
@@ -359,12 +359,12 @@ RUNNERS: dict[str, RunnerInfo] = {
         RunnerInfo(
             "keras_cntk",
             "cntk",
-            "runners.keras_cntk",
+            "runners.keras.cntk",
             "Keras 2.2 on CNTK 2.7 with MPI data parallelism (seed 003); cannot run here",
             equivalence=False,
             unavailable=("CNTK 2.7 ships wheels only for Python 2.7, 3.5 and 3.6, none for "
                          "this machine's Python; needs a Python 3.6 env with cntk 2.7, "
-                         "keras 2.2.4 and MPI (runners/keras_cntk.py says how)"),
+                         "keras 2.2.4 and MPI (runners/keras/cntk.py says how)"),
         ),
     ]
 }
@@ -379,20 +379,20 @@ PIPELINES: dict[str, RunnerInfo] = {
         RunnerInfo("pil_loop", "harness", "runners.pipeline_pil",
                    "the naive baseline: one Python process, Pillow decode, numpy crop/flip, "
                    "workers ignored", equivalence=False),
-        RunnerInfo("tf_data", "tf", "runners.pipeline_tf",
+        RunnerInfo("tf_data", "tf", "runners.tf.pipeline",
                    "tf.data over the TFRecord shards: interleaved reads, parallel "
                    "decode_jpeg and crop/flip (workers threads), batch, prefetch",
                    equivalence=False),
-        RunnerInfo("mxnet_record_iter", "mxnet", "runners.pipeline_mxnet",
+        RunnerInfo("mxnet_record_iter", "mxnet", "runners.mxnet.pipeline",
                    "MXNet's C++ ImageRecordIter over train.rec (workers decode threads)",
                    equivalence=False),
-        RunnerInfo("torch_dataloader", "torch", "runners.pipeline_torch",
+        RunnerInfo("torch_dataloader", "torch", "runners.torch.pipeline",
                    "PyTorch DataLoader over the JPEG file list: Pillow decode in workers "
                    "processes, pinned memory on GPUs", equivalence=False),
-        RunnerInfo("grain", "jax", "runners.pipeline_jax",
+        RunnerInfo("grain", "jax", "runners.jax.pipeline",
                    "Grain (the JAX ecosystem's loader) over the JPEG file list: Pillow decode "
                    "in workers processes", equivalence=False),
-        RunnerInfo("keras_pydataset", "jax", "runners.pipeline_keras",
+        RunnerInfo("keras_pydataset", "jax", "runners.keras.pipeline",
                    "Keras 3 PyDataset over the JPEG file list (the Keras-idiomatic path): "
                    "Pillow decode in workers processes", equivalence=False),
     ]

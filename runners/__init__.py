@@ -1,1 +1,4 @@
-"""Runners: one module per strategy, each run as `python -m runners.<name>` in a child process."""
+"""Runners: one module per strategy, grouped by framework family (tf/, mxnet/, torch/, jax/,
+keras/ for what the Keras runners share), each run as `python -m runners.<family>.<name>` in a
+child process. The top level holds what every family uses: common.py (the runner contract),
+real_data.py, peak_probe.py, math_mode.py, threads.py and the harness's own pipeline_pil.py."""

@@ -238,7 +238,7 @@ def test_pipeline_runs_cover_pipelines_models_batches_and_worker_counts(tmp_path
     assert [(r.runner, r.dataset["workers"]) for r in pipes] == [
         ("pil_loop", 0), ("tf_data", 1), ("tf_data", 4)]
     assert pipes[0].run_id == "pipeline__pil_loop__minigooglenet__b32__real-w0__r0"
-    assert pipes[0].family == "harness" and pipes[1].module == "runners.pipeline_tf"
+    assert pipes[0].family == "harness" and pipes[1].module == "runners.tf.pipeline"
     bench = [r for r in runs if r.mode == "benchmark"]
     # synthetic once per device count; real once per worker count and device count
     assert sorted(r.data_label for r in bench) == sorted(

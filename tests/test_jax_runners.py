@@ -11,7 +11,7 @@ import pytest
 
 from bench.records import check_record
 from bench.registry import RUNNERS
-from runners.jax_common import CPU_KIND, _with_device_count
+from runners.jax.common import CPU_KIND, _with_device_count
 from tests.conftest import run_check_script, smoke_sweep
 
 JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
@@ -24,13 +24,14 @@ JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
 BN_CHECK = r"""
 import json
 import numpy as np
-from runners.keras_jax import BatchPlacement, make_clock, make_distribution, per_device_batchnorm
+from runners.jax.keras_jax import (BatchPlacement, make_clock, make_distribution,
+                                   per_device_batchnorm)
 
 keras, distribution, _ = make_distribution({"num_devices": 2, "device": "cpu"})
 import flax.linen as nn
 import jax
 import optax
-from runners.jax_native import compile_step, create_state, make_shardings, make_train_step
+from runners.jax.native import compile_step, create_state, make_shardings, make_train_step
 
 
 class Net(nn.Module):
@@ -180,7 +181,7 @@ def test_batchnorm_statistics_per_device_and_global(jax_python: str) -> None:
 
 
 def test_warmup_runs_past_the_second_epochs_recompile() -> None:
-    from runners.keras_jax import warmup_past_recompile
+    from runners.jax.keras_jax import warmup_past_recompile
 
     assert warmup_past_recompile(2, 40, 10) == 11  # step 11 opens epoch 2: warm-up
     assert warmup_past_recompile(20, 100, 55) == 56  # the H100 ResNet-50 case
@@ -192,7 +193,7 @@ def test_warmup_runs_past_the_second_epochs_recompile() -> None:
 # not hold the recompile at the second epoch's first step (seconds, against ~0.1 s steps).
 EPOCH_CHECK = r"""
 import json
-import runners.keras_jax as kj
+import runners.jax.keras_jax as kj
 kj.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
 spec = {"runner": "keras_jax", "model": "minigooglenet", "device": "cpu", "num_devices": 1,
         "virtual_devices": False, "precision": "fp32", "data": "synthetic", "dataset": None,

@@ -1,5 +1,5 @@
 """The 2017 Keras tower runners on Keras 2 (keras_tf_kuza55, keras_tf_multi_gpu_model,
-keras_tf_avolkov1; runners/keras2_towers.py): what the generic equivalence, real-data and CLI
+keras_tf_avolkov1; runners/keras/towers.py): what the generic equivalence, real-data and CLI
 tests do not cover. Where each strategy's ops ran is read from TensorFlow's partition graphs,
 never from the device names the runner asked for. Run for real on virtual CPU devices in the
 TF environment."""
@@ -61,9 +61,11 @@ SLICES = """
 import json
 import numpy as np
 import tensorflow as tf
-from runners import keras2_towers as kt
-from runners import keras_tf_avolkov1, keras_tf_kuza55, keras_tf_multi_gpu_model
-from runners.tf_placement import graph_run_options, partition_graphs
+from runners.keras import towers as kt
+from runners.tf import keras_avolkov1 as keras_tf_avolkov1
+from runners.tf import keras_kuza55 as keras_tf_kuza55
+from runners.tf import keras_multi_gpu_model as keras_tf_multi_gpu_model
+from runners.tf.placement import graph_run_options, partition_graphs
 
 spec = {"num_devices": 3, "device": "cpu", "precision": "fp32", "global_batch_size": 10,
         "model": "probe", "runner": "x", "data": "synthetic"}
@@ -179,8 +181,8 @@ def test_multi_gpu_model_saves_its_template(options: dict, tmp_path: Path,
 STAGING = """
 import json, sys
 import numpy as np
-from runners import keras2_towers as kt
-from runners import keras_tf_avolkov1
+from runners.keras import towers as kt
+from runners.tf import keras_avolkov1 as keras_tf_avolkov1
 from runners.common import load_equivalence_inputs
 from models.keras2_common import get_canonical_weights, set_canonical_weights
 

@@ -77,7 +77,7 @@ print("RESULT " + json.dumps(out))
 
 KERAS2_CHECK = r"""
 import json, sys
-from runners.mxnet_common import import_keras_mxnet
+from runners.mxnet.common import import_keras_mxnet
 keras = import_keras_mxnet()
 import numpy as np
 from models import get_spec, load_builder

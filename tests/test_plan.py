@@ -39,7 +39,7 @@ def test_runner_options_and_interpreter_split() -> None:
     r = expand(cfg(), "s")[0]
     assert r.options == {"xla": True, "steps_per_execution": 1, "data_format": "channels_last",
                          "cross_device_ops": "auto", "loader": "framework"}
-    assert r.python == "/x/py" and r.module == "runners.tf_mirrored" and r.family == "tf"
+    assert r.python == "/x/py" and r.module == "runners.tf.mirrored" and r.family == "tf"
 
 
 def test_run_ids_are_stable_across_sweeps() -> None:

@@ -1,5 +1,5 @@
 """Real data in the JAX family, for real on CPU: jax_native and keras_jax fed by the Grain
-pipeline (runners/jax_data.py) at 1 and 2 virtual devices, keras_jax fed by the Keras PyDataset
+pipeline (runners/jax/data.py) at 1 and 2 virtual devices, keras_jax fed by the Keras PyDataset
 (loader: keras), the Grain output against the numpy/Pillow reference (runners.real_data), and
 the `grain` and `keras_pydataset` pipeline modes run directly from a spec."""
 
@@ -24,7 +24,7 @@ WARMUP = 2  # real_sweep's warm-up steps: the first timed batch is batch 2 of th
 # Runs in the jax interpreter: file indices of Grain's batch WARMUP for each global batch size.
 GRAIN_ORDER = r"""
 import json, sys
-from runners.jax_data import batch_file_indices
+from runners.jax.data import batch_file_indices
 n, warmup = int(sys.argv[1]), int(sys.argv[2])
 print("RESULT " + json.dumps({b: batch_file_indices(n, int(b), warmup) for b in sys.argv[3:]}))
 """
@@ -36,7 +36,7 @@ print("RESULT " + json.dumps({b: batch_file_indices(n, int(b), warmup) for b in 
 PARITY = r"""
 import json, sys
 import numpy as np
-from runners.jax_common import setup_devices
+from runners.jax.common import setup_devices
 from runners.real_data import load_batch, open_dataset
 
 
@@ -46,7 +46,7 @@ def dataset(augmentation):
 
 
 def take(augmentation, count):
-    from runners.jax_data import host_batches
+    from runners.jax.data import host_batches
 
     it = iter(host_batches(dataset(augmentation), 32, 8))
     out = [(np.array(x), np.array(y)) for x, y in (next(it) for _ in range(count))]
@@ -56,8 +56,8 @@ def take(augmentation, count):
 
 def main():
     devices, _ = setup_devices({"num_devices": 2, "device": "cpu"})
-    from runners.jax_data import batch_file_indices, device_batches
-    from runners.jax_native import make_shardings
+    from runners.jax.data import batch_file_indices, device_batches
+    from runners.jax.native import make_shardings
 
     none, flip = take("none", 3), take("crop-flip", 3)
     data = dataset("none")

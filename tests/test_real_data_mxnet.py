@@ -82,7 +82,7 @@ PARITY = r"""
 import json, sys
 import numpy as np
 from runners import real_data
-from runners.mxnet_data import numpy_batches, record_iter, stream
+from runners.mxnet.data import numpy_batches, record_iter, stream
 
 def read(path, augmentation, batch, batches):
     spec = {"data": "real", "dataset": {"path": path, "augmentation": augmentation,
@@ -158,7 +158,7 @@ def test_record_iter_matches_the_reference(tmp_path: Path, real_dataset: Path,
 
 
 def test_pipeline_mode(tmp_path: Path, real_dataset: Path, mxnet_python: str) -> None:
-    """runners.pipeline_mxnet on its own: the ImageRecordIter timed with no model."""
+    """runners.mxnet.pipeline on its own: the ImageRecordIter timed with no model."""
     spec = {"mode": "pipeline", "runner": "mxnet_record_iter", "run_id": "pipe-1",
             "sweep_id": "pipe", "model": "minigooglenet", "global_batch_size": 8,
             "warmup_steps": 1, "measure_steps": 3, "data": "real", "device": "cpu",
@@ -166,7 +166,7 @@ def test_pipeline_mode(tmp_path: Path, real_dataset: Path, mxnet_python: str) ->
                                           "augmentation": "crop-flip", "workers": 2}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     proc = subprocess.run(
-        [mxnet_python, "-m", "runners.pipeline_mxnet", "--spec", str(tmp_path / "spec.json"),
+        [mxnet_python, "-m", "runners.mxnet.pipeline", "--spec", str(tmp_path / "spec.json"),
          "--result", str(tmp_path / "result.json")], cwd=REPO, capture_output=True, text=True,
         timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -184,7 +184,7 @@ RESIZE = r"""
 import json, sys
 from pathlib import Path
 from runners.common import Unavailable
-from runners.mxnet_data import record_iter, resize_for
+from runners.mxnet.data import record_iter, resize_for
 from runners.real_data import RealData, open_dataset
 
 root = Path(sys.argv[1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.records import check_record
-from runners.tf_cnn_benchmarks import ENV_VAR, build_flags
+from runners.tf.cnn_benchmarks import ENV_VAR, build_flags
 from tests.conftest import REPO, real_sweep, run_check_script
 
 RUNNERS = ["tf_mirrored", "tf_native", "keras_tf_kuza55", "keras_tf_multi_gpu_model",
@@ -109,7 +109,7 @@ def test_tf_cnn_benchmarks_real_flags(real_dataset: Path) -> None:
 PARITY = r"""
 import json, sys
 import numpy as np
-from runners import tf_data
+from runners.tf import data as tf_data
 from runners.real_data import load_batch, open_dataset
 
 path = sys.argv[1]
@@ -161,14 +161,14 @@ def test_tf_data_matches_the_reference(real_dataset: Path, tf_python: str) -> No
 @pytest.mark.slow
 @pytest.mark.framework("tf")
 def test_pipeline_mode(tmp_path: Path, real_dataset: Path, tf_python: str) -> None:
-    """runners.pipeline_tf on a spec: the tf.data pipeline timed on its own, no model."""
+    """runners.tf.pipeline on a spec: the tf.data pipeline timed on its own, no model."""
     spec = {"mode": "pipeline", "runner": "tf_data", "model": "minigooglenet",
             "global_batch_size": 8, "warmup_steps": 1, "measure_steps": 3,
             "dataset": {"path": str(real_dataset), "augmentation": "crop-flip", "workers": 2},
             "device": "cpu", "num_devices": 1, "run_id": "tf_data_test", "sweep_id": "test"}
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run([tf_python, "-m", "runners.pipeline_tf", "--spec", str(spec_path),
+    proc = subprocess.run([tf_python, "-m", "runners.tf.pipeline", "--spec", str(spec_path),
                            "--result", str(result_path)], cwd=REPO, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

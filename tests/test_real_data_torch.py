@@ -90,7 +90,7 @@ LOADER_SCRIPT = """
 import json, sys
 import numpy as np
 from runners.real_data import open_dataset
-from runners.torch_data import make_dataloader, epochs
+from runners.torch.data import make_dataloader, epochs
 
 def data(augmentation, workers):
     return open_dataset({"data": "real", "dataset": {"path": sys.argv[1],
@@ -158,7 +158,7 @@ def test_pipeline_mode(tmp_path: Path, real_dataset: Path, torch_python: str) ->
             "sweep_id": "test"}
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run([torch_python, "-m", "runners.pipeline_torch", "--spec",
+    proc = subprocess.run([torch_python, "-m", "runners.torch.pipeline", "--spec",
                            str(spec_path), "--result", str(result_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

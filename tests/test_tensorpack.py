@@ -123,7 +123,7 @@ import json, sys
 import numpy as np
 import tensorflow as tf
 from models import get_spec, load_builder
-from runners import tensorpack as tp
+from runners.tf import tensorpack as tp
 
 mode, out = sys.argv[1], sys.argv[2]
 model = get_spec("minigooglenet")

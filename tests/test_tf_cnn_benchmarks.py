@@ -14,7 +14,7 @@ import pytest
 
 from bench.records import check_record, load_records
 from runners.common import Invalid, Unavailable
-from runners.tf_cnn_benchmarks import (
+from runners.tf.cnn_benchmarks import (
     ENV_VAR,
     IMAGES_PER_SEC_SOURCE,
     benchmark,

@@ -1,4 +1,4 @@
-"""runners/tf_placement.py against TensorFlow itself: the placement it reads is where TF put
+"""runners/tf/placement.py against TensorFlow itself: the placement it reads is where TF put
 the ops, not where anybody asked for them."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 SCRIPT = """
 import json
 import tensorflow as tf
-from runners.tf_devices import setup_devices
-from runners.tf_placement import eager_placement, graph_placement, graph_run_options
+from runners.tf.devices import setup_devices
+from runners.tf.placement import eager_placement, graph_placement, graph_run_options
 setup_devices({"num_devices": 2, "device": "cpu"})
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
@@ -71,7 +71,7 @@ def test_placement_is_read_from_tensorflows_partition_graphs(tf_python: str) -> 
 COUNT_SCRIPT = """
 import json
 import tensorflow as tf
-from runners.tf_placement import eager_placement
+from runners.tf.placement import eager_placement
 
 @tf.function
 def three_matmuls(x):

@@ -49,7 +49,7 @@ import json
 import numpy as np, tensorflow as tf, keras
 from models import get_spec
 from models.keras_common import get_canonical_weights
-from runners.tf_native import FusedBatchNormalization, build_model
+from runners.tf.native import FusedBatchNormalization, build_model
 
 diffs = {}
 for fmt, axis, shape in (("channels_last", -1, (4, 5, 6, 3)), ("channels_first", 1, (4, 3, 5, 6))):

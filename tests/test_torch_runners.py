@@ -35,7 +35,7 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         log = Path(rec["log_path"]).read_text()
         assert rec["status"] == "ok", f"{rec['reason']}\n{log[-3000:]}"
         assert f"-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={n} " \
-               f"-m runners.{runner}" in log.splitlines()[0]
+               f"-m {RUNNERS[runner].module}" in log.splitlines()[0]
         assert rec["virtual_devices"] is True
         assert rec["samples"] == 3 * 8 * n
         assert rec["images_per_sec"] > 0 and len(rec["step_times_s"]) == 3

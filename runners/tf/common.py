@@ -1,5 +1,5 @@
 """TensorFlow-family child code shared by the TF runners: devices, data (synthetic, or real
-through runners/tf_data.py or the Keras loader), timing of Keras fit.
+through runners/tf/data.py or the Keras loader), timing of Keras fit.
 
 Imports TensorFlow and Keras 3: only runner child processes import this module.
 """
@@ -17,10 +17,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec  # noqa: E402
-from runners import tf_data  # noqa: E402
 from runners.common import Invalid, Spec, StepTimer, Unavailable, finite  # noqa: E402
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
-from runners.tf_devices import setup_devices  # noqa: E402, F401  (re-exported)
+from runners.tf import data as tf_data  # noqa: E402
+from runners.tf.devices import setup_devices  # noqa: E402, F401  (re-exported)
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -76,8 +76,8 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
 
     Synthetic: one random global batch, repeated (no fields added). Real: the `loader`
     option's pipeline over the run's dataset, giving global batches: "framework" is tf.data
-    over the TFRecord shards (runners/tf_data.py), "keras" the Keras 3 PyDataset over the JPEG
-    file list (runners/keras_data.py, `steps` batches long)."""
+    over the TFRecord shards (runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG
+    file list (runners/keras/data.py, `steps` batches long)."""
     batch = spec["global_batch_size"]
     if spec["data"] == "synthetic":
         return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
@@ -86,7 +86,7 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
     loader = spec["options"].get("loader", "framework")
     if loader == "keras":
-        from runners.keras_data import describe_keras, jpeg_sequence
+        from runners.keras.data import describe_keras, jpeg_sequence
 
         source: Any = jpeg_sequence(data, size, batch, steps, channels_first)
         info = {"input_pipeline": describe_keras(data),

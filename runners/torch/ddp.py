@@ -9,7 +9,7 @@ Split: every rank holds its own B/N slice of the global batch, generated once on
 (seeded by rank), so a step copies nothing from the host. Real data: each rank reads B/N
 images per step from its DistributedSampler share of the JPEG file list through a DataLoader
 with `workers` processes, pinned memory and a non_blocking copy on GPUs (DALI instead when it
-is installed on a GPU machine; runners/torch_data.py); the timed window includes it.
+is installed on a GPU machine; runners/torch/data.py); the timed window includes it.
 Parameters: one full replica per rank; DDP broadcasts rank 0's at construction, so all
 replicas start equal.
 Reduce: each rank's loss is the mean cross-entropy over its slice; during backward DDP
@@ -54,8 +54,8 @@ from runners.common import (
     load_equivalence_inputs,
     main,
 )
-from runners.torch_data import RealInput, SyntheticInput
-from runners.torch_dist import (
+from runners.torch.data import RealInput, SyntheticInput
+from runners.torch.dist import (
     MEMORY_FORMATS,
     PlacementTracker,
     Ranks,

@@ -37,7 +37,7 @@ The compiled step's collectives are counted from its HLO and recorded.
 
 Placement (`placement`): the rows of the first timed batch on each device, read from the batch
 jax.Array's addressable_shards (each shard's device and its index into the batch axis).
-Real data (data: real): the global batch comes from the Grain pipeline of runners/jax_data.py
+Real data (data: real): the global batch comes from the Grain pipeline of runners/jax/data.py
 (Pillow decode and crop/flip in `workers` processes), each batch jax.device_put into the batch
 sharding one batch ahead; the step is compiled for its shapes before the first batch is read,
 so the input pipeline's start-up falls in the warm-up and its steady state in the timed window.
@@ -69,7 +69,7 @@ from runners.common import (
     main,
     save_equivalence_output,
 )
-from runners.jax_common import (
+from runners.jax.common import (
     framework_versions,
     host_labels,
     placement,
@@ -219,7 +219,7 @@ def input_batches(data: RealData | None, model_spec: Any, global_batch: int, bat
         return itertools.repeat((x, y)), x, y, {
             "data_placement": "one synthetic global batch generated under jit into the batch "
                               "sharding; no host copy per step"}
-    from runners.jax_data import device_batches
+    from runners.jax.data import device_batches
 
     size = model_spec.input_shape[0]
     batches, line = device_batches(data, size, global_batch, batch)
@@ -277,7 +277,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     steps = int(state.step) - start
     framework, extra = framework_versions(*VERSIONS), {}
     if data is not None:
-        from runners.jax_data import grain_version
+        from runners.jax.data import grain_version
 
         framework.update(grain_version())
         extra = {"first_timed_labels": host_labels(first[1])}

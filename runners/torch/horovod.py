@@ -12,7 +12,7 @@ Split: every rank holds its own B/N slice of the global batch, generated once on
 images per step from its DistributedSampler share (num_replicas=hvd.size(), rank=hvd.rank(),
 as Horovod's PyTorch examples do) of the JPEG file list through a DataLoader with `workers`
 processes started by forkserver (Horovod's ImageNet example avoids fork), pinned memory and a
-non_blocking copy on GPUs (DALI instead when installed there; runners/torch_data.py); the
+non_blocking copy on GPUs (DALI instead when installed there; runners/torch/data.py); the
 timed window includes it. Parameters: one full replica per rank; hvd.broadcast_parameters
 and hvd.broadcast_optimizer_state copy rank 0's weights, BatchNorm statistics and momentum
 buffers to every rank before the first step.
@@ -28,7 +28,7 @@ each timed step, and reading the loss with .item() waits for the step before the
 Count: an optimizer step hook counts applied updates, independently of the loop; the ranks'
 counts are all-gathered and must agree, and samples are their sum of images stepped on.
 Placement: each rank's batch rows and device and its parameters' device, gathered with
-hvd.allgather_object, keyed by hvd.rank() out of hvd.size() (runners.torch_dist's
+hvd.allgather_object, keyed by hvd.rank() out of hvd.size() (runners.torch.dist's
 gather_placement, shared with the torchrun runners). Equivalence runs the benchmark's step
 function (DistributedOptimizer with the run's compression, resident-tensor input) on the
 probe, one step of SGD without momentum.
@@ -75,8 +75,8 @@ from runners.common import (
     save_equivalence_output,
 )
 from runners.real_data import check_classes, open_dataset
-from runners.torch_data import RealInput, SyntheticInput, open_input
-from runners.torch_dist import (
+from runners.torch.data import RealInput, SyntheticInput, open_input
+from runners.torch.dist import (
     PlacementTracker,
     check_rows,
     equivalence_input,
@@ -231,7 +231,7 @@ def global_mean_losses(losses: list[float]) -> list[float]:
 
 
 def horovod_placement(tracker: PlacementTracker) -> dict[str, Any]:
-    """runners.torch_dist.gather_placement over Horovod's ranks: hvd.rank() and hvd.size() as
+    """runners.torch.dist.gather_placement over Horovod's ranks: hvd.rank() and hvd.size() as
     Horovod counts them, the rows gathered with hvd.allgather_object."""
     hvd = horovod()
     source = (f"Horovod (hvd.size()={hvd.size()}, controller "

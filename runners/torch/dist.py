@@ -1,6 +1,6 @@
 """torchrun ranks, shared by the PyTorch runners (torch_ddp, keras_torch): the process group,
 each rank's device, its input (the synthetic slice, or its share of the real data through
-runners/torch_data.py), the step counter, the timed loop, global losses and per-rank threads;
+runners/torch/data.py), the step counter, the timed loop, global losses and per-rank threads;
 and, for them and horovod, the placement read back from the ranks (PlacementTracker,
 gather_placement). Imports torch: child processes only.
 """
@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from models import ModelSpec
 from runners.common import Invalid, Spec, StepTimer, Unavailable, finite, save_equivalence_output
 from runners.real_data import check_classes, open_dataset
-from runners.torch_data import RealInput, SyntheticInput, open_input
+from runners.torch.data import RealInput, SyntheticInput, open_input
 
 MEMORY_FORMATS = {"channels_first": torch.contiguous_format, "channels_last": torch.channels_last}
 # The process group, referenced until the process exits (runners.common ends it with os._exit),

@@ -1,4 +1,4 @@
-"""Pipeline mode for `torch_dataloader`: the PyTorch runners' input (runners/torch_data.py) on
+"""Pipeline mode for `torch_dataloader`: the PyTorch runners' input (runners/torch/data.py) on
 its own, one rank, no model. The DataLoader over the JPEG file list with `workers` processes
 (pinned memory and a non_blocking copy on a GPU; DALI instead when it is installed there and
 the runner option data_loader allows it), timed per batch until the batch is on the device.
@@ -14,7 +14,7 @@ import torch
 from models import get_spec
 from runners.common import Spec, Unavailable, main
 from runners.real_data import check_classes, open_dataset, time_pipeline
-from runners.torch_data import open_input
+from runners.torch.data import open_input
 
 
 def device_of(spec: Spec) -> torch.device:

@@ -1,4 +1,4 @@
-"""Pipeline mode for `tf_data`: the TF runners' tf.data pipeline (runners/tf_data.py) on its
+"""Pipeline mode for `tf_data`: the TF runners' tf.data pipeline (runners/tf/data.py) on its
 own, no model: TFRecord shards -> interleaved reads -> shuffle -> parse -> decode/crop/flip in
 `workers` parallel map calls -> whole batches -> repeat -> prefetch, timed per batch.
 
@@ -14,9 +14,9 @@ from typing import Any
 import tensorflow as tf
 
 from models import get_spec
-from runners import tf_data
 from runners.common import Spec, main
 from runners.real_data import describe, open_dataset, time_pipeline
+from runners.tf import data as tf_data
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:

@@ -18,7 +18,7 @@ decay (tf_cnn_benchmarks: plain SGD plus L2 weight decay on its defaults).
 
 Split: each replica gets its own B/N slice of the global batch. Synthetic data is made once,
 directly on each replica's device (experimental_distribute_values_from_function), so a step
-copies nothing from the host. Real data: tf.data's global batches (runners/tf_data.py) through
+copies nothing from the host. Real data: tf.data's global batches (runners/tf/data.py) through
 experimental_distribute_dataset, which splits each batch and prefetches the slices to the
 replicas' devices; the timed steps include the input pipeline. Variables: mirrored, one copy
 per device, created under the strategy's scope. Merge: each replica's loss is its per-example
@@ -27,7 +27,7 @@ MirroredStrategy sums with an all-reduce inside optimizer.apply_gradients (NCCL 
 reduction on CPUs) are the gradients of the global mean loss; every replica applies the same
 update (synchronous SGD).
 
-Placement: the partition graphs TF instantiated for the first step (runners/tf_placement.py),
+Placement: the partition graphs TF instantiated for the first step (runners/tf/placement.py),
 compute ops per device, collected around the first warm-up step. xla: the replica step is
 jit_compiled; on N > 1 virtual CPU devices XLA runs every replica on its one host device, which
 cannot reach the other replicas' variables ("Trying to access resource ... located in
@@ -54,7 +54,6 @@ from models.keras_common import (
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners import tf_data
 from runners.common import (
     Invalid,
     Spec,
@@ -65,14 +64,15 @@ from runners.common import (
     save_equivalence_output,
 )
 from runners.real_data import describe
-from runners.tf_common import (
+from runners.tf import data as tf_data
+from runners.tf.common import (
     POLICIES,
     framework_versions,
     input_shape,
     open_real,
     setup_devices,
 )
-from runners.tf_placement import BOOKKEEPING_OPS, EagerPlacement
+from runners.tf.placement import BOOKKEEPING_OPS, EagerPlacement
 
 FUSED_MIN_EPSILON = 1.001e-5
 

@@ -1,4 +1,4 @@
-"""Pipeline mode for `grain`: the JAX runners' real-data input (runners/jax_data.py) on its own,
+"""Pipeline mode for `grain`: the JAX runners' real-data input (runners/jax/data.py) on its own,
 no model. Grain over the JPEG file list (shuffle, repeat, Pillow decode and crop/flip in
 `workers` spawned processes, batch), each batch jax.device_put into the batch sharding of the
 run's devices one batch ahead, exactly as jax_native feeds its step; timed per batch until the
@@ -11,7 +11,7 @@ from typing import Any
 
 from models import get_spec
 from runners.common import Spec, main
-from runners.jax_common import framework_versions, setup_devices
+from runners.jax.common import framework_versions, setup_devices
 from runners.real_data import check_classes, describe, open_dataset, time_pipeline
 
 
@@ -19,8 +19,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     devices, described = setup_devices({**spec, "num_devices": spec.get("num_devices", 1)})
     import jax
 
-    from runners.jax_data import device_batches, grain_version
-    from runners.jax_native import make_shardings
+    from runners.jax.data import device_batches, grain_version
+    from runners.jax.native import make_shardings
 
     data = open_dataset(spec)
     model_spec = get_spec(spec["model"])

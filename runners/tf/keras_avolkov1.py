@@ -1,6 +1,6 @@
 """avolkov1's make_parallel (keras_experiments, keras_exp/multigpu/_multigpu.py and
 optimizers.py as of Dec 2017) on Keras 2 (tf_keras in a TF1 graph), trained by fit
-(runners/keras2_towers.py: stack, input).
+(runners/keras/towers.py: stack, input).
 
 Follows the original: the serial model is built under the parameter device (`ps`: /cpu:0 as
 its docs show, or the first device); for each device i a Lambda under the parameter device
@@ -9,7 +9,7 @@ model is called on the slice under `tf.device(device i)` and name scope tower_i,
 outputs are concatenated on the parameter device. One loss over the merged output.
 `input: staging` is its `enqueue` option made to work: each slice is put into a StagingArea on
 its tower's device and the tower reads the put of the step before (the original put and got in
-the same step and warned that it did not work; runners/keras2_towers.py primes the areas).
+the same step and warned that it did not work; runners/keras/towers.py primes the areas).
 `average_gradients` is its multi-GPU optimizer (SGD_MGPU, `syncopt`): for every device, under
 `tf.device(device)` and name scope tower_i, tf.gradients of the MERGED loss (colocated with
 the forward ops), i.e. N full backward passes over all towers, then the N copies averaged
@@ -33,8 +33,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from runners import keras2_towers as kt
 from runners.common import Invalid, Spec, Unavailable, main
+from runners.keras import towers as kt
 
 ORIGINAL = "avolkov1's make_parallel (returns the serial model below 2 GPUs)"
 

@@ -1,5 +1,5 @@
 """Pipeline mode for `mxnet_record_iter`: the ImageRecordIter the MXNet runners train from
-(runners/mxnet_data.py), timed on its own with no model.
+(runners/mxnet/data.py), timed on its own with no model.
 
 A batch counts once its image and label NDArrays are written (wait_to_read: the prefetcher's
 copy into them has finished), which is where mxnet_native's split_and_load takes them.
@@ -11,8 +11,8 @@ from typing import Any
 
 from models import get_spec
 from runners.common import Spec, main
-from runners.mxnet_common import framework_versions
-from runners.mxnet_data import describe_pipeline, record_iter, stream
+from runners.mxnet.common import framework_versions
+from runners.mxnet.data import describe_pipeline, record_iter, stream
 from runners.real_data import describe, open_dataset, time_pipeline
 
 

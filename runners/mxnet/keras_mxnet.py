@@ -16,10 +16,10 @@ Feed (option `input`): `generator` calls fit_generator on a Python generator of 
 batches, as seed 000's script fed Keras from an MXNet iterator (Keras' default queue and one
 worker thread); `arrays` calls fit on in-memory numpy arrays of warmup+measure batches.
 Real data (data: real), option `loader`: `framework` (default) is that generator over MXNet's
-ImageRecordIter (runners/mxnet_data.py: C++ decode and augmentation in the run's loader
+ImageRecordIter (runners/mxnet/data.py: C++ decode and augmentation in the run's loader
 workers threads, running ahead), each batch copied to numpy for Keras; `keras` is the
 Keras-idiomatic path seed 000 measured as "Keras' generator": a keras.utils.Sequence over the
-JPEG files (Pillow decode, runners/keras_data.py) given to fit_generator with workers and
+JPEG files (Pillow decode, runners/keras/data.py) given to fit_generator with workers and
 use_multiprocessing. `input: arrays` with real data is unavailable: fit on arrays decoded
 before the timed window would leave the input pipeline out of a run whose point is to time
 it. `loader` has no effect on synthetic data.
@@ -65,8 +65,8 @@ from runners.common import (
     main,
     save_equivalence_output,
 )
-from runners.mxnet_common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
-from runners.mxnet_data import describe_pipeline, numpy_batches, record_iter, stream
+from runners.mxnet.common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
+from runners.mxnet.data import describe_pipeline, numpy_batches, record_iter, stream
 from runners.real_data import RealData, batch_at, check_classes, describe, open_dataset
 
 keras = import_keras_mxnet()
@@ -116,7 +116,7 @@ def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: i
     """What fit_generator reads for a real-data run: (generator or Sequence, its worker
     arguments, the record's input_pipeline line)."""
     if spec["options"].get("loader", "framework") == "keras":
-        from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
+        from runners.keras.data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
         labels.extend(data.files[i][1] for i in batch_at(len(data.files), global_batch, 0))
         kwargs = {**fit_worker_kwargs(data), "shuffle": False}  # the Sequence shuffles itself

@@ -5,7 +5,7 @@ feeds per-tower batches (spec batch_size_per_device rows each) from a DataFlow i
 on /cpu:0, and every tower dequeues its *own* batch, so the global batch is per-device batch x
 towers (the runner checks the spec agrees). With `input: staging` each tower's batch is also put
 into a StagingArea on the tower's device one step ahead (seed 003's asynchronous feeding).
-Real data: tensorpack's TFDatasetInput over the tf.data pipeline of runners/tf_data.py (a
+Real data: tensorpack's TFDatasetInput over the tf.data pipeline of runners/tf/data.py (a
 tf.compat.v1 dataset of per-tower batches); each tower's get_next takes its own batch, staged
 the same way with `input: staging` (`input: queue` is TFDatasetInput alone: QueueInput takes a
 Python DataFlow, not a tf.data dataset).
@@ -57,7 +57,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
-from runners import tf_data, tf_devices  # noqa: E402
 from runners.common import (  # noqa: E402
     Invalid,
     Spec,
@@ -69,7 +68,9 @@ from runners.common import (  # noqa: E402
     save_equivalence_output,
 )
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
-from runners.tf_placement import graph_placement, graph_run_options  # noqa: E402
+from runners.tf import data as tf_data  # noqa: E402
+from runners.tf import devices as tf_devices  # noqa: E402
+from runners.tf.placement import graph_placement, graph_run_options  # noqa: E402
 
 tfv1 = tf.compat.v1
 DATA_FORMAT = "channels_last"
@@ -221,7 +222,7 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
 def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:
     """The trainer's InputSource, and its name. Synthetic (a list of per-tower batches):
     QueueInput over a DataFlow of them, repeated forever. Real data (a RealData): tensorpack's
-    TFDatasetInput over the tf.data pipeline of runners/tf_data.py, one per-tower batch per
+    TFDatasetInput over the tf.data pipeline of runners/tf/data.py, one per-tower batch per
     get_next (tensorpack's QueueInput takes a Python DataFlow, not a tf.data dataset). Either
     is wrapped in StagingInput for `input: staging`. Call inside the training graph."""
     from tensorpack.dataflow import DataFromList

@@ -1,5 +1,5 @@
 """JAX-family child code shared by jax_native and keras_jax: the run's devices, versions, the
-synthetic batch and the real dataset (its pipeline is runners/jax_data.py).
+synthetic batch and the real dataset (its pipeline is runners/jax/data.py).
 
 Imports no framework at module level. N virtual CPU devices exist only if XLA_FLAGS asks for
 them before XLA's CPU backend starts, so a runner calls setup_devices(spec) before anything

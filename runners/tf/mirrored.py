@@ -10,7 +10,7 @@ same summed update in the same step, so the replicas never diverge (synchronous 
 Synthetic data: one random global batch made once in the tf.data pipeline and prefetched to
 each replica's device by the distributed iterator (no decoding, no host-side work per step).
 Real data (option `loader`): "framework" is tf.data over the TFRecord shards
-(runners/tf_data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras_data.py,
+(runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras/data.py,
 worker processes); either gives global batches that the distributed iterator splits.
 
 Follows TensorFlow 2.21's MirroredStrategy with Keras 3's `fit` (its own train function: one
@@ -18,7 +18,7 @@ Follows TensorFlow 2.21's MirroredStrategy with Keras 3's `fit` (its own train f
 `xla` Keras 3 jit-compiles that whole per-step function, `strategy.run` included).
 Placement: the compute ops per device in the partition graphs TensorFlow made for fit's train
 function, collected while its first call (a warm-up call) instantiates it and stopped before
-the timed window (runners/tf_placement.py).
+the timed window (runners/tf/placement.py).
 Limits of this stack at 2+ replicas, reported as unavailable with TensorFlow's message (see
 known_limits): `xla` (Keras 3 compiles strategy.run whole, XLA cannot reach the other replicas'
 variables; tf.keras 2 compiled each replica's step instead), and `steps_per_execution` > 1 with
@@ -57,7 +57,7 @@ from runners.common import (
     one_line,
     save_equivalence_output,
 )
-from runners.tf_common import (
+from runners.tf.common import (
     POLICIES,
     fit_input,
     framework_versions,
@@ -65,7 +65,7 @@ from runners.tf_common import (
     setup_devices,
     timed_fit,
 )
-from runners.tf_placement import EagerPlacement
+from runners.tf.placement import EagerPlacement
 
 DATA_PLACEMENT = {
     "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",

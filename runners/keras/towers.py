@@ -3,7 +3,7 @@ TF1 graph (eager execution off), trained by Keras 2's `fit`.
 
 Stack. `tf_keras` is Keras 2 (the `keras` of 2017, kept alive for TF 2); this module makes it
 the `keras` that the models' Keras builders (models/<name>/keras_builder.py) and the Keras
-Sequence of runners/keras_data.py import, so the same builder code builds a Keras 2 model
+Sequence of runners/keras/data.py import, so the same builder code builds a Keras 2 model
 here, as it builds keras-mxnet's. Eager execution is disabled before anything is built: every
 layer call adds ops to one tf.compat.v1 graph, `tf.device` scopes around those calls are the
 placement (as in 2017), and `fit` runs one `session.run` per step through a Keras backend
@@ -30,7 +30,7 @@ for avolkov1's own gradient code). The update is the legacy SGD's (momentum 0.9,
 
 Placement: one step before the warm-up runs with RunOptions(output_partition_graphs=True)
 (compile(options=, run_metadata=)); its partition graphs give the compute ops TF placed on each
-device (runners/tf_placement.py). The callable is then rebuilt without the options, so no
+device (runners/tf/placement.py). The callable is then rebuilt without the options, so no
 timed step is traced. Imports TensorFlow and tf_keras: runner child processes only.
 """
 
@@ -62,7 +62,6 @@ from models.keras2_common import (  # noqa: E402
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners import tf_data, tf_devices  # noqa: E402
 from runners.common import (  # noqa: E402
     Invalid,
     Spec,
@@ -73,7 +72,9 @@ from runners.common import (  # noqa: E402
     save_equivalence_output,
 )
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
-from runners.tf_placement import (  # noqa: E402
+from runners.tf import data as tf_data  # noqa: E402
+from runners.tf import devices as tf_devices  # noqa: E402
+from runners.tf.placement import (  # noqa: E402
     compute_ops_by_device,
     device_key,
     graph_run_options,
@@ -108,7 +109,7 @@ def setup(spec: Spec) -> tuple[list[str], list[dict[str, Any]], dict[str, Any]]:
     """The run's device names and descriptions; a Keras session that has them, XLA off.
 
     A tf.compat.v1 Session ignores tf.config's logical devices, so on CPU the session config
-    asks for N CPU devices too (as runners/tensorpack.py does)."""
+    asks for N CPU devices too (as runners/tf/tensorpack.py does)."""
     if spec["precision"] != "fp32":
         raise Invalid(f"{spec['runner']} runs fp32 only, not {spec['precision']}")
     names, devices = tf_devices.setup_devices(spec)
@@ -355,7 +356,7 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
             + ", passed to fit (iterator get_next in the graph)",
             "labels_first_batch": _first_labels_graph(first)})
     if loader == "keras":
-        from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
+        from runners.keras.data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
         seq = jpeg_sequence(data, size, batch, steps)
         return Source(lambda n, staged: ({"x": seq, "steps_per_epoch": n, "epochs": 1,

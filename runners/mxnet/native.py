@@ -4,7 +4,7 @@ a kvstore (the native baseline seed 000 measured Keras-MXNet against).
 Split: the global batch B is split into N equal slices, one per context (mx.cpu(i) here,
 mx.gpu(i) on GPUs); the synthetic slices are copied to their contexts once, before the timed
 window, so a step copies nothing from the host. Real data (data: real): every step takes the
-next global batch from MXNet's ImageRecordIter over train.rec (runners/mxnet_data.py; decode
+next global batch from MXNet's ImageRecordIter over train.rec (runners/mxnet/data.py; decode
 and augmentation in its own threads, running ahead of training) and copies its N slices to
 the contexts (split_and_load) inside the timed step. Parameters: one copy per context,
 initialised identically. Forward and backward run per context under autograd.record(); each
@@ -54,14 +54,14 @@ from runners.common import (
     main,
     save_equivalence_output,
 )
-from runners.mxnet_common import (
+from runners.mxnet.common import (
     DTYPES,
     contexts,
     framework_versions,
     input_shape_nchw,
     synthetic_arrays,
 )
-from runners.mxnet_data import describe_pipeline, nd_batches, record_iter, stream
+from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, stream
 from runners.real_data import check_classes, describe, open_dataset
 
 

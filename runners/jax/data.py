@@ -1,6 +1,6 @@
 """The JAX family's real-data pipeline: Grain (the JAX ecosystem's loader, no TensorFlow) over
 the prepared JPEG file list, shared by jax_native, keras_jax (loader: framework) and the
-`grain` pipeline mode (runners/pipeline_jax.py).
+`grain` pipeline mode (runners/jax/pipeline.py).
 
 The Grain graph: MapDataset.range(n) of file indices, seeded, shuffled (Grain reshuffles every
 epoch: its shuffle takes the epoch from the index that repeat passes through), repeated forever,
@@ -13,7 +13,7 @@ one batch ahead in a thread (grain.experimental.device_put). workers 0 decodes a
 the main process, in the loop, with no look-ahead.
 
 Imports neither grain nor jax at module level (grain imports jax, and jax must be imported only
-after runners.jax_common.setup_devices); worker processes unpickle `Decode` from here.
+after runners.jax.common.setup_devices); worker processes unpickle `Decode` from here.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def device_batches(data: RealData, size: int, batch: int, sharding: jax.sharding
     import grain
     import jax
 
-    from runners.jax_common import sharding_record
+    from runners.jax.common import sharding_record
 
     ds = host_batches(data, size, batch, seed)
     shardings = (sharding, label_sharding or sharding)

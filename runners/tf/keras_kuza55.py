@@ -1,5 +1,5 @@
 """kuza55's make_parallel (keras-extras utils/multi_gpu.py, Oct 2016) on Keras 2 (tf_keras in a
-TF1 graph), trained by fit as its users trained it (runners/keras2_towers.py: stack, input).
+TF1 graph), trained by fit as its users trained it (runners/keras/towers.py: stack, input).
 
 Follows the original: for each device i, under `tf.device(device i)` and name scope tower_i,
 a Lambda slices the whole input batch (so the whole batch travels to every tower and is cut
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runners import keras2_towers as kt
 from runners.common import Spec, main
+from runners.keras import towers as kt
 
 RUNNER = "keras_tf_kuza55"
 

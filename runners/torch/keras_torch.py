@@ -17,14 +17,14 @@ read torch's module.training), so this runner passes training=True; SGD with mom
 the harness's optimizer, in place of the guide's Adam; synthetic tensors resident on the
 device instead of a DataLoader over MNIST.
 Real data: with loader `framework` each rank reads its DistributedSampler share of the JPEG
-file list through a torch DataLoader (as the guide's loop does; runners/torch_data.py), in
+file list through a torch DataLoader (as the guide's loop does; runners/torch/data.py), in
 the Keras model's layout. With loader `keras` each rank reads its share (files rank, rank + N,
-...) through runners/keras_data.py's JpegSequence, a Keras 3 PyDataset with `workers`
+...) through runners/keras/data.py's JpegSequence, a Keras 3 PyDataset with `workers`
 processes, iterated by the adapter Keras' own fit uses on the torch backend (the public
 PyDataset iterates serially; its workers only run inside that adapter).
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
 Placement: each rank's batch rows and device and its Keras model's parameter device, gathered
-over the process group (runners.torch_dist, as torch_ddp). Equivalence runs the benchmark's
+over the process group (runners.torch.dist, as torch_ddp). Equivalence runs the benchmark's
 step function (the guide's loop in DDP, the run's data_format, resident-tensor input) on the
 probe, one step of SGD without momentum. Follows the guide as published for Keras 3 (Keras
 3.x on PyTorch 2.13).
@@ -56,8 +56,8 @@ from runners.common import (  # noqa: E402
     main,
 )
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
-from runners.torch_data import Batch, RealInput, SyntheticInput  # noqa: E402
-from runners.torch_dist import (  # noqa: E402
+from runners.torch.data import Batch, RealInput, SyntheticInput  # noqa: E402
+from runners.torch.dist import (  # noqa: E402
     PlacementTracker,
     Ranks,
     StepCounter,
@@ -106,7 +106,7 @@ def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
     with `workers` processes, iterated as Keras' fit does on the torch backend."""
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
-    from runners.keras_data import JpegSequence
+    from runners.keras.data import JpegSequence
 
     data = open_dataset(spec)
     check_classes(data, model_spec.num_classes, spec["model"])

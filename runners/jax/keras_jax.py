@@ -20,7 +20,7 @@ Input, option `input`:
   distribution (Keras 3.15's _get_distributed_iterator), as a Keras user gets.
   preplaced (the pre-2026 path): fit takes a generator of batches already in DataParallel's
   layout (DataParallel.get_data_layout): one synthetic global batch made once on the devices,
-  or the Grain pipeline's batches device_put there one batch ahead (runners/jax_data.py);
+  or the Grain pipeline's batches device_put there one batch ahead (runners/jax/data.py);
   Keras' device_put of them is a no-op, so the runner measures the training step alone, as
   jax_native and tf_mirrored's prefetched batches do. Not available with loader: keras.
 Placement (`placement`): the rows on each device of the batch Keras' trainer passed to its
@@ -78,7 +78,7 @@ from runners.common import (
     main,
     save_equivalence_output,
 )
-from runners.jax_common import (
+from runners.jax.common import (
     framework_versions,
     host_labels,
     placement,
@@ -339,12 +339,12 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
         if mode == "preplaced":
             raise Invalid("input: preplaced needs synthetic data or loader: framework (the "
                           "PyDataset yields numpy batches)")
-        from runners.keras_data import describe_keras, jpeg_sequence
+        from runners.keras.data import describe_keras, jpeg_sequence
 
         return {"x": jpeg_sequence(data, size, global_batch, steps)}, {
             **record, "input_pipeline": describe_keras(data),
             "data_placement": PYDATASET_PLACEMENT}, None
-    from runners.jax_data import device_batches, host_iterator
+    from runners.jax.data import device_batches, host_iterator
 
     if mode == "numpy":
         batches, line = host_iterator(data, size, global_batch, GRAIN_HOST_LINE)
@@ -461,7 +461,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     params, flops = keras_counts(model)
     framework = framework_versions("keras")
     if owner is not None:
-        from runners.jax_data import grain_version
+        from runners.jax.data import grain_version
 
         framework.update(grain_version())
         input_record["first_timed_labels"] = host_labels(noted[0])
