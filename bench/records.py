@@ -10,19 +10,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import columns
+
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "failed", "timeout", "oom", "unavailable", "invalid")
 # Statuses a plain --resume re-runs: none. With --retry-failed these are run again.
 RETRYABLE = ("failed", "timeout", "oom")
 
-# Fields every record carries, whatever its status (None where not measured).
-REQUIRED = (
-    "schema_version", "run_id", "sweep_id", "runner", "family", "model", "num_devices",
-    "virtual_devices", "device", "scaling", "batch_size_per_device", "global_batch_size",
-    "data", "precision", "repeat", "status", "reason", "images_per_sec", "step_times_s",
-    "samples", "first_loss", "last_loss", "window_start", "window_end", "log_path",
-    "environment", "options", "started_at", "finished_at",
-)
+# Fields every record carries, whatever its status (None where not measured): the record
+# view of the column registry (bench/columns.py), which check_record reads when it runs.
+REQUIRED = columns.keys("record")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -62,7 +59,7 @@ def _jsonable(value: Any) -> Any:
 
 def check_record(record: dict[str, Any]) -> list[str]:
     """Problems with a record's schema; an empty list means it is well-formed."""
-    problems = [f"missing field {k!r}" for k in REQUIRED if k not in record]
+    problems = [f"missing field {k!r}" for k in columns.keys("record") if k not in record]
     status = record.get("status")
     if status not in STATUSES:
         problems.append(f"status {status!r} not in {STATUSES}")

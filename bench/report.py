@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from bench import columns
 from bench.plotting import pyplot
 from bench.records import load_records
 from bench.report_html import write_html
@@ -17,7 +18,6 @@ from bench.stats import (
     CV_TARGET,
     INPUT_BOUND_RATIO,
     PIPELINE_FIELDS,
-    SUMMARY_FIELDS,
     summarise,
     summarise_pipelines,
 )
@@ -29,7 +29,10 @@ REAL_CHART, PIPELINE_CHART = "real_vs_synthetic.png", "pipelines.png"
 
 def write_summary(results_dir: Path, rows: list[dict[str, Any]],
                   name: str = "summary.csv",
-                  fields: tuple[str, ...] = SUMMARY_FIELDS) -> Path:
+                  fields: tuple[str, ...] | None = None) -> Path:
+    """Write rows as results_dir/name with these columns (default: summary.csv's, the csv
+    view of bench/columns.py)."""
+    fields = columns.keys("csv") if fields is None else fields
     path = Path(results_dir) / name
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="") as fh:
@@ -78,83 +81,21 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> str:
                      + (["", "Not ok:", *reasons] if reasons else []))
 
 
-def _ci_cell(low: float | None, high: float | None) -> str:
-    return f"{low:.1f}-{high:.1f}" if low is not None and high is not None else "-"
-
-
-def _flags(r: dict[str, Any]) -> str:
-    """The row's trust flags (see bench/trust.py), or '-'."""
-    names = [n for n, on in (("unstable", r.get("unstable")),
-                             ("not-steady", r.get("not_steady")),
-                             ("noisy", r.get("noisy")),
-                             ("STARVED", r.get("starved")),
-                             ("CONTENDED", r.get("contended"))) if on]
-    return ",".join(names) or "-"
-
-
-def _real_cell(r: dict[str, Any]) -> str:
-    """real/synthetic throughput, marked when input-bound."""
-    ratio = r.get("real_vs_synthetic")
-    if ratio is None:
-        return "-"
-    return f"{ratio:.2f}" + (" INPUT-BOUND" if r.get("input_bound") else "")
-
-
-def _placed_cell(r: dict[str, Any]) -> str:
-    """How many devices the framework says the work ran on; `*` when it collapsed them."""
-    n = r.get("placed_devices")
-    return "-" if n is None else f"{n}" + ("*" if r.get("placement_collapsed") else "")
-
-
 def _benchmark_table(rows: list[dict[str, Any]]) -> str:
-    head = ("runner", "model", "devices", "placed", "BN", "batch", "prec", "data", "status",
-            "img/s", "95% CI", "speedup", "effic.", "real/syn", "MFU", "flags")
-    lines = [head]
-    for r in rows:
-        kind = "vcpu" if r["virtual_devices"] else r["device"]
-        batch = (f"{r['batch_size_per_device']}/dev" if r["scaling"] == "weak"
-                 else f"{r['global_batch_size']} glob")
-        ips = r["images_per_sec"]
-        lines.append((
-            r["runner"], r["model"], f"{r['num_devices']} {kind}", _placed_cell(r),
-            r.get("batchnorm") or "-", batch, r["precision"],
-            r["data_label"],
-            r["status"] + (f" ({r['runs_ok']}/{r['runs_total']})" if r["runs_total"] > 1 else ""),
-            f"{ips:.1f}" if ips is not None else "-",
-            _ci_cell(r.get("images_per_sec_ci_low"), r.get("images_per_sec_ci_high")),
-            f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-",
-            f"{r['scaling_efficiency']:.0%}" if r["scaling_efficiency"] is not None else "-",
-            _real_cell(r),
-            f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-",
-            _flags(r),
-        ))
+    """The summary's cells in the table view of the column registry (bench/columns.py), then
+    the notes: placement, each flag that is on in some row, the reasons of rows not ok."""
+    cells = columns.cells("table")
+    lines = [tuple(c.header for c in cells)]
+    lines += [tuple(columns.cell(c, r, "table") for c in cells) for r in rows]
     out = _columns(lines)
     out += ["", "placed: devices the framework reports the timed steps ran on (the record's "
             "placement); BN: BatchNorm statistics per device or over the global batch"]
     for r in rows:
         if r.get("placement_collapsed"):
             out.append(f"  * {r['runner']} n={r['num_devices']}: {r['placement_collapsed']}")
-    if any(r.get("unstable") for r in rows):
-        out += ["", "unstable: a run's mean of per-step rates and its images/sec (all images over "
-                "the whole window) differ by more than 2%: some steps stalled"]
-    if any(r.get("not_steady") for r in rows):
-        out += ["", "not-steady: a run's first fifth of timed steps ran below 90% of the rest: "
-                "raise warmup_steps"]
-    if any(r.get("noisy") for r in rows):
-        out += ["", "noisy: images/sec varied across repeats by more than the CV target "
-                "(until_stable.target_cv, else 5%)"]
-    if any(r.get("starved") for r in rows):
-        out += ["", "STARVED: the GPUs' mean utilisation in the timed window was below the "
-                "threshold (telemetry.starved_below_pct): input, synchronisation or the host's own "
-                "per-step work (Python, kernel launches: a model too small for the GPU) "
-                "starves them"]
-    if any(r.get("contended") for r in rows):
-        out += ["", "CONTENDED: other processes used more than a quarter of the machine's CPUs "
-                "in a run's timed window, or held its GPUs; the record's telemetry.contention "
-                "names them (docs/RELIABILITY.md)"]
-    if any(r.get("input_bound") for r in rows):
-        out += ["", f"INPUT-BOUND: real data below {INPUT_BOUND_RATIO:.0%} of the same run on "
-                "synthetic data (the input pipeline sets the pace)"]
+    for flag in columns.flags():
+        if any(r.get(flag.key) for r in rows):
+            out += ["", f"{flag.header}: {flag.meaning}"]
     reasons = [f"  {r['runner']} {r['model']} n={r['num_devices']}: {r['reason']}"
                for r in rows if r["status"] != "ok" and r.get("reason")]
     return "\n".join(out + (["", "Not ok:"] + reasons if reasons else []))

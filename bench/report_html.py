@@ -9,21 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-FLAG_HELP = {
-    "unstable": "a run's mean of per-step rates and its images/sec differ by more than 2%: "
-                "some steps stalled (look at its per-step times and telemetry)",
-    "not_steady": "the first fifth of the timed steps ran below 90% of the rest: the warm-up "
-                  "was too short; raise warmup_steps",
-    "noisy": "images/sec varied across repeats by more than the CV target: use more repeats "
-             "or until_stable, and quiet the machine",
-    "starved": "the GPUs' mean utilisation in the timed window was below the threshold: the "
-               "input pipeline or synchronisation leaves them idle (seed 002, tip 3)",
-    "contended": "other processes used more than a quarter of the machine's CPUs in a run's "
-                 "timed window, or held its GPUs: the number is not the machine's alone (the "
-                 "record's telemetry.contention names them)",
-    "input_bound": "real data ran below 90% of the same run on synthetic data: the input "
-                   "pipeline sets the pace",
-}
+from bench import columns
+
+# The per-run columns the Runs table shows beside the run's id, status and files.
+RUN_CELLS = ("images_per_sec", "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu")
 
 
 def _e(value: Any) -> str:
@@ -41,38 +30,30 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 
 def _flags(row: dict[str, Any]) -> list[str]:
-    return [name for name in FLAG_HELP if row.get(name)]
+    """The keys of the flag columns (bench/columns.py) that are on in a summary row."""
+    return [c.key for c in columns.flags_on(row)]
 
 
 def _summary(rows: list[dict[str, Any]]) -> str:
-    head = ["runner", "model", "devices", "placed", "BN", "batch", "prec", "data", "status",
-            "img/s", "95% CI",
-            "CV", "speedup", "efficiency", "GPU util", "run cores", "J/image", "MFU", "flags"]
-    out = []
-    for r in rows:
-        kind = "virtual CPU" if r["virtual_devices"] else r["device"]
-        ci = (f"{r['images_per_sec_ci_low']:.1f}-{r['images_per_sec_ci_high']:.1f}"
-              if r.get("images_per_sec_ci_low") is not None else "-")
-        placed = r.get("placed_devices")
-        out.append([_e(r["runner"]), _e(r["model"]), _e(f"{r['num_devices']} {kind}"),
-                    _e("-" if placed is None else placed) + (
-                        f" <i>({_e(r['placement_collapsed'])})</i>"
-                        if r.get("placement_collapsed") else ""),
-                    _e(r.get("batchnorm") or "-"), _e(r["global_batch_size"]),
-                    _e(r["precision"]), _e(r["data_label"]),
-                    _e(f"{r['status']} ({r['runs_ok']}/{r['runs_total']})"),
-                    _num(r["images_per_sec"], ".1f"), ci, _num(r.get("images_per_sec_cv"), ".1%"),
-                    _num(r.get("speedup"), ".2f"), _num(r.get("scaling_efficiency"), ".0%"),
-                    _num(r.get("gpu_util_pct"), ".0f"), _num(r.get("run_cpu_cores"), ".2f"),
-                    _num(r.get("joules_per_image"), ".3f"), _num(r.get("mfu"), ".2%"),
-                    "<b>" + _e(", ".join(_flags(r))) + "</b>"])
-    return _table(head, out)
+    """The summary's cells in the html view of the column registry (bench/columns.py)."""
+    cells = columns.cells("html")
+    out = [[_cell(c, r) for c in cells] for r in rows]
+    table = _table([c.header for c in cells], out)
+    notes = [f"<li>* {_e(r['runner'])} n={r['num_devices']}: {_e(r['placement_collapsed'])}"
+             "</li>" for r in rows if r.get("placement_collapsed")]
+    return table + (f"<ul>{''.join(notes)}</ul>" if notes else "")
+
+
+def _cell(col: columns.Column, row: dict[str, Any]) -> str:
+    text = _e(columns.cell(col, row, "html"))
+    return f"<b>{text}</b>" if col.format == "flags" else text
 
 
 def _flagged(rows: list[dict[str, Any]]) -> str:
     items = [f"<li><b>{_e(r['runner'])} {_e(r['model'])} n={r['num_devices']} "
              f"{_e(r['data_label'])} {_e(r['precision'])}</b>: "
-             + "; ".join(f"<i>{f}</i>: {_e(FLAG_HELP[f])}" for f in _flags(r)) + "</li>"
+             + "; ".join(f"<i>{c.key}</i>: {_e(c.meaning)}" for c in columns.flags_on(r))
+             + "</li>"
              for r in rows if _flags(r)]
     return f"<ul>{''.join(items)}</ul>" if items else "<p>No row is flagged.</p>"
 
@@ -85,17 +66,15 @@ def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str])
         log = rec.get("log_path")
         log_rel = (f"runs/{Path(log).name}" if log and (Path(results_dir) / "runs" /
                                                           Path(log).name).exists() else None)
+        cells = [columns.column(k) for k in RUN_CELLS]
         out.append([
-            _e(rec["run_id"]), _e(rec["status"]), _num(rec.get("images_per_sec"), ".1f"),
-            _num(tel.get("gpu_util_mean_pct"), ".0f"),
-            _num((tel.get("host") or {}).get("run_cpu_cores_mean"), ".2f"),
-            _num(tel.get("joules_per_image"), ".3f"),
-            _num((rec.get("mfu") or {}).get("mfu"), ".2%"),
+            _e(rec["run_id"]), _e(rec["status"]),
+            *(_e(columns.cell(c, {c.key: columns.run_value(c, rec)}, "html")) for c in cells),
             _e(rec.get("reason") or tel.get("note") or ""),
             (f'<a href="{_e(chart)}">telemetry</a>' if rec["run_id"] in telemetry else "")
             + (f' <a href="{_e(log_rel)}">log</a>' if log_rel else ""),
         ])
-    return _table(["run", "status", "img/s", "GPU util %", "run cores", "J/image", "MFU",
+    return _table(["run", "status", *(columns.column(k).header for k in RUN_CELLS),
                    "reason / note", "files"], out)
 
 

@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from bench import columns
 from bench.grouping import baseline_key, config_key, data_label, mode_of, synthetic_key
 from bench.trust import (
     bootstrap_ci,
@@ -15,17 +16,9 @@ from bench.trust import (
     warmup_not_steady,
 )
 
-SUMMARY_FIELDS = (
-    "runner", "model", "device", "virtual_devices", "num_devices", "scaling",
-    "batch_size_per_device", "global_batch_size", "data", "loader_workers", "precision",
-    "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_ci_low",
-    "images_per_sec_ci_high", "images_per_sec_std", "images_per_sec_cv", "mean_step_rate",
-    "speedup", "speedup_ci_low", "speedup_ci_high", "scaling_efficiency",
-    "efficiency_ci_low", "efficiency_ci_high", "unstable", "not_steady", "noisy", "starved",
-    "contended", "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu", "peak_flops",
-    "placed_devices", "placement_collapsed", "batchnorm", "real_vs_synthetic", "input_bound",
-    "reason",
-)
+# summary.csv's columns are bench/columns.py's (columns.keys("csv"), read when a report is
+# written); this is that list at import, for readers of the old name.
+SUMMARY_FIELDS = columns.keys("csv")
 PIPELINE_FIELDS = (
     "pipeline", "model", "image_size", "batch", "augmentation", "loader_workers", "cores",
     "device", "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_std",
@@ -73,56 +66,12 @@ def run_flags(recs: list[dict[str, Any]]) -> dict[str, Any]:
             "mean_step_rate": statistics.median(means) if means else None}
 
 
-def _median_of(recs: list[dict[str, Any]], *path: str) -> float | None:
-    """The median of a nested numeric field over records that have it."""
-    values = []
-    for rec in recs:
-        node: Any = rec
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, (int, float)) and not isinstance(node, bool):
-            values.append(node)
-    return statistics.median(values) if values else None
-
-
-def telemetry_columns(recs: list[dict[str, Any]], cv: float | None,
-                      cv_target: float) -> dict[str, Any]:
-    """A configuration's telemetry, energy and MFU (medians over its ok runs), and the
-    starved (any run's GPUs below the threshold) and noisy (CV above target) flags."""
-    starved = [r["telemetry"]["starved"] for r in recs
-               if (r.get("telemetry") or {}).get("starved") is not None]
-    contended = [r["contended"] for r in recs if r.get("contended") is not None]
-    return {
-        "noisy": None if cv is None else cv > cv_target,
-        "starved": any(starved) if starved else None,
-        # any run of the configuration shared the machine (bench/telemetry.py: contention)
-        "contended": any(contended) if contended else None,
-        "gpu_util_pct": _median_of(recs, "telemetry", "gpu_util_mean_pct"),
-        "run_cpu_cores": _median_of(recs, "telemetry", "host", "run_cpu_cores_mean"),
-        "joules_per_image": _median_of(recs, "telemetry", "joules_per_image"),
-        "mfu": _median_of(recs, "mfu", "mfu"),
-        "peak_flops": _median_of(recs, "mfu", "peak_flops"),
-    }
-
-
-def placement_columns(recs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where a configuration's ok runs worked, as their frameworks reported it: the fewest
-    devices any run's placement named, the framework's own collapse note if any, and the
-    BatchNorm statistics' scope the runner reported (per_device, global)."""
-    placed = [len(r["placement"]) for r in recs if isinstance(r.get("placement"), dict)]
-    results = [r.get("result") or {} for r in recs]
-    return {
-        "placed_devices": min(placed) if placed else None,
-        "placement_collapsed": next((x["placement_collapsed"] for x in results
-                                     if x.get("placement_collapsed")), None),
-        "batchnorm": next((x["batchnorm"] for x in results if x.get("batchnorm")), None),
-    }
-
-
 def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
               ) -> list[dict[str, Any]]:
     """One row per configuration and device count: the median images/sec over repeats with
-    its 95% bootstrap interval, spread, the flags of run_flags, and telemetry_columns.
+    its 95% bootstrap interval, spread, the flags of run_flags and noisy, and the columns
+    bench/columns.py combines over the runs itself (the configuration's fields, telemetry,
+    energy, MFU, placement: columns.summary_values).
 
     Speedup is the median against the median of the 1-device row of the same configuration
     (bench.grouping.baseline_key: runner, model, data label, precision, scaling, batch and
@@ -142,23 +91,19 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
         first = recs[0]
         statuses = sorted({r["status"] for r in recs})
         oks[key] = ok
+        cv = coefficient_of_variation(ok)
         rows[key] = {
-            "runner": first["runner"], "model": first["model"], "device": first["device"],
-            "virtual_devices": first["virtual_devices"], "num_devices": first["num_devices"],
-            "scaling": first["scaling"], "batch_size_per_device": first["batch_size_per_device"],
-            "global_batch_size": first["global_batch_size"], "data": first["data"],
+            # the registry's columns combined over the runs (bench/columns.py: over_runs)
+            **columns.summary_values(recs, ok_recs),
             "data_label": data_label(first), "mode": mode_of(first),
-            "loader_workers": (first.get("dataset") or {}).get("workers"),
-            "precision": first["precision"],
             "status": "ok" if ok else "/".join(statuses),
             "runs_ok": len(ok), "runs_total": len(recs),
             "images_per_sec": statistics.median(ok) if ok else None,
             "images_per_sec_ci_low": low, "images_per_sec_ci_high": high,
             "images_per_sec_std": statistics.stdev(ok) if len(ok) > 1 else None,
-            "images_per_sec_cv": coefficient_of_variation(ok),
+            "images_per_sec_cv": cv,
             **run_flags(ok_recs),
-            **telemetry_columns(ok_recs, coefficient_of_variation(ok), cv_target),
-            **placement_columns(ok_recs),
+            "noisy": None if cv is None else cv > cv_target,
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
         }
     for key, row in rows.items():
