@@ -3,50 +3,25 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bench import grouping
-from bench.registry import BASELINE_PIPELINE, COMMON_OPTIONS, PIPELINES, RUNNERS
+from bench.registry import BASELINE_PIPELINE, COMMON_OPTIONS, PIPELINES, RUNNERS, resolved_options
+from runners.common import Spec
 
 if TYPE_CHECKING:
     from bench.config import SweepConfig
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """Everything one run needs; serialised to JSON for the child."""
+class RunSpec(Spec):
+    """Everything one run needs (the fields are the child's runners.common.Spec: one
+    definition for both sides), with the parent's views of it; serialised to JSON for the
+    child. The runner's options are resolved here, over the registry's defaults."""
 
-    run_id: str
-    sweep_id: str
-    runner: str
-    family: str
-    module: str
-    model: str
-    num_devices: int
-    device: str
-    virtual_devices: bool
-    scaling: str
-    batch_size_per_device: int
-    global_batch_size: int
-    data: str
-    precision: str
-    warmup_steps: int
-    measure_steps: int
-    repeat: int
-    timeout_s: float
-    options: dict[str, Any] = field(default_factory=dict)  # the runner's own options
-    python: str | None = None  # the user's interpreter, if they named one
-    mode: str = "benchmark"  # or "pipeline" (input pipeline alone), "equivalence"
-    launcher: str = "python"  # see RunnerInfo.launcher
-    # the prepared dataset of a data: real or pipeline run: path, augmentation, workers (one)
-    dataset: dict[str, Any] | None = None
-    equivalence: dict[str, Any] | None = None
-    # the parent's sampler settings (config key telemetry); None: sampler off
-    telemetry: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", resolved_options(self.runner, self.options))
 
     @property
     def group_key(self) -> tuple[Any, ...]:

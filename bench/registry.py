@@ -401,3 +401,13 @@ PIPELINES: dict[str, RunnerInfo] = {
 def runner_options(runner: str) -> dict[str, Option]:
     """All options a runner accepts, its own plus the common ones."""
     return {**COMMON_OPTIONS, **RUNNERS[runner].options}
+
+
+def resolved_options(runner: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A run's options as the child reads them: every option of the runner (or pipeline) at
+    its default, under what the config gave. A name the registry does not know passes as
+    given (the tests' toy runners)."""
+    info = RUNNERS.get(runner) or PIPELINES.get(runner)
+    if info is None:
+        return dict(given)
+    return {**{k: o.default for k, o in info.options.items()}, **given}

@@ -1,8 +1,11 @@
-"""Child-side code every runner shares: read the spec, time the steps, write the result.
+"""Child-side code every runner shares: the typed spec, the one timed loop, the result.
 
-A runner module defines `benchmark(spec) -> dict` (and `equivalence(spec) -> dict` when it
-takes part in the data-parallel equivalence test) and ends with `main(benchmark, equivalence)`.
-This module imports no framework; numpy is the only dependency beyond the stdlib.
+A runner module defines `benchmark(spec: Spec) -> dict` (and `equivalence(spec) -> dict` when
+it takes part in the data-parallel equivalence test) and ends with `main(benchmark,
+equivalence)`. The parent (bench.plan.RunSpec, a subclass of Spec) resolves everything,
+the runner's options over their registry defaults included, so a runner reads `spec.options[
+"name"]` and repeats no default. This module imports no framework; numpy is the only
+dependency beyond the stdlib (the parent imports it too).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,6 @@ import numpy as np
 from runners import math_mode
 from runners.threads import observed as observed_threads
 
-Spec = dict[str, Any]
 OOM_NAMES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
 
 
@@ -35,6 +38,51 @@ class Unavailable(RuntimeError):
 
 class Invalid(RuntimeError):
     """The run happened but its numbers cannot be trusted; the message says why."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything one run needs, as the parent resolved it; the child reads it from JSON."""
+
+    run_id: str
+    sweep_id: str
+    runner: str
+    family: str
+    module: str
+    model: str
+    num_devices: int
+    device: str
+    virtual_devices: bool
+    scaling: str
+    batch_size_per_device: int
+    global_batch_size: int
+    data: str
+    precision: str
+    warmup_steps: int
+    measure_steps: int
+    repeat: int
+    timeout_s: float
+    options: dict[str, Any] = field(default_factory=dict)  # the runner's own, defaults filled
+    python: str | None = None  # the user's interpreter, if they named one
+    mode: str = "benchmark"  # or "pipeline" (input pipeline alone), "equivalence"
+    launcher: str = "python"  # see bench.registry.RunnerInfo.launcher
+    # the prepared dataset of a data: real or pipeline run: path, augmentation, workers (one)
+    dataset: dict[str, Any] | None = None
+    equivalence: dict[str, Any] | None = None
+    # the parent's sampler settings (config key telemetry); None: sampler off
+    telemetry: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Spec:
+        """The spec the parent wrote; a key it does not know is the parent's bug, said so."""
+        known = {f.name for f in fields(Spec)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TypeError(f"spec has keys the runner contract does not know: {unknown}")
+        return Spec(**data)
 
 
 class StepTimer:
@@ -86,6 +134,73 @@ class StepTimer:
         }
 
 
+class TimedWindow:
+    """The bookkeeping of the one timed loop: `warmup` steps uncounted, then `measure` steps
+    timed, each clock reading taken after a step is known finished on the device.
+
+    An explicit loop calls `timed_loop`; a framework's own loop (Keras `fit`, tensorpack's
+    trainer) calls `step_done` from its per-batch hook. `per_call`: steps one call runs (Keras
+    steps_per_execution). `on_start` runs just before the clock starts (read a step counter,
+    reset a tracker)."""
+
+    def __init__(self, warmup: int, measure: int, per_call: int = 1,
+                 on_start: Callable[[], None] | None = None) -> None:
+        if per_call < 1 or warmup % per_call or measure % per_call:
+            raise Invalid(f"{per_call} steps per call must divide warmup_steps={warmup} and "
+                          f"measure_steps={measure} so the timed window starts and ends on a "
+                          f"call")
+        self.warmup, self.measure, self.per_call = warmup, measure, per_call
+        self.on_start = on_start
+        self.timer, self.losses, self.calls = StepTimer(), [], 0
+        self.started = False
+
+    def start(self) -> None:
+        """Start the clock (done by step_done after the last warm-up step; call it yourself
+        before the first step when there is no warm-up)."""
+        if self.on_start is not None:
+            self.on_start()
+        self.started = True
+        self.timer.start()
+
+    @property
+    def done(self) -> bool:
+        return self.timer.steps >= self.measure if self.started else False
+
+    def step_done(self, loss: float | None = None) -> None:
+        """One call (per_call steps) has finished on the device; `loss` its last loss."""
+        self.calls += 1
+        if not self.started:
+            if self.calls * self.per_call >= self.warmup:
+                self.start()
+            return
+        self.timer.tick(self.per_call)
+        if loss is not None:
+            self.losses.append(float(loss))
+
+    def summary(self, global_batch: int, samples: int) -> dict[str, Any]:
+        """The timer's summary (images/sec over the window, per-step times) and the first
+        and last measured losses, checked finite."""
+        out = self.timer.summary(global_batch, samples)
+        if self.losses:
+            out.update(first_loss=finite(self.losses[0]), last_loss=finite(self.losses[-1]))
+        return out
+
+
+def timed_loop(step: Callable[[], Any], sync: Callable[[Any], float | None], warmup: int,
+               measure: int, on_start: Callable[[], None] | None = None) -> TimedWindow:
+    """The timed loop every explicit-loop runner runs: `warmup` steps, then `measure` timed
+    ones. `step()` launches one training step and returns what `sync` needs; `sync(out)`
+    waits until that step has finished on the device and returns its loss (or None)."""
+    window = TimedWindow(warmup, measure, on_start=on_start)
+    if warmup == 0:
+        window.start()
+    while not window.done:
+        window.step_done(sync(step()))
+    if not window.timer.steps:
+        raise Invalid("measure_steps is 0: nothing was timed")
+    return window
+
+
 def finite(value: Any) -> float:
     """A loss as a float; Invalid if it is NaN or infinite (BatchNorm on a short batch, say)."""
     v = float(value)
@@ -113,7 +228,7 @@ def _plain(value: Any) -> Any:
 def load_equivalence_inputs(spec: Spec) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
                                                    float]:
     """The equivalence test's initial weights (canonical names), batch x, labels y, and lr."""
-    eq = spec["equivalence"]
+    eq = spec.equivalence or {}
     with np.load(eq["inputs"]) as data:
         weights = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
         return weights, data["x"], data["y"], float(eq["learning_rate"])
@@ -121,7 +236,7 @@ def load_equivalence_inputs(spec: Spec) -> tuple[dict[str, np.ndarray], np.ndarr
 
 def save_equivalence_output(spec: Spec, weights: dict[str, np.ndarray]) -> None:
     """Write the weights after the step, under their canonical names."""
-    np.savez(spec["equivalence"]["output"], **{f"w:{k}": np.asarray(v) for k, v in
+    np.savez((spec.equivalence or {})["output"], **{f"w:{k}": np.asarray(v) for k, v in
                                                weights.items()})
 
 
@@ -155,18 +270,17 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
     parser.add_argument("--spec", required=True)
     parser.add_argument("--result", required=True)
     args = parser.parse_args()
-    spec: Spec = json.loads(Path(args.spec).read_text())
+    spec = Spec.from_dict(json.loads(Path(args.spec).read_text()))
     rank = process_rank()
     tag = "[runner]" if rank == 0 else f"[runner rank {rank}]"
-    print(f"{tag} {spec['runner']} {spec['run_id']} mode={spec.get('mode', 'benchmark')}",
-          flush=True)
+    print(f"{tag} {spec.runner} {spec.run_id} mode={spec.mode}", flush=True)
     code = 0
     try:
         # float32 math of the frameworks imported so far; JAX's from the environment
-        math_mode.apply(spec.get("precision", "fp32"), spec.get("device", "cpu"))
-        if spec.get("mode", "benchmark") == "equivalence":
+        math_mode.apply(spec.precision, spec.device)
+        if spec.mode == "equivalence":
             if equivalence is None:
-                raise Unavailable(f"{spec['runner']} does not implement the equivalence mode")
+                raise Unavailable(f"{spec.runner} does not implement the equivalence mode")
             result = equivalence(spec)
         else:
             result = benchmark(spec)

@@ -19,8 +19,8 @@ from runners.real_data import describe, open_dataset, pil_batches, time_pipeline
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     data = open_dataset(spec)
-    size = get_spec(spec["model"]).input_shape[0]
-    batch = spec["global_batch_size"]
+    size = get_spec(spec.model).input_shape[0]
+    batch = spec.global_batch_size
     batches = pil_batches(data.files, size, data.augmentation, batch)
     result = time_pipeline(spec, batches, batch)
     result.update(describe(data, size))

@@ -71,9 +71,9 @@ class RealData:
 def open_dataset(spec: Spec) -> RealData:
     """The run's dataset; Unavailable when the run is not a real-data run or the folder is
     not usable (the parent checked it when the sweep was read, but a sweep can run later)."""
-    if spec.get("data") != "real" or not spec.get("dataset"):
+    if spec.data != "real" or not spec.dataset:
         raise Unavailable(f"data {spec.get('data')!r} has no dataset to read")
-    ds = spec["dataset"]
+    ds = spec.dataset
     path = Path(ds["path"])
     try:
         manifest = json.loads((path / "manifest.json").read_text())
@@ -243,12 +243,12 @@ def time_pipeline(spec: Spec, batches: Iterator[Any], batch: int,
     and worker processes alike), so a pipeline that quietly uses every core is not credited
     with its worker count."""
     count = count or (lambda b: len(b[0]))
-    for _ in range(spec["warmup_steps"]):
+    for _ in range(spec.warmup_steps):
         next(batches)
     timer, seen = StepTimer(), 0
     cpu0 = tree_cpu_seconds()
     timer.start()
-    for _ in range(spec["measure_steps"]):
+    for _ in range(spec.measure_steps):
         got = int(count(next(batches)))
         if got != batch:
             raise Invalid(f"the pipeline gave a batch of {got} images, expected {batch}")
@@ -256,7 +256,7 @@ def time_pipeline(spec: Spec, batches: Iterator[Any], batch: int,
         timer.tick()
     cpu1 = tree_cpu_seconds()
     result = timer.summary(batch, seen)
-    workers = spec["dataset"]["workers"]
+    workers = spec.dataset["workers"]
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     if cpu:
         per_core, basis = seen / cpu, "CPU seconds of the process tree in the window"

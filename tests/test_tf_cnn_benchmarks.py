@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench.plan import RunSpec
 from bench.records import check_record, load_records
 from runners.common import Invalid, Unavailable
 from runners.tf.cnn_benchmarks import (
@@ -31,8 +32,10 @@ from tests.conftest import run_cli
 DATA = Path(__file__).resolve().parent / "data" / "tf_cnn_benchmarks"
 
 
-def make_spec(**over: Any) -> dict[str, Any]:
+def make_spec(**over: Any) -> RunSpec:
     spec: dict[str, Any] = {
+        "run_id": "r", "sweep_id": "s", "family": "tf", "module": "runners.tf.cnn_benchmarks",
+        "virtual_devices": False, "scaling": "weak", "repeat": 0,
         "runner": "tf_cnn_benchmarks", "model": "resnet50", "num_devices": 2, "device": "gpu",
         "batch_size_per_device": 64, "global_batch_size": 128, "data": "synthetic",
         "precision": "fp32", "warmup_steps": 5, "measure_steps": 20, "timeout_s": 600,
@@ -41,7 +44,7 @@ def make_spec(**over: Any) -> dict[str, Any]:
                     "benchmarks_dir": None},
     }
     spec.update(over)
-    return spec
+    return RunSpec(**spec)  # the parent's spec: the options resolved over their defaults
 
 
 def flag_dict(flags: list[str]) -> dict[str, str]:
@@ -117,7 +120,7 @@ def test_flags_script_model_and_trace_file() -> None:
         "resnet50"
     with pytest.raises(Unavailable, match="not a resnet50"):
         build_flags(make_spec(), {"script_model": "resnet101"})
-    flags = flag_dict(build_flags(make_spec(trace_file="/tmp/t.json")))
+    flags = flag_dict(build_flags(make_spec(), trace_file="/tmp/t.json"))
     assert flags["trace_file"] == "/tmp/t.json"
 
 
@@ -149,10 +152,10 @@ def test_flags_precision() -> None:
 
 
 def test_flags_real_data_needs_a_data_dir() -> None:
-    with pytest.raises(Unavailable, match="data_dir"):
-        build_flags(make_spec(data="imagenet"))
-    flags = flag_dict(build_flags(make_spec(data="imagenet", data_dir="/data/imagenet")))
-    assert flags["data_dir"] == "/data/imagenet"
+    with pytest.raises(Unavailable, match="dataset.path"):
+        build_flags(make_spec(data="real"))
+    flags = flag_dict(build_flags(make_spec(data="real", dataset={"path": "/data/prepared"})))
+    assert flags["data_dir"] == "/data/prepared/tfrecord"
 
 
 def test_no_checkout_is_unavailable_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,8 +34,8 @@ def _with_device_count(flags: str, n: int) -> str:
 def setup_devices(spec: Spec) -> tuple[list[jax.Device], list[dict[str, Any]]]:
     """The run's N jax devices and their descriptions: N virtual CPU devices (device: cpu) or the
     first N GPUs (device: gpu). Call before anything imports jax."""
-    n = spec["num_devices"]
-    if spec["device"] == "cpu":
+    n = spec.num_devices
+    if spec.device == "cpu":
         if "jax" in sys.modules:
             raise RuntimeError("setup_devices must run before jax is imported: XLA reads "
                                f"{DEVICE_COUNT_FLAG} when its CPU backend starts")
@@ -43,7 +43,7 @@ def setup_devices(spec: Spec) -> tuple[list[jax.Device], list[dict[str, Any]]]:
         os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
-    if spec["device"] == "cpu":
+    if spec.device == "cpu":
         devices = jax.devices("cpu")
         if len(devices) != n:
             raise Unavailable(f"XLA_FLAGS={os.environ['XLA_FLAGS']!r} gave {len(devices)} CPU "
@@ -69,10 +69,10 @@ def framework_versions(*extra: str) -> dict[str, str]:
 
 def real_dataset(spec: Spec, model_spec: ModelSpec) -> RealData | None:
     """The run's prepared dataset (None for synthetic data), checked against the model."""
-    if spec["data"] == "synthetic":
+    if spec.data == "synthetic":
         return None
     data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec["model"])
+    check_classes(data, model_spec.num_classes, spec.model)
     return data
 
 

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from models import get_spec, load_builder
@@ -222,8 +223,8 @@ def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Itera
 def fit_steps(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int | None = None
               ) -> tuple[Any, Any]:
     """model.fit(**feed) for warmup + measure steps with the clock and the placement probe."""
-    warmup = spec["warmup_steps"] if warmup is None else warmup
-    measure = spec["measure_steps"]
+    warmup = spec.warmup_steps if warmup is None else warmup
+    measure = spec.measure_steps
     probe = BatchPlacement(warmup)
     clock = make_clock(warmup, measure, probe.install)
     model.fit(**feed, callbacks=[clock], verbose=0)
@@ -238,7 +239,7 @@ def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int 
     if not clock.losses or clock.start_iteration is None or probe.placement is None:
         raise Invalid("no measured step reported a loss")
     steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
-    global_batch = spec["global_batch_size"]
+    global_batch = spec.global_batch_size
     return {
         **clock.timer.summary(global_batch, steps * global_batch),
         "first_loss": finite(clock.losses[0]),
@@ -308,23 +309,23 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
               noted: list[Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """(fit's data arguments, what the record says about the input, the iterator to close or
     None) for the option `input` over synthetic data, the Grain pipeline or the PyDataset."""
-    global_batch = spec["global_batch_size"]
-    mode = spec["options"].get("input", "numpy")
+    global_batch = spec.global_batch_size
+    mode = spec.options["input"]
     if mode not in INPUTS:
         raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
-    steps = spec["warmup_steps"] + spec["measure_steps"]
+    steps = spec.warmup_steps + spec.measure_steps
     if data is None:
         if mode == "numpy":
             feed = host_dataset(model_spec, global_batch, steps)
             k = len(feed["x"]) // global_batch
-            warmup = warmup_past_recompile(spec["warmup_steps"], spec["measure_steps"], k)
-            feed["epochs"] = -(-(warmup + spec["measure_steps"]) // k)
+            warmup = warmup_past_recompile(spec.warmup_steps, spec.measure_steps, k)
+            feed["epochs"] = -(-(warmup + spec.measure_steps) // k)
             record = {"input": mode, "data_placement": ARRAYS_PLACEMENT, "host_dataset": {
                 "batches": k, "epochs": feed["epochs"], "shuffle": True},
                 "warmup_steps_run": warmup}
-            if warmup != spec["warmup_steps"]:
+            if warmup != spec.warmup_steps:
                 record["warmup_extended"] = (
-                    f"{spec['warmup_steps']} -> {warmup}: the host data holds {k} batches, so "
+                    f"{spec.warmup_steps} -> {warmup}: the host data holds {k} batches, so "
                     f"step {k + 1} opens the second epoch, where Keras' jax trainer compiles "
                     "its train step again; that step is warm-up, not timed")
             return feed, record, None
@@ -333,7 +334,7 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
         return {"x": resident_batches(x, y), "steps_per_epoch": steps}, {
             "input": mode, "data_placement": SYNTHETIC_PLACEMENT}, None
     size = model_spec.input_shape[0]
-    loader = spec["options"].get("loader", "framework")
+    loader = spec.options["loader"]
     record = {**describe(data, size), "loader": loader, "input": mode}
     if loader == "keras":
         if mode == "preplaced":
@@ -352,7 +353,7 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
     else:
         batches, line = device_batches(data, size, global_batch, *shardings)
         where = GRAIN_PLACEMENT
-    return {"x": noting_labels(batches, spec["warmup_steps"], noted), "steps_per_epoch": steps}, {
+    return {"x": noting_labels(batches, spec.warmup_steps, noted), "steps_per_epoch": steps}, {
         **record, "input_pipeline": line, "data_placement": where}, batches
 
 
@@ -426,7 +427,7 @@ BATCHNORM_RECORD = {
 
 def build_model(keras: Any, spec: Spec, name: str, **kwargs: Any) -> tuple[Any, str]:
     """(the Keras model `name`, the batchnorm mode): per_device swaps its BatchNorm layers."""
-    batchnorm = spec["options"].get("batchnorm", "per_device")
+    batchnorm = spec.options["batchnorm"]
     if batchnorm not in BATCHNORM_MODES:
         raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
     model = load_builder(name, "keras")(get_spec(name), **kwargs)
@@ -437,14 +438,14 @@ def build_model(keras: Any, spec: Spec, name: str, **kwargs: Any) -> tuple[Any, 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     keras, distribution, described = make_distribution(spec)
-    n, global_batch = distribution.device_mesh.devices.size, spec["global_batch_size"]
+    n, global_batch = distribution.device_mesh.devices.size, spec.global_batch_size
     if global_batch % n:
         raise Invalid(f"global batch {global_batch} does not divide by {n} devices")
-    policy = POLICIES[spec["precision"]]
+    policy = POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
-    model_spec = get_spec(spec["model"])
+    model_spec = get_spec(spec.model)
     data = real_dataset(spec, model_spec)
-    model, batchnorm = build_model(keras, spec, spec["model"], data_format="channels_last")
+    model, batchnorm = build_model(keras, spec, spec.model, data_format="channels_last")
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
                   loss="sparse_categorical_crossentropy")
     shape = (global_batch, *model_spec.input_shape)
@@ -504,7 +505,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     set_canonical_weights(model, weights)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=lr),
                   loss="sparse_categorical_crossentropy")
-    mode = spec["options"].get("input", "numpy")
+    mode = spec.options["input"]
     if mode == "numpy":
         feed = {"x": x, "y": y, "batch_size": len(x), "epochs": 1, "shuffle": True}
     elif mode == "preplaced":
@@ -514,7 +515,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         feed = {"x": resident_batches(*jax.device_put((x, y), layouts)), "steps_per_epoch": 1}
     else:
         raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
-    clock, probe = fit_steps({**spec, "warmup_steps": 0, "measure_steps": 1}, model, feed)
+    clock, probe = fit_steps(replace(spec, warmup_steps=0, measure_steps=1), model, feed)
     if int(model.optimizer.iterations.numpy()) != 1 or probe.placement is None:
         raise Invalid("fit did not run exactly one step")
     save_equivalence_output(spec, get_canonical_weights(model))

@@ -238,30 +238,30 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
     from models.flax_common import count_flops_flax, count_params_flax
 
-    n, global_batch = len(devices), spec["global_batch_size"]
+    n, global_batch = len(devices), spec.global_batch_size
     if global_batch % n:
         raise Invalid(f"global batch {global_batch} does not divide by {n} devices")
-    dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[spec["precision"]]
-    model_spec = get_spec(spec["model"])
+    dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[spec.precision]
+    model_spec = get_spec(spec.model)
     data = real_dataset(spec, model_spec)
-    model = load_builder(spec["model"], "flax")(model_spec, dtype=dtype)
+    model = load_builder(spec.model, "flax")(model_spec, dtype=dtype)
     replicated, batch = make_shardings(devices)
     variables = init_variables(model, model_spec.input_shape)
     params = count_params_flax(variables)
     state = create_state(model, variables, optax.sgd(0.01, momentum=0.9), replicated)
     del variables
     batches, x, y, input_record = input_batches(data, model_spec, global_batch, batch)
-    batchnorm = spec["options"].get("batchnorm", "per_device")
+    batchnorm = spec.options["batchnorm"]
     try:
         step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state,
                                          x, y)
-        for _ in range(spec["warmup_steps"]):
+        for _ in range(spec.warmup_steps):
             state, loss = step(state, *next(batches))
             finite(loss.block_until_ready())
         start = int(state.step)
         timer, losses, first = StepTimer(), [], None
         timer.start()
-        for _ in range(spec["measure_steps"]):
+        for _ in range(spec.measure_steps):
             x, y = next(batches)
             state, loss = step(state, x, y)
             loss.block_until_ready()  # every device's copy: the step has finished everywhere
@@ -325,7 +325,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     replicated, batch = make_shardings(devices)
     state = create_state(model, variables, optax.sgd(lr), replicated)
     xs, ys = jax.device_put(x, batch), jax.device_put(y, batch)  # inputs come NHWC
-    batchnorm = spec["options"].get("batchnorm", "per_device")
+    batchnorm = spec.options["batchnorm"]
     step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state, xs, ys)
     state, loss = step(state, xs, ys)
     finite(loss.block_until_ready())

@@ -16,16 +16,16 @@ from runners.real_data import check_classes, describe, open_dataset, time_pipeli
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    devices, described = setup_devices({**spec, "num_devices": spec.get("num_devices", 1)})
+    devices, described = setup_devices(spec)
     import jax
 
     from runners.jax.data import device_batches, grain_version
     from runners.jax.native import make_shardings
 
     data = open_dataset(spec)
-    model_spec = get_spec(spec["model"])
-    check_classes(data, model_spec.num_classes, spec["model"])
-    size, batch = model_spec.input_shape[0], spec["global_batch_size"]
+    model_spec = get_spec(spec.model)
+    check_classes(data, model_spec.num_classes, spec.model)
+    size, batch = model_spec.input_shape[0], spec.global_batch_size
     _, sharding = make_shardings(devices)
     batches, line = device_batches(data, size, batch, sharding)
 

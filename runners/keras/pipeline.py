@@ -38,7 +38,7 @@ def fit_adapter(sequence: Any) -> Any:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    devices, described = setup_devices({**spec, "num_devices": spec.get("num_devices", 1)})
+    devices, described = setup_devices(spec)
     import jax
 
     from runners.jax.keras_jax import import_keras
@@ -47,10 +47,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     from runners.keras.data import describe_keras, jpeg_sequence
 
     data = open_dataset(spec)
-    model_spec = get_spec(spec["model"])
-    check_classes(data, model_spec.num_classes, spec["model"])
-    size, batch = model_spec.input_shape[0], spec["global_batch_size"]
-    steps = spec["warmup_steps"] + spec["measure_steps"]
+    model_spec = get_spec(spec.model)
+    check_classes(data, model_spec.num_classes, spec.model)
+    size, batch = model_spec.input_shape[0], spec.global_batch_size
+    steps = spec.warmup_steps + spec.measure_steps
     adapter = fit_adapter(jpeg_sequence(data, size, batch, steps))
     adapter.on_epoch_begin()  # starts the enqueuer's workers, as fit does at each epoch
     batches = (jax.device_put(b, devices[0]) for b in adapter.get_jax_iterator())

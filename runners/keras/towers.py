@@ -49,7 +49,7 @@ sys.modules["keras"] = tf_keras  # the models' builders and keras_data import `k
 tf.compat.v1.disable_eager_execution()
 
 from collections.abc import Callable, Iterator  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -110,15 +110,15 @@ def setup(spec: Spec) -> tuple[list[str], list[dict[str, Any]], dict[str, Any]]:
 
     A tf.compat.v1 Session ignores tf.config's logical devices, so on CPU the session config
     asks for N CPU devices too (as runners/tf/tensorpack.py does)."""
-    if spec["precision"] != "fp32":
-        raise Invalid(f"{spec['runner']} runs fp32 only, not {spec['precision']}")
+    if spec.precision != "fp32":
+        raise Invalid(f"{spec.runner} runs fp32 only, not {spec.precision}")
     names, devices = tf_devices.setup_devices(spec)
     config = tfv1.ConfigProto(allow_soft_placement=True)  # Keras 2's own session config
     config.gpu_options.allow_growth = True
     # a StagingArea put can hold an inter-op thread until its get runs: keep threads spare
     config.inter_op_parallelism_threads = max(os.cpu_count() or 1, 2 * len(names) + 2)
     config.graph_options.optimizer_options.global_jit_level = tfv1.OptimizerOptions.OFF
-    if spec["device"] == "cpu":
+    if spec.device == "cpu":
         config.device_count["CPU"] = len(names)
     K.set_session(tfv1.Session(config=config))
     xla_flags = os.environ.get("TF_XLA_FLAGS", "")
@@ -276,7 +276,7 @@ class Keras2SGD(tf_keras.optimizers.legacy.SGD):
 
 
 def input_option(spec: Spec) -> str:
-    value = spec["options"].get("input", "feed_dict")
+    value = spec.options["input"]
     if value not in INPUTS:
         raise Unavailable(f"input {value!r} is not one of {INPUTS}")
     return value
@@ -301,10 +301,10 @@ class Source:
 
 
 def open_real(spec: Spec, model_spec: ModelSpec) -> RealData:
-    if spec["data"] != "real":
-        raise Unavailable(f"data {spec['data']!r} is neither synthetic nor real")
+    if spec.data != "real":
+        raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
     data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec["model"])
+    check_classes(data, model_spec.num_classes, spec.model)
     return data
 
 
@@ -329,8 +329,8 @@ def batches_source(make: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
 
 def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) -> Source:
     """The run's data in the form its input option hands it to fit."""
-    batch = spec["global_batch_size"]
-    if spec["data"] == "synthetic":
+    batch = spec.global_batch_size
+    if spec.data == "synthetic":
         x, y = synthetic_arrays(model_spec, batch)
         if input_mode != "tf_data":
             return arrays_source(x, y)
@@ -341,7 +341,7 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
         return Source(ds_args, None, {})
     data = open_real(spec, model_spec)
     size = model_spec.input_shape[0]
-    loader = spec["options"].get("loader", "framework")
+    loader = spec.options["loader"]
     base = {**describe(data, size), "loader": loader}
     if input_mode == "tf_data":
         if loader != "framework":
@@ -500,8 +500,8 @@ def benchmark(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, di
     steps in one fit call, timed at batch ends."""
     names, devices, xla = setup(spec)
     input_mode = input_option(spec)
-    model_spec = get_spec(spec["model"])
-    warmup, measure = spec["warmup_steps"], spec["measure_steps"]
+    model_spec = get_spec(spec.model)
+    warmup, measure = spec.warmup_steps, spec.measure_steps
     source = make_source(spec, model_spec, input_mode, 1 + warmup + measure)
     built, fields = make(spec, names, input_mode)
     staged = built.stager is not None
@@ -514,7 +514,7 @@ def benchmark(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, di
     steps = int(K.get_value(built.model.optimizer.iterations)) - clock.start_iteration
     if not clock.losses:
         raise Invalid("no measured step reported a loss")
-    batch = spec["global_batch_size"]
+    batch = spec.global_batch_size
     return {
         **clock.timer.summary(batch, steps * batch),
         "first_loss": finite(clock.losses[0]),
@@ -549,7 +549,7 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
     names, devices, xla = setup(spec)
     input_mode = input_option(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
-    built, fields = make({**spec, "model": "probe", "learning_rate": lr}, names, input_mode)
+    built, fields = make(replace(spec, model="probe"), names, input_mode)
     set_canonical_weights(built.template, weights)
     staged = built.stager is not None
     if input_mode == "tf_data":
@@ -566,20 +566,21 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
 
 def optimizer(spec: Spec, gradients: GradientsFn = keras2_gradients) -> Keras2SGD:
     """The benchmark's SGD (momentum 0.9), or plain SGD at the equivalence test's rate."""
-    if "learning_rate" in spec:
-        return Keras2SGD(learning_rate=spec["learning_rate"], gradients=gradients)
+    if spec.mode == "equivalence":  # the test's plain SGD at its learning rate
+        return Keras2SGD(learning_rate=float((spec.equivalence or {})["learning_rate"]),
+                         gradients=gradients)
     return Keras2SGD(learning_rate=0.01, momentum=0.9, gradients=gradients)
 
 
 def ps_device(spec: Spec, devices: list[str]) -> str:
     """The parameter device of the `ps` option: /cpu:0, or the first tower device."""
-    return "/cpu:0" if spec["options"].get("ps", "cpu") == "cpu" else devices[0]
+    return "/cpu:0" if spec.options["ps"] == "cpu" else devices[0]
 
 
 def single_device(spec: Spec, devices: list[str], original: str) -> dict[str, Any] | None:
     """At one device, fields for the plain-model baseline of an original that refuses or
     bypasses one device; None when the wrapper is to be measured (wrap_single_device)."""
-    if len(devices) > 1 or spec["options"].get("wrap_single_device", False):
+    if len(devices) > 1 or spec.options["wrap_single_device"]:
         return None
     return {"wrapped": False, "baseline": f"plain model, as {original} at 1 GPU",
             "tower_devices": devices[:1]}

@@ -29,8 +29,8 @@ def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
     On a CPU, mx.cpu(i) are distinct contexts that share the host's cores and memory: MXNet
     keeps a separate copy of every parameter and gradient per context and reduces them through
     the kvstore exactly as it does between GPUs, which is what makes them virtual devices."""
-    n = spec["num_devices"]
-    if spec["device"] == "cpu":
+    n = spec.num_devices
+    if spec.device == "cpu":
         ctxs = [mx.cpu(i) for i in range(n)]
         return ctxs, [{"name": str(c), "kind": "virtual CPU device (MXNet context)"}
                       for c in ctxs]

@@ -115,7 +115,7 @@ def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: i
               labels: list[int]) -> tuple[Any, dict[str, Any], str]:
     """What fit_generator reads for a real-data run: (generator or Sequence, its worker
     arguments, the record's input_pipeline line)."""
-    if spec["options"].get("loader", "framework") == "keras":
+    if spec.options["loader"] == "keras":
         from runners.keras.data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
         labels.extend(data.files[i][1] for i in batch_at(len(data.files), global_batch, 0))
@@ -139,7 +139,7 @@ def check_memory(nbytes: int) -> None:
 
 def learning_rate(spec: Spec, lr: float, n: int) -> float:
     """The lr to give keras-mxnet so its N-context step is the 1-device step (see docstring)."""
-    return lr / n if spec["options"].get("gradient_reduce", "mean") == "mean" else lr
+    return lr / n if spec.options["gradient_reduce"] == "mean" else lr
 
 
 def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
@@ -151,7 +151,7 @@ def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
     # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu(): on a CPU the N
     # executors share context cpu(0) (each still has its own parameter copy and batch slice)
     kind = ("executor on a shared CPU context (keras-mxnet maps cpu(i) to cpu(0))"
-            if spec["device"] == "cpu" else "GPU")
+            if spec.device == "cpu" else "GPU")
     return [{"name": str(c), "kind": kind} for c in model._context]
 
 
@@ -182,7 +182,7 @@ def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps
           clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None) -> None:
     """Train `steps` steps as the run's input option says: fit_generator on the source
     (generator or Sequence), or fit on `steps` copies of the arrays' batch."""
-    if spec["options"].get("input", "generator") == "generator":
+    if spec.options["input"] == "generator":
         model.fit_generator(source, steps_per_epoch=steps, epochs=1, callbacks=[clock],
                             verbose=0, **fit_kwargs)
         return
@@ -194,15 +194,15 @@ def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec["options"]
+    opts = spec.options
     ctxs, _ = contexts(spec)
-    n, global_batch = len(ctxs), spec["global_batch_size"]
+    n, global_batch = len(ctxs), spec.global_batch_size
     if global_batch % n:
         raise Invalid(f"global batch {global_batch} does not divide by {n} contexts")
-    warmup, measure = spec["warmup_steps"], spec["measure_steps"]
-    model_spec = get_spec(spec["model"])
-    feed = opts.get("input", "generator")
-    real = spec["data"] == "real"
+    warmup, measure = spec.warmup_steps, spec.measure_steps
+    model_spec = get_spec(spec.model)
+    feed = opts["input"]
+    real = spec.data == "real"
     labels: list[int] = []
     if real:
         if feed == "arrays":
@@ -210,11 +210,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                               "timed window leaves out the input pipeline a real-data run "
                               "times; use input=generator (loader framework or keras)")
         data = open_dataset(spec)
-        check_classes(data, model_spec.num_classes, spec["model"])
+        check_classes(data, model_spec.num_classes, spec.model)
         size = model_spec.input_shape[0]
         source, fit_kwargs, pipeline = real_feed(spec, data, size, global_batch,
                                                  warmup + measure, labels)
-    model = load_builder(spec["model"], "keras")(model_spec, data_format="channels_first")
+    model = load_builder(spec.model, "keras")(model_spec, data_format="channels_first")
     optimizer = keras.optimizers.SGD(lr=learning_rate(spec, 0.01, n), momentum=0.9)
     devices = compile_model(model, spec, optimizer, ctxs)
     clock = StepClock(warmup)
@@ -239,12 +239,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "devices": devices,
         "layout": keras.backend.image_data_format(),
         "input": feed,
-        "gradient_reduce": opts.get("gradient_reduce", "mean"),
+        "gradient_reduce": opts["gradient_reduce"],
         "kvstore": model._kvstore,  # keras-mxnet's default; Model(..., kvstore=) would change it
         **read_placement(model, n),
         "params": count_params_keras2(model),
         "flops_per_sample": count_flops_keras2(model),
-        **({**describe(data, size), "loader": opts.get("loader", "framework"),
+        **({**describe(data, size), "loader": opts["loader"],
             "first_batch_labels": labels, "input_pipeline": pipeline} if real else {}),
     }
 
@@ -267,8 +267,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     mx.nd.waitall()
     save_equivalence_output(spec, get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
-            "loss": finite(clock.losses[0]), "input": spec["options"].get("input", "generator"),
-            "gradient_reduce": spec["options"].get("gradient_reduce", "mean"),
+            "loss": finite(clock.losses[0]), "input": spec.options["input"],
+            "gradient_reduce": spec.options["gradient_reduce"],
             **read_placement(model, n)}
 
 

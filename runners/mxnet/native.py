@@ -68,8 +68,8 @@ from runners.real_data import check_classes, describe, open_dataset
 def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer: str,
                  params: dict[str, Any]) -> gluon.Trainer:
     """A gluon.Trainer over the net's parameters with the kvstore the config chose."""
-    kvstore = spec["options"].get("kvstore", "device")
-    if kvstore == "nccl" and spec["device"] != "gpu":
+    kvstore = spec.options["kvstore"]
+    if kvstore == "nccl" and spec.device != "gpu":
         raise Unavailable("kvstore nccl needs GPUs; use device or local on CPU contexts")
     if kvstore == "nccl" and not mx.runtime.Features().is_enabled("NCCL"):
         raise Unavailable("kvstore nccl: this MXNet build has no NCCL")
@@ -103,7 +103,7 @@ def synthetic_feed(xs: list[Any], ys: list[Any]) -> Iterator[tuple[list[Any], li
 def hybridize_as_configured(net: gluon.HybridBlock, spec: Spec) -> bool:
     """hybridize (default): compile the net to a static graph with static memory and shapes,
     as the MXNet docs advise for speed; false keeps the imperative Gluon net."""
-    hybridize = bool(spec["options"].get("hybridize", True))
+    hybridize = bool(spec.options["hybridize"])
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     return hybridize
@@ -140,23 +140,23 @@ def mean_loss(losses: list[Any], global_batch: int) -> float:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec["options"]
+    opts = spec.options
     ctxs, devices = contexts(spec)
-    n, global_batch = len(ctxs), spec["global_batch_size"]
+    n, global_batch = len(ctxs), spec.global_batch_size
     if global_batch % n:
         raise Invalid(f"global batch {global_batch} does not divide by {n} contexts")
-    dtype = DTYPES[spec["precision"]]
-    if dtype == "float16" and spec["device"] == "cpu":
+    dtype = DTYPES[spec.precision]
+    if dtype == "float16" and spec.device == "cpu":
         raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
                           "kernels for the CPU; run fp16 on GPUs")
-    model_spec = get_spec(spec["model"])
-    real = spec["data"] == "real"
+    model_spec = get_spec(spec.model)
+    real = spec.data == "real"
     if real:  # open the dataset first: a bad folder is unavailable before the net is built
         data = open_dataset(spec)
-        check_classes(data, model_spec.num_classes, spec["model"])
+        check_classes(data, model_spec.num_classes, spec.model)
         size = model_spec.input_shape[0]
-        it = record_iter(data, size, global_batch, spec["device"])
-    net = load_builder(spec["model"], "gluon")(model_spec)
+        it = record_iter(data, size, global_batch, spec.device)
+    net = load_builder(spec.model, "gluon")(model_spec)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
     if dtype == "float16":
         net.cast("float16")  # fp32 master weights are kept by multi_precision below
@@ -171,14 +171,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         x, y = synthetic_arrays(model_spec, global_batch)
         feed = synthetic_feed(split_to_contexts(x, ctxs, dtype), split_to_contexts(y, ctxs))
 
-    for _ in range(spec["warmup_steps"]):
+    for _ in range(spec.warmup_steps):
         mean_loss(train_step(net, trainer, loss_fn, *next(feed), global_batch), global_batch)
         mx.nd.waitall()
     optimizer = trainer._optimizer  # its num_update counts applied steps
     start = optimizer.num_update
     timer, losses, step_losses = StepTimer(), [], []
     timer.start()
-    for _ in range(spec["measure_steps"]):
+    for _ in range(spec.measure_steps):
         step_losses = train_step(net, trainer, loss_fn, *next(feed), global_batch)
         mx.nd.waitall()  # the update has landed on every context
         timer.tick()
@@ -190,7 +190,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         placement = ("each global batch from the ImageRecordIter split over the contexts "
                      "(split_and_load) inside the timed step")
         extra = {**describe(data, size), "first_batch_labels": labels,
-                 "input_pipeline": f"{describe_pipeline(data, size, spec['device'])}; "
+                 "input_pipeline": f"{describe_pipeline(data, size, spec.device)}; "
                                    f"{placement}"}
     else:
         placement, extra = "one synthetic slice per context, copied once before timing", {}

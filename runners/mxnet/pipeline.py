@@ -25,9 +25,9 @@ def count(batch: Any) -> int:
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     data = open_dataset(spec)
-    size = get_spec(spec["model"]).input_shape[0]
-    batch = spec["global_batch_size"]
-    device = spec.get("device", "cpu")
+    size = get_spec(spec.model).input_shape[0]
+    batch = spec.global_batch_size
+    device = spec.device
     it = record_iter(data, size, batch, device)
     return {
         **time_pipeline(spec, stream(it), batch, count),

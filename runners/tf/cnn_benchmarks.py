@@ -150,7 +150,8 @@ def layout_flag(device: str, data_format: str | None) -> str | None:
     return "NHWC" if device == "cpu" else None
 
 
-def build_flags(spec: Spec, options: Mapping[str, Any] | None = None) -> list[str]:
+def build_flags(spec: Spec, options: Mapping[str, Any] | None = None,
+                trace_file: str | None = None) -> list[str]:
     """tf_cnn_benchmarks flags for a run spec (pure: no framework, no file access).
 
     --batch_size is per device (the script multiplies it by --num_gpus); --num_gpus is the
@@ -158,48 +159,47 @@ def build_flags(spec: Spec, options: Mapping[str, Any] | None = None) -> list[st
     devices). Options left unset (None) pass no flag, so the script's own default applies:
     --variable_update=parameter_server, --local_parameter_device=gpu, --data_format=NCHW on
     GPUs (NHWC on CPU, the only layout the script accepts there). --trace_file, when the spec
-    carries one, makes the script write step -2's (a warm-up step's) FULL_TRACE step stats as
+    names one, makes the script write step -2's (a warm-up step's) FULL_TRACE step stats as
     a Chrome trace: TensorFlow's own record of the device each node ran on."""
-    opts = dict(spec.get("options") or {}) if options is None else dict(options)
-    n, per_device = int(spec["num_devices"]), int(spec["batch_size_per_device"])
-    if per_device * n != int(spec["global_batch_size"]):
-        raise Invalid(f"global batch {spec['global_batch_size']} != {per_device} per device x "
+    opts = {**spec.options, **(options or {})}  # options: over the spec's own
+    n, per_device = int(spec.num_devices), int(spec.batch_size_per_device)
+    if per_device * n != int(spec.global_batch_size):
+        raise Invalid(f"global batch {spec.global_batch_size} != {per_device} per device x "
                       f"{n} devices")
-    precision = spec.get("precision", "fp32")
+    precision = spec.precision
     if precision not in PRECISION_FLAGS:
         raise Unavailable(f"tf_cnn_benchmarks runs fp32 or fp16 (--use_fp16), not {precision}")
-    device = spec["device"]
-    model = opts.get("script_model") or script_model(spec["model"])
-    if model not in SCRIPT_MODELS.get(spec["model"], (model,)):
-        raise Unavailable(f"script_model {model!r} is not a {spec['model']}: "
-                          f"{', '.join(SCRIPT_MODELS[spec['model']])}")
+    device = spec.device
+    model = opts["script_model"] or script_model(spec.model)
+    if model not in SCRIPT_MODELS.get(spec.model, (model,)):
+        raise Unavailable(f"script_model {model!r} is not a {spec.model}: "
+                          f"{', '.join(SCRIPT_MODELS[spec.model])}")
     flags = [
         f"--model={model}",
         f"--num_gpus={n}",
         f"--batch_size={per_device}",
         f"--device={device}",
     ]
-    layout = layout_flag(device, opts.get("data_format"))
+    layout = layout_flag(device, opts["data_format"])
     if layout:
         flags.append(f"--data_format={layout}")
     for name in ("variable_update", "local_parameter_device", "all_reduce_spec"):
         if opts.get(name):
             flags.append(f"--{name}={opts[name]}")
     flags += [
-        f"--num_batches={int(spec['measure_steps'])}",
-        f"--num_warmup_batches={int(spec['warmup_steps'])}",
+        f"--num_batches={int(spec.measure_steps)}",
+        f"--num_warmup_batches={int(spec.warmup_steps)}",
         "--display_every=1",
     ]
     flags += PRECISION_FLAGS[precision]
-    if spec.get("trace_file"):
-        flags.append(f"--trace_file={spec['trace_file']}")
-    if spec.get("data", "synthetic") != "synthetic":
-        dataset = spec.get("dataset") or {}
-        data_dir = (str(Path(dataset["path"]) / "tfrecord") if dataset.get("path")
-                    else opts.get("data_dir") or spec.get("data_dir"))
-        if not data_dir:
-            raise Unavailable(f"data {spec['data']!r} needs a data_dir of TFRecords for "
-                              f"tf_cnn_benchmarks' --data_dir")
+    if trace_file:
+        flags.append(f"--trace_file={trace_file}")
+    if spec.data != "synthetic":
+        dataset = spec.dataset or {}
+        if not dataset.get("path"):
+            raise Unavailable(f"data {spec.data!r} needs a prepared dataset (config key "
+                              f"dataset.path) for tf_cnn_benchmarks' --data_dir of TFRecords")
+        data_dir = str(Path(dataset["path"]) / "tfrecord")
         # the folder name need not say "imagenet": name the format (train-*-of-* Examples)
         flags += [f"--data_dir={data_dir}", "--data_name=imagenet"]
         if "workers" in dataset:
@@ -403,22 +403,22 @@ def real_input_line(data: RealData, flags: list[str]) -> str:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec.get("options") or {}
+    opts = spec.options
     script = find_script(opts)
     data = None
-    if spec["data"] == "real":
+    if spec.data == "real":
         data = open_dataset(spec)
         check_classes(data, IMAGENET_CLASSES, "tf_cnn_benchmarks' imagenet models")
-    if int(spec["warmup_steps"]) < 2:
+    if int(spec.warmup_steps) < 2:
         raise Invalid("tf_cnn_benchmarks needs warmup_steps >= 2 here: the placement comes from "
                       "the script's --trace_file, which traces step -2 (a warm-up step)")
     with tempfile.TemporaryDirectory(prefix="tf_cnn_trace_") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        flags = build_flags({**spec, "trace_file": str(trace_path)}, opts)
+        flags = build_flags(spec, opts, trace_file=str(trace_path))
         model = flags[0].split("=", 1)[1]
         check_model_in_checkout(script, model)
         # leave the launcher time to record what happened before it kills our process group
-        timeout = max(float(spec["timeout_s"]) - max(15.0, 0.05 * float(spec["timeout_s"])),
+        timeout = max(float(spec.timeout_s) - max(15.0, 0.05 * float(spec.timeout_s)),
                       1.0)
         code, lines, marks, step_walls = run_script(script, flags, timeout)
         trace = json.loads(trace_path.read_text()) if trace_path.is_file() else None
@@ -429,7 +429,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
             raise MemoryError(reason)
         raise RuntimeError(reason)
     parsed = parse_output(text)
-    n, global_batch = int(spec["num_devices"]), int(spec["global_batch_size"])
+    n, global_batch = int(spec.num_devices), int(spec.global_batch_size)
     if parsed["total_images_per_sec"] is None:
         raise Invalid("tf_cnn_benchmarks finished without printing 'total images/sec'")
     if parsed["global_batch"] != global_batch:
@@ -448,20 +448,20 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         times_source = "intervals between the step lines' arrival (rounded rates gave <= 0)"
     if start is None or end is None or end <= start:
         raise Invalid("could not place the timed window in the script's output")
-    kind = "virtual CPU device (the script's device_count['CPU'])" if spec["device"] == "cpu" \
+    kind = "virtual CPU device (the script's device_count['CPU'])" if spec.device == "cpu" \
         else "GPU"
     devices = [{"name": d, "kind": kind} for d in (parsed["devices"] or [])]
     if len(devices) != n:
         raise Invalid(f"tf_cnn_benchmarks ran on {parsed['devices']}, not {n} devices")
-    if spec["data"] == "real" and "synthetic" in (parsed["dataset"] or "synthetic"):
+    if spec.data == "real" and "synthetic" in (parsed["dataset"] or "synthetic"):
         raise Invalid(f"a real-data run, but the script reports dataset {parsed['dataset']!r}")
     if trace is None:
         raise Invalid("the script wrote no --trace_file: no placement from TensorFlow")
     placement, ops_by_type = trace_placement(trace)
     data_info: dict[str, Any] = {"data_placement": "the script's synthetic images, generated "
                                                    "on each device"}
-    if spec["data"] == "real":
-        data_info = {**describe(data, get_spec(spec["model"]).input_shape[0]),
+    if spec.data == "real":
+        data_info = {**describe(data, get_spec(spec.model).input_shape[0]),
                      "input_pipeline": real_input_line(data, flags),
                      "data_placement": "the script's per-device tf.data input pipelines (its "
                                        "own preprocessing), staged onto each device"}

@@ -63,10 +63,10 @@ def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
 def open_real(spec: Spec, model_spec: ModelSpec) -> RealData:
     """The run's prepared dataset, checked against the model; Unavailable for any data other
     than synthetic and real."""
-    if spec["data"] != "real":
-        raise Unavailable(f"data {spec['data']!r} is neither synthetic nor real")
+    if spec.data != "real":
+        raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
     data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec["model"])
+    check_classes(data, model_spec.num_classes, spec.model)
     return data
 
 
@@ -78,13 +78,13 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
     option's pipeline over the run's dataset, giving global batches: "framework" is tf.data
     over the TFRecord shards (runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG
     file list (runners/keras/data.py, `steps` batches long)."""
-    batch = spec["global_batch_size"]
-    if spec["data"] == "synthetic":
+    batch = spec.global_batch_size
+    if spec.data == "synthetic":
         return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
                                  batch), {}
     data = open_real(spec, model_spec)
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
-    loader = spec["options"].get("loader", "framework")
+    loader = spec.options["loader"]
     if loader == "keras":
         from runners.keras.data import describe_keras, jpeg_sequence
 
@@ -134,7 +134,7 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
     timing summary, the samples counted from the optimizer's step counter, and the losses.
     `callbacks` run before the clock's at every batch end (so what they do at the last warm-up
     batch stays outside the timed window)."""
-    warmup, measure = spec["warmup_steps"], spec["measure_steps"]
+    warmup, measure = spec.warmup_steps, spec.measure_steps
     if warmup % per_call or measure % per_call:
         raise Invalid(f"steps_per_execution={per_call} must divide warmup_steps={warmup} and "
                       f"measure_steps={measure} so the timed window starts and ends on a call")
@@ -145,7 +145,7 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
     if not clock.losses:
         raise Invalid("no measured step reported a loss")
     return {
-        **clock.timer.summary(spec["global_batch_size"], steps * spec["global_batch_size"]),
+        **clock.timer.summary(spec.global_batch_size, steps * spec.global_batch_size),
         "first_loss": finite(clock.losses[0]),
         "last_loss": finite(clock.losses[-1]),
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",

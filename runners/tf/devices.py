@@ -13,8 +13,8 @@ from runners.common import Spec, Unavailable
 def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
     """The run's N devices as TF device names: N virtual CPU devices (device: cpu), or the
     first N GPUs (device: gpu). Call before anything else touches TensorFlow's devices."""
-    n = spec["num_devices"]
-    if spec["device"] == "cpu":
+    n = spec.num_devices
+    if spec.device == "cpu":
         cpus = tf.config.list_physical_devices("CPU")
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])

@@ -65,26 +65,26 @@ def merged_loss_gradients(devices: list[str], nccl: bool) -> kt.GradientsFn:
 
 
 def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
-    opts = spec["options"]
-    average, nccl = bool(opts.get("average_gradients", False)), bool(opts.get("nccl", False))
+    opts = spec.options
+    average, nccl = bool(opts["average_gradients"]), bool(opts["nccl"])
     if nccl and not average:
         raise Invalid("nccl averages the multi-GPU optimizer's gradients: set "
                       "average_gradients: true")
-    if nccl and spec["device"] != "gpu":
+    if nccl and spec.device != "gpu":
         raise Unavailable("NCCL all-reduce runs on GPUs only")
-    common = {"ps": opts.get("ps", "cpu"), "average_gradients": average, "nccl": nccl}
+    common = {"ps": opts["ps"], "average_gradients": average, "nccl": nccl}
     plain = kt.single_device(spec, devices, ORIGINAL)
     if plain is not None:
-        template = kt.build_template(spec["model"], devices[0])
+        template = kt.build_template(spec.model, devices[0])
         built = kt.compile_model(template, None, devices[0], input_mode, kt.optimizer(spec))
         return built, {**common, **plain}
     ps = kt.ps_device(spec, devices)
-    template = kt.build_template(spec["model"], ps)
+    template = kt.build_template(spec.model, ps)
     recipe = kt.Recipe(devices, merge_device=ps, slice_device=ps, remainder="last")
     grads = merged_loss_gradients(devices, nccl) if average else kt.keras2_gradients
     built = kt.compile_model(template, recipe, devices[0], input_mode,
                              kt.optimizer(spec, grads))
-    b, n = spec["global_batch_size"], len(devices)
+    b, n = spec.global_batch_size, len(devices)
     return built, {**common, "wrapped": True, "tower_devices": list(devices),
                    "merge_device": ps, "slice_device": ps,
                    "gradient_copies": n if average else 1,

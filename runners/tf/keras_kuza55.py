@@ -27,22 +27,22 @@ RUNNER = "keras_tf_kuza55"
 
 def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
     ps = kt.ps_device(spec, devices)
-    template = kt.build_template(spec["model"], ps)
+    template = kt.build_template(spec.model, ps)
     recipe = kt.Recipe(devices, merge_device="/cpu:0", slice_device=None, remainder="drop")
     built = kt.compile_model(template, recipe, devices[0], input_mode, kt.optimizer(spec))
-    return built, {"wrapped": True, "ps": spec["options"].get("ps", "cpu"),
+    return built, {"wrapped": True, "ps": spec.options["ps"],
                    "tower_devices": list(devices), "merge_device": "/cpu:0",
                    "slice_device": "each tower's device (whole batch to every tower)",
-                   "split": [spec["global_batch_size"] // len(devices)] * len(devices)}
+                   "split": [spec.global_batch_size // len(devices)] * len(devices)}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    kt.require_even_split(spec["global_batch_size"], spec["num_devices"], RUNNER)
+    kt.require_even_split(spec.global_batch_size, spec.num_devices, RUNNER)
     return kt.benchmark(spec, make)
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    kt.require_even_split(spec["global_batch_size"], spec["num_devices"], RUNNER)
+    kt.require_even_split(spec.global_batch_size, spec.num_devices, RUNNER)
     return kt.equivalence(spec, make)
 
 

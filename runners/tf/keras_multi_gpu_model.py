@@ -37,31 +37,31 @@ SLICING = {"2.1": None, "2.2": "input"}
 
 
 def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
-    opts = spec["options"]
-    version = str(opts.get("keras_version", "2.2"))
+    opts = spec.options
+    version = str(opts["keras_version"])
     if version not in SLICING:
         raise Invalid(f"keras_version {version!r} is not one of {sorted(SLICING)}")
-    common = {"keras_version": version, "cpu_merge": bool(opts.get("cpu_merge", True)),
-              "cpu_relocation": bool(opts.get("cpu_relocation", False))}
+    common = {"keras_version": version, "cpu_merge": bool(opts["cpu_merge"]),
+              "cpu_relocation": bool(opts["cpu_relocation"])}
     plain = kt.single_device(spec, devices, ORIGINAL)
     if plain is not None:
-        template = kt.build_template(spec["model"], devices[0])
+        template = kt.build_template(spec.model, devices[0])
         built = kt.compile_model(template, None, devices[0], input_mode, kt.optimizer(spec))
         return built, {**common, **plain}
     if common["cpu_relocation"]:
         import tensorflow as tf
         import tf_keras
 
-        passed = kt.build_template(spec["model"], None)
+        passed = kt.build_template(spec.model, None)
         with tf.device("/cpu:0"):
             template = tf_keras.models.clone_model(passed)
     else:
-        template = kt.build_template(spec["model"], "/cpu:0")
+        template = kt.build_template(spec.model, "/cpu:0")
     merge = "/cpu:0" if common["cpu_merge"] else devices[0]
     recipe = kt.Recipe(devices, merge_device=merge, slice_device=SLICING[version],
                        remainder="last", scope="replica")
     built = kt.compile_model(template, recipe, devices[0], input_mode, kt.optimizer(spec))
-    b, n = spec["global_batch_size"], len(devices)
+    b, n = spec.global_batch_size, len(devices)
     return built, {
         **common, "wrapped": True, "tower_devices": list(devices), "merge_device": merge,
         "slice_device": (f"the input's device ({template.inputs[0].device or 'none'})"

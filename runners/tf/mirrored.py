@@ -82,11 +82,11 @@ CROSS_DEVICE_OPS = {
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]]]:
     """MirroredStrategy over the run's devices, with the configured all-reduce."""
-    choice = spec["options"].get("cross_device_ops", "auto")
-    if choice == "nccl" and spec["device"] == "cpu":
+    choice = spec.options["cross_device_ops"]
+    if choice == "nccl" and spec.device == "cpu":
         raise Unavailable("cross_device_ops nccl: NCCL all-reduces between GPUs; this run is on "
                           "CPU devices")
-    if spec["options"].get("data_format") == "channels_first" and spec["device"] == "cpu":
+    if spec.options["data_format"] == "channels_first" and spec.device == "cpu":
         raise Unavailable("data_format channels_first on CPU devices: TensorFlow's CPU kernel "
                           "for Conv2D's filter gradient (Conv2DCustomBackpropFilterOp) only "
                           "supports NHWC")
@@ -107,13 +107,13 @@ def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str
                    optimizer: Callable[[], keras.optimizers.Optimizer]) -> keras.Model:
     """The model and its optimizer (made under the strategy), compiled as the benchmark
     compiles it (layout, steps_per_execution, XLA from the options)."""
-    opts = spec["options"]
+    opts = spec.options
     with strategy.scope():
         model = load_builder(model_name, "keras")(
-            get_spec(model_name), data_format=opts.get("data_format", "channels_last"))
+            get_spec(model_name), data_format=opts["data_format"])
         model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy",
-                      steps_per_execution=opts.get("steps_per_execution", 1),
-                      jit_compile=bool(opts.get("xla", False)))
+                      steps_per_execution=opts["steps_per_execution"],
+                      jit_compile=bool(opts["xla"]))
     return model
 
 
@@ -144,13 +144,13 @@ def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]
         yield
     except tf.errors.InvalidArgumentError as exc:
         message, replicas = str(exc), strategy.num_replicas_in_sync
-        if replicas > 1 and spec["options"].get("xla") and "Trying to access resource" in message:
+        if replicas > 1 and spec.options["xla"] and "Trying to access resource" in message:
             raise Unavailable(
                 f"xla with {replicas} replicas: Keras {keras.__version__} jit-compiles the "
                 "whole step (strategy.run over every replica) as one XLA cluster, which cannot "
                 "read the other replicas' variables (TensorFlow: "
                 f"{xla_resource_error(message)})") from exc
-        per_call = spec["options"].get("steps_per_execution", 1)
+        per_call = spec.options["steps_per_execution"]
         if (replicas > 1 and per_call > 1 and "must feed a value for placeholder" in message
                 and "while/" in message):
             raise Unavailable(
@@ -173,38 +173,38 @@ def xla_resource_error(message: str) -> str:
 
 def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dict[str, Any]]
                  ) -> dict[str, Any]:
-    opts = spec["options"]
+    opts = spec.options
     return {
         "replicas": strategy.num_replicas_in_sync,
         "framework": framework_versions(),
         "devices": devices,
-        "layout": opts.get("data_format", "channels_last"),
-        "steps_per_execution": opts.get("steps_per_execution", 1),
-        "xla": bool(opts.get("xla", False)),
+        "layout": opts["data_format"],
+        "steps_per_execution": opts["steps_per_execution"],
+        "xla": bool(opts["xla"]),
         "cross_device_ops": cross_device_ops_used(strategy),
     }
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    keras.mixed_precision.set_global_policy(POLICIES[spec["precision"]])
+    keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     strategy, devices = make_strategy(spec)
-    model_spec = get_spec(spec["model"])
-    model = build_compiled(spec, strategy, spec["model"],
+    model_spec = get_spec(spec.model)
+    model = build_compiled(spec, strategy, spec.model,
                            lambda: keras.optimizers.SGD(learning_rate=0.01, momentum=0.9))
-    data_format = spec["options"].get("data_format", "channels_last")
+    data_format = spec.options["data_format"]
     data, data_info = fit_input(spec, model_spec, data_format,
-                                spec["warmup_steps"] + spec["measure_steps"])
+                                spec.warmup_steps + spec.measure_steps)
     placement = EagerPlacement()
     placement.start()  # before fit's first call, which instantiates its train function
     with known_limits(spec, strategy):
-        timed = timed_fit(spec, model, data, spec["options"].get("steps_per_execution", 1),
+        timed = timed_fit(spec, model, data, spec.options["steps_per_execution"],
                           callbacks=[StopPlacement(placement)])
     return {
         **timed,
         **compile_info(spec, strategy, devices),
         **placement.result(),
-        "dtype_policy": POLICIES[spec["precision"]],
-        "data_placement": DATA_PLACEMENT[spec["data"]],
+        "dtype_policy": POLICIES[spec.precision],
+        "data_placement": DATA_PLACEMENT[spec.data],
         **data_info,
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
@@ -219,7 +219,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     model = build_compiled(spec, strategy, "probe", lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
         set_canonical_weights(model, weights)
-    if spec["options"].get("data_format", "channels_last") == "channels_first":
+    if spec.options["data_format"] == "channels_first":
         x = x.transpose(0, 3, 1, 2)
     placement = EagerPlacement()
     placement.start()

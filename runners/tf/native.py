@@ -177,8 +177,8 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
     Synthetic: the same slices made once on each device. Real: the tf.data pipeline's global
     batches through strategy.experimental_distribute_dataset, which splits each batch into
     per-replica slices and prefetches them to the replicas' devices."""
-    global_batch, n = spec["global_batch_size"], strategy.num_replicas_in_sync
-    if spec["data"] == "synthetic":
+    global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
+    if spec.data == "synthetic":
         xy = device_batches(strategy, input_shape(model_spec, data_format),
                             model_spec.num_classes, global_batch // n)
         return itertools.repeat(xy), {
@@ -266,22 +266,22 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any) -> tuple[float, dict[
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec["options"]
-    policy = POLICIES[spec["precision"]]
+    opts = spec.options
+    policy = POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
     strategy, devices = make_strategy(spec)
-    model_spec = get_spec(spec["model"])
-    data_format = opts.get("data_format", "channels_last")
-    xla = bool(opts.get("xla", False))
-    fused = bool(opts.get("fused_batchnorm", True))
-    global_batch, n = spec["global_batch_size"], strategy.num_replicas_in_sync
+    model_spec = get_spec(spec.model)
+    data_format = opts["data_format"]
+    xla = bool(opts["xla"])
+    fused = bool(opts["fused_batchnorm"])
+    global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     if global_batch % n:
         raise Invalid(f"global batch {global_batch} does not divide by {n} replicas")
     with strategy.scope():
-        model, swapped = build_model(spec["model"], model_spec, data_format, fused)
+        model, swapped = build_model(spec.model, model_spec, data_format, fused)
         optimizer: keras.optimizers.Optimizer = keras.optimizers.SGD(learning_rate=0.01,
                                                                      momentum=0.9)
-        if spec["precision"] == "fp16":
+        if spec.precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
     batches, data_info = step_inputs(spec, strategy, model_spec, data_format)
@@ -289,7 +289,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
     # the first step instantiates the step function: its partition graphs are the placement
     # (collected outside the timed window; with no warm-up it is the first timed step's)
-    warmup, measure = spec["warmup_steps"], spec["measure_steps"]
+    warmup, measure = spec.warmup_steps, spec.measure_steps
     if measure < 1:
         raise Invalid("measure_steps is 0: nothing was timed")
     timer, losses = StepTimer(), []
@@ -320,7 +320,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "devices": devices,
         "layout": data_format,
         "dtype_policy": policy,
-        "loss_scaling": spec["precision"] == "fp16",
+        "loss_scaling": spec.precision == "fp16",
         "xla": xla,
         # MirroredStrategy: each replica normalises over its own rows (the summary's BN column)
         "batchnorm": "per_device",
@@ -339,10 +339,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     per-replica slices made on each replica's device by experimental_distribute_values_from_
     function, and the same tf.function step (xla honoured), for one plain SGD step on the
     given weights and batch split over the replicas; weights saved, placement read back."""
-    opts = spec.get("options") or {}
+    opts = spec.options
     strategy, devices = make_strategy(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
-    data_format = opts.get("data_format", "channels_last")
+    data_format = opts["data_format"]
     n = strategy.num_replicas_in_sync
     if len(x) % n:
         raise Invalid(f"equivalence batch {len(x)} does not divide by {n} replicas")
@@ -351,7 +351,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         else np.ascontiguousarray(np.transpose(np.asarray(x), (0, 3, 1, 2)))
     with strategy.scope():
         model, _ = build_model("probe", get_spec("probe"), data_format,
-                               bool(opts.get("fused_batchnorm", True)))
+                               bool(opts["fused_batchnorm"]))
         set_canonical_weights(model, weights)
         optimizer = keras.optimizers.SGD(learning_rate=lr)
         optimizer.build(model.trainable_variables)
@@ -362,7 +362,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
                 tf.constant(np.asarray(y[i * per:(i + 1) * per])))
 
     xs, ys = strategy.experimental_distribute_values_from_function(slice_of)
-    step = make_train_step(strategy, model, optimizer, len(x), bool(opts.get("xla", False)))
+    step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
     loss, placed = first_step(step, xs, ys)
     save_equivalence_output(spec, get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,

@@ -9,6 +9,7 @@ distributed iterators copy the slices to the devices.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -20,11 +21,11 @@ from runners.tf import data as tf_data
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    data = open_dataset({**spec, "data": "real"})  # a pipeline run always reads real data
+    data = open_dataset(replace(spec, data="real"))  # a pipeline run always reads real data
     # the pipeline runs on the host; keep TF from taking every GPU's memory at start-up
     tf.config.set_visible_devices([], "GPU")
-    size, batch = get_spec(spec["model"]).input_shape[0], spec["global_batch_size"]
-    channels_first = spec.get("options", {}).get("data_format") == "channels_first"
+    size, batch = get_spec(spec.model).input_shape[0], spec.global_batch_size
+    channels_first = spec.options.get("data_format") == "channels_first"
     ds = tf_data.make_dataset(data, size, batch, channels_first=channels_first)
     batches = iter(ds)
 

@@ -85,14 +85,14 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]], Any]:
     CPU: N logical CPU devices (as tf_common.setup_devices makes them); a tf.compat.v1 Session
     ignores that eager-context setting, so the session config also asks for N CPU devices.
     GPU: the first N GPUs, memory growth on. Call before anything else touches TF's devices."""
-    n = spec["num_devices"]
+    n = spec.num_devices
     config = tfv1.ConfigProto(allow_soft_placement=True)
     config.gpu_options.allow_growth = True
     # StagingArea's put blocks an inter-op thread until that tower's get has run: with N towers
     # and a pool of one thread per core (2 here) the puts can take every thread and deadlock.
     config.inter_op_parallelism_threads = max(os.cpu_count() or 1, 2 * n + 2)
     names, devices = tf_devices.setup_devices(spec)
-    if spec["device"] == "cpu":
+    if spec.device == "cpu":
         config.device_count["CPU"] = n
     return names, devices, config
 
@@ -198,11 +198,11 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
             setters = [VariableSetter(d, ps, sizes) for d in raw]
             return DataParallelBuilder.build_on_towers(self.towers, tower_fn, setters)
 
-    opts = spec["options"]
-    kind = opts.get("trainer", "replicated")
+    opts = spec.options
+    kind = opts["trainer"]
     if kind == "replicated":
-        mode = opts.get("allreduce", "auto")
-        if spec["device"] == "cpu" and mode == "nccl":
+        mode = opts["allreduce"]
+        if spec.device == "cpu" and mode == "nccl":
             raise Unavailable("all-reduce mode 'nccl': NCCL all-reduces between GPUs; this run "
                               "is on CPU devices")
         trainer = SyncMultiGPUTrainerReplicated(n, average=True,
@@ -211,7 +211,7 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
         return trainer, {"trainer": "SyncMultiGPUTrainerReplicated", "allreduce_asked": mode,
                          "gradients": "averaged over towers"}
     if kind == "parameter_server":
-        ps_device = opts.get("ps_device", "cpu")
+        ps_device = opts["ps_device"]
         trainer = SyncMultiGPUTrainerParameterServer(n, ps_device=ps_device)
         trainer._builder = ParameterServerBuilder(list(range(n)), ps_device)
         return trainer, {"trainer": "SyncMultiGPUTrainerParameterServer",
@@ -229,14 +229,14 @@ def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any
     from tensorpack.input_source import QueueInput, StagingInput, TFDatasetInput
 
     if isinstance(feed, RealData):
-        size = get_spec(spec["model"]).input_shape[0]
+        size = get_spec(spec.model).input_shape[0]
         # a V1 dataset: TFDatasetInput asks for output_types and make_initializable_iterator
-        ds = tf_data.make_dataset(feed, size, spec["batch_size_per_device"],
+        ds = tf_data.make_dataset(feed, size, spec.batch_size_per_device,
                                   dataset_cls=tfv1.data.Dataset)
         source, name = TFDatasetInput(ds), "TFDatasetInput"
     else:
         source, name = QueueInput(DataFromList(feed, shuffle=False)), "QueueInput"
-    if spec["options"].get("input", "staging") == "staging":
+    if spec.options["input"] == "staging":
         return StagingInput(source), f"StagingInput({name})"
     return source, name
 
@@ -258,7 +258,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
     build = load_builder(model, "tfv1")
     trainer, trainer_info = make_trainer(spec, len(names))
     source, input_name = make_input(spec, feed)
-    per_tower = spec["batch_size_per_device"]
+    per_tower = spec.batch_size_per_device
     signature = [tf.TensorSpec((per_tower, *model_spec.input_shape), tf.float32, "image"),
                  tf.TensorSpec((per_tower,), tf.int32, "label")]
     tower_losses: list[tf.Tensor] = []
@@ -376,29 +376,29 @@ def check_towers_ran(tower_devices: list[str], placement: dict[str, int]) -> Non
 
 
 def _check_batch(spec: Spec) -> int:
-    n, per = spec["num_devices"], spec["batch_size_per_device"]
-    if per * n != spec["global_batch_size"]:
+    n, per = spec.num_devices, spec.batch_size_per_device
+    if per * n != spec.global_batch_size:
         raise Unavailable(f"tensorpack feeds every tower its own batch of batch_size_per_device "
-                          f"rows: global batch {spec['global_batch_size']} is not {per} x {n}")
+                          f"rows: global batch {spec.global_batch_size} is not {per} x {n}")
     return per
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    if spec["data"] not in ("synthetic", "real"):
-        raise Unavailable(f"data {spec['data']!r} is neither synthetic nor real")
-    if spec["precision"] != "fp32":
-        raise Unavailable(f"precision {spec['precision']!r}: this runner builds fp32 graphs")
+    if spec.data not in ("synthetic", "real"):
+        raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
+    if spec.precision != "fp32":
+        raise Unavailable(f"precision {spec.precision!r}: this runner builds fp32 graphs")
     per = _check_batch(spec)
-    model_spec = get_spec(spec["model"])
-    params, trainable = count_params(spec["model"])
+    model_spec = get_spec(spec.model)
+    params, trainable = count_params(spec.model)
     if (params, trainable) != (model_spec.params, model_spec.trainable_params):
-        raise Invalid(f"tfv1 {spec['model']} has {params} params ({trainable} trainable); the "
+        raise Invalid(f"tfv1 {spec.model} has {params} params ({trainable} trainable); the "
                       f"spec says {model_spec.params} ({model_spec.trainable_params})")
     feed: list[list[np.ndarray]] | RealData
     data_info: dict[str, Any] = {}
-    if spec["data"] == "real":
+    if spec.data == "real":
         feed = open_dataset(spec)
-        check_classes(feed, model_spec.num_classes, spec["model"])
+        check_classes(feed, model_spec.num_classes, spec.model)
         size = model_spec.input_shape[0]
         data_info = {**describe(feed, size),
                      "input_pipeline": tf_data.describe_pipeline(feed, per)
@@ -408,15 +408,15 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         x = rng.standard_normal((per, *model_spec.input_shape), dtype=np.float32)
         y = rng.integers(0, model_spec.num_classes, per).astype(np.int32)
         feed = [[x, y]]
-    run = train(spec, spec["model"], feed,
+    run = train(spec, spec.model, feed,
                 lambda: tfv1.train.MomentumOptimizer(0.01, 0.9),
-                (spec["warmup_steps"], spec["measure_steps"]))
+                (spec.warmup_steps, spec.measure_steps))
     clock = run["clock"]
     if not clock.losses:
         raise Invalid("no measured step reported a loss")
-    global_batch = spec["global_batch_size"]
+    global_batch = spec.global_batch_size
     staged = " and stages it on its device" if "Staging" in run["input"] else ""
-    if spec["data"] == "real":
+    if spec.data == "real":
         data_info["labels_first_batch"] = clock.first_labels
         placement = (f"per-tower batches from tf.data on the host; each tower calls the "
                      f"iterator's get_next for its own batch{staged}")
@@ -429,7 +429,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "first_loss": finite(clock.losses[0]),
         "last_loss": finite(clock.losses[-1]),
         "loss_kind": "mean of the towers' cross-entropy on the measured step's batches",
-        "replicas": spec["num_devices"],
+        "replicas": spec.num_devices,
         "framework": framework_versions(),
         "devices": run["devices"],
         "tower_devices": run["tower_devices"],
@@ -451,12 +451,12 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     batches come from the queue in order; the averaged gradient does not depend on which tower
     took which slice), initial weights restored by name, weights saved after the step."""
     weights, x, y, lr = load_equivalence_inputs(spec)
-    n = spec["num_devices"]
+    n = spec.num_devices
     per = _check_batch(spec)
     slices = [[x[i * per:(i + 1) * per], y[i * per:(i + 1) * per].astype(np.int32)]
               for i in range(n)]
     names = sorted(weights)
-    replicated = spec["options"].get("trainer", "replicated") == "replicated"
+    replicated = spec.options["trainer"] == "replicated"
     copies = [f"tower{i}/{k}" for i in range(1, n) for k in names] if replicated else []
     run = train(spec, "probe", slices, tfv1.train.GradientDescentOptimizer(lr), (0, 1),
                 initial=weights, read_vars=names + copies)

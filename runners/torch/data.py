@@ -198,7 +198,7 @@ def dali_importable() -> bool:
 
 def choose_loader(spec: Spec, device: torch.device) -> str:
     """dataloader or dali, from the runner option `data_loader` (auto when not given)."""
-    wanted = spec.get("options", {}).get("data_loader", "auto")
+    wanted = spec.options.get("data_loader", "auto")
     if wanted not in LOADERS:
         raise Unavailable(f"data_loader {wanted!r} is not one of {', '.join(LOADERS)}")
     if wanted == "dali":

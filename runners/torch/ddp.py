@@ -85,18 +85,18 @@ def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: SyntheticInput
     the run says `compile`, SGD, the run's autocast (and GradScaler in fp16), the batch from
     `feed`; it returns this rank's loss."""
     model: nn.Module = wrap_ddp(net, ranks)
-    if spec["options"].get("compile", False):
+    if spec.options["compile"]:
         model = torch.compile(model)
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
     counter = StepCounter(optimizer)
     tracker = PlacementTracker(net)
-    scaler = torch.amp.GradScaler("cuda") if spec["precision"] == "fp16" else None
+    scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
     model.train()
 
     def step() -> torch.Tensor:
         x, y = feed.next()
         optimizer.zero_grad(set_to_none=True)
-        with autocast(ranks, spec["precision"]):
+        with autocast(ranks, spec.precision):
             loss = F.cross_entropy(model(tracker.saw(x)).float(), y)
         if scaler is None:
             loss.backward()
@@ -115,7 +115,7 @@ def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: SyntheticInput
 def compile_record(spec: Spec) -> dict[str, Any]:
     """Whether the step was compiled, with the graphs TorchDynamo captured (its own counters):
     a compiled run in which it captured none did not run the compiled step."""
-    if not spec["options"].get("compile", False):
+    if not spec.options["compile"]:
         return {"compile": False}
     from torch._dynamo.utils import counters
 
@@ -127,16 +127,16 @@ def compile_record(spec: Spec) -> dict[str, Any]:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec["options"]
-    layout = opts.get("memory_format", "channels_first")
-    ranks = init_ranks(spec, opts.get("backend", "auto"))
+    opts = spec.options
+    layout = opts["memory_format"]
+    ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
     batch = per_rank_batch(spec, ranks)
-    model_spec = get_spec(spec["model"])
+    model_spec = get_spec(spec.model)
     feed = rank_input(spec, ranks, model_spec, batch, nchw(model_spec),
                       memory_format=MEMORY_FORMATS[layout])
     torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
-    net = load_builder(spec["model"], "torch")(model_spec, data_format=layout).to(ranks.device)
+    net = load_builder(spec.model, "torch")(model_spec, data_format=layout).to(ranks.device)
     step, counter, tracker, scaler = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, step, counter, batch, tracker)
     result.update({
@@ -146,7 +146,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "layout": layout,
         "memory_format": str(MEMORY_FORMATS[layout]),
         "precision_details": {"autocast": {"fp32": None, "tf32": None, "bf16": "bfloat16",
-                                           "fp16": "float16"}[spec["precision"]],
+                                           "fp16": "float16"}[spec.precision],
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},
         **compile_record(spec),
@@ -167,9 +167,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device as the synthetic input is; weights
     saved."""
-    opts = spec["options"]
-    layout = opts.get("memory_format", "channels_first")
-    ranks = init_ranks(spec, opts.get("backend", "auto"))
+    opts = spec.options
+    layout = opts["memory_format"]
+    ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
     weights, x, y, lr = load_equivalence_inputs(spec)
     feed = equivalence_input(x, y, ranks, True, MEMORY_FORMATS[layout])

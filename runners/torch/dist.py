@@ -58,7 +58,7 @@ def framework_versions() -> dict[str, str]:
 
 def choose_backend(spec: Spec, requested: str) -> str:
     """The process group backend for the run's devices; Unavailable if it cannot work here."""
-    gpu = spec["device"] == "gpu"
+    gpu = spec.device == "gpu"
     backend = ("nccl" if gpu else "gloo") if requested == "auto" else requested
     if backend == "nccl" and not gpu:
         raise Unavailable("backend nccl needs GPUs; CPU ranks communicate through gloo "
@@ -74,10 +74,10 @@ def init_ranks(spec: Spec, backend: str = "auto") -> Ranks:
     """Join the torchrun process group and pick this rank's device (Unavailable if absent)."""
     if "LOCAL_RANK" not in os.environ:
         raise Unavailable("this runner needs torchrun (launcher torchrun) to start its ranks")
-    n = spec["num_devices"]
+    n = spec.num_devices
     backend = choose_backend(spec, backend)
     local_rank = int(os.environ["LOCAL_RANK"])
-    if spec["device"] == "gpu":
+    if spec.device == "gpu":
         if not torch.cuda.is_available():
             raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU"
                               + ("" if torch.version.cuda else
@@ -126,7 +126,7 @@ def synchronize(ranks: DeviceRank) -> None:
 
 
 def per_rank_batch(spec: Spec, ranks: DeviceRank) -> int:
-    global_batch = spec["global_batch_size"]
+    global_batch = spec.global_batch_size
     if global_batch % ranks.world:
         raise Invalid(f"global batch {global_batch} does not divide by {ranks.world} ranks")
     return global_batch // ranks.world
@@ -148,11 +148,11 @@ def rank_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
                ) -> SyntheticInput | RealInput:
     """This rank's `batch` images per step of shape `shape`: its synthetic slice, or on real
     data its DistributedSampler share through the DataLoader (DALI on GPUs when installed)."""
-    if spec["data"] != "real":
+    if spec.data != "real":
         return SyntheticInput(*synthetic_slice(ranks, shape, model_spec.num_classes, batch,
                                                memory_format))
     data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec["model"])
+    check_classes(data, model_spec.num_classes, spec.model)
     return open_input(spec, data, model_spec.input_shape[0], batch, ranks.rank, ranks.world,
                       ranks.device, channels_first, memory_format)
 
@@ -263,14 +263,14 @@ def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
                 ) -> dict[str, Any]:
     """Warm up, then time `step` (one training step, returns this rank's loss) as the record,
     with the placement of the timed steps (`step` shows `tracker` each batch it feeds)."""
-    for _ in range(spec["warmup_steps"]):
+    for _ in range(spec.warmup_steps):
         step().item()
     synchronize(ranks)
     applied0, skipped0 = counter.applied, counter.skipped
     tracker.reset()
     timer, losses = StepTimer(), []
     timer.start()
-    for _ in range(spec["measure_steps"]):
+    for _ in range(spec.measure_steps):
         loss = step()
         synchronize(ranks)
         losses.append(loss.item())  # waits for this rank's step; DDP's all-reduce was in it
@@ -288,7 +288,7 @@ def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
     check_rows(placement["placement"], samples)
     return {
         **placement,
-        **timer.summary(spec["global_batch_size"], samples),
+        **timer.summary(spec.global_batch_size, samples),
         "first_loss": finite(global_losses[0]),
         "last_loss": finite(global_losses[-1]),
         "loss_kind": "global mean cross-entropy of each step's batch (ranks' means averaged)",
@@ -312,7 +312,7 @@ def autocast(ranks: Ranks, precision: str) -> contextlib.AbstractContextManager[
 
 
 def check_precision(spec: Spec, ranks: Ranks) -> None:
-    precision = spec["precision"]
+    precision = spec.precision
     if precision == "fp16" and not ranks.cuda:
         raise Unavailable("fp16 on CPU: float16 autocast with a GradScaler is for GPUs (the "
                           "CPU has no fast float16 convolutions); use bf16 on CPUs")

@@ -136,8 +136,8 @@ def cores() -> int:
 def init_ranks(spec: Spec) -> Ranks:
     """hvd.init(), pick this rank's device, and check horovodrun started one rank per device."""
     hvd = horovod()
-    n = spec["num_devices"]
-    gpu = spec["device"] == "gpu"
+    n = spec.num_devices
+    gpu = spec.device == "gpu"
     if gpu and not torch.cuda.is_available():
         raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU"
                           + ("" if torch.version.cuda else
@@ -248,14 +248,14 @@ def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
     placement of the timed steps (`step` shows `tracker` each batch it feeds).
 
     `step` runs one whole training step and returns this rank's loss (a device tensor)."""
-    for _ in range(spec["warmup_steps"]):
+    for _ in range(spec.warmup_steps):
         step().item()
     synchronize(ranks)
     applied0 = counter.applied
     tracker.reset()
     timer, losses = StepTimer(), []
     timer.start()
-    for _ in range(spec["measure_steps"]):
+    for _ in range(spec.measure_steps):
         loss = step()
         synchronize(ranks)
         losses.append(loss.item())  # the step, all-reduces included, has finished on this rank
@@ -271,7 +271,7 @@ def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
     check_rows(placement["placement"], samples)
     return {
         **placement,
-        **timer.summary(spec["global_batch_size"], samples),
+        **timer.summary(spec.global_batch_size, samples),
         "first_loss": finite(global_losses[0]),
         "last_loss": finite(global_losses[-1]),
         "loss_kind": "global mean cross-entropy of each step's batch (ranks' means averaged)",
@@ -295,11 +295,11 @@ def worker_context() -> str | None:
 def rank_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int
                ) -> SyntheticInput | RealInput:
     """This rank's synthetic slice, or on real data its DistributedSampler share."""
-    if spec["data"] != "real":
+    if spec.data != "real":
         return SyntheticInput(*synthetic_slice(ranks, nchw(model_spec), model_spec.num_classes,
                                                batch))
     data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec["model"])
+    check_classes(data, model_spec.num_classes, spec.model)
     return open_input(spec, data, model_spec.input_shape[0], batch, ranks.rank, ranks.world,
                       ranks.device, context=worker_context())
 
@@ -327,16 +327,16 @@ def training_step(net: nn.Module, feed: SyntheticInput | RealInput, lr: float, m
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     hvd = horovod()
-    if spec["precision"] != "fp32":
-        raise Unavailable(f"precision {spec['precision']!r}: this runner trains in fp32 (see "
+    if spec.precision != "fp32":
+        raise Unavailable(f"precision {spec.precision!r}: this runner trains in fp32 (see "
                           "the fp16_allreduce option for fp16 gradient exchange)")
-    fp16_allreduce = bool(spec["options"].get("fp16_allreduce", False))
+    fp16_allreduce = bool(spec.options["fp16_allreduce"])
     ranks = init_ranks(spec)
     batch = per_rank_batch(spec, ranks)
-    model_spec = get_spec(spec["model"])
+    model_spec = get_spec(spec.model)
     feed = rank_input(spec, ranks, model_spec, batch)
     torch.manual_seed(0)  # rank 0's weights are broadcast anyway; this makes runs repeatable
-    net = load_builder(spec["model"], "torch")(model_spec).to(ranks.device)
+    net = load_builder(spec.model, "torch")(model_spec).to(ranks.device)
     step, counter, tracker = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
     result = timed_steps(spec, ranks, step, counter, batch, tracker)
     result.update({
@@ -364,7 +364,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     on its slice of the batch, resident on its device as the synthetic input is; weights
     saved."""
     hvd = horovod()
-    fp16_allreduce = bool(spec["options"].get("fp16_allreduce", False))
+    fp16_allreduce = bool(spec.options["fp16_allreduce"])
     ranks = init_ranks(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
     feed = equivalence_input(x, y, ranks, channels_first=True)

@@ -109,10 +109,10 @@ def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
     from runners.keras.data import JpegSequence
 
     data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec["model"])
+    check_classes(data, model_spec.num_classes, spec.model)
     share = rank_files(data.files, ranks.rank, ranks.world)
     size = model_spec.input_shape[0]
-    steps = spec["warmup_steps"] + spec["measure_steps"]
+    steps = spec.warmup_steps + spec.measure_steps
     sequence = JpegSequence(share, size, data.augmentation, batch, steps, channels_first,
                             data.workers, seed=ranks.rank)
     loader = PyDatasetAdapter(sequence, shuffle=False).get_torch_dataloader()
@@ -158,30 +158,30 @@ def training_step(ranks: Ranks, logits: keras.Model, feed: SyntheticInput | Real
 
 def dtype_policy(spec: Spec) -> str:
     """Keras' dtype policy for the run's precision (set globally before the model is built)."""
-    if spec["precision"] not in POLICIES:
-        raise Unavailable(f"precision {spec['precision']}: this runner has fp32 and bf16 "
+    if spec.precision not in POLICIES:
+        raise Unavailable(f"precision {spec.precision}: this runner has fp32 and bf16 "
                           "(Keras' mixed_bfloat16 policy)")
-    keras.mixed_precision.set_global_policy(POLICIES[spec["precision"]])
-    return POLICIES[spec["precision"]]
+    keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
+    return POLICIES[spec.precision]
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     check_backend()
     policy = dtype_policy(spec)
-    data_format = spec["options"].get("data_format", "channels_last")
-    loader = spec["options"].get("loader", "framework")
+    data_format = spec.options["data_format"]
+    loader = spec.options["loader"]
     ranks = init_ranks(spec)
     batch = per_rank_batch(spec, ranks)
-    model_spec = get_spec(spec["model"])
+    model_spec = get_spec(spec.model)
     shape = input_shape(model_spec, data_format)
     channels_first = data_format == "channels_first"
     feed: SyntheticInput | RealInput
-    if spec["data"] == "real" and loader == "keras":
+    if spec.data == "real" and loader == "keras":
         feed = keras_input(spec, ranks, model_spec, batch, channels_first)
     else:
         feed = rank_input(spec, ranks, model_spec, batch, shape, channels_first)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
-    model, logits = build_logits_model(spec["model"], data_format, ranks)
+    model, logits = build_logits_model(spec.model, data_format, ranks)
     step, counter, tracker = training_step(ranks, logits, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, step, counter, batch, tracker)
     result.update({
@@ -200,7 +200,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "flops_per_sample": count_flops_keras(model),
     })
     result.update(feed.record())
-    if spec["data"] == "real":
+    if spec.data == "real":
         result["loader_option"] = loader
     feed.close()
     close_ranks()
@@ -212,7 +212,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     on its slice of the batch, resident on its device in the run's layout as the synthetic
     input is; weights saved."""
     check_backend()
-    data_format = spec["options"].get("data_format", "channels_last")
+    data_format = spec.options["data_format"]
     ranks = init_ranks(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
     feed = equivalence_input(x, y, ranks, data_format == "channels_first")

@@ -18,7 +18,7 @@ from runners.torch.data import open_input
 
 
 def device_of(spec: Spec) -> torch.device:
-    if spec["device"] != "gpu":
+    if spec.device != "gpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU")
@@ -27,10 +27,10 @@ def device_of(spec: Spec) -> torch.device:
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     data = open_dataset(spec)
-    model_spec = get_spec(spec["model"])
-    check_classes(data, model_spec.num_classes, spec["model"])
+    model_spec = get_spec(spec.model)
+    check_classes(data, model_spec.num_classes, spec.model)
     size = model_spec.input_shape[0]
-    batch = spec["global_batch_size"]
+    batch = spec.global_batch_size
     device = device_of(spec)
     feed = open_input(spec, data, size, batch, 0, 1, device)
 

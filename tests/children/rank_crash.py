@@ -12,7 +12,7 @@ from runners.common import Spec, main, process_rank
 def benchmark(spec: Spec) -> dict[str, Any]:
     if process_rank() == 1:
         raise RuntimeError("rank 1 crashed on purpose")
-    time.sleep(spec["timeout_s"])  # a hang if nobody ends this rank
+    time.sleep(spec.timeout_s)  # a hang if nobody ends this rank
     raise RuntimeError("rank 0 was not stopped after rank 1 crashed")
 
 

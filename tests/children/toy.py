@@ -29,13 +29,13 @@ def train_step(w: np.ndarray, x: np.ndarray, y: np.ndarray, lr: float) -> float:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    behaviour = spec["options"].get("behaviour", "ok")
+    behaviour = spec.options.get("behaviour", "ok")
     if behaviour == "crash":
         raise RuntimeError("the toy runner crashed on purpose")
-    if behaviour == "hang" or (behaviour == "hang_above_1" and spec["num_devices"] > 1):
+    if behaviour == "hang" or (behaviour == "hang_above_1" and spec.num_devices > 1):
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        if spec["options"].get("pid_file"):
-            Path(spec["options"]["pid_file"]).write_text(str(child.pid))
+        if spec.options.get("pid_file"):
+            Path(spec.options["pid_file"]).write_text(str(child.pid))
         time.sleep(600)
     if behaviour == "garbage":
         Path(sys.argv[sys.argv.index("--result") + 1]).write_text("{this is not json")
@@ -52,24 +52,24 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
         np.ones((1 << 31,), dtype=np.uint8)  # 2 GiB under a 1 GiB limit: MemoryError
     if behaviour == "quiet_exit":  # exits 0 without a result, after a while
-        time.sleep(float(spec["options"].get("busy_s") or 1.0))
+        time.sleep(float(spec.options.get("busy_s") or 1.0))
         os._exit(0)
-    if spec["options"].get("worker_pid_file"):  # a loader worker / launcher rank of the run
+    if spec.options.get("worker_pid_file"):  # a loader worker / launcher rank of the run
         worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        Path(spec["options"]["worker_pid_file"]).write_text(str(worker.pid))
+        Path(spec.options["worker_pid_file"]).write_text(str(worker.pid))
     if behaviour == "import_error":
         import tensorflow_that_is_not_installed  # noqa: F401
     rng = np.random.default_rng(0)
-    batch = spec["global_batch_size"]
+    batch = spec.global_batch_size
     x = rng.standard_normal((batch, 64)).astype(np.float32)
     y = rng.integers(0, 10, batch)
     w = np.zeros((64, 10), np.float32)
-    for _ in range(spec["warmup_steps"]):
+    for _ in range(spec.warmup_steps):
         train_step(w, x, y, 0.1)
     timer, losses, steps = StepTimer(), [], 0
     timer.start()
-    busy_s = float(spec["options"].get("busy_s") or 0)  # CPU burnt per step: a window to sample
-    for _ in range(spec["measure_steps"]):
+    busy_s = float(spec.options.get("busy_s") or 0)  # CPU burnt per step: a window to sample
+    for _ in range(spec.measure_steps):
         losses.append(train_step(w, x, y, 0.1))
         end = time.perf_counter() + busy_s
         while time.perf_counter() < end:
@@ -89,7 +89,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 def placement(spec: Spec, x: np.ndarray) -> dict[str, int]:
     """Rows per shard of the batch as numpy splits it, one shard per device; behaviour
     `one_device` keeps every row on the first, as a strategy that never spread would."""
-    parts = 1 if spec["options"].get("behaviour") == "one_device" else spec["num_devices"]
+    parts = 1 if spec.options.get("behaviour") == "one_device" else spec.num_devices
     return {f"toy:shard{i}": len(rows) for i, rows in enumerate(np.array_split(x, parts))}
 
 
