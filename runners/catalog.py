@@ -1,0 +1,64 @@
+"""How a runner is described to the parent, without importing it: Option, RunnerInfo, Family,
+the options several families share, and the harness's own pipeline. Each family's runners are
+listed in runners/<family>/catalog.py; bench.registry collects them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    """One runner option: its type, default, and (optionally) the values allowed."""
+
+    type: type | tuple[type, ...]
+    default: Any
+    allowed: tuple[Any, ...] | None = None
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Family:
+    """A framework family: one Python environment per device variant."""
+
+    name: str
+    description: str
+    requirements: dict[str, str]  # variant ("cpu" | "gpu") -> requirements file, repo-relative
+    # A script run with the environment's interpreter after pip install (argument: the
+    # variant), for what pip alone cannot do (Horovod's patched source build); repo-relative.
+    post_install: str | None = None
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What the parent knows of a runner: where it lives and what it accepts."""
+
+    name: str
+    family: str
+    module: str
+    description: str
+    options: dict[str, Option] = field(default_factory=dict)
+    precisions: tuple[str, ...] = ("fp32",)
+    equivalence: bool = True  # takes part in the data-parallel equivalence test
+    # Option sets the equivalence test runs besides the defaults: every option that changes
+    # how gradients are reduced or the step is compiled (each dict overrides the defaults).
+    equivalence_options: tuple[dict[str, Any], ...] = ()
+    # How the parent starts the run: "python" (one process), "torchrun" (one process per
+    # device, torch.distributed.run) or "horovodrun" (one per device, over gloo).
+    launcher: str = "python"
+    unavailable: str | None = None  # why this runner can never run here (list shows it)
+
+
+
+LOADER_OPTION = Option(str, "framework", ("framework", "keras"),
+                       "real data: the framework's fast pipeline, or the Keras-idiomatic "
+                       "Sequence/PyDataset a Keras user writes (runners/keras/data.py)")
+
+# Input pipelines measured on their own (mode: pipeline): decode, augment, batch; no model.
+# Family "harness" is the harness's own interpreter (numpy and Pillow, no framework).
+PIPELINES: list[RunnerInfo] = [
+    RunnerInfo("pil_loop", "harness", "runners.pipeline_pil",
+               "the naive baseline: one Python process, Pillow decode, numpy crop/flip, "
+               "workers ignored", equivalence=False),
+]

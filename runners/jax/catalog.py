@@ -1,0 +1,48 @@
+"""The JAX family's runners (jit + sharding, Keras 3 on JAX) and its Grain pipeline, as the
+parent knows them: names, modules, options. Framework-free (bench.registry imports it). A new
+runner of this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
+
+from __future__ import annotations
+
+from runners.catalog import LOADER_OPTION, Option, RunnerInfo
+
+JAX_BATCHNORM_OPTION = Option(str, "per_device", ("per_device", "global"),
+                              "per_device: each device's BatchNorm normalises its own B/N rows "
+                              "(shard_map), as MirroredStrategy and DDP do; global: statistics "
+                              "over the whole global batch (jit over the sharded batch: XLA "
+                              "all-reduces them, sync BatchNorm)")
+
+RUNNERS: list[RunnerInfo] = [
+    RunnerInfo(
+        "jax_native",
+        "jax",
+        "runners.jax.native",
+        "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
+        options={"batchnorm": JAX_BATCHNORM_OPTION},
+        precisions=("fp32", "tf32", "bf16"),
+        equivalence_options=({"batchnorm": "global"},),
+    ),
+    RunnerInfo(
+        "keras_jax",
+        "jax",
+        "runners.jax.keras_jax",
+        "Keras 3 on JAX with keras.distribution.DataParallel, trained with fit",
+        options={
+            "loader": LOADER_OPTION,
+            "batchnorm": JAX_BATCHNORM_OPTION,
+            "input": Option(str, "numpy", ("numpy", "preplaced"),
+                            "numpy: fit gets host numpy data (arrays with batch_size, or the "
+                            "loader's numpy batches) and DataParallel distributes each batch "
+                            "itself; preplaced: batches already laid out on the devices in "
+                            "DataParallel's layout (synthetic or loader=framework)"),
+        },
+        precisions=("fp32", "tf32", "bf16"),
+        equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
+    ),
+]
+
+PIPELINES: list[RunnerInfo] = [
+    RunnerInfo("grain", "jax", "runners.jax.pipeline",
+               "Grain (the JAX ecosystem's loader) over the JPEG file list: Pillow decode "
+               "in workers processes", equivalence=False),
+]

@@ -1,0 +1,182 @@
+"""The TensorFlow family's runners (tf.distribute, TF 1.x graph styles, the Keras 2 tower
+strategies, tensorpack, tf_cnn_benchmarks) and its tf.data pipeline, as the parent knows them:
+names, modules, options. Framework-free (bench.registry imports it). A new runner of this family
+is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
+
+from __future__ import annotations
+
+from runners.catalog import LOADER_OPTION, Option, RunnerInfo
+
+KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data"),
+                             "Keras 2 tower runners: numpy batches fed by session.run's "
+                             "feed_dict every step (as fit on arrays did), the same through a "
+                             "StagingArea per tower one step ahead, or a tf.data dataset "
+                             "given to fit")
+KERAS2_WRAP_OPTION = Option(bool, False, help="at 1 device, build the one-tower wrapper "
+                                              "(measures its cost) instead of the plain model "
+                                              "the original falls back to")
+
+RUNNERS: list[RunnerInfo] = [
+    RunnerInfo(
+        "tf_mirrored",
+        "tf",
+        "runners.tf.mirrored",
+        "Keras 3 model.fit under tf.distribute.MirroredStrategy",
+        options={
+            "loader": LOADER_OPTION,
+            "xla": Option(bool, False, help="compile the train step with XLA (jit_compile; "
+                          "Keras 3 compiles strategy.run whole, so 2+ replicas are "
+                          "unavailable)"),
+            "steps_per_execution": Option(int, 1, help="train steps per tf.function call"),
+            "data_format": Option(
+                str, "channels_last", ("channels_last", "channels_first"), "tensor layout"
+            ),
+            "cross_device_ops": Option(
+                str,
+                "auto",
+                ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device"),
+                "how MirroredStrategy all-reduces gradients",
+            ),
+        },
+        precisions=("fp32", "tf32", "bf16", "fp16"),
+        equivalence_options=({"cross_device_ops": "reduction_to_one_device"},
+                             {"cross_device_ops": "hierarchical_copy"}),
+    ),
+    RunnerInfo(
+        "tf_native",
+        "tf",
+        "runners.tf.native",
+        "custom training loop in tf.function under MirroredStrategy (the no-Keras baseline)",
+        options={
+            "xla": Option(bool, False, help="jit_compile the train step"),
+            "data_format": Option(
+                str, "channels_last", ("channels_last", "channels_first"), "tensor layout"
+            ),
+            "fused_batchnorm": Option(bool, True, help="BatchNorm by TF's fused kernel "
+                                      "(FusedBatchNormV3), not Keras 3's unfused ops"),
+        },
+        precisions=("fp32", "tf32", "bf16", "fp16"),
+        # No reduction option (MirroredStrategy's default all-reduce). Not here: xla (on 2
+        # virtual CPU devices XLA runs every replica on CPU:0, so the step is invalid:
+        # tests/test_tf_runners.py checks that, and xla = no xla at 1 device) and
+        # channels_first (TF's CPU Conv2DBackpropFilter has no NCHW kernel).
+    ),
+    RunnerInfo(
+        "keras_tf_kuza55",
+        "tf",
+        "runners.tf.keras_kuza55",
+        "kuza55's make_parallel (2016) on Keras 2 (tf_keras, TF1 graph, fit): whole batch "
+        "to every tower, sliced there, outputs merged on /cpu:0",
+        options={
+            "loader": LOADER_OPTION,
+            "input": KERAS2_INPUT_OPTION,
+            "ps": Option(str, "cpu", ("cpu", "gpu"), "where the template's variables live"),
+        },
+        # staging and tf_data input: the shared keras2_towers code, run through
+        # multi_gpu_model's cases (the suite's time budget)
+        equivalence_options=({"ps": "gpu"},),
+    ),
+    RunnerInfo(
+        "keras_tf_multi_gpu_model",
+        "tf",
+        "runners.tf.keras_multi_gpu_model",
+        "Keras 2.1.6-2.2.5 multi_gpu_model on Keras 2 (tf_keras, TF1 graph, fit): CPU "
+        "template, replicas per device, CPU merge; plain model at 1 device",
+        options={
+            "loader": LOADER_OPTION,
+            "input": KERAS2_INPUT_OPTION,
+            "keras_version": Option(str, "2.2", ("2.1", "2.2"),
+                                    "2.1: slice inside each replica's device scope (whole "
+                                    "batch to every device); 2.2: slice on the input's "
+                                    "device (keras PR #10230)"),
+            "cpu_merge": Option(bool, True, help="merge replica outputs on the CPU"),
+            "cpu_relocation": Option(bool, False,
+                                     help="clone the template under /cpu:0 and train the "
+                                          "clone (Keras 2.1.6+)"),
+            "wrap_single_device": KERAS2_WRAP_OPTION,
+        },
+        equivalence_options=({"keras_version": "2.1"}, {"cpu_merge": False},
+                             {"input": "staging"}, {"input": "tf_data"},
+                             {"wrap_single_device": True}),
+    ),
+    RunnerInfo(
+        "keras_tf_avolkov1",
+        "tf",
+        "runners.tf.keras_avolkov1",
+        "avolkov1's make_parallel (2017) on Keras 2 (tf_keras, TF1 graph, fit): slicing "
+        "and merge on the parameter device, StagingArea input, its multi-GPU optimizer; "
+        "plain model at 1 device",
+        options={
+            "loader": LOADER_OPTION,
+            "input": KERAS2_INPUT_OPTION,
+            "ps": Option(str, "cpu", ("cpu", "gpu"),
+                         "where variables live, slicing and the merge run"),
+            "average_gradients": Option(bool, False,
+                                        help="its SGD_MGPU: gradients of the merged loss "
+                                             "once per device (N backward passes), "
+                                             "averaged"),
+            "nccl": Option(bool, False, help="average those copies by NCCL all-reduce "
+                                             "(GPUs; needs average_gradients)"),
+            "wrap_single_device": KERAS2_WRAP_OPTION,
+        },
+        equivalence_options=({"average_gradients": True}, {"input": "staging"},
+                             {"ps": "gpu"},
+                             {"average_gradients": True, "input": "staging"},
+                             {"wrap_single_device": True}),
+    ),
+    RunnerInfo(
+        "tensorpack",
+        "tf",
+        "runners.tf.tensorpack",
+        "tensorpack 0.11 synchronous multi-tower trainers (tf.compat.v1, legacy Keras)",
+        options={
+            "trainer": Option(str, "replicated", ("replicated", "parameter_server"),
+                              "SyncMultiGPUTrainerReplicated or ...ParameterServer"),
+            "input": Option(str, "staging", ("queue", "staging"),
+                            "QueueInput (real data: TFDatasetInput), or it wrapped "
+                            "in StagingInput"),
+            "ps_device": Option(str, "cpu", ("cpu", "gpu"),
+                                "variables' device for the parameter-server trainer"),
+            "allreduce": Option(str, "auto", ("auto", "nccl", "gpu", "hierarchical"),
+                                "replicated trainer's all-reduce mode (auto: tensorpack's "
+                                "choice, hierarchical with the GradientPacker at 8 towers, "
+                                "else gpu; hierarchical needs 8 towers; nccl: GPUs only)"),
+        },
+        equivalence_options=({"trainer": "parameter_server"},
+                             {"trainer": "parameter_server", "ps_device": "gpu"},
+                             {"input": "queue"}),
+    ),
+    RunnerInfo(
+        "tf_cnn_benchmarks",
+        "tf",
+        "runners.tf.cnn_benchmarks",
+        "the real tf_cnn_benchmarks script from a tensorflow/benchmarks checkout",
+        options={
+            "benchmarks_dir": Option(str, None, help="checkout of tensorflow/benchmarks "
+                                     "(default: $TF_CNN_BENCHMARKS_DIR)"),
+            "variable_update": Option(str, None,
+                                      ("parameter_server", "replicated", "independent"),
+                                      "--variable_update (unset: the script's "
+                                      "parameter_server)"),
+            "all_reduce_spec": Option(str, None, help="--all_reduce_spec, e.g. nccl"),
+            "local_parameter_device": Option(str, None, ("cpu", "gpu"),
+                                             "--local_parameter_device (unset: the "
+                                             "script's gpu)"),
+            "data_format": Option(str, None, ("channels_last", "channels_first"),
+                                  "--data_format NHWC or NCHW (unset: the script's NCHW "
+                                  "on GPUs, NHWC on CPU, the only one it runs there)"),
+            "script_model": Option(str, None, ("resnet50_v1.5", "resnet50"),
+                                   "--model for our resnet50 (unset: resnet50_v1.5, our "
+                                   "architecture; resnet50 is v1, TF's 2017 tables)"),
+        },
+        precisions=("fp32", "fp16"),  # fp16: --use_fp16
+        equivalence=False,  # it brings its own models
+    ),
+]
+
+PIPELINES: list[RunnerInfo] = [
+    RunnerInfo("tf_data", "tf", "runners.tf.pipeline",
+               "tf.data over the TFRecord shards: interleaved reads, parallel "
+               "decode_jpeg and crop/flip (workers threads), batch, prefetch",
+               equivalence=False),
+]

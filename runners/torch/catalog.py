@@ -1,0 +1,70 @@
+"""The PyTorch family's runners (DDP, Keras 3 on torch, Horovod on torch's ranks) and its
+DataLoader pipeline, as the parent knows them: names, modules, options. Framework-free
+(bench.registry imports it). A new runner of this family is one RunnerInfo below
+(docs/DESIGN.md, "Add a runner")."""
+
+from __future__ import annotations
+
+from runners.catalog import LOADER_OPTION, Option, RunnerInfo
+
+DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
+                            "real data: NVIDIA DALI on GPUs when it is installed (auto), or "
+                            "always the torch DataLoader, or always DALI")
+
+RUNNERS: list[RunnerInfo] = [
+    RunnerInfo(
+        "torch_ddp",
+        "torch",
+        "runners.torch.ddp",
+        "native PyTorch DistributedDataParallel, one process per device (torchrun)",
+        options={
+            "data_loader": DATA_LOADER_OPTION,
+            "memory_format": Option(str, "channels_first",
+                                    ("channels_first", "channels_last"),
+                                    "torch.channels_last memory format for model and data"),
+            "compile": Option(bool, False, help="torch.compile the model"),
+            "backend": Option(str, "auto", ("auto", "gloo", "nccl"),
+                              "process group backend (auto: nccl on GPUs, gloo on CPU)"),
+        },
+        precisions=("fp32", "tf32", "bf16", "fp16"),  # autocast; fp16 with a GradScaler
+        # backend gloo: what auto picks on CPU, so the default case runs it
+        equivalence_options=({"compile": True}, {"memory_format": "channels_last"}),
+        launcher="torchrun",
+    ),
+    RunnerInfo(
+        "keras_torch",
+        "torch",
+        "runners.torch.keras_torch",
+        "Keras 3 on PyTorch, multi-device through DDP as Keras' PyTorch guide does",
+        options={
+            "data_loader": DATA_LOADER_OPTION,
+            "loader": LOADER_OPTION,
+            "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
+                                  "the Keras model's tensor layout"),
+        },
+        precisions=("fp32", "tf32", "bf16"),
+        equivalence_options=({"data_format": "channels_first"},),
+        launcher="torchrun",
+    ),
+    RunnerInfo(
+        "horovod",
+        "horovod",
+        "runners.torch.horovod",
+        "Horovod with PyTorch: DistributedOptimizer allreduce, one process per device",
+        options={
+            "data_loader": DATA_LOADER_OPTION,
+            "fp16_allreduce": Option(bool, False,
+                                     help="compress gradients to fp16 for the allreduce"),
+        },
+        precisions=("fp32",),
+        # fp16_allreduce rounds gradients to float16: tests/test_horovod.py checks its step
+        # against one device at float16's precision, not the float32 test's 1e-5
+        launcher="horovodrun",
+    ),
+]
+
+PIPELINES: list[RunnerInfo] = [
+    RunnerInfo("torch_dataloader", "torch", "runners.torch.pipeline",
+               "PyTorch DataLoader over the JPEG file list: Pillow decode in workers "
+               "processes, pinned memory on GPUs", equivalence=False),
+]
