@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import IO, Any
 import yaml
 
 from bench import REPO_ROOT, environment, sweep_lock
-from bench.config import ConfigError, SweepConfig, load_config
+from bench.config import ConfigError, SweepConfig, json_schema, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
 from bench.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
@@ -25,14 +26,14 @@ from bench.registry import FAMILIES, PIPELINES, RUNNERS
 from bench.report import build_report, format_table
 from bench.trust import coefficient_of_variation
 
-COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data")
+COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "schema")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="run_bench.py",
         description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
-                    "setup, list, report, make-dataset, prepare-data.")
+                    "setup, list, report, make-dataset, prepare-data, schema.")
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run a sweep (the default command)")
     run.add_argument("--config", required=True, help="YAML sweep file")
@@ -77,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--shards", type=int, default=4, help="TFRecord shards (default 4)")
     prep.add_argument("--workers", type=int, default=2,
                       help="processes that decode, resize and encode (default 2)")
+    sub.add_parser("schema", help="print the JSON Schema of a sweep config (for editors: "
+                                  "run_bench.py schema > sweep.schema.json)")
     return p
 
 
@@ -98,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_make_dataset(args)
         if args.command == "prepare-data":
             return cmd_prepare_data(args)
+        if args.command == "schema":
+            print(json.dumps(json_schema(), indent=2))
+            return 0
         _parser().print_help()
         return 2
     except ConfigError as exc:

@@ -1,47 +1,63 @@
-"""Sweep configuration: YAML in, a validated SweepConfig out, or a one-line ConfigError."""
+"""Sweep configuration: YAML in, a validated SweepConfig out, or a one-line ConfigError.
 
-from __future__ import annotations
+The file's format is declared once, as pydantic models (`sweep_model()`: built from the
+registry and models/, so every runner's options are declared too); `run_bench.py schema`
+prints it as JSON Schema. Pydantic's own errors never reach the user: `_translate` turns the
+first one into a one-line ConfigError naming the key, the value and what is allowed (the words
+each field declares in its `Says`, and the closest allowed value). Rules that span keys (the
+batch key and scaling, what a mode needs, until_stable and repeats, the dataset's classes) are
+plain code in `_resolve`.
+
+Parent side only: runners and framework environments never import this module (pydantic).
+"""
 
 import difflib
+import functools
 import json
-import math
+import operator
 import re
 import sys
+import typing
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
-from bench.registry import PIPELINES, RUNNERS, runner_options
+from bench.registry import PIPELINES, RUNNERS, Option, runner_options
 from models import available_models, get_spec
 
 SCALING = ("weak", "strong")
 DATA = ("synthetic", "real")
 AUGMENTATIONS = ("none", "crop-flip")
-DATASET_KEYS = ("path", "augmentation", "workers")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("cpu", "gpu")
 MODES = ("benchmark", "pipeline")
 
+# the top-level keys, in the order of the model's fields (the schema's properties)
 KEYS = (
     "name", "description", "runners", "models", "devices", "batch_size_per_device",
     "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
     "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
     "pipeline_steps", "until_stable", "telemetry",
 )
-DEFAULTS: dict[str, Any] = {
-    "name": None, "description": "", "data": ["synthetic"], "precision": ["fp32"],
-    "device": "cpu", "warmup_steps": 5, "measure_steps": 20, "repeats": 1,
-    "timeout_s": 600, "runner_options": {}, "dataset": None, "mode": ["benchmark"],
-    "pipelines": None, "pipeline_steps": 200, "until_stable": None, "telemetry": {},
-}
 INT_MAX = 2**63 - 1  # integers beyond are no count of anything (and may not even print)
 # repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
 MAX_REPEATS = 1000
-UNTIL_STABLE_KEYS = ("target_cv", "max_repeats")
-TELEMETRY_KEYS = ("enabled", "interval_s", "starved_below_pct")
 TELEMETRY_DEFAULTS: dict[str, Any] = {"enabled": True, "interval_s": 0.25,
                                       "starved_below_pct": 50.0}
 
@@ -96,6 +112,8 @@ class SweepConfig:
         return d
 
 
+# --- messages -------------------------------------------------------------------------------
+
 def _show(value: Any) -> str:
     """repr(value) for a message, cut to 200 characters (and never an exception: the repr of
     an int of more than 4300 digits, which YAML's hex 0xfff... gives, is a ValueError)."""
@@ -120,7 +138,7 @@ def _fail(key: str, value: Any, allowed: str) -> ConfigError:
 def _sub(parent: str, key: Any) -> str:
     """The key path of key under parent: parent.key, or parent[<repr>] for an odd key."""
     if isinstance(key, str) and re.fullmatch(r"[\w-]+", key, re.ASCII):
-        return f"{parent}.{key}"
+        return f"{parent}.{key}" if parent else key
     return f"{parent}[{_show(key)}]"
 
 
@@ -129,137 +147,344 @@ def _unknown(key: str, item: Any, allowed: tuple[str, ...] | list[str]) -> Confi
                        f"{', '.join(allowed)}")
 
 
-def _choices(key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> list[str]:
-    items = _as_list(key, value)
-    for item in items:
-        if item not in allowed:
-            raise _unknown(key, item, allowed)
-    return _unique(key, items)
+@dataclass(frozen=True)
+class Says:
+    """A field's words for its one-line error: what is allowed (`allowed`, or for one kind of
+    pydantic error `by_error[kind]`); with `choices`, a string value (or, with no `allowed`,
+    any value) is told the allowed value closest to it."""
+
+    allowed: str = ""
+    choices: tuple[str, ...] = ()
+    by_error: tuple[tuple[str, str], ...] = ()
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str:
-    """One value of allowed (a key that is not an axis of the sweep: no list)."""
-    if isinstance(value, str) and value in allowed:
-        return value
-    if not isinstance(value, str):
-        raise _fail(key, value, f"one of {', '.join(allowed)} (one value for the whole sweep)")
-    raise _unknown(key, value, allowed)
+def _refuse(allowed: str) -> PydanticCustomError:
+    """A validator's error; _translate adds the key and the value."""
+    return PydanticCustomError("config", "allowed: {allowed}", {"allowed": allowed})
 
 
-def _unique(key: str, items: list[Any]) -> list[Any]:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _says_in(info: FieldInfo) -> Says | None:
+    """The Says of a field: in its metadata, or in its type (a Says inside an Optional)."""
+    def find(items: Any) -> Says | None:
+        for item in items:
+            found = item if isinstance(item, Says) else find(typing.get_args(item))
+            if found:
+                return found
+        return None
+    return find(info.metadata) or find([info.annotation])
+
+
+# --- declared types -------------------------------------------------------------------------
+
+def _count(minimum: int, maximum: int = INT_MAX) -> Any:
+    """An integer in [minimum, maximum], with its words."""
+    most = "2**63 - 1" if maximum == INT_MAX else maximum
+    return Annotated[int, Field(ge=minimum, le=maximum), Says(
+        f"an integer >= {minimum}",
+        by_error=(("less_than_equal", f"an integer from {minimum} to {most}"),))]
+
+
+def _as_list(empty_ok: bool) -> Any:
+    def as_list(value: Any) -> Any:
+        if isinstance(value, list):
+            if not value and not empty_ok:
+                raise _refuse("a non-empty list or a single value")
+            return value
+        if isinstance(value, dict) or value is None:
+            raise _refuse("a value or a list of values")
+        return [value]
+    return as_list
+
+
+def _unique(items: list[Any]) -> list[Any]:
     """A list key lists each value once: a repeated one would plan the same run twice (one
     run_id, the second run overwriting the first)."""
     for item, count in Counter(items).items():
         if count > 1:
-            times = "twice" if count == 2 else f"{count} times"
-            raise ConfigError(f"{key}: {_show(item)} appears {times}; list each value once")
+            raise PydanticCustomError("repeated", "listed more than once",
+                                      {"item": item, "count": count})
     return items
 
 
-def _as_list(key: str, value: Any) -> list[Any]:
-    if isinstance(value, list):
-        if not value:
-            raise _fail(key, value, "a non-empty list or a single value")
-        return value
-    if isinstance(value, dict) or value is None:
-        raise _fail(key, value, "a value or a list of values")
-    return [value]
+def _axis(item: Any, says: Says | None = None, empty_ok: bool = False) -> Any:
+    """An axis of the sweep: one value or a list of them, each once (a list once validated).
+    The words: `says`, else those of the item type."""
+    many = Annotated[list[item], Field(min_length=0 if empty_ok else 1,
+                                       json_schema_extra={"uniqueItems": True})]
+    words = says or _says_in(FieldInfo.from_annotation(item)) or Says()
+    return Annotated[list[item], BeforeValidator(
+        _as_list(empty_ok), json_schema_input_type=item | many),
+        AfterValidator(_unique), words]
 
 
-def _int(key: str, value: Any, minimum: int, maximum: int = INT_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(key, value, f"an integer >= {minimum}")
-    if value < minimum:
-        raise _fail(key, value, f"an integer >= {minimum}")
-    if value > maximum:
-        most = "2**63 - 1" if maximum == INT_MAX else maximum
-        raise _fail(key, value, f"an integer from {minimum} to {most}")
-    return value
+def _one_of(values: tuple[str, ...] | list[str]) -> Any:
+    """One of values; a wrong one is told the closest."""
+    return Annotated[Literal[tuple(values)], Says(choices=tuple(values))]
 
 
-def _ints(key: str, value: Any, minimum: int) -> list[int]:
-    return _unique(key, [_int(key, v, minimum) for v in _as_list(key, value)])
+class _Section(BaseModel):
+    """A mapping of the config: strict types (no "1" for 1, no true for 1), no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=())
+
+    @classmethod
+    def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
+        keys = [f.alias or name for name, f in cls.model_fields.items()]
+        return _fail(_sub(path, key), value, "keys " + ", ".join(keys))
 
 
-def _runner_options(raw: Any, runners: list[str], narrowed: frozenset[str] = frozenset()
-                    ) -> dict[str, dict[str, Any]]:
-    """Each runner's options over its defaults. Every key of runner_options names a runner of
-    this sweep: a typo or a runner left out of `runners` would otherwise be options silently
-    never used. The one exception is `narrowed`: runners the config file ran and gave options
-    that a --set runners=[...] then dropped; their options are left out with a note."""
-    if not isinstance(raw, dict):
-        raise _fail("runner_options", raw, "a mapping of runner name to its options")
-    sweep = ", ".join(runners) if runners else "none (this sweep has no runners)"
-    for runner in raw:
-        if runner in runners:
-            continue
-        if runner not in RUNNERS:
-            # the closest of this sweep's runners, else of all runners
-            hint = _hint(runner, runners) or _hint(runner, sorted(RUNNERS))
-            raise ConfigError(f"runner_options: {_show(runner)} is not a runner{hint}; "
-                              f"allowed: this sweep's runners: {sweep}")
-        if runner in narrowed:
-            print(f"note: runner_options.{runner} not used: --set runners left {runner} out "
-                  f"of this sweep ({sweep})", file=sys.stderr)
-            continue
-        raise ConfigError(f"runner_options: {runner!r} is not one of this sweep's runners; "
-                          f"allowed: {sweep} (add {runner} to runners, or remove its options)")
-    resolved: dict[str, dict[str, Any]] = {}
-    for runner in runners:
-        given = raw.get(runner)
-        given = {} if given is None else given
-        if not isinstance(given, dict):
-            raise _fail(f"runner_options.{runner}", given, "a mapping of option to value")
-        spec = runner_options(runner)
-        opts = {name: opt.default for name, opt in spec.items()}
-        for name, value in given.items():
-            key = f"runner_options.{runner}.{name}"
-            if name not in spec:
-                raise _unknown(f"runner_options.{runner} option", name, sorted(spec))
-            opt = spec[name]
-            if value is not None and (
-                not isinstance(value, opt.type) or (isinstance(value, bool) and opt.type is int)
-            ):
-                types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
-                raise _fail(key, value, " or ".join(t.__name__ for t in types))
-            # what the child gets (JSON, argv, a path) cannot hold these
-            if isinstance(value, int) and not -INT_MAX <= value <= INT_MAX:
-                raise _fail(key, value, "an integer of magnitude < 2**63")
-            if isinstance(value, str) and "\x00" in value:
-                raise _fail(key, value, "a string without NUL characters")
-            # None is allowed where it is the default: "leave it to the program" (the script's
-            # own default, for tf_cnn_benchmarks)
-            if opt.allowed is not None and value not in opt.allowed and not (
-                    value is None and opt.default is None):
-                raise _fail(key, value, ", ".join(map(str, opt.allowed)))
-            opts[name] = value
-        resolved[runner] = opts
+def _prepared(path: str) -> str:
+    """A folder prepare-data wrote (it has a manifest.json), made absolute."""
+    try:
+        folder = Path(path).expanduser()
+        prepared = (folder / "manifest.json").is_file()
+        resolved = str(folder.resolve())
+    except (OSError, RuntimeError, ValueError) as exc:  # ~nosuchuser, a NUL, a name too long
+        raise _refuse("a folder written by `run_bench.py prepare-data` "
+                      f"({type(exc).__name__}: {exc})") from None
+    if not prepared:
+        raise _refuse("a folder written by `run_bench.py prepare-data` (it has no manifest.json)")
     return resolved
 
 
-def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = frozenset()
-             ) -> SweepConfig:
-    """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError."""
-    if not isinstance(raw, dict):
-        raise ConfigError("config: expected a mapping of keys at the top level, got "
-                          f"{_show(raw)}")
-    for key in raw:
-        if key not in KEYS:
-            raise ConfigError(f"unknown key {_show(key)}{_hint(key, KEYS)}; allowed keys: "
-                              f"{', '.join(KEYS)}")
-    mode = _choices("mode", raw.get("mode", DEFAULTS["mode"]), MODES)
-    required = ("runners", "models", "devices") if "benchmark" in mode else ("models",)
-    for key in required:
-        if key not in raw:
-            raise ConfigError(f"{key}: missing; this key is required")
-    cfg = {**DEFAULTS, "runners": [], "devices": [1], **raw}
+class Dataset(_Section):
+    """Real data (data: real, mode: pipeline): what the loaders read."""
 
-    # a pipeline-only sweep ignores (but still checks) the runners of the config it came from
-    runners = (_choices("runners", cfg["runners"], sorted(RUNNERS))
-               if "benchmark" in mode or raw.get("runners") else [])
-    models = _choices("models", cfg["models"], available_models())
-    devices = _ints("devices", cfg["devices"], 1)
-    per_device, global_batch = cfg.get("batch_size_per_device"), cfg.get("global_batch_size")
+    path: Annotated[str, Field(min_length=1, description="a folder written by `run_bench.py "
+                               "prepare-data`"), AfterValidator(_prepared),
+                    Says("a folder written by `run_bench.py prepare-data`")]
+    augmentation: Annotated[Literal[AUGMENTATIONS], Says(", ".join(AUGMENTATIONS))] = "crop-flip"
+    workers: Annotated[_axis(_count(0), Says("an integer >= 0 or a list of them (parallel "
+                                             "decode workers of the loader)")),
+                       Field(description="parallel decode workers of the loader; a list is "
+                             "an axis")] = [4]
+
+
+class UntilStable(_Section):
+    """More repeats while the coefficient of variation of a configuration's images/sec is high
+    (needs repeats >= 2)."""
+
+    target_cv: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False),
+                         Says("a number between 0 and 1 (0.02 = 2%)")] = 0.02
+    max_repeats: _count(1, MAX_REPEATS) = 10
+
+
+class Telemetry(_Section):
+    """The parent's sampler (GPU through NVML, host through psutil) while each run goes."""
+
+    enabled: Annotated[bool, Says("true or false")] = True
+    interval_s: Annotated[float, Field(ge=0.05, le=10, allow_inf_nan=False),
+                          Says("seconds between samples, 0.05 to 10")] = 0.25
+    starved_below_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False),
+                                 Says("a GPU utilisation percentage, 0 to 100")] = 50.0
+
+
+def _telemetry_shorthand(value: Any) -> Any:
+    """`telemetry: false` turns the sampler off; true or nothing: the defaults."""
+    if value is False:
+        return {"enabled": False}
+    return {} if value is None or value is True else value
+
+
+class _Options(_Section):
+    """One runner's options: a model per runner, built from the registry's Options."""
+
+    @classmethod
+    def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
+        return _unknown(f"{path} option", key, sorted(f.alias for f in cls.model_fields.values()))
+
+
+def _option(name: str, opt: Option) -> tuple[Any, FieldInfo]:
+    """The declared type and field of one registry Option (the field named by an alias: an
+    option may be named like a BaseModel attribute)."""
+    types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
+    # what the child gets (JSON, argv, a path) cannot hold a NUL or an integer beyond 64 bits
+    declared = {int: Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)],
+                str: Annotated[str, Field(pattern=r"^[^\x00]*$")]}
+    kind: Any = functools.reduce(operator.or_, (declared.get(t, t) for t in types))
+    says = Says(" or ".join(t.__name__ for t in types), by_error=(
+        ("string_pattern_mismatch", "a string without NUL characters"),
+        ("less_than_equal", "an integer of magnitude < 2**63"),
+        ("greater_than_equal", "an integer of magnitude < 2**63")))
+    if opt.allowed is not None:
+        kind, says = Literal[opt.allowed], Says(", ".join(map(str, opt.allowed)))
+    if opt.default is None:
+        # None where it is the default: "leave it to the program" (the script's own default,
+        # for tf_cnn_benchmarks)
+        kind = kind | None
+    return Annotated[kind, says], Field(opt.default, alias=name, description=opt.help or None)
+
+
+def _options_model(runner: str) -> type[_Options]:
+    fields = {f"option_{i}": _option(name, opt)
+              for i, (name, opt) in enumerate(runner_options(runner).items())}
+    return create_model(f"{runner}_options", __base__=_Options, **fields)
+
+
+def sweep_model() -> type[BaseModel]:
+    """The pydantic model of a sweep file for this registry and these models (built once; again
+    if a runner is added, as the tests' toy runner is)."""
+    return _sweep_model(tuple((name, id(info)) for name, info in RUNNERS.items()),
+                        tuple(available_models()))
+
+
+@functools.lru_cache(maxsize=4)
+def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str, ...]
+                 ) -> type[BaseModel]:
+    runner_names = tuple(name for name, _ in runner_ids)
+    per_runner = {r: _options_model(r) for r in runner_names}
+    options = create_model(
+        "runner_options", __base__=_Section,
+        **{f"runner_{i}": (Annotated[per_runner[r] | None, Says("a mapping of option to value")],
+                           Field(None, alias=r, description=RUNNERS[r].description))
+           for i, r in enumerate(runner_names)})
+
+    class Sweep(_Section):
+        """A sweep: runners x models x data x precision x batch sizes x devices x repeats."""
+
+        model_config = ConfigDict(title="mgbench sweep config")
+
+        name: Annotated[str | None, Field(min_length=1, pattern=r"^[^/\\ ]+$", description=(
+            "the sweep's name (default: the file's stem)")), Says(
+            "a non-empty string of printable characters without spaces or slashes")] = None
+        description: Annotated[str, Says("a string")] = ""
+        runners: Annotated[_axis(_one_of(runner_names), empty_ok=True) | None, Field(
+            description="required with mode benchmark")] = None
+        models: _axis(_one_of(model_names))
+        devices: Annotated[_axis(_count(1)), Field(
+            description="device counts; required with mode benchmark")] = [1]
+        batch_size_per_device: Annotated[_axis(_count(1)) | None, Field(
+            description="weak scaling: global batch = this x devices")] = None
+        global_batch_size: Annotated[_axis(_count(1)) | None, Field(
+            description="strong scaling: a fixed global batch, divided by every device count")
+        ] = None
+        scaling: Annotated[Literal[SCALING] | None, Says(
+            "one of weak, strong (one value for the whole sweep)", choices=SCALING)] = None
+        data: _axis(_one_of(DATA)) = ["synthetic"]
+        precision: _axis(_one_of(PRECISIONS)) = ["fp32"]
+        device: Annotated[Literal[DEVICES], Says("cpu, gpu (one value for the whole sweep)")
+                          ] = "cpu"
+        warmup_steps: _count(0) = 5
+        measure_steps: _count(1) = 20
+        repeats: _count(1, MAX_REPEATS) = 1
+        timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False),
+                             Says("a number of seconds > 0")] = 600.0
+        runner_options: Annotated[options, Field(default_factory=options),
+                                  Says("a mapping of runner name to its options")]
+        dataset: Annotated[Dataset | None, Says("a mapping of path, augmentation, workers")
+                           ] = None
+        mode: _axis(_one_of(MODES)) = ["benchmark"]
+        pipelines: Annotated[_axis(_one_of(tuple(PIPELINES)), empty_ok=True) | None, Field(
+            description="with mode pipeline; default: all")] = None
+        pipeline_steps: _count(1) = 200
+        until_stable: Annotated[UntilStable | None, Says(
+            "a mapping with target_cv (e.g. 0.02) and max_repeats")] = None
+        telemetry: Annotated[Telemetry, BeforeValidator(
+            _telemetry_shorthand, json_schema_input_type=Telemetry | bool | None), Says(
+            "a mapping of enabled, interval_s, starved_below_pct, or false")] = Telemetry()
+
+        @classmethod
+        def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
+            return ConfigError(f"unknown key {_show(key)}{_hint(key, KEYS)}; allowed keys: "
+                               f"{', '.join(KEYS)}")
+
+        @field_validator("runner_options", mode="before")
+        @classmethod
+        def _sweeps_runners(cls, raw: Any, info: ValidationInfo) -> Any:
+            """Every key of runner_options names a runner of this sweep: a typo or a runner
+            left out of `runners` would otherwise be options silently never used. The one
+            exception is `narrowed`: runners the config file ran and gave options that a --set
+            runners=[...] then dropped; their options are left out with a note."""
+            if not isinstance(raw, dict) or "runners" not in info.data:
+                return raw  # not a mapping: its own error; bad runners: theirs
+            runners = info.data["runners"] or []
+            narrowed = (info.context or {}).get("narrowed", frozenset())
+            sweep = ", ".join(runners) if runners else "none (this sweep has no runners)"
+            for runner in raw:
+                if runner in runners:
+                    continue
+                if runner not in RUNNERS:
+                    # the closest of this sweep's runners, else of all runners
+                    hint = _hint(runner, runners) or _hint(runner, sorted(RUNNERS))
+                    raise ConfigError(f"runner_options: {_show(runner)} is not a runner{hint}; "
+                                      f"allowed: this sweep's runners: {sweep}")
+                if runner not in narrowed:
+                    raise ConfigError(f"runner_options: {runner!r} is not one of this sweep's "
+                                      f"runners; allowed: {sweep} (add {runner} to runners, or "
+                                      "remove its options)")
+                print(f"note: runner_options.{runner} not used: --set runners left {runner} "
+                      f"out of this sweep ({sweep})", file=sys.stderr)
+            return {r: opts for r, opts in raw.items() if r in runners}
+
+        def options_of(self, runner: str) -> dict[str, Any]:
+            """The runner's options over its defaults."""
+            given = getattr(self.runner_options, f"runner_{runner_names.index(runner)}")
+            return (given or per_runner[runner]()).model_dump(by_alias=True)
+
+    return Sweep
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a sweep file (what `run_bench.py schema` prints)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            **sweep_model().model_json_schema()}
+
+
+# --- pydantic's errors as one line ----------------------------------------------------------
+
+def _translate(err: Any, model: type[BaseModel], raw: dict[str, Any]) -> ConfigError:
+    """One pydantic error as the one-line ConfigError of the key it is about."""
+    ctx = err.get("ctx") or {}
+    if isinstance(ctx.get("error"), ConfigError):
+        return ctx["error"]  # a validator's own message
+    # walk the error's location down the models: the key path, its field, the mapping
+    loc, path, info, section, node = list(err["loc"]), "", None, model, raw
+    while loc and section is not None:
+        fields = {f.alias or name: f for name, f in section.model_fields.items()}
+        if loc[0] not in fields:
+            break
+        part = loc.pop(0)
+        info, path = fields[part], _sub(path, part)
+        node = node.get(part) if isinstance(node, dict) else None
+        inner = _models_in(info.annotation) if loc and isinstance(node, dict) else []
+        section = inner[0] if inner else None
+    kind, value = err["type"], err.get("input")
+    if kind in ("extra_forbidden", "invalid_key") and section is not None and loc:
+        key = value if kind == "invalid_key" else loc[0]
+        return section.unknown_key(path, key, node.get(key) if isinstance(node, dict) else None)
+    if kind == "missing":
+        return ConfigError(f"{path}: missing; this key is required")
+    if kind == "repeated":
+        times = "twice" if ctx["count"] == 2 else f"{ctx['count']} times"
+        return ConfigError(f"{path}: {_show(ctx['item'])} appears {times}; list each value once")
+    if "allowed" in ctx:
+        return _fail(path, value, ctx["allowed"])
+    says = (_says_in(info) if info is not None else None) or Says(err["msg"])
+    if says.choices and (isinstance(value, str) or not says.allowed):
+        return _unknown(path, value, says.choices)
+    return _fail(path or "config", value, dict(says.by_error).get(kind, says.allowed))
+
+
+def _first_error(exc: ValidationError, model: type[BaseModel], raw: dict[str, Any]
+                 ) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    # an unknown top-level key first: often a typo of a key whose absence is an error too
+    unknown = [e for e in errors if len(e["loc"]) == 1
+               and e["type"] in ("extra_forbidden", "invalid_key")]
+    return _translate((unknown or errors)[0], model, raw)
+
+
+# --- rules that span keys -------------------------------------------------------------------
+
+def _batch_sizes(per_device: list[int] | None, global_batch: list[int] | None,
+                 scaling: str | None, devices: list[int]) -> tuple[str, list[int]]:
+    """The scaling (given, or that of the batch key given) and its batch sizes."""
     if per_device is not None and global_batch is not None:
         raise ConfigError(
             "batch_size_per_device and global_batch_size: both given; allowed: exactly one "
@@ -268,133 +493,24 @@ def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = f
     if per_device is None and global_batch is None:
         raise ConfigError("batch_size_per_device: missing; give it (weak scaling) "
                           "or global_batch_size (strong scaling)")
-    scaling = cfg.get("scaling")
     if scaling is None:
         scaling = "weak" if per_device is not None else "strong"
-    scaling = _choice("scaling", scaling, SCALING)
     if scaling == "weak":
         if per_device is None:
             raise _fail("global_batch_size", global_batch,
                         "batch_size_per_device with scaling: weak (or set scaling: strong)")
-        batch_sizes = _ints("batch_size_per_device", per_device, 1)
-    else:
-        if global_batch is None:
-            raise _fail("batch_size_per_device", per_device,
-                        "global_batch_size with scaling: strong (or set scaling: weak)")
-        batch_sizes = _ints("global_batch_size", global_batch, 1)
-        for b in batch_sizes:
-            for n in devices:
-                if b % n:
-                    raise ConfigError(
-                        f"global_batch_size: {b} does not divide by {n} devices; allowed: a "
-                        f"multiple of every device count in {devices} (a remainder would be "
-                        "dropped or give a short batch)"
-                    )
-    name = cfg["name"] if cfg["name"] is not None else default_name
-    # the name is a folder name (results/<name>-<time>) and printed: printable characters
-    if not isinstance(name, str) or not name or not name.isprintable() \
-            or any(c in name for c in "/\\ "):
-        raise _fail("name", name, "a non-empty string of printable characters without spaces "
-                    "or slashes")
-    if not isinstance(cfg["description"], str):
-        raise _fail("description", cfg["description"], "a string")
-    timeout = _seconds("timeout_s", cfg["timeout_s"])
-    data = _choices("data", cfg["data"], DATA)
-    pipelines = _pipelines(cfg["pipelines"], mode)
-    dataset = _dataset(cfg["dataset"], data if "benchmark" in mode else [],
-                       "pipeline" in mode)
-    if dataset and "real" in data and "benchmark" in mode:
-        _check_classes(dataset, models)
-    return SweepConfig(
-        name=name,
-        description=cfg["description"],
-        runners=runners,
-        models=models,
-        devices=devices,
-        scaling=scaling,
-        batch_sizes=batch_sizes,
-        data=data,
-        precision=_choices("precision", cfg["precision"], PRECISIONS),
-        device=_device(cfg["device"]),
-        warmup_steps=_int("warmup_steps", cfg["warmup_steps"], 0),
-        measure_steps=_int("measure_steps", cfg["measure_steps"], 1),
-        repeats=_int("repeats", cfg["repeats"], 1, MAX_REPEATS),
-        timeout_s=timeout,
-        runner_options=_runner_options(cfg["runner_options"], runners, narrowed),
-        dataset=dataset,
-        mode=mode,
-        pipelines=pipelines,
-        pipeline_steps=_int("pipeline_steps", cfg["pipeline_steps"], 1),
-        until_stable=_until_stable(cfg["until_stable"], cfg["repeats"]),
-        telemetry=_telemetry(cfg["telemetry"]),
-    )
-
-
-def _seconds(key: str, value: Any) -> float:
-    """A finite number of seconds > 0, as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _fail(key, value, "a number of seconds > 0")
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int beyond any float
-        seconds = math.inf
-    if not math.isfinite(seconds):
-        raise _fail(key, value, "a number of seconds > 0")
-    return seconds
-
-
-def _until_stable(raw: Any, repeats: int) -> dict[str, Any] | None:
-    """target_cv in (0, 1) and max_repeats >= repeats; repeats >= 2 (one run has no CV)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise _fail("until_stable", raw, "a mapping with target_cv (e.g. 0.02) and max_repeats")
-    for key in raw:
-        if key not in UNTIL_STABLE_KEYS:
-            raise _fail(_sub("until_stable", key), raw[key], "keys " + ", ".join(UNTIL_STABLE_KEYS))
-    target = raw.get("target_cv", 0.02)
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target < 1:
-        raise _fail("until_stable.target_cv", target, "a number between 0 and 1 (0.02 = 2%)")
-    if repeats < 2:
-        raise _fail("repeats", repeats, "an integer >= 2 with until_stable (the coefficient "
-                    "of variation of one run is undefined)")
-    maximum = _int("until_stable.max_repeats", raw.get("max_repeats", 10), repeats, MAX_REPEATS)
-    return {"target_cv": float(target), "max_repeats": maximum}
-
-
-def _telemetry(raw: Any) -> dict[str, Any]:
-    """The sampler's settings over TELEMETRY_DEFAULTS; `false` turns it off."""
-    if raw is False:
-        return {**TELEMETRY_DEFAULTS, "enabled": False}
-    if raw is None or raw is True:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise _fail("telemetry", raw, "a mapping of " + ", ".join(TELEMETRY_KEYS) + ", or false")
-    for key in raw:
-        if key not in TELEMETRY_KEYS:
-            raise _fail(_sub("telemetry", key), raw[key], "keys " + ", ".join(TELEMETRY_KEYS))
-    out = {**TELEMETRY_DEFAULTS, **raw}
-    if not isinstance(out["enabled"], bool):
-        raise _fail("telemetry.enabled", out["enabled"], "true or false")
-    interval = out["interval_s"]
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
-            or not 0.05 <= interval <= 10:
-        raise _fail("telemetry.interval_s", interval, "seconds between samples, 0.05 to 10")
-    starved = out["starved_below_pct"]
-    if isinstance(starved, bool) or not isinstance(starved, (int, float)) \
-            or not 0 <= starved <= 100:
-        raise _fail("telemetry.starved_below_pct", starved, "a GPU utilisation percentage, "
-                    "0 to 100")
-    return {"enabled": out["enabled"], "interval_s": float(interval),
-            "starved_below_pct": float(starved)}
-
-
-def _pipelines(raw: Any, mode: list[str]) -> list[str]:
-    """The input pipelines a pipeline-mode sweep times: all of them unless named (checked
-    even when mode leaves them out, so a typo never waits for the day they run)."""
-    if raw is None or raw == []:
-        return list(PIPELINES) if "pipeline" in mode else []
-    return _choices("pipelines", raw, list(PIPELINES))
+        return scaling, per_device
+    if global_batch is None:
+        raise _fail("batch_size_per_device", per_device,
+                    "global_batch_size with scaling: strong (or set scaling: weak)")
+    for b in global_batch:
+        for n in devices:
+            if b % n:
+                raise ConfigError(
+                    f"global_batch_size: {b} does not divide by {n} devices; allowed: a "
+                    f"multiple of every device count in {devices} (a remainder would be "
+                    "dropped or give a short batch)")
+    return scaling, global_batch
 
 
 def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
@@ -413,49 +529,65 @@ def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
                         f"(this one has {classes})")
 
 
-def _dataset(raw: Any, data: list[str], pipeline: bool = False) -> dict[str, Any] | None:
-    """The dataset mapping: required when data includes real or mode includes pipeline,
-    checked against the folder."""
-    if raw is None:
-        if "real" in data or pipeline:
-            why = "mode includes pipeline" if pipeline else "data includes real"
-            raise _fail("dataset", raw, "a mapping with path: <a folder written by "
-                        f"`run_bench.py prepare-data`> when {why}")
-        return None
+def _resolve(s: Any, default_name: str) -> SweepConfig:
+    """The validated file as a SweepConfig, once the rules that span keys hold."""
+    benchmark, pipeline = "benchmark" in s.mode, "pipeline" in s.mode
+    if benchmark:
+        for key in ("runners", "devices"):
+            if key not in s.model_fields_set:
+                raise ConfigError(f"{key}: missing; this key is required")
+        if not s.runners:
+            raise _fail("runners", s.runners, "a value or a list of values" if s.runners is None
+                        else "a non-empty list or a single value")
+    scaling, batch_sizes = _batch_sizes(s.batch_size_per_device, s.global_batch_size,
+                                        s.scaling, s.devices)
+    name = s.name if s.name is not None else default_name
+    # the name is a folder name (results/<name>-<time>) and printed: printable characters
+    if not name or not name.isprintable() or any(c in name for c in "/\\ "):
+        raise _fail("name", name, "a non-empty string of printable characters without spaces "
+                    "or slashes")
+    if s.dataset is None and (pipeline or (benchmark and "real" in s.data)):
+        why = "mode includes pipeline" if pipeline else "data includes real"
+        raise _fail("dataset", None, "a mapping with path: <a folder written by "
+                    f"`run_bench.py prepare-data`> when {why}")
+    dataset = s.dataset.model_dump() if s.dataset is not None else None
+    if dataset and "real" in s.data and benchmark:
+        _check_classes(dataset, s.models)
+    if s.until_stable is not None and s.repeats < 2:
+        raise _fail("repeats", s.repeats, "an integer >= 2 with until_stable (the coefficient "
+                    "of variation of one run is undefined)")
+    if s.until_stable is not None and s.until_stable.max_repeats < s.repeats:
+        raise _fail("until_stable.max_repeats", s.until_stable.max_repeats,
+                    f"an integer >= {s.repeats}")
+    # a pipeline-only sweep needs no runners (but checks those of the file it came from)
+    runners = s.runners or []
+    return SweepConfig(
+        name=name, description=s.description, runners=runners, models=s.models,
+        devices=s.devices, scaling=scaling, batch_sizes=batch_sizes, data=s.data,
+        precision=s.precision, device=s.device, warmup_steps=s.warmup_steps,
+        measure_steps=s.measure_steps, repeats=s.repeats, timeout_s=s.timeout_s,
+        runner_options={r: s.options_of(r) for r in runners}, dataset=dataset, mode=s.mode,
+        # every pipeline unless named (named ones are checked even when mode leaves them out,
+        # so a typo never waits for the day they run)
+        pipelines=s.pipelines or (list(PIPELINES) if pipeline else []),
+        pipeline_steps=s.pipeline_steps,
+        until_stable=s.until_stable.model_dump() if s.until_stable is not None else None,
+        telemetry=s.telemetry.model_dump(),
+    )
+
+
+def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = frozenset()
+             ) -> SweepConfig:
+    """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError."""
     if not isinstance(raw, dict):
-        raise _fail("dataset", raw, "a mapping of " + ", ".join(DATASET_KEYS))
-    for key in raw:
-        if key not in DATASET_KEYS:
-            raise _fail(_sub("dataset", key), raw[key], "keys " + ", ".join(DATASET_KEYS))
-    path = raw.get("path")
-    if not isinstance(path, str) or not path:
-        raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data`")
+        raise ConfigError("config: expected a mapping of keys at the top level, got "
+                          f"{_show(raw)}")
+    model = sweep_model()
     try:
-        folder = Path(path).expanduser()
-        prepared = (folder / "manifest.json").is_file()
-        resolved = str(folder.resolve())
-    except (OSError, RuntimeError, ValueError) as exc:  # ~nosuchuser, a NUL, a name too long
-        raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data` "
-                    f"({type(exc).__name__}: {exc})") from None
-    if not prepared:
-        raise _fail("dataset.path", path, "a folder written by `run_bench.py prepare-data` "
-                    "(it has no manifest.json)")
-    augmentation = raw.get("augmentation", "crop-flip")
-    if augmentation not in AUGMENTATIONS:
-        raise _fail("dataset.augmentation", augmentation, ", ".join(AUGMENTATIONS))
-    workers = raw.get("workers", 4)
-    for w in workers if isinstance(workers, list) and workers else [workers]:
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise _fail("dataset.workers", workers, "an integer >= 0 or a list of them "
-                        "(parallel decode workers of the loader)")
-    workers = _unique("dataset.workers", workers if isinstance(workers, list) else [workers])
-    return {"path": resolved, "augmentation": augmentation, "workers": workers}
-
-
-def _device(value: Any) -> str:
-    if not isinstance(value, str) or value not in DEVICES:
-        raise _fail("device", value, ", ".join(DEVICES) + " (one value for the whole sweep)")
-    return value
+        sweep = model.model_validate(raw, context={"narrowed": narrowed})
+    except ValidationError as exc:
+        raise _first_error(exc, model, raw) from None
+    return _resolve(sweep, default_name)
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
