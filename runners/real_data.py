@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from runners.common import Invalid, Spec, StepTimer, Unavailable
+from runners.common import Invalid, Spec, Unavailable, timed_loop
 
 AUGMENTATIONS = ("none", "crop-flip")
 
@@ -72,7 +72,7 @@ def open_dataset(spec: Spec) -> RealData:
     """The run's dataset; Unavailable when the run is not a real-data run or the folder is
     not usable (the parent checked it when the sweep was read, but a sweep can run later)."""
     if spec.data != "real" or not spec.dataset:
-        raise Unavailable(f"data {spec.get('data')!r} has no dataset to read")
+        raise Unavailable(f"data {spec.data!r} has no dataset to read")
     ds = spec.dataset
     path = Path(ds["path"])
     try:
@@ -83,11 +83,11 @@ def open_dataset(spec: Spec) -> RealData:
         raise Unavailable(f"dataset {str(path)!r} is not a prepare-data folder: {exc}") from exc
     if not files:
         raise Unavailable(f"dataset {str(path)!r} holds no images")
-    if ds.get("augmentation", "crop-flip") not in AUGMENTATIONS:
-        raise Unavailable(f"augmentation {ds.get('augmentation')!r} is not one of "
+    if ds["augmentation"] not in AUGMENTATIONS:
+        raise Unavailable(f"augmentation {ds['augmentation']!r} is not one of "
                           f"{', '.join(AUGMENTATIONS)}")
-    return RealData(path=path, augmentation=ds.get("augmentation", "crop-flip"),
-                    workers=int(ds.get("workers", 4)), files=files,
+    return RealData(path=path, augmentation=ds["augmentation"],
+                    workers=int(ds["workers"]), files=files,
                     classes=int(manifest["classes"]), manifest=manifest)
 
 
@@ -235,27 +235,34 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
 
 def time_pipeline(spec: Spec, batches: Iterator[Any], batch: int,
                   count: Any = None) -> dict[str, Any]:
-    """Pipeline mode: pull warmup_steps batches, then time measure_steps batches.
+    """Pipeline mode: the timed loop over batches: pull warmup_steps batches, then time
+    measure_steps batches.
 
     `count(b)` returns how many images batch b holds (default: len(b[0])) and must touch the
-    data so that lazy pipelines finish producing it; every batch must be whole. Images per
+    data so that lazy pipelines finish producing it (warm-up batches too, so the clock starts
+    once the last warm-up batch is produced); every batch must be whole. Images per
     core divide the images by the CPU seconds the process tree spent in the window (threads
     and worker processes alike), so a pipeline that quietly uses every core is not credited
     with its worker count."""
     count = count or (lambda b: len(b[0]))
-    for _ in range(spec.warmup_steps):
-        next(batches)
-    timer, seen = StepTimer(), 0
-    cpu0 = tree_cpu_seconds()
-    timer.start()
-    for _ in range(spec.measure_steps):
-        got = int(count(next(batches)))
+    seen, cpu0 = 0, None  # images in the window; the tree's CPU seconds when it opens
+
+    def open_window() -> None:
+        nonlocal seen, cpu0
+        seen, cpu0 = 0, tree_cpu_seconds()
+
+    def produced(b: Any) -> None:
+        """Wait for batch b to be produced (count touches its data); check it is whole."""
+        nonlocal seen
+        got = int(count(b))
         if got != batch:
             raise Invalid(f"the pipeline gave a batch of {got} images, expected {batch}")
         seen += got
-        timer.tick()
+
+    window = timed_loop(lambda: next(batches), produced, spec.warmup_steps, spec.measure_steps,
+                        on_start=open_window)
     cpu1 = tree_cpu_seconds()
-    result = timer.summary(batch, seen)
+    result = window.summary(batch, seen)
     workers = spec.dataset["workers"]
     cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
     if cpu:

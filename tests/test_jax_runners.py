@@ -5,10 +5,13 @@ global BatchNorm, the placement read back from jax, and the BatchNorm semantics 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.plan import RunSpec
 from bench.records import check_record
 from bench.registry import RUNNERS
 from runners.jax.common import CPU_KIND, _with_device_count
@@ -23,11 +26,13 @@ JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
 # (per_device swaps in its BatchNormalization subclass) trained by fit on numpy arrays.
 BN_CHECK = r"""
 import json
+import sys
 import numpy as np
+from runners.common import Spec
 from runners.jax.keras_jax import (BatchPlacement, make_clock, make_distribution,
                                    per_device_batchnorm)
 
-keras, distribution, _ = make_distribution({"num_devices": 2, "device": "cpu"})
+keras, distribution, _ = make_distribution(Spec.from_dict(json.loads(sys.argv[1])))
 import flax.linen as nn
 import jax
 import optax
@@ -71,6 +76,20 @@ for mode in ("global", "per_device"):
     out["keras_placement"] = probe.placement
 print("RESULT " + json.dumps(out))
 """
+
+
+def check_spec(runner: str, **fields: Any) -> str:
+    """A spec as the parent resolves it (1 CPU device, minigooglenet, batch 8 per device, the
+    runner's options at their defaults) with `fields` over it, as JSON for a check script's argv."""
+    info = RUNNERS[runner]
+    n = fields.get("num_devices", 1)
+    spec = RunSpec(**{
+        "run_id": "check", "sweep_id": "check", "runner": runner, "family": info.family,
+        "module": info.module, "model": "minigooglenet", "num_devices": n, "device": "cpu",
+        "virtual_devices": n > 1, "scaling": "weak", "batch_size_per_device": 8,
+        "global_batch_size": 8 * n, "data": "synthetic", "precision": "fp32",
+        "warmup_steps": 2, "measure_steps": 3, "repeat": 0, "timeout_s": 600, **fields})
+    return json.dumps(spec.to_dict())
 
 
 def test_jax_family_is_registered() -> None:
@@ -169,7 +188,8 @@ def test_batchnorm_statistics_per_device_and_global(jax_python: str) -> None:
     """batchnorm: global (jit over the sharded batch, Keras' own layer under DataParallel) takes
     the moments of the whole batch (XLA all-reduces them); per_device (shard_map, the Keras
     subclass) the mean of each device's moments, as MirroredStrategy or DDP would."""
-    r = run_check_script(jax_python, BN_CHECK, env={"XLA_FLAGS": ""}, timeout=300)
+    r = run_check_script(jax_python, BN_CHECK, check_spec("keras_jax", num_devices=2),
+                         env={"XLA_FLAGS": ""}, timeout=300)
     assert r["rows_per_device"] == [4, 4]
     assert sorted(r["keras_placement"].values()) == [4, 4] and len(r["keras_placement"]) == 2
     assert r["keras_class_global"] == "BatchNormalization"
@@ -193,13 +213,11 @@ def test_warmup_runs_past_the_second_epochs_recompile() -> None:
 # not hold the recompile at the second epoch's first step (seconds, against ~0.1 s steps).
 EPOCH_CHECK = r"""
 import json
+import sys
 import runners.jax.keras_jax as kj
+from runners.common import Spec
 kj.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
-spec = {"runner": "keras_jax", "model": "minigooglenet", "device": "cpu", "num_devices": 1,
-        "virtual_devices": False, "precision": "fp32", "data": "synthetic", "dataset": None,
-        "batch_size_per_device": 8, "global_batch_size": 8, "warmup_steps": 2,
-        "measure_steps": 8, "options": {"input": "numpy", "batchnorm": "per_device"}}
-r = kj.benchmark(spec)
+r = kj.benchmark(Spec.from_dict(json.loads(sys.argv[1])))
 print("RESULT " + json.dumps({k: r.get(k) for k in (
     "step_times_s", "warmup_steps_run", "warmup_extended", "host_dataset", "samples")}))
 """
@@ -207,9 +225,12 @@ print("RESULT " + json.dumps({k: r.get(k) for k in (
 
 @pytest.mark.slow
 def test_keras_jax_window_excludes_the_second_epochs_recompile(jax_python: str) -> None:
-    r = run_check_script(jax_python, EPOCH_CHECK, env={"XLA_FLAGS": ""}, timeout=600)
+    spec = check_spec("keras_jax", warmup_steps=2, measure_steps=8,
+                      options={"input": "numpy", "batchnorm": "per_device"})
+    r = run_check_script(jax_python, EPOCH_CHECK, spec, env={"XLA_FLAGS": ""}, timeout=600)
     times = sorted(r["step_times_s"])
     assert len(times) == 8
     assert times[-1] < 4 * times[len(times) // 2], times  # no compile-length step timed
     assert r["host_dataset"]["batches"] == 4 and r["warmup_steps_run"] == 5
+    assert r["samples"] == 8 * 8  # the optimizer's counter over the window: the 8 timed steps
     assert "compiles its train step again" in r["warmup_extended"]

@@ -72,7 +72,7 @@ from models import get_spec, load_builder
 from runners.common import (
     Invalid,
     Spec,
-    StepTimer,
+    TimedWindow,
     Unavailable,
     finite,
     load_equivalence_inputs,
@@ -132,14 +132,15 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
     keras = import_keras()
 
     class JaxFitClock(keras.callbacks.Callback):
-        """Clock readings after each measured step has finished on every device."""
+        """Clock readings (its TimedWindow, `window`) after each measured step has finished on
+        every device; `start_iteration`: the optimizer's step counter when the clock started."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.timer, self.losses = StepTimer(), []
+            self.window = TimedWindow(warmup, measure, on_start=self._read_iteration)
             self.start_iteration: int | None = None
             self._counter = 0
-            self._done = 0
+            self._live: jax.Array | None = None  # the counter after the last step, ready
 
         def on_train_begin(self, logs: dict | None = None) -> None:
             # self._model, not self.model: the property syncs the jax state into the variables
@@ -156,24 +157,19 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
                                    "_jax_state to wait on")
             return state["optimizer_variables"][self._counter]
 
-        def _start(self, iteration: int) -> None:
-            self.start_iteration = iteration
-            self.timer.start()
+        def _read_iteration(self) -> None:
+            # before the first step the variables hold the counter; after one, the live state
+            self.start_iteration = int(self._model.optimizer.iterations.numpy()
+                                       if self._live is None else self._live)
 
         def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-            if warmup == 0 and self._done == 0:  # before the first step the variables hold it
-                self._start(int(self._model.optimizer.iterations.numpy()))
+            if warmup == 0 and not self.window.started:
+                self.window.start()
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-            counter = self._live_iterations().block_until_ready()  # every device's copy
-            loss = float((logs or {})["loss"])
-            self._done += 1
-            if self._done == warmup:
-                self._start(int(counter))
-            elif self._done > warmup:
-                self.timer.tick()
-                self.losses.append(loss)
-            if self._done >= warmup + measure:
+            self._live = self._live_iterations().block_until_ready()  # every device's copy
+            self.window.step_done((logs or {})["loss"])
+            if self.window.done:
                 self._model.stop_training = True
 
     return JaxFitClock()
@@ -236,14 +232,12 @@ def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int 
     """model.fit for warmup + measure steps: the timing summary, samples counted from the
     optimizer's step counter, the losses and the placement of the first timed batch."""
     clock, probe = fit_steps(spec, model, feed, warmup)
-    if not clock.losses or clock.start_iteration is None or probe.placement is None:
+    if not clock.window.losses or clock.start_iteration is None or probe.placement is None:
         raise Invalid("no measured step reported a loss")
     steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
     global_batch = spec.global_batch_size
     return {
-        **clock.timer.summary(global_batch, steps * global_batch),
-        "first_loss": finite(clock.losses[0]),
-        "last_loss": finite(clock.losses[-1]),
+        **clock.window.summary(global_batch, steps * global_batch),
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
         "placement": probe.placement,
         "placement_source": PLACEMENT_SOURCE,
@@ -520,7 +514,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         raise Invalid("fit did not run exactly one step")
     save_equivalence_output(spec, get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions("keras"), "devices": described,
-            "loss": finite(clock.losses[0]), "input": mode, "batchnorm": batchnorm,
+            "loss": finite(clock.window.losses[0]), "input": mode, "batchnorm": batchnorm,
             "batch_sharding": probe.sharding, "placement": probe.placement,
             "placement_source": PLACEMENT_SOURCE}
 

@@ -63,11 +63,11 @@ from models import get_spec, load_builder
 from runners.common import (
     Invalid,
     Spec,
-    StepTimer,
     finite,
     load_equivalence_inputs,
     main,
     save_equivalence_output,
+    timed_loop,
 )
 from runners.jax.common import (
     framework_versions,
@@ -255,25 +255,27 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     try:
         step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state,
                                          x, y)
-        for _ in range(spec.warmup_steps):
-            state, loss = step(state, *next(batches))
-            finite(loss.block_until_ready())
-        start = int(state.step)
-        timer, losses, first = StepTimer(), [], None
-        timer.start()
-        for _ in range(spec.measure_steps):
+        start: int | None = None  # the step counter when the clock starts
+        first: tuple[Any, Any] | None = None  # the first timed batch
+
+        def open_window() -> None:
+            nonlocal start
+            start = int(state.step)
+
+        def run() -> Any:
+            nonlocal state, first
             x, y = next(batches)
             state, loss = step(state, x, y)
-            loss.block_until_ready()  # every device's copy: the step has finished everywhere
-            timer.tick()
-            losses.append(finite(loss))
-            if first is None:
+            if start is not None and first is None:
                 first = x, y
+            return loss
+
+        # loss.block_until_ready(): every device's copy, so the step has finished everywhere
+        window = timed_loop(run, lambda loss: loss.block_until_ready(), spec.warmup_steps,
+                            spec.measure_steps, on_start=open_window)
     finally:
         if data is not None:
             batches.close()  # the Grain workers
-    if not losses:
-        raise Invalid("measure_steps is 0: nothing was timed")
     steps = int(state.step) - start
     framework, extra = framework_versions(*VERSIONS), {}
     if data is not None:
@@ -282,9 +284,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         framework.update(grain_version())
         extra = {"first_timed_labels": host_labels(first[1])}
     return {
-        **timer.summary(global_batch, steps * global_batch),
-        "first_loss": losses[0],
-        "last_loss": losses[-1],
+        **window.summary(global_batch, steps * global_batch),
         "loss_kind": "global mean cross-entropy of each step's batch",
         "replicas": n,
         "framework": framework,

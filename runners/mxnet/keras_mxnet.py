@@ -58,7 +58,7 @@ from models.keras2_common import (
 from runners.common import (
     Invalid,
     Spec,
-    StepTimer,
+    TimedWindow,
     Unavailable,
     finite,
     load_equivalence_inputs,
@@ -73,26 +73,22 @@ keras = import_keras_mxnet()
 
 
 class StepClock(keras.callbacks.Callback):
-    """Marks the timed window of fit: starts after the warm-up batches, ticks after each batch
-    once MXNet's engine has finished everything queued (the update included)."""
+    """Marks the timed window of fit (its TimedWindow, `window`): starts after the warm-up
+    batches, ticks after each batch once MXNet's engine has finished everything queued (the
+    update included)."""
 
-    def __init__(self, warmup: int) -> None:
+    def __init__(self, warmup: int, measure: int) -> None:
         super().__init__()
-        self.warmup, self.timer, self.losses, self.batches = warmup, StepTimer(), [], 0
+        self.window = TimedWindow(warmup, measure)
 
     def on_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        if self.batches == 0 and self.warmup == 0:
+        if self.window.warmup == 0 and not self.window.started:
             mx.nd.waitall()
-            self.timer.start()
+            self.window.start()
 
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
         mx.nd.waitall()
-        self.batches += 1
-        if self.batches == self.warmup:
-            self.timer.start()
-        elif self.batches > self.warmup:
-            self.timer.tick()
-            self.losses.append(float((logs or {})["loss"]))
+        self.window.step_done((logs or {})["loss"])
 
 
 def batches(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -217,7 +213,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model = load_builder(spec.model, "keras")(model_spec, data_format="channels_first")
     optimizer = keras.optimizers.SGD(lr=learning_rate(spec, 0.01, n), momentum=0.9)
     devices = compile_model(model, spec, optimizer, ctxs)
-    clock = StepClock(warmup)
+    clock = StepClock(warmup, measure)
     arrays = None
     if not real:
         x, y = synthetic_arrays(model_spec, global_batch)
@@ -226,13 +222,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
     train(model, spec, source, fit_kwargs, warmup + measure, clock, arrays)
-    if not clock.losses:
+    if not clock.window.losses:
         raise Invalid("no measured step reported a loss")
     updates = model.optimizer.num_update - start - warmup  # the warm-up's updates are not timed
     return {
-        **clock.timer.summary(global_batch, updates * global_batch),
-        "first_loss": finite(clock.losses[0]),
-        "last_loss": finite(clock.losses[-1]),
+        **clock.window.summary(global_batch, updates * global_batch),
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
         "replicas": n,
         "framework": framework_versions(),
@@ -262,12 +256,12 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),
                             ctxs)
     arrays = (x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
-    clock = StepClock(0)
+    clock = StepClock(0, 1)
     train(model, spec, batches(*arrays), {}, 1, clock, arrays)
     mx.nd.waitall()
     save_equivalence_output(spec, get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
-            "loss": finite(clock.losses[0]), "input": spec.options["input"],
+            "loss": finite(clock.window.losses[0]), "input": spec.options["input"],
             "gradient_reduce": spec.options["gradient_reduce"],
             **read_placement(model, n)}
 
