@@ -21,6 +21,8 @@ from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
 from bench.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
 from bench.plan import RunSpec, another_repeat, config_id, expand
+from bench.progress import SweepClock, SweepProgress  # noqa: F401 (tests import SweepClock)
+from bench.progress import clock_text as _clock  # noqa: F401 (and _clock, from here)
 from bench.records import done_run_ids, load_records, write_json_atomic
 from bench.registry import FAMILIES, PIPELINES, RUNNERS
 from bench.report import build_report, format_table
@@ -307,12 +309,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    args.quiet_setup)
             peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env,
                                   out)
-            clock = SweepClock([r.run_id not in blocked for r in todo])
-            for i, spec in enumerate(todo, 1):
-                run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks,
-                              clock)
-            if cfg.until_stable:
-                repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env, peaks)
+            with SweepProgress([r.run_id not in blocked for r in todo]) as show:
+                for i, spec in enumerate(todo, 1):
+                    run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks,
+                                  show)
+                if cfg.until_stable:
+                    repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env,
+                                        peaks, show)
     except OSError as exc:  # a full disk, a folder gone: what is written stays whole
         print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
               f"finished records are kept; free space, then --resume --out {out}",
@@ -361,45 +364,20 @@ def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, A
     return peaks
 
 
-class SweepClock:
-    """Elapsed time and an estimate of what is left, from the runs launched so far (runs
-    recorded without launching take no time)."""
-
-    def __init__(self, launched: list[bool]) -> None:
-        self.t0 = time.monotonic()
-        self.launched = launched
-        self.took: list[float] = []
-        self.done = 0
-
-    def tick(self, seconds: float) -> str:
-        if self.launched[self.done]:
-            self.took.append(seconds)
-        self.done += 1
-        left = sum(self.launched[self.done:])
-        text = f"{self.done}/{len(self.launched)} done, {_clock(time.monotonic() - self.t0)}"
-        if left and self.took:
-            text += f", ~{_clock(left * sum(self.took) / len(self.took))} left"
-        return f"[{text}]"
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else \
-        f"{minutes}:{secs:02d}"
-
-
 def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
                   pythons: dict[str, Any], out: Path, env: dict[str, Any],
                   peaks: dict[tuple[str, str], dict[str, Any]],
-                  clock: SweepClock | None = None) -> dict[str, Any]:
-    """Run (or record as blocked) one spec, with a progress line (and the sweep's elapsed time
-    and estimate of what is left, given its clock)."""
+                  show: SweepProgress | None = None, counted: bool = True) -> dict[str, Any]:
+    """Run (or record as blocked) one spec, with its progress (a line when it starts and ends,
+    or the live display; the sweep's elapsed time and estimate of what is left for a counted
+    run, one of the sweep's planned runs)."""
     label = (f"{tag} pipeline {spec.runner} {spec.model} "
              f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
              if spec.mode == "pipeline" and spec.dataset else
              f"{tag} {spec.runner} {spec.model} n={spec.num_devices} "
              f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
-    print(f"{label} ...", end=" ", flush=True)
+    show = show or SweepProgress([True], live=False)
+    show.started(label)
     t0 = time.monotonic()
     if spec.run_id in blocked:
         rec = record_without_run(spec, out, env, *blocked[spec.run_id])
@@ -407,15 +385,14 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
         rec = run_one(spec, pythons, out, env, peaks)
     took = time.monotonic() - t0
     detail = f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok" else rec["reason"]
-    print(f"{rec['status']} ({took:.1f}s) {detail}"
-          + (f"  {clock.tick(took)}" if clock else ""), flush=True)
+    show.finished(label, f"{rec['status']} ({took:.1f}s) {detail}", took, counted)
     return rec
 
 
 def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
                         blocked: dict[str, tuple[str, str]], pythons: dict[str, Any], out: Path,
-                        env: dict[str, Any], peaks: dict[tuple[str, str], dict[str, Any]]
-                        ) -> None:
+                        env: dict[str, Any], peaks: dict[tuple[str, str], dict[str, Any]],
+                        show: SweepProgress | None = None) -> None:
     """Extra repeats, one per unsettled configuration per round (so slow drift spreads over
     all of them), until each one's CV of images/sec is at most target_cv or it has
     max_repeats runs. A configuration with fewer than two ok runs is left alone."""
@@ -441,7 +418,7 @@ def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
         for spec, cv in todo:
             run_and_print(spec, f"[until_stable: cv {cv:.1%} > {rule['target_cv']:.1%}, "
                                 f"repeat {spec.repeat + 1}/{rule['max_repeats']}]",
-                          blocked, pythons, out, env, peaks)
+                          blocked, pythons, out, env, peaks, show, counted=False)
 
 
 def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:

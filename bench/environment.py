@@ -131,6 +131,20 @@ def git_commit() -> str | None:
     return (sha + ("-dirty" if dirty else "")) if sha else None
 
 
+def lock_for(family: str, variant: str, python: str | None = None) -> dict[str, Any] | None:
+    """The lock a run's environment was installed from (bench/envs.py): its file, sha256,
+    whether it was a lock at all, and the installer that built the environment; None for a
+    run in a user's own interpreter (runner_options.<runner>.python) or the harness's."""
+    from bench.envs import EnvError, family_env
+
+    if python:
+        return None
+    try:
+        return family_env(family, variant).lock_record()
+    except (EnvError, KeyError, OSError):
+        return None
+
+
 def capture() -> dict[str, Any]:
     """A snapshot of the host, taken once per sweep by the parent."""
     return {

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.environment import lock_for
 from bench.guard import cannot_start, guarded
 from bench.mfu import mfu
 from bench.plan import RunSpec
@@ -137,7 +138,9 @@ def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> d
             "dataset")},
         "data_label": spec.data_label,
         "status": None, "reason": None, "log_path": str(log_path),
-        "environment": dict(environment), "started_at": now_iso(), "finished_at": None,
+        "environment": {**environment,
+                        "lock": lock_for(spec.family, spec.device, spec.python)},
+        "started_at": now_iso(), "finished_at": None,
         "returncode": None, "wall_time_s": None,
     }
     rec.update({k: None for k in CHILD_FIELDS})

@@ -4,7 +4,9 @@ Run by `bench/envs.py` after `pip install -r envs/horovod-<variant>.txt`, with t
 environment's interpreter and the variant (`cpu` | `gpu`) as argv[1]. Why each step exists:
 
 - Download the source distribution (`--no-binary :all:`): Horovod publishes no wheels, and the
-  sources need a patch before they build, so pip cannot install it in one go.
+  sources need a patch before they build, so pip cannot install it in one go. The download is
+  locked like the requirements (envs/horovod-<variant>.lock): pip checks the archive against
+  its sha256 (`SDIST_SHA256`, `--require-hashes`), so the same sources are built everywhere.
 - Raise the C++ standard from 14 to 17 in the top-level CMakeLists.txt and in
   horovod/torch/CMakeLists.txt: PyTorch 2.x headers use C++17 (`if constexpr`, `std::optional`
   and friends) and do not compile as C++14. A missing pattern fails loudly: a silently
@@ -38,6 +40,8 @@ import time
 from pathlib import Path
 
 VERSION = "0.28.1"
+# sha256 of horovod-0.28.1.tar.gz, as the registry's index lists it.
+SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
 CMAKE_FILES = ("CMakeLists.txt", "horovod/torch/CMakeLists.txt")
 CXX14 = re.compile(r"set\(\s*CMAKE_CXX_STANDARD\s+14\s*\)")
 COMPILER_ERROR = re.compile(r"^\S+:\d+(:\d+)?: (fatal )?error: ")
@@ -125,9 +129,13 @@ def build_env(variant: str) -> dict[str, str]:
 
 
 def download(dest: Path) -> Path:
-    """Fetch and unpack Horovod's source distribution; return the source directory."""
-    run([sys.executable, "-m", "pip", "download", f"horovod=={VERSION}", "--no-binary", ":all:",
-         "--no-deps", "--no-build-isolation", "--progress-bar", "off", "-d", str(dest)])
+    """Fetch Horovod's source distribution (checked against SDIST_SHA256) and unpack it; return
+    the source directory."""
+    pinned = dest / "horovod-source.txt"
+    pinned.write_text(f"horovod=={VERSION} --hash=sha256:{SDIST_SHA256}\n")
+    run([sys.executable, "-m", "pip", "download", "-r", str(pinned), "--require-hashes",
+         "--no-binary", ":all:", "--no-deps", "--no-build-isolation", "--progress-bar", "off",
+         "-d", str(dest)])
     archive = dest / f"horovod-{VERSION}.tar.gz"
     if not archive.exists():
         raise BuildError(f"pip download left no {archive.name} in {dest}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from bench import environment
 
 
@@ -22,3 +24,15 @@ def test_parent_never_imports_a_framework() -> None:
 
     for name in ("tensorflow", "keras", "torch", "jax", "mxnet"):
         assert name not in sys.modules, f"the parent imported {name}"
+
+
+def test_records_name_the_lock_their_environment_came_from() -> None:
+    from bench.envs import LOCK_PYTHON, family_env
+
+    if f"{sys.version_info.major}.{sys.version_info.minor}" != LOCK_PYTHON:
+        pytest.skip(f"the locks are resolved for Python {LOCK_PYTHON}")
+    lock = environment.lock_for("tf", "cpu")
+    assert lock is not None and lock["file"] == "envs/tf-cpu.lock" and lock["locked"]
+    assert len(lock["sha256"]) == 64 and lock["env_key"] == family_env("tf", "cpu").key
+    assert environment.lock_for("tf", "cpu", python="/my/python") is None  # the user's own
+    assert environment.lock_for("harness", "cpu") is None  # the harness's interpreter
