@@ -85,6 +85,18 @@ class Spec:
         return Spec(**data)
 
 
+def spec_for(**fields: Any) -> Spec:
+    """A Spec with placeholder identity and matrix fields under `fields`: for checks and tools
+    that call a runner's functions outside a sweep (a sweep's specs come from bench.plan)."""
+    base: dict[str, Any] = {
+        "run_id": "check", "sweep_id": "check", "runner": "check", "family": "check",
+        "module": "check", "model": "minigooglenet", "num_devices": 1, "device": "cpu",
+        "virtual_devices": True, "scaling": "weak", "batch_size_per_device": 8,
+        "global_batch_size": 8, "data": "synthetic", "precision": "fp32", "warmup_steps": 1,
+        "measure_steps": 1, "repeat": 0, "timeout_s": 600.0}
+    return Spec.from_dict({**base, **fields})
+
+
 class StepTimer:
     """Clock readings taken after the device is synchronised; the timed window runs from
     start() to the last tick()."""
@@ -139,9 +151,9 @@ class TimedWindow:
     timed, each clock reading taken after a step is known finished on the device.
 
     An explicit loop calls `timed_loop`; a framework's own loop (Keras `fit`, tensorpack's
-    trainer) calls `step_done` from its per-batch hook. `per_call`: steps one call runs (Keras
-    steps_per_execution). `on_start` runs just before the clock starts (read a step counter,
-    reset a tracker)."""
+    trainer) calls `step_begin` and `step_done` from its per-batch hooks. `per_call`: steps
+    one call runs (Keras steps_per_execution). `on_start` runs just before the clock starts
+    (read a step counter, reset a tracker)."""
 
     def __init__(self, warmup: int, measure: int, per_call: int = 1,
                  on_start: Callable[[], None] | None = None) -> None:
@@ -165,6 +177,11 @@ class TimedWindow:
     @property
     def done(self) -> bool:
         return self.timer.steps >= self.measure if self.started else False
+
+    def step_begin(self) -> None:
+        """A call is about to run: with no warm-up, the clock starts before the first one."""
+        if not self.started and self.warmup == 0:
+            self.start()
 
     def step_done(self, loss: float | None = None) -> None:
         """One call (per_call steps) has finished on the device; `loss` its last loss."""
@@ -191,13 +208,12 @@ def timed_loop(step: Callable[[], Any], sync: Callable[[Any], float | None], war
     """The timed loop every explicit-loop runner runs: `warmup` steps, then `measure` timed
     ones. `step()` launches one training step and returns what `sync` needs; `sync(out)`
     waits until that step has finished on the device and returns its loss (or None)."""
-    window = TimedWindow(warmup, measure, on_start=on_start)
-    if warmup == 0:
-        window.start()
-    while not window.done:
-        window.step_done(sync(step()))
-    if not window.timer.steps:
+    if measure < 1:
         raise Invalid("measure_steps is 0: nothing was timed")
+    window = TimedWindow(warmup, measure, on_start=on_start)
+    while not window.done:
+        window.step_begin()
+        window.step_done(sync(step()))
     return window
 
 

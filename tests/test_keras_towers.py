@@ -67,17 +67,20 @@ from runners.tf import keras_kuza55 as keras_tf_kuza55
 from runners.tf import keras_multi_gpu_model as keras_tf_multi_gpu_model
 from runners.tf.placement import graph_run_options, partition_graphs
 
-spec = {"num_devices": 3, "device": "cpu", "precision": "fp32", "global_batch_size": 10,
-        "model": "probe", "runner": "x", "data": "synthetic"}
+from tests.specs import run_spec
+spec = run_spec(num_devices=3, global_batch_size=10, model="probe", runner="keras_tf_kuza55")
 names, _, _ = kt.setup(spec)
 cases = {"kuza55": (keras_tf_kuza55, {}),
          "mgm21": (keras_tf_multi_gpu_model, {"keras_version": "2.1"}),
          "mgm22": (keras_tf_multi_gpu_model, {"keras_version": "2.2"}),
          "avolkov1": (keras_tf_avolkov1, {})}
+runner_of = {keras_tf_kuza55: "keras_tf_kuza55", keras_tf_avolkov1: "keras_tf_avolkov1",
+             keras_tf_multi_gpu_model: "keras_tf_multi_gpu_model"}
 x = np.random.default_rng(0).standard_normal((10, 8, 8, 3)).astype(np.float32)
 out = {}
 for name, (module, options) in cases.items():
-    built, fields = module.make({**spec, "options": options}, names, "feed_dict")
+    built, fields = module.make(run_spec(**{**spec.to_dict(), "runner": runner_of[module],
+                                            "options": options}), names, "feed_dict")
     sess = kt.K.get_session()  # initialises the new model's variables
     model = built.model
     opts, md = graph_run_options()
@@ -186,16 +189,16 @@ from runners.tf import keras_avolkov1 as keras_tf_avolkov1
 from runners.common import load_equivalence_inputs
 from models.keras2_common import get_canonical_weights, set_canonical_weights
 
-spec = {"num_devices": 2, "device": "cpu", "precision": "fp32", "global_batch_size": 16,
-        "model": "probe", "runner": "x", "data": "synthetic",
-        "options": {"input": "staging"}, "equivalence": {"inputs": sys.argv[1],
-                                                         "learning_rate": 0.5}}
+from tests.specs import run_spec
+spec = run_spec(num_devices=2, global_batch_size=16, model="probe", runner="keras_tf_avolkov1",
+                options={"input": "staging"}, mode="equivalence",
+                equivalence={"inputs": sys.argv[1], "learning_rate": 0.5})
 names, _, _ = kt.setup(spec)
 weights, x, y, lr = load_equivalence_inputs(spec)
 other = x[::-1].copy() * 3
 
 def step(primed, fed):
-    built, _ = keras_tf_avolkov1.make({**spec, "learning_rate": lr}, names, "staging")
+    built, _ = keras_tf_avolkov1.make(spec, names, "staging")  # lr: spec.equivalence
     set_canonical_weights(built.template, weights)
     kt.prime(built, *primed)
     built.model.fit(**kt.arrays_source(*fed).fit_args(1, True), verbose=0)

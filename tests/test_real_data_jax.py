@@ -15,6 +15,7 @@ import pytest
 
 from bench.records import check_record
 from bench.registry import PIPELINES
+from runners.common import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("jax")]
@@ -37,12 +38,13 @@ PARITY = r"""
 import json, sys
 import numpy as np
 from runners.jax.common import setup_devices
+from runners.common import spec_for
 from runners.real_data import load_batch, open_dataset
 
 
 def dataset(augmentation):
-    return open_dataset({"data": "real", "dataset": {
-        "path": sys.argv[1], "augmentation": augmentation, "workers": 2}})
+    return open_dataset(spec_for(**{"data": "real", "dataset": {
+        "path": sys.argv[1], "augmentation": augmentation, "workers": 2}}))
 
 
 def take(augmentation, count):
@@ -55,7 +57,7 @@ def take(augmentation, count):
 
 
 def main():
-    devices, _ = setup_devices({"num_devices": 2, "device": "cpu"})
+    devices, _ = setup_devices(spec_for(num_devices=2))
     from runners.jax.data import batch_file_indices, device_batches
     from runners.jax.native import make_shardings
 
@@ -196,7 +198,7 @@ def test_pipeline_mode(pipeline: str, tmp_path: Path, real_dataset: Path,
             "device": "cpu", "num_devices": 1, "run_id": f"{pipeline}-test",
             "sweep_id": "test"}
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(json.dumps(spec_for(**spec).to_dict()))
     proc = subprocess.run(
         [jax_python, "-m", PIPELINES[pipeline].module, "--spec", str(spec_path),
          "--result", str(result_path)], cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.records import check_record
+from runners.common import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
@@ -82,12 +83,13 @@ PARITY = r"""
 import json, sys
 import numpy as np
 from runners import real_data
+from runners.common import spec_for
 from runners.mxnet.data import numpy_batches, record_iter, stream
 
 def read(path, augmentation, batch, batches):
     spec = {"data": "real", "dataset": {"path": path, "augmentation": augmentation,
                                         "workers": 2}}
-    data = real_data.open_dataset(spec)
+    data = real_data.open_dataset(spec_for(**spec))
     feed = numpy_batches(stream(record_iter(data, 32, batch, shuffle=False)))
     got = [next(feed) for _ in range(batches)]
     return data, np.concatenate([x for x, _ in got]), np.concatenate([y for _, y in got])
@@ -164,7 +166,7 @@ def test_pipeline_mode(tmp_path: Path, real_dataset: Path, mxnet_python: str) ->
             "warmup_steps": 1, "measure_steps": 3, "data": "real", "device": "cpu",
             "num_devices": 1, "dataset": {"path": str(real_dataset),
                                           "augmentation": "crop-flip", "workers": 2}}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    (tmp_path / "spec.json").write_text(json.dumps(spec_for(**spec).to_dict()))
     proc = subprocess.run(
         [mxnet_python, "-m", "runners.mxnet.pipeline", "--spec", str(tmp_path / "spec.json"),
          "--result", str(tmp_path / "result.json")], cwd=REPO, capture_output=True, text=True,
@@ -185,6 +187,7 @@ import json, sys
 from pathlib import Path
 from runners.common import Unavailable
 from runners.mxnet.data import record_iter, resize_for
+from runners.common import spec_for
 from runners.real_data import RealData, open_dataset
 
 root = Path(sys.argv[1])
@@ -193,7 +196,8 @@ kept = RealData(root, "none", 1, files, 1, {"options": {"resize": 0}})
 small = RealData(root, "none", 1, files, 1, {"options": {"resize": 24}})
 out = {"mixed_32": resize_for(kept, 32), "mixed_16": resize_for(kept, 16),
        "mixed_64": resize_for(kept, 64), "manifest_24": resize_for(small, 32)}
-data = open_dataset({"data": "real", "dataset": {"path": sys.argv[2], "workers": 1}})
+data = open_dataset(spec_for(**{"data": "real", "dataset": {"path": sys.argv[2], "workers": 1,
+                                                            "augmentation": "crop-flip"}}))
 try:
     record_iter(data, 32, 64)
 except Unavailable as exc:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.plan import RunSpec
 from bench.records import check_record
+from runners.common import spec_for
 from runners.tf.cnn_benchmarks import ENV_VAR, build_flags
 from tests.conftest import REPO, real_sweep, run_check_script
 
@@ -97,9 +99,9 @@ def test_tf_cnn_benchmarks_real_flags(real_dataset: Path) -> None:
     --datasets_num_private_threads (the dataset's workers)."""
     spec = {"model": "resnet50", "num_devices": 2, "batch_size_per_device": 4,
             "global_batch_size": 8, "device": "cpu", "measure_steps": 3, "warmup_steps": 1,
-            "data": "real", "options": {},
+            "data": "real", "runner": "tf_cnn_benchmarks",
             "dataset": {"path": str(real_dataset), "augmentation": "none", "workers": 3}}
-    flags = build_flags(spec)
+    flags = build_flags(RunSpec(**spec_for(**spec).to_dict()))  # options resolved
     assert f"--data_dir={real_dataset / 'tfrecord'}" in flags
     assert "--data_name=imagenet" in flags and "--datasets_num_private_threads=3" in flags
     assert sorted(p.name for p in (real_dataset / "tfrecord").glob("train-*-of-*")) == [
@@ -110,12 +112,13 @@ PARITY = r"""
 import json, sys
 import numpy as np
 from runners.tf import data as tf_data
+from runners.common import spec_for
 from runners.real_data import load_batch, open_dataset
 
 path = sys.argv[1]
 def data(aug):
-    return open_dataset({"data": "real",
-                         "dataset": {"path": path, "augmentation": aug, "workers": 2}})
+    return open_dataset(spec_for(**{"data": "real",
+                         "dataset": {"path": path, "augmentation": aug, "workers": 2}}))
 none, flip = data("none"), data("crop-flip")
 out = {}
 for size in (32, 64):  # 40 x 40 images: crop only, and resize (40 -> 64) then crop
@@ -167,7 +170,7 @@ def test_pipeline_mode(tmp_path: Path, real_dataset: Path, tf_python: str) -> No
             "dataset": {"path": str(real_dataset), "augmentation": "crop-flip", "workers": 2},
             "device": "cpu", "num_devices": 1, "run_id": "tf_data_test", "sweep_id": "test"}
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(json.dumps(spec_for(**spec).to_dict()))
     proc = subprocess.run([tf_python, "-m", "runners.tf.pipeline", "--spec", str(spec_path),
                            "--result", str(result_path)], cwd=REPO, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -14,6 +14,7 @@ import pytest
 
 from bench.envs import ensure_env
 from bench.records import check_record
+from runners.common import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 
 pytestmark = pytest.mark.slow
@@ -89,12 +90,13 @@ def test_horovod_on_real_data(tmp_path: Path, real_dataset: Path, horovod_python
 LOADER_SCRIPT = """
 import json, sys
 import numpy as np
+from runners.common import spec_for
 from runners.real_data import open_dataset
 from runners.torch.data import make_dataloader, epochs
 
 def data(augmentation, workers):
-    return open_dataset({"data": "real", "dataset": {"path": sys.argv[1],
-                         "augmentation": augmentation, "workers": workers}})
+    return open_dataset(spec_for(**{"data": "real", "dataset": {"path": sys.argv[1],
+                         "augmentation": augmentation, "workers": workers}}))
 """
 
 SHARES = LOADER_SCRIPT + """
@@ -157,7 +159,7 @@ def test_pipeline_mode(tmp_path: Path, real_dataset: Path, torch_python: str) ->
             "device": "cpu", "num_devices": 1, "options": {}, "run_id": "pipe-1",
             "sweep_id": "test"}
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(json.dumps(spec_for(**spec).to_dict()))
     proc = subprocess.run([torch_python, "-m", "runners.torch.pipeline", "--spec",
                            str(spec_path), "--result", str(result_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=600,

@@ -143,9 +143,10 @@ feed = [[rng.standard_normal((2, *model.input_shape)).astype(np.float32),
          rng.integers(0, model.num_classes, 2).astype(np.int32)]]
 tf.compat.v1.disable_eager_execution()
 tf.compat.v1.set_random_seed(1)
-spec = {"num_devices": 8, "device": "cpu", "batch_size_per_device": 2, "global_batch_size": 16,
-        "model": "minigooglenet", "data": "synthetic",
-        "options": {"trainer": "replicated", "input": "queue", "allreduce": mode}}
+from tests.specs import run_spec
+spec = run_spec(num_devices=8, batch_size_per_device=2, global_batch_size=16,
+                runner="tensorpack",
+                options={"trainer": "replicated", "input": "queue", "allreduce": mode})
 run = tp.train(spec, "minigooglenet", feed, tf.compat.v1.train.GradientDescentOptimizer(0.1),
                (0, 1), initial=initial, read_vars=trainable)
 np.savez(out, **run["clock"].values)

@@ -14,7 +14,8 @@ import json
 import tensorflow as tf
 from runners.tf.devices import setup_devices
 from runners.tf.placement import eager_placement, graph_placement, graph_run_options
-setup_devices({"num_devices": 2, "device": "cpu"})
+from runners.common import spec_for
+setup_devices(spec_for(num_devices=2))
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():
     v = tf.Variable(tf.ones((4, 4)))
