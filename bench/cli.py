@@ -28,14 +28,15 @@ from bench.registry import FAMILIES, PIPELINES, RUNNERS
 from bench.report import build_report, format_table
 from bench.trust import coefficient_of_variation
 
-COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "schema")
+COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
+            "schema")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="run_bench.py",
         description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
-                    "setup, list, report, make-dataset, prepare-data, schema.")
+                    "setup, list, report, make-dataset, prepare-data, new-runner, schema.")
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run a sweep (the default command)")
     run.add_argument("--config", required=True, help="YAML sweep file")
@@ -82,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="processes that decode, resize and encode (default 2)")
     sub.add_parser("schema", help="print the JSON Schema of a sweep config (for editors: "
                                   "run_bench.py schema > sweep.schema.json)")
+    new = sub.add_parser("new-runner", help="a new runner from its family's template, listed "
+                                            "in the family's catalog (docs/DESIGN.md)")
+    new.add_argument("name", help="the runner's name, as configs will say it")
+    new.add_argument("family", help="its framework family (one with a template: "
+                                    "runners/templates/)")
+    new.add_argument("--description", default="", help="one line for `list`")
     return p
 
 
@@ -106,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "schema":
             print(json.dumps(json_schema(), indent=2))
             return 0
+        if args.command == "new-runner":
+            return cmd_new_runner(args)
         _parser().print_help()
         return 2
     except ConfigError as exc:
@@ -164,6 +173,18 @@ def cmd_list() -> int:
         print(f"  {name:<16} input={'x'.join(map(str, s.input_shape)):<10} "
               f"classes={s.num_classes:<5} params={s.params:,}  "
               f"GFLOPs/sample={s.flops_per_sample / 1e9:.3f}")
+    return 0
+
+
+def cmd_new_runner(args: argparse.Namespace) -> int:
+    from bench.new_runner import new_runner
+
+    module, catalog = new_runner(args.name, args.family, args.description)
+    print(f"wrote {module.relative_to(REPO_ROOT)} and its entry in "
+          f"{catalog.relative_to(REPO_ROOT)}\n"
+          f"try it: python run_bench.py --config configs/cpu-smoke.yaml "
+          f"--set runners=[{args.name}]\n"
+          f"then make it the strategy it names: docs/DESIGN.md, \"Add a runner\"")
     return 0
 
 
