@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import REPO_ROOT
+from bench import REPO_ROOT, columns
 from bench.environment import lock_for
 from bench.guard import cannot_start, guarded
 from bench.mfu import mfu
@@ -49,8 +49,7 @@ ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*", re.MULTI
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '[\w.]+'")
 # What a rank other than 0 says when it fails (runners/common.main); rank 0 writes the result.
 RANK_FAILURE = re.compile(r"^\[runner rank (\d+)\] status=(\w+) reason=(.*)$", re.MULTILINE)
-CHILD_FIELDS = ("images_per_sec", "step_times_s", "samples", "first_loss", "last_loss",
-                "window_start", "window_end")
+CHILD_FIELDS = columns.keys("child")  # the child's result fields copied to the top level
 
 
 def now_iso() -> str:
@@ -131,11 +130,7 @@ def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> d
     """The record's fields known before the child runs."""
     rec: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        **{k: getattr(spec, k) for k in (
-            "run_id", "sweep_id", "runner", "family", "model", "num_devices", "virtual_devices",
-            "device", "scaling", "batch_size_per_device", "global_batch_size", "data",
-            "precision", "repeat", "warmup_steps", "measure_steps", "options", "mode",
-            "dataset")},
+        **{k: getattr(spec, k) for k in columns.keys("spec")},
         "data_label": spec.data_label,
         "status": None, "reason": None, "log_path": str(log_path),
         "environment": {**environment,
