@@ -69,12 +69,14 @@ def test_horovod_at_one_and_two_ranks(tmp_path: Path, horovod_python: str) -> No
         assert rec["samples"] == 3 * 8 * n
         assert rec["images_per_sec"] > 0
         result = rec["result"]
+        # DistributedOptimizer.step() runs the step hooks twice (its own and SGD's): counted once
         assert result["replicas"] == n and result["steps_per_rank"] == [3] * n
         # read back from Horovod: hvd.size() ranks, each one's device and the rows it stepped on
         assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
         assert f"hvd.size()={n}, controller gloo" in result["placement_source"]
         assert len(rec["environment"]["devices"]) == n
         assert result["rank_threads"]["processes"] == n
+        assert [t["rank"] for t in result["rank_threads"]["per_rank"]] == list(range(n))
         assert result["layout"] == "channels_first" and result["fp16_allreduce"] is False
         assert result["controller"] == "gloo"
         assert rec["environment"]["framework"]["horovod"] == "0.28.1"

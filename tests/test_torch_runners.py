@@ -45,8 +45,11 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         assert result["framework"]["torch"].startswith("2.13.0")
         assert [d["name"] for d in rec["environment"]["devices"]] == [
             f"cpu (rank {i})" for i in range(n)]
+        # every rank's optimizer-hook count, its threads and its process (runners/torch/dist.py)
+        assert result["steps_per_rank"] == [3] * n and result["batch_size_per_rank"] == 8
         assert [t["rank"] for t in result["rank_threads"]["per_rank"]] == list(range(n))
         assert all(t["torch_threads"] >= 1 for t in result["rank_threads"]["per_rank"])
+        assert result["rank_threads"]["processes"] == n
         assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
         # where the timed steps ran, read back from the process group: each rank's device and
         # the rows it stepped on (3 steps of 8), gathered over gloo

@@ -42,12 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import get_spec, load_builder
-from models.torch_common import (
-    count_flops_torch,
-    count_params_torch,
-    get_canonical_weights,
-    set_canonical_weights,
-)
+from models.torch_common import get_canonical_weights, set_canonical_weights
 from runners.common import (
     Invalid,
     Spec,
@@ -62,15 +57,14 @@ from runners.torch.dist import (
     StepCounter,
     autocast,
     check_precision,
-    close_ranks,
     equivalence_input,
     equivalence_step,
     framework_versions,
     init_ranks,
+    model_record,
     nchw,
     per_rank_batch,
     rank_input,
-    threads_record,
     timed_steps,
     wrap_ddp,
 )
@@ -138,11 +132,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
     net = load_builder(spec.model, "torch")(model_spec, data_format=layout).to(ranks.device)
     step, counter, tracker, scaler = training_step(spec, ranks, net, feed, 0.01, 0.9)
-    result = timed_steps(spec, ranks, step, counter, batch, tracker)
+    result = timed_steps(spec, ranks, step, counter, tracker, feed)
     result.update({
-        "replicas": ranks.world,
         "framework": framework_versions(),
-        "devices": ranks.devices,
         "layout": layout,
         "memory_format": str(MEMORY_FORMATS[layout]),
         "precision_details": {"autocast": {"fp32": None, "tf32": None, "bf16": "bfloat16",
@@ -150,16 +142,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},
         **compile_record(spec),
-        "backend": ranks.backend,
         "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
                     "(torchrun); gradients all-reduced in buckets during backward",
-        "rank_threads": threads_record(ranks),  # "threads" is runners.common's (rank 0)
-        "params": count_params_torch(net),
-        "flops_per_sample": count_flops_torch(net, nchw(model_spec)),
+        **model_record(net, model_spec),
     })
-    result.update(feed.record())
-    feed.close()
-    close_ranks()
+    ranks.close()
     return result
 
 
@@ -178,7 +165,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     net = net.to(ranks.device)
     step, counter, tracker, _ = training_step(spec, ranks, net, feed, lr, 0.0)
     result = equivalence_step(spec, ranks, step, counter, tracker,
-                              lambda: get_canonical_weights(net), layout)
+                              lambda: get_canonical_weights(net),
+                              framework=framework_versions(), layout=layout)
     return {**result, **compile_record(spec)}
 
 

@@ -1,17 +1,20 @@
-"""torchrun ranks, shared by the PyTorch runners (torch_ddp, keras_torch): the process group,
-each rank's device, its input (the synthetic slice, or its share of the real data through
-runners/torch/data.py), the step counter, the timed loop, global losses and per-rank threads;
-and, for them and horovod, the placement read back from the ranks (PlacementTracker,
-gather_placement). Imports torch: child processes only.
+"""The PyTorch runners' ranks, one process per device: torchrun's (`Ranks`: the process group
+of torch_ddp and keras_torch, each rank's device) and Horovod's (horovod.py), both DeviceRanks
+whose collectives are their framework's own. Shared over a DeviceRank: each rank's input (the
+synthetic slice, or its share of the real data through runners/torch/data.py), the step
+counter, the timed steps (runners.common.timed_loop), the cross-rank checks and global losses,
+every rank's threads, the placement read back from the ranks (PlacementTracker,
+gather_placement) and the result. Imports torch: child processes only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,8 +23,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import ModelSpec
-from runners.common import Invalid, Spec, StepTimer, Unavailable, finite, save_equivalence_output
-from runners.real_data import check_classes, open_dataset
+from models.torch_common import count_flops_torch, count_params_torch
+from runners.common import Invalid, Spec, Unavailable, finite, save_equivalence_output, timed_loop
+from runners.real_data import check_classes, cores, open_dataset
 from runners.torch.data import RealInput, SyntheticInput, open_input
 
 MEMORY_FORMATS = {"channels_first": torch.contiguous_format, "channels_last": torch.channels_last}
@@ -34,22 +38,80 @@ _KEEP_ALIVE: list[Any] = []
 THREADS_NOTE = ("each rank's intra-op threads follow OMP_NUM_THREADS as it found it: the "
                 "harness's share of the host's cores per rank, or, if nothing set it, torchrun's "
                 "default of 1 per rank when it starts more than one (all cores for one rank)")
+Feed = SyntheticInput | RealInput
 
 
 @dataclass(frozen=True)
-class Ranks:
-    """This process's place in the process group and the device it drives."""
+class DeviceRank(ABC):
+    """This process's place among the ranks and the device it drives, whatever started them:
+    torchrun's Ranks below, Horovod's in horovod.py. The collectives are the framework's own;
+    every rank calls them in the same order."""
 
     rank: int
     local_rank: int
     world: int
     device: torch.device
-    backend: str
     devices: list[dict[str, Any]]  # one entry per rank, for the record
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @abstractmethod
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (on this rank's device) summed over the ranks."""
+
+    @abstractmethod
+    def placement(self, tracker: PlacementTracker) -> dict[str, Any]:
+        """gather_placement over the ranks, as the framework counts them."""
+
+    @abstractmethod
+    def record(self) -> dict[str, Any]:
+        """What the result says of the ranks: replicas, devices, how they communicate, the
+        threads of every rank."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Leave the ranks' group."""
+
+
+@dataclass(frozen=True)
+class Ranks(DeviceRank):
+    """A torchrun rank in the torch.distributed process group."""
+
+    backend: str
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    def placement(self, tracker: PlacementTracker) -> dict[str, Any]:
+        """gather_placement over the process group, whose backend and size are read back from
+        it and checked against the run's."""
+        backend, world = dist.get_backend(), dist.get_world_size()
+        if backend != self.backend or world != self.world:
+            raise Invalid(f"the process group is {backend} with {world} ranks; the run asked "
+                          f"for {self.backend} with {self.world}")
+
+        def gather(obj: Any) -> list[Any]:
+            out: list[Any] = [None] * world
+            dist.all_gather_object(out, obj)
+            return out
+
+        source = (f"torch.distributed process group (get_backend()={backend}, get_world_size()="
+                  f"{world}); each rank's input-batch rows and device and its parameters' "
+                  "device, read from the tensors it stepped on and gathered with "
+                  "all_gather_object")
+        return gather_placement(tracker, dist.get_rank(), world, gather, source)
+
+    def record(self) -> dict[str, Any]:
+        return {"replicas": self.world, "devices": self.devices, "backend": self.backend,
+                "rank_threads": threads_record(self, THREADS_NOTE)}
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def framework_versions() -> dict[str, str]:
@@ -70,7 +132,7 @@ def choose_backend(spec: Spec, requested: str) -> str:
     return backend
 
 
-def init_ranks(spec: Spec, backend: str = "auto") -> Ranks:
+def init_ranks(spec: Spec, backend: str) -> Ranks:
     """Join the torchrun process group and pick this rank's device (Unavailable if absent)."""
     if "LOCAL_RANK" not in os.environ:
         raise Unavailable("this runner needs torchrun (launcher torchrun) to start its ranks")
@@ -78,15 +140,7 @@ def init_ranks(spec: Spec, backend: str = "auto") -> Ranks:
     backend = choose_backend(spec, backend)
     local_rank = int(os.environ["LOCAL_RANK"])
     if spec.device == "gpu":
-        if not torch.cuda.is_available():
-            raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU"
-                              + ("" if torch.version.cuda else
-                                 " (a CPU-only build: install envs/torch-gpu.txt)"))
-        if torch.cuda.device_count() < n:
-            raise Unavailable(f"needs {n} GPUs; torch sees {torch.cuda.device_count()}")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True  # autotune convolutions (warm-up pays for it)
+        device = use_gpu(local_rank, n, "envs/torch-gpu.txt")
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
@@ -100,23 +154,23 @@ def init_ranks(spec: Spec, backend: str = "auto") -> Ranks:
     else:
         devices = [{"name": f"cpu (rank {i})", "kind": "virtual CPU device (gloo process)",
                     "rank": i} for i in range(world)]
-    return Ranks(dist.get_rank(), local_rank, world, device, backend, devices)
+    return Ranks(dist.get_rank(), local_rank, world, device, devices, backend)
 
 
-def close_ranks() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-class DeviceRank(Protocol):
-    """What the helpers below need of a rank: torchrun's Ranks here, Horovod's in horovod.py."""
-
-    rank: int
-    world: int
-    device: torch.device
-
-    @property
-    def cuda(self) -> bool: ...
+def use_gpu(index: int, needed: int, gpu_env: str) -> torch.device:
+    """GPU `index` as this rank's device, convolutions autotuned (the warm-up pays for it);
+    Unavailable unless torch sees `needed` GPUs (`gpu_env`: the environment with CUDA)."""
+    if not torch.cuda.is_available():
+        raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU"
+                          + ("" if torch.version.cuda else
+                             f" (a CPU-only build: install {gpu_env})"))
+    if torch.cuda.device_count() < needed:
+        raise Unavailable(f"needs {needed} GPUs on this host; torch sees "
+                          f"{torch.cuda.device_count()}")
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = True
+    return device
 
 
 def synchronize(ranks: DeviceRank) -> None:
@@ -142,19 +196,20 @@ def synthetic_slice(ranks: DeviceRank, shape: tuple[int, ...], classes: int, bat
     return x.contiguous(memory_format=memory_format), y
 
 
-def rank_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
+def rank_input(spec: Spec, ranks: DeviceRank, model_spec: ModelSpec, batch: int,
                shape: tuple[int, int, int], channels_first: bool = True,
-               memory_format: torch.memory_format = torch.contiguous_format
-               ) -> SyntheticInput | RealInput:
+               memory_format: torch.memory_format = torch.contiguous_format,
+               context: str | None = None) -> Feed:
     """This rank's `batch` images per step of shape `shape`: its synthetic slice, or on real
-    data its DistributedSampler share through the DataLoader (DALI on GPUs when installed)."""
+    data its DistributedSampler share through the DataLoader (DALI on GPUs when installed),
+    its workers started by `context` (None: the platform's default)."""
     if spec.data != "real":
         return SyntheticInput(*synthetic_slice(ranks, shape, model_spec.num_classes, batch,
                                                memory_format))
     data = open_dataset(spec)
     check_classes(data, model_spec.num_classes, spec.model)
     return open_input(spec, data, model_spec.input_shape[0], batch, ranks.rank, ranks.world,
-                      ranks.device, channels_first, memory_format)
+                      ranks.device, channels_first, memory_format, context)
 
 
 class PlacementTracker:
@@ -202,98 +257,98 @@ def gather_placement(tracker: PlacementTracker, rank: int, world: int,
     return {"placement": placement, "placement_source": source, "placement_ranks": rows}
 
 
-def torch_placement(tracker: PlacementTracker, ranks: Ranks) -> dict[str, Any]:
-    """gather_placement over the torch.distributed process group, whose backend and size are
-    read back from it and checked against the run's."""
-    backend, world = dist.get_backend(), dist.get_world_size()
-    if backend != ranks.backend or world != ranks.world:
-        raise Invalid(f"the process group is {backend} with {world} ranks; the run asked for "
-                      f"{ranks.backend} with {ranks.world}")
-
-    def gather(obj: Any) -> list[Any]:
-        out: list[Any] = [None] * world
-        dist.all_gather_object(out, obj)
-        return out
-
-    source = (f"torch.distributed process group (get_backend()={backend}, get_world_size()="
-              f"{world}); each rank's input-batch rows and device and its parameters' device, "
-              "read from the tensors it stepped on and gathered with all_gather_object")
-    return gather_placement(tracker, dist.get_rank(), world, gather, source)
-
-
 class StepCounter:
-    """Counts optimizer.step() calls by the optimizer's post-step hook, not by the loop."""
+    """Counts applied optimizer steps through the optimizer's step hooks, so the count does not
+    come from the loop that claims to have run them.
+
+    A wrapping optimizer whose step() calls its base class's (Horovod's DistributedOptimizer)
+    runs the hooks around both; a pre-hook arms the count and the first post-hook takes it, so
+    a step counts once however deep the nesting. A step the GradScaler skips (inf/NaN
+    gradients) runs no hook: the step function adds it to `skipped`."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.applied = 0
-        self.skipped = 0  # fp16 steps the GradScaler skipped (inf/NaN gradients)
-        optimizer.register_step_post_hook(self._hook)
+        self.skipped = 0
+        self._armed = False
+        optimizer.register_step_pre_hook(self._arm)
+        optimizer.register_step_post_hook(self._count)
 
-    def _hook(self, *_: Any) -> None:
-        self.applied += 1
+    def _arm(self, *_: Any) -> None:
+        self._armed = True
+
+    def _count(self, *_: Any) -> None:
+        if self._armed:
+            self.applied += 1
+            self._armed = False
 
 
-def all_reduce_ints(values: list[int], ranks: Ranks, op: dist.ReduceOp) -> list[int]:
-    t = torch.tensor(values, dtype=torch.int64, device=ranks.device)
-    dist.all_reduce(t, op=op)
-    return [int(v) for v in t.tolist()]
+def rank_table(ranks: DeviceRank, row: list[int]) -> list[list[int]]:
+    """Every rank's `row` of ints (as long on every rank), in rank order: each rank writes its
+    row into its own line of a table of zeros, and the ranks sum the table."""
+    table = torch.zeros((ranks.world, len(row)), dtype=torch.int64, device=ranks.device)
+    table[ranks.rank] = torch.tensor(row, dtype=torch.int64)
+    return [[int(v) for v in line] for line in ranks.all_sum(table).tolist()]
 
 
-def global_mean_losses(losses: list[float], ranks: Ranks) -> list[float]:
+def global_mean_losses(losses: list[float], ranks: DeviceRank) -> list[float]:
     """Each step's loss averaged over the ranks (equal slices): the global batch's mean loss."""
     t = torch.tensor(losses, dtype=torch.float64, device=ranks.device)
-    dist.all_reduce(t)
-    return [float(v) / ranks.world for v in t.tolist()]
+    return [float(v) / ranks.world for v in ranks.all_sum(t).tolist()]
 
 
-def threads_record(ranks: Ranks) -> dict[str, Any]:
-    """Intra-op threads of every rank (one row each, summed over the ranks), and why."""
-    omp = os.environ.get("OMP_NUM_THREADS", "")
-    rows = [[0, 0] for _ in range(ranks.world)]
-    rows[ranks.rank] = [torch.get_num_threads(), int(omp) if omp.isdigit() else -1]
-    table = all_reduce_ints([v for row in rows for v in row], ranks, dist.ReduceOp.SUM)
-    per_rank = [{"rank": i, "torch_threads": table[2 * i],
-                 "OMP_NUM_THREADS": table[2 * i + 1] if table[2 * i + 1] >= 0 else None}
-                for i in range(ranks.world)]
-    return {"per_rank": per_rank, "cpu_count": os.cpu_count(), "note": THREADS_NOTE}
+def threads_record(ranks: DeviceRank, note: str) -> dict[str, Any]:
+    """Intra-op threads of every rank and the processes they are, and why (`note`)."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    table = rank_table(ranks, [torch.get_num_threads(), int(env) if env.isdigit() else -1,
+                               os.getpid()])
+    per_rank = [{"rank": i, "torch_threads": threads, "OMP_NUM_THREADS": omp if omp >= 0 else None}
+                for i, (threads, omp, _) in enumerate(table)]
+    return {"per_rank": per_rank, "cpu_count": cores(),
+            "processes": len({pid for *_, pid in table}), "note": note}
 
 
-def timed_steps(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
-                counter: StepCounter, batch_per_rank: int, tracker: PlacementTracker
-                ) -> dict[str, Any]:
-    """Warm up, then time `step` (one training step, returns this rank's loss) as the record,
-    with the placement of the timed steps (`step` shows `tracker` each batch it feeds)."""
-    for _ in range(spec.warmup_steps):
-        step().item()
-    synchronize(ranks)
-    applied0, skipped0 = counter.applied, counter.skipped
-    tracker.reset()
-    timer, losses = StepTimer(), []
-    timer.start()
-    for _ in range(spec.measure_steps):
-        loss = step()
+def timed_steps(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Tensor],
+                counter: StepCounter, tracker: PlacementTracker, feed: Feed) -> dict[str, Any]:
+    """runners.common.timed_loop over `step` (one training step, returns this rank's loss;
+    it shows `tracker` each batch it feeds), each step ended by synchronising the device and
+    reading the loss. The record: the timed window, the global losses, every rank's steps
+    (which must agree, and give the samples), the placement of the timed steps, the ranks'
+    record and the input's; the input closed."""
+    start: dict[str, int] = {}
+
+    def on_start() -> None:
+        start.update(applied=counter.applied, skipped=counter.skipped)
+        tracker.reset()
+
+    def sync(loss: torch.Tensor) -> float:
         synchronize(ranks)
-        losses.append(loss.item())  # waits for this rank's step; DDP's all-reduce was in it
-        timer.tick()
-    if not losses:
-        raise Invalid("measure_steps is 0: nothing was timed")
-    steps = counter.applied - applied0 + counter.skipped - skipped0
-    low, skipped = all_reduce_ints([steps, counter.skipped - skipped0], ranks, dist.ReduceOp.MIN)
-    high, = all_reduce_ints([steps], ranks, dist.ReduceOp.MAX)
-    if low != high:
-        raise Invalid(f"ranks disagree on the steps taken: between {low} and {high}")
-    samples, = all_reduce_ints([steps * batch_per_rank], ranks, dist.ReduceOp.SUM)
-    global_losses = global_mean_losses(losses, ranks)
-    placement = torch_placement(tracker, ranks)
+        return loss.item()  # this rank's step, its gradient exchange included, has finished
+
+    window = timed_loop(step, sync, spec.warmup_steps, spec.measure_steps, on_start)
+    table = rank_table(ranks, [counter.applied - start["applied"],
+                               counter.skipped - start["skipped"]])
+    steps = [applied + skipped for applied, skipped in table]
+    if len(set(steps)) != 1:
+        raise Invalid(f"ranks disagree on the steps taken: {steps}")
+    batch = per_rank_batch(spec, ranks)
+    samples = sum(steps) * batch
+    global_losses = global_mean_losses(window.losses, ranks)
+    placement = ranks.placement(tracker)
     check_rows(placement["placement"], samples)
-    return {
+    result = {
         **placement,
-        **timer.summary(spec.global_batch_size, samples),
+        **window.timer.summary(spec.global_batch_size, samples),
         "first_loss": finite(global_losses[0]),
         "last_loss": finite(global_losses[-1]),
         "loss_kind": "global mean cross-entropy of each step's batch (ranks' means averaged)",
-        "steps_skipped_by_grad_scaler": skipped,
+        "steps_per_rank": steps,
+        "steps_skipped_by_grad_scaler": min(skipped for _, skipped in table),
+        "batch_size_per_rank": batch,
+        **ranks.record(),
+        **feed.record(),
     }
+    feed.close()
+    return result
 
 
 def check_rows(placement: dict[str, int], samples: int) -> None:
@@ -303,7 +358,7 @@ def check_rows(placement: dict[str, int], samples: int) -> None:
                       f"all, but their optimizer steps imply {samples} samples")
 
 
-def autocast(ranks: Ranks, precision: str) -> contextlib.AbstractContextManager[Any]:
+def autocast(ranks: DeviceRank, precision: str) -> contextlib.AbstractContextManager[Any]:
     """The forward pass's autocast for a precision (fp32: none)."""
     if precision in ("fp32", "tf32"):
         return contextlib.nullcontext()
@@ -311,7 +366,7 @@ def autocast(ranks: Ranks, precision: str) -> contextlib.AbstractContextManager[
     return torch.autocast(ranks.device.type, dtype=dtype)
 
 
-def check_precision(spec: Spec, ranks: Ranks) -> None:
+def check_precision(spec: Spec, ranks: DeviceRank) -> None:
     precision = spec.precision
     if precision == "fp16" and not ranks.cuda:
         raise Unavailable("fp16 on CPU: float16 autocast with a GradScaler is for GPUs (the "
@@ -320,7 +375,7 @@ def check_precision(spec: Spec, ranks: Ranks) -> None:
         raise Unavailable(f"bf16: {torch.cuda.get_device_name(ranks.device)} has no bfloat16")
 
 
-def wrap_ddp(model: nn.Module, ranks: Ranks) -> DDP:
+def wrap_ddp(model: nn.Module, ranks: DeviceRank) -> DDP:
     """The model in DDP (its defaults: 25 MB buckets, buffers broadcast from rank 0)."""
     return DDP(model, device_ids=[ranks.local_rank] if ranks.cuda else None)
 
@@ -328,6 +383,12 @@ def wrap_ddp(model: nn.Module, ranks: Ranks) -> DDP:
 def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
     h, w, c = model_spec.input_shape
     return (c, h, w)
+
+
+def model_record(net: nn.Module, model_spec: ModelSpec) -> dict[str, Any]:
+    """The parameters and forward FLOPs per sample of a torch model."""
+    return {"params": count_params_torch(net),
+            "flops_per_sample": count_flops_torch(net, nchw(model_spec))}
 
 
 def equivalence_input(x: np.ndarray, y: np.ndarray, ranks: DeviceRank, channels_first: bool,
@@ -345,26 +406,24 @@ def equivalence_input(x: np.ndarray, y: np.ndarray, ranks: DeviceRank, channels_
     return SyntheticInput(xs.contiguous(memory_format=memory_format), ys)
 
 
-def equivalence_step(spec: Spec, ranks: Ranks, step: Callable[[], torch.Tensor],
+def equivalence_step(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Tensor],
                      counter: StepCounter, tracker: PlacementTracker,
-                     canonical: Callable[[], dict[str, np.ndarray]], layout: str
+                     canonical: Callable[[], dict[str, np.ndarray]], **own: Any
                      ) -> dict[str, Any]:
-    """One call of the benchmark's `step`, counted by the optimizer's hook; rank 0 saves the
-    canonical weights; the result with the step's placement; the group closed."""
+    """One call of the benchmark's `step`, counted by the optimizer's hooks on every rank;
+    rank 0 saves the canonical weights; the result (the step's placement, the global loss, the
+    ranks' record, the runner's `own` fields); the ranks closed."""
     tracker.reset()
     applied0 = counter.applied
     loss = step()
     synchronize(ranks)
-    steps, = all_reduce_ints([counter.applied - applied0], ranks, dist.ReduceOp.MIN)
-    if steps != 1:
-        raise Invalid(f"the equivalence step applied {steps} optimizer steps on some rank, "
-                      "not 1")
+    steps = [applied for applied, in rank_table(ranks, [counter.applied - applied0])]
+    if steps != [1] * ranks.world:
+        raise Invalid(f"the equivalence step applied {steps} optimizer steps per rank, not 1")
     global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
-    placement = torch_placement(tracker, ranks)
+    placement = ranks.placement(tracker)
     if ranks.rank == 0:
         save_equivalence_output(spec, canonical())
-    result = {**placement, "replicas": ranks.world, "framework": framework_versions(),
-              "devices": ranks.devices, "loss": global_loss, "backend": ranks.backend,
-              "layout": layout}
-    close_ranks()
+    result = {**placement, **ranks.record(), "loss": global_loss, **own}
+    ranks.close()
     return result

@@ -61,13 +61,11 @@ from runners.torch.dist import (  # noqa: E402
     PlacementTracker,
     Ranks,
     StepCounter,
-    close_ranks,
     equivalence_input,
     equivalence_step,
     init_ranks,
     per_rank_batch,
     rank_input,
-    threads_record,
     timed_steps,
     wrap_ddp,
 )
@@ -170,7 +168,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     policy = dtype_policy(spec)
     data_format = spec.options["data_format"]
     loader = spec.options["loader"]
-    ranks = init_ranks(spec)
+    ranks = init_ranks(spec, "auto")
     batch = per_rank_batch(spec, ranks)
     model_spec = get_spec(spec.model)
     shape = input_shape(model_spec, data_format)
@@ -183,27 +181,21 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
     model, logits = build_logits_model(spec.model, data_format, ranks)
     step, counter, tracker = training_step(ranks, logits, feed, 0.01, 0.9)
-    result = timed_steps(spec, ranks, step, counter, batch, tracker)
+    result = timed_steps(spec, ranks, step, counter, tracker, feed)
     result.update({
-        "replicas": ranks.world,
         "framework": framework_versions(),
-        "devices": ranks.devices,
         "layout": data_format,
         "dtype_policy": policy,
-        "backend": ranks.backend,
         "strategy": "Keras model (torch backend) in torch DistributedDataParallel, one process "
                     "per device (torchrun), trained by the PyTorch loop of Keras' guide",
         "loop": "torch.optim.SGD + torch.nn.CrossEntropyLoss on the logits, "
                 "model(x, training=True)",
-        "rank_threads": threads_record(ranks),  # "threads" is runners.common's (rank 0)
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
     })
-    result.update(feed.record())
     if spec.data == "real":
         result["loader_option"] = loader
-    feed.close()
-    close_ranks()
+    ranks.close()
     return result
 
 
@@ -213,17 +205,16 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     input is; weights saved."""
     check_backend()
     data_format = spec.options["data_format"]
-    ranks = init_ranks(spec)
+    ranks = init_ranks(spec, "auto")
     weights, x, y, lr = load_equivalence_inputs(spec)
     feed = equivalence_input(x, y, ranks, data_format == "channels_first")
     dtype_policy(spec)
     model, logits = build_logits_model("probe", data_format, ranks)
     set_canonical_weights(model, weights)
     step, counter, tracker = training_step(ranks, logits, feed, lr, 0.0)
-    result = equivalence_step(spec, ranks, step, counter, tracker,
-                              lambda: get_canonical_weights(model), data_format)
-    result["framework"] = framework_versions()
-    return result
+    return equivalence_step(spec, ranks, step, counter, tracker,
+                            lambda: get_canonical_weights(model),
+                            framework=framework_versions(), layout=data_format)
 
 
 if __name__ == "__main__":
