@@ -36,6 +36,9 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
                 "harness_commit"):
         row[f"env_{key}"] = env.get(key)
     row["env_gpus"] = ", ".join(g["name"] for g in env.get("gpus") or []) or None
+    lock = env.get("lock") or {}
+    for key in ("file", "sha256", "installer", "locked"):  # which pinned environment ran it
+        row[f"env_lock_{key}"] = lock.get(key)
     for name, version in (env.get("framework") or {}).items():
         row[f"version_{name}"] = version
     for key, value in (rec.get("options") or {}).items():
