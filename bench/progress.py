@@ -172,6 +172,20 @@ class InstallState:
         return "; ".join(parts)
 
 
+def start_live(renderable: Any, console: Any, refresh_per_second: int, redirect: bool
+               ) -> tuple[Any, Any]:
+    """A started transient rich Live display of `renderable` (on `console`, or a new one) and
+    that console; `redirect`: print() output lands above the display."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = console or Console()
+    live = Live(renderable, console=console, refresh_per_second=refresh_per_second,
+                transient=True, redirect_stdout=redirect, redirect_stderr=redirect)
+    live.start()
+    return console, live
+
+
 class BuildDisplay:
     """The progress of one environment build. Every line of the installers' output goes to
     the log file; plain mode prints the same lines as before (the [setup] messages, and the
@@ -200,13 +214,7 @@ class BuildDisplay:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
         if self.live:
-            from rich.console import Console
-            from rich.live import Live
-
-            self._console = self._console or Console()
-            self._live = Live(self, console=self._console, refresh_per_second=8,
-                              transient=True, redirect_stdout=False, redirect_stderr=False)
-            self._live.start()
+            self._console, self._live = start_live(self, self._console, 8, redirect=False)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -343,14 +351,8 @@ class SweepProgress:
 
     def __enter__(self) -> SweepProgress:
         if self.live:
-            from rich.console import Console
-            from rich.live import Live
-
-            self._console = self._console or Console()
             # print() from anywhere (the peak probe, a setup) lands above the footer
-            self._live = Live(self, console=self._console, refresh_per_second=4,
-                              transient=True, redirect_stdout=True, redirect_stderr=True)
-            self._live.start()
+            self._console, self._live = start_live(self, self._console, 4, redirect=True)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -126,14 +126,10 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
 
     fig, axes = _subplots(plt, len(models))
     for ax, model in zip(axes, models, strict=False):
-        for (m, label), pts in sorted(series.items()):
-            if m != model:
-                continue
-            pts.sort(key=lambda r: r["num_devices"])
+        for label, pts, line in _device_series(ax, series, model, "images_per_sec",
+                                               "images_per_sec_ci_low",
+                                               "images_per_sec_ci_high"):
             xs = [p["num_devices"] for p in pts]
-            line, = ax.plot(xs, [p["images_per_sec"] for p in pts], "o-", label=label)
-            _error_bars(ax, xs, pts, "images_per_sec", "images_per_sec_ci_low",
-                        "images_per_sec_ci_high", line.get_color())
             base = next((p for p in pts if p["num_devices"] == 1), None)
             if base is not None:
                 ax.plot(xs, [base["images_per_sec"] * x for x in xs], "--",
@@ -147,15 +143,8 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     fig, axes = _subplots(plt, len(models))
     for ax, model in zip(axes, models, strict=False):
         ax.axhline(1.0, color="grey", linestyle="--", label="ideal (100%)")
-        for (m, label), pts in sorted(series.items()):
-            pts = [p for p in pts if p["scaling_efficiency"] is not None]
-            if m != model or not pts:
-                continue
-            pts.sort(key=lambda r: r["num_devices"])
-            line, = ax.plot([p["num_devices"] for p in pts],
-                            [p["scaling_efficiency"] for p in pts], "o-", label=label)
-            _error_bars(ax, [p["num_devices"] for p in pts], pts, "scaling_efficiency",
-                        "efficiency_ci_low", "efficiency_ci_high", line.get_color())
+        _device_series(ax, series, model, "scaling_efficiency", "efficiency_ci_low",
+                       "efficiency_ci_high")
         _axes(ax, model, "devices", "scaling efficiency")
         _device_ticks(ax, [r for r in ok if r["model"] == model])
         ax.set_ylim(bottom=0)
@@ -176,6 +165,22 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     fig.suptitle("All runners at the largest device count" + note)
     paths.append(_save(fig, out / CHARTS[2], plt))
     return paths
+
+
+def _device_series(ax: Any, series: dict[tuple[str, str], list[dict[str, Any]]], model: str,
+                   key: str, low: str, high: str) -> list[tuple[str, list[dict[str, Any]], Any]]:
+    """Draw each series of `model` that has `key` against the device count, with its
+    confidence interval; (label, its points by device count, its line) of each."""
+    drawn = []
+    for (m, label), pts in sorted(series.items()):
+        pts = sorted((p for p in pts if p[key] is not None), key=lambda r: r["num_devices"])
+        if m != model or not pts:
+            continue
+        xs = [p["num_devices"] for p in pts]
+        line, = ax.plot(xs, [p[key] for p in pts], "o-", label=label)
+        _error_bars(ax, xs, pts, key, low, high, line.get_color())
+        drawn.append((label, pts, line))
+    return drawn
 
 
 def _error_bars(ax: Any, xs: list[int], pts: list[dict[str, Any]], key: str, low: str,

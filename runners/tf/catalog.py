@@ -5,7 +5,7 @@ is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
 
 from __future__ import annotations
 
-from runners.catalog import LOADER_OPTION, Option, RunnerInfo
+from runners.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
 
 KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data"),
                              "Keras 2 tower runners: numpy batches fed by session.run's "
@@ -15,6 +15,13 @@ KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data
 KERAS2_WRAP_OPTION = Option(bool, False, help="at 1 device, build the one-tower wrapper "
                                               "(measures its cost) instead of the plain model "
                                               "the original falls back to")
+
+
+def keras2_tower_options(**own: Option) -> dict[str, Option]:
+    """What every Keras 2 tower runner accepts (the real-data loader, the input path), then
+    its own options."""
+    return {"loader": LOADER_OPTION, "input": KERAS2_INPUT_OPTION, **own}
+
 
 RUNNERS: list[RunnerInfo] = [
     RunnerInfo(
@@ -28,9 +35,7 @@ RUNNERS: list[RunnerInfo] = [
                           "Keras 3 compiles strategy.run whole, so 2+ replicas are "
                           "unavailable)"),
             "steps_per_execution": Option(int, 1, help="train steps per tf.function call"),
-            "data_format": Option(
-                str, "channels_last", ("channels_last", "channels_first"), "tensor layout"
-            ),
+            "data_format": DATA_FORMAT_OPTION,
             "cross_device_ops": Option(
                 str,
                 "auto",
@@ -49,9 +54,7 @@ RUNNERS: list[RunnerInfo] = [
         "custom training loop in tf.function under MirroredStrategy (the no-Keras baseline)",
         options={
             "xla": Option(bool, False, help="jit_compile the train step"),
-            "data_format": Option(
-                str, "channels_last", ("channels_last", "channels_first"), "tensor layout"
-            ),
+            "data_format": DATA_FORMAT_OPTION,
             "fused_batchnorm": Option(bool, True, help="BatchNorm by TF's fused kernel "
                                       "(FusedBatchNormV3), not Keras 3's unfused ops"),
         },
@@ -67,11 +70,8 @@ RUNNERS: list[RunnerInfo] = [
         "runners.tf.keras_kuza55",
         "kuza55's make_parallel (2016) on Keras 2 (tf_keras, TF1 graph, fit): whole batch "
         "to every tower, sliced there, outputs merged on /cpu:0",
-        options={
-            "loader": LOADER_OPTION,
-            "input": KERAS2_INPUT_OPTION,
-            "ps": Option(str, "cpu", ("cpu", "gpu"), "where the template's variables live"),
-        },
+        options=keras2_tower_options(
+            ps=Option(str, "cpu", ("cpu", "gpu"), "where the template's variables live")),
         # staging and tf_data input: the shared keras2_towers code, run through
         # multi_gpu_model's cases (the suite's time budget)
         equivalence_options=({"ps": "gpu"},),
@@ -82,19 +82,15 @@ RUNNERS: list[RunnerInfo] = [
         "runners.tf.keras_multi_gpu_model",
         "Keras 2.1.6-2.2.5 multi_gpu_model on Keras 2 (tf_keras, TF1 graph, fit): CPU "
         "template, replicas per device, CPU merge; plain model at 1 device",
-        options={
-            "loader": LOADER_OPTION,
-            "input": KERAS2_INPUT_OPTION,
-            "keras_version": Option(str, "2.2", ("2.1", "2.2"),
-                                    "2.1: slice inside each replica's device scope (whole "
-                                    "batch to every device); 2.2: slice on the input's "
-                                    "device (keras PR #10230)"),
-            "cpu_merge": Option(bool, True, help="merge replica outputs on the CPU"),
-            "cpu_relocation": Option(bool, False,
-                                     help="clone the template under /cpu:0 and train the "
-                                          "clone (Keras 2.1.6+)"),
-            "wrap_single_device": KERAS2_WRAP_OPTION,
-        },
+        options=keras2_tower_options(
+            keras_version=Option(str, "2.2", ("2.1", "2.2"),
+                                 "2.1: slice inside each replica's device scope (whole batch "
+                                 "to every device); 2.2: slice on the input's device (keras "
+                                 "PR #10230)"),
+            cpu_merge=Option(bool, True, help="merge replica outputs on the CPU"),
+            cpu_relocation=Option(bool, False, help="clone the template under /cpu:0 and "
+                                                    "train the clone (Keras 2.1.6+)"),
+            wrap_single_device=KERAS2_WRAP_OPTION),
         equivalence_options=({"keras_version": "2.1"}, {"cpu_merge": False},
                              {"input": "staging"}, {"input": "tf_data"},
                              {"wrap_single_device": True}),
@@ -106,19 +102,15 @@ RUNNERS: list[RunnerInfo] = [
         "avolkov1's make_parallel (2017) on Keras 2 (tf_keras, TF1 graph, fit): slicing "
         "and merge on the parameter device, StagingArea input, its multi-GPU optimizer; "
         "plain model at 1 device",
-        options={
-            "loader": LOADER_OPTION,
-            "input": KERAS2_INPUT_OPTION,
-            "ps": Option(str, "cpu", ("cpu", "gpu"),
-                         "where variables live, slicing and the merge run"),
-            "average_gradients": Option(bool, False,
-                                        help="its SGD_MGPU: gradients of the merged loss "
-                                             "once per device (N backward passes), "
-                                             "averaged"),
-            "nccl": Option(bool, False, help="average those copies by NCCL all-reduce "
-                                             "(GPUs; needs average_gradients)"),
-            "wrap_single_device": KERAS2_WRAP_OPTION,
-        },
+        options=keras2_tower_options(
+            ps=Option(str, "cpu", ("cpu", "gpu"), "where variables live, slicing and the merge "
+                                                  "run"),
+            average_gradients=Option(bool, False, help="its SGD_MGPU: gradients of the merged "
+                                                       "loss once per device (N backward "
+                                                       "passes), averaged"),
+            nccl=Option(bool, False, help="average those copies by NCCL all-reduce (GPUs; "
+                                          "needs average_gradients)"),
+            wrap_single_device=KERAS2_WRAP_OPTION),
         equivalence_options=({"average_gradients": True}, {"input": "staging"},
                              {"ps": "gpu"},
                              {"average_gradients": True, "input": "staging"},

@@ -5,7 +5,7 @@ DataLoader pipeline, as the parent knows them: names, modules, options. Framewor
 
 from __future__ import annotations
 
-from runners.catalog import LOADER_OPTION, Option, RunnerInfo
+from runners.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
 
 DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
                             "real data: NVIDIA DALI on GPUs when it is installed (auto), or "
@@ -39,8 +39,7 @@ RUNNERS: list[RunnerInfo] = [
         options={
             "data_loader": DATA_LOADER_OPTION,
             "loader": LOADER_OPTION,
-            "data_format": Option(str, "channels_last", ("channels_last", "channels_first"),
-                                  "the Keras model's tensor layout"),
+            "data_format": DATA_FORMAT_OPTION,
         },
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"data_format": "channels_first"},),
