@@ -134,9 +134,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
             if base is not None:
                 ax.plot(xs, [base["images_per_sec"] * x for x in xs], "--",
                         color=line.get_color(), alpha=0.5, label=f"ideal ({label.split()[0]})")
-        _axes(ax, model, "devices", "images/sec")
-        _device_ticks(ax, [r for r in ok if r["model"] == model])
-        ax.set_ylim(bottom=0)
+        _device_axes(ax, model, "images/sec", ok)
     fig.suptitle("Throughput vs device count" + note)
     paths.append(_save(fig, out / CHARTS[0], plt))
 
@@ -145,9 +143,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
         ax.axhline(1.0, color="grey", linestyle="--", label="ideal (100%)")
         _device_series(ax, series, model, "scaling_efficiency", "efficiency_ci_low",
                        "efficiency_ci_high")
-        _axes(ax, model, "devices", "scaling efficiency")
-        _device_ticks(ax, [r for r in ok if r["model"] == model])
-        ax.set_ylim(bottom=0)
+        _device_axes(ax, model, "scaling efficiency", ok)
     fig.suptitle("Scaling efficiency (speedup / devices)" + note)
     paths.append(_save(fig, out / CHARTS[1], plt))
 
@@ -165,6 +161,13 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     fig.suptitle("All runners at the largest device count" + note)
     paths.append(_save(fig, out / CHARTS[2], plt))
     return paths
+
+
+def _device_axes(ax: Any, model: str, ylabel: str, ok: list[dict[str, Any]]) -> None:
+    """A device-count chart's axes: titles, a tick per device count run, y from zero."""
+    _axes(ax, model, "devices", ylabel)
+    _device_ticks(ax, [r for r in ok if r["model"] == model])
+    ax.set_ylim(bottom=0)
 
 
 def _device_series(ax: Any, series: dict[tuple[str, str], list[dict[str, Any]]], model: str,

@@ -217,6 +217,15 @@ def timed_loop(step: Callable[[], Any], sync: Callable[[Any], float | None], war
     return window
 
 
+def rows_per_device(batch: int, n: int, over: str = "devices", kind: str = "global batch"
+                    ) -> int:
+    """The rows each of n devices (ranks, contexts, replicas: `over`) gets of a batch;
+    Invalid when they cannot all get the same."""
+    if batch % n:
+        raise Invalid(f"{kind} {batch} does not divide by {n} {over}")
+    return batch // n
+
+
 def finite(value: Any) -> float:
     """A loss as a float; Invalid if it is NaN or infinite (BatchNorm on a short batch, say)."""
     v = float(value)

@@ -122,3 +122,12 @@ def sharding_record(sharding: jax.sharding.Sharding) -> str:
         return str(sharding)
     axes = ", ".join(f"{name}: {size}" for name, size in mesh.shape.items())
     return f"NamedSharding(mesh={{{axes}}}, spec={spec})"
+
+
+def ready_rows(batch: tuple[jax.Array, jax.Array]) -> int:
+    """The rows of a pipeline's (images, labels) batch once its copy to the devices has
+    finished: what a pipeline-mode run counts."""
+    import jax
+
+    jax.block_until_ready(batch)
+    return int(batch[0].shape[0])

@@ -77,6 +77,7 @@ from runners.common import (
     finite,
     load_equivalence_inputs,
     main,
+    rows_per_device,
     save_equivalence_output,
 )
 from runners.jax.common import (
@@ -433,8 +434,7 @@ def build_model(keras: Any, spec: Spec, name: str, **kwargs: Any) -> tuple[Any, 
 def benchmark(spec: Spec) -> dict[str, Any]:
     keras, distribution, described = make_distribution(spec)
     n, global_batch = distribution.device_mesh.devices.size, spec.global_batch_size
-    if global_batch % n:
-        raise Invalid(f"global batch {global_batch} does not divide by {n} devices")
+    rows_per_device(global_batch, n)
     policy = POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
     model_spec = get_spec(spec.model)
@@ -493,8 +493,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
     weights, x, y, lr = load_equivalence_inputs(spec)
     n = distribution.device_mesh.devices.size
-    if len(x) % n:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {n} devices")
+    rows_per_device(len(x), n, kind="equivalence batch")
     model, batchnorm = build_model(keras, spec, "probe")
     set_canonical_weights(model, weights)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=lr),

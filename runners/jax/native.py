@@ -66,6 +66,7 @@ from runners.common import (
     finite,
     load_equivalence_inputs,
     main,
+    rows_per_device,
     save_equivalence_output,
     timed_loop,
 )
@@ -239,8 +240,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     from models.flax_common import count_flops_flax, count_params_flax
 
     n, global_batch = len(devices), spec.global_batch_size
-    if global_batch % n:
-        raise Invalid(f"global batch {global_batch} does not divide by {n} devices")
+    rows_per_device(global_batch, n)
     dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[spec.precision]
     model_spec = get_spec(spec.model)
     data = real_dataset(spec, model_spec)
@@ -317,8 +317,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
     weights, x, y, lr = load_equivalence_inputs(spec)
     n = len(devices)
-    if len(x) % n:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {n} devices")
+    rows_per_device(len(x), n, kind="equivalence batch")
     model_spec = get_spec("probe")
     model = load_builder("probe", "flax")(model_spec)
     variables = set_canonical_weights(init_variables(model, model_spec.input_shape), weights)

@@ -11,13 +11,12 @@ from typing import Any
 
 from models import get_spec
 from runners.common import Spec, main
-from runners.jax.common import framework_versions, setup_devices
+from runners.jax.common import framework_versions, ready_rows, setup_devices
 from runners.real_data import check_classes, describe, open_dataset, time_pipeline
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     devices, described = setup_devices(spec)
-    import jax
 
     from runners.jax.data import device_batches, grain_version
     from runners.jax.native import make_shardings
@@ -29,12 +28,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     _, sharding = make_shardings(devices)
     batches, line = device_batches(data, size, batch, sharding)
 
-    def count(b: tuple[jax.Array, jax.Array]) -> int:
-        jax.block_until_ready(b)  # the copy to every device has finished
-        return int(b[0].shape[0])
-
     try:
-        result = time_pipeline(spec, batches, batch, count)
+        result = time_pipeline(spec, batches, batch, ready_rows)
     finally:
         batches.close()
     return {**result, **describe(data, size), "pipeline": line, "devices": described,

@@ -12,7 +12,7 @@ from typing import Any
 
 from models import get_spec
 from runners.common import Spec, main
-from runners.jax.common import framework_versions, setup_devices
+from runners.jax.common import framework_versions, ready_rows, setup_devices
 from runners.real_data import check_classes, describe, open_dataset, time_pipeline
 
 
@@ -55,12 +55,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     adapter.on_epoch_begin()  # starts the enqueuer's workers, as fit does at each epoch
     batches = (jax.device_put(b, devices[0]) for b in adapter.get_jax_iterator())
 
-    def count(b: tuple[jax.Array, jax.Array]) -> int:
-        jax.block_until_ready(b)  # the copy to the device has finished
-        return int(b[0].shape[0])
-
     try:
-        result = time_pipeline(spec, batches, batch, count)
+        result = time_pipeline(spec, batches, batch, ready_rows)
     finally:
         adapter.on_epoch_end()  # stops the workers
     return {**result, **describe(data, size),

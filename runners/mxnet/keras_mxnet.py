@@ -63,6 +63,7 @@ from runners.common import (
     finite,
     load_equivalence_inputs,
     main,
+    rows_per_device,
     save_equivalence_output,
 )
 from runners.mxnet.common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
@@ -193,8 +194,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
     ctxs, _ = contexts(spec)
     n, global_batch = len(ctxs), spec.global_batch_size
-    if global_batch % n:
-        raise Invalid(f"global batch {global_batch} does not divide by {n} contexts")
+    rows_per_device(global_batch, n, "contexts")
     warmup, measure = spec.warmup_steps, spec.measure_steps
     model_spec = get_spec(spec.model)
     feed = opts["input"]
@@ -249,8 +249,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ctxs, _ = contexts(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
     n = len(ctxs)
-    if len(x) % n:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {n} contexts")
+    rows_per_device(len(x), n, "contexts", "equivalence batch")
     model = load_builder("probe", "keras")(get_spec("probe"), data_format="channels_first")
     set_canonical_weights(model, weights)
     devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),

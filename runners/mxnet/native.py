@@ -45,12 +45,12 @@ from models.gluon_common import (
     set_canonical_weights,
 )
 from runners.common import (
-    Invalid,
     Spec,
     Unavailable,
     finite,
     load_equivalence_inputs,
     main,
+    rows_per_device,
     save_equivalence_output,
     timed_loop,
 )
@@ -154,8 +154,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
     ctxs, devices = contexts(spec)
     n, global_batch = len(ctxs), spec.global_batch_size
-    if global_batch % n:
-        raise Invalid(f"global batch {global_batch} does not divide by {n} contexts")
+    rows_per_device(global_batch, n, "contexts")
     dtype = DTYPES[spec.precision]
     if dtype == "float16" and spec.device == "cpu":
         raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
@@ -233,8 +232,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ctxs, devices = contexts(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
     n = len(ctxs)
-    if len(x) % n:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {n} contexts")
+    rows_per_device(len(x), n, "contexts", "equivalence batch")
     net = load_builder("probe", "gluon")(get_spec("probe"))
     net.initialize(mx.init.Zero(), ctx=ctxs)
     hybridize = hybridize_as_configured(net, spec)

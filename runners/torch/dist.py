@@ -24,7 +24,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from models import ModelSpec
 from models.torch_common import count_flops_torch, count_params_torch
-from runners.common import Invalid, Spec, Unavailable, finite, save_equivalence_output, timed_loop
+from runners.common import (
+    Invalid,
+    Spec,
+    Unavailable,
+    finite,
+    rows_per_device,
+    save_equivalence_output,
+    timed_loop,
+)
 from runners.real_data import check_classes, cores, open_dataset
 from runners.torch.data import RealInput, SyntheticInput, open_input
 
@@ -180,10 +188,7 @@ def synchronize(ranks: DeviceRank) -> None:
 
 
 def per_rank_batch(spec: Spec, ranks: DeviceRank) -> int:
-    global_batch = spec.global_batch_size
-    if global_batch % ranks.world:
-        raise Invalid(f"global batch {global_batch} does not divide by {ranks.world} ranks")
-    return global_batch // ranks.world
+    return rows_per_device(spec.global_batch_size, ranks.world, "ranks")
 
 
 def synthetic_slice(ranks: DeviceRank, shape: tuple[int, ...], classes: int, batch: int,
@@ -396,9 +401,7 @@ def equivalence_input(x: np.ndarray, y: np.ndarray, ranks: DeviceRank, channels_
                       ) -> SyntheticInput:
     """This rank's slice of the equivalence batch (given NHWC) as the benchmark's synthetic
     input: resident on the rank's device, in the run's layout and memory format."""
-    if len(x) % ranks.world:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {ranks.world} ranks")
-    per = len(x) // ranks.world
+    per = rows_per_device(len(x), ranks.world, "ranks", "equivalence batch")
     part = slice(ranks.rank * per, (ranks.rank + 1) * per)
     images = x[part].transpose(0, 3, 1, 2) if channels_first else x[part]
     xs = torch.from_numpy(np.ascontiguousarray(images)).to(ranks.device)

@@ -224,9 +224,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
-    on its slice of the batch, resident on its device as the synthetic input is; weights
-    saved."""
+    """The benchmark's step on the probe, Horovod's DistributedOptimizer around plain SGD
+    (momentum 0, the same fp16_allreduce compression), every rank stepping on its slice of the
+    batch; weights saved."""
     fp16_allreduce = spec.options["fp16_allreduce"]
     ranks = init_ranks(spec)
     weights, x, y, lr = load_equivalence_inputs(spec)
