@@ -65,9 +65,8 @@ from models.keras2_common import (  # noqa: E402
 from runners.common import (  # noqa: E402
     Invalid,
     Spec,
-    StepTimer,
+    TimedWindow,
     Unavailable,
-    finite,
     load_equivalence_inputs,
     save_equivalence_output,
 )
@@ -401,30 +400,23 @@ def _first_labels_graph(ds: Any) -> list[int]:
 
 
 class Clock(tf_keras.callbacks.Callback):
-    """Marks the timed window: fit's session.run returns the fetched loss, so each batch end
-    follows a finished step. Counts train batches across fit's epochs."""
+    """Drives the timed window (runners.common.TimedWindow): fit's session.run returns the
+    fetched loss, so each batch end follows a finished step. Counts train batches across fit's
+    epochs."""
 
-    def __init__(self, warmup: int) -> None:
+    def __init__(self, warmup: int, measure: int) -> None:
         super().__init__()
-        self.warmup, self.timer, self.done = warmup, StepTimer(), 0
-        self.losses: list[float] = []
+        self.window = TimedWindow(warmup, measure, on_start=self._start)
         self.start_iteration = 0
 
     def _start(self) -> None:
         self.start_iteration = int(K.get_value(self.model.optimizer.iterations))
-        self.timer.start()
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        if self.warmup == 0 and self.done == 0:
-            self._start()
+        self.window.step_begin()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.done += 1
-        if self.done == self.warmup:
-            self._start()
-        elif self.done > self.warmup:
-            self.timer.tick()
-            self.losses.append(float((logs or {})["loss"]))
+        self.window.step_done(float((logs or {})["loss"]))
 
 
 @dataclass
@@ -509,16 +501,12 @@ def benchmark(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, di
         assert source.first is not None
         prime(built, *source.first())
     placement = placement_step(built, source.fit_args(1, staged), _tower_devices(fields, names))
-    clock = Clock(warmup)
+    clock = Clock(warmup, measure)
     built.model.fit(**source.fit_args(warmup + measure, staged), callbacks=[clock], verbose=0)
     steps = int(K.get_value(built.model.optimizer.iterations)) - clock.start_iteration
-    if not clock.losses:
-        raise Invalid("no measured step reported a loss")
     batch = spec.global_batch_size
     return {
-        **clock.timer.summary(batch, steps * batch),
-        "first_loss": finite(clock.losses[0]),
-        "last_loss": finite(clock.losses[-1]),
+        **clock.window.summary(batch, steps * batch),
         "loss_kind": "Keras 2 per-batch loss",
         **placement,
         "placement_step": "one extra traced step before the warm-up",

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec  # noqa: E402
-from runners.common import Invalid, Spec, StepTimer, Unavailable, finite  # noqa: E402
+from runners.common import Spec, TimedWindow, Unavailable  # noqa: E402
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf.devices import setup_devices  # noqa: E402, F401  (re-exported)
@@ -101,31 +101,23 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
 
 
 class FitClock(keras.callbacks.Callback):
-    """Marks the timed window of a model.fit call. Reading the loss as a Python float waits
-    for the step to finish on the device, so each clock reading follows a synchronised step."""
+    """Drives the timed window of a model.fit call (runners.common.TimedWindow), one call of
+    `per_call` steps per batch end. Reading the loss as a Python float waits for the step to
+    finish on the device, so each clock reading follows a synchronised step."""
 
-    def __init__(self, warmup: int, per_call: int = 1) -> None:
+    def __init__(self, warmup: int, measure: int, per_call: int = 1) -> None:
         super().__init__()
-        self.warmup, self.per_call, self.timer = warmup, per_call, StepTimer()
-        self.losses: list[float] = []
+        self.window = TimedWindow(warmup, measure, per_call, on_start=self._start)
         self.start_iteration = 0
 
     def _start(self) -> None:
         self.start_iteration = int(self.model.optimizer.iterations.numpy())
-        self.timer.start()
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        if self.warmup == 0 and batch == 0:
-            self._start()
+        self.window.step_begin()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        loss = float((logs or {})["loss"])
-        done = batch + 1
-        if done == self.warmup:
-            self._start()
-        elif done > self.warmup:
-            self.timer.tick(self.per_call)
-            self.losses.append(loss)
+        self.window.step_done(float((logs or {})["loss"]))
 
 
 def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
@@ -135,18 +127,11 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
     `callbacks` run before the clock's at every batch end (so what they do at the last warm-up
     batch stays outside the timed window)."""
     warmup, measure = spec.warmup_steps, spec.measure_steps
-    if warmup % per_call or measure % per_call:
-        raise Invalid(f"steps_per_execution={per_call} must divide warmup_steps={warmup} and "
-                      f"measure_steps={measure} so the timed window starts and ends on a call")
-    clock = FitClock(warmup, per_call)
+    clock = FitClock(warmup, measure, per_call)
     model.fit(data, epochs=1, steps_per_epoch=warmup + measure, callbacks=[*callbacks, clock],
               verbose=0, shuffle=False)
     steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
-    if not clock.losses:
-        raise Invalid("no measured step reported a loss")
     return {
-        **clock.timer.summary(spec.global_batch_size, steps * spec.global_batch_size),
-        "first_loss": finite(clock.losses[0]),
-        "last_loss": finite(clock.losses[-1]),
+        **clock.window.summary(spec.global_batch_size, steps * spec.global_batch_size),
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
     }

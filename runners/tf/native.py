@@ -57,11 +57,11 @@ from models.keras_common import (
 from runners.common import (
     Invalid,
     Spec,
-    StepTimer,
     finite,
     load_equivalence_inputs,
     main,
     save_equivalence_output,
+    timed_loop,
 )
 from runners.real_data import describe
 from runners.tf import data as tf_data
@@ -289,31 +289,25 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
     # the first step instantiates the step function: its partition graphs are the placement
     # (collected outside the timed window; with no warm-up it is the first timed step's)
-    warmup, measure = spec.warmup_steps, spec.measure_steps
-    if measure < 1:
-        raise Invalid("measure_steps is 0: nothing was timed")
-    timer, losses = StepTimer(), []
-    start = int(optimizer.iterations.numpy())
-    if warmup:
-        _, placed = first_step(train_step, *next(batches))
-        for _ in range(warmup - 1):
-            # a float read waits for the step to finish on every device
-            finite(train_step(*next(batches)))
+    placed: dict[str, Any] = {}
+    start = 0
+
+    def step() -> Any:
+        if placed:
+            return train_step(*next(batches))
+        loss, found = first_step(train_step, *next(batches))
+        placed.update(found)
+        return loss
+
+    def on_start() -> None:
+        nonlocal start
         start = int(optimizer.iterations.numpy())
-        timer.start()
-    else:
-        timer.start()
-        loss, placed = first_step(train_step, *next(batches))
-        losses.append(loss)
-        timer.tick()
-    for _ in range(measure - len(losses)):
-        losses.append(finite(train_step(*next(batches))))
-        timer.tick()
+
+    # a float read waits for the step to finish on every device
+    window = timed_loop(step, finite, spec.warmup_steps, spec.measure_steps, on_start)
     steps = int(optimizer.iterations.numpy()) - start
     return {
-        **timer.summary(global_batch, steps * global_batch),
-        "first_loss": losses[0],
-        "last_loss": losses[-1],
+        **window.summary(global_batch, steps * global_batch),
         "loss_kind": "global mean cross-entropy of each step's batch",
         "replicas": n,
         "framework": framework_versions(),

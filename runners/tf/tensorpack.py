@@ -60,9 +60,8 @@ from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from runners.common import (  # noqa: E402
     Invalid,
     Spec,
-    StepTimer,
+    TimedWindow,
     Unavailable,
-    finite,
     load_equivalence_inputs,
     main,
     save_equivalence_output,
@@ -277,15 +276,19 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
     warmup, measure = steps
 
     class Clock(Callback):
-        """Fetches the towers' mean loss with every train step; the clock reads after the
-        session.run that ran the step (train op and loss) has returned."""
+        """Fetches the towers' mean loss with every train step and drives the timed window
+        (runners.common.TimedWindow): the clock reads after the session.run that ran the step
+        (train op and loss) has returned."""
 
         def __init__(self) -> None:
-            self.timer, self.losses, self.done = StepTimer(), [], 0
+            self.window = TimedWindow(warmup, measure, on_start=self._start)
             self.gs0 = self.gs1 = None
             self.placement: dict[str, Any] = {}
             self.values: dict[str, np.ndarray] = {}
             self.first_labels: list[int] = []
+
+        def _start(self) -> None:
+            self.gs0 = int(self.trainer.sess.run(self.gs))
 
         def _setup_graph(self) -> None:
             with tf.device(names[0]):
@@ -295,25 +298,20 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
             self.read = {k: by_name[k] for k in read_vars or []}
 
         def _before_run(self, ctx):
-            if self.done == warmup and self.gs0 is None:
-                self.gs0 = int(self.trainer.sess.run(self.gs))
-                self.timer.start()
+            self.window.step_begin()
             options = None
             fetches: dict[str, Any] = {"loss": self.loss}
-            if self.done == 0:  # the labels the towers trained on in the first (warm-up) step
+            if self.window.calls == 0:  # the labels the towers trained on in the first step
                 fetches["labels"] = tower_labels
                 options, _ = graph_run_options()  # the hooked session fills its RunMetadata
             return tfv1.train.SessionRunArgs(fetches=fetches, options=options)
 
         def _after_run(self, ctx, values):
-            self.done += 1
-            if self.done > warmup:
-                self.timer.tick()
-                self.losses.append(float(values.results["loss"]))
+            self.window.step_done(float(values.results["loss"]))
             if "labels" in values.results:
                 self.first_labels = [int(v) for t in values.results["labels"] for v in t]
             metadata = values.run_metadata
-            if self.done == 1 and metadata is not None:
+            if self.window.calls == 1 and metadata is not None:
                 self.placement = graph_placement(metadata)
 
         def _after_train(self) -> None:
@@ -344,8 +342,9 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
 
     variable_devices = sorted({canonical(v.device) for v in tfv1.trainable_variables()
                                if not v.name.startswith("tower")})
-    if clock.done != warmup + measure or clock.gs0 is None or clock.gs1 is None:
-        raise Invalid(f"tensorpack ran {clock.done} of {warmup + measure} steps")
+    ran = clock.window.calls
+    if ran != warmup + measure or clock.gs0 is None or clock.gs1 is None:
+        raise Invalid(f"tensorpack ran {ran} of {warmup + measure} steps")
     tower_devices = [canonical(loss.op.device) for loss in tower_losses]
     check_towers_ran(tower_devices, clock.placement.get("placement", {}))
     return {"clock": clock, "devices": devices, "names": names, "input": input_name,
@@ -412,8 +411,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                 lambda: tfv1.train.MomentumOptimizer(0.01, 0.9),
                 (spec.warmup_steps, spec.measure_steps))
     clock = run["clock"]
-    if not clock.losses:
-        raise Invalid("no measured step reported a loss")
     global_batch = spec.global_batch_size
     staged = " and stages it on its device" if "Staging" in run["input"] else ""
     if spec.data == "real":
@@ -425,9 +422,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                      "EnqueueThread into a FIFOQueue on /cpu:0; each tower dequeues its own"
                      + staged)
     result = {
-        **clock.timer.summary(global_batch, (clock.gs1 - clock.gs0) * global_batch),
-        "first_loss": finite(clock.losses[0]),
-        "last_loss": finite(clock.losses[-1]),
+        **clock.window.summary(global_batch, (clock.gs1 - clock.gs0) * global_batch),
         "loss_kind": "mean of the towers' cross-entropy on the measured step's batches",
         "replicas": spec.num_devices,
         "framework": framework_versions(),
