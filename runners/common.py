@@ -75,6 +75,27 @@ class Spec:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def split_batch(self, n: int, over: str = "devices", rows: int | None = None) -> int:
+        """The rows each of n devices (ranks, contexts, replicas: `over`) gets of the global
+        batch, or of `rows` (the equivalence batch); Invalid when they cannot all get the
+        same."""
+        if rows is None:
+            return rows_per_device(self.global_batch_size, n, over)
+        return rows_per_device(rows, n, over, "equivalence batch")
+
+    def equivalence_inputs(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
+                                          float]:
+        """The equivalence test's initial weights (canonical names), batch x, labels y, lr."""
+        eq = self.equivalence or {}
+        with np.load(eq["inputs"]) as data:
+            weights = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
+            return weights, data["x"], data["y"], float(eq["learning_rate"])
+
+    def save_equivalence_output(self, weights: dict[str, np.ndarray]) -> None:
+        """Write the weights after the equivalence step, under their canonical names."""
+        np.savez((self.equivalence or {})["output"],
+                 **{f"w:{k}": np.asarray(v) for k, v in weights.items()})
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Spec:
         """The spec the parent wrote; a key it does not know is the parent's bug, said so."""
@@ -248,21 +269,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     return str(value)
-
-
-def load_equivalence_inputs(spec: Spec) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
-                                                   float]:
-    """The equivalence test's initial weights (canonical names), batch x, labels y, and lr."""
-    eq = spec.equivalence or {}
-    with np.load(eq["inputs"]) as data:
-        weights = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
-        return weights, data["x"], data["y"], float(eq["learning_rate"])
-
-
-def save_equivalence_output(spec: Spec, weights: dict[str, np.ndarray]) -> None:
-    """Write the weights after the step, under their canonical names."""
-    np.savez((spec.equivalence or {})["output"], **{f"w:{k}": np.asarray(v) for k, v in
-                                               weights.items()})
 
 
 def one_line(message: str, limit: int = 300) -> str:

@@ -186,7 +186,6 @@ import json, sys
 import numpy as np
 from runners.keras import towers as kt
 from runners.tf import keras_avolkov1 as keras_tf_avolkov1
-from runners.common import load_equivalence_inputs
 from models.keras2_common import get_canonical_weights, set_canonical_weights
 
 from tests.specs import run_spec
@@ -194,7 +193,7 @@ spec = run_spec(num_devices=2, global_batch_size=16, model="probe", runner="kera
                 options={"input": "staging"}, mode="equivalence",
                 equivalence={"inputs": sys.argv[1], "learning_rate": 0.5})
 names, _, _ = kt.setup(spec)
-weights, x, y, lr = load_equivalence_inputs(spec)
+weights, x, y, lr = spec.equivalence_inputs()
 other = x[::-1].copy() * 3
 
 def step(primed, fed):

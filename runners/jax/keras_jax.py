@@ -75,10 +75,7 @@ from runners.common import (
     TimedWindow,
     Unavailable,
     finite,
-    load_equivalence_inputs,
     main,
-    rows_per_device,
-    save_equivalence_output,
 )
 from runners.jax.common import (
     framework_versions,
@@ -434,7 +431,7 @@ def build_model(keras: Any, spec: Spec, name: str, **kwargs: Any) -> tuple[Any, 
 def benchmark(spec: Spec) -> dict[str, Any]:
     keras, distribution, described = make_distribution(spec)
     n, global_batch = distribution.device_mesh.devices.size, spec.global_batch_size
-    rows_per_device(global_batch, n)
+    spec.split_batch(n)
     policy = POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
     model_spec = get_spec(spec.model)
@@ -491,9 +488,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     keras, distribution, described = make_distribution(spec)
     from models.keras_common import get_canonical_weights, set_canonical_weights
 
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     n = distribution.device_mesh.devices.size
-    rows_per_device(len(x), n, kind="equivalence batch")
+    spec.split_batch(n, rows=len(x))
     model, batchnorm = build_model(keras, spec, "probe")
     set_canonical_weights(model, weights)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=lr),
@@ -511,7 +508,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     clock, probe = fit_steps(replace(spec, warmup_steps=0, measure_steps=1), model, feed)
     if int(model.optimizer.iterations.numpy()) != 1 or probe.placement is None:
         raise Invalid("fit did not run exactly one step")
-    save_equivalence_output(spec, get_canonical_weights(model))
+    spec.save_equivalence_output(get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions("keras"), "devices": described,
             "loss": finite(clock.window.losses[0]), "input": mode, "batchnorm": batchnorm,
             "batch_sharding": probe.sharding, "placement": probe.placement,

@@ -64,10 +64,7 @@ from runners.common import (
     Invalid,
     Spec,
     finite,
-    load_equivalence_inputs,
     main,
-    rows_per_device,
-    save_equivalence_output,
     timed_loop,
 )
 from runners.jax.common import (
@@ -240,7 +237,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     from models.flax_common import count_flops_flax, count_params_flax
 
     n, global_batch = len(devices), spec.global_batch_size
-    rows_per_device(global_batch, n)
+    spec.split_batch(n)
     dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[spec.precision]
     model_spec = get_spec(spec.model)
     data = real_dataset(spec, model_spec)
@@ -315,9 +312,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
     from models.flax_common import get_canonical_weights, set_canonical_weights
 
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     n = len(devices)
-    rows_per_device(len(x), n, kind="equivalence batch")
+    spec.split_batch(n, rows=len(x))
     model_spec = get_spec("probe")
     model = load_builder("probe", "flax")(model_spec)
     variables = set_canonical_weights(init_variables(model, model_spec.input_shape), weights)
@@ -328,7 +325,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state, xs, ys)
     state, loss = step(state, xs, ys)
     finite(loss.block_until_ready())
-    save_equivalence_output(spec, get_canonical_weights({"params": state.params}))
+    spec.save_equivalence_output(get_canonical_weights({"params": state.params}))
     return {"replicas": n, "framework": framework_versions(*VERSIONS), "devices": described,
             "loss": float(loss), "batch_sharding": sharding_record(xs.sharding),
             "batchnorm": batchnorm, "collectives": collectives,

@@ -67,8 +67,6 @@ from runners.common import (  # noqa: E402
     Spec,
     TimedWindow,
     Unavailable,
-    load_equivalence_inputs,
-    save_equivalence_output,
 )
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
@@ -536,7 +534,7 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
     StagingArea holds the test's batch, so the step trains on it); weights saved after."""
     names, devices, xla = setup(spec)
     input_mode = input_option(spec)
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     built, fields = make(replace(spec, model="probe"), names, input_mode)
     set_canonical_weights(built.template, weights)
     staged = built.stager is not None
@@ -547,7 +545,7 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
         prime(built, x, y)
         args = arrays_source(x, y).fit_args(1, staged)
     placement = placement_step(built, args, _tower_devices(fields, names))
-    save_equivalence_output(spec, get_canonical_weights(built.template))
+    spec.save_equivalence_output(get_canonical_weights(built.template))
     return {"replicas": len(_tower_devices(fields, names)), "framework": framework_versions(),
             "devices": devices, "input": input_mode, **placement, **xla, **fields}
 

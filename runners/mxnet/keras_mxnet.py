@@ -61,10 +61,7 @@ from runners.common import (
     TimedWindow,
     Unavailable,
     finite,
-    load_equivalence_inputs,
     main,
-    rows_per_device,
-    save_equivalence_output,
 )
 from runners.mxnet.common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
 from runners.mxnet.data import describe_pipeline, numpy_batches, record_iter, stream
@@ -194,7 +191,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
     ctxs, _ = contexts(spec)
     n, global_batch = len(ctxs), spec.global_batch_size
-    rows_per_device(global_batch, n, "contexts")
+    spec.split_batch(n, "contexts")
     warmup, measure = spec.warmup_steps, spec.measure_steps
     model_spec = get_spec(spec.model)
     feed = opts["input"]
@@ -247,9 +244,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model through the benchmark's path (compile with the
     context list, then fit_generator or fit as the input option says); weights saved."""
     ctxs, _ = contexts(spec)
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     n = len(ctxs)
-    rows_per_device(len(x), n, "contexts", "equivalence batch")
+    spec.split_batch(n, "contexts", rows=len(x))
     model = load_builder("probe", "keras")(get_spec("probe"), data_format="channels_first")
     set_canonical_weights(model, weights)
     devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),
@@ -258,7 +255,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     clock = StepClock(0, 1)
     train(model, spec, batches(*arrays), {}, 1, clock, arrays)
     mx.nd.waitall()
-    save_equivalence_output(spec, get_canonical_weights(model))
+    spec.save_equivalence_output(get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
             "loss": finite(clock.window.losses[0]), "input": spec.options["input"],
             "gradient_reduce": spec.options["gradient_reduce"],

@@ -48,10 +48,7 @@ from runners.common import (
     Spec,
     Unavailable,
     finite,
-    load_equivalence_inputs,
     main,
-    rows_per_device,
-    save_equivalence_output,
     timed_loop,
 )
 from runners.mxnet.common import (
@@ -154,7 +151,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
     ctxs, devices = contexts(spec)
     n, global_batch = len(ctxs), spec.global_batch_size
-    rows_per_device(global_batch, n, "contexts")
+    spec.split_batch(n, "contexts")
     dtype = DTYPES[spec.precision]
     if dtype == "float16" and spec.device == "cpu":
         raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
@@ -230,9 +227,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model through the benchmark's path (its hybridize,
     Trainer and kvstore, the synthetic slices resident on the contexts); weights saved."""
     ctxs, devices = contexts(spec)
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     n = len(ctxs)
-    rows_per_device(len(x), n, "contexts", "equivalence batch")
+    spec.split_batch(n, "contexts", rows=len(x))
     net = load_builder("probe", "gluon")(get_spec("probe"))
     net.initialize(mx.init.Zero(), ctx=ctxs)
     hybridize = hybridize_as_configured(net, spec)
@@ -246,7 +243,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), *next(feed), len(x))
     loss = mean_loss(losses, len(x))
     mx.nd.waitall()
-    save_equivalence_output(spec, get_canonical_weights(net))
+    spec.save_equivalence_output(get_canonical_weights(net))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
             "loss": loss, "hybridize": hybridize, **read_placement(losses, net),
             "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}

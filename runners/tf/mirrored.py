@@ -52,10 +52,8 @@ from runners.common import (
     Invalid,
     Spec,
     Unavailable,
-    load_equivalence_inputs,
     main,
     one_line,
-    save_equivalence_output,
 )
 from runners.tf.common import (
     POLICIES,
@@ -215,7 +213,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model, compiled and fed as the benchmark does; the
     weights saved after it."""
     strategy, devices = make_strategy(spec)
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     model = build_compiled(spec, strategy, "probe", lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
         set_canonical_weights(model, weights)
@@ -231,7 +229,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     steps = int(model.optimizer.iterations.numpy())
     if steps != 1:
         raise Invalid(f"the equivalence fit ran {steps} optimizer steps, not 1")
-    save_equivalence_output(spec, get_canonical_weights(model))
+    spec.save_equivalence_output(get_canonical_weights(model))
     return {**compile_info(spec, strategy, devices), **placement.result()}
 
 

@@ -58,9 +58,7 @@ from runners.common import (
     Invalid,
     Spec,
     finite,
-    load_equivalence_inputs,
     main,
-    save_equivalence_output,
     timed_loop,
 )
 from runners.real_data import describe
@@ -275,8 +273,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     xla = bool(opts["xla"])
     fused = bool(opts["fused_batchnorm"])
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
-    if global_batch % n:
-        raise Invalid(f"global batch {global_batch} does not divide by {n} replicas")
+    spec.split_batch(n, "replicas")
     with strategy.scope():
         model, swapped = build_model(spec.model, model_spec, data_format, fused)
         optimizer: keras.optimizers.Optimizer = keras.optimizers.SGD(learning_rate=0.01,
@@ -335,12 +332,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     given weights and batch split over the replicas; weights saved, placement read back."""
     opts = spec.options
     strategy, devices = make_strategy(spec)
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     data_format = opts["data_format"]
     n = strategy.num_replicas_in_sync
-    if len(x) % n:
-        raise Invalid(f"equivalence batch {len(x)} does not divide by {n} replicas")
-    per = len(x) // n
+    per = spec.split_batch(n, "replicas", rows=len(x))
     images = np.asarray(x) if data_format == "channels_last" \
         else np.ascontiguousarray(np.transpose(np.asarray(x), (0, 3, 1, 2)))
     with strategy.scope():
@@ -358,7 +353,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     xs, ys = strategy.experimental_distribute_values_from_function(slice_of)
     step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
     loss, placed = first_step(step, xs, ys)
-    save_equivalence_output(spec, get_canonical_weights(model))
+    spec.save_equivalence_output(get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,
             "loss": loss, "layout": data_format, **placed}
 

@@ -62,9 +62,7 @@ from runners.common import (  # noqa: E402
     Spec,
     TimedWindow,
     Unavailable,
-    load_equivalence_inputs,
     main,
-    save_equivalence_output,
 )
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
@@ -445,7 +443,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model: the global batch in N per-tower slices (tower
     batches come from the queue in order; the averaged gradient does not depend on which tower
     took which slice), initial weights restored by name, weights saved after the step."""
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     n = spec.num_devices
     per = _check_batch(spec)
     slices = [[x[i * per:(i + 1) * per], y[i * per:(i + 1) * per].astype(np.int32)]
@@ -460,7 +458,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         main_copy = after[key.split("/", 1)[1]]
         if not np.allclose(after[key], main_copy, rtol=1e-6, atol=1e-7):
             raise Invalid(f"replica {key} differs from tower 0's copy after the step")
-    save_equivalence_output(spec, {k: after[k] for k in names})
+    spec.save_equivalence_output({k: after[k] for k in names})
     return {"replicas": n, "framework": framework_versions(), "devices": run["devices"],
             "tower_devices": run["tower_devices"], "input": run["input"],
             "variable_devices": run["variable_devices"],

@@ -46,7 +46,6 @@ from models.torch_common import get_canonical_weights, set_canonical_weights
 from runners.common import (
     Invalid,
     Spec,
-    load_equivalence_inputs,
     main,
 )
 from runners.torch.data import RealInput, SyntheticInput
@@ -158,7 +157,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     layout = opts["memory_format"]
     ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks, True, MEMORY_FORMATS[layout])
     net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
     set_canonical_weights(net, weights)

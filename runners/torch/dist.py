@@ -30,7 +30,6 @@ from runners.common import (
     Unavailable,
     finite,
     rows_per_device,
-    save_equivalence_output,
     timed_loop,
 )
 from runners.real_data import check_classes, cores, open_dataset
@@ -188,7 +187,7 @@ def synchronize(ranks: DeviceRank) -> None:
 
 
 def per_rank_batch(spec: Spec, ranks: DeviceRank) -> int:
-    return rows_per_device(spec.global_batch_size, ranks.world, "ranks")
+    return spec.split_batch(ranks.world, "ranks")
 
 
 def synthetic_slice(ranks: DeviceRank, shape: tuple[int, ...], classes: int, batch: int,
@@ -426,7 +425,7 @@ def equivalence_step(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Ten
     global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
     placement = ranks.placement(tracker)
     if ranks.rank == 0:
-        save_equivalence_output(spec, canonical())
+        spec.save_equivalence_output(canonical())
     result = {**placement, **ranks.record(), "loss": global_loss, **own}
     ranks.close()
     return result

@@ -60,7 +60,7 @@ from torch import nn
 
 from models import get_spec, load_builder
 from models.torch_common import get_canonical_weights, set_canonical_weights
-from runners.common import Invalid, Spec, Unavailable, load_equivalence_inputs, main
+from runners.common import Invalid, Spec, Unavailable, main
 from runners.real_data import cores
 from runners.torch.dist import (
     DeviceRank,
@@ -229,7 +229,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     batch; weights saved."""
     fp16_allreduce = spec.options["fp16_allreduce"]
     ranks = init_ranks(spec)
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks, channels_first=True)
     net = load_builder("probe", "torch")(get_spec("probe"))
     set_canonical_weights(net, weights)

@@ -52,7 +52,6 @@ from models.keras_common import (  # noqa: E402
 from runners.common import (  # noqa: E402
     Spec,
     Unavailable,
-    load_equivalence_inputs,
     main,
 )
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
@@ -206,7 +205,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     check_backend()
     data_format = spec.options["data_format"]
     ranks = init_ranks(spec, "auto")
-    weights, x, y, lr = load_equivalence_inputs(spec)
+    weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks, data_format == "channels_first")
     dtype_policy(spec)
     model, logits = build_logits_model("probe", data_format, ranks)
