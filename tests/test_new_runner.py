@@ -48,6 +48,8 @@ def test_bad_names_and_families_are_one_line(args: list[str], message: str) -> N
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.framework("jax")
 def test_template_runner_passes_the_contract_at_one_and_two_devices(
         tmp_path: Path, jax_python: str) -> None:
     root = repo_copy(tmp_path)
