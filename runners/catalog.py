@@ -52,7 +52,7 @@ class RunnerInfo:
 
 
 DATA_FORMAT_OPTION = Option(str, "channels_last", ("channels_last", "channels_first"),
-                            "the model's tensor layout")
+                            "tensor layout")
 LOADER_OPTION = Option(str, "framework", ("framework", "keras"),
                        "real data: the framework's fast pipeline, or the Keras-idiomatic "
                        "Sequence/PyDataset a Keras user writes (runners/keras/data.py)")
