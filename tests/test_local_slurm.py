@@ -1,0 +1,162 @@
+"""The local 2-node SLURM cluster (tools/local_slurm.sh, docs/SLURM.md) runs real jobs.
+
+The `local_slurm` fixture brings the cluster up (installing Debian's packages on first use) and
+skips only where it cannot start: not root, or no SLURM and no apt-get to install it. Any other
+failure to start is a test failure. A cluster the fixture started is stopped at the session's
+end; one that was already up is left as it was."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOOL = REPO / "tools" / "local_slurm.sh"
+STATE_DIR = Path(os.environ.get("MGBENCH_SLURM_DIR", "/tmp/mgbench-slurm"))
+
+pytestmark = pytest.mark.slurm
+
+FINAL_STATES = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+@pytest.fixture(scope="session")
+def local_slurm() -> dict[str, str]:
+    """The environment for SLURM's commands (SLURM_CONF) with the local cluster up."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster needs root (SlurmUser=root, apt-get)")
+    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
+        pytest.skip("SLURM is not installed and there is no apt-get to install it")
+    env = {**os.environ, "SLURM_CONF": str(STATE_DIR / "slurm.conf")}
+    was_up = subprocess.run([str(TOOL), "status"], capture_output=True, env=env).returncode == 0
+    proc = subprocess.run([str(TOOL), "up"], capture_output=True, text=True, timeout=600, env=env)
+    if proc.returncode != 0:
+        pytest.fail(f"tools/local_slurm.sh up failed:\n{proc.stdout}{proc.stderr}")
+    yield env
+    if not was_up:
+        subprocess.run([str(TOOL), "down"], capture_output=True, timeout=120, env=env)
+
+
+def slurm(env: dict[str, str], *args: str, timeout: float = 60) -> str:
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{args}: rc {proc.returncode}\n{proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def submit(env: dict[str, str], *args: str) -> str:
+    """sbatch ARGS; the job id."""
+    return slurm(env, "sbatch", "--parsable", "--job-name=mgbench-test", *args).strip()
+
+
+def job_fields(env: dict[str, str], job_id: str) -> dict[str, str]:
+    """The job's record in the controller (kept MinJobAge=600 s after it ends)."""
+    out = slurm(env, "scontrol", "show", "job", "-o", job_id)
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def jobcomp_state(env: dict[str, str], job_id: str) -> str | None:
+    """The job's final state in the job completion log (jobcomp/filetxt), if written yet."""
+    config = slurm(env, "scontrol", "show", "config")
+    loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", config, re.M)
+    path = Path(loc.group(1)) if loc else STATE_DIR / "jobcomp.txt"
+    if not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        if line.startswith(f"JobId={job_id} "):
+            return re.search(r"JobState=(\S+)", line).group(1)
+    return None
+
+
+def accounting(env: dict[str, str]) -> bool:
+    """Whether the cluster runs slurmdbd (tools/local_slurm.sh up --accounting): sacct works."""
+    config = slurm(env, "scontrol", "show", "config")
+    return "accounting_storage/slurmdbd" in config
+
+
+def sacct_state(env: dict[str, str], job_id: str) -> str | None:
+    """The job's state in SLURM's accounting database ("CANCELLED by 0" -> "CANCELLED")."""
+    out = slurm(env, "sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State")
+    return out.split()[0] if out.split() else None
+
+
+def wait_final(env: dict[str, str], job_id: str, timeout: float) -> dict[str, str]:
+    """The job's fields once SLURM says it has ended, with its state in the job completion log
+    under "JobComp" and, where the cluster has accounting, in sacct under "Sacct"."""
+    deadline = time.monotonic() + timeout
+    with_sacct = accounting(env)
+    while True:
+        fields = job_fields(env, job_id)
+        fields["JobComp"] = jobcomp_state(env, job_id)
+        if with_sacct:
+            fields["Sacct"] = sacct_state(env, job_id)
+        if fields["JobState"] in FINAL_STATES and fields["JobComp"] and \
+                (not with_sacct or fields["Sacct"] in FINAL_STATES):
+            return fields
+        assert time.monotonic() < deadline, f"job {job_id} not ended in SLURM's records: {fields}"
+        time.sleep(1)
+
+
+def assert_state(fields: dict[str, str], state: str) -> None:
+    """Every record SLURM keeps of the job gives STATE."""
+    assert fields["JobState"] == state
+    assert fields["JobComp"] == state
+    assert fields.get("Sacct", state) == state
+
+
+@pytest.fixture(scope="module", autouse=True)
+def time_limited_job(local_slurm: dict[str, str]):
+    """A one-minute-limit job that sleeps for five, submitted first so that its minute (and
+    the up to 30 s SLURM takes to notice) passes while the other tests run."""
+    job_id = submit(local_slurm, "-N1", "--time=00:01:00", "--output=/dev/null",
+                    "--wrap", "sleep 300")
+    yield job_id, time.monotonic()
+    subprocess.run(["scancel", job_id], capture_output=True, env=local_slurm)
+
+
+def test_srun_spans_both_nodes(local_slurm):
+    out = slurm(local_slurm, "srun", "-N2", "-n2", "--time=1", "bash", "-c",
+                "echo $SLURM_NODEID $SLURM_PROCID $SLURMD_NODENAME $SLURM_NNODES "
+                "$SLURM_JOB_NODELIST")
+    rows = [line.split() for line in out.splitlines()]
+    assert len(rows) == 2, out
+    assert {r[0] for r in rows} == {"0", "1"}  # SLURM_NODEID
+    assert {r[1] for r in rows} == {"0", "1"}  # SLURM_PROCID
+    assert {r[2] for r in rows} == {"node1", "node2"}
+    assert {r[3] for r in rows} == {"2"}
+    assert {r[4] for r in rows} == {"node[1-2]"}
+
+
+def test_sbatch_wait_completes(local_slurm, tmp_path):
+    log = tmp_path / "job.out"
+    job_id = submit(local_slurm, "--wait", "-N2", "--time=1", f"--output={log}", "--wrap",
+                    "srun bash -c 'echo $SLURMD_NODENAME $SLURM_PROCID $SLURM_NNODES'")
+    assert sorted(log.read_text().splitlines()) == ["node1 0 2", "node2 1 2"]
+    fields = wait_final(local_slurm, job_id, timeout=30)
+    assert_state(fields, "COMPLETED")
+    assert fields["ExitCode"] == "0:0"
+    assert (fields["NumNodes"], fields["NodeList"]) == ("2", "node[1-2]")
+
+
+def test_scancel_cancels_a_running_job(local_slurm):
+    job_id = submit(local_slurm, "-N2", "--time=2", "--output=/dev/null", "--wrap",
+                    "srun sleep 300")
+    deadline = time.monotonic() + 30
+    while job_fields(local_slurm, job_id)["JobState"] != "RUNNING":
+        assert time.monotonic() < deadline, "the job did not start in 30 s"
+        time.sleep(0.5)
+    slurm(local_slurm, "scancel", job_id)
+    fields = wait_final(local_slurm, job_id, timeout=30)
+    assert_state(fields, "CANCELLED")
+
+
+def test_time_limit_gives_timeout(local_slurm, time_limited_job):
+    job_id, submitted = time_limited_job
+    fields = wait_final(local_slurm, job_id, timeout=150 - (time.monotonic() - submitted))
+    assert_state(fields, "TIMEOUT")
+    assert (fields["Reason"], fields["TimeLimit"]) == ("TimeLimit", "00:01:00")
