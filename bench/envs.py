@@ -259,8 +259,11 @@ def install_commands(env: FamilyEnv, tool: str, uv: Path | None) -> list[list[st
         assert uv is not None
         links = [arg for item in pip_find_links() for arg in ("--find-links", item)]
         return [[str(uv), "venv", "--python", sys.executable, str(env.path)],
-                [str(uv), "pip", "install", "--python", str(env.python), *hashes,
-                 "-r", str(env.source), *links]]
+                # --compile-bytecode: pip compiles at install, uv does not; without it every
+                # run recompiles the framework's modules on import wherever Python may not
+                # write bytecode (PYTHONDONTWRITEBYTECODE, a read-only environment)
+                [str(uv), "pip", "install", "--python", str(env.python), "--compile-bytecode",
+                 *hashes, "-r", str(env.source), *links]]
     return [[sys.executable, "-m", "venv", str(env.path)],
             [str(env.python), "-m", "pip", "install", "--progress-bar", "off", *hashes,
              "-r", str(env.source)]]

@@ -126,6 +126,9 @@ def test_installs_from_the_lock_and_checks_hashes(empty_family: Path, tool: str,
                             f"mgbench-tiny==0.1 --hash=sha256:{digest}\n")
     env = envs.ensure_env("empty", "cpu", quiet=True)
     assert list(env.path.glob("lib/python*/site-packages/mgbench_tiny/__init__.py"))
+    # compiled at install by either installer: a run never recompiles a framework on import
+    # where Python may not write bytecode (PYTHONDONTWRITEBYTECODE)
+    assert list(env.path.glob("lib/python*/site-packages/mgbench_tiny/__pycache__/*.pyc"))
 
     empty_family.write_text(f"--no-index\n--find-links {wheels}\n"
                             f"mgbench-tiny==0.1 --hash=sha256:{'0' * 64}\n")
