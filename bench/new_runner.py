@@ -4,6 +4,7 @@ runners/<family>/catalog.py, ready to run and to edit (docs/DESIGN.md, "Add a ru
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -20,10 +21,13 @@ def templates(root: Path = REPO_ROOT) -> list[str]:
 
 
 def catalog_entry(name: str, family: str, description: str) -> str:
+    """The RunnerInfo line appended to the family's catalog (JSON strings are Python literals,
+    in the catalogs' double quotes, whatever quotes the description holds)."""
+    module = json.dumps(f"runners.{family}.{name}")
     return (f"\nRUNNERS.append(RunnerInfo(\n"
-            f"    {name!r}, {family!r}, 'runners.{family}.{name}', {description!r},\n"
-            f"    precisions=('fp32',),\n"
-            f"))\n").replace("'", '"')
+            f"    {json.dumps(name)}, {json.dumps(family)}, {module}, {json.dumps(description)},\n"
+            f"    precisions=(\"fp32\",),\n"
+            f"))\n")
 
 
 def new_runner(name: str, family: str, description: str = "",
