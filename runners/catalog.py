@@ -48,6 +48,12 @@ class RunnerInfo:
     # device, torch.distributed.run) or "horovodrun" (one per device, over gloo).
     launcher: str = "python"
     unavailable: str | None = None  # why this runner can never run here (list shows it)
+    # How a run spans several nodes (config key nodes > 1), in the framework's own words
+    # ("torchrun, c10d rendezvous"); None: single-machine by design, planned invalid.
+    multi_node: str | None = None
+    # Why a multi_node runner cannot cross nodes here although it could by design (planned
+    # unavailable with this reason before anything is launched).
+    multi_node_unavailable: str | None = None
 
 
 

@@ -71,9 +71,16 @@ class Spec:
     equivalence: dict[str, Any] | None = None
     # the parent's sampler settings (config key telemetry); None: sampler off
     telemetry: dict[str, Any] | None = None
+    # nodes the run spans (config key nodes); num_devices counts the devices of all of them
+    num_nodes: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def devices_per_node(self) -> int:
+        """The devices each node drives (config key devices); num_devices is over all nodes."""
+        return self.num_devices // self.num_nodes
 
     def split_batch(self, n: int, over: str = "devices", rows: int | None = None) -> int:
         """The rows each of n devices (ranks, contexts, replicas: `over`) gets of the global
@@ -286,12 +293,24 @@ def one_line(message: str, limit: int = 300) -> str:
 
 
 def process_rank() -> int:
-    """This process's rank when a launcher (torchrun, horovodrun) started one per device; 0
-    for a single-process runner."""
-    for var in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK"):
+    """This process's rank when a launcher (torchrun, horovodrun) started one per device, or
+    the harness one per node (MGBENCH_PROCESS_RANK, bench/slurm_job.py); 0 for a
+    single-process runner."""
+    for var in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "MGBENCH_PROCESS_RANK"):
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return 0
+
+
+def node_identity() -> dict[str, Any]:
+    """Where this process runs, as SLURM and the OS say: the SLURM node name (SLURMD_NODENAME;
+    the host name outside SLURM), the host name, the SLURM task id and job id. A multi-node
+    runner gathers every process's through its framework's collectives for the record."""
+    import socket
+
+    return {"node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            "host": socket.gethostname(), "slurm_procid": os.environ.get("SLURM_PROCID"),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "pid": os.getpid()}
 
 
 def main(benchmark: Callable[[Spec], dict[str, Any]],

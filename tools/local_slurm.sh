@@ -125,11 +125,34 @@ EOF
         && { [[ ! -e /etc/slurm/slurm.conf ]] || [[ $(readlink /etc/slurm/slurm.conf) == "$CONF" ]]; }; then
         ln -sfn "$CONF" /etc/slurm/slurm.conf
     fi
+    name_nodes
     if cmp -s "$CONF.new" "$CONF"; then
         rm -f "$CONF.new"
         return 1
     fi
     mv "$CONF.new" "$CONF"
+}
+
+HOSTS_TAG="# mgbench local slurm"
+
+name_nodes() {
+    # The node names resolve (to 127.0.0.1, their NodeAddr), as a cluster's hostnames do: the
+    # frameworks' own SLURM support (jax.distributed, TF's SlurmClusterResolver, torchrun's
+    # rendezvous) reaches the first node by the name SLURM gives it.
+    local missing=() n
+    for n in "${NODES[@]}"; do getent hosts "$n" >/dev/null || missing+=("$n"); done
+    ((${#missing[@]})) || return 0
+    [[ -w /etc/hosts ]] || { log "cannot name ${missing[*]} in /etc/hosts (not writable)"; return 0; }
+    echo "127.0.0.1 ${missing[*]} $HOSTS_TAG" >>/etc/hosts
+}
+
+unname_nodes() {
+    if grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null && [[ -w /etc/hosts ]]; then
+        # /etc/hosts may be a bind mount: rewrite it in place, never replace the file
+        local kept
+        kept=$(grep -v "$HOSTS_TAG" /etc/hosts)
+        printf '%s\n' "$kept" >/etc/hosts
+    fi
 }
 
 start_munge() {
@@ -319,6 +342,7 @@ cmd_down() {
     if [[ $(readlink /etc/slurm/slurm.conf 2>/dev/null) == "$CONF" ]]; then
         rm -f /etc/slurm/slurm.conf
     fi
+    unname_nodes
     echo "local slurm down"
 }
 

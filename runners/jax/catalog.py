@@ -21,6 +21,7 @@ RUNNERS: list[RunnerInfo] = [
         options={"batchnorm": JAX_BATCHNORM_OPTION},
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"},),
+        multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
     ),
     RunnerInfo(
         "keras_jax",
@@ -38,6 +39,7 @@ RUNNERS: list[RunnerInfo] = [
         },
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
+        multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
     ),
 ]
 

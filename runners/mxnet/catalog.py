@@ -20,6 +20,7 @@ RUNNERS: list[RunnerInfo] = [
         },
         precisions=("fp32", "fp16"),  # fp16: GPUs only (no fp16 convolutions on CPU)
         equivalence_options=({"kvstore": "local"}, {"hybridize": False}),
+        multi_node="a dist_sync kvstore: scheduler and servers beside the workers (ps-lite)",
     ),
     RunnerInfo(
         "keras_mxnet",

@@ -46,6 +46,7 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "tf32", "bf16", "fp16"),
         equivalence_options=({"cross_device_ops": "reduction_to_one_device"},
                              {"cross_device_ops": "hierarchical_copy"}),
+        multi_node="MultiWorkerMirroredStrategy, its cluster from TF's SlurmClusterResolver",
     ),
     RunnerInfo(
         "tf_native",
@@ -63,6 +64,7 @@ RUNNERS: list[RunnerInfo] = [
         # virtual CPU devices XLA runs every replica on CPU:0, so the step is invalid:
         # tests/test_tf_runners.py checks that, and xla = no xla at 1 device) and
         # channels_first (TF's CPU Conv2DBackpropFilter has no NCHW kernel).
+        multi_node="MultiWorkerMirroredStrategy, its cluster from TF's SlurmClusterResolver",
     ),
     RunnerInfo(
         "keras_tf_kuza55",
@@ -138,6 +140,8 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_options=({"trainer": "parameter_server"},
                              {"trainer": "parameter_server", "ps_device": "gpu"},
                              {"input": "queue"}),
+        multi_node="tensorpack's HorovodTrainer / DistributedTrainerReplicated",
+        multi_node_unavailable="its multi-node launch is not built yet (issue 16's notes)",
     ),
     RunnerInfo(
         "tf_cnn_benchmarks",
@@ -164,6 +168,8 @@ RUNNERS: list[RunnerInfo] = [
         },
         precisions=("fp32", "fp16"),  # fp16: --use_fp16
         equivalence=False,  # it brings its own models
+        multi_node="tf_cnn_benchmarks' own cluster flags (--job_name, --worker_hosts, --ps_hosts; variable_update distributed_replicated)",
+        multi_node_unavailable="its multi-node launch is not built yet: one worker per node with the cluster flags from SLURM (issue 16's notes)",
     ),
 ]
 

@@ -30,6 +30,7 @@ RUNNERS: list[RunnerInfo] = [
         # backend gloo: what auto picks on CPU, so the default case runs it
         equivalence_options=({"compile": True}, {"memory_format": "channels_last"}),
         launcher="torchrun",
+        multi_node="torchrun, a c10d rendezvous hosted on the first node",
     ),
     RunnerInfo(
         "keras_torch",
@@ -44,6 +45,7 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"data_format": "channels_first"},),
         launcher="torchrun",
+        multi_node="torchrun, a c10d rendezvous hosted on the first node",
     ),
     RunnerInfo(
         "horovod",
@@ -59,6 +61,8 @@ RUNNERS: list[RunnerInfo] = [
         # fp16_allreduce rounds gradients to float16: tests/test_horovod.py checks its step
         # against one device at float16's precision, not the float32 test's 1e-5
         launcher="horovodrun",
+        multi_node="horovodrun across hosts (gloo)",
+        multi_node_unavailable="horovodrun starts the other hosts' ranks over ssh (none here) and this Horovod is built without MPI, so srun cannot start its ranks (issue 16's notes)",
     ),
 ]
 
