@@ -168,8 +168,10 @@ RUNNERS: list[RunnerInfo] = [
         },
         precisions=("fp32", "fp16"),  # fp16: --use_fp16
         equivalence=False,  # it brings its own models
-        multi_node="tf_cnn_benchmarks' own cluster flags (--job_name, --worker_hosts, --ps_hosts; variable_update distributed_replicated)",
-        multi_node_unavailable="its multi-node launch is not built yet: one worker per node with the cluster flags from SLURM (issue 16's notes)",
+        multi_node="tf_cnn_benchmarks' own cluster flags (--job_name, --worker_hosts, "
+                   "--ps_hosts; variable_update distributed_replicated)",
+        multi_node_unavailable="its multi-node launch is not built yet: one worker per node "
+                               "with the cluster flags from SLURM (issue 16's notes)",
     ),
 ]
 

@@ -62,7 +62,9 @@ RUNNERS: list[RunnerInfo] = [
         # against one device at float16's precision, not the float32 test's 1e-5
         launcher="horovodrun",
         multi_node="horovodrun across hosts (gloo)",
-        multi_node_unavailable="horovodrun starts the other hosts' ranks over ssh (none here) and this Horovod is built without MPI, so srun cannot start its ranks (issue 16's notes)",
+        multi_node_unavailable="horovodrun starts the other hosts' ranks over ssh (no sshd "
+                               "here) and this Horovod is built without MPI, so srun cannot "
+                               "start its ranks (issue 16's notes)",
     ),
 ]
 
