@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,32 @@ def torch_python() -> str:
 @pytest.fixture(scope="session")
 def jax_python() -> str:
     return _family_python("jax")
+
+
+SLURM_TOOL = REPO / "tools" / "local_slurm.sh"
+STATE_DIR = Path(os.environ.get("MGBENCH_SLURM_DIR", "/tmp/mgbench-slurm"))
+
+
+@pytest.fixture(scope="session")
+def local_slurm() -> dict[str, str]:
+    """The environment for SLURM's commands (SLURM_CONF) with the local 2-node cluster up
+    (tools/local_slurm.sh, docs/SLURM.md). Skips only where it cannot start: not root, or no
+    SLURM and no apt-get to install it; any other failure to start fails the test. A cluster
+    this fixture started is stopped at the session's end; one already up is left as it was."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster needs root (SlurmUser=root, apt-get)")
+    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
+        pytest.skip("SLURM is not installed and there is no apt-get to install it")
+    env = {**os.environ, "SLURM_CONF": str(STATE_DIR / "slurm.conf")}
+    tool = str(SLURM_TOOL)
+    was_up = subprocess.run([tool, "status"], capture_output=True, env=env).returncode == 0
+    proc = subprocess.run([tool, "up"], capture_output=True, text=True, timeout=600, env=env)
+    if proc.returncode != 0:
+        pytest.fail(f"tools/local_slurm.sh up failed:\n{proc.stdout}{proc.stderr}")
+    yield env
+    if not was_up:
+        subprocess.run([tool, "down"], capture_output=True, timeout=120, env=env)
+
 
 
 def run_cli(*args: str, timeout: float = 900, env: dict[str, str] | None = None

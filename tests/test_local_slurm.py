@@ -7,40 +7,19 @@ end; one that was already up is left as it was."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-TOOL = REPO / "tools" / "local_slurm.sh"
-STATE_DIR = Path(os.environ.get("MGBENCH_SLURM_DIR", "/tmp/mgbench-slurm"))
+from tests.conftest import STATE_DIR
 
 pytestmark = pytest.mark.slurm
 
 FINAL_STATES = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
-
-@pytest.fixture(scope="session")
-def local_slurm() -> dict[str, str]:
-    """The environment for SLURM's commands (SLURM_CONF) with the local cluster up."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("the local SLURM cluster needs root (SlurmUser=root, apt-get)")
-    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
-        pytest.skip("SLURM is not installed and there is no apt-get to install it")
-    env = {**os.environ, "SLURM_CONF": str(STATE_DIR / "slurm.conf")}
-    was_up = subprocess.run([str(TOOL), "status"], capture_output=True, env=env).returncode == 0
-    proc = subprocess.run([str(TOOL), "up"], capture_output=True, text=True, timeout=600, env=env)
-    if proc.returncode != 0:
-        pytest.fail(f"tools/local_slurm.sh up failed:\n{proc.stdout}{proc.stderr}")
-    yield env
-    if not was_up:
-        subprocess.run([str(TOOL), "down"], capture_output=True, timeout=120, env=env)
 
 
 def slurm(env: dict[str, str], *args: str, timeout: float = 60) -> str:
