@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import yaml
 
-from bench import REPO_ROOT, environment, sweep_lock
+from bench import REPO_ROOT, environment, slurm, sweep_lock
 from bench.config import ConfigError, SweepConfig, json_schema, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
@@ -26,10 +26,11 @@ from bench.progress import clock_text as _clock  # noqa: F401 (and _clock, from 
 from bench.records import done_run_ids, load_records, write_json_atomic
 from bench.registry import FAMILIES, PIPELINES, RUNNERS
 from bench.report import build_report, format_table
+from bench.slurm import SlurmError
 from bench.trust import coefficient_of_variation
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
-            "schema")
+            "schema", "status")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume, run failed, timed-out and OOM runs again")
     run.add_argument("--quiet-setup", action="store_true", help="hide pip's output")
+    run.add_argument("--detach", action="store_true",
+                     help="cluster.backend slurm: submit the jobs and exit (collect them with "
+                          "`run_bench.py status DIR` or --resume)")
     setup = sub.add_parser("setup", help="create framework environments")
     setup.add_argument("families", nargs="*", help=f"default: all ({', '.join(FAMILIES)})")
     setup.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
@@ -81,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--shards", type=int, default=4, help="TFRecord shards (default 4)")
     prep.add_argument("--workers", type=int, default=2,
                       help="processes that decode, resize and encode (default 2)")
+    status = sub.add_parser("status", help="a SLURM sweep's jobs: collect those that ended "
+                                           "(their records), show the others' states")
+    status.add_argument("results_dir")
     sub.add_parser("schema", help="print the JSON Schema of a sweep config (for editors: "
                                   "run_bench.py schema > sweep.schema.json)")
     new = sub.add_parser("new-runner", help="a new runner from its family's template, listed "
@@ -115,11 +122,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "new-runner":
             return cmd_new_runner(args)
+        if args.command == "status":
+            return cmd_status(Path(args.results_dir))
         _parser().print_help()
         return 2
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except SlurmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def default_variant() -> str:
@@ -188,6 +200,29 @@ def cmd_new_runner(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(results_dir: Path) -> int:
+    """A SLURM sweep's jobs: ended ones collected into records, the others' queue states."""
+    if not (results_dir / slurm.BOOK).exists():
+        raise ConfigError(f"results_dir: {str(results_dir)!r} has no {slurm.BOOK}; allowed: "
+                          "the results folder of a sweep with cluster.backend: slurm")
+    cfg = load_config(str(results_dir / "config.yaml"), [])
+    specs = {r.run_id: r for r in expand(cfg, results_dir.name)}
+    env = json.loads((results_dir / "environment.json").read_text())
+    rows = slurm.status(results_dir, specs, env)
+    width = max(len(r[0]) for r in rows) if rows else 0
+    for run_id, job_id, state in rows:
+        print(f"{run_id.ljust(width)}  job {job_id:>8}  {state}")
+    counts: dict[str, int] = {}
+    for *_, state in rows:
+        key = state.split(" (")[0]
+        counts[key] = counts.get(key, 0) + 1
+    print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no jobs")
+    if rows and all(state.startswith("recorded") for *_, state in rows):
+        build_report(results_dir)
+        print(f"all jobs ended; summary: {results_dir / 'summary.csv'}")
+    return 0
+
+
 def cmd_report(results_dir: Path) -> int:
     if not (results_dir / "runs").is_dir():
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder; allowed: a "
@@ -231,6 +266,10 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
           f"{manifest['total_jpeg_bytes']:,} JPEG bytes; recordio train.rec, "
           f"{args.shards} tfrecord shards, files.csv")
     return 0
+
+
+class _SweepDone(Exception):
+    """A SLURM sweep has waited for all its jobs: on to the report."""
 
 
 class Stopped(KeyboardInterrupt):
@@ -280,7 +319,8 @@ def print_plan(runs: list[RunSpec]) -> None:
     head = ("#", "run_id", "runner", "model", "devices", "per-dev", "global", "prec", "data")
     rows = [head] + [
         (str(i), r.run_id, r.runner, r.model,
-         f"{r.num_devices} {'vcpu' if r.virtual_devices else r.device}",
+         (f"{r.num_nodes}x{r.devices_per_node}" if r.num_nodes > 1 else str(r.num_devices))
+         + f" {'vcpu' if r.virtual_devices else r.device}",
          str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data_label)
         for i, r in enumerate(runs, 1)
     ]
@@ -322,12 +362,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     todo = [r for r in runs if r.run_id not in done]
     print(f"sweep {cfg.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
           f"results in {out}", flush=True)
-    visible_gpus = len(env["gpus"])
+    on_slurm = cfg.cluster["backend"] == "slurm"
+    # GPUs are counted here only for runs that run here; a cluster's nodes have their own
+    visible_gpus = None if on_slurm else len(env["gpus"])
     blocked = {r.run_id: why for r in todo if (why := precheck(r, visible_gpus))}
+    if args.detach and not on_slurm:
+        raise ConfigError("--detach: allowed only with cluster.backend: slurm (a local sweep "
+                          "runs in this process)")
     try:
         with stop_signals_interrupt():
             pythons = interpreters([r for r in todo if r.run_id not in blocked], cfg.device,
                                    args.quiet_setup)
+            if on_slurm:
+                slurm.run_sweep(todo, blocked, pythons, out, env, cfg.cluster, args.detach)
+                if args.detach:
+                    return 0
+                raise _SweepDone
             peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env,
                                   out)
             with SweepProgress([r.run_id not in blocked for r in todo]) as show:
@@ -337,6 +387,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 if cfg.until_stable:
                     repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env,
                                         peaks, show)
+    except _SweepDone:
+        pass
     except OSError as exc:  # a full disk, a folder gone: what is written stays whole
         print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
               f"finished records are kept; free space, then --resume --out {out}",
@@ -395,7 +447,8 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
     label = (f"{tag} pipeline {spec.runner} {spec.model} "
              f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
              if spec.mode == "pipeline" and spec.dataset else
-             f"{tag} {spec.runner} {spec.model} n={spec.num_devices} "
+             f"{tag} {spec.runner} {spec.model} n={spec.num_devices}"
+             f"{f' on {spec.num_nodes} nodes' if spec.num_nodes > 1 else ''} "
              f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
     show = show or SweepProgress([True], live=False)
     show.started(label)
@@ -442,18 +495,26 @@ def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
                           blocked, pythons, out, env, peaks, show, counted=False)
 
 
-def precheck(spec: RunSpec, visible_gpus: int) -> tuple[str, str] | None:
-    """(status, reason) for a run that cannot be launched here; None if it can."""
+def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
+    """(status, reason) for a run that cannot be launched here (visible_gpus: the GPUs NVML
+    sees, None when the runs go to a cluster's nodes); None if it can."""
     info = PIPELINES[spec.runner] if spec.mode == "pipeline" else RUNNERS[spec.runner]
     if info.unavailable:
         return "unavailable", info.unavailable
+    if spec.num_nodes > 1 and info.multi_node is None:
+        return "invalid", (f"{spec.runner} is single-machine by design (its replicas live in "
+                           "one process on one host's devices); it cannot span "
+                           f"{spec.num_nodes} nodes")
+    if spec.num_nodes > 1 and info.multi_node_unavailable:
+        return "unavailable", (f"{spec.runner} across nodes ({info.multi_node}): "
+                               f"{info.multi_node_unavailable}")
     if spec.precision not in info.precisions:
         return "invalid", (f"{spec.runner} supports precision {', '.join(info.precisions)}, "
                            f"not {spec.precision}")
     if spec.precision == "tf32" and spec.device != "gpu":
         return "invalid", ("precision tf32 is NVIDIA GPU tensor-core math (Ampere and newer); "
                            "on CPU float32 is always IEEE: use fp32")
-    if spec.device == "gpu" and spec.num_devices > visible_gpus:
+    if spec.device == "gpu" and visible_gpus is not None and spec.num_devices > visible_gpus:
         return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
     return None
 

@@ -112,6 +112,10 @@ def _first(values: list[Any]) -> Any:
     return next((v for v in values if v), None)
 
 
+def _joined(values: list[Any]) -> str | None:
+    return " ".join(str(v) for v in values if v) or None
+
+
 # How summarise combines the values of a configuration's ok runs ("config" is apart: the
 # value of its first run, ok or not, the same in all of them).
 AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {
@@ -141,8 +145,17 @@ COLUMNS: tuple[Column, ...] = (
     Column("virtual_devices", "", "bool", "True when the devices are virtual CPU devices of "
            "one host: the harness and the strategies at work, not GPU scaling.", SPEC_VIEWS,
            over_runs="config"),
-    Column("num_devices", "devices", "devices", "The device count N.", CONFIG_VIEWS,
+    Column("num_nodes", "nodes", "int", "The nodes the run spanned (config key nodes; "
+           "1 for a run on one machine).", CONFIG_VIEWS, run=lambda r: r.get("num_nodes") or 1,
            over_runs="config"),
+    Column("num_devices", "devices", "devices", "The device count N, over all nodes.",
+           CONFIG_VIEWS, over_runs="config"),
+    Column("slurm_job_id", "", "text", "The SLURM job of each run (backend slurm), joined "
+           "with spaces.", ("csv", "loader"), _at("slurm", "job_id"), _joined),
+    Column("slurm_nodes", "", "text", "The nodes SLURM gave the run's job (its NodeList).",
+           ("csv", "loader"), _at("slurm", "node_list"), "first"),
+    Column("queued_s", "", "1f", "Seconds the run's SLURM job waited in the queue "
+           "(StartTime - SubmitTime).", ("csv", "loader"), _at("slurm", "queued_s"), "median"),
     Column("placed_devices", "placed", "placed", "Devices the framework reports the timed "
            "steps ran on (the record's `placement`): the fewest any ok run named.",
            run=_placed, over_runs="min"),

@@ -53,13 +53,17 @@ KEYS = (
     "name", "description", "runners", "models", "devices", "batch_size_per_device",
     "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
     "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
-    "pipeline_steps", "until_stable", "telemetry",
+    "pipeline_steps", "until_stable", "telemetry", "nodes", "cluster",
 )
 INT_MAX = 2**63 - 1  # integers beyond are no count of anything (and may not even print)
 # repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
 MAX_REPEATS = 1000
 TELEMETRY_DEFAULTS: dict[str, Any] = {"enabled": True, "interval_s": 0.25,
                                       "starved_below_pct": 50.0}
+BACKENDS = ("local", "slurm")
+CLUSTER_DEFAULTS: dict[str, Any] = {
+    "backend": "local", "partition": None, "account": None, "gpus_per_node": None,
+    "exclusive": True, "sbatch_args": [], "max_jobs": 8, "poll_s": 5.0}
 
 
 class ConfigError(ValueError):
@@ -103,6 +107,10 @@ class SweepConfig:
     until_stable: dict[str, Any] | None = None
     # The parent's sampler (GPU through NVML, host through psutil) while each run goes.
     telemetry: dict[str, Any] = field(default_factory=lambda: dict(TELEMETRY_DEFAULTS))
+    # Nodes per run (an axis); `devices` then counts the devices of each node.
+    nodes: list[int] = field(default_factory=lambda: [1])
+    # Where runs execute: this machine (backend local) or one SLURM job each (slurm).
+    cluster: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_DEFAULTS))
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in the user's key names (it loads back unchanged)."""
@@ -285,6 +293,32 @@ class Telemetry(_Section):
                                  Says("a GPU utilisation percentage, 0 to 100")] = 50.0
 
 
+class Cluster(_Section):
+    """Where the runs execute: here (backend local), or each as its own SLURM job (slurm)."""
+
+    backend: Annotated[Literal[BACKENDS], Says("local, slurm", choices=BACKENDS)] = "local"
+    partition: Annotated[str | None, Field(min_length=1, description="sbatch --partition "
+                                           "(default: the cluster's default partition)"),
+                         Says("a partition name")] = None
+    account: Annotated[str | None, Field(min_length=1, description="sbatch --account"),
+                       Says("an account name")] = None
+    gpus_per_node: Annotated[int | None, Field(ge=1, description="GPUs requested per node as "
+                             "gres (--gres=gpu:N; default: the run's devices per node on GPU "
+                             "runs, none on CPU runs)"), Says("an integer >= 1")] = None
+    exclusive: Annotated[bool, Field(description="sbatch --exclusive: no run shares a node"),
+                         Says("true or false")] = True
+    sbatch_args: Annotated[list[Annotated[str, Field(pattern=r"^[^\x00\n]*$")]], Field(
+        description="extra sbatch arguments, each one string (e.g. --qos=high, "
+        "--constraint=a100)"), Says("a list of strings")] = []
+    max_jobs: Annotated[int, Field(ge=1, le=INT_MAX, description="jobs of the sweep in flight "
+                                   "at once (later jobs wait on earlier ones: SLURM "
+                                   "dependencies, so the cap holds with --detach too)"),
+                        Says("an integer >= 1")] = 8
+    poll_s: Annotated[float, Field(ge=0.5, le=600, allow_inf_nan=False, description="seconds "
+                                   "between looks at the queue while the sweep waits"),
+                      Says("a number of seconds from 0.5 to 600")] = 5.0
+
+
 def _telemetry_shorthand(value: Any) -> Any:
     """`telemetry: false` turns the sampler off; true or nothing: the defaults."""
     if value is False:
@@ -388,6 +422,12 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
         telemetry: Annotated[Telemetry, BeforeValidator(
             _telemetry_shorthand, json_schema_input_type=Telemetry | bool | None), Says(
             "a mapping of enabled, interval_s, starved_below_pct, or false")] = Telemetry()
+        nodes: Annotated[_axis(_count(1)), Field(
+            description="nodes per run (an axis); devices then counts devices per node; "
+                        "more than one node needs cluster.backend: slurm")] = [1]
+        cluster: Annotated[Cluster, Says(
+            "a mapping of backend, partition, account, gpus_per_node, exclusive, sbatch_args, "
+            "max_jobs, poll_s")] = Cluster()
 
         @classmethod
         def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
@@ -539,8 +579,13 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
         if not s.runners:
             raise _fail("runners", s.runners, "a value or a list of values" if s.runners is None
                         else "a non-empty list or a single value")
+    if max(s.nodes) > 1 and s.cluster.backend != "slurm":
+        raise _fail("nodes", s.nodes, "[1] unless cluster.backend is slurm (a run over "
+                    "several nodes is one SLURM job; set cluster: {backend: slurm})")
+    # strong scaling divides the global batch by the devices of all nodes
+    totals = s.devices if s.nodes == [1] else sorted({n * d for n in s.nodes for d in s.devices})
     scaling, batch_sizes = _batch_sizes(s.batch_size_per_device, s.global_batch_size,
-                                        s.scaling, s.devices)
+                                        s.scaling, totals)
     name = s.name if s.name is not None else default_name
     # the name is a folder name (results/<name>-<time>) and printed: printable characters
     if not name or not name.isprintable() or any(c in name for c in "/\\ "):
@@ -572,7 +617,7 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
         pipelines=s.pipelines or (list(PIPELINES) if pipeline else []),
         pipeline_steps=s.pipeline_steps,
         until_stable=s.until_stable.model_dump() if s.until_stable is not None else None,
-        telemetry=s.telemetry.model_dump(),
+        telemetry=s.telemetry.model_dump(), nodes=s.nodes, cluster=s.cluster.model_dump(),
     )
 
 

@@ -1,9 +1,10 @@
 """What a configuration is: the one definition of the grouping key.
 
-Runs that differ only in their device count and repeat are one configuration; the runs of a
-configuration at one device count are a row of the summary, and its 1-device row is the
-speedup baseline of the others. bench.plan (RunSpec.group_key), bench.stats (summary,
-speedup, real vs synthetic) and bench.loader (the notebooks' frame) all read it from here.
+Runs that differ only in their device and node counts and repeat are one configuration; the
+runs of a configuration at one device count on one node count are a row of the summary, and
+its 1-device, 1-node row is the speedup baseline of the others. bench.plan
+(RunSpec.group_key), bench.stats (summary, speedup, real vs synthetic) and bench.loader (the
+notebooks' frame) all read it from here.
 
 A key can be read from a record (a dict from runs/<run>.json), a summary row (a dict from
 bench.stats.summarise) or a RunSpec: every field is read by the function in READERS.
@@ -69,14 +70,21 @@ def group_key(obj: Any) -> tuple[Any, ...]:
     return tuple(read(obj) for read in READERS.values())
 
 
+def nodes_of(obj: Any) -> int:
+    """The nodes a run spanned; records and rows from before multi-node runs had one."""
+    nodes = obj.get("num_nodes") if isinstance(obj, Mapping) else obj.num_nodes
+    return nodes or 1
+
+
 def config_key(obj: Any) -> tuple[Any, ...]:
-    """One configuration at one device count: a row of the summary."""
-    return (*group_key(obj), _get(obj, "num_devices"))
+    """One configuration at one device count (over all nodes) and node count: a row of the
+    summary (2 nodes x 1 device and 1 node x 2 devices are two rows)."""
+    return (*group_key(obj), nodes_of(obj), _get(obj, "num_devices"))
 
 
 def baseline_key(obj: Any) -> tuple[Any, ...]:
-    """The speedup baseline of a run or row: its configuration at 1 device."""
-    return (*group_key(obj), 1)
+    """The speedup baseline of a run or row: its configuration at 1 device on 1 node."""
+    return (*group_key(obj), 1, 1)
 
 
 def synthetic_key(obj: Any) -> tuple[Any, ...]:

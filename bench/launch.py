@@ -17,6 +17,7 @@ import secrets
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ def child_env(spec: RunSpec) -> dict[str, str]:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     # each framework's documented thread settings, never over the user's (runners/threads.py)
     env.update(thread_env(spec.family, spec.runner, spec.launcher, spec.device,
-                          spec.num_devices, os.environ))
+                          spec.devices_per_node, os.environ))
     if spec.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
@@ -72,8 +73,8 @@ def child_env(spec: RunSpec) -> dict[str, str]:
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         visible = env.get("CUDA_VISIBLE_DEVICES")
         ids = [v for v in visible.split(",") if v] if visible else []
-        ids = ids or [str(i) for i in range(spec.num_devices)]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[: spec.num_devices])
+        ids = ids or [str(i) for i in range(spec.devices_per_node)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[: spec.devices_per_node])
     return math_env(spec.precision, spec.device, env)  # fp32 is IEEE, tf32 TF32 (math_mode)
 
 
@@ -83,16 +84,46 @@ def sampled_gpus(spec: RunSpec, env: dict[str, str]) -> list[int]:
         return []
     ids = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
     return [int(v) for v in ids] if all(v.isdigit() for v in ids) else \
-        list(range(spec.num_devices))
+        list(range(spec.devices_per_node))
 
 
-def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_path: Path
-                  ) -> list[str]:
-    """The command line that starts a run: the runner module itself, or a launcher that starts
-    one process (rank) per device running it. Rank 0 writes the result."""
+@dataclass(frozen=True)
+class NodePlace:
+    """This node's place in a multi-node run (bench/slurm_job.py reads it from SLURM): its
+    rank among the run's nodes, their count, the first node's address and the port the job
+    may use there (and the 9 after it), and the SLURM job."""
+
+    rank: int
+    count: int
+    master_addr: str
+    master_port: int
+    job_id: str
+
+    def env(self) -> dict[str, str]:
+        """What a runner started once per node reads (runners.common.process_rank, the
+        frameworks' own rendezvous settings in the runners)."""
+        return {"MGBENCH_PROCESS_RANK": str(self.rank), "MGBENCH_NUM_NODES": str(self.count),
+                "MGBENCH_MASTER_ADDR": self.master_addr,
+                "MGBENCH_MASTER_PORT": str(self.master_port)}
+
+
+def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_path: Path,
+                  node: NodePlace | None = None) -> list[str]:
+    """The command line that starts a run (on one node of a multi-node run: `node`): the
+    runner module itself, or a launcher that starts one process (rank) per device running
+    it. Rank 0 writes the result."""
     module = ["-m", spec.module, "--spec", str(spec_path), "--result", str(result_path)]
     if spec.launcher == "python":
         return [str(python), *module]
+    if spec.launcher == "torchrun" and node is not None:
+        # torchrun's multi-node launch with a c10d rendezvous hosted by the first node's
+        # torchrun (is_host: on a real cluster it is inferred from the host name; here every
+        # node is one host, so it is said)
+        return [str(python), "-m", "torch.distributed.run", f"--nnodes={node.count}",
+                f"--nproc-per-node={spec.devices_per_node}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={node.master_addr}:{node.master_port}",
+                f"--rdzv-id=mgbench-{node.job_id}",
+                f"--rdzv-conf=is_host={int(node.rank == 0)}", *module]
     if spec.launcher == "torchrun":
         # --standalone: a local rendezvous on a free port, so sweeps never collide on one
         return [str(python), "-m", "torch.distributed.run", "--standalone", "--nnodes=1",

@@ -15,7 +15,7 @@ from bench.stats import summarise
 # The grouping key's fields (bench.grouping) are columns too: data_label (synthetic or
 # real-w<workers>), batch (the one held fixed across device counts) and mode besides the
 # registry's. Group on these to get summary.csv's configurations:
-#   df.groupby([*GROUP_COLUMNS, "num_devices"])
+#   df.groupby([*GROUP_COLUMNS, "num_nodes", "num_devices"])
 GROUP_COLUMNS = GROUP_FIELDS
 
 

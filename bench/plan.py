@@ -36,12 +36,14 @@ class RunSpec(Spec):
 
 
 def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data: str,
-                precision: str, repeat: int, mode: str = "benchmark") -> str:
-    """A stable, readable id: the same run gets the same id in every sweep (for --resume)."""
+                precision: str, repeat: int, mode: str = "benchmark", nodes: int = 1) -> str:
+    """A stable, readable id: the same run gets the same id in every sweep (for --resume).
+    n counts the devices of all nodes; a multi-node run says nodes x devices per node."""
     if mode == "pipeline":
         return f"pipeline__{runner}__{model}__b{batch}__{data}__r{repeat}"
     b = f"b{batch}" if scaling == "weak" else f"gb{batch}"
-    return f"{runner}__{model}__n{n}__{b}__{data}__{precision}__r{repeat}"
+    where = f"n{n}" if nodes == 1 else f"{nodes}x{n // nodes}"
+    return f"{runner}__{model}__{where}__{b}__{data}__{precision}__r{repeat}"
 
 
 def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
@@ -54,15 +56,17 @@ def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
 def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     """The sweep's runs: pipeline runs (pipelines x models x batch x workers x repeats) first,
     then benchmark runs (repeats x runners x models x data x workers x precision x batch x
-    devices). Repeats are the outer loop, so the runners' repeats interleave: a slow spell of
-    the machine falls on every runner alike instead of on all repeats of one."""
+    nodes x devices per node). Repeats are the outer loop, so the runners' repeats
+    interleave: a slow spell of the machine falls on every runner alike instead of on all
+    repeats of one."""
     runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
     if "benchmark" not in cfg.mode:
         return runs
-    for repeat, runner, model, data, precision, batch, n in itertools.product(
+    for repeat, runner, model, data, precision, batch, nodes, per_node in itertools.product(
         range(cfg.repeats), cfg.runners, cfg.models, cfg.data, cfg.precision, cfg.batch_sizes,
-        cfg.devices,
+        cfg.nodes, cfg.devices,
     ):
+        n = nodes * per_node
         opts = dict(cfg.runner_options.get(runner, {}))
         python = opts.get("python")
         for name in COMMON_OPTIONS:
@@ -71,7 +75,8 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
         for dataset in _datasets(cfg, data):
             label = f"real-w{dataset['workers']}" if dataset else data
             runs.append(_benchmark_run(cfg, sweep_id, runner, model, label, data, precision,
-                                       batch, per_device, n, repeat, opts, python, dataset))
+                                       batch, per_device, n, repeat, opts, python, dataset,
+                                       nodes))
     return runs
 
 
@@ -101,10 +106,11 @@ def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
 def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, label: str,
                    data: str, precision: str, batch: int, per_device: int, n: int, repeat: int,
                    opts: dict[str, Any], python: str | None,
-                   dataset: dict[str, Any] | None) -> RunSpec:
+                   dataset: dict[str, Any] | None, nodes: int = 1) -> RunSpec:
     info = RUNNERS[runner]
     return RunSpec(
-        run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat),
+        run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat,
+                           nodes=nodes),
         sweep_id=sweep_id,
         runner=runner,
         family=info.family,
@@ -127,6 +133,7 @@ def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, lab
         launcher=info.launcher,
         dataset=dataset,
         telemetry=_telemetry(cfg),
+        num_nodes=nodes,
     )
 
 

@@ -13,9 +13,11 @@ from typing import Any
 from bench import columns
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "failed", "timeout", "oom", "unavailable", "invalid")
-# Statuses a plain --resume re-runs: none. With --retry-failed these are run again.
+STATUSES = ("ok", "failed", "timeout", "oom", "unavailable", "invalid", "cancelled")
+# Statuses a plain --resume re-runs: cancelled (a SLURM job the sweep cancelled never ran to
+# its end). With --retry-failed these are run again too.
 RETRYABLE = ("failed", "timeout", "oom")
+CANCELLED = "cancelled"
 
 # Fields every record carries, whatever its status (None where not measured): the record
 # view of the column registry (bench/columns.py), which check_record reads when it runs.
@@ -99,5 +101,5 @@ def done_run_ids(results_dir: Path, retry_failed: bool = False) -> set[str]:
     """Runs that --resume skips: those with a record (but retryable ones if asked)."""
     return {
         r["run_id"] for r in load_records(results_dir)
-        if not (retry_failed and r.get("status") in RETRYABLE)
+        if r.get("status") != CANCELLED and not (retry_failed and r.get("status") in RETRYABLE)
     }

@@ -120,10 +120,10 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
 
 
 def summary_order(r: dict[str, Any]) -> tuple[Any, ...]:
-    """The summary's row order: runner, model, data, precision, batch, devices."""
+    """The summary's row order: runner, model, data, precision, batch, nodes, devices."""
     return (r["runner"], r["model"], r["data_label"], r["precision"],
             r["global_batch_size"] if r["scaling"] == "strong" else r["batch_size_per_device"],
-            r["num_devices"])
+            r.get("num_nodes") or 1, r["num_devices"])
 
 
 def compare_real_to_synthetic(rows: dict[tuple[Any, ...], dict[str, Any]]) -> None:

@@ -29,6 +29,7 @@ from runners.common import (
     Spec,
     Unavailable,
     finite,
+    node_identity,
     rows_per_device,
     timed_loop,
 )
@@ -113,12 +114,37 @@ class Ranks(DeviceRank):
         return gather_placement(tracker, dist.get_rank(), world, gather, source)
 
     def record(self) -> dict[str, Any]:
-        return {"replicas": self.world, "devices": self.devices, "backend": self.backend,
-                "rank_threads": threads_record(self, THREADS_NOTE)}
+        out = {"replicas": self.world, "devices": self.devices, "backend": self.backend,
+               "rank_threads": threads_record(self, THREADS_NOTE)}
+        if os.environ.get("MGBENCH_NUM_NODES", "1") != "1":
+            out.update(multi_node_record(self))
+        return out
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def multi_node_record(ranks: Ranks) -> dict[str, Any]:
+    """Where each rank of a multi-node run ran, gathered over the process group itself
+    (all_gather_object of every rank's node_identity), and what torch.distributed says of the
+    group: `nodes` (one entry per node, its ranks) and `multi_node`."""
+    out: list[Any] = [None] * ranks.world
+    dist.all_gather_object(out, {**node_identity(), "rank": dist.get_rank(),
+                                 "local_rank": ranks.local_rank,
+                                 "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 0)),
+                                 "group_rank": int(os.environ.get("GROUP_RANK", -1))})
+    nodes: dict[str, dict[str, Any]] = {}
+    for row in out:
+        node = nodes.setdefault(row["node"], {"node": row["node"], "host": row["host"],
+                                              "slurm_procid": row["slurm_procid"], "ranks": []})
+        node["ranks"].append(row["rank"])
+    return {"nodes": list(nodes.values()), "multi_node": {
+        "mechanism": "torchrun, c10d rendezvous",
+        "rendezvous": {k: os.environ.get(k) for k in (
+            "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE")},
+        "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+        "ranks": out}}
 
 
 def framework_versions() -> dict[str, str]:
@@ -147,7 +173,7 @@ def init_ranks(spec: Spec, backend: str) -> Ranks:
     backend = choose_backend(spec, backend)
     local_rank = int(os.environ["LOCAL_RANK"])
     if spec.device == "gpu":
-        device = use_gpu(local_rank, n, "envs/torch-gpu.txt")
+        device = use_gpu(local_rank, spec.devices_per_node, "envs/torch-gpu.txt")
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
