@@ -145,9 +145,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("virtual_devices", "", "bool", "True when the devices are virtual CPU devices of "
            "one host: the harness and the strategies at work, not GPU scaling.", SPEC_VIEWS,
            over_runs="config"),
-    Column("num_nodes", "nodes", "int", "The nodes the run spanned (config key nodes; "
-           "1 for a run on one machine).", CONFIG_VIEWS, run=lambda r: r.get("num_nodes") or 1,
-           over_runs="config"),
+    Column("num_nodes", "", "int", "The nodes the run spanned (config key nodes; 1 for a run "
+           "on one machine); the tables' devices cell says 2x4 for 2 nodes of 4.", SPEC_VIEWS,
+           run=lambda r: r.get("num_nodes") or 1, over_runs="config"),
     Column("num_devices", "devices", "devices", "The device count N, over all nodes.",
            CONFIG_VIEWS, over_runs="config"),
     Column("slurm_job_id", "", "text", "The SLURM job of each run (backend slurm), joined "
@@ -353,7 +353,11 @@ def _text(col: Column, row: Mapping[str, Any], view: str) -> str:
 
 
 def _devices(col: Column, row: Mapping[str, Any], view: str) -> str:
-    return f"{row[col.key]} {'vcpu' if row.get('virtual_devices') else row.get('device')}"
+    kind = "vcpu" if row.get("virtual_devices") else row.get("device")
+    nodes = row.get("num_nodes") or 1
+    if nodes > 1:  # 2 nodes x 4 devices: "2x4 gpu" (8 in all)
+        return f"{nodes}x{row[col.key] // nodes} {kind}"
+    return f"{row[col.key]} {kind}"
 
 
 def _placed_cell(col: Column, row: Mapping[str, Any], view: str) -> str:
@@ -400,7 +404,8 @@ FORMATS: dict[str, Format] = {
     "pct0": Format("a percentage (90%)", _number(".0%")),
     "pct1": Format("a percentage, 1 decimal (31.0%)", _number(".1%")),
     "ci1": Format("low-high, 1 decimal", _interval),
-    "devices": Format("count and kind (2 vcpu: virtual CPU devices, 2 gpu)", _devices),
+    "devices": Format("count and kind (2 vcpu: virtual CPU devices, 2 gpu; 2x4 gpu: 2 nodes "
+                      "of 4)", _devices),
     "placed": Format("a count, * when the framework collapsed the devices (its note under "
                      "the table)", _placed_cell),
     "batch": Format("the batch held fixed: 32/dev (weak scaling) or 64 glob (strong)",

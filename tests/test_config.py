@@ -303,6 +303,7 @@ LIST_KEYS = {
     "mode": (["benchmark", "pipeline"], "'benchmark'"),
     "pipelines": (["pil_loop", "tf_data"], "'pil_loop'"),
     "dataset.workers": ([1, 2], "1"),
+    "nodes": ([1, 2], "1"),
 }
 
 
@@ -330,6 +331,8 @@ def real_base(tmp_path: Path) -> dict:
 @pytest.mark.parametrize("key", sorted(LIST_KEYS))
 def test_a_value_listed_twice_is_refused(key: str, real_base: dict) -> None:
     values, shown = LIST_KEYS[key]
+    if key == "nodes":  # more than one node is a SLURM sweep's
+        real_base = {**real_base, "cluster": {"backend": "slurm"}}
     assert validate(_with(real_base, key, values))  # the list itself is fine
     for repeated, times in ([values[0], values[1], values[0]], "twice"), (
             [values[0]] * 3, "3 times"):
@@ -342,13 +345,13 @@ def test_a_value_listed_twice_is_refused(key: str, real_base: dict) -> None:
     ("name", "x"), ("description", "d"), ("scaling", "weak"), ("device", "cpu"),
     ("warmup_steps", 1), ("measure_steps", 1), ("repeats", 2), ("timeout_s", 60),
     ("runner_options", {}), ("dataset", {"path": "."}), ("pipeline_steps", 10),
-    ("until_stable", {"target_cv": 0.05}), ("telemetry", {}),
+    ("until_stable", {"target_cv": 0.05}), ("telemetry", {}), ("cluster", {"backend": "local"}),
 ])
 def test_keys_that_are_no_axis_refuse_a_list(key: str, value: object, real_base: dict) -> None:
     assert set(KEYS) == {k.split(".")[0] for k in LIST_KEYS} | {
         "name", "description", "scaling", "device", "warmup_steps", "measure_steps", "repeats",
         "timeout_s", "runner_options", "dataset", "pipeline_steps", "until_stable",
-        "telemetry"}, "a new key: add it to LIST_KEYS or to this test"
+        "telemetry", "cluster"}, "a new key: add it to LIST_KEYS or to this test"
     if key != "dataset":
         validate(_with(real_base, key, value))
     with pytest.raises(ConfigError, match=f"^{key}: "):
@@ -489,3 +492,36 @@ def test_odd_set_keys_and_files_end_in_one_line_errors(tmp_path: Path) -> None:
     path.write_bytes(SMOKE_TEXT.encode() + b"description: caf\xe9\n")
     with pytest.raises(ConfigError, match="is not UTF-8 text"):
         load_config(path)
+
+
+def test_more_than_one_node_needs_the_slurm_backend() -> None:
+    with pytest.raises(ConfigError) as info:
+        validate({**BASE, "nodes": [1, 2]})
+    assert str(info.value).startswith("nodes: [1, 2] is not allowed; allowed: [1] unless "
+                                      "cluster.backend is slurm")
+    cfg = validate({**BASE, "nodes": [1, 2], "cluster": {"backend": "slurm", "max_jobs": 2}})
+    assert cfg.nodes == [1, 2] and cfg.cluster["backend"] == "slurm"
+    assert cfg.cluster["max_jobs"] == 2 and cfg.cluster["exclusive"] is True
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ({"backend": "pbs"}, "cluster.backend: 'pbs' is not allowed; allowed: local, slurm"),
+    ({"max_jobs": 0}, "cluster.max_jobs: 0 is not allowed; allowed: an integer >= 1"),
+    ({"exclusive": "yes"}, "cluster.exclusive: 'yes' is not allowed; allowed: true or false"),
+    ({"sbatch_args": "--qos=x"}, "cluster.sbatch_args: '--qos=x' is not allowed; allowed: a "
+                                 "list of strings"),
+    ({"queue": "x"}, "cluster.queue: 'x' is not allowed; allowed: keys backend, partition, "),
+])
+def test_bad_cluster_keys_name_key_value_and_what_is_allowed(cluster: dict, message: str
+                                                             ) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate({**BASE, "cluster": cluster})
+    assert str(info.value).startswith(message)
+
+
+def test_strong_scaling_divides_by_the_devices_of_all_nodes() -> None:
+    raw = {**BASE, "nodes": [1, 3], "devices": [2], "cluster": {"backend": "slurm"}}
+    raw.pop("batch_size_per_device", None)
+    with pytest.raises(ConfigError, match=r"^global_batch_size: 8 does not divide by 6 devices"):
+        validate({**raw, "global_batch_size": 8, "scaling": "strong"})
+    assert validate({**raw, "global_batch_size": 12, "scaling": "strong"}).batch_sizes == [12]

@@ -153,7 +153,7 @@ def test_runspec_record_and_summary_row_share_one_key(tmp_path: Path) -> None:
                "images_per_sec": 10.0 * spec.num_devices}
         old = {k: v for k, v in rec.items() if k != "data_label"}
         assert group_key(rec) == group_key(old) == spec.group_key
-        assert config_key(rec) == (*spec.group_key, spec.num_devices)
+        assert config_key(rec) == (*spec.group_key, 1, spec.num_devices)
         records.append(rec)
     assert {s.data_label for s in specs} == {"synthetic", "real-w1", "real-w4"}
     assert len({s.group_key for s in specs}) == 3  # device count and repeat aside
@@ -183,3 +183,24 @@ def test_synthetic_twin_differs_only_in_data() -> None:
     twin = synthetic_key(real)
     assert twin == config_key(record("fp32", "synthetic", 2, 0, 1.0))
     assert twin != config_key(record("fp32", "synthetic", 1, 0, 1.0))
+
+
+def test_nodes_make_their_own_rows_and_share_the_one_device_baseline(tmp_path: Path) -> None:
+    """2 nodes x 1 device and 1 node x 2 devices are two rows of one configuration, each
+    with its speedup over the 1-node 1-device run; records from before multi-node runs
+    (no num_nodes) count as 1 node."""
+    cfg = validate({"runners": ["torch_ddp"], "models": ["minigooglenet"], "devices": [1, 2],
+                    "nodes": [1, 2], "batch_size_per_device": 8,
+                    "cluster": {"backend": "slurm"}})
+    specs = expand(cfg, "s")
+    assert [(s.num_nodes, s.num_devices) for s in specs] == [(1, 1), (1, 2), (2, 2), (2, 4)]
+    assert len({s.group_key for s in specs}) == 1
+    ips = {(1, 1): 10.0, (1, 2): 18.0, (2, 2): 15.0, (2, 4): 28.0}
+    records = [{**base_record(s, ENV, tmp_path / "x.log"), "status": "ok",
+                "images_per_sec": ips[(s.num_nodes, s.num_devices)]} for s in specs]
+    old = {k: v for k, v in records[0].items() if k != "num_nodes"}
+    assert config_key(old) == config_key(records[0])
+    rows = {(r["num_nodes"], r["num_devices"]): r for r in summarise(records)}
+    assert rows[(2, 2)]["speedup"] == pytest.approx(1.5)
+    assert rows[(1, 2)]["speedup"] == pytest.approx(1.8)
+    assert rows[(2, 4)]["scaling_efficiency"] == pytest.approx(0.7)
