@@ -1,0 +1,207 @@
+"""Sweeps on SLURM (cluster.backend: slurm, bench/slurm.py and bench/slurm_job.py).
+
+The unit tests check what the parent asks of SLURM and plans; the tests marked `slurm` run
+real sweeps on the local 2-node cluster (tools/local_slurm.sh, the `local_slurm` fixture):
+a 2-node torch_ddp run through the CLI, a parent killed while it waits, --detach with
+`run_bench.py status`, and a job SLURM kills at its time limit."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.cli import precheck
+from bench.config import validate
+from bench.plan import expand
+from bench.slurm import batch_script, sbatch_command, time_limit_minutes
+from tests.conftest import REPO, run_cli
+
+SMOKE = {"runners": ["torch_ddp"], "models": ["minigooglenet"], "nodes": [2], "devices": [1],
+         "batch_size_per_device": 8, "warmup_steps": 1, "measure_steps": 3, "timeout_s": 300,
+         "telemetry": {"interval_s": 0.5},
+         "cluster": {"backend": "slurm", "partition": "debug", "poll_s": 1}}
+
+
+def _specs(**changes: object) -> list:
+    return expand(validate({**SMOKE, **changes}), "s")
+
+
+def test_sbatch_asks_for_the_runs_nodes_time_and_the_clusters_settings(tmp_path: Path) -> None:
+    spec = _specs(timeout_s=61)[0]
+    cluster = {"partition": "gpu", "account": "lab", "exclusive": True, "gpus_per_node": None,
+               "sbatch_args": ["--qos=high", "--constraint=a100"]}
+    cmd = sbatch_command(spec, cluster, tmp_path / "x.sbatch", tmp_path, after="41")
+    assert cmd[:2] == ["sbatch", "--parsable"]
+    for arg in ("--nodes=2", "--ntasks-per-node=1", "--time=4", "--partition=gpu",
+                "--account=lab", "--exclusive", "--dependency=afterany:41"):
+        assert arg in cmd
+    assert not any(a.startswith("--gres") for a in cmd)  # a CPU run asks for no GPUs
+    assert cmd[-3:] == ["--qos=high", "--constraint=a100", str(tmp_path / "x.sbatch")]
+    assert time_limit_minutes(60) == 3 and time_limit_minutes(600) == 12
+    gpu = _specs(device="gpu", devices=[4])[0]
+    assert "--gres=gpu:4" in sbatch_command(gpu, {"exclusive": False}, tmp_path / "x", tmp_path,
+                                            None)
+    script = batch_script(spec, "/envs/torch/bin/python", tmp_path)
+    assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in script
+    assert "-m bench.slurm_job node" in script and "-m bench.slurm_job finish" in script
+
+
+def test_single_machine_runners_are_invalid_across_nodes_before_any_job() -> None:
+    specs = expand(validate({**SMOKE, "runners": ["torch_ddp", "keras_tf_kuza55", "horovod",
+                                                  "keras_mxnet"], "nodes": [1, 2]}), "s")
+    verdicts = {(s.runner, s.num_nodes): precheck(s, None) for s in specs}
+    assert verdicts[("torch_ddp", 2)] is None and verdicts[("keras_tf_kuza55", 1)] is None
+    for runner in ("keras_tf_kuza55", "keras_mxnet"):
+        status, reason = verdicts[(runner, 2)]
+        assert status == "invalid" and "single-machine by design" in reason
+    status, reason = verdicts[("horovod", 2)]
+    assert status == "unavailable" and "ssh" in reason
+
+
+def test_a_multi_node_run_id_names_nodes_and_devices_per_node() -> None:
+    ids = [s.run_id for s in _specs(nodes=[1, 2], devices=[1, 2])]
+    assert ids == ["torch_ddp__minigooglenet__n1__b8__synthetic__fp32__r0",
+                   "torch_ddp__minigooglenet__n2__b8__synthetic__fp32__r0",
+                   "torch_ddp__minigooglenet__2x1__b8__synthetic__fp32__r0",
+                   "torch_ddp__minigooglenet__2x2__b8__synthetic__fp32__r0"]
+
+
+# ---- on the local cluster ----
+
+def _config(tmp_path: Path, **changes: object) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**SMOKE, **changes}))
+    return path
+
+
+def _records(out: Path) -> dict[str, dict]:
+    recs = {}
+    for p in (out / "runs").glob("*.json"):
+        if not p.name.endswith((".spec.json", ".result.json")):
+            recs[p.stem] = json.loads(p.read_text())
+    return recs
+
+
+def _squeue(env: dict[str, str]) -> str:
+    return subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True,
+                          env=env, timeout=60).stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_two_node_torch_ddp_run_is_one_job_on_both_nodes(local_slurm: dict, tmp_path: Path
+                                                            ) -> None:
+    out = tmp_path / "out"
+    proc = run_cli("--config", str(_config(tmp_path, runners=["torch_ddp", "keras_tf_kuza55"])),
+                   "--out", str(out), env=local_slurm, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = _records(out)
+    rec = recs["torch_ddp__minigooglenet__2x1__b8__synthetic__fp32__r0"]
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["num_nodes"] == 2 and rec["num_devices"] == 2
+    slurm = rec["slurm"]
+    assert slurm["job_id"].isdigit() and slurm["node_list"] == "node[1-2]"
+    assert slurm["state"] == "COMPLETED" and slurm["queued_s"] is not None
+    # each node's own launch: its environment, its exit status, its telemetry
+    assert [n["node"] for n in slurm["nodes"]] == ["node1", "node2"]
+    assert all(n["returncode"] == 0 and n["environment"]["cpu_model"] for n in slurm["nodes"])
+    # the ranks, as the process group gathered them
+    assert {n["node"] for n in rec["result"]["nodes"]} == {"node1", "node2"}
+    assert rec["result"]["multi_node"]["world_size"] == 2
+    assert sorted(rec["placement"]) == ["rank0:cpu", "rank1:cpu"]
+    kuza = recs["keras_tf_kuza55__minigooglenet__2x1__b8__synthetic__fp32__r0"]
+    assert kuza["status"] == "invalid" and "single-machine by design" in kuza["reason"]
+    book = json.loads((out / "slurm_jobs.json").read_text())
+    assert list(book) == ["torch_ddp__minigooglenet__2x1__b8__synthetic__fp32__r0"]
+    assert slurm["job_id"] not in _squeue(local_slurm).split()
+
+
+def _wait_running(out: Path, env: dict[str, str], timeout: float = 300) -> str:
+    """The sweep's first job id, once SLURM runs it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        book = out / "slurm_jobs.json"
+        if book.exists():
+            job = next(iter(json.loads(book.read_text()).values()))["job_id"]
+            if f"{job} " in _squeue(env) and "RUNNING" in _squeue(env):
+                return job
+        time.sleep(1)
+    raise AssertionError(f"no job of the sweep ran within {timeout} s:\n{_squeue(env)}")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_the_waiting_parent_cancels_its_jobs(local_slurm: dict, tmp_path: Path,
+                                                      sig: signal.Signals) -> None:
+    out = tmp_path / "out"
+    cfg = _config(tmp_path, nodes=[2], measure_steps=100000, timeout_s=600)
+    proc = subprocess.Popen([sys.executable, str(REPO / "run_bench.py"), "--config", str(cfg),
+                             "--out", str(out)], cwd=REPO, env=local_slurm,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        job = _wait_running(out, local_slurm)
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, output
+    assert f"cancelling 1 jobs: {job}" in output
+    assert f"{job} " not in _squeue(local_slurm)  # no job left behind
+    rec = _records(out)["torch_ddp__minigooglenet__2x1__b8__synthetic__fp32__r0"]
+    assert rec["status"] == "cancelled", rec["reason"]
+    assert rec["slurm"]["state"] == "CANCELLED" and rec["slurm"]["job_id"] == job
+    assert sig.name in rec["reason"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_detach_submits_and_status_collects(local_slurm: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = run_cli("--config", str(_config(tmp_path, nodes=[1])), "--out", str(out),
+                   "--detach", env=local_slurm)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 jobs submitted" in proc.stdout and time.monotonic() - t0 < 120
+    run_id = "torch_ddp__minigooglenet__n1__b8__synthetic__fp32__r0"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = run_cli("status", str(out), env=local_slurm)
+        assert status.returncode == 0, status.stdout + status.stderr
+        if "recorded" in status.stdout:
+            break
+        assert run_id in status.stdout and ("pending" in status.stdout
+                                            or "running" in status.stdout)
+        time.sleep(3)
+    assert "recorded: ok" in status.stdout and (out / "summary.csv").exists()
+    rec = _records(out)[run_id]
+    assert rec["status"] == "ok" and rec["slurm"]["state"] == "COMPLETED"
+    # a resume finds nothing to do: the run has its record
+    again = run_cli("--config", str(_config(tmp_path, nodes=[1])), "--out", str(out),
+                    "--resume", env=local_slurm)
+    assert again.returncode == 0 and "1 already done" in again.stdout
+    assert "submitted" not in again.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_slurm_kills_at_its_time_limit_is_a_timeout_record(local_slurm: dict,
+                                                                  tmp_path: Path) -> None:
+    """sbatch_args' --time=1 overrides the harness's limit (sbatch takes the last): SLURM
+    kills the job after a minute, before the run's own timeout_s; the record is the parent's,
+    from SLURM's state."""
+    out = tmp_path / "out"
+    cfg = _config(tmp_path, nodes=[1], measure_steps=100000, timeout_s=600,
+                  cluster={**SMOKE["cluster"], "sbatch_args": ["--time=1"]})
+    proc = run_cli("--config", str(cfg), "--out", str(out), env=local_slurm, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = _records(out)["torch_ddp__minigooglenet__n1__b8__synthetic__fp32__r0"]
+    assert rec["status"] == "timeout", rec["reason"]
+    assert rec["slurm"]["state"] == "TIMEOUT" and "TIMEOUT" in rec["reason"]
