@@ -282,8 +282,9 @@ def run_sweep(todo: list[RunSpec], blocked: dict[str, tuple[str, str]],
             return 0
         wait(specs, book, live, out, env, cluster)
     except KeyboardInterrupt as exc:
-        cancel(specs, book, live, out, env, f"cancelled by the sweep's parent "
-               f"({getattr(exc, 'args', [''])[0] or 'SIGINT'})")
+        # bench.cli.Stopped carries SIGTERM or SIGHUP; a plain KeyboardInterrupt is Ctrl-C
+        signame = exc.args[0] if exc.args else "SIGINT"
+        cancel(specs, book, live, out, env, f"cancelled by the sweep's parent ({signame})")
         raise
     return 0
 

@@ -130,7 +130,9 @@ def _wait_running(out: Path, env: dict[str, str], timeout: float = 300) -> str:
         book = out / "slurm_jobs.json"
         if book.exists():
             job = next(iter(json.loads(book.read_text()).values()))["job_id"]
-            if f"{job} " in _squeue(env) and "RUNNING" in _squeue(env):
+            if f"{job} mgbench:" in _squeue(env) and \
+                    any(line.split()[0] == job and line.endswith("RUNNING")
+                        for line in _squeue(env).splitlines()):
                 return job
         time.sleep(1)
     raise AssertionError(f"no job of the sweep ran within {timeout} s:\n{_squeue(env)}")
@@ -138,7 +140,7 @@ def _wait_running(out: Path, env: dict[str, str], timeout: float = 300) -> str:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_stopping_the_waiting_parent_cancels_its_jobs(local_slurm: dict, tmp_path: Path,
                                                       sig: signal.Signals) -> None:
     out = tmp_path / "out"
