@@ -109,6 +109,22 @@ def _series_label(row: dict[str, Any]) -> str:
     return f"{row['runner']} {row['precision']} b={batch}{data}{tag}"
 
 
+def _series_labels(row: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The lines a row is a point of. Without multi-node rows: its configuration's line. With
+    them: the configuration on one node (its 1-node rows, over devices), and across nodes at
+    a fixed number of devices per node (the rows of that per-node count, 1 node included),
+    each point at its total device count."""
+    label = _series_label(row)
+    if not any((r.get("num_nodes") or 1) > 1 for r in rows):
+        return [label]
+    nodes = row.get("num_nodes") or 1
+    per_node = row["num_devices"] // nodes
+    spans = any((r.get("num_nodes") or 1) > 1 and r["num_devices"] // r["num_nodes"] == per_node
+                and _series_label(r) == label for r in rows)
+    labels = [f"{label} 1 node"] if nodes == 1 else []
+    return labels + ([f"{label} {per_node}/node x nodes"] if spans else [])
+
+
 def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     """Throughput with the ideal line, efficiency, and all runners at the largest count."""
     plt = pyplot()
@@ -121,7 +137,8 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
     note = " (virtual CPU devices: not GPU scaling)" if virtual else ""
     series: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in ok:
-        series[(r["model"], _series_label(r))].append(r)
+        for label in _series_labels(r, ok):
+            series[(r["model"], label)].append(r)
     paths = []
 
     fig, axes = _subplots(plt, len(models))
