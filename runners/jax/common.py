@@ -1,19 +1,45 @@
 """JAX-family child code shared by jax_native and keras_jax: the run's devices, versions, the
-synthetic batch and the real dataset (its pipeline is runners/jax/data.py).
+synthetic batch and the real dataset (its pipeline is runners/jax/data.py), and the multi-node
+plumbing (issue 16).
 
 Imports no framework at module level. N virtual CPU devices exist only if XLA_FLAGS asks for
 them before XLA's CPU backend starts, so a runner calls setup_devices(spec) before anything
 imports jax (Keras with the jax backend included) and imports jax inside its functions.
+
+Multi-node (spec.num_nodes > 1; jax 0.10.2): the harness (bench/slurm_job.py) starts one process
+per node through srun, and setup_devices joins them with JAX's own multi-controller mechanism,
+`jax.distributed.initialize()` called with no arguments (keras_jax calls
+`keras.distribution.initialize()`, which calls it the same way), so that JAX's SlurmCluster
+auto-detection reads SLURM's variables: the process count from SLURM_NTASKS, this process's id
+from SLURM_PROCID, the coordinator's host from the first name of SLURM_STEP_NODELIST. Only the
+coordinator's port is ours: SlurmCluster would take SLURM_JOB_ID % 4096 + 61440, and JAX's own
+override of that port, JAX_COORDINATOR_PORT, is set to the port the harness reserved for the job
+(MGBENCH_MASTER_PORT) unless the user set it. Each process drives `spec.devices_per_node` local
+devices (that many virtual CPU devices, or GPUs 0..devices_per_node - 1 through
+JAX_LOCAL_DEVICE_IDS, which otherwise defaults to one GPU, SLURM_LOCALID, per process under
+SLURM), and jax.devices() then lists the devices of every process: the runners' mesh spans them
+all and every process runs the same jitted programs (SPMD, multi-controller). On CPU the
+cross-process collectives are gloo (jax_cpu_collectives_implementation, set before the backend
+starts); on GPU they are XLA's NCCL. What the record says of it (`nodes`, `multi_node`) is
+gathered through JAX itself (multihost_utils.process_allgather of each process's JSON as bytes),
+and the placement of every process's shards likewise. close_multihost() ends the run with
+jax.distributed.shutdown(), a barrier, so no process leaves while another still needs the
+coordinator (process 0). A run with one node is untouched by all this.
+What differs from a real cluster here: both "nodes" of tools/local_slurm.sh are this one machine
+(127.0.0.1), so gloo's TCP traffic never leaves it; the GPU path (NCCL across nodes) is written
+but untested, as no multi-GPU cluster was at hand.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from runners.common import Spec, Unavailable
+from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 from runners.real_data import RealData, check_classes, open_dataset
 
 if TYPE_CHECKING:
@@ -31,24 +57,32 @@ def _with_device_count(flags: str, n: int) -> str:
     return " ".join([*kept, f"{DEVICE_COUNT_FLAG}={n}"])
 
 
-def setup_devices(spec: Spec) -> tuple[list[jax.Device], list[dict[str, Any]]]:
+def setup_devices(spec: Spec, initialize: Callable[[], None] | None = None
+                  ) -> tuple[list[jax.Device], list[dict[str, Any]]]:
     """The run's N jax devices and their descriptions: N virtual CPU devices (device: cpu) or the
-    first N GPUs (device: gpu). Call before anything imports jax."""
+    first N GPUs (device: gpu). Call before anything imports jax.
+
+    With spec.num_nodes > 1 this process makes spec.devices_per_node local devices, joins the
+    other nodes' processes first (join_processes; `initialize` replaces
+    jax.distributed.initialize, e.g. Keras' own) and returns the devices of all processes."""
     n = spec.num_devices
     if spec.device == "cpu":
         if "jax" in sys.modules:
             raise RuntimeError("setup_devices must run before jax is imported: XLA reads "
                                f"{DEVICE_COUNT_FLAG} when its CPU backend starts")
-        os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+        os.environ["XLA_FLAGS"] = _with_device_count(os.environ.get("XLA_FLAGS", ""),
+                                                     spec.devices_per_node)
         os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 
+    if spec.num_nodes > 1:
+        join_processes(spec, initialize)
     if spec.device == "cpu":
         devices = jax.devices("cpu")
         if len(devices) != n:
             raise Unavailable(f"XLA_FLAGS={os.environ['XLA_FLAGS']!r} gave {len(devices)} CPU "
                               f"devices, not {n}")
-        return devices, [{"name": str(d), "id": d.id, "kind": CPU_KIND} for d in devices]
+        return devices, [_describe(d, CPU_KIND, spec) for d in devices]
     try:
         gpus = jax.devices("gpu")
     except RuntimeError as exc:
@@ -56,7 +90,142 @@ def setup_devices(spec: Spec) -> tuple[list[jax.Device], list[dict[str, Any]]]:
                           "envs/jax-gpu.txt") from None
     if len(gpus) < n:
         raise Unavailable(f"needs {n} GPUs; jax sees {len(gpus)}")
-    return gpus[:n], [{"name": str(d), "id": d.id, "kind": d.device_kind} for d in gpus[:n]]
+    return gpus[:n], [_describe(d, d.device_kind, spec) for d in gpus[:n]]
+
+
+def _describe(device: jax.Device, kind: str, spec: Spec) -> dict[str, Any]:
+    """A device as the result lists it (with its process on a multi-node run)."""
+    out = {"name": str(device), "id": device.id, "kind": kind}
+    if spec.num_nodes > 1:
+        out["process_index"] = device.process_index
+    return out
+
+
+MECHANISM = "jax.distributed.initialize, SLURM auto-detection"
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+                   "SLURM_LOCALID")  # what jax's SlurmCluster.is_env_present asks for
+
+
+def detected_cluster() -> str | None:
+    """The cluster environment jax.distributed.initialize() auto-detects here (the first of
+    jax's ClusterEnv types that is not opt-in and says it is present), or None."""
+    from jax._src import clusters
+
+    return next((env.__name__ for env in clusters.ClusterEnv._cluster_types
+                 if not env.opt_in_only_method and env.is_env_present()), None)
+
+
+def join_processes(spec: Spec, initialize: Callable[[], None] | None = None) -> None:
+    """Join the run's other processes, one per node, through jax.distributed.initialize() with
+    no arguments (or `initialize`, which must call it so), its SLURM auto-detection reading
+    the job's variables; then check what jax says against the spec (module docstring)."""
+    import jax
+
+    missing = [v for v in SLURM_VARIABLES if v not in os.environ]
+    if missing:
+        raise Unavailable(f"a {spec.num_nodes}-node run joins its processes through "
+                          "jax.distributed.initialize's SLURM auto-detection, and this process "
+                          f"was not started by srun: {', '.join(missing)} unset")
+    if spec.device == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    else:  # SlurmCluster would give each process one GPU, SLURM_LOCALID
+        os.environ.setdefault("JAX_LOCAL_DEVICE_IDS",
+                              ",".join(str(i) for i in range(spec.devices_per_node)))
+    if os.environ.get("MGBENCH_MASTER_PORT") and "JAX_COORDINATOR_PORT" not in os.environ:
+        os.environ["JAX_COORDINATOR_PORT"] = os.environ["MGBENCH_MASTER_PORT"]
+    detected = detected_cluster()
+    if detected != "SlurmCluster":
+        raise Unavailable(f"jax {jax.__version__} auto-detects {detected} here, not "
+                          "SlurmCluster")
+    (initialize or jax.distributed.initialize)()
+    said = {"process_count": jax.process_count(), "process_index": jax.process_index(),
+            "local_device_count": jax.local_device_count()}
+    wanted = {"process_count": spec.num_nodes, "process_index": process_rank(),
+              "local_device_count": spec.devices_per_node}
+    if said != wanted:
+        raise Invalid(f"jax.distributed.initialize joined {said}; the run is {wanted} "
+                      "(process_index against MGBENCH_PROCESS_RANK, which picks the process "
+                      "that writes the result)")
+
+
+def allgather_json(obj: Any) -> list[Any]:
+    """Every process's `obj` (JSON-able), in process order, gathered through JAX itself:
+    multihost_utils.process_allgather of the encoded bytes (their lengths first, then the bytes
+    padded to the longest). A collective: every process must call it."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return [json.loads(json.dumps(obj, default=str))]
+    data = np.frombuffer(json.dumps(obj, default=str).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
+    sizes = sizes.reshape(-1)
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(bytes(row[:size]).decode()) for row, size in zip(rows, sizes,
+                                                                          strict=True)]
+
+
+def all_placement(local: dict[str, int]) -> dict[str, int]:
+    """A placement over every process's devices: each process's own (placement() of its
+    addressable shards) gathered with allgather_json; `local` itself on one process."""
+    import jax
+
+    if jax.process_count() == 1:
+        return local
+    merged: dict[str, int] = {}
+    for part in allgather_json(local):
+        for key, rows in part.items():
+            if key in merged:
+                raise Invalid(f"two processes report placement key {key!r}")
+            merged[key] = rows
+    return merged
+
+
+def agreed_min(value: int) -> int:
+    """The smallest of every process's `value` (through allgather_json): a count every
+    process must use alike (steps per epoch, say)."""
+    return min(int(v) for v in allgather_json(int(value)))
+
+
+def close_multihost(spec: Spec, mechanism: str = MECHANISM) -> dict[str, Any]:
+    """The record of a multi-node run, then jax.distributed.shutdown() (a barrier across the
+    processes); {} on one node. `nodes`: one entry per process, gathered through JAX: its
+    node_identity() (SLURM node name, host, SLURM task and job ids, pid) and what JAX says of
+    it (process_index, its local devices). `multi_node`: the mechanism and what JAX read back
+    (process and device counts, the coordinator address, the cluster it detected, the CPU
+    collectives). Call it last, on every process, after the run's own collectives."""
+    if spec.num_nodes == 1:
+        return {}
+    import jax
+    from jax._src import distributed
+
+    local = jax.local_devices()
+    nodes = allgather_json({**node_identity(), "process_index": jax.process_index(),
+                            "local_devices": [str(d) for d in local],
+                            "local_device_ids": [d.id for d in local],
+                            "platform": local[0].platform if local else None})
+    collectives = (jax.config.jax_cpu_collectives_implementation if spec.device == "cpu"
+                   else "XLA GPU collectives (NCCL)")
+    record = {"nodes": nodes, "multi_node": {
+        "mechanism": mechanism,
+        "cluster_detected": detected_cluster(),
+        "process_count": jax.process_count(),
+        "device_count": jax.device_count(),
+        "local_device_count": jax.local_device_count(),
+        "coordinator_address": distributed.global_state.coordinator_address,
+        "coordinator_port_from": "JAX_COORDINATOR_PORT="
+                                 f"{os.environ.get('JAX_COORDINATOR_PORT')} (MGBENCH_MASTER_PORT="
+                                 f"{os.environ.get('MGBENCH_MASTER_PORT')})",
+        "cpu_collectives": collectives,
+        "source": "jax.process_count(), jax.device_count(), jax.local_device_count(), "
+                  "jax._src.distributed.global_state.coordinator_address, "
+                  "jax.config.jax_cpu_collectives_implementation; nodes gathered with "
+                  "jax.experimental.multihost_utils.process_allgather"}}
+    jax.distributed.shutdown()
+    return record
 
 
 def framework_versions(*extra: str) -> dict[str, str]:
@@ -106,11 +275,16 @@ def synthetic_batch(shape_hwc: tuple[int, int, int], classes: int, batch: int,
 
 def placement(array: jax.Array) -> dict[str, int]:
     """Where a batch array lives, read from jax: {device as jax names it: rows of the array's
-    shards on it}, from array.addressable_shards (each shard's device and index into axis 0)."""
+    shards on it}, from array.addressable_shards (each shard's device and index into axis 0).
+    An array spanning several processes (a multi-node run) names each device with its process,
+    "cpu:2048 (process 1)", and only this process's shards are here (all_placement gathers)."""
     rows: dict[str, int] = {}
     for shard in array.addressable_shards:
         start, stop, _ = shard.index[0].indices(array.shape[0])
-        rows[str(shard.device)] = rows.get(str(shard.device), 0) + stop - start
+        key = str(shard.device)
+        if not array.is_fully_addressable:
+            key = f"{key} (process {shard.device.process_index})"
+        rows[key] = rows.get(key, 0) + stop - start
     return rows
 
 

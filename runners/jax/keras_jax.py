@@ -59,6 +59,25 @@ runs to that step (`warmup_steps_run`, `warmup_extended` in the result).
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
 Equivalence mode runs the same path: the same `input` and `batchnorm`, one step of fit with
 plain SGD on the probe model, placement read the same way.
+
+Across nodes (spec.num_nodes > 1, issue 16; keras 3.15.1 on jax 0.10.2), as Keras' distribution
+guide trains on several hosts: keras.distribution.initialize() with no arguments, which on the
+jax backend calls jax.distributed.initialize() the same way, so JAX's SlurmCluster
+auto-detection reads SLURM's variables (runners/jax/common.py: what it reads, the gloo CPU
+collectives and the coordinator port the runner sets), then agrees on one random seed over the
+processes; then DataParallel over jax.devices(), the devices of every process, with
+auto_shard_dataset=False (Keras auto-shards tf.data only). With input numpy each process hands
+fit its own rows: its share of every global batch (B/P rows, batch_size B/P, a seed of its own;
+the host batches K are the smallest over the processes, so that every process runs the same
+steps), and Keras' jax trainer makes each global batch from the processes' rows with
+jax.make_array_from_process_local_data; the equivalence batch is split the same way, process p
+feeding rows p x B/P onwards. input: preplaced and real data cannot run across nodes here
+(MULTI_NODE_PREPLACED, MULTI_NODE_REAL_DATA). The placement probe's rows per device are
+gathered from every process through JAX (keys "cpu:2048 (process 1)"); the result adds `nodes`
+and `multi_node` (common.close_multihost, plus what DataParallel says of the processes) and
+only process 0 writes it. What differs from a real cluster: tools/local_slurm.sh's two nodes are
+one 2-core machine (gloo over loopback, shared cores: its images/sec say nothing of a
+cluster's); the GPU path (NCCL between nodes) is untested.
 """
 
 from __future__ import annotations
@@ -78,6 +97,10 @@ from runners.common import (
     main,
 )
 from runners.jax.common import (
+    MECHANISM,
+    agreed_min,
+    all_placement,
+    close_multihost,
     framework_versions,
     host_labels,
     placement,
@@ -105,12 +128,29 @@ def import_keras() -> Any:
     return keras
 
 
+KERAS_MECHANISM = f"keras.distribution.initialize -> {MECHANISM}"
+
+
+def keras_initialize() -> None:
+    """Keras' own multi-host start, keras.distribution.initialize() with no arguments: on the
+    jax backend it calls jax.distributed.initialize() likewise (SLURM auto-detection), then
+    agrees on one random seed over the processes."""
+    import_keras().distribution.initialize()
+
+
 def make_distribution(spec: Spec) -> tuple[Any, Any, list[dict[str, Any]]]:
     """(keras, DataParallel over the run's devices, device descriptions); the distribution is
-    set globally, so variables created from here on are replicated over the devices."""
-    devices, described = setup_devices(spec)
+    set globally, so variables created from here on are replicated over the devices. Across
+    nodes the processes join through keras_initialize first, the devices are those of every
+    process, and each process feeds its own rows (auto_shard_dataset=False: Keras' auto-sharding
+    takes tf.data only)."""
+    devices, described = setup_devices(spec, keras_initialize if spec.num_nodes > 1 else None)
     keras = import_keras()
-    distribution = keras.distribution.DataParallel(devices=devices)
+    if spec.num_nodes > 1:
+        distribution = keras.distribution.DataParallel(devices=devices,
+                                                       auto_shard_dataset=False)
+    else:
+        distribution = keras.distribution.DataParallel(devices=devices)
     keras.distribution.set_distribution(distribution)
     return keras, distribution, described
 
@@ -261,6 +301,19 @@ SYNTHETIC_PLACEMENT = ("one synthetic global batch generated on the devices in D
 ARRAYS_PLACEMENT = ("numpy arrays in host memory given to fit with batch_size; Keras slices "
                     "each batch and lays it out over the devices itself (a host-to-device copy "
                     "per step, no look-ahead under a distribution)")
+ARRAYS_PLACEMENT_PROCESSES = (
+    "each process's own numpy arrays in its host memory (its share of every global batch) "
+    "given to fit with batch_size = its rows; Keras' jax trainer makes each global batch with "
+    "jax.make_array_from_process_local_data over DataParallel's layout (a host-to-device copy "
+    "per step, no look-ahead under a distribution)")
+MULTI_NODE_PREPLACED = (
+    "input: preplaced across nodes: Keras 3.15's jax trainer hands every batch to "
+    "jax.make_array_from_process_local_data as this process's rows, so a global batch already "
+    "on every process's devices cannot pass through fit unchanged; use input: numpy")
+MULTI_NODE_REAL_DATA = (
+    "data: real across nodes: the Grain pipeline and the PyDataset make whole global batches "
+    "(runners/jax/data.py, runners/keras/data.py), so every process would decode all of each "
+    "batch; a per-process shard of the file stream is not built yet")
 GRAIN_PLACEMENT = ("Grain's batches device_put into DataParallel's batch layout one batch "
                    "ahead, yielded by a generator; Keras' device_put of them is a no-op")
 GRAIN_HOST_PLACEMENT = ("Grain's numpy batches yielded by a generator to fit; Keras lays each "
@@ -282,19 +335,28 @@ def warmup_past_recompile(warmup: int, measure: int, epoch_batches: int) -> int:
     return epoch_batches + 1
 
 
-def host_dataset(model_spec: Any, global_batch: int, steps: int) -> dict[str, Any]:
+def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int = 1
+                 ) -> dict[str, Any]:
     """The synthetic numpy dataset a Keras user would hand fit: K global batches of random
     images and labels (K = steps, or as many as fit the memory cap), and fit's batch_size and
-    shuffle (fit_input sets the epochs, from the warm-up it settles on)."""
+    shuffle (fit_input sets the epochs, from the warm-up it settles on). Across `processes`
+    (a multi-node run) each holds its own rows of every batch (its share, a seed of its own)
+    and K is the smallest over the processes, so that every process runs the same steps."""
     import numpy as np
 
-    batch_bytes = global_batch * int(np.prod(model_spec.input_shape)) * 4
+    batch = global_batch // processes
+    batch_bytes = batch * int(np.prod(model_spec.input_shape)) * 4
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     k = max(1, min(steps, min(HOST_DATA_CAP, free // 4) // batch_bytes))
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((k * global_batch, *model_spec.input_shape), dtype=np.float32)
-    y = rng.integers(0, model_spec.num_classes, k * global_batch, dtype=np.int32)
-    return {"x": x, "y": y, "batch_size": global_batch, "shuffle": True}
+    seed = 0
+    if processes > 1:
+        import jax
+
+        k, seed = agreed_min(k), jax.process_index()
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((k * batch, *model_spec.input_shape), dtype=np.float32)
+    y = rng.integers(0, model_spec.num_classes, k * batch, dtype=np.int32)
+    return {"x": x, "y": y, "batch_size": batch, "shuffle": True}
 
 
 def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tuple[Any, Any],
@@ -308,13 +370,16 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
     steps = spec.warmup_steps + spec.measure_steps
     if data is None:
         if mode == "numpy":
-            feed = host_dataset(model_spec, global_batch, steps)
-            k = len(feed["x"]) // global_batch
+            feed = host_dataset(model_spec, global_batch, steps, spec.num_nodes)
+            k = len(feed["x"]) // feed["batch_size"]
             warmup = warmup_past_recompile(spec.warmup_steps, spec.measure_steps, k)
             feed["epochs"] = -(-(warmup + spec.measure_steps) // k)
             record = {"input": mode, "data_placement": ARRAYS_PLACEMENT, "host_dataset": {
                 "batches": k, "epochs": feed["epochs"], "shuffle": True},
                 "warmup_steps_run": warmup}
+            if spec.num_nodes > 1:
+                record["data_placement"] = ARRAYS_PLACEMENT_PROCESSES
+                record["host_dataset"]["rows_per_process"] = feed["batch_size"]
             if warmup != spec.warmup_steps:
                 record["warmup_extended"] = (
                     f"{spec.warmup_steps} -> {warmup}: the host data holds {k} batches, so "
@@ -428,7 +493,18 @@ def build_model(keras: Any, spec: Spec, name: str, **kwargs: Any) -> tuple[Any, 
     return model, batchnorm
 
 
+def check_multi_node(spec: Spec) -> None:
+    """Unavailable: what keras_jax cannot run across nodes (before the processes join)."""
+    if spec.num_nodes == 1:
+        return
+    if spec.data != "synthetic":
+        raise Unavailable(MULTI_NODE_REAL_DATA)
+    if spec.options["input"] == "preplaced":
+        raise Unavailable(MULTI_NODE_PREPLACED)
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
+    check_multi_node(spec)
     keras, distribution, described = make_distribution(spec)
     n, global_batch = distribution.device_mesh.devices.size, spec.global_batch_size
     spec.split_batch(n)
@@ -449,6 +525,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     finally:
         if owner is not None:
             owner.close()  # the Grain workers
+    timing["placement"] = all_placement(timing["placement"])
     kernel = next(v for v in model.trainable_variables if v.path.endswith("kernel"))
     params, flops = keras_counts(model)
     framework = framework_versions("keras")
@@ -472,7 +549,20 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **input_record,
         "params": params,
         "flops_per_sample": flops,
+        **multi_node_record(spec, distribution),
     }
+
+
+def multi_node_record(spec: Spec, distribution: Any) -> dict[str, Any]:
+    """close_multihost's record ({} on one node) with what Keras' DataParallel says of the
+    processes (Keras reads them from jax once keras.distribution.initialize has run)."""
+    record = close_multihost(spec, KERAS_MECHANISM)
+    if record:
+        record["multi_node"]["keras_distribution"] = {
+            "num_processes": distribution.num_processes,
+            "auto_shard_dataset": distribution.auto_shard_dataset,
+            "source": "keras.distribution.DataParallel.num_processes, .auto_shard_dataset"}
+    return record
 
 
 def keras_counts(model: keras.Model) -> tuple[int, int]:
@@ -484,7 +574,9 @@ def keras_counts(model: keras.Model) -> tuple[int, int]:
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step of fit on the probe model through the benchmark's path (the same
-    `input` and `batchnorm`, the batch distributed by DataParallel); weights saved after."""
+    `input` and `batchnorm`, the batch distributed by DataParallel); weights saved after (by
+    process 0 across nodes, where each process feeds fit its share of the rows)."""
+    check_multi_node(spec)
     keras, distribution, described = make_distribution(spec)
     from models.keras_common import get_canonical_weights, set_canonical_weights
 
@@ -497,7 +589,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
                   loss="sparse_categorical_crossentropy")
     mode = spec.options["input"]
     if mode == "numpy":
-        feed = {"x": x, "y": y, "batch_size": len(x), "epochs": 1, "shuffle": True}
+        rows = len(x) // spec.num_nodes  # this process's share, in process order
+        mine = slice(process_index() * rows, (process_index() + 1) * rows)
+        feed = {"x": x[mine], "y": y[mine], "batch_size": rows, "epochs": 1, "shuffle": True}
     elif mode == "preplaced":
         layouts = (batch_sharding(distribution, x.shape), batch_sharding(distribution, y.shape))
         import jax
@@ -508,11 +602,20 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     clock, probe = fit_steps(replace(spec, warmup_steps=0, measure_steps=1), model, feed)
     if int(model.optimizer.iterations.numpy()) != 1 or probe.placement is None:
         raise Invalid("fit did not run exactly one step")
-    spec.save_equivalence_output(get_canonical_weights(model))
+    canonical = get_canonical_weights(model)
+    if process_index() == 0:
+        spec.save_equivalence_output(canonical)
     return {"replicas": n, "framework": framework_versions("keras"), "devices": described,
             "loss": finite(clock.window.losses[0]), "input": mode, "batchnorm": batchnorm,
-            "batch_sharding": probe.sharding, "placement": probe.placement,
-            "placement_source": PLACEMENT_SOURCE}
+            "batch_sharding": probe.sharding, "placement": all_placement(probe.placement),
+            "placement_source": PLACEMENT_SOURCE, **multi_node_record(spec, distribution)}
+
+
+def process_index() -> int:
+    """This process's index among the run's (0 on one node), as jax says."""
+    import jax
+
+    return jax.process_index()
 
 
 if __name__ == "__main__":

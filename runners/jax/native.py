@@ -50,7 +50,27 @@ Precision: bf16 builds the Flax model with dtype=bfloat16 (bfloat16 compute, flo
 float32 BatchNorm statistics and reductions), the logits cast to float32 for the loss; the
 optimizer updates the float32 params.
 Equivalence mode runs the same step (same batchnorm mode, same AOT compile) on the probe model
-with the batch device_put into the batch sharding.
+with the batch laid out in the batch sharding by jax.make_array_from_process_local_data (on one
+process, a device_put).
+
+Across nodes (spec.num_nodes > 1, issue 16; jax 0.10.2): one process per node, started by srun
+(bench/slurm_job.py), each driving spec.devices_per_node devices. setup_devices joins them with
+JAX's own multi-controller mechanism, jax.distributed.initialize() called with no arguments, so
+that its SlurmCluster auto-detection reads SLURM's variables (runners/jax/common.py says what it
+reads and the two things the runner sets: gloo CPU collectives, the coordinator port). The mesh
+is then jax.devices(), the devices of every process, and every process runs the same programs:
+the synthetic batch is generated under jit straight into the global batch sharding, so each
+device, hence each process, computes only its own rows (nothing is made on a host, nothing
+crosses processes); the step's pmean (batchnorm per_device) or XLA's inserted all-reduces
+(global) run between the processes over gloo on CPU; the replicated state is the same on every
+process. The equivalence batch is the same on every process, and
+make_array_from_process_local_data takes each process's rows of it. The placement is each
+process's addressable shards gathered through JAX (multihost_utils.process_allgather), keyed
+"cpu:2048 (process 1)"; the result adds `nodes` and `multi_node` (common.close_multihost) and
+only process 0 writes it. Real data across nodes is unavailable (MULTI_NODE_REAL_DATA).
+What differs from a real cluster: tools/local_slurm.sh's two nodes are one 2-core machine, so
+gloo's traffic stays on loopback and the processes share the cores (its images/sec say nothing
+of a cluster's); on GPUs the collectives between nodes would be XLA's NCCL, which is untested.
 """
 
 from __future__ import annotations
@@ -63,11 +83,14 @@ from models import get_spec, load_builder
 from runners.common import (
     Invalid,
     Spec,
+    Unavailable,
     finite,
     main,
     timed_loop,
 )
 from runners.jax.common import (
+    all_placement,
+    close_multihost,
     framework_versions,
     host_labels,
     placement,
@@ -229,7 +252,15 @@ def input_batches(data: RealData | None, model_spec: Any, global_batch: int, bat
                                              "device_put into the batch sharding"}
 
 
+MULTI_NODE_REAL_DATA = (
+    "data: real across nodes: the Grain pipeline (runners/jax/data.py) makes whole global "
+    "batches, so every process would decode all of each batch; a per-process shard of the file "
+    "stream is not built yet")
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
+    if spec.num_nodes > 1 and spec.data != "synthetic":
+        raise Unavailable(MULTI_NODE_REAL_DATA)
     devices, described = setup_devices(spec)
     import jax.numpy as jnp
     import optax
@@ -293,19 +324,21 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "collectives": collectives,
         "batchnorm": batchnorm,
         "batchnorm_statistics": BATCHNORM_RECORD[batchnorm],
-        "placement": placement(first[0]),
+        "placement": all_placement(placement(first[0])),
         "placement_source": PLACEMENT_SOURCE,
         **input_record,
         **extra,
         "params": params,
         "flops_per_sample": count_flops_flax(model, model_spec.input_shape),
+        **close_multihost(spec),
     }
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model through the benchmark's step (same batchnorm mode,
-    same shard_map or jit, compiled ahead of time as there), the batch device_put into the batch
-    sharding; weights saved."""
+    same shard_map or jit, compiled ahead of time as there), the batch laid out in the batch
+    sharding by jax.make_array_from_process_local_data (each process the rows of its own
+    devices; one process: a device_put); weights saved (by process 0 across nodes)."""
     devices, described = setup_devices(spec)
     import jax
     import optax
@@ -320,16 +353,21 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     variables = set_canonical_weights(init_variables(model, model_spec.input_shape), weights)
     replicated, batch = make_shardings(devices)
     state = create_state(model, variables, optax.sgd(lr), replicated)
-    xs, ys = jax.device_put(x, batch), jax.device_put(y, batch)  # inputs come NHWC
+    # inputs come NHWC; every process holds the whole batch and gives each device its rows
+    xs = jax.make_array_from_process_local_data(batch, x, x.shape)
+    ys = jax.make_array_from_process_local_data(batch, y, y.shape)
     batchnorm = spec.options["batchnorm"]
     step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state, xs, ys)
     state, loss = step(state, xs, ys)
     finite(loss.block_until_ready())
-    spec.save_equivalence_output(get_canonical_weights({"params": state.params}))
+    canonical = get_canonical_weights({"params": state.params})
+    if jax.process_index() == 0:
+        spec.save_equivalence_output(canonical)
     return {"replicas": n, "framework": framework_versions(*VERSIONS), "devices": described,
             "loss": float(loss), "batch_sharding": sharding_record(xs.sharding),
             "batchnorm": batchnorm, "collectives": collectives,
-            "placement": placement(xs), "placement_source": PLACEMENT_SOURCE}
+            "placement": all_placement(placement(xs)), "placement_source": PLACEMENT_SOURCE,
+            **close_multihost(spec)}
 
 
 if __name__ == "__main__":
