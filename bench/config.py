@@ -582,6 +582,9 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
     if max(s.nodes) > 1 and s.cluster.backend != "slurm":
         raise _fail("nodes", s.nodes, "[1] unless cluster.backend is slurm (a run over "
                     "several nodes is one SLURM job; set cluster: {backend: slurm})")
+    if s.until_stable is not None and s.cluster.backend == "slurm":
+        raise _fail("until_stable", s.until_stable.model_dump(), "nothing with cluster.backend: "
+                    "slurm (its repeats are decided run by run; use repeats)")
     # strong scaling divides the global batch by the devices of all nodes
     totals = s.devices if s.nodes == [1] else sorted({n * d for n in s.nodes for d in s.devices})
     scaling, batch_sizes = _batch_sizes(s.batch_size_per_device, s.global_batch_size,

@@ -525,3 +525,9 @@ def test_strong_scaling_divides_by_the_devices_of_all_nodes() -> None:
     with pytest.raises(ConfigError, match=r"^global_batch_size: 8 does not divide by 6 devices"):
         validate({**raw, "global_batch_size": 8, "scaling": "strong"})
     assert validate({**raw, "global_batch_size": 12, "scaling": "strong"}).batch_sizes == [12]
+
+
+def test_until_stable_is_refused_on_slurm() -> None:
+    with pytest.raises(ConfigError, match=r"^until_stable: .* allowed: nothing with cluster"):
+        validate({**BASE, "repeats": 2, "until_stable": {"target_cv": 0.05},
+                  "cluster": {"backend": "slurm"}})
