@@ -25,11 +25,13 @@ DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
     """The run's N MXNet contexts: mx.cpu(0..N-1) (device: cpu) or mx.gpu(0..N-1) (device: gpu).
+    N is the devices of one node (spec.devices_per_node): all of the run's on one node, this
+    worker's on a multi-node run.
 
     On a CPU, mx.cpu(i) are distinct contexts that share the host's cores and memory: MXNet
     keeps a separate copy of every parameter and gradient per context and reduces them through
     the kvstore exactly as it does between GPUs, which is what makes them virtual devices."""
-    n = spec.num_devices
+    n = spec.devices_per_node
     if spec.device == "cpu":
         ctxs = [mx.cpu(i) for i in range(n)]
         return ctxs, [{"name": str(c), "kind": "virtual CPU device (MXNet context)"}

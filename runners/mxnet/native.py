@@ -27,11 +27,36 @@ Follows MXNet 1.9.1's Gluon data parallelism (split_and_load, Trainer over a kvs
 with static memory). Differs from seed 000's native reference (MXNet 0.10.1, Symbol/Module
 API, train_imagenet.py): Gluon's CachedOp instead of a bound Module; the kvstore reduction and
 the per-context executors are the same engine's.
+
+Multi-node (spec.num_nodes = N > 1, issue 16; MXNet 1.9.1): MXNet's own distributed training,
+a `dist_sync` kvstore over ps-lite. The harness starts one process per node through srun
+(bench/slurm_job.py); each brings up its node's ps-lite roles beside itself
+(runners/mxnet/dist_launch.py: the scheduler on node rank 0, one server per node, as MXNet's
+tools/launch.py and dmlc-core's tracker do) and is that node's worker, driving
+spec.devices_per_node contexts. The kvstore is dist_sync (CPU contexts, or kvstore local) or
+dist_sync_device (kvstore device on GPUs); kvstore nccl is unavailable across nodes. Worker r
+(kv.rank) takes rows r x B/N .. (r+1) x B/N of the synthetic global batch (real data: share r
+of N of the records, B/N per batch), split over its contexts. The Trainer broadcasts worker
+0's initial weights (kvstore init + pull). Each step every worker pushes its contexts' summed
+gradients; the servers add the N workers' pushes of a key before answering any pull
+(dist_sync), so every worker pulls the gradient summed over the global batch, and
+trainer.step(B) scales it by 1/B: every worker applies the gradient of the global mean loss,
+as on one node. update_on_kvstore=False: the servers only sum and each worker runs SGD itself
+(MXNet's Gluon default for dist kvstores is True, the servers running the optimizer; with it
+trainer.step(B) scales the same, rescale_grad = 1/B being pickled to the servers at the first
+step). False keeps the optimizer's step counter on the worker, which counts the samples as
+on one node, and the kvstore a plain sum, through which each worker's identity, placement
+(keys "worker<kv.rank>:<context>"), devices and loss shares are gathered after the timed
+steps (`nodes`, `multi_node`, the global first and last loss). Process rank 0 writes the
+result. The roles end MXNet's way when the kvstore is freed; see dist_launch.
+What differs here: tools/local_slurm.sh's two nodes are this one machine (127.0.0.1), so the
+servers and workers of both nodes differ only by port (MGBENCH_MASTER_PORT + 1..4), and the
+pushes and pulls never leave it; the GPU path (dist_sync_device) is written but untested.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mxnet as mx
@@ -45,12 +70,14 @@ from models.gluon_common import (
     set_canonical_weights,
 )
 from runners.common import (
+    Invalid,
     Spec,
     Unavailable,
     finite,
     main,
     timed_loop,
 )
+from runners.mxnet import dist_launch
 from runners.mxnet.common import (
     DTYPES,
     contexts,
@@ -63,14 +90,31 @@ from runners.real_data import check_classes, describe, open_dataset
 
 
 def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer: str,
-                 params: dict[str, Any]) -> gluon.Trainer:
-    """A gluon.Trainer over the net's parameters with the kvstore the config chose."""
+                 params: dict[str, Any], dist_kv: Any = None) -> gluon.Trainer:
+    """A gluon.Trainer over the net's parameters with the kvstore the config chose; on several
+    nodes over the worker's distributed kvstore `dist_kv`, the servers only summing (see the
+    module docstring)."""
+    if dist_kv is not None:
+        return gluon.Trainer(net.collect_params(), optimizer, params, kvstore=dist_kv,
+                             update_on_kvstore=False)
     kvstore = spec.options["kvstore"]
     if kvstore == "nccl" and spec.device != "gpu":
         raise Unavailable("kvstore nccl needs GPUs; use device or local on CPU contexts")
     if kvstore == "nccl" and not mx.runtime.Features().is_enabled("NCCL"):
         raise Unavailable("kvstore nccl: this MXNet build has no NCCL")
     return gluon.Trainer(net.collect_params(), optimizer, params, kvstore=kvstore)
+
+
+def dist_kvstore_type(spec: Spec) -> str:
+    """The distributed kvstore of a multi-node run for the config's kvstore option: device on
+    GPUs is dist_sync_device (each worker sums its GPUs' gradients on a GPU before the push),
+    anything else on CPU contexts dist_sync (summed on the CPU, as both local kvstores do on
+    CPU contexts); MXNet 1.9 has no NCCL kvstore across machines."""
+    kvstore = spec.options["kvstore"]
+    if kvstore == "nccl":
+        raise Unavailable("kvstore nccl: MXNet 1.9's NCCL kvstore is single-machine; across "
+                          "nodes use device (dist_sync_device) or local (dist_sync)")
+    return "dist_sync_device" if kvstore == "device" and spec.device == "gpu" else "dist_sync"
 
 
 def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32") -> list[Any]:
@@ -148,10 +192,31 @@ class StepLoss:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
+    return across_nodes(spec, train)
+
+
+def across_nodes(spec: Spec, run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """run(spec) on one node; on several, run(spec, ps) within this node's ps-lite roles
+    (runners/mxnet/dist_launch.py), then how the roles ended added to `multi_node`."""
+    if spec.num_nodes == 1:
+        return run(spec)
+    with dist_launch.session(spec.num_nodes) as ps:
+        result = run(spec, ps)
+    ps.finish_record(result["multi_node"])  # how the roles ended, known only now
+    return result
+
+
+def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
+    """The benchmark; `ps`: this node's ps-lite roles on a multi-node run (this process is one
+    of its workers, driving spec.devices_per_node contexts)."""
     opts = spec.options
     ctxs, devices = contexts(spec)
-    n, global_batch = len(ctxs), spec.global_batch_size
-    spec.split_batch(n, "contexts")
+    nodes, global_batch = spec.num_nodes, spec.global_batch_size
+    n = len(ctxs)
+    if n * nodes != spec.num_devices:
+        raise Invalid(f"{spec.num_devices} devices do not divide over {nodes} nodes")
+    spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers")
+    local_batch = global_batch // nodes  # this worker's rows of each global batch
     dtype = DTYPES[spec.precision]
     if dtype == "float16" and spec.device == "cpu":
         raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
@@ -162,21 +227,29 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         data = open_dataset(spec)
         check_classes(data, model_spec.num_classes, spec.model)
         size = model_spec.input_shape[0]
-        it = record_iter(data, size, global_batch, spec.device)
+    # the workers meet in the kvstore: from here on every worker must reach each collective
+    kv = ps.kvstore(dist_kvstore_type(spec)) if ps is not None else None
+    rank = kv.rank if kv is not None else 0
+    if real:  # this worker's share of the records (all of them on one node)
+        it = record_iter(data, size, local_batch, spec.device, part_index=rank,
+                         num_parts=nodes)
     net = load_builder(spec.model, "gluon")(model_spec)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
     if dtype == "float16":
         net.cast("float16")  # fp32 master weights are kept by multi_precision below
     hybridize = hybridize_as_configured(net, spec)
     trainer = make_trainer(spec, net, ctxs, "sgd", {
-        "learning_rate": 0.01, "momentum": 0.9, "multi_precision": dtype == "float16"})
+        "learning_rate": 0.01, "momentum": 0.9, "multi_precision": dtype == "float16"},
+        dist_kv=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     labels: list[int] = []
     if real:
         feed = real_feed(nd_batches(stream(it)), ctxs, dtype, labels)
-    else:
+    else:  # the same global batch as one node; each worker steps on its rows of it
         x, y = synthetic_arrays(model_spec, global_batch)
-        feed = synthetic_feed(split_to_contexts(x, ctxs, dtype), split_to_contexts(y, ctxs))
+        rows = slice(rank * local_batch, (rank + 1) * local_batch)
+        feed = synthetic_feed(split_to_contexts(x[rows], ctxs, dtype),
+                              split_to_contexts(y[rows], ctxs))
 
     optimizer = trainer._optimizer  # its num_update counts applied steps
     start = 0  # num_update when the clock starts
@@ -190,7 +263,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         nonlocal last
         mx.nd.waitall()  # the update has landed on every context
         last = losses
-        return StepLoss(losses, global_batch)
+        return StepLoss(losses, global_batch)  # on N nodes: this worker's share of the mean
 
     window = timed_loop(lambda: train_step(net, trainer, loss_fn, *next(feed), global_batch),
                         sync, spec.warmup_steps, spec.measure_steps, on_start=open_window)
@@ -198,15 +271,22 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if real:
         placement = ("each global batch from the ImageRecordIter split over the contexts "
                      "(split_and_load) inside the timed step")
+        if nodes > 1:
+            placement = ("each worker's batch from its own share of the records "
+                         "(ImageRecordIter part_index kv.rank of num_parts nodes) split over "
+                         "its contexts (split_and_load) inside the timed step")
         extra = {**describe(data, size), "first_batch_labels": labels,
                  "input_pipeline": f"{describe_pipeline(data, size, spec.device)}; "
                                    f"{placement}"}
     else:
         placement, extra = "one synthetic slice per context, copied once before timing", {}
-    return {
+        if nodes > 1:
+            placement = ("worker r's rows r x B/N .. (r+1) x B/N of the synthetic global "
+                         "batch, one slice per context, copied once before timing")
+    out = {
         **window.summary(global_batch, steps * global_batch),
         "loss_kind": "global mean cross-entropy of each step's batch",
-        "replicas": n,
+        "replicas": n * nodes,
         "framework": framework_versions(),
         "devices": devices,
         "layout": "channels_first",
@@ -221,32 +301,104 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "flops_per_sample": count_flops_gluon(net, input_shape_nchw(model_spec)),
         **extra,
     }
+    if ps is not None:
+        gathered, losses = gather_workers(ps, trainer, out, window.losses, labels)
+        out.update(gathered, first_loss=finite(losses[0]), last_loss=finite(losses[-1]))
+    return out
+
+
+def gather_workers(ps: dist_launch.PsLite, trainer: gluon.Trainer, local: dict[str, Any],
+                   step_losses: list[float], labels: list[int]
+                   ) -> tuple[dict[str, Any], list[float]]:
+    """What a multi-node record says of every worker, gathered through the kvstore after the
+    steps: each worker's identity, placement and parameter copies (read from its own
+    NDArrays), its devices, its share of each step's mean loss and its first labels. The
+    placement keys are "worker<kv.rank>:<context>". Also each step's global mean loss: the
+    sum of the workers' shares, as on one node."""
+    kv = trainer._kvstore
+    rows = ps.allgather({"worker": ps.worker_record(), "placement": local["placement"],
+                         "parameter_copies": local["parameter_copies"],
+                         "devices": local["devices"], "step_losses": step_losses,
+                         "labels": labels})
+    if [r["worker"]["kv_rank"] for r in rows] != list(range(kv.num_workers)):
+        raise Invalid(f"gathered kv ranks {[r['worker']['kv_rank'] for r in rows]} of "
+                      f"{kv.num_workers} workers")
+
+    def merged(key: str) -> dict[str, int]:
+        return {f"worker{i}:{ctx}": count for i, r in enumerate(rows)
+                for ctx, count in r[key].items()}
+
+    losses = [sum(r["step_losses"][i] for r in rows) for i in range(len(step_losses))]
+    workers = [{k: v for k, v in r["worker"].items() if k != "roles"} for r in rows]
+    roles = [{"node": r["worker"]["node"], "started_by_kv_rank": r["worker"]["kv_rank"], **role}
+             for r in rows for role in r["worker"]["roles"]]
+    out: dict[str, Any] = {
+        "placement": merged("placement"), "parameter_copies": merged("parameter_copies"),
+        "placement_source": "each worker's own read (NDArray.context and rows of each slice's "
+                            "loss array of the last timed step; parameter_copies: contexts of "
+                            "each Parameter's data()), gathered through the dist kvstore "
+                            "(push/pull of the encoded JSON); keys worker<kv.rank>:<context>",
+        "devices": [{**d, "name": f"worker{i}:{d['name']}", "node": r["worker"]["node"]}
+                    for i, r in enumerate(rows) for d in r["devices"]],
+        "nodes": [{k: w[k] for k in ("node", "host", "slurm_procid", "slurm_job_id", "pid",
+                                     "kv_rank", "process_rank")} for w in workers],
+        "multi_node": {
+            "mechanism": dist_launch.MECHANISM,
+            "kv_type": kv.type, "kv_num_workers": kv.num_workers, "kv_rank": kv.rank,
+            "update_on_kvstore": trainer._update_on_kvstore,
+            "kv_rank_is_node_rank": all(w["kv_rank"] == w["process_rank"] for w in workers),
+            "dmlc": workers[kv.rank]["dmlc"],
+            "workers": workers,
+            "scheduler": next((r for r in roles if r["role"] == "scheduler"), None),
+            "servers": [r for r in roles if r["role"] == "server"],
+            "source": "kv.type, kv.num_workers, kv.rank of each worker's kvstore "
+                      "(mx.kv.create), gathered through the kvstore with each worker's DMLC "
+                      "settings and the roles it started; scheduler: ps-lite's own log of "
+                      "the nodes it registered (PS_VERBOSE=1) and its exit status; servers: "
+                      "running at the gather, and the exit status of node rank 0's"}}
+    if labels:
+        out["first_batch_labels"] = [v for r in rows for v in r["labels"]]
+    return out, [finite(v) for v in losses]
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model through the benchmark's path (its hybridize,
-    Trainer and kvstore, the synthetic slices resident on the contexts); weights saved."""
+    Trainer and kvstore, the synthetic slices resident on the contexts); weights saved. On
+    several nodes each worker steps on its rows of the batch through the dist kvstore."""
+    return across_nodes(spec, equivalence_step)
+
+
+def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
     ctxs, devices = contexts(spec)
     weights, x, y, lr = spec.equivalence_inputs()
-    n = len(ctxs)
-    spec.split_batch(n, "contexts", rows=len(x))
+    n, nodes = len(ctxs), spec.num_nodes
+    spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers",
+                     rows=len(x))
+    kv = ps.kvstore(dist_kvstore_type(spec)) if ps is not None else None
+    local = len(x) // nodes
+    rows = slice(kv.rank * local, (kv.rank + 1) * local) if kv is not None else slice(None)
     net = load_builder("probe", "gluon")(get_spec("probe"))
     net.initialize(mx.init.Zero(), ctx=ctxs)
     hybridize = hybridize_as_configured(net, spec)
-    xs = split_to_contexts(x.transpose(0, 3, 1, 2), ctxs)  # inputs come NHWC
-    ys = split_to_contexts(y.astype("float32"), ctxs)
+    xs = split_to_contexts(x[rows].transpose(0, 3, 1, 2), ctxs)  # inputs come NHWC
+    ys = split_to_contexts(y[rows].astype("float32"), ctxs)
     for s in xs:  # completes deferred shape inference on every context (no gradient)
         net(s)
     set_canonical_weights(net, weights)
-    trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr})
+    trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr}, dist_kv=kv)
     feed = synthetic_feed(xs, ys)
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), *next(feed), len(x))
-    loss = mean_loss(losses, len(x))
+    loss = mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
     mx.nd.waitall()
-    spec.save_equivalence_output(get_canonical_weights(net))
-    return {"replicas": n, "framework": framework_versions(), "devices": devices,
-            "loss": loss, "hybridize": hybridize, **read_placement(losses, net),
-            "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}
+    if ps is None or ps.place.rank == 0:  # every worker holds the same weights
+        spec.save_equivalence_output(get_canonical_weights(net))
+    out = {"replicas": n * nodes, "framework": framework_versions(), "devices": devices,
+           "loss": loss, "hybridize": hybridize, **read_placement(losses, net),
+           "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}
+    if ps is not None:
+        gathered, (out["loss"],) = gather_workers(ps, trainer, out, [loss], [])
+        out.update(gathered)
+    return out
 
 
 if __name__ == "__main__":
