@@ -60,6 +60,46 @@ def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
     return ds.with_options(options)
 
 
+# the shuffle seed every worker of a multi-node run shares (worker_seed)
+MULTI_WORKER_SEED = 20240616
+
+
+def worker_seed(spec: Spec) -> int | None:
+    """The real-data shuffle seed: one seed shared by every worker on several nodes, so that
+    each worker's tf.data pipeline makes the same global batches and auto-shard DATA gives
+    each worker its own slice of the same batch; None (a fresh shuffle) on one node. With
+    dataset workers > 1 the parallel reads and decodes are not ordered (deterministic=False
+    in runners/tf/data.py), so the workers' batches can still differ in order."""
+    return MULTI_WORKER_SEED if spec.num_nodes > 1 else None
+
+
+SHARDING_NOTE = (
+    "each element is one global batch; MultiWorkerMirroredStrategy's distributed dataset "
+    "rebatches it into one slice per replica of every worker and, with auto-shard policy "
+    "DATA, each worker keeps only its own replicas' slices (with OFF every worker would "
+    "train on the same rows)")
+
+
+def shard_across_workers(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """A dataset of global batches for a multi-worker strategy: auto-shard policy DATA, so
+    each worker keeps its replicas' slices of every global batch (SHARDING_NOTE), where one
+    machine's MirroredStrategy takes OFF (one input pipeline splits each batch)."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(options)
+
+
+def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[str, Any]:
+    """What this worker's replicas got of one step's (PerReplica x, PerReplica y): rows per
+    local replica, and sums of the images and labels (different workers, different rows);
+    `source` says which batch it was."""
+    xs = strategy.experimental_local_results(xy[0])
+    ys = strategy.experimental_local_results(xy[1])
+    return {"source": source, "rows": [int(x.shape[0]) for x in xs],
+            "image_sum": round(float(sum(np.asarray(x, np.float64).sum() for x in xs)), 4),
+            "label_sum": int(sum(np.asarray(y, np.int64).sum() for y in ys))}
+
+
 def open_real(spec: Spec, model_spec: ModelSpec) -> RealData:
     """The run's prepared dataset, checked against the model; Unavailable for any data other
     than synthetic and real."""
@@ -92,7 +132,8 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
         info = {"input_pipeline": describe_keras(data),
                 "labels_first_batch": [int(v) for v in source[0][1]]}
     elif loader == "framework":
-        source = tf_data.make_dataset(data, size, batch, channels_first=channels_first)
+        source = tf_data.make_dataset(data, size, batch, channels_first=channels_first,
+                                      seed=worker_seed(spec))
         info = {"input_pipeline": tf_data.describe_pipeline(data, batch, channels_first),
                 "labels_first_batch": tf_data.first_labels(source)}
     else:

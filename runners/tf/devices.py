@@ -1,13 +1,26 @@
 """The run's TensorFlow devices, without Keras: usable by Keras 3 runners and by legacy-Keras
-(tf.compat.v1) runners alike. Child processes only."""
+(tf.compat.v1) runners alike. Child processes only.
+
+One node: N virtual CPU devices or N GPUs for a MirroredStrategy (setup_devices). Several
+nodes (spec.num_nodes > 1, issue 16): tf.distribute.MultiWorkerMirroredStrategy (TF 2.21),
+one worker per node as the harness starts them through srun, its cluster resolved by
+TensorFlow's own tf.distribute.cluster_resolver.SlurmClusterResolver from the SLURM step's
+environment (multi_worker_strategy). Two things are changed and recorded (SlurmResolver):
+the ports, only where two tasks resolve to the same address (the local 2-node cluster of
+docs/SLURM.md is one machine: node1 and node2 are both 127.0.0.1, and the resolver gives every
+node's worker the same port), and the GPU count on CPU (the resolver cannot express none).
+MWMS runs one replica per worker on CPU, so CPU runs take 1 device per node."""
 
 from __future__ import annotations
 
+import os
+import socket
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
-from runners.common import Spec, Unavailable
+from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 
 
 def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
@@ -29,3 +42,258 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
     return names, [{"name": name,
                     "kind": tf.config.experimental.get_device_details(gpu).get("device_name")}
                    for name, gpu in zip(names, gpus[:n], strict=True)]
+
+
+# ---- multi-node: MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster ----------
+
+MECHANISM = ("tf.distribute.MultiWorkerMirroredStrategy, its cluster from "
+             "tf.distribute.cluster_resolver.SlurmClusterResolver")
+CPU_GPUS_NOTE = (
+    "num_accelerators() answers no GPU: on CPU, SlurmClusterResolver counts GPUs from "
+    "CUDA_VISIBLE_DEVICES, where '' counts as 1 GPU, and cannot be told 0 GPUs per task (its "
+    "cluster_spec() steps a range by gpus_per_task); MultiWorkerMirroredStrategy takes its "
+    "local devices from num_accelerators(), and with no GPU uses the worker's CPU")
+
+
+class SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
+    """TensorFlow's SlurmClusterResolver (SLURM_PROCID, SLURM_STEP_NUM_TASKS,
+    SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE), ports from MGBENCH_MASTER_PORT, with two
+    changes, both recorded in `multi_node`:
+    - cluster_spec(): where two tasks resolve to the same address and port (the local
+      cluster: every node is 127.0.0.1, and the resolver gives each node's first task
+      port_base), every task on that address gets port_base + its global task index; on a
+      real cluster, nodes have distinct addresses and nothing changes.
+    - num_accelerators(): 0 GPUs on CPU (CPU_GPUS_NOTE).
+    GPUs are never reassigned (auto_set_gpu=False): the harness sets CUDA_VISIBLE_DEVICES."""
+
+    def __init__(self, port_base: int, gpus: int) -> None:
+        # gpus 0 cannot be given to TF's resolver (see CPU_GPUS_NOTE): 1 stands in, unused
+        super().__init__(port_base=port_base, gpus_per_node=max(gpus, 1),
+                         gpus_per_task=max(gpus, 1), auto_set_gpu=False)
+        self.gpus = gpus
+        self.resolved: dict[str, list[str]] = {}
+        self.adjustments: list[dict[str, str]] = []
+
+    def cluster_spec(self) -> tf.train.ClusterSpec:
+        spec = super().cluster_spec()
+        self.resolved = {job: list(tasks) for job, tasks in spec.as_dict().items()}
+        adjusted, self.adjustments = distinct_ports(self.resolved, self._port_base)
+        return tf.train.ClusterSpec(adjusted) if self.adjustments else spec
+
+    def num_accelerators(self, task_type: str | None = None, task_id: int | None = None,
+                         config_proto: Any = None) -> dict[str, int]:
+        if self.gpus == 0:
+            return {}
+        return super().num_accelerators(task_type, task_id, config_proto)
+
+
+def distinct_ports(cluster: dict[str, list[str]], port_base: int
+                   ) -> tuple[dict[str, list[str]], list[dict[str, str]]]:
+    """The cluster with distinct ports on every address two tasks would share: each task on
+    such an address gets port_base + its global task index (jobs in sorted order, as
+    SlurmClusterResolver orders them). Returns the cluster and one entry per changed task.
+    The harness reserves MGBENCH_MASTER_PORT..+9 per job: enough for 10 tasks on one host."""
+    tasks = [(job, i, addr) for job in sorted(cluster) for i, addr in enumerate(cluster[job])]
+    ips: dict[str, str] = {}
+
+    def endpoint(addr: str) -> tuple[str, str]:
+        host, port = addr.rsplit(":", 1)
+        if host not in ips:
+            try:
+                ips[host] = socket.gethostbyname(host)
+            except OSError:
+                ips[host] = host
+        return ips[host], port
+
+    seen: dict[tuple[str, str], list[str]] = {}
+    for _, _, addr in tasks:
+        seen.setdefault(endpoint(addr), []).append(addr)
+    shared = {ip for (ip, _), addrs in seen.items() if len(addrs) > 1}
+    if not shared:
+        return cluster, []
+    out = {job: list(addrs) for job, addrs in cluster.items()}
+    changes = []
+    for index, (job, i, addr) in enumerate(tasks):
+        ip, _ = endpoint(addr)
+        if ip not in shared:
+            continue
+        host = addr.rsplit(":", 1)[0]
+        new = f"{host}:{port_base + index}"
+        if new != addr:
+            others = sorted({a.rsplit(":", 1)[0] for (p, _), a_s in seen.items() if p == ip
+                             for a in a_s})
+            changes.append({"task": f"{job}:{i}", "resolved": addr, "used": new,
+                            "why": f"{' and '.join(others)} resolve to {ip}: two gRPC servers "
+                                   f"cannot share port {addr.rsplit(':', 1)[1]}; port_base + "
+                                   f"global task index {index}"})
+        out[job][i] = new
+    return out, changes
+
+
+@dataclass
+class MultiWorker:
+    """A multi-node run's strategy, its resolver and local devices; record() gathers what
+    the result says of every worker."""
+
+    strategy: tf.distribute.MultiWorkerMirroredStrategy
+    resolver: SlurmResolver
+    devices: list[dict[str, Any]]
+    communication: str
+
+    def record(self, placement: dict[str, int], run_metadata: Any,
+               node_extra: dict[str, Any] | None = None,
+               adjustments: dict[str, str] | None = None) -> dict[str, Any]:
+        """`nodes`, `multi_node`, and the placement and devices of every worker, gathered
+        through TF (placement.all_gather_json): each worker sends its node_identity(), its task
+        type and id, its address in the cluster spec MWMS uses, its worker devices, the compute
+        ops per device in its own partition graphs (`placement`, from its RunMetadata), the
+        collective ops in them, and `node_extra`. `adjustments`: what the runner changed of
+        TF's behaviour for the run, by name and why (into multi_node). Call on every worker,
+        after the timed window and last (it is a collective). Invalid when the gathered
+        workers are not tasks 0..N-1 or two report the same device."""
+        from runners.tf.placement import all_gather_json, collective_ops
+
+        s, r = self.strategy, self.resolver
+        ext = s.extended
+        cluster = {job: list(tasks) for job, tasks in ext._cluster_spec.as_dict().items()}
+        own = {**node_identity(), "task_type": r.task_type, "task_id": r.task_id,
+               "address": cluster[r.task_type][r.task_id], "is_chief": bool(ext._is_chief),
+               "worker_devices": list(ext.worker_devices), "placement": placement,
+               "collective_ops": collective_ops(run_metadata), **(node_extra or {})}
+        nodes = all_gather_json(s, own)
+        ids = [(n["task_type"], n["task_id"]) for n in nodes]
+        if ids != [("worker", i) for i in range(len(cluster["worker"]))]:
+            raise Invalid(f"the workers gathered through TF are {ids}, not worker 0..."
+                          f"{len(cluster['worker']) - 1} in order")
+        merged: dict[str, int] = {}
+        for n in nodes:
+            for key, count in n["placement"].items():
+                if key in merged:
+                    raise Invalid(f"two workers report placement on {key!r}")
+                merged[key] = count
+        impl = ext._communication_options.implementation
+        return {
+            "nodes": nodes,
+            "placement": dict(sorted(merged.items())),
+            "placement_source": "compute ops per device in each worker's partition graphs of "
+                                "the step's tf.functions (eager RunMetadata), gathered from "
+                                "every worker by a collective all-gather (strategy.gather)",
+            "devices": [{"name": d, "kind": "GPU" if r.gpus else "the worker's CPU device",
+                         "node": n["node"]} for n in nodes for d in n["worker_devices"]],
+            "multi_node": {
+                "mechanism": MECHANISM,
+                "tensorflow": tf.__version__,
+                "resolver": type(r).__mro__[1].__name__,
+                "cluster_spec_resolved": r.resolved,
+                "cluster_spec": cluster,
+                "port_base": r._port_base,
+                "port_adjustments": r.adjustments,
+                "accelerators": ({"GPU": r.gpus} if r.gpus
+                                 else {"GPU": 0, "why": CPU_GPUS_NOTE}),
+                "task_type": s.cluster_resolver.task_type,
+                "task_id": s.cluster_resolver.task_id,
+                "num_workers": ext._num_workers,
+                "num_replicas_in_sync": s.num_replicas_in_sync,
+                "worker_devices": list(ext.worker_devices),
+                "runner_adjustments": adjustments or {},
+                "communication_requested": self.communication,
+                "communication_implementation": getattr(impl, "name", str(impl)),
+                "collective_ops": own["collective_ops"],
+                "master": {k: os.environ.get(k) for k in (
+                    "MGBENCH_MASTER_ADDR", "MGBENCH_MASTER_PORT", "MGBENCH_NUM_NODES",
+                    "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")},
+                "source": "strategy.cluster_resolver (task_type, task_id), "
+                          "strategy.extended (_cluster_spec, _num_workers, worker_devices, "
+                          "_communication_options), strategy.num_replicas_in_sync; the "
+                          "cluster spec before adjustment from "
+                          "SlurmClusterResolver.cluster_spec(); collective ops from the "
+                          "partition graphs; nodes gathered with strategy.gather"},
+        }
+
+
+def multi_worker_strategy(spec: Spec, communication: str = "auto",
+                          strategy_class: type[tf.distribute.MultiWorkerMirroredStrategy]
+                          = tf.distribute.MultiWorkerMirroredStrategy) -> MultiWorker:
+    """MultiWorkerMirroredStrategy over the SLURM step's tasks, one worker per node: the
+    cluster from TF's SlurmClusterResolver (SlurmResolver), ports from MGBENCH_MASTER_PORT.
+    Call before anything else touches TensorFlow's devices. Unavailable for what MWMS cannot
+    do here (more than one CPU device per worker, missing GPUs, not in a SLURM step); Invalid
+    when what TF resolved is not this run (worker count, task id vs process rank, a task
+    given another node's address, replica count)."""
+    per_node = spec.devices_per_node
+    if spec.num_devices != per_node * spec.num_nodes:
+        raise Invalid(f"{spec.num_devices} devices do not divide over {spec.num_nodes} nodes")
+    if spec.device == "cpu" and per_node > 1:
+        raise Unavailable(
+            f"{per_node} CPU devices per node: MultiWorkerMirroredStrategy (TF "
+            f"{tf.__version__}) runs one replica per worker on CPU (its local devices are the "
+            "worker's GPUs, or else its one CPU device); run 1 device per node on CPU")
+    gpus = 0
+    if spec.device == "gpu":
+        found = tf.config.list_physical_devices("GPU")
+        if len(found) < per_node:
+            raise Unavailable(f"needs {per_node} GPUs per node; TensorFlow sees {len(found)}")
+        for gpu in found:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        gpus = per_node
+    port = os.environ.get("MGBENCH_MASTER_PORT", "")
+    if not port.isdigit():
+        raise Unavailable("a multi-node run needs MGBENCH_MASTER_PORT (the job's reserved "
+                          "ports, set by bench/slurm_job.py)")
+    try:
+        resolver = SlurmResolver(int(port), gpus)
+        resolver.cluster_spec()  # resolves task_type / task_id
+    except RuntimeError as exc:  # "SLURM_PROCID not found in environment. Not running ..."
+        raise Unavailable(f"SlurmClusterResolver: {exc}") from exc
+    check_resolved(spec, resolver)
+    impl = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[communication]
+    strategy = strategy_class(
+        cluster_resolver=resolver,
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=impl))
+    if strategy.num_replicas_in_sync != spec.num_devices:
+        raise Invalid(f"MultiWorkerMirroredStrategy has {strategy.num_replicas_in_sync} "
+                      f"replicas in sync; the run asked for {spec.num_devices}")
+    devices = [{"name": name, "kind": "GPU" if gpus else "the worker's CPU device"}
+               for name in strategy.extended.worker_devices]
+    return MultiWorker(strategy, resolver, devices, communication)
+
+
+XLA_CPU_COLLECTIVES = "Collectives are not yet implemented for CPU devices when compiling with XLA"
+
+
+def xla_collectives_unavailable(exc: BaseException) -> Unavailable | None:
+    """Unavailable with TF's words when XLA could not compile the step's cross-worker
+    all-reduce on CPU (TF 2.21: "Collectives are not yet implemented for CPU devices when
+    compiling with XLA"); None for any other error."""
+    said = next((line.strip() for line in str(exc).splitlines()
+                 if XLA_CPU_COLLECTIVES in line), None)
+    if said is None:
+        return None
+    return Unavailable(f"xla on several workers on CPU: TensorFlow {tf.__version__} does not "
+                       f"compile the cross-worker all-reduce with XLA on CPU ({said[:300]})")
+
+
+def check_resolved(spec: Spec, resolver: SlurmResolver) -> None:
+    """What SlurmClusterResolver resolved must be this run: one worker per node, this
+    process's task id its rank (worker 0, the chief, writes the result), and its address on
+    this node (TF orders its task list by sorted host name, SLURM ranks by node list order:
+    node[9-10] would give rank 0 on node9 the address of node10)."""
+    cluster = resolver.resolved
+    workers = cluster.get("worker", [])
+    if set(cluster) != {"worker"} or len(workers) != spec.num_nodes:
+        raise Invalid(f"SlurmClusterResolver resolved {cluster}; the run asked for "
+                      f"{spec.num_nodes} workers, one per node")
+    rank = process_rank()
+    if resolver.task_type != "worker" or resolver.task_id != rank:
+        raise Invalid(f"SlurmClusterResolver made this process {resolver.task_type}:"
+                      f"{resolver.task_id} (SLURM_PROCID={os.environ.get('SLURM_PROCID')}); "
+                      f"the harness made it process rank {rank}")
+    node = os.environ.get("SLURMD_NODENAME")
+    host = workers[resolver.task_id].rsplit(":", 1)[0]
+    if node and host != node:
+        raise Invalid(f"SlurmClusterResolver gave worker {resolver.task_id} the address "
+                      f"{workers[resolver.task_id]}, but it runs on {node} (TF orders tasks "
+                      "by sorted host name, SLURM by node list)")

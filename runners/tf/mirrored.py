@@ -29,6 +29,24 @@ Equivalence runs the benchmark's path: the same compile (steps_per_execution, ji
 data_format, all-reduce) and the same distributed tf.data input of global batches, fed the
 test's one batch once, so fit runs exactly one step (with steps_per_execution > 1, inside the
 multi-step while loop, which stops when the iterator is exhausted).
+
+Several nodes (spec.num_nodes > 1, issue 16): Keras 3's fit under
+tf.distribute.MultiWorkerMirroredStrategy (TF 2.21, Keras 3.15), one worker per node as the
+harness starts them through srun, its cluster resolved by TF's own
+tf.distribute.cluster_resolver.SlurmClusterResolver (runners/tf/devices.py); the gradients are
+all-reduced by collective ops across the workers (cross_device_ops auto, or nccl on GPUs; the
+one-machine all-reduces are unavailable). Keras 3's fit does not run under MWMS as released
+(keras-team/keras#20585): it hands strategy.reduce a nested batch and asks for axis=0 of scalar
+logs; FitMultiWorkerStrategy's reduce takes both as MirroredStrategy's would (recorded in
+multi_node.runner_adjustments). Each global batch is sharded by worker (auto-shard DATA; with
+OFF every worker would train on the same rows); the first batch each worker gets is read
+through the same distribution and reported in `nodes`. Worker 0 (process rank 0, checked)
+writes the result. Placement, `nodes` and `multi_node` are gathered from every worker by a TF
+collective all-gather after the timed window. On CPU MWMS runs one replica per worker, so more
+than 1 device per node on CPU is unavailable; loader keras is not built for several nodes.
+What differs here: the local cluster (docs/SLURM.md) is one machine, node1 and node2 are both
+127.0.0.1, and SlurmClusterResolver gives both workers the same port, so the second gets
+port_base + 1 (multi_node.port_adjustments; on a real cluster nothing changes).
 """
 
 from __future__ import annotations
@@ -54,15 +72,20 @@ from runners.common import (
     Unavailable,
     main,
     one_line,
+    process_rank,
 )
 from runners.tf.common import (
     POLICIES,
+    SHARDING_NOTE,
     fit_input,
     framework_versions,
     global_batch_dataset,
+    local_batch,
     setup_devices,
+    shard_across_workers,
     timed_fit,
 )
+from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
 from runners.tf.placement import EagerPlacement
 
 DATA_PLACEMENT = {
@@ -78,8 +101,47 @@ CROSS_DEVICE_OPS = {
 }
 
 
-def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]]]:
-    """MirroredStrategy over the run's devices, with the configured all-reduce."""
+PROBE_SOURCE = ("the first batch of a fresh iterator over the dataset fit is given, "
+                "distributed as fit distributes it (experimental_distribute_dataset), before fit")
+FIT_REDUCE_NOTE = (
+    "Keras 3's fit calls strategy.reduce with a nested (x, y) batch and with axis=0 on "
+    "per-replica scalar logs, neither of which MultiWorkerMirroredStrategy.reduce takes "
+    "(keras-team/keras#20585); this strategy subclass maps reduce over the structure, as "
+    "MirroredStrategy does, and reduces scalars across replicas (axis=None), the mean Keras "
+    "computes on one worker")
+
+
+class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects of it. Keras 3.15's
+    TensorFlow trainer calls strategy.reduce two ways MWMS (TF 2.21) does not take
+    (keras-team/keras#20585, tensorflow/tensorflow#72388: fit fails at once under MWMS):
+    - a nested structure: fit reduces its first (x, y) batch with reduce("MEAN", (x, y),
+      axis=None) to build the model symbolically (_maybe_symbolic_build); MirroredStrategy's
+      reduce maps over the structure (MirroredExtended._reduce_to), MWMS's hands the tuple to
+      CollectiveAllReduce, which cannot convert it. Here it maps over the structure.
+    - axis=0 on per-replica scalars: reduce_per_replica reduces each step's logs (the loss)
+      with reduce("MEAN", v, axis=0) on several workers, meaning across replicas (on one
+      worker it takes tf.reduce_mean over the replicas' values, axis 0 being the replicas);
+      strategy.reduce's axis is within each replica's value, and a scalar has none. Here a
+      scalar is reduced across replicas only (axis=None), the mean Keras means.
+    Everything else is MWMS's own reduce."""
+
+    def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
+        parent = super()
+
+        def one(v: Any) -> Any:
+            scalar = all(getattr(t, "shape", None) is not None and t.shape.rank == 0
+                         for t in self.experimental_local_results(v))
+            return parent.reduce(reduce_op, v, None if scalar else axis)
+
+        return tf.nest.map_structure(one, value)
+
+
+def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
+                                       MultiWorker | None]:
+    """MirroredStrategy over the run's devices, with the configured all-reduce; on several
+    nodes, MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster, with the
+    collective implementation the option names (auto or nccl), and what the record needs."""
     choice = spec.options["cross_device_ops"]
     if choice == "nccl" and spec.device == "cpu":
         raise Unavailable("cross_device_ops nccl: NCCL all-reduces between GPUs; this run is on "
@@ -88,11 +150,24 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
         raise Unavailable("data_format channels_first on CPU devices: TensorFlow's CPU kernel "
                           "for Conv2D's filter gradient (Conv2DCustomBackpropFilterOp) only "
                           "supports NHWC")
+    if spec.num_nodes > 1:
+        if choice not in ("auto", "nccl"):
+            raise Unavailable(
+                f"cross_device_ops {choice} on {spec.num_nodes} nodes: it is a "
+                "MirroredStrategy all-reduce within one machine; MultiWorkerMirroredStrategy "
+                "all-reduces with collective ops (auto or nccl)")
+        if spec.data == "real" and spec.options["loader"] == "keras":
+            raise Unavailable(
+                f"loader keras on {spec.num_nodes} nodes: not built for "
+                "MultiWorkerMirroredStrategy here (each worker's PyDataset would have to be "
+                "sharded by this runner); loader framework (tf.data) shards by worker")
+        multi = multi_worker_strategy(spec, choice, FitMultiWorkerStrategy)
+        return multi.strategy, multi.devices, multi
     names, devices = setup_devices(spec)
     cross = CROSS_DEVICE_OPS[choice]
     strategy = tf.distribute.MirroredStrategy(devices=names,
                                               cross_device_ops=cross() if cross else None)
-    return strategy, devices
+    return strategy, devices, None
 
 
 def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
@@ -129,7 +204,7 @@ class StopPlacement(keras.callbacks.Callback):
 
 @contextlib.contextmanager
 def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]:
-    """Two failures of Keras 3 fit under MirroredStrategy with 2+ replicas that are the stack's
+    """Failures of Keras 3 fit under MirroredStrategy with 2+ replicas that are the stack's
     limits, not this run's, reported as unavailable with TensorFlow's own words:
     - xla: Keras 3 jit-compiles its whole step function, `strategy.run` over every replica
       included, as one XLA cluster on the first device, and XLA cannot read variables placed
@@ -137,7 +212,9 @@ def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]
     - steps_per_execution > 1 with CollectiveAllReduce (MirroredStrategy's own choice, `auto`):
       the collective all-reduce inside Keras' multi-step tf.while_loop leaves a placeholder
       unfed ("You must feed a value for placeholder tensor 'while/..."); the reduction-to-one-
-      device and hierarchical-copy all-reduces run that loop."""
+      device and hierarchical-copy all-reduces run that loop (on one node).
+    And on several nodes, xla on CPU: TF does not compile the cross-worker collective with XLA
+    on CPU devices ("Collectives are not yet implemented for CPU devices ...")."""
     try:
         yield
     except tf.errors.InvalidArgumentError as exc:
@@ -156,7 +233,15 @@ def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]
                 f"{cross_device_ops_used(strategy)}: TensorFlow {tf.__version__} fails inside "
                 f"Keras {keras.__version__}'s multi-step while loop "
                 f"({one_line(message.split('INVALID_ARGUMENT:')[-1], 120)}); "
-                "cross_device_ops reduction_to_one_device or hierarchical_copy run it") from exc
+                + ("cross_device_ops reduction_to_one_device or hierarchical_copy run it"
+                   if spec.num_nodes == 1 else
+                   "on several nodes MultiWorkerMirroredStrategy has only the collective "
+                   "all-reduce")) from exc
+        raise
+    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
+        unavailable = xla_collectives_unavailable(exc)
+        if unavailable is not None:
+            raise unavailable from exc
         raise
 
 
@@ -185,19 +270,27 @@ def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dic
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
-    strategy, devices = make_strategy(spec)
+    strategy, devices, multi = make_strategy(spec)
     model_spec = get_spec(spec.model)
     model = build_compiled(spec, strategy, spec.model,
                            lambda: keras.optimizers.SGD(learning_rate=0.01, momentum=0.9))
     data_format = spec.options["data_format"]
     data, data_info = fit_input(spec, model_spec, data_format,
                                 spec.warmup_steps + spec.measure_steps)
+    first_batch = None
+    if multi is not None:
+        data = shard_across_workers(data)
+        # what this worker's replicas get of the first global batch, by the distribution fit
+        # itself uses (Keras 3 passes the dataset to experimental_distribute_dataset)
+        first_batch = local_batch(strategy,
+                                  next(iter(strategy.experimental_distribute_dataset(data))),
+                                  PROBE_SOURCE)
     placement = EagerPlacement()
     placement.start()  # before fit's first call, which instantiates its train function
     with known_limits(spec, strategy):
         timed = timed_fit(spec, model, data, spec.options["steps_per_execution"],
                           callbacks=[StopPlacement(placement)])
-    return {
+    result = {
         **timed,
         **compile_info(spec, strategy, devices),
         **placement.result(),
@@ -207,30 +300,49 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
     }
+    if multi is not None:  # last: a collective every worker joins
+        result["input_sharding"] = SHARDING_NOTE
+        result.update(multi.record(
+            result["placement"], placement.run_metadata, {"first_batch": first_batch},
+            {"FitMultiWorkerStrategy.reduce": FIT_REDUCE_NOTE}))
+    return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model, compiled and fed as the benchmark does; the
     weights saved after it."""
-    strategy, devices = make_strategy(spec)
+    strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     model = build_compiled(spec, strategy, "probe", lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
         set_canonical_weights(model, weights)
     if spec.options["data_format"] == "channels_first":
         x = x.transpose(0, 3, 1, 2)
+    data = global_batch_dataset((x, y), repeat=False)
+    first_batch = None
+    if multi is not None:
+        data = shard_across_workers(data)
+        first_batch = local_batch(strategy,
+                                  next(iter(strategy.experimental_distribute_dataset(data))),
+                                  PROBE_SOURCE)
     placement = EagerPlacement()
     placement.start()
     # the benchmark's input path (one global batch in tf.data, split by the distributed
     # iterator), given once: fit stops when it is exhausted, after exactly one step
     with known_limits(spec, strategy):
-        model.fit(global_batch_dataset((x, y), repeat=False), epochs=1, verbose=0,
-                  shuffle=False, callbacks=[StopPlacement(placement)])
+        model.fit(data, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[StopPlacement(placement)])
     steps = int(model.optimizer.iterations.numpy())
     if steps != 1:
         raise Invalid(f"the equivalence fit ran {steps} optimizer steps, not 1")
-    spec.save_equivalence_output(get_canonical_weights(model))
-    return {**compile_info(spec, strategy, devices), **placement.result()}
+    if process_rank() == 0:  # several workers: each holds the same weights, one writes them
+        spec.save_equivalence_output(get_canonical_weights(model))
+    result = {**compile_info(spec, strategy, devices), **placement.result()}
+    if multi is not None:
+        result.update(multi.record(
+            result["placement"], placement.run_metadata, {"first_batch": first_batch},
+            {"FitMultiWorkerStrategy.reduce": FIT_REDUCE_NOTE}))
+    return result
 
 
 if __name__ == "__main__":

@@ -33,6 +33,22 @@ jit_compiled; on N > 1 virtual CPU devices XLA runs every replica on its one hos
 cannot reach the other replicas' variables ("Trying to access resource ... located in
 device"): the run is invalid with TF's message, never a pass. The equivalence mode runs this
 same path (model path, per-replica input, the same tf.function step, xla) on the probe model.
+
+Several nodes (spec.num_nodes > 1, issue 16): tf.distribute.MultiWorkerMirroredStrategy (TF
+2.21), one worker per node as the harness starts them through srun, its cluster resolved by
+TF's own tf.distribute.cluster_resolver.SlurmClusterResolver (runners/tf/devices.py). The
+step is the same; the all-reduce inside apply_gradients becomes collective ops
+(CollectiveReduceV2) across the workers over gRPC. Each replica makes its own slice of the
+synthetic batch, seeded by its replica id in sync; real data is sharded by worker (auto-shard
+DATA, runners/tf/common.py). Worker 0, the chief, is process rank 0 (checked against
+SLURM_PROCID and MGBENCH_PROCESS_RANK) and writes the result; equivalence weights are written
+by it alone. Placement: each worker's RunMetadata holds only its own partition graphs, so every
+worker's counts, node identity and task are gathered to all by a TF collective all-gather
+(strategy.gather) into `placement`, `nodes` and `multi_node`, after the timed window. On CPU
+MWMS runs one replica per worker (the worker's CPU device), so more than 1 device per node on
+CPU is unavailable. What differs here: the local cluster (docs/SLURM.md) is one machine, node1
+and node2 are both 127.0.0.1, and SlurmClusterResolver gives both workers the same port, so the
+second gets port_base + 1 (multi_node.port_adjustments; on a real cluster nothing changes).
 """
 
 from __future__ import annotations
@@ -59,17 +75,23 @@ from runners.common import (
     Spec,
     finite,
     main,
+    process_rank,
     timed_loop,
 )
 from runners.real_data import describe
 from runners.tf import data as tf_data
 from runners.tf.common import (
     POLICIES,
+    SHARDING_NOTE,
     framework_versions,
     input_shape,
+    local_batch,
     open_real,
     setup_devices,
+    shard_across_workers,
+    worker_seed,
 )
+from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
 from runners.tf.placement import BOOKKEEPING_OPS, EagerPlacement
 
 FUSED_MIN_EPSILON = 1.001e-5
@@ -147,10 +169,16 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
     return keras.models.clone_model(built, clone_function=clone), swapped
 
 
-def make_strategy(spec: Spec) -> tuple[tf.distribute.MirroredStrategy, list[dict[str, Any]]]:
-    """MirroredStrategy over the run's devices (its default all-reduce for those devices)."""
+def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
+                                       MultiWorker | None]:
+    """MirroredStrategy over the run's devices (its default all-reduce for those devices); on
+    several nodes, MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster (its
+    default collective implementation), with what the record needs of it."""
+    if spec.num_nodes > 1:
+        multi = multi_worker_strategy(spec)
+        return multi.strategy, multi.devices, multi
     names, devices = setup_devices(spec)
-    return tf.distribute.MirroredStrategy(devices=names), devices
+    return tf.distribute.MirroredStrategy(devices=names), devices, None
 
 
 def device_batches(strategy: tf.distribute.Strategy, shape: tuple[int, ...], classes: int,
@@ -185,7 +213,10 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
                               "per step"}
     data = open_real(spec, model_spec)
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
-    ds = tf_data.make_dataset(data, size, global_batch, channels_first=channels_first)
+    ds = tf_data.make_dataset(data, size, global_batch, channels_first=channels_first,
+                              seed=worker_seed(spec))
+    if spec.num_nodes > 1:
+        ds = shard_across_workers(ds)
     return iter(strategy.experimental_distribute_dataset(ds)), {
         **describe(data, size),
         "input_pipeline": tf_data.describe_pipeline(data, global_batch, channels_first),
@@ -231,9 +262,11 @@ def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
 XLA_DEVICE_ERROR = re.compile(r"Trying to access resource .{0,300}? located in device")
 
 
-def first_step(step: Callable[..., tf.Tensor], *args: Any) -> tuple[float, dict[str, Any]]:
+def first_step(step: Callable[..., tf.Tensor], *args: Any
+               ) -> tuple[float, dict[str, Any], Any]:
     """Run the step once (the first warm-up step, or the equivalence step) while TF collects
-    the partition graphs of the functions it instantiates for it; the loss and the placement.
+    the partition graphs of the functions it instantiates for it; the loss, the placement and
+    the RunMetadata.
 
     XLA on N virtual CPU devices compiles each replica's step for XLA's one host device, which
     cannot reach the variables of the other replicas: TF raises "Trying to access resource
@@ -250,6 +283,11 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any) -> tuple[float, dict[
             raise Invalid("XLA ran the replicas' step on one device that cannot reach the "
                           f"other replicas' variables: {said[:300]}") from exc
         raise
+    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
+        unavailable = xla_collectives_unavailable(exc)
+        if unavailable is not None:
+            raise unavailable from exc
+        raise
     finally:
         placement.stop()
     # eager run metadata lists each partition graph twice (on its own and under the function
@@ -260,14 +298,14 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any) -> tuple[float, dict[
     kinds: Counter[str] = Counter()
     for graph in graphs:
         kinds.update(node.op for node in graph.node if node.op not in BOOKKEEPING_OPS)
-    return loss, {**placement.result(), "compute_ops_by_type": dict(kinds.most_common())}
+    return loss, {**placement.result(), "compute_ops_by_type": dict(kinds.most_common())}, rm
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
     policy = POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
-    strategy, devices = make_strategy(spec)
+    strategy, devices, multi = make_strategy(spec)
     model_spec = get_spec(spec.model)
     data_format = opts["data_format"]
     xla = bool(opts["xla"])
@@ -287,13 +325,18 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     # the first step instantiates the step function: its partition graphs are the placement
     # (collected outside the timed window; with no warm-up it is the first timed step's)
     placed: dict[str, Any] = {}
+    first: dict[str, Any] = {}
     start = 0
 
     def step() -> Any:
         if placed:
             return train_step(*next(batches))
-        loss, found = first_step(train_step, *next(batches))
+        xy = next(batches)
+        loss, found, run_metadata = first_step(train_step, *xy)
         placed.update(found)
+        if multi is not None:  # the rows this worker's replicas stepped on (evidence of sharding)
+            first.update(run_metadata=run_metadata, batch=local_batch(strategy, xy, "the "
+                                                                      "first step's input"))
         return loss
 
     def on_start() -> None:
@@ -303,7 +346,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     # a float read waits for the step to finish on every device
     window = timed_loop(step, finite, spec.warmup_steps, spec.measure_steps, on_start)
     steps = int(optimizer.iterations.numpy()) - start
-    return {
+    result = {
         **window.summary(global_batch, steps * global_batch),
         "loss_kind": "global mean cross-entropy of each step's batch",
         "replicas": n,
@@ -323,6 +366,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
     }
+    if multi is not None:  # last: a collective every worker joins
+        result["input_sharding"] = (
+            "synthetic: each replica makes its own global-batch / replicas rows, seeded by its "
+            "replica id in sync (experimental_distribute_values_from_function)"
+            if spec.data == "synthetic" else SHARDING_NOTE)
+        result.update(multi.record(placed["placement"], first["run_metadata"],
+                                   {"first_batch": first["batch"]}))
+    return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -331,7 +382,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     function, and the same tf.function step (xla honoured), for one plain SGD step on the
     given weights and batch split over the replicas; weights saved, placement read back."""
     opts = spec.options
-    strategy, devices = make_strategy(spec)
+    strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     data_format = opts["data_format"]
     n = strategy.num_replicas_in_sync
@@ -352,10 +403,16 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
     xs, ys = strategy.experimental_distribute_values_from_function(slice_of)
     step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
-    loss, placed = first_step(step, xs, ys)
-    spec.save_equivalence_output(get_canonical_weights(model))
-    return {"replicas": n, "framework": framework_versions(), "devices": devices,
-            "loss": loss, "layout": data_format, **placed}
+    loss, placed, run_metadata = first_step(step, xs, ys)
+    if process_rank() == 0:  # several workers: each holds the same weights, one writes them
+        spec.save_equivalence_output(get_canonical_weights(model))
+    result = {"replicas": n, "framework": framework_versions(), "devices": devices,
+              "loss": loss, "layout": data_format, **placed}
+    if multi is not None:
+        result.update(multi.record(placed["placement"], run_metadata,
+                                   {"first_batch": local_batch(strategy, (xs, ys),
+                                                               "the step's input")}))
+    return result
 
 
 if __name__ == "__main__":

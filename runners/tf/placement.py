@@ -13,17 +13,25 @@ input shows no work.
 With full tracing (`RunOptions.FULL_TRACE`, graph mode) the step stats also list the nodes that
 executed on each device; `executed_ops_by_device` counts those.
 
+Several workers (MultiWorkerMirroredStrategy, one per node): each worker's RunMetadata holds
+only its own partition graphs, on its own devices ("/job:worker/replica:0/task:1/device:
+CPU:0"); `all_gather_json` gathers every worker's counts (and whatever else it reports) to all
+workers through a TensorFlow collective, and `collective_ops` reads the all-reduce ops TF put
+in a worker's graphs.
+
 Imports TensorFlow: only runner child processes import this module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 
@@ -158,3 +166,39 @@ def graph_placement(run_metadata: Any) -> dict[str, Any]:
     return {"placement": compute_ops_by_device(run_metadata),
             "placement_source": "compute ops per device in the partition graphs of a "
                                 "session.run (RunOptions.output_partition_graphs)"}
+
+
+def collective_ops(run_metadata: Any) -> dict[str, Any]:
+    """The collective ops in the partition graphs TF ran (a multi-worker step's all-reduce):
+    how many of each op type, and the communication_hint attributes they carry (the
+    implementation each asks the collective executor for: auto, ring, nccl)."""
+    ops: Counter[str] = Counter()
+    hints: set[str] = set()
+    for graph in partition_graphs(run_metadata) if run_metadata is not None else []:
+        for node in graph.node:
+            if node.op.startswith("Collective"):
+                ops[node.op] += 1
+                if "communication_hint" in node.attr:
+                    hints.add(node.attr["communication_hint"].s.decode())
+    return {"ops": dict(sorted(ops.items())), "communication_hints": sorted(hints)}
+
+
+def all_gather_json(strategy: tf.distribute.Strategy, obj: Any) -> list[Any]:
+    """Every worker's `obj` (JSON-able), in worker order, gathered by a TensorFlow collective:
+    its JSON bytes as an int32 row, padded to the longest worker's, through strategy.gather
+    (an all-gather across every replica of every worker under MultiWorkerMirroredStrategy;
+    first the lengths, then the rows). Every worker must call it, in the same order. Each
+    worker's local replicas send the same row; one per worker is kept."""
+    data = np.frombuffer(json.dumps(obj, sort_keys=True, default=str).encode(), np.uint8)
+
+    def per_replica(value: np.ndarray) -> Any:
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(value))
+
+    lengths = strategy.gather(per_replica(np.array([len(data)], np.int32)), axis=0).numpy()
+    row = np.zeros((1, int(lengths.max())), np.int32)
+    row[0, :len(data)] = data
+    rows = strategy.gather(per_replica(row), axis=0).numpy()
+    local = len(strategy.extended.worker_devices)
+    return [json.loads(bytes(r[:n].astype(np.uint8)).decode())
+            for r, n in list(zip(rows, lengths, strict=True))[::local]]
