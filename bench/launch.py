@@ -128,6 +128,16 @@ def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_pat
         # --standalone: a local rendezvous on a free port, so sweeps never collide on one
         return [str(python), "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
                 f"--nproc-per-node={spec.num_devices}", *module]
+    if spec.launcher == "horovodrun" and node is not None:
+        # horovodrun's gloo launch with srun's task on each node in place of its ssh
+        # (runners/torch/horovod_launch.py): the first node hosts Horovod's RendezvousServer
+        # on the job's port + 1; every node starts its own devices_per_node ranks with the
+        # environment horovodrun gives each slot
+        return [str(python), "-m", "runners.torch.horovod_launch",
+                "-np", str(spec.num_devices), "--slots-per-node", str(spec.devices_per_node),
+                "--nodes", str(node.count), "--node-rank", str(node.rank),
+                "--rendezvous", f"{node.master_addr}:{node.master_port + 1}",
+                str(python), *module]
     if spec.launcher == "horovodrun":
         horovodrun = Path(python).parent / "horovodrun"
         return [str(horovodrun), "-np", str(spec.num_devices), "--gloo",

@@ -61,10 +61,10 @@ RUNNERS: list[RunnerInfo] = [
         # fp16_allreduce rounds gradients to float16: tests/test_horovod.py checks its step
         # against one device at float16's precision, not the float32 test's 1e-5
         launcher="horovodrun",
-        multi_node="horovodrun across hosts (gloo)",
-        multi_node_unavailable="horovodrun starts the other hosts' ranks over ssh (no sshd "
-                               "here) and this Horovod is built without MPI, so srun cannot "
-                               "start its ranks (issue 16's notes)",
+        # across nodes: horovodrun 0.28.1's gloo launch, srun's task on each node in place of
+        # its ssh (runners/torch/horovod_launch.py; no MPI in this Horovod build)
+        multi_node="horovodrun's gloo rendezvous (RendezvousServer + slot environment), "
+                   "ranks started by srun instead of ssh",
     ),
 ]
 

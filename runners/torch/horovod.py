@@ -40,6 +40,17 @@ fp16_allreduce option); what differs: the harness's models and SGD with momentum
 place of the example's torchvision model and plain SGD, and no Adasum option (Adasum is by
 design not the 1-device step, so it could not pass the equivalence test).
 
+Across nodes (a SLURM job, MGBENCH_NUM_NODES > 1): runners/torch/horovod_launch.py, started
+on each node by srun, does what horovodrun 0.28.1's gloo launch does, except that it starts
+the remote ranks through srun instead of ssh: the first node runs Horovod's RendezvousServer
+with the host assignment plan of the job's nodes (devices_per_node slots each), and every
+node starts its ranks with the slot environment horovodrun would give them (HOROVOD_RANK,
+HOROVOD_CROSS_RANK, ..., HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_GLOO_IFACE). hvd.init()
+then meets the other nodes' ranks exactly as under horovodrun. The result adds `nodes` (each
+node with its ranks) and `multi_node` (what Horovod reports: size, local and cross sizes,
+gloo built and enabled, every rank's rank/local_rank/cross_rank and node), gathered with
+hvd.allgather_object; the placement stays keyed by hvd.rank(), one key per rank.
+
 Horovod's TensorFlow binding is not built (HOROVOD_WITHOUT_TENSORFLOW in
 envs/horovod_build.py): it would put a second framework into this environment, and
 TensorFlow 2.21 with Horovod 0.28.1 (released for TF 2.12) is untested; PyTorch is the
@@ -60,7 +71,7 @@ from torch import nn
 
 from models import get_spec, load_builder
 from models.torch_common import get_canonical_weights, set_canonical_weights
-from runners.common import Invalid, Spec, Unavailable, main
+from runners.common import Invalid, Spec, Unavailable, main, node_identity
 from runners.real_data import cores
 from runners.torch.dist import (
     DeviceRank,
@@ -114,11 +125,63 @@ class HorovodRanks(DeviceRank):
         return gather_placement(tracker, hvd.rank(), hvd.size(), hvd.allgather_object, source)
 
     def record(self) -> dict[str, Any]:
-        return {"replicas": horovod().size(), "devices": self.devices,
-                "controller": controller(), "rank_threads": threads_record(self, THREADS_NOTE)}
+        out = {"replicas": horovod().size(), "devices": self.devices,
+               "controller": controller(), "rank_threads": threads_record(self, THREADS_NOTE)}
+        if os.environ.get("MGBENCH_NUM_NODES", "1") != "1":
+            out.update(multi_node_record())
+        return out
 
     def close(self) -> None:
         horovod().shutdown()
+
+
+MECHANISM = ("horovodrun's gloo rendezvous (RendezvousServer + slot environment), ranks "
+             "started by srun instead of ssh (runners/torch/horovod_launch.py)")
+RENDEZVOUS_ENV = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
+                  "HOROVOD_GLOO_IFACE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
+SLOT_ENV = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+            "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+
+
+def multi_node_record() -> dict[str, Any]:
+    """Where each rank of a multi-node run ran, gathered through Horovod itself
+    (hvd.allgather_object of every rank's node_identity with hvd.rank(), local_rank(),
+    cross_rank()), and what Horovod says of the ranks: `nodes` (one entry per node, its
+    ranks) and `multi_node`. Invalid when Horovod's view is not the run's nodes x
+    devices_per_node, or a rank's numbers are not the slot horovod_launch gave it."""
+    hvd = horovod()
+    rows = hvd.allgather_object({
+        **node_identity(), "rank": hvd.rank(), "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "process_rank": os.environ.get("MGBENCH_PROCESS_RANK"),
+        "slot_env": {k: os.environ.get(k) for k in SLOT_ENV}})
+    nodes: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        node = nodes.setdefault(row["node"], {"node": row["node"], "host": row["host"],
+                                              "slurm_procid": row["slurm_procid"],
+                                              "ranks": []})
+        node["ranks"].append(row["rank"])
+    num_nodes = int(os.environ["MGBENCH_NUM_NODES"])
+    if len(nodes) != num_nodes or hvd.cross_size() != num_nodes or \
+            hvd.size() != num_nodes * hvd.local_size():
+        raise Invalid(f"Horovod's ranks are {hvd.size()} on {sorted(nodes)} (cross_size "
+                      f"{hvd.cross_size()}, local_size {hvd.local_size()}) for a run on "
+                      f"{num_nodes} nodes")
+    for row in rows:
+        given = {k: row["slot_env"][f"HOROVOD_{k.upper()}"] for k in (
+            "rank", "local_rank", "local_size", "cross_rank", "cross_size")}
+        if any(str(row[k]) != v for k, v in given.items()):
+            raise Invalid(f"rank {row['rank']} on {row['node']}: Horovod reports "
+                          f"{ {k: row[k] for k in given} }, its slot was {given}")
+    return {"nodes": list(nodes.values()), "multi_node": {
+        "mechanism": MECHANISM,
+        "rendezvous": {k: os.environ.get(k) for k in RENDEZVOUS_ENV},
+        "world_size": hvd.size(), "size": hvd.size(), "cross_size": hvd.cross_size(),
+        "local_size": hvd.local_size(), "controller": controller(),
+        "gloo_built": hvd.gloo_built(), "gloo_enabled": hvd.gloo_enabled(),
+        "mpi_built": hvd.mpi_built(), "mpi_enabled": hvd.mpi_enabled(),
+        "ranks": rows}}
 
 
 def controller() -> str:
