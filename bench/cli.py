@@ -171,6 +171,10 @@ def cmd_list() -> int:
         print(f"  {r.name:<24} family={r.family:<6} {state:<11} {r.description}")
         if r.unavailable:
             print(f"      unavailable: {r.unavailable}")
+        nodes = (f"{r.multi_node} (unavailable here: {r.multi_node_unavailable})"
+                 if r.multi_node and r.multi_node_unavailable else
+                 r.multi_node or "one machine only (single-machine by design)")
+        print(f"      across nodes: {nodes}")
         for name, opt in r.options.items():
             allowed = f" ({' | '.join(map(str, opt.allowed))})" if opt.allowed else ""
             print(f"      {name}={opt.default!r}{allowed}  {opt.help}")
