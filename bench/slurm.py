@@ -146,11 +146,14 @@ def queued(job_ids: list[str]) -> dict[str, tuple[str, str]]:
     """The jobs still in the queue (pending, running, completing): id -> (state, reason)."""
     if not job_ids:
         return {}
-    out = _run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+    # the whole queue, not `squeue -j IDS`: that fails when every id has left slurmctld's
+    # memory (MinJobAge after the end), as the jobs of a sweep collected days later have
+    out = _run(["squeue", "-h", "-o", "%i|%T|%r"])
+    wanted = set(job_ids)
     states = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 3 and parts[1] not in ENDED:
+        if len(parts) == 3 and parts[0] in wanted and parts[1] not in ENDED:
             states[parts[0]] = (parts[1], parts[2])
     return states
 
