@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -358,10 +359,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{cfg.until_stable['max_repeats']} runs each")
         print_plan(runs)
         return 0
-    lock = acquire_folder(out)  # held until this process ends (a dead one's is taken over)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     env = environment.capture()
-    write_json_atomic(out / "environment.json", env)
+    try:
+        lock = acquire_folder(out)  # held until this process ends (a dead one's is taken over)
+        write_json_atomic(out / "environment.json", env)
+        write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as exc:
+        return cannot_write(out, exc)
     done = done_run_ids(out, args.retry_failed) if args.resume else set()
     todo = [r for r in runs if r.run_id not in done]
     print(f"sweep {cfg.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
@@ -394,10 +398,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except _SweepDone:
         pass
     except OSError as exc:  # a full disk, a folder gone: what is written stays whole
-        print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
-              f"finished records are kept; free space, then --resume --out {out}",
-              file=sys.stderr)
-        return 1
+        return cannot_write(out, exc)
     except KeyboardInterrupt as exc:
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept in "
@@ -412,6 +413,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
           f"report: {out / 'report.html'}")
     return 0
+
+
+def cannot_write(out: Path, exc: OSError) -> int:
+    """A full disk or a folder gone: one line, exit 1; what was written stays whole."""
+    print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
+          f"finished records are kept; free space, then --resume --out {out}", file=sys.stderr)
+    return 1
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text through a temporary file and a rename: never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],

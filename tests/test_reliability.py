@@ -286,20 +286,28 @@ def test_a_cpu_hog_beside_the_run_is_named_and_flags_it_contended(tmp_path: Path
 def test_disk_full_during_a_sweep_stops_it_with_one_line_and_resume_finishes(
         tmp_path: Path) -> None:
     """The CLI under a file-size limit (a full disk, as writes see it) just above its
-    environment.json: every record write fails. One line, exit 1, no half record; then
-    --resume with room finishes."""
+    environment.json and config.yaml: every record write fails. One line, exit 1, no half
+    record; then --resume with room finishes. Below config.yaml's size: one line too."""
     import resource
 
     first, out = tmp_path / "first", tmp_path / "out"
     cfg = config(tmp_path, devices=[1])
     assert toy("--config", str(cfg), "--out", str(first)).returncode == 0
-    limit = (first / "environment.json").stat().st_size + 256
+    limit = max((first / name).stat().st_size for name in ("environment.json", "config.yaml"))
+    limit += 256
     record = next(runs_dir(first).glob("*__n1__*r0.json")).stat().st_size
     assert record > limit  # so the record is what cannot be written
 
-    def full_disk() -> None:
+    def full_disk(size: int = limit) -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    early = subprocess.run([*TOY, "--config", str(cfg), "--out", str(tmp_path / "early")],
+                           cwd=REPO, capture_output=True, text=True, timeout=180,
+                           preexec_fn=lambda: full_disk(64))
+    assert early.returncode == 1, early.stderr
+    [line] = early.stderr.strip().splitlines()
+    assert "cannot write" in line and "--resume" in line
 
     proc = subprocess.run([*TOY, "--config", str(cfg), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=180, preexec_fn=full_disk)
