@@ -7,6 +7,7 @@ end; one that was already up is left as it was."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -139,3 +140,23 @@ def test_time_limit_gives_timeout(local_slurm, time_limited_job):
     fields = wait_final(local_slurm, job_id, timeout=150 - (time.monotonic() - submitted))
     assert_state(fields, "TIMEOUT")
     assert (fields["Reason"], fields["TimeLimit"]) == ("TimeLimit", "00:01:00")
+
+
+def test_the_harness_records_a_job_slurm_timed_out(local_slurm, time_limited_job, tmp_path,
+                                                    monkeypatch):
+    """bench.slurm.collect on a job SLURM killed at its time limit before the run wrote a
+    record (the same job as above, ended by now): a `timeout` record with SLURM's state."""
+    from bench.config import validate
+    from bench.plan import expand
+    from bench.slurm import collect
+
+    job_id, submitted = time_limited_job
+    wait_final(local_slurm, job_id, timeout=150 - (time.monotonic() - submitted))
+    monkeypatch.setenv("SLURM_CONF", local_slurm["SLURM_CONF"])
+    [spec] = expand(validate({"runners": ["torch_ddp"], "models": ["minigooglenet"],
+                              "devices": [1], "batch_size_per_device": 8,
+                              "cluster": {"backend": "slurm"}}), "s")
+    rec = collect(spec, {"job_id": job_id, "python": "python"}, tmp_path, {"host": "h"})
+    assert rec["status"] == "timeout" and "TIMEOUT" in rec["reason"], rec["reason"]
+    assert rec["slurm"]["state"] == "TIMEOUT" and rec["slurm"]["job_id"] == job_id
+    assert json.loads((tmp_path / "runs" / f"{spec.run_id}.json").read_text()) == rec
