@@ -164,7 +164,9 @@ def ended_state(job_id: str) -> dict[str, Any]:
     try:
         out = _run(["sacct", "-X", "-n", "-P", "-j", job_id,
                     "-o", "State,ExitCode,Reason,NodeList,Elapsed"])
-        for line in out.splitlines():
+        # newest last: a cluster whose controller state was reset numbers its jobs from 1
+        # again, and its database still holds the old jobs of the same id
+        for line in reversed(out.splitlines()):
             state, code, reason, nodes, elapsed = (line.split("|") + [""] * 5)[:5]
             if state:
                 return {"state": state.split()[0], "state_detail": state, "exit_code": code,
