@@ -14,6 +14,7 @@ from bench.launch import launch
 from bench.plan import RunSpec
 from bench.registry import RUNNERS
 from models import get_spec
+from tests.specs import run_spec
 
 pytestmark = pytest.mark.slow
 EQUIVALENCE_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.equivalence)
@@ -36,6 +37,23 @@ def make_inputs(path: Path) -> None:
     x = rng.standard_normal((BATCH, h, w, c)).astype(np.float32)
     y = rng.integers(0, get_spec("probe").num_classes, BATCH).astype(np.int32)
     np.savez(path, x=x, y=y, **weights)
+
+
+def load_weights(path: Path) -> dict[str, np.ndarray]:
+    """The weights of an inputs or output .npz, under their canonical names."""
+    with np.load(path) as data:
+        return {k[2:]: data[k] for k in data.files if k.startswith("w:")}
+
+
+def equivalence_spec(runner: str, family: str, module: str, num_nodes: int, inputs: Path,
+                     out: Path) -> RunSpec:
+    """The equivalence step of `runner` on one device per node (the multi-node tests)."""
+    return run_spec(runner=runner, family=family, module=module, model="probe",
+                    num_nodes=num_nodes, num_devices=num_nodes, scaling="strong",
+                    global_batch_size=BATCH, batch_size_per_device=BATCH // num_nodes,
+                    warmup_steps=0, measure_steps=1, mode="equivalence",
+                    equivalence={"inputs": str(inputs), "output": str(out),
+                                 "learning_rate": LR})
 
 
 def step(runner: str, n: int, inputs: Path, tmp_path: Path, python: str,

@@ -35,7 +35,7 @@ from bench.launch import validate_result
 from bench.plan import RunSpec
 from tests.conftest import REPO
 from tests.specs import run_spec
-from tests.test_equivalence import BATCH, LR, make_inputs
+from tests.test_equivalence import equivalence_spec, load_weights, make_inputs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.framework("jax")]
 
@@ -142,19 +142,6 @@ def test_jax_native_two_nodes_two_devices_each(local_slurm: dict[str, str], jax_
     assert result["collectives"]["all-reduce"] >= 1
 
 
-def equivalence_spec(runner: str, num_nodes: int, inputs: Path, out: Path) -> RunSpec:
-    return run_spec(runner=runner, family="jax", module=MODULES[runner], model="probe",
-                    num_nodes=num_nodes, num_devices=num_nodes, scaling="strong",
-                    global_batch_size=BATCH, batch_size_per_device=BATCH // num_nodes,
-                    warmup_steps=0, measure_steps=1, mode="equivalence",
-                    equivalence={"inputs": str(inputs), "output": str(out),
-                                 "learning_rate": LR})
-
-
-def load_weights(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {k[2:]: data[k] for k in data.files if k.startswith("w:")}
-
 
 @pytest.mark.parametrize("runner", sorted(MODULES))
 def test_one_step_across_two_nodes_equals_one_device(runner: str, local_slurm: dict[str, str],
@@ -164,14 +151,14 @@ def test_one_step_across_two_nodes_equals_one_device(runner: str, local_slurm: d
     one_dir, two_dir = tmp_path / "one", tmp_path / "two"
     one_dir.mkdir()
     two_dir.mkdir()
-    one = equivalence_spec(runner, 1, inputs, one_dir / "weights.npz")
+    one = equivalence_spec(runner, "jax", MODULES[runner], 1, inputs, one_dir / "weights.npz")
     (one_dir / "spec.json").write_text(json.dumps(one.to_dict()))
     proc = subprocess.run(
         [jax_python, "-m", one.module, "--spec", str(one_dir / "spec.json"), "--result",
          str(one_dir / "result.json")], cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    two = equivalence_spec(runner, 2, inputs, two_dir / "weights.npz")
+    two = equivalence_spec(runner, "jax", MODULES[runner], 2, inputs, two_dir / "weights.npz")
     result, _ = srun_runner(local_slurm, jax_python, two, two_dir)
     assert result["status"] == "ok", result.get("reason")
     assert result["multi_node"]["process_count"] == 2

@@ -45,7 +45,7 @@ from bench.launch import validate_result
 from bench.plan import RunSpec
 from tests.conftest import REPO
 from tests.specs import run_spec
-from tests.test_equivalence import BATCH, LR, make_inputs
+from tests.test_equivalence import equivalence_spec, load_weights, make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 slurm = pytest.mark.slurm
@@ -181,19 +181,6 @@ def test_mxnet_native_across_two_nodes(local_slurm: dict[str, str], mxnet_python
     check_roles_ended(result, port, output)
 
 
-def equivalence_spec(num_nodes: int, inputs: Path, out: Path) -> RunSpec:
-    return run_spec(runner="mxnet_native", family="mxnet", module=MODULE, model="probe",
-                    num_nodes=num_nodes, num_devices=num_nodes, scaling="strong",
-                    global_batch_size=BATCH, batch_size_per_device=BATCH // num_nodes,
-                    warmup_steps=0, measure_steps=1, mode="equivalence",
-                    equivalence={"inputs": str(inputs), "output": str(out),
-                                 "learning_rate": LR})
-
-
-def load_weights(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {k[2:]: data[k] for k in data.files if k.startswith("w:")}
-
 
 @slurm
 def test_one_step_across_two_nodes_equals_one_device(local_slurm: dict[str, str],
@@ -204,14 +191,14 @@ def test_one_step_across_two_nodes_equals_one_device(local_slurm: dict[str, str]
     one_dir, two_dir = tmp_path / "one", tmp_path / "two"
     one_dir.mkdir()
     two_dir.mkdir()
-    one = equivalence_spec(1, inputs, one_dir / "weights.npz")
+    one = equivalence_spec("mxnet_native", "mxnet", MODULE, 1, inputs, one_dir / "weights.npz")
     (one_dir / "spec.json").write_text(json.dumps(one.to_dict()))
     proc = subprocess.run(
         [mxnet_python, "-m", MODULE, "--spec", str(one_dir / "spec.json"), "--result",
          str(one_dir / "result.json")], cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    two = equivalence_spec(2, inputs, two_dir / "weights.npz")
+    two = equivalence_spec("mxnet_native", "mxnet", MODULE, 2, inputs, two_dir / "weights.npz")
     result, port, output = srun_runner(local_slurm, mxnet_python, two, two_dir)
     assert result["status"] == "ok", result.get("reason")
     assert result["multi_node"]["kv_num_workers"] == 2

@@ -39,7 +39,7 @@ from bench.launch import validate_result
 from bench.plan import RunSpec
 from tests.conftest import REPO, run_check_script
 from tests.specs import run_spec
-from tests.test_equivalence import BATCH, LR, make_inputs
+from tests.test_equivalence import equivalence_spec, load_weights, make_inputs
 
 pytestmark = pytest.mark.framework("tf")
 
@@ -197,19 +197,6 @@ def test_one_host_ports_made_distinct_and_recorded(run: tuple) -> None:
     assert [n["address"] for n in result["nodes"]] == multi["cluster_spec"]["worker"]
 
 
-def equivalence_spec(runner: str, num_nodes: int, inputs: Path, out: Path) -> RunSpec:
-    return run_spec(runner=runner, family="tf", module=MODULES[runner], model="probe",
-                    num_nodes=num_nodes, num_devices=num_nodes, scaling="strong",
-                    global_batch_size=BATCH, batch_size_per_device=BATCH // num_nodes,
-                    warmup_steps=0, measure_steps=1, mode="equivalence",
-                    equivalence={"inputs": str(inputs), "output": str(out),
-                                 "learning_rate": LR})
-
-
-def load_weights(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as data:
-        return {k[2:]: data[k] for k in data.files if k.startswith("w:")}
-
 
 @pytest.mark.slurm
 @pytest.mark.slow
@@ -221,14 +208,14 @@ def test_one_step_across_two_nodes_equals_one_device(runner: str, local_slurm: d
     one_dir, two_dir = tmp_path / "one", tmp_path / "two"
     one_dir.mkdir()
     two_dir.mkdir()
-    one = equivalence_spec(runner, 1, inputs, one_dir / "weights.npz")
+    one = equivalence_spec(runner, "tf", MODULES[runner], 1, inputs, one_dir / "weights.npz")
     (one_dir / "spec.json").write_text(json.dumps(one.to_dict()))
     proc = subprocess.run(
         [tf_python, "-m", one.module, "--spec", str(one_dir / "spec.json"), "--result",
          str(one_dir / "result.json")], cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    two = equivalence_spec(runner, 2, inputs, two_dir / "weights.npz")
+    two = equivalence_spec(runner, "tf", MODULES[runner], 2, inputs, two_dir / "weights.npz")
     result, _ = srun_runner(local_slurm, tf_python, two, two_dir)
     assert result["status"] == "ok", result.get("reason")
     assert result["multi_node"]["num_replicas_in_sync"] == 2

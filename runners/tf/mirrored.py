@@ -268,6 +268,17 @@ def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dic
     }
 
 
+def worker_input(strategy: Any, data: Any, multi: Any) -> tuple[Any, Any]:
+    """fit's dataset, sharded across the workers of a multi-node run, and what this worker's
+    replicas get of its first global batch, by the distribution fit itself uses (Keras 3
+    passes the dataset to experimental_distribute_dataset); one machine: (data, None)."""
+    if multi is None:
+        return data, None
+    data = shard_across_workers(data)
+    return data, local_batch(strategy, next(iter(strategy.experimental_distribute_dataset(data))),
+                             PROBE_SOURCE)
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     strategy, devices, multi = make_strategy(spec)
@@ -277,14 +288,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     data_format = spec.options["data_format"]
     data, data_info = fit_input(spec, model_spec, data_format,
                                 spec.warmup_steps + spec.measure_steps)
-    first_batch = None
-    if multi is not None:
-        data = shard_across_workers(data)
-        # what this worker's replicas get of the first global batch, by the distribution fit
-        # itself uses (Keras 3 passes the dataset to experimental_distribute_dataset)
-        first_batch = local_batch(strategy,
-                                  next(iter(strategy.experimental_distribute_dataset(data))),
-                                  PROBE_SOURCE)
+    data, first_batch = worker_input(strategy, data, multi)
     placement = EagerPlacement()
     placement.start()  # before fit's first call, which instantiates its train function
     with known_limits(spec, strategy):
@@ -319,12 +323,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     if spec.options["data_format"] == "channels_first":
         x = x.transpose(0, 3, 1, 2)
     data = global_batch_dataset((x, y), repeat=False)
-    first_batch = None
-    if multi is not None:
-        data = shard_across_workers(data)
-        first_batch = local_batch(strategy,
-                                  next(iter(strategy.experimental_distribute_dataset(data))),
-                                  PROBE_SOURCE)
+    data, first_batch = worker_input(strategy, data, multi)
     placement = EagerPlacement()
     placement.start()
     # the benchmark's input path (one global batch in tf.data, split by the distributed
