@@ -17,6 +17,7 @@ from typing import IO, Any
 import yaml
 
 from bench import REPO_ROOT, environment, slurm, sweep_lock
+from bench.allreduce_report import CSV_NAME, allreduce_detail, allreduce_table
 from bench.config import ConfigError, SweepConfig, json_schema, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
 from bench.launch import launch, record_without_run
@@ -25,7 +26,7 @@ from bench.plan import RunSpec, another_repeat, config_id, expand
 from bench.progress import SweepClock, SweepProgress  # noqa: F401 (tests import SweepClock)
 from bench.progress import clock_text as _clock  # noqa: F401 (and _clock, from here)
 from bench.records import done_run_ids, load_records, write_json_atomic
-from bench.registry import FAMILIES, PIPELINES, RUNNERS
+from bench.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.report import build_report, format_table
 from bench.slurm import SlurmError
 from bench.trust import coefficient_of_variation
@@ -184,6 +185,12 @@ def cmd_list() -> int:
         state = ("ready" if p.family == "harness" or family_env(p.family, variant).ready
                  else "not ready")
         print(f"  {p.name:<24} family={p.family:<7} {state:<10} {p.description}")
+    print("\nAll-reduce probes (mode: allreduce; buffers from 1 MiB to the model's gradient "
+          "size):")
+    for p in PROBES.values():
+        state = "ready" if family_env(p.family, variant).ready else "not ready"
+        print(f"  {p.name:<24} family={p.family:<7} {state:<10} {p.description}")
+        print(f"      launcher: {p.launcher}")
     print("\nModels:")
     for name in available_models():
         s = get_spec(name)
@@ -233,10 +240,13 @@ def cmd_report(results_dir: Path) -> int:
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder; allowed: a "
                           "results folder written by a sweep")
     rows, pipes, charts = build_report(results_dir)
-    print(format_table(rows, pipes))
+    probes = allreduce_table(results_dir)
+    print(format_table(rows, pipes, probes))
     print(f"\nsummary: {results_dir / 'summary.csv'}")
     if pipes:
         print(f"pipelines: {results_dir / 'pipelines.csv'}")
+    if probes:
+        print(f"allreduce: {results_dir / CSV_NAME}")
     for c in charts:
         print(f"{'report' if c.suffix == '.html' else 'chart'}:   {c}")
     return 0
@@ -408,7 +418,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 128 + signum
     rows, pipes, charts = build_report(out)
     print()
-    print(format_table(rows, pipes))
+    print(format_table(rows, pipes, allreduce_table(out)))
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
           f"report: {out / 'report.html'}")
@@ -471,6 +481,8 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
     label = (f"{tag} pipeline {spec.runner} {spec.model} "
              f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
              if spec.mode == "pipeline" and spec.dataset else
+             f"{tag} allreduce {spec.runner} {spec.model} n={spec.num_devices}"
+             if spec.mode == "allreduce" else
              f"{tag} {spec.runner} {spec.model} n={spec.num_devices}"
              f"{f' on {spec.num_nodes} nodes' if spec.num_nodes > 1 else ''} "
              f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
@@ -482,7 +494,8 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
     else:
         rec = run_one(spec, pythons, out, env, peaks)
     took = time.monotonic() - t0
-    detail = f"{rec['images_per_sec']:.1f} img/s" if rec["status"] == "ok" else rec["reason"]
+    detail = (rec["reason"] if rec["status"] != "ok" else allreduce_detail(rec)
+              if spec.mode == "allreduce" else f"{rec['images_per_sec']:.1f} img/s")
     show.finished(label, f"{rec['status']} ({took:.1f}s) {detail}", took, counted)
     return rec
 
@@ -522,7 +535,7 @@ def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
 def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
     """(status, reason) for a run that cannot be launched here (visible_gpus: the GPUs NVML
     sees, None when the runs go to a cluster's nodes); None if it can."""
-    info = PIPELINES[spec.runner] if spec.mode == "pipeline" else RUNNERS[spec.runner]
+    info = {"pipeline": PIPELINES, "allreduce": PROBES}.get(spec.mode, RUNNERS)[spec.runner]
     if info.unavailable:
         return "unavailable", info.unavailable
     if spec.num_nodes > 1 and info.multi_node is None:

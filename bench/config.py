@@ -38,7 +38,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from bench.registry import PIPELINES, RUNNERS, Option, runner_options
+from bench.registry import PIPELINES, PROBES, RUNNERS, Option, runner_options
 from models import available_models, get_spec
 
 SCALING = ("weak", "strong")
@@ -46,14 +46,14 @@ DATA = ("synthetic", "real")
 AUGMENTATIONS = ("none", "crop-flip")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("cpu", "gpu")
-MODES = ("benchmark", "pipeline")
+MODES = ("benchmark", "pipeline", "allreduce")
 
 # the top-level keys, in the order of the model's fields (the schema's properties)
 KEYS = (
     "name", "description", "runners", "models", "devices", "batch_size_per_device",
     "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
     "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
-    "pipeline_steps", "until_stable", "telemetry", "nodes", "cluster",
+    "pipeline_steps", "probes", "until_stable", "telemetry", "nodes", "cluster",
 )
 INT_MAX = 2**63 - 1  # integers beyond are no count of anything (and may not even print)
 # repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
@@ -96,12 +96,17 @@ class SweepConfig:
     # Real data: the folder prepare-data wrote, the augmentation level, the loader worker
     # counts (a list: an axis of real-data and pipeline runs).
     dataset: dict[str, Any] | None = None
-    # "benchmark" trains the runners' models; "pipeline" times the input pipelines alone.
+    # "benchmark" trains the runners' models; "pipeline" times the input pipelines alone;
+    # "allreduce" times each family's own all-reduce alone (the communication probe).
     mode: list[str] = field(default_factory=lambda: ["benchmark"])
     pipelines: list[str] = field(default_factory=list)
     # timed batches of a pipeline run: many, so buffers that fill during warm-up (MXNet runs
     # up to 16 batches ahead) are a small share of the window
     pipeline_steps: int = 200
+    # mode allreduce: the probes (runners/*/catalog.py PROBES) timed at every device count of
+    # 2 or more, over buffers from 1 MiB to each model's gradient size; warmup_steps and
+    # measure_steps are their untimed and timed iterations per size
+    probes: list[str] = field(default_factory=list)
     # Repeat a configuration beyond `repeats` until the CV of its images/sec is at most
     # target_cv, or it has max_repeats runs; None: exactly `repeats`.
     until_stable: dict[str, Any] | None = None
@@ -116,7 +121,9 @@ class SweepConfig:
         """The resolved config in the user's key names (it loads back unchanged)."""
         d = asdict(self)
         batch_key = "batch_size_per_device" if self.scaling == "weak" else "global_batch_size"
-        d[batch_key] = d.pop("batch_sizes")
+        batch_sizes = d.pop("batch_sizes")
+        if batch_sizes:  # an all-reduce-only sweep has no batch
+            d[batch_key] = batch_sizes
         return d
 
 
@@ -417,6 +424,9 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
         pipelines: Annotated[_axis(_one_of(tuple(PIPELINES)), empty_ok=True) | None, Field(
             description="with mode pipeline; default: all")] = None
         pipeline_steps: _count(1) = 200
+        probes: Annotated[_axis(_one_of(tuple(PROBES)), empty_ok=True) | None, Field(
+            description="with mode allreduce: the all-reduce probes (`run_bench.py list`); "
+                        "default: all")] = None
         until_stable: Annotated[UntilStable | None, Says(
             "a mapping with target_cv (e.g. 0.02) and max_repeats")] = None
         telemetry: Annotated[Telemetry, BeforeValidator(
@@ -569,9 +579,26 @@ def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
                         f"(this one has {classes})")
 
 
+def _check_allreduce(s: Any) -> None:
+    """mode allreduce: device counts given, at least one of 2 or more (a count of 1 is left
+    out of the probe's runs: nothing to reduce; benchmark runs keep it), on this machine."""
+    if "devices" not in s.model_fields_set:
+        raise ConfigError("devices: missing; this key is required with mode allreduce (device "
+                          "counts of 2 or more)")
+    if max(s.devices) < 2:
+        raise _fail("devices", s.devices, "a device count of 2 or more with mode allreduce (an "
+                    "all-reduce needs 2 devices or more; a 1 is left out of the probe's runs)")
+    if s.cluster.backend != "local":
+        raise _fail("cluster.backend", s.cluster.backend, "local with mode allreduce (the "
+                    "probes run on this machine's devices; none crosses nodes yet)")
+
+
 def _resolve(s: Any, default_name: str) -> SweepConfig:
     """The validated file as a SweepConfig, once the rules that span keys hold."""
     benchmark, pipeline = "benchmark" in s.mode, "pipeline" in s.mode
+    allreduce = "allreduce" in s.mode
+    if allreduce:
+        _check_allreduce(s)
     if benchmark:
         for key in ("runners", "devices"):
             if key not in s.model_fields_set:
@@ -587,8 +614,12 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
                     "slurm (its repeats are decided run by run; use repeats)")
     # strong scaling divides the global batch by the devices of all nodes
     totals = s.devices if s.nodes == [1] else sorted({n * d for n in s.nodes for d in s.devices})
-    scaling, batch_sizes = _batch_sizes(s.batch_size_per_device, s.global_batch_size,
-                                        s.scaling, totals)
+    if not (benchmark or pipeline) and s.batch_size_per_device is None \
+            and s.global_batch_size is None:
+        scaling, batch_sizes = s.scaling or "weak", []  # the probe alone: no batch
+    else:
+        scaling, batch_sizes = _batch_sizes(s.batch_size_per_device, s.global_batch_size,
+                                            s.scaling, totals)
     name = s.name if s.name is not None else default_name
     # the name is a folder name (results/<name>-<time>) and printed: printable characters
     if not name or not name.isprintable() or any(c in name for c in "/\\ "):
@@ -619,6 +650,8 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
         # so a typo never waits for the day they run)
         pipelines=s.pipelines or (list(PIPELINES) if pipeline else []),
         pipeline_steps=s.pipeline_steps,
+        # every probe unless named (named ones are checked whatever the mode, as pipelines)
+        probes=s.probes or (list(PROBES) if allreduce else []),
         until_stable=s.until_stable.model_dump() if s.until_stable is not None else None,
         telemetry=s.telemetry.model_dump(), nodes=s.nodes, cluster=s.cluster.model_dump(),
     )

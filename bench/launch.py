@@ -37,6 +37,7 @@ from bench.records import (
 from bench.telemetry import Sampler, write_series
 from bench.telemetry import summarise as summarise_telemetry
 from models import get_spec
+from runners.allreduce import bus_factor, gradient_bytes, probe_sizes
 from runners.math_mode import math_env
 from runners.threads import thread_env
 
@@ -375,10 +376,12 @@ def validate_placement(result: dict[str, Any], num_devices: int) -> list[str]:
 
 
 def validate_result(result: dict[str, Any], spec: RunSpec) -> list[str]:
-    """What is wrong with an 'ok' benchmark, equivalence or pipeline result (empty when
-    nothing is)."""
+    """What is wrong with an 'ok' benchmark, equivalence, pipeline or all-reduce result (empty
+    when nothing is)."""
     if spec.mode == "equivalence":
         return validate_placement(result, spec.num_devices)
+    if spec.mode == "allreduce":
+        return validate_allreduce(result, spec)
     if spec.mode not in ("benchmark", "pipeline"):
         return []
     problems = validate_placement(result, spec.num_devices) if spec.mode == "benchmark" else []
@@ -396,6 +399,63 @@ def validate_result(result: dict[str, Any], spec: RunSpec) -> list[str]:
     start, end = result.get("window_start"), result.get("window_end")
     if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start):
         problems.append(f"timed window [{start!r}, {end!r}] is empty or missing")
+    return problems
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0
+
+
+def validate_allreduce(result: dict[str, Any], spec: RunSpec) -> list[str]:
+    """What is wrong with an ok all-reduce probe result (runners/allreduce.py says what it
+    holds): a row for every size of the model's probe_sizes, each checked correct, with a
+    positive time and nccl-tests' algbw and busbw for the run's device count; the figure at
+    the gradient size; and the framework's own word that the collective spanned
+    spec.num_devices replicas on as many distinct devices. Images/sec and MFU do not apply."""
+    probe = result.get("allreduce")
+    if not isinstance(probe, dict):
+        return [f"no allreduce section in the result ({type(probe).__name__})"]
+    n, problems = spec.num_devices, []
+    evidence = probe.get("evidence")
+    if not isinstance(evidence, dict):
+        return [f"no evidence read back from the framework (evidence={evidence!r})"]
+    replicas = evidence.get("replicas")
+    if isinstance(replicas, bool) or replicas != n:
+        problems.append(f"the framework says the all-reduce spanned {replicas!r} replicas, "
+                        f"not the run's {n} ({evidence.get('source') or 'no source given'})")
+    devices = evidence.get("devices")
+    if not isinstance(devices, list) or len({str(d) for d in devices}) != n \
+            or len(devices) != n:
+        problems.append(f"evidence devices {devices!r} are not {n} distinct devices")
+    rows = probe.get("sizes")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return [*problems, f"no measured sizes (sizes={rows!r})"]
+    want = probe_sizes(spec.model)
+    got = [r.get("bytes") for r in rows]
+    if got != want:
+        problems.append(f"sizes {got} are not the probe's sizes for {spec.model}: {want}")
+    for row in rows:
+        size = row.get("bytes")
+        if row.get("correct") is not True:
+            problems.append(f"the all-reduce of {size!r} bytes gave a wrong sum "
+                            f"(correct={row.get('correct')!r})")
+        t, alg, bus = row.get("time_s"), row.get("algbw_gbps"), row.get("busbw_gbps")
+        if not all(_positive(v) for v in (t, alg, bus)) or not _positive(size):
+            problems.append(f"size {size!r}: time {t!r} s, algbw {alg!r}, busbw {bus!r} GB/s "
+                            "are not all positive finite numbers")
+            continue
+        want_alg = size / t / 1e9
+        if not (math.isclose(alg, want_alg, rel_tol=1e-6)
+                and math.isclose(bus, want_alg * bus_factor(n), rel_tol=1e-6)):
+            problems.append(f"size {size}: algbw {alg:.6g} and busbw {bus:.6g} GB/s are not "
+                            f"nccl-tests' for {size} bytes in {t:.6g} s over {n} devices "
+                            f"({want_alg:.6g}, {want_alg * bus_factor(n):.6g})")
+    top = next((r for r in rows if r.get("bytes") == gradient_bytes(spec.model)), None)
+    if top is None or not _positive(probe.get("busbw_gbps")) \
+            or probe.get("busbw_gbps") != top.get("busbw_gbps"):
+        problems.append(f"busbw_gbps {probe.get('busbw_gbps')!r} is not the row at the "
+                        f"gradient size ({gradient_bytes(spec.model)} bytes)")
     return problems
 
 

@@ -7,7 +7,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bench import grouping
-from bench.registry import BASELINE_PIPELINE, COMMON_OPTIONS, PIPELINES, RUNNERS, resolved_options
+from bench.registry import (
+    BASELINE_PIPELINE,
+    COMMON_OPTIONS,
+    PIPELINES,
+    PROBES,
+    RUNNERS,
+    resolved_options,
+)
 from runners.common import Spec
 
 if TYPE_CHECKING:
@@ -41,6 +48,8 @@ def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data:
     n counts the devices of all nodes; a multi-node run says nodes x devices per node."""
     if mode == "pipeline":
         return f"pipeline__{runner}__{model}__b{batch}__{data}__r{repeat}"
+    if mode == "allreduce":
+        return f"allreduce__{runner}__{model}__n{n}__r{repeat}"
     b = f"b{batch}" if scaling == "weak" else f"gb{batch}"
     where = f"n{n}" if nodes == 1 else f"{nodes}x{n // nodes}"
     return f"{runner}__{model}__{where}__{b}__{data}__{precision}__r{repeat}"
@@ -55,11 +64,13 @@ def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
 
 def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     """The sweep's runs: pipeline runs (pipelines x models x batch x workers x repeats) first,
-    then benchmark runs (repeats x runners x models x data x workers x precision x batch x
-    nodes x devices per node). Repeats are the outer loop, so the runners' repeats
-    interleave: a slow spell of the machine falls on every runner alike instead of on all
-    repeats of one."""
+    then all-reduce probe runs (repeats x probes x models x device counts of 2 or more), then
+    benchmark runs (repeats x runners x models x data x workers x precision x batch x nodes x
+    devices per node). Repeats are the outer loop, so the runners' repeats interleave: a slow
+    spell of the machine falls on every runner alike instead of on all repeats of one."""
     runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
+    if "allreduce" in cfg.mode:
+        runs += expand_probes(cfg, sweep_id)
     if "benchmark" not in cfg.mode:
         return runs
     for repeat, runner, model, data, precision, batch, nodes, per_node in itertools.product(
@@ -100,6 +111,30 @@ def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
                 repeat=repeat, timeout_s=cfg.timeout_s, mode="pipeline",
                 dataset={**cfg.dataset, "workers": workers}, telemetry=_telemetry(cfg),
             ))
+    return runs
+
+
+def expand_probes(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
+    """All-reduce probe runs (mode allreduce): each probe at every model's buffer sizes (the
+    model sets the largest: its gradient bytes) and every device count of 2 or more (one
+    device has nothing to reduce), repeats outermost. No batch, no precision: float32
+    buffers."""
+    runs = []
+    for repeat, name, model, n in itertools.product(
+        range(cfg.repeats), cfg.probes, cfg.models, [d for d in cfg.devices if d >= 2],
+    ):
+        info = PROBES[name]
+        runs.append(RunSpec(
+            run_id=make_run_id(name, model, n, "weak", 0, "synthetic", "fp32", repeat,
+                               mode="allreduce"),
+            sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
+            model=model, num_devices=n, device=cfg.device,
+            virtual_devices=cfg.device == "cpu", scaling="weak", batch_size_per_device=0,
+            global_batch_size=0, data="synthetic", precision="fp32",
+            warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps, repeat=repeat,
+            timeout_s=cfg.timeout_s, mode="allreduce", launcher=info.launcher,
+            telemetry=_telemetry(cfg),
+        ))
     return runs
 
 

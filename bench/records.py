@@ -65,7 +65,11 @@ def check_record(record: dict[str, Any]) -> list[str]:
     status = record.get("status")
     if status not in STATUSES:
         problems.append(f"status {status!r} not in {STATUSES}")
-    if status == "ok":
+    if status == "ok" and record.get("mode") == "allreduce":  # the probe: no images
+        busbw = ((record.get("result") or {}).get("allreduce") or {}).get("busbw_gbps")
+        if not isinstance(busbw, (int, float)) or not busbw > 0:
+            problems.append(f"ok all-reduce record with busbw_gbps {busbw!r}")
+    elif status == "ok":
         ips = record.get("images_per_sec")
         if not isinstance(ips, (int, float)) or not ips > 0:
             problems.append(f"ok record with images_per_sec {ips!r}")

@@ -14,8 +14,8 @@ from runners.mxnet import catalog as mxnet_catalog
 from runners.tf import catalog as tf_catalog
 from runners.torch import catalog as torch_catalog
 
-__all__ = ["BASELINE_PIPELINE", "COMMON_OPTIONS", "FAMILIES", "PIPELINES", "RUNNERS", "Family",
-           "Option", "RunnerInfo", "resolved_options", "runner_options"]
+__all__ = ["BASELINE_PIPELINE", "COMMON_OPTIONS", "FAMILIES", "PIPELINES", "PROBES", "RUNNERS",
+           "Family", "Option", "RunnerInfo", "resolved_options", "runner_options"]
 
 # Options every runner accepts; the launcher consumes them, the child never sees them.
 COMMON_OPTIONS: dict[str, Option] = {
@@ -58,6 +58,8 @@ RUNNERS: dict[str, RunnerInfo] = _collect("RUNNERS")
 
 BASELINE_PIPELINE = "pil_loop"  # runs once, with 0 workers, whatever the worker counts
 PIPELINES: dict[str, RunnerInfo] = _collect("PIPELINES")
+# The communication probes (mode: allreduce): each family's own all-reduce, no model.
+PROBES: dict[str, RunnerInfo] = _collect("PROBES")
 
 
 def runner_options(runner: str) -> dict[str, Option]:
@@ -66,10 +68,10 @@ def runner_options(runner: str) -> dict[str, Option]:
 
 
 def resolved_options(runner: str, given: dict[str, Any]) -> dict[str, Any]:
-    """A run's options as the child reads them: every option of the runner (or pipeline) at
-    its default, under what the config gave. A name the registry does not know passes as
-    given (the tests' toy runners)."""
-    info = RUNNERS.get(runner) or PIPELINES.get(runner)
+    """A run's options as the child reads them: every option of the runner (or pipeline, or
+    probe) at its default, under what the config gave. A name the registry does not know
+    passes as given (the tests' toy runners)."""
+    info = RUNNERS.get(runner) or PIPELINES.get(runner) or PROBES.get(runner)
     if info is None:
         return dict(given)
     return {**{k: o.default for k, o in info.options.items()}, **given}

@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 
-from bench import columns
+from bench import allreduce_report, columns
 from bench.plotting import pyplot
+from bench.published import draw_published
 from bench.records import load_records
 from bench.report_html import write_html
 from bench.stats import (
@@ -49,11 +50,15 @@ def _fmt(value: Any) -> Any:
 
 
 def format_table(rows: list[dict[str, Any]],
-                 pipelines: list[dict[str, Any]] | None = None) -> str:
-    """The summary (and the pipeline-mode summary, if any) as fixed-width text tables."""
-    parts = [_benchmark_table(rows)] if rows or not pipelines else []
+                 pipelines: list[dict[str, Any]] | None = None,
+                 allreduce: str | None = None) -> str:
+    """The summary (and the pipeline-mode summary, and the all-reduce probe's table
+    (bench/allreduce_report.py), if any) as fixed-width text tables."""
+    parts = [_benchmark_table(rows)] if rows or not (pipelines or allreduce) else []
     if pipelines:
         parts.append(_pipeline_table(pipelines))
+    if allreduce:
+        parts.append(allreduce)
     return "\n\n".join(parts)
 
 
@@ -152,6 +157,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
                 ax.plot(xs, [base["images_per_sec"] * x for x in xs], "--",
                         color=line.get_color(), alpha=0.5, label=f"ideal ({label.split()[0]})")
         _device_axes(ax, model, "images/sec", ok)
+        draw_published(ax, model, ok)  # published figures beside: log y (bench/published.py)
     fig.suptitle("Throughput vs device count" + note)
     paths.append(_save(fig, out / CHARTS[0], plt))
 
@@ -161,6 +167,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
         _device_series(ax, series, model, "scaling_efficiency", "efficiency_ci_low",
                        "efficiency_ci_high")
         _device_axes(ax, model, "scaling efficiency", ok)
+        draw_published(ax, model, ok, "scaling_efficiency")
     fig.suptitle("Scaling efficiency (speedup / devices)" + note)
     paths.append(_save(fig, out / CHARTS[1], plt))
 
@@ -306,15 +313,21 @@ def render_pipeline_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path
 
 def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                              list[Path]]:
-    """Re-read a results folder's records; write summary.csv (and pipelines.csv) and the
-    charts. Returns the benchmark rows, the pipeline rows and the chart paths."""
+    """Re-read a results folder's records; write summary.csv (and pipelines.csv, and
+    allreduce.csv) and the charts. Returns the benchmark rows, the pipeline rows and the
+    chart paths."""
     records = load_records(results_dir)
     rows, pipes = summarise(records, cv_target(results_dir)), summarise_pipelines(records)
     write_summary(results_dir, rows)
     if pipes:
         write_summary(results_dir, pipes, "pipelines.csv", PIPELINE_FIELDS)
-    charts = render_charts(results_dir, rows) if rows or not pipes else []
-    extra = [render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes)]
+    probes, link = allreduce_report.rows_and_link(results_dir, records)
+    if probes:
+        write_summary(results_dir, probes, allreduce_report.CSV_NAME,
+                      allreduce_report.ALLREDUCE_FIELDS)
+    charts = render_charts(results_dir, rows) if rows or not (pipes or probes) else []
+    extra = [render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes),
+             allreduce_report.render_allreduce_chart(results_dir, probes, link)]
     charts += [c for c in extra if c]
     telemetry = render_telemetry_charts(results_dir, records)
     charts.append(write_html(results_dir, rows, pipes, records, charts, telemetry))

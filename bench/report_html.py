@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import columns
+from bench.allreduce_report import html_section as allreduce_section
+from bench.explain import html_section as where_the_time_went
+from bench.published import published_section
 
 # The per-run columns the Runs table shows beside the run's id, status and files.
 RUN_CELLS = ("images_per_sec", "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu")
@@ -117,7 +120,10 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         "peak at the run's precision.</p>",
         _summary(rows) if rows else "<p>No benchmark runs.</p>",
         "<h2>Flagged</h2>", _flagged(rows),
+        where_the_time_went(rows, records),
+        allreduce_section(results_dir, records),
         "<h2>Charts</h2>", imgs,
+        published_section([*rows, *pipes, *records]),
         "<h2>Runs</h2>", _runs(results_dir, records, {p.stem for p in telemetry_charts}),
     ]
     if pipes:

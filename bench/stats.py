@@ -37,6 +37,11 @@ def is_pipeline(rec: dict[str, Any]) -> bool:
     return rec.get("mode") == "pipeline"
 
 
+def is_allreduce(rec: dict[str, Any]) -> bool:
+    """A communication probe's record (bench/allreduce_report.py summarises those)."""
+    return rec.get("mode") == "allreduce"
+
+
 def speedup(ips: float | None, baseline: float | None) -> float | None:
     """ips / baseline, or None when either is missing."""
     if ips is None or not baseline:
@@ -80,7 +85,7 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
     theirs."""
     by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
-        if not is_pipeline(rec):
+        if not is_pipeline(rec) and not is_allreduce(rec):
             by_config[config_key(rec)].append(rec)
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     oks: dict[tuple[Any, ...], list[float]] = {}

@@ -302,6 +302,7 @@ LIST_KEYS = {
     "precision": (["fp32", "bf16"], "'fp32'"),
     "mode": (["benchmark", "pipeline"], "'benchmark'"),
     "pipelines": (["pil_loop", "tf_data"], "'pil_loop'"),
+    "probes": (["torch_allreduce", "tf_allreduce"], "'torch_allreduce'"),
     "dataset.workers": ([1, 2], "1"),
     "nodes": ([1, 2], "1"),
 }

@@ -45,3 +45,11 @@ PIPELINES: list[RunnerInfo] = [
                "MXNet's C++ ImageRecordIter over train.rec (workers decode threads)",
                equivalence=False),
 ]
+
+# The communication probe (mode: allreduce): the family's own all-reduce alone, no model, over
+# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+PROBES: list[RunnerInfo] = [
+    RunnerInfo("mxnet_allreduce", "mxnet", "runners.mxnet.allreduce_probe",
+               "MXNet kvstore push/pull (sum) over N contexts in one process",
+               equivalence=False),
+]

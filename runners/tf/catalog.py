@@ -181,3 +181,11 @@ PIPELINES: list[RunnerInfo] = [
                "decode_jpeg and crop/flip (workers threads), batch, prefetch",
                equivalence=False),
 ]
+
+# The communication probe (mode: allreduce): the family's own all-reduce alone, no model, over
+# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+PROBES: list[RunnerInfo] = [
+    RunnerInfo("tf_allreduce", "tf", "runners.tf.allreduce_probe",
+               "TF collective ops (all_reduce sum) over N logical devices in one process",
+               equivalence=False),
+]

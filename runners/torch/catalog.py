@@ -73,3 +73,14 @@ PIPELINES: list[RunnerInfo] = [
                "PyTorch DataLoader over the JPEG file list: Pillow decode in workers "
                "processes, pinned memory on GPUs", equivalence=False),
 ]
+
+# The communication probe (mode: allreduce): the family's own all-reduce alone, no model, over
+# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+PROBES: list[RunnerInfo] = [
+    RunnerInfo("torch_allreduce", "torch", "runners.torch.allreduce_probe",
+               "torch.distributed.all_reduce, one process per device (torchrun): NCCL on "
+               "GPUs, gloo on CPU", equivalence=False, launcher="torchrun"),
+    RunnerInfo("horovod_allreduce", "horovod", "runners.torch.horovod_allreduce_probe",
+               "hvd.allreduce (sum) of torch tensors, one process per device (horovodrun, "
+               "gloo)", equivalence=False, launcher="horovodrun"),
+]
