@@ -50,6 +50,7 @@ PIPELINES: list[RunnerInfo] = [
 # buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
 PROBES: list[RunnerInfo] = [
     RunnerInfo("mxnet_allreduce", "mxnet", "runners.mxnet.allreduce_probe",
-               "MXNet kvstore push/pull (sum) over N contexts in one process",
+               "MXNet kvstore 'device' pushpull (sum) over N contexts in one process, as "
+               "Gluon's Trainer reduces gradients",
                equivalence=False),
 ]

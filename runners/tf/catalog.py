@@ -186,6 +186,8 @@ PIPELINES: list[RunnerInfo] = [
 # buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
 PROBES: list[RunnerInfo] = [
     RunnerInfo("tf_allreduce", "tf", "runners.tf.allreduce_probe",
-               "TF collective ops (all_reduce sum) over N logical devices in one process",
+               "tf.distribute's collective all-reduce (MirroredStrategy, CollectiveAllReduce: "
+               "ring on CPU, NCCL on GPUs) over N logical devices in one process, as Keras "
+               "sums gradients",
                equivalence=False),
 ]
