@@ -1,0 +1,192 @@
+"""The TensorFlow all-reduce probe (mode allreduce, issue 17): tf.distribute's collective
+all-reduce, timed as Keras 3 issues it for the gradients under MirroredStrategy.
+
+Devices: one process with spec.num_devices logical devices (runners/tf/devices.py): N virtual
+CPU devices on CPU, the first N GPUs on GPU. Strategy: tf.distribute.MirroredStrategy over
+them with its default cross-device ops, which in TensorFlow 2.21 is CollectiveAllReduce
+(cross_device_ops.py; what tf_mirrored's `cross_device_ops: auto` runs), its implementation
+chosen by MirroredStrategy itself: RING on CPU devices (and virtual GPUs), NCCL on physical
+GPUs. The all-reduce: a tf.function calling strategy.run of a replica function that does
+`tf.distribute.get_replica_context().all_reduce(SUM, buffer)`, which is exactly how Keras 3's
+optimizer (keras/src/backend/tensorflow/optimizer.py, _all_reduce_sum_gradients) sums the
+gradients inside fit's train function: merge_call -> CollectiveAllReduce.batch_reduce ->
+one CollectiveReduceV2 op per replica (communication_hint ring or nccl), launched in graph
+mode. Each replica's buffer is a float32 vector made under tf.device of its replica's device
+(experimental_distribute_values_from_function, which leaves placement to the caller under
+MirroredStrategy); the inputs are not changed by the all-reduce (its outputs are new tensors,
+as the reduced gradients are), so every iteration sums the same values.
+Timing: runners/allreduce.measure_size, iterations issued back to back, the clock stopped
+once every replica's last result has been read back (a sync of every device). One process
+times every replica at once (no mean across ranks to take).
+Evidence (read back from TensorFlow): replicas and world_size = strategy.num_replicas_in_sync,
+devices = the .device of each replica's buffer, the cross-device ops class and the
+communication implementation MirroredStrategy chose, the .device of the reduced per-replica
+values, and the collective ops TensorFlow placed on each device in the partition graphs of
+the instantiated function, with their communication_hint (ring, nccl).
+
+Follows TensorFlow 2.21's tf.distribute (MirroredStrategy + CollectiveAllReduce, Keras 3.15's
+gradient all-reduce). Differs from what a user ran: one flat buffer per call instead of a
+model's gradient list (Keras hands CollectiveAllReduce the whole list, which it concatenates
+into one pack when bytes_per_pack is 0, the default, so one buffer of the gradient size is
+that pack without the concat and split copies), no compute beside it to overlap with, and
+the buffer sizes of the probe rather than one step's. One machine only (a multi-worker
+MultiWorkerMirroredStrategy run would add the cross-host hop; not built here).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from runners.allreduce import (
+    DTYPE_BYTES,
+    expected_sum,
+    measure_size,
+    probe_result,
+    probe_sizes,
+)
+from runners.common import Spec, Unavailable, main
+from runners.tf.devices import setup_devices
+from runners.tf.placement import device_key, eager_placement, partition_graphs
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+def make_strategy(spec: Spec) -> tuple[tf.distribute.MirroredStrategy, list[dict[str, Any]]]:
+    """MirroredStrategy over the run's devices with TensorFlow's default cross-device ops;
+    Unavailable unless that default is the collective all-reduce this probe measures."""
+    if spec.num_nodes > 1:
+        raise Unavailable("the TensorFlow all-reduce probe runs on one machine (a "
+                          "MirroredStrategy over its devices); across nodes it is not built")
+    names, devices = setup_devices(spec)
+    strategy = tf.distribute.MirroredStrategy(devices=names)
+    cross = cross_device_ops(strategy)
+    if type(cross).__name__ != "CollectiveAllReduce":
+        raise Unavailable(f"MirroredStrategy (TensorFlow {tf.__version__}) chose "
+                          f"{type(cross).__name__} over {names}, not CollectiveAllReduce: the "
+                          "collective all-reduce this probe measures is not what it runs here")
+    return strategy, devices
+
+
+def cross_device_ops(strategy: tf.distribute.Strategy) -> Any:
+    """The CrossDeviceOps MirroredStrategy reduces float32 values with (its own choice)."""
+    return strategy.extended._cross_device_ops  # noqa: SLF001 (no public accessor)
+
+
+def implementation(strategy: tf.distribute.Strategy) -> str:
+    """The collective implementation MirroredStrategy set for its CollectiveAllReduce."""
+    impl = strategy.extended._communication_options.implementation  # noqa: SLF001
+    return getattr(impl, "name", str(impl))
+
+
+def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
+    """A PerReplica float32 vector of `elements` per replica, replica i's filled with i + 1,
+    each made on its replica's device (MirroredStrategy calls the value function without a
+    device scope: placing the values is the caller's part, as its documentation says)."""
+    devices = strategy.extended.worker_devices
+
+    def value(ctx: tf.distribute.experimental.ValueContext) -> tf.Tensor:
+        i = ctx.replica_id_in_sync_group
+        with tf.device(devices[i]):
+            return tf.fill([elements], tf.constant(i + 1, tf.float32))
+
+    return strategy.experimental_distribute_values_from_function(value)
+
+
+def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
+    """A tf.function summing a PerReplica value over the replicas the way Keras 3 sums the
+    gradients: the replica context's all_reduce inside strategy.run."""
+
+    def replica(x: tf.Tensor) -> tf.Tensor:
+        return tf.distribute.get_replica_context().all_reduce(SUM, x)
+
+    @tf.function
+    def all_reduce(values: Any) -> Any:
+        return strategy.run(replica, args=(values,))
+
+    return all_reduce
+
+
+def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
+    """Wait until every replica's result is computed: read one element of each back to the
+    host (a GPU's stream is done with the all-reduce once its last element can be read)."""
+    for t in strategy.experimental_local_results(out):
+        t[-1].numpy()
+
+
+def collective_placement(run_metadata: Any) -> dict[str, Any]:
+    """The collective ops TensorFlow ran, from the partition graphs of the instantiated
+    function (one graph per device, after placement): per device, how many of each collective
+    op type; the communication_hint attributes they carry (ring, nccl)."""
+    by_device: dict[str, dict[str, int]] = {}
+    hints: set[str] = set()
+    for graph in partition_graphs(run_metadata):
+        for node in graph.node:
+            if node.op.startswith("Collective"):
+                ops = by_device.setdefault(device_key(node.device), {})
+                ops[node.op] = ops.get(node.op, 0) + 1
+                if "communication_hint" in node.attr:
+                    hints.add(node.attr["communication_hint"].s.decode())
+    return {"by_device": dict(sorted(by_device.items())),
+            "communication_hints": sorted(hints)}
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    strategy, devices = make_strategy(spec)
+    n = strategy.num_replicas_in_sync  # the parent checks it against the run's devices
+    all_reduce = all_reduce_fn(strategy)
+    expected = expected_sum(n)
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, Any] = {}
+    start = time.time()
+    for nbytes in probe_sizes(spec.model):
+        buffers = replica_buffers(strategy, nbytes // DTYPE_BYTES)
+
+        def check(buffers: Any = buffers) -> bool:
+            """One all-reduce (its first call: the function is traced and instantiated for
+            this size, its partition graphs collected), every replica's result read back."""
+            with eager_placement() as placement:
+                out = all_reduce(buffers)
+                results = [t.numpy() for t in strategy.experimental_local_results(out)]
+            seen["collectives"] = collective_placement(placement.run_metadata)
+            seen["input_devices"] = [t.device for t in
+                                     strategy.experimental_local_results(buffers)]
+            seen["output_devices"] = [t.device for t in strategy.experimental_local_results(out)]
+            return len(results) == n and all(bool(np.all(r == expected)) for r in results)
+
+        rows.append(measure_size(nbytes, n, lambda buffers=buffers: all_reduce(buffers),
+                                 lambda out: sync(strategy, out), spec.warmup_steps,
+                                 spec.measure_steps, check=check))
+    window = (start, time.time())
+    impl = implementation(strategy)
+    cross = type(cross_device_ops(strategy)).__name__
+    evidence = {
+        "replicas": n,
+        "world_size": n,
+        "devices": seen["input_devices"],
+        "cross_device_ops": cross,
+        "communication_implementation": impl,
+        "output_devices": seen["output_devices"],
+        "collective_ops": seen["collectives"],
+        "collective_devices": len(seen["collectives"]["by_device"]),
+        "source": "replicas: strategy.num_replicas_in_sync; devices: .device of each replica's "
+                  "buffer; strategy.extended._cross_device_ops and "
+                  "._communication_options.implementation; .device of each reduced value "
+                  "(strategy.experimental_local_results: on CPU TensorFlow reports every "
+                  "host-memory output of a function on CPU:0); the collective "
+                  "ops per device in the partition graphs of the instantiated tf.function "
+                  "(eager RunMetadata of the last size's check)",
+    }
+    hints = "/".join(seen["collectives"]["communication_hints"]) or impl.lower()
+    return probe_result(
+        rows, spec.model,
+        f"MirroredStrategy {cross} ({hints}): CollectiveReduceV2", evidence,
+        {"tensorflow": tf.__version__, "numpy": np.__version__}, window=window,
+        devices=devices)
+
+
+if __name__ == "__main__":
+    main(benchmark)
