@@ -53,15 +53,34 @@ INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in [
 ]}
 
 
+# Any PCIe link by generation and width: pcie3-x1 (a mining rig's riser), pcie4-x8 ...
+PCIE_NAME = re.compile(r"pcie([1-6])-x(1|2|4|8|16)")
+PCIE_PATTERN = "pcie<gen>-x<width> (gen 1-6, width 1, 2, 4, 8 or 16)"
+
+
 def names() -> list[str]:
-    return list(INTERCONNECTS)
+    """The named interconnects, then the pattern any PCIe link's name follows."""
+    return [*INTERCONNECTS, PCIE_PATTERN]
+
+
+def pcie(gen: int, width: int) -> Interconnect:
+    """A PCIe link of that generation and width: the per-lane figure x the width, the
+    latency of the x16 entries."""
+    return Interconnect(f"pcie{gen}-x{width}", f"PCIe {gen}.0 x{width}",
+                        PCIE_LANE_GBPS[gen] * width, INTERCONNECTS["pcie3"].latency_s,
+                        f"PCI-SIG: {PCIE_LANE_GBPS[gen]:g} GB/s per lane and direction, "
+                        f"{width} lane{'s' if width > 1 else ''}")
 
 
 def get(name: str) -> Interconnect:
-    """The interconnect of that name; KeyError whose message lists the names allowed."""
-    if name not in INTERCONNECTS:
-        raise KeyError(f"unknown interconnect {name!r}; allowed: {', '.join(INTERCONNECTS)}")
-    return INTERCONNECTS[name]
+    """The interconnect of that name, or a PCIe link named by PCIE_PATTERN; KeyError whose
+    message lists the names allowed."""
+    if name in INTERCONNECTS:
+        return INTERCONNECTS[name]
+    match = PCIE_NAME.fullmatch(name)
+    if match:
+        return pcie(int(match[1]), int(match[2]))
+    raise KeyError(f"unknown interconnect {name!r}; allowed: {', '.join(names())}")
 
 
 def _generation(gpu_name: str) -> str | None:
