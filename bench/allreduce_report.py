@@ -28,7 +28,7 @@ ALLREDUCE_FIELDS = (
     "probe", "family", "model", "device", "num_devices", "virtual_devices", "implementation",
     "bytes", "mib", "gradient_size", "status", "runs_ok", "runs_total", "time_us",
     "algbw_gbps", "busbw_gbps", "busbw_gbps_min", "busbw_gbps_max", "nominal_link",
-    "nominal_gbps", "busbw_of_nominal", "reason",
+    "nominal_gbps", "busbw_of_nominal", "contended", "reason",
 )
 
 
@@ -84,7 +84,11 @@ def summarise_allreduce(records: list[dict[str, Any]],
             "implementation": next((_probe(r).get("implementation") for r in ok), None),
             "status": "ok" if ok else "/".join(sorted({r["status"] for r in recs})),
             "runs_ok": len(ok), "runs_total": len(recs),
-            "nominal_link": link.get("link"), "nominal_gbps": link.get("nominal_gbps"),
+            # other processes shared some ok run's window (bench/telemetry.py's contention)
+            "contended": any(bool(r.get("contended")) for r in ok),
+            # a link between GPUs is nothing to hold CPU devices' figures against
+            "nominal_link": link.get("link") if device == "gpu" else None,
+            "nominal_gbps": link.get("nominal_gbps") if device == "gpu" else None,
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
         }
         by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -99,7 +103,7 @@ def summarise_allreduce(records: list[dict[str, Any]],
         for size, measured in sorted(by_size.items()):
             bus = [m["busbw_gbps"] for m in measured]
             busbw = _median(bus)
-            nom = link.get("nominal_gbps")
+            nom = base["nominal_gbps"]
             rows.append({
                 **base, "bytes": size, "mib": size / 2**20, "gradient_size": size == top,
                 "time_us": _median([m["time_s"] * 1e6 for m in measured]),
@@ -139,11 +143,12 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     return (r["probe"], r["model"], _devices(r), r["implementation"] or "-",
             _num(r["mib"], ".1f"), _num(r["time_us"] and r["time_us"] / 1e3, ".2f"),
             _num(r["algbw_gbps"], ".2f"), _num(r["busbw_gbps"], ".2f"),
-            _num(r["busbw_of_nominal"], ".0%"), r["status"])
+            _num(r["busbw_of_nominal"], ".0%"), r["status"],
+            "CONTENDED" if r["contended"] else "-")
 
 
 HEAD = ("probe", "model", "devices", "implementation", "MiB", "time ms", "algbw GB/s",
-        "busbw GB/s", "of nominal", "status")
+        "busbw GB/s", "of nominal", "status", "flags")
 
 
 def format_allreduce_table(rows: list[dict[str, Any]], link: dict[str, Any]) -> str:
@@ -164,6 +169,8 @@ def format_allreduce_table(rows: list[dict[str, Any]], link: dict[str, Any]) -> 
          f"nominal link: {link_text(link)}"]
         + (["virtual CPU devices: the ranks share one host's memory; busbw is no link's "
             "figure"] if virtual else [])
+        + (["CONTENDED: other processes shared the machine (CPU or a GPU) in the timed window"]
+           if any(r["contended"] for r in top) else [])
         + ([f"per size: {CSV_NAME}"] if top else [])
         + (["", "Not ok:", *reasons] if reasons else []))
 
@@ -216,9 +223,12 @@ def render_allreduce_chart(results_dir: Path, rows: list[dict[str, Any]],
 def rows_and_link(results_dir: Path, records: list[dict[str, Any]]
                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A results folder's probe rows (allreduce.csv's; none without probe records) and the
-    nominal link of its environment."""
+    nominal link of its environment (none when no probe ran on GPUs)."""
     probes = [r for r in records if is_allreduce(r)]
     link = nominal(results_dir, probes)
+    if not any(r.get("device") == "gpu" for r in probes):
+        link = {"link": None, "nominal_gbps": None,
+                "how": "no GPU in the probe's runs: they ran on CPU devices"}
     return summarise_allreduce(probes, link), link
 
 

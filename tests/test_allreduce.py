@@ -384,6 +384,13 @@ def test_report_on_gpus_shows_busbw_beside_the_nominal_link(tmp_path: Path) -> N
     assert chart is not None and chart.stat().st_size > 0
 
 
+def test_cpu_probe_runs_on_a_gpu_box_get_no_nominal_link(tmp_path: Path) -> None:
+    folder = write_folder(tmp_path, GPU_ENV, "cpu")  # device: cpu on a machine with NVLink
+    rows, link = allreduce_report.rows_and_link(folder, load_records(folder))
+    assert link["nominal_gbps"] is None and all(r["nominal_gbps"] is None for r in rows)
+    assert "nominal link: no GPU: nominal link n/a" in allreduce_report.allreduce_table(folder)
+
+
 # --- the torch probe for real ----------------------------------------------------------------
 
 @pytest.mark.slow
