@@ -20,6 +20,7 @@ from bench import REPO_ROOT, environment, slurm, sweep_lock
 from bench.allreduce_report import CSV_NAME, allreduce_detail, allreduce_table
 from bench.config import ConfigError, SweepConfig, json_schema, load_config
 from bench.envs import EnvError, ensure_env, family_env, interpreter_for
+from bench.explain import text as explain_text
 from bench.launch import launch, record_without_run
 from bench.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
 from bench.plan import RunSpec, another_repeat, config_id, expand
@@ -32,14 +33,15 @@ from bench.slurm import SlurmError
 from bench.trust import coefficient_of_variation
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
-            "schema", "status")
+            "schema", "status", "compare", "predict")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="run_bench.py",
         description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
-                    "setup, list, report, make-dataset, prepare-data, new-runner, schema.")
+                    "setup, list, report, compare, predict, make-dataset, prepare-data, "
+                    "new-runner, schema, status.")
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run a sweep (the default command)")
     run.add_argument("--config", required=True, help="YAML sweep file")
@@ -87,6 +89,26 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--shards", type=int, default=4, help="TFRecord shards (default 4)")
     prep.add_argument("--workers", type=int, default=2,
                       help="processes that decode, resize and encode (default 2)")
+    compare = sub.add_parser(
+        "compare", help="NEW against BASE, configuration by configuration: images/sec ratio "
+                        "with a 95%% bootstrap interval; exit 1 on a significant regression")
+    compare.add_argument("base", help="results folder of the baseline sweep")
+    compare.add_argument("new", help="results folder of the sweep to judge")
+    compare.add_argument("--threshold", type=float, default=0.05,
+                         help="a change is significant when its interval excludes "
+                              "1 +- threshold (default 0.05)")
+    compare.add_argument("--out", help="folder for compare.md and the chart (default: NEW)")
+    predict = sub.add_parser(
+        "predict", help="step time, images/sec and scaling efficiency at N devices from the "
+                        "1-device step, the gradient bytes and a bus bandwidth (ring all-reduce)")
+    predict.add_argument("results_dir", help="results folder with 1-device runs")
+    predict.add_argument("--devices", default="2,4,8",
+                         help="device counts to predict, comma-separated (default 2,4,8)")
+    link = predict.add_mutually_exclusive_group()
+    link.add_argument("--busbw", type=float, metavar="GB/s",
+                      help="bus bandwidth in GB/s (default: the folder's allreduce probe)")
+    link.add_argument("--interconnect", metavar="NAME",
+                      help="a named interconnect's nominal bandwidth (bench/interconnects.py)")
     status = sub.add_parser("status", help="a SLURM sweep's jobs: collect those that ended "
                                            "(their records), show the others' states")
     status.add_argument("results_dir")
@@ -126,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_new_runner(args)
         if args.command == "status":
             return cmd_status(Path(args.results_dir))
+        if args.command == "compare":
+            from bench.compare import cmd_compare
+            return cmd_compare(args)
+        if args.command == "predict":
+            from bench.predict import cmd_predict
+            return cmd_predict(args)
         _parser().print_help()
         return 2
     except ConfigError as exc:
@@ -242,6 +270,9 @@ def cmd_report(results_dir: Path) -> int:
     rows, pipes, charts = build_report(results_dir)
     probes = allreduce_table(results_dir)
     print(format_table(rows, pipes, probes))
+    lines = explain_text(rows, load_records(results_dir))
+    if lines:
+        print("\n" + lines)
     print(f"\nsummary: {results_dir / 'summary.csv'}")
     if pipes:
         print(f"pipelines: {results_dir / 'pipelines.csv'}")
