@@ -526,8 +526,8 @@ def render_chart(results_dir: Path, forecast: Forecast) -> Path:
         ax.legend(fontsize=7)
     virtual = any(b.virtual_devices for b in forecast.baselines)
     fig.suptitle("Predicted scaling efficiency (ring all-reduce) and measured points"
-                 + (" (virtual CPU devices: the measured ones share one host's cores)"
-                    if virtual else ""))
+                 + ("\nvirtual CPU devices: the measured ones share one host's cores"
+                    if virtual else ""), fontsize=11)
     path = Path(results_dir) / "charts" / CHART_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -64,7 +64,7 @@ class Spec:
     timeout_s: float
     options: dict[str, Any] = field(default_factory=dict)  # the runner's own, defaults filled
     python: str | None = None  # the user's interpreter, if they named one
-    mode: str = "benchmark"  # or "pipeline" (input pipeline alone), "equivalence"
+    mode: str = "benchmark"  # or "pipeline" (input pipeline alone), "equivalence", "allreduce"
     launcher: str = "python"  # see bench.registry.RunnerInfo.launcher
     # the prepared dataset of a data: real or pipeline run: path, augmentation, workers (one)
     dataset: dict[str, Any] | None = None
