@@ -367,7 +367,8 @@ def print_plan(runs: list[RunSpec]) -> None:
         (str(i), r.run_id, r.runner, r.model,
          (f"{r.num_nodes}x{r.devices_per_node}" if r.num_nodes > 1 else str(r.num_devices))
          + f" {'vcpu' if r.virtual_devices else r.device}",
-         str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data_label)
+         *((str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data_label)
+           if r.mode != "allreduce" else ("-", "-", "fp32", "buffers")))
         for i, r in enumerate(runs, 1)
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
