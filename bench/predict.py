@@ -39,7 +39,8 @@ model's gradient bytes, from the probe of the runner's framework family where th
 else the fastest, at the same device count where it was measured, else the nearest; its
 latency from a straight-line fit of time against size over the probe's buffer sizes); else the
 nominal link of the box's environment capture (environment.json: NVLink or PCIe from NVML and
-nvidia-smi topo -m). With none of them, the command says what to pass (exit 2).
+nvidia-smi topo -m). With none of them it assumes PCIe 4.0 x16 (ASSUMED_INTERCONNECT) and
+says so on every row.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import csv
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,10 @@ BACKWARD_FRACTION = (TRAINING_FLOPS_FACTOR - 1) / TRAINING_FLOPS_FACTOR
 BUCKET_BYTES = 25 * MIB
 PROBE_MODE = "allreduce"
 CSV_NAME, CHART_NAME = "predict.csv", "predict.png"
+# With no --busbw, --interconnect, probe or GPU link in the folder, a prediction still comes
+# out, on this stated assumption: PCIe 4.0 x16, the link between GPUs without NVLink in most of
+# today's boxes; every row and the notes say it was assumed.
+ASSUMED_INTERCONNECT = "pcie4"
 
 
 # -- the model -------------------------------------------------------------------------------
@@ -359,8 +364,7 @@ class Forecast:
 
 def predict_folder(results_dir: Path, devices: list[int], busbw: float | None = None,
                    interconnect: str | None = None) -> Forecast:
-    """The predictions for a results folder (ConfigError when it has no 1-device run or no
-    bandwidth source)."""
+    """The predictions for a results folder (ConfigError when it has no ok 1-device run)."""
     results_dir = Path(results_dir)
     if not (results_dir / "runs").is_dir():
         raise ConfigError(f"results_dir: {str(results_dir)!r} has no runs/ folder; allowed: "
@@ -377,14 +381,18 @@ def predict_folder(results_dir: Path, devices: list[int], busbw: float | None = 
     measured = {config_key(r): r for r in summarise(
         [r for r in records if mode_of(r) == "benchmark"])}
     rows, missing = [], []
+    assumed = fixed_bandwidth(None, ASSUMED_INTERCONNECT)
+    assert assumed is not None
+    assumed = replace(assumed, source=f"assumed {assumed.source}")
     for base in bases:
         for n in devices:
             bw = fixed or probe_bandwidth(probes, base.runner, base.device, n,
                                           base.gradient_bytes)
             bw = bw or (env_bw if base.device == "gpu" else None)
             if bw is None:
-                missing.append(f"{base.label} ({base.device})")
-                break
+                if f"{base.label} ({base.device})" not in missing:
+                    missing.append(f"{base.label} ({base.device})")
+                bw = assumed
             pred = predict(base.t1_s, base.batch, base.scaling, n, base.gradient_bytes, bw)
             seen = measured.get((*base.key, 1, n)) or {}
             rows.append({
@@ -398,10 +406,11 @@ def predict_folder(results_dir: Path, devices: list[int], busbw: float | None = 
                 "measured_efficiency": seen.get("scaling_efficiency"),
             })
     if missing:
-        raise ConfigError(
-            f"busbw: no bus bandwidth for {'; '.join(missing)}; allowed: --busbw GB/s, "
-            f"--interconnect NAME ({', '.join(interconnects.names())}), or a sweep with "
-            f"mode: allreduce in {results_dir} (its probes' bus bandwidth)")
+        notes.append(
+            f"no bus bandwidth for {'; '.join(missing)}: "
+            f"{assumed.source.replace('assumed', 'ASSUMED', 1)}; for a "
+            f"measured one run mode: allreduce into {results_dir} (its probes' bus bandwidth), "
+            f"or pass --busbw GB/s or --interconnect NAME ({', '.join(interconnects.names())})")
     if any(b.scaling == "strong" for b in bases):
         notes.append("strong scaling: each device's compute is taken to shrink with its share "
                      "of the global batch (T_1/N), an upper bound: small per-device batches "

@@ -261,7 +261,6 @@ def _error(capsys) -> str:
     (("--devices", "0,2", "--busbw", "10"), "devices: '0'"),
     (("--devices", "2", "--interconnect", "warp-drive"), "interconnect: 'warp-drive'"),
     (("--devices", "2", "--busbw", "-3"), "busbw: -3"),
-    (("--devices", "2",), "--busbw GB/s, --interconnect NAME"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys, args: tuple[str, ...],
                                           says: str) -> None:
@@ -273,6 +272,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys, args: tuple[st
         assert "nvlink-v100" in err and "pcie<gen>-x<width>" in err
     if "--busbw GB/s" in says:
         assert "mode: allreduce" in err
+
+
+def test_without_any_bandwidth_source_it_predicts_on_a_stated_assumption(tmp_path: Path,
+                                                                         capsys) -> None:
+    """No --busbw, --interconnect, probe or GPU link: still efficiencies for 2, 4 and 8
+    devices, each row and the notes saying the link was assumed (PCIe 4.0 x16)."""
+    folder = write_folder(tmp_path / "r", [record(1, 200.0)])
+    assert predict_cli(folder) == 0
+    out = capsys.readouterr().out
+    assert "ASSUMED pcie4" in out and "mode: allreduce" in out
+    rows = list(csv.DictReader((folder / "predict.csv").open()))
+    assert [int(r["num_devices"]) for r in rows] == [2, 4, 8]
+    assert all(r["bandwidth_source"].startswith("assumed pcie4") for r in rows)
+    assert float(rows[0]["busbw_gbps"]) == interconnects.get("pcie4").busbw_gbps
 
 
 def test_a_folder_without_an_ok_one_device_run_is_one_line_and_exit_2(tmp_path: Path,
