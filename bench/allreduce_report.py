@@ -21,6 +21,7 @@ from typing import Any
 from bench import interconnects
 from bench.plotting import pyplot
 from bench.records import load_records
+from bench.text_table import aligned
 
 CSV_NAME, CHART_NAME = "allreduce.csv", "allreduce.png"
 NO_GPU = "no GPU: nominal link n/a"
@@ -155,11 +156,7 @@ def format_allreduce_table(rows: list[dict[str, Any]], link: dict[str, Any]) -> 
     """The terminal table: each probe, model and device count at the model's gradient size,
     the nominal link under it, and the reasons of configurations not ok."""
     top = at_gradient_size(rows)
-    lines = [HEAD, *(_cells(r) for r in top)]
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(HEAD))]
-    out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-           for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
+    out = aligned([HEAD, *(_cells(r) for r in top)])
     reasons = [f"  {r['probe']} {r['model']} n={r['num_devices']}: {r['reason']}"
                for r in top if r["status"] != "ok" and r.get("reason")]
     virtual = any(r["virtual_devices"] for r in top)

@@ -90,8 +90,8 @@ from bench.config import ConfigError
 from bench.grouping import batch_of, config_key, data_label, mode_of, nodes_of
 from bench.plotting import pyplot
 from bench.records import load_records, runs_dir
-from bench.report import _columns
-from bench.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, _quantile, ratio_ci
+from bench.text_table import aligned
+from bench.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile, ratio_ci
 
 REGRESSION, IMPROVEMENT = "regression", "improvement"
 NO_CHANGE, INCONCLUSIVE, NOT_COMPARED = "no significant change", "inconclusive", "not compared"
@@ -249,7 +249,7 @@ def ratio_interval(base: Side, new: Side) -> tuple[tuple[str, str], float | None
         return (base_src, new_src), None, None
     ratios = sorted(n / b for n, b in zip(new_draws, base_draws, strict=True))
     tail = (1 - CONFIDENCE) / 2
-    return (base_src, new_src), _quantile(ratios, tail), _quantile(ratios, 1 - tail)
+    return (base_src, new_src), quantile(ratios, tail), quantile(ratios, 1 - tail)
 
 
 def describe_sources(sources: tuple[str, str], base: Side, new: Side) -> str:
@@ -545,7 +545,7 @@ HEADER = ("configuration", "BASE img/s", "NEW img/s", "NEW/BASE", "95% interval"
 
 
 def format_terminal(cmp: Comparison) -> str:
-    lines = _columns([HEADER, *(table_cells(r) for r in cmp.rows)])
+    lines = aligned([HEADER, *(table_cells(r) for r in cmp.rows)])
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from bench.stats import (
     summarise_pipelines,
 )
 from bench.telemetry_chart import render_telemetry_charts
+from bench.text_table import aligned
 
 CHARTS = ("throughput.png", "efficiency.png", "largest_device_count.png")
 REAL_CHART, PIPELINE_CHART = "real_vs_synthetic.png", "pipelines.png"
@@ -62,14 +63,6 @@ def format_table(rows: list[dict[str, Any]],
     return "\n\n".join(parts)
 
 
-def _columns(lines: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
-    out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-           for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return out
-
-
 def _pipeline_table(rows: list[dict[str, Any]]) -> str:
     lines = [("pipeline", "model", "size", "batch", "workers", "status", "img/s",
               "img/s/core", f"x {BASELINE}")]
@@ -82,7 +75,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> str:
             f"{vs:.2f}" if vs is not None else "-"))
     reasons = [f"  {r['pipeline']} {r['model']} workers={r['loader_workers']}: {r['reason']}"
                for r in rows if r["status"] != "ok" and r.get("reason")]
-    return "\n".join(["Input pipelines alone (mode: pipeline):", *_columns(lines)]
+    return "\n".join(["Input pipelines alone (mode: pipeline):", *aligned(lines)]
                      + (["", "Not ok:", *reasons] if reasons else []))
 
 
@@ -92,7 +85,7 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
     cells = columns.cells("table")
     lines = [tuple(c.header for c in cells)]
     lines += [tuple(columns.cell(c, r, "table") for c in cells) for r in rows]
-    out = _columns(lines)
+    out = aligned(lines)
     out += ["", "placed: devices the framework reports the timed steps ran on (the record's "
             "placement); BN: BatchNorm statistics per device or over the global batch"]
     for r in rows:

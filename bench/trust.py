@@ -20,7 +20,7 @@ WARMUP_WINDOWS = 5
 STEADY_RATIO = 0.9
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
+def quantile(sorted_values: list[float], q: float) -> float:
     """Linear-interpolated quantile of already sorted values."""
     pos = q * (len(sorted_values) - 1)
     lo = int(pos)
@@ -37,7 +37,7 @@ def bootstrap_ci(values: Sequence[float], stat: Callable[[Sequence[float]], floa
     rng = random.Random(seed)
     stats = sorted(stat(rng.choices(values, k=len(values))) for _ in range(samples))
     tail = (1 - level) / 2
-    return _quantile(stats, tail), _quantile(stats, 1 - tail)
+    return quantile(stats, tail), quantile(stats, 1 - tail)
 
 
 def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
@@ -52,7 +52,7 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
                     / statistics.median(rng.choices(denominator, k=len(denominator)))
                     for _ in range(samples))
     tail = (1 - level) / 2
-    return _quantile(ratios, tail), _quantile(ratios, 1 - tail)
+    return quantile(ratios, tail), quantile(ratios, 1 - tail)
 
 
 def coefficient_of_variation(values: Sequence[float]) -> float | None:
