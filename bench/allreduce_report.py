@@ -229,9 +229,13 @@ def rows_and_link(results_dir: Path, records: list[dict[str, Any]]
     return summarise_allreduce(probes, link), link
 
 
-def allreduce_table(results_dir: Path) -> str | None:
-    """The terminal table of a results folder's probe records, or None without any."""
-    rows, link = rows_and_link(results_dir, load_records(Path(results_dir)))
+def allreduce_table(results_dir: Path,
+                    records: list[dict[str, Any]] | None = None) -> str | None:
+    """The terminal table of a results folder's probe records (read from the folder unless
+    given), or None without any."""
+    if records is None:
+        records = load_records(Path(results_dir))
+    rows, link = rows_and_link(results_dir, records)
     return format_allreduce_table(rows, link) if rows else None
 
 

@@ -268,9 +268,10 @@ def cmd_report(results_dir: Path) -> int:
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder; allowed: a "
                           "results folder written by a sweep")
     rows, pipes, charts = build_report(results_dir)
-    probes = allreduce_table(results_dir)
+    records = load_records(results_dir)
+    probes = allreduce_table(results_dir, records)
     print(format_table(rows, pipes, probes))
-    lines = explain_text(rows, load_records(results_dir))
+    lines = explain_text(rows, records)
     if lines:
         print("\n" + lines)
     print(f"\nsummary: {results_dir / 'summary.csv'}")
