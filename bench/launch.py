@@ -26,6 +26,7 @@ from bench import REPO_ROOT, columns
 from bench.environment import lock_for
 from bench.guard import cannot_start, guarded
 from bench.mfu import mfu
+from bench.placement_check import check_placement
 from bench.plan import RunSpec
 from bench.records import (
     SCHEMA_VERSION,
@@ -353,38 +354,33 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
     if returncode != 0:
         return "failed", f"exit {returncode} after reporting success: " \
                          f"{_reason_from_log(log_tail, ERROR_LINE)}"
-    problems = validate_result(result, spec)
+    problems = validate_result(result, spec, rec)
     return ("invalid", "; ".join(problems)) if problems else ("ok", None)
 
 
-def validate_placement(result: dict[str, Any], num_devices: int) -> list[str]:
-    """What is wrong with a training result's `placement`: the devices its timed (or
-    equivalence) steps ran on, read back from the framework, each with a positive count of
-    compute ops, rows or shards. N devices need N keys, unless the framework itself collapsed
-    them (`placement_collapsed` says how), which the record then shows."""
-    placement = result.get("placement")
-    if not isinstance(placement, dict) or not placement:
-        return [f"no placement read back from the framework (placement={placement!r})"]
-    bad = {k: v for k, v in placement.items()
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0}
-    if bad:
-        return [f"placement counts must be positive numbers: {bad}"]
-    if len(placement) < num_devices and not result.get("placement_collapsed"):
-        return [f"the work did not spread over the {num_devices} devices: the framework "
-                f"placed it on {sorted(placement)}"]
-    return []
+def validate_placement(result: dict[str, Any], num_devices: int,
+                       rec: dict[str, Any] | None = None) -> list[str]:
+    """What is wrong with a training result's `placement` (bench/placement_check.py): N
+    distinct devices, as the framework names them, normalised; and each device's share of
+    the work where the runner reports what it expects. The check's view goes into `rec`."""
+    shown, problems = check_placement(result, num_devices)
+    if rec is not None and shown:
+        rec["placement_check"] = shown
+    return problems
 
 
-def validate_result(result: dict[str, Any], spec: RunSpec) -> list[str]:
+def validate_result(result: dict[str, Any], spec: RunSpec,
+                    rec: dict[str, Any] | None = None) -> list[str]:
     """What is wrong with an 'ok' benchmark, equivalence, pipeline or all-reduce result (empty
-    when nothing is)."""
+    when nothing is); the placement check's view goes into `rec` when given."""
     if spec.mode == "equivalence":
-        return validate_placement(result, spec.num_devices)
+        return validate_placement(result, spec.num_devices, rec)
     if spec.mode == "allreduce":
         return validate_allreduce(result, spec)
     if spec.mode not in ("benchmark", "pipeline"):
         return []
-    problems = validate_placement(result, spec.num_devices) if spec.mode == "benchmark" else []
+    problems = (validate_placement(result, spec.num_devices, rec)
+                if spec.mode == "benchmark" else [])
     expected = spec.measure_steps * spec.global_batch_size
     if result.get("samples") != expected:
         problems.append(f"samples {result.get('samples')!r} != measure_steps x global batch "

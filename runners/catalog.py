@@ -44,6 +44,10 @@ class RunnerInfo:
     # Option sets the equivalence test runs besides the defaults: every option that changes
     # how gradients are reduced or the step is compiled (each dict overrides the defaults).
     equivalence_options: tuple[dict[str, Any], ...] = ()
+    # Option sets that change the reduction or placement only on GPUs (on virtual CPU devices
+    # they name the same device, or need a GPU kernel): (options, why), listed as "GPU only"
+    # in the coverage table (docs/EQUIVALENCE.md), never counted as run here.
+    equivalence_gpu_only: tuple[tuple[dict[str, Any], str], ...] = ()
     # How the parent starts the run: "python" (one process), "torchrun" (one process per
     # device, torch.distributed.run) or "horovodrun" (one per device, over gloo).
     launcher: str = "python"

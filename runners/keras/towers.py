@@ -71,9 +71,11 @@ from runners.common import (  # noqa: E402
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402
+from runners.tf import op_kinds  # noqa: E402
 from runners.tf.placement import (  # noqa: E402
     compute_ops_by_device,
     device_key,
+    executed_kinds_by_device,
     graph_run_options,
     partition_graphs,
 )
@@ -225,7 +227,7 @@ def parallel_model(template: Any, recipe: Recipe | None, device: str, stager: St
             xs = layers.Lambda(lambda t: stager.stage(t, device, "stage_x"),
                                name="stage_x")(x)
             out = template(xs)
-        return tf_keras.Model(inputs, out, name=f"{template.name}_staged"), labels
+        return Keras2Network(inputs, out, name=f"{template.name}_staged"), labels
     n = len(recipe.devices)
     outputs = []
     for i, dev in enumerate(recipe.devices):
@@ -243,7 +245,36 @@ def parallel_model(template: Any, recipe: Recipe | None, device: str, stager: St
             outputs.append(template(xi))
     with tf.device(recipe.merge_device):
         merged = layers.Concatenate(axis=0, name="merge")(outputs)
-    return tf_keras.Model(inputs, merged, name=f"{template.name}_parallel"), labels
+    return Keras2Network(inputs, merged, name=f"{template.name}_parallel"), labels
+
+
+class Keras2Network(tf_keras.Model):
+    """A functional model whose training function runs the updates Keras 2.0-2.2 ran: those
+    of the layer calls (nodes) this model owns, and the unconditional ones.
+
+    Keras 2's `Network.updates` (keras/engine/network.py, 2.2.4; `Container.updates` in
+    topology.py before 2.1.3) walked the model's layers and, for each inbound node the model
+    owns, took `layer.get_updates_for(node.input_tensors)`. tf_keras' v1 training loop
+    (training_v1._make_train_function) instead fetches `get_updates_for(self.inputs)`: every
+    update reachable from the model's inputs. A tower model reuses the template's input, so
+    the template's own BatchNorm updates (from the call that built it, on the whole global
+    batch) are reachable too, and fetching them runs a full-batch forward pass on the
+    template's device every step; Keras 2 never fetched them. Here the owned-node rule comes
+    back, so each tower updates the shared BatchNorm statistics from its own slice, as in
+    Keras 2, and the template's own call is not run."""
+
+    def get_updates_for(self, inputs: Any) -> list[Any]:
+        if inputs is None or inputs is not self.inputs:
+            return super().get_updates_for(inputs)
+        from tf_keras.src.engine.functional import _make_node_key
+
+        updates: list[Any] = []
+        for layer in self.layers:
+            for index, node in enumerate(layer._inbound_nodes):
+                if _make_node_key(layer.name, index) in self._network_nodes:
+                    updates += [u for u in layer.get_updates_for(node.input_tensors)
+                                if u not in updates]
+        return updates
 
 
 GradientsFn = Callable[[tf.Tensor, list[Any]], list[tf.Tensor]]
@@ -433,7 +464,7 @@ def compile_model(template: Any, recipe: Recipe | None, device: str, input_mode:
     """The model fit trains, compiled with a traced first step (see placement_step)."""
     stager = Stager() if input_mode == "staging" else None
     model, labels = parallel_model(template, recipe, device, stager)
-    options, run_metadata = graph_run_options()
+    options, run_metadata = graph_run_options(full_trace=True)
     kwargs: dict[str, Any] = {"options": options, "run_metadata": run_metadata}
     if stager is not None:
         kwargs["fetches"] = stager.puts  # every step puts the next batch
@@ -450,10 +481,44 @@ def prime(built: Built, x: np.ndarray, y: np.ndarray) -> None:
     K.get_session().run(built.stager.puts, feed_dict=feed)
 
 
+def conv_layers(template: Any) -> int:
+    """The template's convolution layers (nested models' included): the forward (and filter
+    gradient) convolutions one tower runs per step."""
+    from tf_keras.src.layers.convolutional.base_conv import Conv
+
+    return sum(isinstance(layer, Conv) for layer in template._flatten_layers(include_self=False))
+
+
+def per_device_work(run_metadata: Any, towers: list[str], convs: int) -> dict[str, Any]:
+    """What each device executed in the traced step (runners/tf/op_kinds.py kinds), beside
+    what the original runs: one forward and one filter-gradient convolution per conv layer on
+    each tower's device, none elsewhere (the parent checks one against the other:
+    bench/placement_check.py)."""
+    kinds = executed_kinds_by_device(run_metadata)
+
+    def of(kind: str) -> dict[str, int]:
+        return {d: k[kind] for d, k in kinds.items() if k.get(kind)}
+
+    expected = {device_key(_full(d)): convs for d in towers}
+    return {
+        "forward_convs_per_device": of(op_kinds.CONV_FORWARD),
+        "backward_convs_per_device": of(op_kinds.CONV_BACKPROP_FILTER),
+        "input_grad_convs_per_device": of(op_kinds.CONV_BACKPROP_INPUT),
+        "convs_per_tower": convs,
+        "expected_work": {"forward_convs_per_device": expected,
+                          "backward_convs_per_device": expected},
+        "work_source": "nodes executed per device in the step stats of one FULL_TRACE fit "
+                       "step before the warm-up (the timed steps run the same graph), by op "
+                       "kind (runners/tf/op_kinds.py); convs_per_tower from the template's "
+                       "convolution layers",
+    }
+
+
 def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str]
                    ) -> dict[str, Any]:
-    """Run one traced fit step, read the placement from its partition graphs, then rebuild the
-    step's callable without tracing. Invalid if a tower device did no compute."""
+    """Run one traced fit step (FULL_TRACE), read the placement from its partition graphs and
+    each device's executed convolutions from its step stats, then rebuild the step's callable
+    without tracing. Invalid if a tower device did no compute."""
     built.model.fit(**fit_args, verbose=0)
     placement = compute_ops_by_device(built.run_metadata)
     fn = built.model.train_function
@@ -466,15 +531,17 @@ def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str]
     # the step's convolution weight gradients: as built in the graph, and as TF ran them
     # after its graph optimisations (common-subexpression elimination merges identical ones)
     backprop = sum(1 for g in partition_graphs(built.run_metadata) for node in g.node
-                   if node.op == "Conv2DBackpropFilter")
+                   if op_kinds.op_kind(node.op) == op_kinds.CONV_BACKPROP_FILTER)
     backprop_built = sum(1 for op in built.model.train_function.updates_op.graph
-                         .get_operations() if op.type == "Conv2DBackpropFilter")
+                         .get_operations()
+                         if op_kinds.op_kind(op.type) == op_kinds.CONV_BACKPROP_FILTER)
     return {"placement": placement,
             "placement_source": "compute ops per device in the partition graphs of one "
                                 "traced fit step before the warm-up (session.run "
                                 "RunOptions.output_partition_graphs)",
             "conv_backprop_filter_ops": backprop,
-            "conv_backprop_filter_ops_built": backprop_built}
+            "conv_backprop_filter_ops_built": backprop_built,
+            **per_device_work(built.run_metadata, devices, conv_layers(built.template))}
 
 
 def _full(name: str) -> str:
@@ -520,6 +587,7 @@ def benchmark(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, di
         "variables_device": built.template.weights[0].device,
         **xla,
         **fields,
+        "departs_from_original": departures(spec),
         **source.info,
     }
 
@@ -550,17 +618,32 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
             "devices": devices, "input": input_mode, **placement, **xla, **fields}
 
 
-def optimizer(spec: Spec, gradients: GradientsFn = keras2_gradients) -> Keras2SGD:
-    """The benchmark's SGD (momentum 0.9), or plain SGD at the equivalence test's rate."""
+def optimizer(spec: Spec, cls: type[Keras2SGD] = Keras2SGD, **kwargs: Any) -> Keras2SGD:
+    """The benchmark's SGD (momentum 0.9), or plain SGD at the equivalence test's rate; `cls`
+    a strategy's own Keras2SGD (kwargs its own arguments)."""
     if spec.mode == "equivalence":  # the test's plain SGD at its learning rate
-        return Keras2SGD(learning_rate=float((spec.equivalence or {})["learning_rate"]),
-                         gradients=gradients)
-    return Keras2SGD(learning_rate=0.01, momentum=0.9, gradients=gradients)
+        return cls(learning_rate=float((spec.equivalence or {})["learning_rate"]), **kwargs)
+    return cls(learning_rate=0.01, momentum=0.9, **kwargs)
 
 
-def ps_device(spec: Spec, devices: list[str]) -> str:
-    """The parameter device of the `ps` option: /cpu:0, or the first tower device."""
-    return "/cpu:0" if spec.options["ps"] == "cpu" else devices[0]
+def template_device(value: str, devices: list[str]) -> str | None:
+    """Where a template is built (its variables live): "default" no device scope (TF's
+    default placement: the first GPU, or /cpu:0 without GPUs), "cpu" /cpu:0, "gpu" the first
+    tower device."""
+    if value == "default":
+        return None
+    return "/cpu:0" if value == "cpu" else devices[0]
+
+
+def departures(spec: Spec) -> list[str]:
+    """The options of this run that differ from the original's own usage (the catalog's
+    defaults are the originals', each cited in its runner's docstring), "name=value"; the
+    real-data loader is the harness's, not the original's, and is left out."""
+    from runners.tf.catalog import RUNNERS as TF_RUNNERS
+
+    info = next(r for r in TF_RUNNERS if r.name == spec.runner)
+    return [f"{name}={spec.options[name]}" for name, opt in info.options.items()
+            if name != "loader" and name in spec.options and spec.options[name] != opt.default]
 
 
 def single_device(spec: Spec, devices: list[str], original: str) -> dict[str, Any] | None:

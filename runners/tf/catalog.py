@@ -17,6 +17,11 @@ KERAS2_WRAP_OPTION = Option(bool, False, help="at 1 device, build the one-tower 
                                               "the original falls back to")
 
 
+TEMPLATE_DEVICES = ("default", "cpu", "gpu")
+ON_CPU_SAME_DEVICE = ("on virtual CPU devices /cpu:0 is also the first tower device: the "
+                      "option names the same device as the default")
+
+
 def keras2_tower_options(**own: Option) -> dict[str, Option]:
     """What every Keras 2 tower runner accepts (the real-data loader, the input path), then
     its own options."""
@@ -73,10 +78,15 @@ RUNNERS: list[RunnerInfo] = [
         "kuza55's make_parallel (2016) on Keras 2 (tf_keras, TF1 graph, fit): whole batch "
         "to every tower, sliced there, outputs merged on /cpu:0",
         options=keras2_tower_options(
-            ps=Option(str, "cpu", ("cpu", "gpu"), "where the template's variables live")),
+            ps=Option(str, "default", TEMPLATE_DEVICES,
+                      "where the template's variables live: default = no device scope, as "
+                      "kuza55's users built the model they passed in (TF's default "
+                      "placement: the first GPU); cpu = /cpu:0; gpu = the first tower "
+                      "device")),
         # staging and tf_data input: the shared keras2_towers code, run through
         # multi_gpu_model's cases (the suite's time budget)
-        equivalence_options=({"ps": "gpu"},),
+        equivalence_gpu_only=(({"ps": "cpu"}, ON_CPU_SAME_DEVICE),
+                              ({"ps": "gpu"}, ON_CPU_SAME_DEVICE)),
     ),
     RunnerInfo(
         "keras_tf_multi_gpu_model",
@@ -92,11 +102,18 @@ RUNNERS: list[RunnerInfo] = [
             cpu_merge=Option(bool, True, help="merge replica outputs on the CPU"),
             cpu_relocation=Option(bool, False, help="clone the template under /cpu:0 and "
                                                     "train the clone (Keras 2.1.6+)"),
+            template_device=Option(str, "docs", ("docs", *TEMPLATE_DEVICES),
+                                   "where the template is built: docs = as the docstring's "
+                                   "example for these arguments (Example 1, the defaults: "
+                                   "/cpu:0; Examples 2 and 3, cpu_relocation or cpu_merge "
+                                   "false: no device scope); default, cpu or gpu as kuza55's "
+                                   "ps"),
             wrap_single_device=KERAS2_WRAP_OPTION),
-        # staging input: the shared keras/towers.py path, run through avolkov1's
-        # average_gradients + staging case (the suite's time budget)
-        equivalence_options=({"keras_version": "2.1"}, {"cpu_merge": False},
-                             {"input": "tf_data"}, {"wrap_single_device": True}),
+        # staging input: run for real in tests/test_keras_towers.py (staging semantics)
+        equivalence_options=({"keras_version": "2.1"}, {"input": "tf_data"},
+                             {"wrap_single_device": True}),
+        equivalence_gpu_only=(({"cpu_merge": False}, ON_CPU_SAME_DEVICE),
+                              ({"cpu_relocation": True}, ON_CPU_SAME_DEVICE)),
     ),
     RunnerInfo(
         "keras_tf_avolkov1",
@@ -106,18 +123,29 @@ RUNNERS: list[RunnerInfo] = [
         "and merge on the parameter device, StagingArea input, its multi-GPU optimizer; "
         "plain model at 1 device",
         options=keras2_tower_options(
-            ps=Option(str, "cpu", ("cpu", "gpu"), "where variables live, slicing and the merge "
-                                                  "run"),
+            ps=Option(str, "cpu", ("cpu", "gpu"), "its ps_device: where slicing and the "
+                                                  "merge run (make_parallel's default "
+                                                  "/cpu:0)"),
+            template_device=Option(str, "default", TEMPLATE_DEVICES,
+                                   "where the serial model is built: default = no device "
+                                   "scope, as its cifar10_cnn_mgpu.py example; cpu or gpu as "
+                                   "kuza55's ps"),
             average_gradients=Option(bool, False, help="its SGD_MGPU: gradients of the merged "
                                                        "loss once per device (N backward "
                                                        "passes), averaged"),
             nccl=Option(bool, False, help="average those copies by NCCL all-reduce (GPUs; "
                                           "needs average_gradients)"),
             wrap_single_device=KERAS2_WRAP_OPTION),
-        # staging alone: inside the average_gradients + staging case (the time budget)
-        equivalence_options=({"average_gradients": True}, {"ps": "gpu"},
-                             {"average_gradients": True, "input": "staging"},
-                             {"wrap_single_device": True}),
+        equivalence_options=({"average_gradients": True}, {"wrap_single_device": True}),
+        equivalence_gpu_only=(({"ps": "gpu"}, ON_CPU_SAME_DEVICE),
+                              ({"template_device": "cpu"}, ON_CPU_SAME_DEVICE),
+                              ({"average_gradients": True, "input": "staging"},
+                               "a StagingArea on the CPU holds the batch the CPU already "
+                               "has: no copy to overlap (the staging order is tested in "
+                               "tests/test_keras_towers.py)"),
+                              ({"average_gradients": True, "nccl": True},
+                               "NCCL all-reduce has no CPU kernel (the graph's all-reduce "
+                               "ops are tested in tests/test_keras_towers.py)")),
     ),
     RunnerInfo(
         "tensorpack",
@@ -137,9 +165,9 @@ RUNNERS: list[RunnerInfo] = [
                                 "choice, hierarchical with the GradientPacker at 8 towers, "
                                 "else gpu; hierarchical needs 8 towers; nccl: GPUs only)"),
         },
-        equivalence_options=({"trainer": "parameter_server"},
-                             {"trainer": "parameter_server", "ps_device": "gpu"},
-                             {"input": "queue"}),
+        equivalence_options=({"trainer": "parameter_server"}, {"input": "queue"}),
+        equivalence_gpu_only=(({"trainer": "parameter_server", "ps_device": "gpu"},
+                               ON_CPU_SAME_DEVICE),),
         multi_node="tensorpack's HorovodTrainer / DistributedTrainerReplicated",
         multi_node_unavailable="its multi-node launch is not built yet (issue 16's notes)",
     ),

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
+import tf_keras
 
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.keras import towers as kt
@@ -39,29 +40,58 @@ from runners.keras import towers as kt
 ORIGINAL = "avolkov1's make_parallel (returns the serial model below 2 GPUs)"
 
 
-def merged_loss_gradients(devices: list[str], nccl: bool) -> kt.GradientsFn:
-    """avolkov1's OptimizerMultiGPUMixin._get_tower_gradvars + all_avg_gradients."""
-    def gradients(loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
-        copies = []
-        for i, dev in enumerate(devices):
-            with tf.device(dev), tf.name_scope(f"tower_{i}"):
-                copies.append(tf.compat.v1.gradients(loss, params,
-                                                     colocate_gradients_with_ops=not nccl))
-        if nccl:
-            from tensorflow.python.ops import nccl_ops
-
-            averaged = []
-            for per_device in zip(*copies, strict=True):
-                summed = nccl_ops.all_sum(list(per_device))
-                scaled = []
-                for dev, g in zip(devices, summed, strict=True):
-                    with tf.device(dev):
-                        scaled.append(g * (1.0 / len(devices)))
-                averaged.append(scaled[0])
-            return averaged
+def tower_gradients(loss: tf.Tensor, params: list[Any], devices: list[str], nccl: bool
+                    ) -> list[list[tf.Tensor]]:
+    """avolkov1's OptimizerMultiGPUMixin._get_tower_gradvars + all_avg_gradients
+    (optimizers.py 99cd231 lines 171-196 and 36-57): per device the averaged gradients it
+    applies. Without NCCL one reduce_mean(stack) on the first device ('/gpu:0', its
+    param_server_device default), the same tensors for every device; with NCCL all_sum over
+    the devices, each device's output scaled by 1/N on that device."""
+    copies = []
+    for i, dev in enumerate(devices):
+        with tf.device(dev), tf.name_scope(f"tower_{i}"):
+            copies.append(tf.compat.v1.gradients(loss, params,
+                                                 colocate_gradients_with_ops=not nccl))
+    if not nccl:
         with tf.device(devices[0]):
-            return [tf.reduce_mean(tf.stack(list(g)), 0) for g in zip(*copies, strict=True)]
-    return gradients
+            averaged = [tf.reduce_mean(tf.stack(list(g)), 0) for g in zip(*copies, strict=True)]
+        return [averaged] * len(devices)
+    from tensorflow.python.ops import nccl_ops
+
+    per_device: list[list[tf.Tensor]] = [[] for _ in devices]
+    for grads in zip(*copies, strict=True):
+        summed = nccl_ops.all_sum(list(grads))
+        for i, (dev, g) in enumerate(zip(devices, summed, strict=True)):
+            with tf.device(dev):
+                per_device[i].append(g * (1.0 / len(devices)))
+    return per_device
+
+
+class SGDMultiGPU(kt.Keras2SGD):
+    """avolkov1's SGD_MGPU (OptimizerMultiGPUMixin + SGD): get_updates applies device 0's
+    averaged gradients; with NCCL it goes on over every device (optimizers.py lines 242-260:
+    "IMPORTANT when using NCCL to get updates for all devices otherwise the nccl ops
+    deadlock"), one SGD update of the shared variables per device under that device's scope.
+    Keras 2's SGD.get_updates made new momentum buffers on each call: so does each device's
+    update here (its own legacy SGD with the same settings)."""
+
+    def __init__(self, *args: Any, devices: list[str], nccl: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._devices, self._nccl = list(devices), nccl
+
+    def get_updates(self, loss: tf.Tensor, params: list[Any]) -> list[Any]:
+        per_device = tower_gradients(loss, params, self._devices, self._nccl)
+        updates = [self.apply_gradients(list(zip(per_device[0], params, strict=True)))]
+        if not self._nccl:
+            return updates
+        config = self.get_config()
+        for i, dev in enumerate(self._devices[1:], start=1):
+            with tf.device(dev), tf.name_scope(f"tower_{i}"):
+                other = tf_keras.optimizers.legacy.SGD.from_config(
+                    {**config, "name": f"{config['name']}_tower_{i}"})
+                updates.append(other.apply_gradients(list(zip(per_device[i], params,
+                                                              strict=True))))
+        return updates
 
 
 def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
@@ -72,18 +102,20 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
                       "average_gradients: true")
     if nccl and spec.device != "gpu":
         raise Unavailable("NCCL all-reduce runs on GPUs only")
-    common = {"ps": opts["ps"], "average_gradients": average, "nccl": nccl}
+    common = {"ps": opts["ps"], "template_device": opts["template_device"],
+              "average_gradients": average, "nccl": nccl}
     plain = kt.single_device(spec, devices, ORIGINAL)
     if plain is not None:
         template = kt.build_template(spec.model, devices[0])
         built = kt.compile_model(template, None, devices[0], input_mode, kt.optimizer(spec))
         return built, {**common, **plain}
-    ps = kt.ps_device(spec, devices)
-    template = kt.build_template(spec.model, ps)
+    ps = "/cpu:0" if opts["ps"] == "cpu" else devices[0]
+    template = kt.build_template(spec.model, kt.template_device(opts["template_device"],
+                                                                devices))
     recipe = kt.Recipe(devices, merge_device=ps, slice_device=ps, remainder="last")
-    grads = merged_loss_gradients(devices, nccl) if average else kt.keras2_gradients
     built = kt.compile_model(template, recipe, devices[0], input_mode,
-                             kt.optimizer(spec, grads))
+                             kt.optimizer(spec, SGDMultiGPU, devices=devices, nccl=nccl)
+                             if average else kt.optimizer(spec))
     b, n = spec.global_batch_size, len(devices)
     return built, {**common, "wrapped": True, "tower_devices": list(devices),
                    "merge_device": ps, "slice_device": ps,

@@ -26,8 +26,7 @@ RUNNER = "keras_tf_kuza55"
 
 
 def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
-    ps = kt.ps_device(spec, devices)
-    template = kt.build_template(spec.model, ps)
+    template = kt.build_template(spec.model, kt.template_device(spec.options["ps"], devices))
     recipe = kt.Recipe(devices, merge_device="/cpu:0", slice_device=None, remainder="drop")
     built = kt.compile_model(template, recipe, devices[0], input_mode, kt.optimizer(spec))
     return built, {"wrapped": True, "ps": spec.options["ps"],

@@ -48,15 +48,18 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
         template = kt.build_template(spec.model, devices[0])
         built = kt.compile_model(template, None, devices[0], input_mode, kt.optimizer(spec))
         return built, {**common, **plain}
+    where = str(opts["template_device"])
+    if where == "docs":  # the docstring's example for these arguments
+        where = "cpu" if common["cpu_merge"] and not common["cpu_relocation"] else "default"
+    common["template_built_on"] = where
+    passed = kt.build_template(spec.model, kt.template_device(where, devices))
+    template = passed
     if common["cpu_relocation"]:
         import tensorflow as tf
         import tf_keras
 
-        passed = kt.build_template(spec.model, None)
         with tf.device("/cpu:0"):
             template = tf_keras.models.clone_model(passed)
-    else:
-        template = kt.build_template(spec.model, "/cpu:0")
     merge = "/cpu:0" if common["cpu_merge"] else devices[0]
     recipe = kt.Recipe(devices, merge_device=merge, slice_device=SLICING[version],
                        remainder="last", scope="replica")

@@ -35,6 +35,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 
+from runners.tf.op_kinds import op_kind
+
 BOOKKEEPING_OPS = frozenset({
     "Const", "HostConst", "_EagerConst", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
     "_Send", "_Recv", "_HostSend", "_HostRecv", "NoOp", "Identity", "IdentityN", "Placeholder",
@@ -87,6 +89,29 @@ def executed_ops_by_device(run_metadata: Any) -> dict[str, int]:
         if n:
             counts[device_key(dev.device.split(" ")[0])] += n
     return dict(sorted(counts.items()))
+
+
+def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
+    """{device: {op kind: nodes of that kind executed}} from a FULL_TRACE step: each executed
+    node's op type looked up in the partition graphs of the same RunMetadata (else read from
+    its timeline label, "name = Op(inputs)"), classified by runners/tf/op_kinds.op_kind so
+    that oneDNN's op names count as the plain ones do."""
+    op_of: dict[tuple[str, str], str] = {}
+    for graph in partition_graphs(run_metadata):
+        for node in graph.node:
+            op_of[(device_key(node.device), node.name)] = node.op
+    out: dict[str, Counter[str]] = {}
+    for dev in run_metadata.step_stats.dev_stats:
+        device = device_key(dev.device.split(" ")[0])
+        for stats in dev.node_stats:
+            op = op_of.get((device, stats.node_name))
+            if op is None:
+                label = stats.timeline_label.partition("=")[2].strip()
+                op = label.split("(")[0].strip()
+            kind = op_kind(op)
+            if kind:
+                out.setdefault(device, Counter())[kind] += 1
+    return {d: dict(sorted(c.items())) for d, c in sorted(out.items())}
 
 
 def ops_by_type_on(run_metadata: Any, device: str) -> dict[str, int]:
