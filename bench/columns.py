@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.grouping import data_label
+from bench.placement_check import distinct_devices
 
 VIEWS: dict[str, str] = {
     "csv": "summary.csv: one row per configuration and device count",
@@ -76,7 +77,12 @@ def _at(*path: str) -> Reader:
 
 def _placed(rec: Mapping[str, Any]) -> int | None:
     placement = rec.get("placement")
-    return len(placement) if isinstance(placement, Mapping) else None
+    return len(distinct_devices(placement)) if isinstance(placement, Mapping) else None
+
+
+def _departures(rec: Mapping[str, Any]) -> str | None:
+    changed = _at("result", "departs_from_original")(rec)
+    return ", ".join(str(c) for c in changed) if isinstance(changed, list) and changed else None
 
 
 def _step_time_median(rec: Mapping[str, Any]) -> float | None:
@@ -156,9 +162,14 @@ COLUMNS: tuple[Column, ...] = (
            ("csv", "loader"), _at("slurm", "node_list"), "first"),
     Column("queued_s", "", "1f", "Seconds the run's SLURM job waited in the queue "
            "(StartTime - SubmitTime).", ("csv", "loader"), _at("slurm", "queued_s"), "median"),
-    Column("placed_devices", "placed", "placed", "Devices the framework reports the timed "
-           "steps ran on (the record's `placement`): the fewest any ok run named.",
+    Column("placed_devices", "placed", "placed", "Distinct devices the framework reports the "
+           "timed steps ran on (the record's `placement`, each name normalised: "
+           "bench/placement_check.py): the fewest any ok run named.",
            run=_placed, over_runs="min"),
+    Column("departs_from_original", "vs original", "text", "The options of a run named after "
+           "a 2017 system that differ from that system's own usage (its README or example; "
+           "the runner's docstring cites them), as option=value.", ("csv", "html", "loader"),
+           _departures, "first"),
     Column("placement_collapsed", "", "text", "The framework's own note when it put N devices' "
            "work on fewer (keras-mxnet's cpu(i) on cpu(0)), from the runner's result.",
            ("csv", "loader"), _at("result", "placement_collapsed"), "first"),

@@ -5,10 +5,11 @@ ops, rows or shards}). Frameworks name one device several ways ("/job:localhost/
 task:0/device:CPU:1", "/cpu:1", "cpu(1)", "TFRT_CPU_1"), so the check first normalises every
 name (`normalise_device`) and counts the distinct devices: N keys that name fewer than N
 devices do not pass. Where the runner knows each device's share of the work it reports
-`expected_work` ({field: {device: expected count}}, e.g. the Keras towers' forward
+`expected_work` ({field: {device: expected count, or an inclusive [low, high] where the
+framework's own optimiser may legitimately merge work}}, e.g. the Keras towers' forward
 convolutions per device, one tower's worth each) beside the measured field ({device: count}
-read from the framework); every device's measured count must equal its expected one
-(a device missing from either side counts 0). The record keeps both (`placement_check`).
+read from the framework); every device's measured count must be its expected one (a device
+missing from either side counts 0). The record keeps both (`placement_check`).
 
 Framework-free: the parent imports it (bench/launch.py).
 """
@@ -65,16 +66,36 @@ def distinct_devices(placement: Mapping[str, Any]) -> list[str]:
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0})
 
 
-def _per_device(counts: Any) -> dict[str, float] | None:
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _per_device(counts: Any, ranges: bool = False) -> dict[str, Any] | None:
+    """{normalised device: count} (or, with ranges, a count or an inclusive [low, high]),
+    None when counts is not such a mapping."""
     if not isinstance(counts, Mapping):
         return None
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for k, v in counts.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if ranges and isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_number, v)):
+            v = [v[0], v[1]]
+        elif not _number(v):
             return None
         key = normalise_device(k)
-        out[key] = out.get(key, 0) + v
+        if key in out:  # two names of one device: their counts add up
+            if isinstance(v, list) or isinstance(out[key], list):
+                return None
+            v = out[key] + v
+        out[key] = v
     return out
+
+
+def _matches(got: float, want: Any) -> bool:
+    return want[0] <= got <= want[1] if isinstance(want, list) else got == want
+
+
+def _show(want: Any) -> str:
+    return f"{_n(want[0])}..{_n(want[1])}" if isinstance(want, list) else _n(want)
 
 
 def check_work(result: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -88,7 +109,7 @@ def check_work(result: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     shown: dict[str, Any] = {}
     problems: list[str] = []
     for field, expected in expected_work.items():
-        want, got = _per_device(expected), _per_device(result.get(field))
+        want, got = _per_device(expected, ranges=True), _per_device(result.get(field))
         if want is None or got is None:
             problems.append(f"{field}: no per-device counts to check ({result.get(field)!r} "
                             f"against {expected!r})")
@@ -96,11 +117,11 @@ def check_work(result: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         shown[field] = {"measured": dict(sorted(got.items())),
                         "expected": dict(sorted(want.items()))}
         devices = sorted(set(want) | set(got))
-        wrong = [d for d in devices if got.get(d, 0) != want.get(d, 0)]
+        wrong = [d for d in devices if not _matches(got.get(d, 0), want.get(d, 0))]
         if wrong:
             problems.append(
                 f"{field} is not the original's: "
-                + ", ".join(f"{d} {_n(got.get(d, 0))} (expected {_n(want.get(d, 0))})"
+                + ", ".join(f"{d} {_n(got.get(d, 0))} (expected {_show(want.get(d, 0))})"
                             for d in devices))
     return shown, problems
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bench.envs import ensure_env
+from bench.equivalence_coverage import cases_run_here
 from bench.launch import launch
 from bench.plan import RunSpec
 from bench.registry import RUNNERS
@@ -17,13 +18,12 @@ from models import get_spec
 from tests.specs import run_spec
 
 pytestmark = pytest.mark.slow
-EQUIVALENCE_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.equivalence)
 # Every runner with its default options, then each option set that changes the reduction or
-# the compiled step (the registry's equivalence_options).
+# the compiled step on CPU (the catalog's equivalence_options; the GPU-only ones are listed in
+# docs/EQUIVALENCE.md, bench/equivalence_coverage.py).
 EQUIVALENCE_CASES = [
     pytest.param(name, options, id=name + "".join(f"-{k}={v}" for k, v in options.items()))
-    for name in EQUIVALENCE_RUNNERS
-    for options in ({}, *RUNNERS[name].equivalence_options)
+    for name, options in cases_run_here()
 ]
 BATCH, LR, RTOL = 16, 0.5, 1e-5
 

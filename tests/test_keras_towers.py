@@ -11,14 +11,13 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from bench.launch import launch
 from bench.plan import RunSpec
 from bench.registry import RUNNERS
 from tests.conftest import REPO
-from tests.test_equivalence import BATCH, LR, RTOL, make_inputs
+from tests.test_equivalence import make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
@@ -148,20 +147,117 @@ def test_kuza55_wraps_at_one_device(tmp_path: Path, tf_python: str) -> None:
     assert res["wrapped"] is True and res["tower_devices"] == ["/cpu:0"]
 
 
-def test_avolkov1_average_gradients_runs_n_backward_passes(tmp_path: Path,
-                                                           tf_python: str) -> None:
-    """Its SGD_MGPU takes the merged loss's gradients once per device: the graph holds N times
-    the convolution backward ops of the default step. TF's common-subexpression elimination
-    merges the identical copies, so the step TF runs holds no more than the default's."""
-    default = run("keras_tf_avolkov1", 2, 8, tmp_path, tf_python)["result"]
-    averaged = run("keras_tf_avolkov1", 2, 8, tmp_path, tf_python,
-                   {"average_gradients": True})["result"]
-    assert default["conv_backprop_filter_ops"] > 0
-    assert (averaged["conv_backprop_filter_ops_built"]
-            == 2 * default["conv_backprop_filter_ops_built"] > 0)
-    assert averaged["conv_backprop_filter_ops"] == default["conv_backprop_filter_ops"]
-    assert averaged["gradient_copies"] == 2
-    assert sorted(averaged["placement"]) == [CPU.format(0), CPU.format(1)]
+# Each tower strategy at 2 devices, one traced fit step through the runner's own code path
+# (make -> compile_model -> placement_step): what each device executed, by op kind, and what
+# the parent makes of it. minigooglenet: 19 convolutions per tower, BatchNorm after each.
+WORK = """
+import json, os
+import numpy as np
+from bench.placement_check import check_work
+from runners.keras import towers as kt
+from runners.tf import keras_avolkov1, keras_kuza55, keras_multi_gpu_model
+from runners.tf.placement import partition_graphs
+from tests.specs import run_spec
+
+cases = {"keras_tf_kuza55": (keras_kuza55, {}),
+         "keras_tf_multi_gpu_model": (keras_multi_gpu_model, {}),
+         "keras_tf_avolkov1": (keras_avolkov1, {}),
+         "keras_tf_avolkov1-average": (keras_avolkov1, {"average_gradients": True})}
+out = {}
+for name, (module, options) in cases.items():
+    spec = run_spec(num_devices=2, global_batch_size=8, model="minigooglenet",
+                    runner=name.split("-")[0], options=options)
+    kt.K.clear_session()  # each case in a graph of its own, as each run is
+    names, _, _ = kt.setup(spec)
+    built, fields = module.make(spec, names, "feed_dict")
+    bn = next(l for l in built.template.layers if "BatchNorm" in type(l).__name__)
+    before = kt.K.get_value(bn.moving_mean)
+    x, y = kt.synthetic_arrays(kt.get_spec("minigooglenet"), 8)
+    work = kt.placement_step(built, kt.arrays_source(x, y).fit_args(1, False), names,
+                             fields.get("gradient_copies", 1))
+    shown, problems = check_work(work)
+    ops = sorted({n.op for g in partition_graphs(built.run_metadata) for n in g.node})
+    out[name] = {**{k: work[k] for k in ("forward_convs_per_device",
+                                         "backward_convs_per_device", "convs_per_tower",
+                                         "conv_backprop_filter_ops_built")},
+                 "problems": problems, "checked": sorted(shown),
+                 "bn_moved": float(np.abs(kt.K.get_value(bn.moving_mean) - before).max()),
+                 "onednn_ops": any(op.startswith("_Mkl") for op in ops)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"], ids=["onednn-off", "onednn-on"])
+def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 2 devices every tower strategy executes, per device, one tower's forward and filter
+    gradient convolutions (19 each for MiniGoogLeNet) and nothing on the template's whole
+    batch: before Keras 2's owned-node updates came back, CPU:0 ran 38 forward convolutions.
+    The tower BatchNorm updates still run (the shared moving mean moves). Counted by op kind,
+    so oneDNN's op names (TF_ENABLE_ONEDNN_OPTS=1, the default on AVX-512 hosts) count the
+    same as the plain ones: both settings run on any host. avolkov1's average_gradients builds
+    the merged loss's gradients once per device (twice the filter gradients in the graph) and
+    TF runs both copies: through BatchNorm's learning-phase cond its common-subexpression
+    elimination cannot merge them (on the probe, without BatchNorm, it does)."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
+    out = run_tf(tf_python, WORK)
+    one_tower = {CPU.format(0): 19, CPU.format(1): 19}
+    for name, o in out.items():
+        assert o["onednn_ops"] is (onednn == "1"), (name, "the setting did not reach TF")
+        assert o["convs_per_tower"] == 19, name
+        assert o["forward_convs_per_device"] == one_tower, (name, o)
+        # SGD_MGPU's two gradient copies both run: BatchNorm's cond stops TF's CSE
+        copies = 2 if name.endswith("-average") else 1
+        assert o["backward_convs_per_device"] == {d: copies * n for d, n in one_tower.items()}, \
+            (name, o)
+        assert o["problems"] == [], (name, o["problems"])
+        assert o["checked"] == ["backward_convs_per_device", "forward_convs_per_device"]
+        assert o["bn_moved"] > 0, (name, "the towers' BatchNorm updates did not run")
+    assert (out["keras_tf_avolkov1-average"]["conv_backprop_filter_ops_built"]
+            == 2 * out["keras_tf_avolkov1"]["conv_backprop_filter_ops_built"] > 0)
+
+
+NCCL = """
+import json
+from runners.keras import towers as kt
+from runners.tf import keras_avolkov1
+from tests.specs import run_spec
+
+spec = run_spec(num_devices=3, global_batch_size=9, model="probe", runner="keras_tf_avolkov1",
+                options={"average_gradients": True, "nccl": True})
+names, _, _ = kt.setup(spec)
+template = kt.build_template("probe", None)
+recipe = kt.Recipe(names, merge_device="/cpu:0", slice_device="/cpu:0", remainder="last")
+opt = kt.optimizer(spec, keras_avolkov1.SGDMultiGPU, devices=names, nccl=True)
+model = kt.compile_model(template, recipe, names[0], "feed_dict", opt).model
+model._make_train_function()  # builds the step; no session runs (NCCL has no CPU kernel)
+fn = model.train_function
+seen, stack = set(), [t.op for t in fn.outputs] + [fn.updates_op]
+while stack:  # every op the step's fetches reach
+    op = stack.pop()
+    if op.name not in seen:
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+ops = fn.updates_op.graph.get_operations()
+nccl = [op for op in ops if op.type == "NcclAllReduce"]
+print(json.dumps({"params": len(model.trainable_weights), "nccl": len(nccl),
+                  "fetched": sum(op.name in seen for op in nccl),
+                  "devices": sorted({op.device for op in nccl}),
+                  "updates": sum(op.type.startswith("ResourceApply") and op.name in seen
+                                 for op in ops)}))
+"""
+
+
+def test_avolkov1_nccl_step_fetches_every_devices_all_reduce(tf_python: str) -> None:
+    """usenccl: one NcclAllReduce per device and variable, and the step fetches all of them
+    (an NCCL all-reduce whose peers do not all run never completes), through one SGD update
+    per device as SGD_MGPU's get_updates made them. Built, not run: NCCL has no CPU kernel."""
+    out = run_tf(tf_python, NCCL)
+    assert out["params"] == 4  # the probe: a convolution and a dense layer, kernel and bias
+    assert out["nccl"] == out["fetched"] == 3 * 4, out
+    assert len(out["devices"]) == 3, out
+    assert out["updates"] == 3 * 4, out
 
 
 @pytest.mark.parametrize("options", [{}, {"cpu_relocation": True, "cpu_merge": False,
@@ -220,27 +316,3 @@ def test_staging_trains_on_the_batch_put_one_step_before(tmp_path: Path,
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     diffs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert diffs and max(diffs.values()) < 1e-6, diffs
-
-
-def test_avolkov1_averaged_gradients_equal_one_device_step(tmp_path: Path,
-                                                           tf_python: str) -> None:
-    """N copies of the merged loss's gradients averaged, fed through staging at 2 devices, give
-    the same SGD step as the plain model on 1 device."""
-    inputs = tmp_path / "inputs.npz"
-    make_inputs(inputs)
-    weights = {}
-    for n, options in [(1, {}), (2, {"input": "staging", "average_gradients": True})]:
-        out = tmp_path / f"n{n}.npz"
-        spec = child_spec("keras_tf_avolkov1", n, BATCH, mode="equivalence", options=options,
-                          equivalence={"inputs": str(inputs), "output": str(out),
-                                       "learning_rate": LR})
-        rec = launch(spec, tf_python, tmp_path, {})
-        assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])
-        with np.load(out) as data:
-            weights[n] = {k: data[k] for k in data.files}
-    with np.load(inputs) as data:
-        initial = {k: data[k] for k in data.files if k.startswith("w:")}
-    assert set(weights[1]) == set(weights[2]) == set(initial)
-    for name in initial:
-        assert np.abs(weights[1][name] - initial[name]).max() > 1e-3, f"{name} did not move"
-        np.testing.assert_allclose(weights[2][name], weights[1][name], rtol=RTOL, atol=1e-6)

@@ -489,24 +489,31 @@ def conv_layers(template: Any) -> int:
     return sum(isinstance(layer, Conv) for layer in template._flatten_layers(include_self=False))
 
 
-def per_device_work(run_metadata: Any, towers: list[str], convs: int) -> dict[str, Any]:
+def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: int = 1
+                    ) -> dict[str, Any]:
     """What each device executed in the traced step (runners/tf/op_kinds.py kinds), beside
     what the original runs: one forward and one filter-gradient convolution per conv layer on
     each tower's device, none elsewhere (the parent checks one against the other:
-    bench/placement_check.py)."""
+    bench/placement_check.py). `copies` > 1: the original's graph takes the gradients that
+    many times (avolkov1's SGD_MGPU), each copy colocated with the towers' forward ops; TF's
+    common-subexpression elimination merges identical copies where nothing stops it (the
+    probe model) but not through v1 control flow (BatchNorm's learning-phase cond), so a
+    device runs between one and `copies` filter gradients per conv layer."""
     kinds = executed_kinds_by_device(run_metadata)
 
     def of(kind: str) -> dict[str, int]:
         return {d: k[kind] for d, k in kinds.items() if k.get(kind)}
 
     expected = {device_key(_full(d)): convs for d in towers}
+    backward = expected if copies == 1 else \
+        {device_key(_full(d)): [convs, copies * convs] for d in towers}
     return {
         "forward_convs_per_device": of(op_kinds.CONV_FORWARD),
         "backward_convs_per_device": of(op_kinds.CONV_BACKPROP_FILTER),
         "input_grad_convs_per_device": of(op_kinds.CONV_BACKPROP_INPUT),
         "convs_per_tower": convs,
         "expected_work": {"forward_convs_per_device": expected,
-                          "backward_convs_per_device": expected},
+                          "backward_convs_per_device": backward},
         "work_source": "nodes executed per device in the step stats of one FULL_TRACE fit "
                        "step before the warm-up (the timed steps run the same graph), by op "
                        "kind (runners/tf/op_kinds.py); convs_per_tower from the template's "
@@ -514,8 +521,8 @@ def per_device_work(run_metadata: Any, towers: list[str], convs: int) -> dict[st
     }
 
 
-def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str]
-                   ) -> dict[str, Any]:
+def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str],
+                   gradient_copies: int = 1) -> dict[str, Any]:
     """Run one traced fit step (FULL_TRACE), read the placement from its partition graphs and
     each device's executed convolutions from its step stats, then rebuild the step's callable
     without tracing. Invalid if a tower device did no compute."""
@@ -541,7 +548,8 @@ def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str]
                                 "RunOptions.output_partition_graphs)",
             "conv_backprop_filter_ops": backprop,
             "conv_backprop_filter_ops_built": backprop_built,
-            **per_device_work(built.run_metadata, devices, conv_layers(built.template))}
+            **per_device_work(built.run_metadata, devices, conv_layers(built.template),
+                              gradient_copies)}
 
 
 def _full(name: str) -> str:
@@ -565,7 +573,8 @@ def benchmark(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, di
     if staged:
         assert source.first is not None
         prime(built, *source.first())
-    placement = placement_step(built, source.fit_args(1, staged), _tower_devices(fields, names))
+    placement = placement_step(built, source.fit_args(1, staged), _tower_devices(fields, names),
+                               fields.get("gradient_copies", 1))
     clock = Clock(warmup, measure)
     built.model.fit(**source.fit_args(warmup + measure, staged), callbacks=[clock], verbose=0)
     steps = int(K.get_value(built.model.optimizer.iterations)) - clock.start_iteration
@@ -612,7 +621,8 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
     else:
         prime(built, x, y)
         args = arrays_source(x, y).fit_args(1, staged)
-    placement = placement_step(built, args, _tower_devices(fields, names))
+    placement = placement_step(built, args, _tower_devices(fields, names),
+                               fields.get("gradient_copies", 1))
     spec.save_equivalence_output(get_canonical_weights(built.template))
     return {"replicas": len(_tower_devices(fields, names)), "framework": framework_versions(),
             "devices": devices, "input": input_mode, **placement, **xla, **fields}

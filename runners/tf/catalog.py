@@ -113,7 +113,9 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_options=({"keras_version": "2.1"}, {"input": "tf_data"},
                              {"wrap_single_device": True}),
         equivalence_gpu_only=(({"cpu_merge": False}, ON_CPU_SAME_DEVICE),
-                              ({"cpu_relocation": True}, ON_CPU_SAME_DEVICE)),
+                              ({"cpu_relocation": True},
+                               "it clones the template under /cpu:0, which here is where the "
+                               "template already is and the first replica's device")),
     ),
     RunnerInfo(
         "keras_tf_avolkov1",

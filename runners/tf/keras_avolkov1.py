@@ -75,20 +75,22 @@ class SGDMultiGPU(kt.Keras2SGD):
     Keras 2's SGD.get_updates made new momentum buffers on each call: so does each device's
     update here (its own legacy SGD with the same settings)."""
 
-    def __init__(self, *args: Any, devices: list[str], nccl: bool, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *, devices: list[str], nccl: bool, learning_rate: float,
+                 momentum: float = 0.0) -> None:
+        super().__init__(learning_rate=learning_rate, momentum=momentum)
         self._devices, self._nccl = list(devices), nccl
+        self._settings = {"learning_rate": learning_rate, "momentum": momentum}
 
     def get_updates(self, loss: tf.Tensor, params: list[Any]) -> list[Any]:
         per_device = tower_gradients(loss, params, self._devices, self._nccl)
         updates = [self.apply_gradients(list(zip(per_device[0], params, strict=True)))]
         if not self._nccl:
             return updates
-        config = self.get_config()
         for i, dev in enumerate(self._devices[1:], start=1):
             with tf.device(dev), tf.name_scope(f"tower_{i}"):
-                other = tf_keras.optimizers.legacy.SGD.from_config(
-                    {**config, "name": f"{config['name']}_tower_{i}"})
+                # its settings as given, not get_config (which would run the session, and a
+                # graph holding NCCL ops cannot start a session without GPUs)
+                other = tf_keras.optimizers.legacy.SGD(**self._settings, name=f"SGD_tower_{i}")
                 updates.append(other.apply_gradients(list(zip(per_device[i], params,
                                                               strict=True))))
         return updates
