@@ -28,10 +28,19 @@ colocate_gradients_with_ops=True: each tower's backward ops run on the tower's d
 legacy optimizer does not colocate; `Keras2SGD` restores Keras 2.2's call (and takes a hook
 for avolkov1's own gradient code). The update is the legacy SGD's (momentum 0.9, lr 0.01).
 
-Placement: one step before the warm-up runs with RunOptions(output_partition_graphs=True)
-(compile(options=, run_metadata=)); its partition graphs give the compute ops TF placed on each
-device (runners/tf/placement.py). The callable is then rebuilt without the options, so no
-timed step is traced. Imports TensorFlow and tf_keras: runner child processes only.
+Updates: the parallel model is a Keras2Network, whose training function fetches the updates
+Keras 2.0-2.2 fetched (those of the layer calls the model owns: each tower's BatchNorm updates
+from its slice), not tf_keras' "every update reachable from the inputs", which also ran the
+template's own call on the whole batch every step (issue 24).
+
+Placement and work: one step before the warm-up runs with RunOptions(FULL_TRACE,
+output_partition_graphs=True) (compile(options=, run_metadata=)); its partition graphs give
+the compute ops TF placed on each device, its step stats the nodes each device executed,
+counted by kind (runners/tf/op_kinds.py): `forward_convs_per_device` and
+`backward_convs_per_device` beside `expected_work` (one tower's convolutions per tower device,
+none elsewhere), which the parent checks (bench/placement_check.py). The callable is then
+rebuilt without the options, so no timed step is traced. Imports TensorFlow and tf_keras:
+runner child processes only.
 """
 
 from __future__ import annotations

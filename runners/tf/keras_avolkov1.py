@@ -1,30 +1,49 @@
 """avolkov1's make_parallel (keras_experiments, keras_exp/multigpu/_multigpu.py and
-optimizers.py as of Dec 2017) on Keras 2 (tf_keras in a TF1 graph), trained by fit
+optimizers.py at 99cd231, Dec 2017) on Keras 2 (tf_keras in a TF1 graph), trained by fit
 (runners/keras/towers.py: stack, input).
 
-Follows the original: the serial model is built under the parameter device (`ps`: /cpu:0 as
-its docs show, or the first device); for each device i a Lambda under the parameter device
-cuts rows [i*B//N, (i+1)*B//N) of the batch (the last tower takes the rest), the one serial
-model is called on the slice under `tf.device(device i)` and name scope tower_i, and the
-outputs are concatenated on the parameter device. One loss over the merged output.
+Follows the original (ModelMGPU._init_make_dataparallel, _multigpu.py lines 237-344): for each
+device i a Lambda under the parameter device (`ps`, its ps_device) cuts rows [i*B//N,
+(i+1)*B//N) of the batch (the last tower takes the rest), the one serial model is called on the
+slice under `tf.device(device i)` and name scope tower_i, and the outputs are concatenated on
+the parameter device. One loss over the merged output.
 `input: staging` is its `enqueue` option made to work: each slice is put into a StagingArea on
 its tower's device and the tower reads the put of the step before (the original put and got in
 the same step and warned that it did not work; runners/keras/towers.py primes the areas).
-`average_gradients` is its multi-GPU optimizer (SGD_MGPU, `syncopt`): for every device, under
-`tf.device(device)` and name scope tower_i, tf.gradients of the MERGED loss (colocated with
-the forward ops), i.e. N full backward passes over all towers, then the N copies averaged
-with reduce_mean(stack) on the first device (all_avg_gradients' default '/gpu:0') and applied
-once. The graph holds the N copies ("conv_backprop_filter_ops_built"), but TF's
-common-subexpression elimination merges the identical copies before it runs the step
-("conv_backprop_filter_ops", read from the partition graphs): with colocated gradients the
-N-fold backward work is not executed. `nccl` (GPUs only, with average_gradients) is its
-usenccl: the copies are computed without colocation under each device's scope, summed by NCCL
-all-reduce and scaled by 1/N on each device.
-At 1 device make_parallel returns the serial model: this runner trains the plain model on that
-device (`wrapped: false`); `wrap_single_device: true` builds the one-tower wrapper instead.
-Differs: with usenccl the original also builds one optimizer update per device on the shared
-variables (N updates of each variable per step); this runner applies the first device's
-averaged gradients once. tf.contrib.nccl is TF's nccl_ops.
+`average_gradients` is its multi-GPU optimizer (SGD_MGPU, `syncopt`; optimizers.py lines
+172-209 and 36-60): for every device, under `tf.device(device)` and name scope tower_i,
+tf.gradients of the MERGED loss (colocated with the forward ops), i.e. N backward passes over
+all towers, the N copies averaged with reduce_mean(stack) on the first device
+(all_avg_gradients' default '/gpu:0') and applied once (get_updates stops after device 0
+without NCCL, lines 259-261). The graph holds N copies ("conv_backprop_filter_ops_built"); TF
+runs them all for BatchNorm models (its common-subexpression elimination stops at BatchNorm's
+learning-phase cond: MiniGoogLeNet at 2 devices runs 38 filter gradients per device) and
+merges them where nothing stops it (the probe model), so each device's backward count may lie
+between one and N per conv layer (expected_work says so; the parent checks it).
+`nccl` (GPUs only, with average_gradients) is its usenccl: the copies are computed without
+colocation under each device's scope, summed by NCCL all-reduce and scaled by 1/N on each
+device, and, as get_updates does with NCCL ("IMPORTANT ... otherwise the nccl ops deadlock",
+lines 229-268), one SGD update of the shared variables per device from that device's output:
+every all-reduce output is consumed (N updates of each variable per step, each with its own
+momentum buffer as Keras 2's SGD.get_updates made one per call). Its built step is checked on
+CPU (tests/test_keras_towers.py: N all-reduce ops per variable, all fetched).
+
+Per step each tower device runs one forward pass of its slice and its own BatchNorm updates,
+as Keras 2 ran them (Network.updates: only the layer calls the parallel model owns; see
+kuza55's docstring for the template's whole-batch call tf_keras would add). The record's
+forward_convs_per_device / backward_convs_per_device come from a FULL_TRACE step.
+
+Defaults are the original's usage: `ps: cpu` is make_parallel's ps_device='/cpu:0' (line
+418); `template_device: default` builds the serial model with no device scope, as its README's
+example examples/cifar/cifar10_cnn_mgpu.py does (lines 254-256, `# with tf.device('/cpu:0'):`
+commented out); syncopt, usenccl and enqueue default to False there (lines 418-419), as
+average_gradients, nccl and input feed_dict do here. Any other value is this harness's option
+and the run says so (departs_from_original).
+At 1 device make_parallel returns the serial model (lines 484-485): this runner trains the
+plain model on that device (`wrapped: false`); `wrap_single_device: true` builds the one-tower
+wrapper instead.
+Differs: the example trains with RMSprop (lr 1e-4 x N); every runner here trains with the same
+SGD (momentum 0.9, lr 0.01) for a fair comparison. tf.contrib.nccl is TF's nccl_ops.
 """
 
 from __future__ import annotations
@@ -43,7 +62,7 @@ ORIGINAL = "avolkov1's make_parallel (returns the serial model below 2 GPUs)"
 def tower_gradients(loss: tf.Tensor, params: list[Any], devices: list[str], nccl: bool
                     ) -> list[list[tf.Tensor]]:
     """avolkov1's OptimizerMultiGPUMixin._get_tower_gradvars + all_avg_gradients
-    (optimizers.py 99cd231 lines 171-196 and 36-57): per device the averaged gradients it
+    (optimizers.py 99cd231 lines 172-209 and 36-60): per device the averaged gradients it
     applies. Without NCCL one reduce_mean(stack) on the first device ('/gpu:0', its
     param_server_device default), the same tensors for every device; with NCCL all_sum over
     the devices, each device's output scaled by 1/N on that device."""
@@ -69,7 +88,7 @@ def tower_gradients(loss: tf.Tensor, params: list[Any], devices: list[str], nccl
 
 class SGDMultiGPU(kt.Keras2SGD):
     """avolkov1's SGD_MGPU (OptimizerMultiGPUMixin + SGD): get_updates applies device 0's
-    averaged gradients; with NCCL it goes on over every device (optimizers.py lines 242-260:
+    averaged gradients; with NCCL it goes on over every device (optimizers.py lines 242-261:
     "IMPORTANT when using NCCL to get updates for all devices otherwise the nccl ops
     deadlock"), one SGD update of the shared variables per device under that device's scope.
     Keras 2's SGD.get_updates made new momentum buffers on each call: so does each device's

@@ -2,20 +2,37 @@
 keras/utils/multi_gpu_utils.py) on Keras 2 (tf_keras in a TF1 graph), trained by fit
 (runners/keras/towers.py: stack, input).
 
-Follows the original: the template is built under /cpu:0 (the docs' usage); for each device
-i, under `tf.device(device i)` and name scope replica_i, a Lambda takes rows
-[i*B//N, (i+1)*B//N) of the input batch, the last replica also taking the remainder, and the
-template is called on them; outputs are concatenated on /cpu:0 (`cpu_merge: true`) or on the
-first device (`cpu_merge: false`).
+Follows the original: for each device i, under `tf.device(device i)` and name scope
+replica_i, a Lambda takes rows [i*B//N, (i+1)*B//N) of the input batch, the last replica also
+taking the remainder (get_slice), and the template is called on them; outputs are concatenated
+on /cpu:0 (`cpu_merge: true`) or on the first device (`cpu_merge: false`) into
+`Model(model.inputs, merged)`.
 `keras_version` picks the slicing: "2.1" (2.0.9 .. 2.1.6) slices inside each replica's device
 scope, so the whole batch travels to every device; "2.2" (2.2.0+, keras PR #10230) slices
-under `tf.device(x.device)`, the device of the template's input placeholder (/cpu:0 here), so
-only each slice travels. `cpu_relocation` (from 2.1.6 on, both versions) clones the template
-under /cpu:0 (clone_model: new variables, freshly initialised) and trains the clone, as the
-original does; the model passed in is then not the one trained.
-At 1 device the original refuses (gpus must be >= 2): this runner trains the plain template on
-that device and says so (`wrapped: false`); `wrap_single_device: true` builds the one-replica
-wrapper instead, to measure the wrapper's own cost.
+under `tf.device(x.device)`, the device of the template's input placeholder, so only each
+slice travels. `cpu_relocation` (from 2.1.6 on, both versions) clones the template under
+/cpu:0 (clone_model: new variables, freshly initialised) and trains the clone, as the original
+does; the model passed in is then not the one trained.
+
+Per step each replica's device runs one forward and one backward pass of its slice and its
+own BatchNorm updates, as Keras 2 ran them (Network.updates: only the layer calls the parallel
+model owns); tf_keras' training loop would also run the template's own call on the whole batch
+(towers.Keras2Network restores Keras 2's rule; kuza55's docstring has the counts). The record's
+forward_convs_per_device / backward_convs_per_device, from a FULL_TRACE step, show it and the
+parent checks them.
+
+Defaults are the original's usage, its docstring's examples (2.2.4, "# Examples"): Example 1,
+the default arguments, builds the template under `with tf.device('/cpu:0')` ("We recommend
+doing this with under a CPU device scope"), as seed 004 did for MiniGoogLeNet (its text's
+line 118: "on Line 84 ... use the CPU"); Examples 2 (cpu_relocation=True) and 3
+(cpu_merge=False, "recommended for NV-link") build it with no device scope ("Not needed to
+change the device scope for model definition").
+`template_device: docs` follows the example that matches the arguments; `cpu`, `default` (no
+scope) or `gpu` (the first device) are this harness's options, and a run with one says so
+(departs_from_original), as does any other option changed from its default.
+At 1 device the original refuses (gpus must be >= 2; Examples 2 and 3 then train the plain
+model): this runner trains the plain template on that device and says so (`wrapped: false`);
+`wrap_single_device: true` builds the one-replica wrapper instead, to measure its own cost.
 Differs: Keras 2.0.9-2.1.5 had no cpu_merge / cpu_relocation arguments (merge on /cpu:0
 always); "2.1" here is 2.1.6's code. The template, not the wrapper, is saved once per run
 (HDF5, Keras 2's format) and reloaded ("saved_template_ok", seed 002 tip 4).
