@@ -25,8 +25,8 @@ Input (option `input`), as a 2017 user fed fit:
 
 Gradients: Keras 2.0-2.2's optimizers took `K.gradients`, i.e. tf.gradients with
 colocate_gradients_with_ops=True: each tower's backward ops run on the tower's device. tf_keras'
-legacy optimizer does not colocate; `Keras2SGD` restores Keras 2.2's call (and takes a hook
-for avolkov1's own gradient code). The update is the legacy SGD's (momentum 0.9, lr 0.01).
+legacy optimizer does not colocate; `Keras2SGD` restores Keras 2.2's call (avolkov1's
+SGD_MGPU builds on it). The update is the legacy SGD's (momentum 0.9, lr 0.01).
 
 Updates: the parallel model is a Keras2Network, whose training function fetches the updates
 Keras 2.0-2.2 fetched (those of the layer calls the model owns: each tower's BatchNorm updates

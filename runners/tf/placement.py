@@ -81,13 +81,25 @@ def compute_ops_by_device(run_metadata: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+_TRACER_STREAM = re.compile(r"/(stream:[^/]*|memcpy)/?$")
+
+
+def _executor_device(name: str) -> str | None:
+    """The device of a step-stats entry the executor wrote, None for the GPU tracer's own
+    per-stream and memcpy entries ("/device:GPU:0/stream:7", ".../memcpy"), which list the
+    same kernels again."""
+    name = name.split(" ")[0]
+    return None if _TRACER_STREAM.search(name) else device_key(name)
+
+
 def executed_ops_by_device(run_metadata: Any) -> dict[str, int]:
     """Nodes that executed per device, from a FULL_TRACE step's step stats (empty without)."""
     counts: Counter[str] = Counter()
     for dev in run_metadata.step_stats.dev_stats:
+        device = _executor_device(dev.device)
         n = sum(1 for s in dev.node_stats if s.node_name not in ("_SOURCE", "_SINK"))
-        if n:
-            counts[device_key(dev.device.split(" ")[0])] += n
+        if n and device:
+            counts[device] += n
     return dict(sorted(counts.items()))
 
 
@@ -102,7 +114,9 @@ def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
             op_of[(device_key(node.device), node.name)] = node.op
     out: dict[str, Counter[str]] = {}
     for dev in run_metadata.step_stats.dev_stats:
-        device = device_key(dev.device.split(" ")[0])
+        device = _executor_device(dev.device)
+        if device is None:
+            continue
         for stats in dev.node_stats:
             op = op_of.get((device, stats.node_name))
             if op is None:
