@@ -402,10 +402,11 @@ def test_smoke_sweep_against_itself_passes_and_beside_cpu_hogs_regresses(
       ratio is exactly 1/s and the interval exactly the self-comparison's divided by s
       (both sides draw the same steps with the same seeds), so it holds 1/s and stays
       below 1/2.
-    - Contention: the hogs are the harness's own CONTENDED (telemetry: other processes over
-      a quarter of the CPUs); every run whose timed window was sampled is flagged (more load
-      only adds to what others used), and compare names a side contended exactly when its
-      record says so. No assertion is about how fast anything ran."""
+    - Contention: whether the hogs pushed a run over the harness's CONTENDED line (other
+      processes over a quarter of the CPUs) depends on how the scheduler shared the cores,
+      so it is not asserted; compare names a side contended exactly when its record says
+      so, whichever it is. No assertion is about how fast anything ran or how busy the
+      machine was."""
     t0 = time.monotonic()
     hogged, copy, base = tmp_path / "hogged", tmp_path / "copy", tmp_path / "base"
     hogs = hog_cpus(len(os.sched_getaffinity(0)))
@@ -420,9 +421,6 @@ def test_smoke_sweep_against_itself_passes_and_beside_cpu_hogs_regresses(
     sweep_s = time.monotonic() - t0
     recs = {r["num_devices"]: r for r in load_records(hogged)}
     assert sorted(recs) == [1, 2] and all(r["status"] == "ok" for r in recs.values())
-    for rec in recs.values():
-        if rec["telemetry"]["contention"]["other_cpu_share"] is not None:
-            assert rec["contended"] is True, rec["telemetry"]["contention"]
     shutil.copytree(hogged, copy)
 
     same = run_cli("compare", str(hogged), str(copy), timeout=120)
