@@ -275,6 +275,11 @@ def test_multi_gpu_model_saves_its_template(options: dict, tmp_path: Path,
     assert result["cpu_merge"] is options.get("cpu_merge", True)
     assert result["merge_device"] == "/cpu:0"  # CPU:0, or the first device: /cpu:0 here
     assert result["keras_version"] == options.get("keras_version", "2.2")
+    # the docstring's example for these arguments: Example 1 on /cpu:0, Example 3 no scope
+    assert result["template_built_on"] == ("default" if options else "cpu")
+    # what differs from the original's own usage is named (the summary's "vs original")
+    assert sorted(result["departs_from_original"]) == sorted(f"{k}={v}"
+                                                             for k, v in options.items())
 
 
 STAGING = """
