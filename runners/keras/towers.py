@@ -286,24 +286,16 @@ class Keras2Network(tf_keras.Model):
         return updates
 
 
-GradientsFn = Callable[[tf.Tensor, list[Any]], list[tf.Tensor]]
-
-
 def keras2_gradients(loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
     """Keras 2.0-2.2's K.gradients: each gradient op on its forward op's device."""
     return tfv1.gradients(loss, params, colocate_gradients_with_ops=True)
 
 
 class Keras2SGD(tf_keras.optimizers.legacy.SGD):
-    """tf_keras' legacy SGD, with the gradients Keras 2.2 took (or a strategy's own)."""
-
-    def __init__(self, *args: Any, gradients: GradientsFn = keras2_gradients,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._gradients_fn = gradients
+    """tf_keras' legacy SGD, with the gradients Keras 2.2 took."""
 
     def get_gradients(self, loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
-        grads = self._gradients_fn(loss, params)
+        grads = keras2_gradients(loss, params)
         if any(g is None for g in grads):
             raise ValueError("a variable has no gradient")
         return grads
@@ -593,7 +585,8 @@ def benchmark(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, di
         "loss_kind": "Keras 2 per-batch loss",
         **placement,
         "placement_step": "one extra traced step before the warm-up",
-        "replicas": len(fields.get("tower_devices") or names[:1]),
+        # from the trace: the devices that executed a tower's forward convolutions
+        "replicas": len(placement["forward_convs_per_device"]),
         "framework": framework_versions(),
         "api": "tf_keras (Keras 2) in TF1 graph mode, fit",
         "devices": devices,
@@ -633,7 +626,8 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
     placement = placement_step(built, args, _tower_devices(fields, names),
                                fields.get("gradient_copies", 1))
     spec.save_equivalence_output(get_canonical_weights(built.template))
-    return {"replicas": len(_tower_devices(fields, names)), "framework": framework_versions(),
+    return {"replicas": len(placement["forward_convs_per_device"]),
+            "framework": framework_versions(),
             "devices": devices, "input": input_mode, **placement, **xla, **fields}
 
 
