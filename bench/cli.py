@@ -16,21 +16,22 @@ from typing import IO, Any
 
 import yaml
 
-from bench import REPO_ROOT, environment, slurm, sweep_lock
-from bench.allreduce_report import CSV_NAME, allreduce_detail, allreduce_table
-from bench.config import ConfigError, SweepConfig, json_schema, load_config
-from bench.envs import EnvError, ensure_env, family_env, interpreter_for
-from bench.explain import text as explain_text
-from bench.launch import launch, record_without_run
-from bench.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
-from bench.plan import RunSpec, another_repeat, config_id, expand
-from bench.progress import SweepClock, SweepProgress  # noqa: F401 (tests import SweepClock)
-from bench.progress import clock_text as _clock  # noqa: F401 (and _clock, from here)
-from bench.records import done_run_ids, load_records, write_json_atomic
-from bench.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
-from bench.report import build_report, format_table
-from bench.slurm import SlurmError
-from bench.trust import coefficient_of_variation
+from bench import REPO_ROOT
+from bench.analysis.explain import text as explain_text
+from bench.analysis.trust import coefficient_of_variation
+from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
+from bench.plan.config import ConfigError, SweepConfig, json_schema, load_config
+from bench.plan.runs import RunSpec, another_repeat, config_id, expand
+from bench.records.store import done_run_ids, load_records, write_json_atomic
+from bench.report.allreduce import CSV_NAME, allreduce_detail, allreduce_table
+from bench.report.summary import build_report, format_table
+from bench.run import environment, slurm, sweep_lock
+from bench.run.envs import EnvError, ensure_env, family_env, interpreter_for
+from bench.run.launch import launch, record_without_run
+from bench.run.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
+from bench.run.progress import SweepClock, SweepProgress  # noqa: F401 (tests import SweepClock)
+from bench.run.progress import clock_text as _clock  # noqa: F401 (and _clock, from here)
+from bench.run.slurm import SlurmError
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict")
@@ -108,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     link.add_argument("--busbw", type=float, metavar="GB/s",
                       help="bus bandwidth in GB/s (default: the folder's allreduce probe)")
     link.add_argument("--interconnect", metavar="NAME",
-                      help="a named interconnect's nominal bandwidth (bench/interconnects.py)")
+                      help="a named interconnect's nominal bandwidth "
+                           "(bench/analysis/interconnects.py)")
     status = sub.add_parser("status", help="a SLURM sweep's jobs: collect those that ended "
                                            "(their records), show the others' states")
     status.add_argument("results_dir")
@@ -149,10 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             return cmd_status(Path(args.results_dir))
         if args.command == "compare":
-            from bench.compare import cmd_compare
+            from bench.analysis.compare import cmd_compare
             return cmd_compare(args)
         if args.command == "predict":
-            from bench.predict import cmd_predict
+            from bench.analysis.predict import cmd_predict
             return cmd_predict(args)
         _parser().print_help()
         return 2
@@ -229,7 +231,7 @@ def cmd_list() -> int:
 
 
 def cmd_new_runner(args: argparse.Namespace) -> int:
-    from bench.new_runner import new_runner
+    from bench.catalog.new_runner import new_runner
 
     module, catalog = new_runner(args.name, args.family, args.description)
     print(f"wrote {module.relative_to(REPO_ROOT)} and its entry in "
@@ -285,7 +287,7 @@ def cmd_report(results_dir: Path) -> int:
 
 
 def cmd_make_dataset(args: argparse.Namespace) -> int:
-    from bench.datasets import make_dataset, validate
+    from bench.data.datasets import make_dataset, validate
 
     out = Path(args.out)
     validate(out, args.classes, args.images, args.size, args.quality)
@@ -299,7 +301,7 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare_data(args: argparse.Namespace) -> int:
-    from bench.prepare_data import prepare_data, validate_options
+    from bench.data.prepare import prepare_data, validate_options
 
     out = Path(args.out)
     validate_options(Path(args.src), out, args.resize, args.quality, args.shards, args.workers)
@@ -479,7 +481,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],
                   out: Path) -> dict[tuple[str, str], dict[str, Any]]:
-    """The measured matmul peak (bench/peak.py, cached) of each interpreter and precision the
+    """The measured matmul peak (bench/run/peak.py, cached) of each interpreter and precision the
     benchmark runs use (written to peaks.json); each key maps to the machine's best peak on
     that device type and precision, with the interpreter's own under "own"."""
     peaks: dict[tuple[str, str], dict[str, Any]] = {}

@@ -6,7 +6,7 @@ builds its framework's own all-reduce over spec.num_devices replicas, and for ea
 `probe_sizes(spec.model)` calls `measure_size(...)`; it returns `probe_result(...)`. Nothing
 here imports a framework.
 
-What the parent checks in an ok result (bench/launch.py, validate_allreduce): `allreduce.sizes`
+What the parent checks in an ok result (bench/run/launch.py, validate_allreduce): `allreduce.sizes`
 holds one row per size of probe_sizes(spec.model), in order, each with `correct` True (the
 framework's sum checked, every rank's check combined) and positive finite times and
 bandwidths whose busbw is nccl-tests' with n = the run's device count; `allreduce.busbw_gbps`

@@ -2,7 +2,7 @@
 
 A runner module defines `benchmark(spec: Spec) -> dict` (and `equivalence(spec) -> dict` when
 it takes part in the data-parallel equivalence test) and ends with `main(benchmark,
-equivalence)`. The parent (bench.plan.RunSpec, a subclass of Spec) resolves everything,
+equivalence)`. The parent (bench.plan.runs.RunSpec, a subclass of Spec) resolves everything,
 the runner's options over their registry defaults included, so a runner reads `spec.options[
 "name"]` and repeats no default. This module imports no framework; numpy is the only
 dependency beyond the stdlib (the parent imports it too).
@@ -65,7 +65,7 @@ class Spec:
     options: dict[str, Any] = field(default_factory=dict)  # the runner's own, defaults filled
     python: str | None = None  # the user's interpreter, if they named one
     mode: str = "benchmark"  # or "pipeline" (input pipeline alone), "equivalence", "allreduce"
-    launcher: str = "python"  # see bench.registry.RunnerInfo.launcher
+    launcher: str = "python"  # see bench.catalog.registry.RunnerInfo.launcher
     # the prepared dataset of a data: real or pipeline run: path, augmentation, workers (one)
     dataset: dict[str, Any] | None = None
     equivalence: dict[str, Any] | None = None
@@ -115,7 +115,7 @@ class Spec:
 
 def spec_for(**fields: Any) -> Spec:
     """A Spec with placeholder identity and matrix fields under `fields`: for checks and tools
-    that call a runner's functions outside a sweep (a sweep's specs come from bench.plan)."""
+    that call a runner's functions outside a sweep (a sweep's specs come from bench.plan.runs)."""
     base: dict[str, Any] = {
         "run_id": "check", "sweep_id": "check", "runner": "check", "family": "check",
         "module": "check", "model": "minigooglenet", "num_devices": 1, "device": "cpu",
@@ -294,7 +294,7 @@ def one_line(message: str, limit: int = 300) -> str:
 
 def process_rank() -> int:
     """This process's rank when a launcher (torchrun, horovodrun) started one per device, or
-    the harness one per node (MGBENCH_PROCESS_RANK, bench/slurm_job.py); 0 for a
+    the harness one per node (MGBENCH_PROCESS_RANK, bench/run/slurm_job.py); 0 for a
     single-process runner."""
     for var in ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "MGBENCH_PROCESS_RANK"):
         if os.environ.get(var, "").isdigit():

@@ -3,7 +3,7 @@
 `python -m runners.peak_probe --framework torch --device cpu --precision fp32 --result OUT`
 imports only the named framework, times chains of n x n matmuls (2 n^3 FLOPs each; each one
 consumes the previous product, so no compiler can drop or merge them), and writes the best
-trial's FLOP/s. The parent (bench/peak.py) runs it once per environment and device type.
+trial's FLOP/s. The parent (bench/run/peak.py) runs it once per environment and device type.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from bench.environment import cpu_model
+from bench.run.environment import cpu_model
 from runners import math_mode
 from runners.common import write_json_atomic
 

@@ -22,7 +22,7 @@ def _family_python(family: str) -> str:
     Set MGBENCH_SKIP_FRAMEWORKS=1 to skip these tests on a machine that cannot build them."""
     if os.environ.get("MGBENCH_SKIP_FRAMEWORKS") == "1":
         pytest.skip("MGBENCH_SKIP_FRAMEWORKS=1")
-    from bench.envs import ensure_env
+    from bench.run.envs import ensure_env
 
     return str(ensure_env(family, "cpu").python)
 
@@ -96,7 +96,7 @@ def run_check_script(python: str, script: str, *args: str, env: dict[str, str] |
 def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
     """The CPU smoke config through the CLI, shortened (2 warm-up + 3 timed steps, 8 images
     per device) and with `--set` overrides; its records by device count."""
-    from bench.records import load_records
+    from bench.records.store import load_records
 
     args = ["--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
             "--set", "measure_steps=3", "--set", "batch_size_per_device=8", "--out", str(out)]
@@ -111,8 +111,8 @@ def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
 def real_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small prepared dataset for real-data runs: 10 classes, 48 JPEGs of 40 x 40 (so
     MiniGoogLeNet's 32 x 32 crops move), every format prepare-data writes."""
-    from bench.datasets import make_dataset
-    from bench.prepare_data import prepare_data
+    from bench.data.datasets import make_dataset
+    from bench.data.prepare import prepare_data
 
     root = tmp_path_factory.mktemp("real-data")
     make_dataset(root / "src", classes=10, images=48, size=40, seed=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.plan import RunSpec
+from bench.plan.runs import RunSpec
 from runners.common import spec_for
 
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from bench import allreduce_report
+from bench.analysis.stats import summarise
+from bench.catalog.registry import PROBES, RUNNERS
 from bench.cli import precheck
-from bench.config import ConfigError, json_schema, validate
-from bench.launch import classify, validate_result
-from bench.plan import expand
-from bench.records import check_record, load_records
-from bench.registry import PROBES, RUNNERS
-from bench.stats import summarise
+from bench.plan.config import ConfigError, json_schema, validate
+from bench.plan.runs import expand
+from bench.records.store import check_record, load_records
+from bench.report import allreduce as allreduce_report
+from bench.run.launch import classify, validate_result
 from runners import allreduce
 from tests.conftest import run_cli
 from tests.specs import run_spec
@@ -354,7 +354,7 @@ def write_folder(tmp_path: Path, env: dict[str, Any], device: str) -> Path:
 
 
 def test_report_on_cpu_says_no_nominal_link(tmp_path: Path) -> None:
-    from bench.report import build_report
+    from bench.report.summary import build_report
 
     folder = write_folder(tmp_path, CPU_ENV, "cpu")
     rows, pipes, charts = build_report(folder)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.envs import ensure_env
-from bench.records import check_record, load_records
+from bench.records.store import check_record, load_records
+from bench.run.envs import ensure_env
 from runners.allreduce import bus_factor, probe_sizes
 from tests.conftest import run_cli
 

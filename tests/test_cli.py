@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.records import check_record, load_records
+from bench.records.store import check_record, load_records
 from tests.conftest import REPO, run_cli
 
 

@@ -1,4 +1,4 @@
-"""The column registry (bench/columns.py): one entry per column drives summary.csv, the
+"""The column registry (bench/records/columns.py): one entry per column drives summary.csv, the
 terminal table, report.html, the loader and results/README.md (issue 15: adding a metric is
 the registry plus the code that computes it)."""
 
@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from bench import columns, records
-from bench.columns import Column
-from bench.config import validate
-from bench.launch import CHILD_FIELDS, base_record
-from bench.loader import load_results
-from bench.plan import RunSpec, expand
-from bench.records import check_record, record_path, write_json_atomic
-from bench.report import build_report, format_table
-from bench.stats import INPUT_BOUND_RATIO, summarise
+from bench.analysis.loader import load_results
+from bench.analysis.stats import INPUT_BOUND_RATIO, summarise
+from bench.plan.config import validate
+from bench.plan.runs import RunSpec, expand
+from bench.records import columns
+from bench.records import store as records
+from bench.records.columns import Column
+from bench.records.store import check_record, record_path, write_json_atomic
+from bench.report.summary import build_report, format_table
+from bench.run.launch import CHILD_FIELDS, base_record
 from tests.conftest import REPO
 
 ENV = {"host": "h", "os": "Linux", "cpu_model": "cpu", "cpu_cores": 2, "memory_bytes": 2**33,
@@ -58,11 +59,11 @@ def csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 def test_results_readme_is_generated_from_the_registry() -> None:
     """results/README.md's column tables are the registry's: run
-    `python -m bench.columns --markdown` after changing bench/columns.py."""
+    `python -m bench.records.columns --markdown` after changing bench/records/columns.py."""
     text = columns.README.read_text()
     assert columns.BEGIN in text and columns.END in text
     assert columns.with_markdown(text) == text, \
-        "results/README.md is out of date: python -m bench.columns --markdown"
+        "results/README.md is out of date: python -m bench.records.columns --markdown"
     for col in columns.COLUMNS:
         assert f"| `{col.key}` |" in text
 
@@ -71,7 +72,7 @@ def test_check_and_markdown_commands(tmp_path: Path) -> None:
     stale = tmp_path / "README.md"
     stale.write_text(f"# x\n\n{columns.BEGIN}\nold table\n{columns.END}\n\nafter\n")
     assert columns.main(["--check", str(stale)]) == 1
-    proc = subprocess.run([sys.executable, "-m", "bench.columns", "--markdown", str(stale)],
+    proc = subprocess.run([sys.executable, "-m", "bench.records.columns", "--markdown", str(stale)],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     text = stale.read_text()
@@ -99,7 +100,7 @@ def test_registry_is_well_formed() -> None:
 
 
 def test_record_fields_are_the_registry_s_and_launch_writes_them(tmp_path: Path) -> None:
-    """records.REQUIRED is the record view; bench.launch's CHILD_FIELDS is the child view,
+    """records.REQUIRED is the record view; bench.run.launch's CHILD_FIELDS is the child view,
     the spec view names RunSpec fields, and base_record writes every field of all three."""
     assert columns.keys("record") == records.REQUIRED
     assert set(CHILD_FIELDS) == set(columns.keys("child"))

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench.cli import main
-from bench.compare import (
+from bench.analysis.compare import (
     IMPROVEMENT,
     INCONCLUSIVE,
     NO_CHANGE,
@@ -25,7 +24,8 @@ from bench.compare import (
     compare,
     step_observations,
 )
-from bench.records import check_record, load_records, write_json_atomic
+from bench.cli import main
+from bench.records.store import check_record, load_records, write_json_atomic
 from tests.conftest import run_cli
 
 ENV = {"host": "box-a", "os": "Linux", "python": "3.11.7", "cpu_model": "AMD EPYC 7742",
@@ -40,7 +40,7 @@ def steps_at(ips: float, batch: int, n: int = 20, noise: float = 1.0) -> list[fl
 
 def record(ips: float | None, devices: int = 1, repeat: int = 0, status: str = "ok",
            steps: list[float] | None = None, **kw: Any) -> dict[str, Any]:
-    """A record as bench/launch.py writes it (the fields compare reads, and the rest of the
+    """A record as bench/run/launch.py writes it (the fields compare reads, and the rest of the
     spec's), for tf_mirrored / minigooglenet on virtual CPU devices."""
     batch = 32 * devices
     ok = status == "ok"
@@ -58,7 +58,7 @@ def record(ips: float | None, devices: int = 1, repeat: int = 0, status: str = "
         "options": {"xla": False, "steps_per_execution": 1},
         "status": status, "reason": None if ok else "boom: the child died",
         "images_per_sec": ips if ok else None, "step_times_s": times,
-        # a run that never wrote a result has no framework versions (bench/launch.py)
+        # a run that never wrote a result has no framework versions (bench/run/launch.py)
         "environment": {**ENV, "framework": {"tensorflow": "2.21.0", "keras": "3.15.1"}
                         if ok else None, "lock": {"sha256": "f52ee6d6ddf406f7"}},
         "contended": False, "log_path": "/elsewhere/runs/x.log",

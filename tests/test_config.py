@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.config import KEYS, ConfigError, apply_override, load_config, parse_yaml, validate
+from bench.plan.config import KEYS, ConfigError, apply_override, load_config, parse_yaml, validate
 from tests.conftest import REPO, run_cli
 
 BASE = {
@@ -181,7 +181,7 @@ def test_real_data_needs_a_prepared_dataset(tmp_path: Path) -> None:
 
 
 def test_real_runs_carry_the_dataset_and_dotted_set_reaches_it(tmp_path: Path) -> None:
-    from bench.plan import expand
+    from bench.plan.runs import expand
 
     (tmp_path / "manifest.json").write_text('{"classes": 10}')
     path = tmp_path / "c.yaml"
@@ -205,7 +205,7 @@ def test_a_dataset_with_more_classes_than_the_model_is_refused(tmp_path: Path) -
 
 
 def test_pipeline_mode_needs_a_dataset_and_names_real_pipelines(tmp_path: Path) -> None:
-    from bench.registry import PIPELINES
+    from bench.catalog.registry import PIPELINES
 
     (tmp_path / "manifest.json").write_text('{"classes": 10}')
     with pytest.raises(ConfigError, match="^dataset: None .* when mode includes pipeline"):
@@ -226,7 +226,7 @@ def test_pipeline_mode_needs_a_dataset_and_names_real_pipelines(tmp_path: Path) 
 
 
 def test_pipeline_runs_cover_pipelines_models_batches_and_worker_counts(tmp_path: Path) -> None:
-    from bench.plan import expand
+    from bench.plan.runs import expand
 
     (tmp_path / "manifest.json").write_text('{"classes": 10}')
     cfg = validate({**BASE, "mode": ["pipeline", "benchmark"], "data": ["synthetic", "real"],
@@ -279,7 +279,7 @@ def test_bad_until_stable_and_telemetry(changes: dict, words: str) -> None:
 
 
 def test_runs_carry_the_telemetry_settings_unless_off() -> None:
-    from bench.plan import another_repeat, config_id, expand
+    from bench.plan.runs import another_repeat, config_id, expand
 
     runs = expand(validate({**BASE, "telemetry": {"interval_s": 0.5}}), "s")
     assert runs[0].telemetry == {"enabled": True, "interval_s": 0.5, "starved_below_pct": 50.0}

@@ -18,9 +18,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.config import KEYS, ConfigError, SweepConfig, load_config, validate
-from bench.plan import expand
-from bench.registry import PIPELINES, RUNNERS, runner_options
+from bench.catalog.registry import PIPELINES, RUNNERS, runner_options
+from bench.plan.config import KEYS, ConfigError, SweepConfig, load_config, validate
+from bench.plan.runs import expand
 from tests.conftest import REPO, run_cli
 
 SMOKE = REPO / "configs" / "cpu-smoke.yaml"

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.config import KEYS, ConfigError, json_schema, validate
-from bench.registry import PIPELINES, RUNNERS, runner_options
+from bench.catalog.registry import PIPELINES, RUNNERS, runner_options
+from bench.plan.config import KEYS, ConfigError, json_schema, validate
 from models import available_models
 from tests.conftest import REPO, run_cli
 
@@ -145,7 +145,8 @@ def test_options_whose_default_is_none_take_none_and_the_rest_keep_their_default
 def test_the_child_side_never_imports_pydantic() -> None:
     """Runners and what they import run in the framework environments, which lack pydantic:
     only the parent's config module uses it."""
-    script = ("import sys, runners.common, bench.registry, bench.plan, bench.launch; "
+    script = ("import sys, runners.common, bench.catalog.registry, bench.plan.runs, "
+              "bench.run.launch; "
               "print('pydantic' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                           text=True, timeout=120)

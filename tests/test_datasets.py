@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from bench.config import ConfigError
-from bench.datasets import make_dataset, per_class_counts
+from bench.data.datasets import make_dataset, per_class_counts
+from bench.plan.config import ConfigError
 from tests.conftest import run_cli
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bench import environment
+from bench.run import environment
 
 
 def test_capture_has_the_host() -> None:
@@ -27,7 +27,7 @@ def test_parent_never_imports_a_framework() -> None:
 
 
 def test_records_name_the_lock_their_environment_came_from() -> None:
-    from bench.envs import LOCK_PYTHON, family_env
+    from bench.run.envs import LOCK_PYTHON, family_env
 
     if f"{sys.version_info.major}.{sys.version_info.minor}" != LOCK_PYTHON:
         pytest.skip(f"the locks are resolved for Python {LOCK_PYTHON}")

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import REPO_ROOT, envs
-from bench.registry import FAMILIES, Family
+from bench import REPO_ROOT
+from bench.catalog.registry import FAMILIES, Family
+from bench.run import envs
 from tools import lock_envs
 
 INSTALLERS = ["pip"] + (["uv"] if envs.find_uv() else [])

@@ -9,18 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.envs import ensure_env
-from bench.equivalence_coverage import cases_run_here
-from bench.launch import launch
-from bench.plan import RunSpec
-from bench.registry import RUNNERS
+from bench.catalog.equivalence_coverage import cases_run_here
+from bench.catalog.registry import RUNNERS
+from bench.plan.runs import RunSpec
+from bench.run.envs import ensure_env
+from bench.run.launch import launch
 from models import get_spec
 from tests.specs import run_spec
 
 pytestmark = pytest.mark.slow
 # Every runner with its default options, then each option set that changes the reduction or
 # the compiled step on CPU (the catalog's equivalence_options; the GPU-only ones are listed in
-# docs/EQUIVALENCE.md, bench/equivalence_coverage.py).
+# docs/EQUIVALENCE.md, bench/catalog/equivalence_coverage.py).
 EQUIVALENCE_CASES = [
     pytest.param(name, options, id=name + "".join(f"-{k}={v}" for k, v in options.items()))
     for name, options in cases_run_here()

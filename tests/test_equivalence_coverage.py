@@ -1,18 +1,20 @@
-"""The equivalence coverage table (docs/EQUIVALENCE.md, bench/equivalence_coverage.py): current,
+"""The equivalence coverage table (docs/EQUIVALENCE.md, bench/catalog/equivalence_coverage.py):
+current,
 and every listed case a real option set of its runner. Fast: no framework."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import equivalence_coverage as cov
-from bench.registry import RUNNERS
+from bench.catalog import equivalence_coverage as cov
+from bench.catalog.registry import RUNNERS
 
 
 def test_the_table_in_the_docs_is_current() -> None:
     text = cov.DOC.read_text()
     assert cov.with_markdown(text) == text, \
-        "docs/EQUIVALENCE.md is out of date: python -m bench.equivalence_coverage --markdown"
+        ("docs/EQUIVALENCE.md is out of date: "
+         "python -m bench.catalog.equivalence_coverage --markdown")
 
 
 @pytest.mark.parametrize("name", sorted(n for n, r in RUNNERS.items() if r.equivalence))

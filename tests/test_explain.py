@@ -1,4 +1,4 @@
-"""Where the time went (bench/explain.py): one line per summary row, from a hand-written
+"""Where the time went (bench/analysis/explain.py): one line per summary row, from a hand-written
 results folder, and its section in report.html."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import explain
-from bench.predict import communication, probe_bandwidth
-from bench.records import load_records
-from bench.report_html import write_html
-from bench.stats import summarise
+from bench.analysis import explain
+from bench.analysis.predict import communication, probe_bandwidth
+from bench.analysis.stats import summarise
+from bench.records.store import load_records
+from bench.report.html import write_html
 from runners.allreduce import gradient_bytes
 from tests.test_predict import _probe, record, write_folder
 

@@ -1,4 +1,4 @@
-"""The one grouping key (bench.grouping): the plan, the summary, the loader and the notebook
+"""The one grouping key (bench.records.grouping): the plan, the summary, the loader and the notebook
 group runs the same way, so the notebook's numbers are summary.csv's (issue 14: the loader
 grouped on data, the summary on data_label, and every real-data run lost its speedup)."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import validate
-from bench.grouping import GROUP_FIELDS, baseline_key, config_key, group_key, synthetic_key
-from bench.launch import base_record
-from bench.loader import GROUP_COLUMNS, load_results
-from bench.plan import expand
-from bench.records import REQUIRED, check_record, record_path, write_json_atomic
-from bench.report import build_report
-from bench.stats import summarise
+from bench.analysis.loader import GROUP_COLUMNS, load_results
+from bench.analysis.stats import summarise
+from bench.plan.config import validate
+from bench.plan.runs import expand
+from bench.records.grouping import GROUP_FIELDS, baseline_key, config_key, group_key, synthetic_key
+from bench.records.store import REQUIRED, check_record, record_path, write_json_atomic
+from bench.report.summary import build_report
+from bench.run.launch import base_record
 from tests.conftest import REPO
 
 ENV = {"host": "h", "os": "Linux", "cpu_model": "cpu", "cpu_cores": 2, "memory_bytes": 2**33,

@@ -10,8 +10,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from bench.envs import ensure_env
-from bench.records import check_record
+from bench.records.store import check_record
+from bench.run.envs import ensure_env
 from tests.conftest import REPO, smoke_sweep
 from tests.test_equivalence import make_inputs, step
 

@@ -1,10 +1,10 @@
-"""Nominal link bandwidths read from an environment capture (bench/interconnects.py)."""
+"""Nominal link bandwidths read from an environment capture (bench/analysis/interconnects.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import interconnects
+from bench.analysis import interconnects
 
 TOPO_NV = """\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity
 GPU0\t X \tNV4\tNV2\t0-19\t0

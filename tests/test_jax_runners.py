@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from bench.plan import RunSpec
-from bench.records import check_record
-from bench.registry import RUNNERS
+from bench.catalog.registry import RUNNERS
+from bench.plan.runs import RunSpec
+from bench.records.store import check_record
 from runners.jax.common import CPU_KIND, _with_device_count
 from tests.conftest import run_check_script, smoke_sweep
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch import launch
-from bench.plan import RunSpec
-from bench.registry import RUNNERS
+from bench.catalog.registry import RUNNERS
+from bench.plan.runs import RunSpec
+from bench.run.launch import launch
 from tests.conftest import REPO
 from tests.test_equivalence import make_inputs
 
@@ -153,7 +153,7 @@ def test_kuza55_wraps_at_one_device(tmp_path: Path, tf_python: str) -> None:
 WORK = """
 import json, os
 import numpy as np
-from bench.placement_check import check_work
+from bench.records.placement_check import check_work
 from runners.keras import towers as kt
 from runners.tf import keras_avolkov1, keras_kuza55, keras_multi_gpu_model
 from runners.tf.placement import partition_graphs

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch import child_command, launch, validate_result
-from bench.plan import RunSpec
-from bench.records import check_record, load_records
+from bench.plan.runs import RunSpec
+from bench.records.store import check_record, load_records
+from bench.run.launch import child_command, launch, validate_result
 
 
 def spec(behaviour: str = "ok", timeout_s: float = 60, **options: object) -> RunSpec:

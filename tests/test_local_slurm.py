@@ -144,11 +144,11 @@ def test_time_limit_gives_timeout(local_slurm, time_limited_job):
 
 def test_the_harness_records_a_job_slurm_timed_out(local_slurm, time_limited_job, tmp_path,
                                                     monkeypatch):
-    """bench.slurm.collect on a job SLURM killed at its time limit before the run wrote a
+    """bench.run.slurm.collect on a job SLURM killed at its time limit before the run wrote a
     record (the same job as above, ended by now): a `timeout` record with SLURM's state."""
-    from bench.config import validate
-    from bench.plan import expand
-    from bench.slurm import collect
+    from bench.plan.config import validate
+    from bench.plan.runs import expand
+    from bench.run.slurm import collect
 
     job_id, submitted = time_limited_job
     wait_final(local_slurm, job_id, timeout=150 - (time.monotonic() - submitted))

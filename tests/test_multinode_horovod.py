@@ -1,8 +1,8 @@
 """The horovod runner across the local 2-node SLURM cluster (tools/local_slurm.sh,
 docs/SLURM.md), through the CLI as a user runs it (cluster.backend slurm, issue 16).
 
-bench/slurm_job.py starts one task per node through srun; on each node the harness runs
-runners/torch/horovod_launch.py (bench/launch.py child_command, launcher horovodrun with a
+bench/run/slurm_job.py starts one task per node through srun; on each node the harness runs
+runners/torch/horovod_launch.py (bench/run/launch.py child_command, launcher horovodrun with a
 NodePlace), which does horovodrun 0.28.1's gloo launch with srun in place of ssh: node rank 0
 hosts Horovod's RendezvousServer on the job's port + 1 with the host assignment plan of
 node1:1,node2:1, and each node starts its rank with the slot environment horovodrun gives it.

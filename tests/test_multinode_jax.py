@@ -5,7 +5,7 @@ MGBENCH_NUM_NODES, MGBENCH_MASTER_ADDR and MGBENCH_MASTER_PORT set. The processe
 jax.distributed.initialize()'s SLURM auto-detection (keras_jax through
 keras.distribution.initialize()), gloo between them; process 0 writes the result.
 
-Checked from the result: status ok and a result the parent accepts (bench.launch's
+Checked from the result: status ok and a result the parent accepts (bench.run.launch's
 validate_result: samples, finite losses, a placement over every device); JAX's own account of
 the run (2 processes, the device counts, SlurmCluster, gloo, the coordinator on node1 at the
 port the harness reserved); `nodes` gathered through JAX naming node1 and node2 with their
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.launch import validate_result
-from bench.plan import RunSpec
+from bench.plan.runs import RunSpec
+from bench.run.launch import validate_result
 from tests.conftest import REPO
 from tests.specs import run_spec
 from tests.test_equivalence import equivalence_spec, load_weights, make_inputs

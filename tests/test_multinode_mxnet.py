@@ -6,7 +6,7 @@ node's ps-lite roles (the scheduler on node rank 0, a server on each node;
 runners/mxnet/dist_launch.py) and is the node's worker of a dist_sync kvstore; process 0
 writes the result.
 
-Checked from the result: status ok and a result the parent accepts (bench.launch's
+Checked from the result: status ok and a result the parent accepts (bench.run.launch's
 validate_result: samples, finite losses, a placement over every device); MXNet's own account
 of the run (kv.type dist_sync, kv.num_workers 2, each worker's kv.rank) and ps-lite's (its
 scheduler registered 2 workers and 2 servers, at the ports the job was given); `nodes`
@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.launch import validate_result
-from bench.plan import RunSpec
+from bench.plan.runs import RunSpec
+from bench.run.launch import validate_result
 from tests.conftest import REPO
 from tests.specs import run_spec
 from tests.test_equivalence import equivalence_spec, load_weights, make_inputs
@@ -101,7 +101,7 @@ def multi_spec(**fields: Any) -> RunSpec:
 def srun_runner(env: dict[str, str], python: str, spec: RunSpec, tmp_path: Path
                 ) -> tuple[dict[str, Any], int, str]:
     """Run the spec on both nodes through srun, one process per node, as the harness does
-    (--kill-on-bad-exit, as bench/slurm_job.py); (process 0's result, the job's base port,
+    (--kill-on-bad-exit, as bench/run/slurm_job.py); (process 0's result, the job's base port,
     srun's output)."""
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
     spec_path.write_text(json.dumps(spec.to_dict()))

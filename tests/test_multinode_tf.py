@@ -6,7 +6,7 @@ MGBENCH_MASTER_PORT set. The processes are the workers of a MultiWorkerMirroredS
 cluster TF's SlurmClusterResolver resolves (runners/tf/devices.py); worker 0 writes the result.
 
 Checked from the result, each in its own test so that each can fail for its own reason:
-status ok and a result the parent accepts (bench.launch.validate_result); TF's own account
+status ok and a result the parent accepts (bench.run.launch.validate_result); TF's own account
 (num_replicas_in_sync 2, 2 workers, this worker task 0, the cluster spec); `nodes` gathered
 through a TF collective naming node1 and node2; a placement with one key per worker device;
 finite losses and samples over the global batch; each worker fed its own half of each global
@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.launch import validate_result
-from bench.plan import RunSpec
+from bench.plan.runs import RunSpec
+from bench.run.launch import validate_result
 from tests.conftest import REPO, run_check_script
 from tests.specs import run_spec
 from tests.test_equivalence import equivalence_spec, load_weights, make_inputs

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.records import check_record
-from bench.registry import RUNNERS
+from bench.catalog.registry import RUNNERS
+from bench.records.store import check_record
 from tests.conftest import smoke_sweep
 from tests.test_equivalence import make_inputs, step
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.mfu import TRAINING_FLOPS_FACTOR, mfu
-from bench.peak import cache_key, device_type, machine_peak, measure_peak
+from bench.records.mfu import TRAINING_FLOPS_FACTOR, mfu
+from bench.run.peak import cache_key, device_type, machine_peak, measure_peak
 
 CPU_ENV = {"cpu_model": "AMD EPYC", "cpu_cores": 2, "gpus": []}
 GPU_ENV = {"cpu_model": "Intel Xeon", "cpu_cores": 80,

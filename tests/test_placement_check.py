@@ -1,4 +1,5 @@
-"""The parent's placement check (bench/placement_check.py): distinct devices as each framework
+"""The parent's placement check (bench/records/placement_check.py): distinct devices as each
+framework
 names them, and each device's share of the work where the runner knows it. Fast: no
 framework."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.placement_check import check_placement, check_work, normalise_device
+from bench.records.placement_check import check_placement, check_work, normalise_device
 
 TF0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 TF1 = "/job:localhost/replica:0/task:0/device:CPU:1"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.config import validate
-from bench.plan import expand
+from bench.plan.config import validate
+from bench.plan.runs import expand
 
 
 def cfg(**changes: object):

@@ -1,4 +1,5 @@
-"""The scaling predictor (bench/predict.py): its maths, `run_bench.py predict` on a hand-written
+"""The scaling predictor (bench/analysis/predict.py): its maths, `run_bench.py predict` on a
+hand-written
 results folder, and its validation against the published tables (tools/validate_predictor.py)
 computed from reference/published.csv."""
 
@@ -14,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from bench import interconnects
-from bench.cli import main
-from bench.predict import (
+from bench.analysis import interconnects
+from bench.analysis.predict import (
     BACKWARD_FRACTION,
     BUCKET_BYTES,
     Bandwidth,
@@ -29,7 +29,8 @@ from bench.predict import (
     probe_latency,
     ring_seconds,
 )
-from bench.published import load_published
+from bench.analysis.published import load_published
+from bench.cli import main
 from runners.allreduce import MIB, gradient_bytes
 from tests.conftest import REPO
 from tools import validate_predictor
@@ -145,7 +146,7 @@ def test_probe_at_the_device_count_else_the_nearest() -> None:
 
 
 def test_devices_parse_and_refuse_what_is_not_a_count() -> None:
-    from bench.config import ConfigError
+    from bench.plan.config import ConfigError
 
     assert parse_devices("8,2,4") == [2, 4, 8]
     for bad in ("2,x", "0", "-2", "", "2,,4", "2,2", "1.5"):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from bench.datasets import make_dataset
-from bench.prepare_data import (
+from bench.data.datasets import make_dataset
+from bench.data.prepare import (
     crc32c,
     image_example,
     masked_crc,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import progress
-from bench.progress import BuildDisplay, InstallState, SweepClock, SweepProgress
-from bench.records import load_records
+from bench.records.store import load_records
+from bench.run import progress
+from bench.run.progress import BuildDisplay, InstallState, SweepClock, SweepProgress
 from tests.conftest import REPO
 
 PIP_LINES = """\

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import published as pub
-from bench.config import PRECISIONS
-from bench.records import REQUIRED, check_record, record_path, write_json_atomic
-from bench.report import build_report
-from bench.stats import summarise
+from bench.analysis import published as pub
+from bench.analysis.stats import summarise
+from bench.plan.config import PRECISIONS
+from bench.records.store import REQUIRED, check_record, record_path, write_json_atomic
+from bench.report.summary import build_report
 from models import available_models, get_spec
 from tests.conftest import REPO
 
@@ -164,7 +164,7 @@ def test_throughput_chart_of_a_sweep_has_the_published_points(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """render_charts calls draw_published: the legends of the saved throughput and efficiency
     charts name the published rows of resnet50, none of minigooglenet at 2 devices."""
-    import bench.report as report
+    import bench.report.summary as report
 
     legends: dict[str, list[list[str]]] = {}
     save = report._save

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.records import check_record
-from bench.registry import PIPELINES
+from bench.catalog.registry import PIPELINES
+from bench.records.store import check_record
 from runners.common import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 

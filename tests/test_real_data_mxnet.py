@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.records import check_record
+from bench.records.store import check_record
 from runners.common import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 
@@ -136,8 +136,8 @@ def test_record_iter_matches_the_reference(tmp_path: Path, real_dataset: Path,
     """ImageRecordIter (shuffle off, file order) against real_data.load_batch: the same images
     and labels for augmentation none, on the 40 x 40 dataset (crop only) and on one prepared
     at 24 x 24 (resized up to 32 first); crop-flip gives windows of the right images."""
-    from bench.datasets import make_dataset
-    from bench.prepare_data import prepare_data
+    from bench.data.datasets import make_dataset
+    from bench.data.prepare import prepare_data
 
     make_dataset(tmp_path / "src", classes=10, images=48, size=40, seed=0)
     small = tmp_path / "small"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.plan import RunSpec
-from bench.records import check_record
+from bench.plan.runs import RunSpec
+from bench.records.store import check_record
 from runners.common import spec_for
 from runners.tf.cnn_benchmarks import ENV_VAR, build_flags
 from tests.conftest import REPO, real_sweep, run_check_script

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.envs import ensure_env
-from bench.records import check_record
+from bench.records.store import check_record
+from bench.run.envs import ensure_env
 from runners.common import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 

@@ -6,7 +6,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from bench.records import (
+from bench.records.store import (
     REQUIRED,
     check_record,
     done_run_ids,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.records import load_records, runs_dir
+from bench.records.store import load_records, runs_dir
 from tests.conftest import REPO, run_cli
 
 TOY = [sys.executable, "-m", "tests.children.cli_with_toy"]
@@ -238,7 +238,7 @@ def test_a_lock_left_by_a_killed_sweep_is_taken_over(tmp_path: Path) -> None:
 WRITE_UNDER_FSIZE = r"""
 import json, os, resource, signal, sys
 from pathlib import Path
-from bench.records import write_json_atomic
+from bench.records.store import write_json_atomic
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail with EFBIG/ENOSPC
 path = Path(sys.argv[1])
 write_json_atomic(path, {"run_id": "r", "status": "ok"})  # the record as it was

@@ -1,4 +1,4 @@
-"""Sweeps on SLURM (cluster.backend: slurm, bench/slurm.py and bench/slurm_job.py).
+"""Sweeps on SLURM (cluster.backend: slurm, bench/run/slurm.py and bench/run/slurm_job.py).
 
 The unit tests check what the parent asks of SLURM and plans; the tests marked `slurm` run
 real sweeps on the local 2-node cluster (tools/local_slurm.sh, the `local_slurm` fixture):
@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from bench.cli import precheck
-from bench.config import validate
-from bench.plan import expand
-from bench.slurm import batch_script, sbatch_command, time_limit_minutes
+from bench.plan.config import validate
+from bench.plan.runs import expand
+from bench.run.slurm import batch_script, sbatch_command, time_limit_minutes
 from tests.conftest import REPO, run_cli
 
 SMOKE = {"runners": ["torch_ddp"], "models": ["minigooglenet"], "nodes": [2], "devices": [1],
@@ -51,7 +51,7 @@ def test_sbatch_asks_for_the_runs_nodes_time_and_the_clusters_settings(tmp_path:
                                             None)
     script = batch_script(spec, "/envs/torch/bin/python", tmp_path)
     assert "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1" in script
-    assert "-m bench.slurm_job node" in script and "-m bench.slurm_job finish" in script
+    assert "-m bench.run.slurm_job node" in script and "-m bench.run.slurm_job finish" in script
 
 
 def test_single_machine_runners_are_invalid_across_nodes_before_any_job() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.stats import efficiency, speedup, summarise
+from bench.analysis.stats import efficiency, speedup, summarise
 
 
 def rec(n: int, ips: float | None, status: str = "ok", repeat: int = 0, **kw: object) -> dict:
@@ -71,7 +71,7 @@ def real(n: int, ips: float | None, workers: int = 4, **kw: object) -> dict:
 
 
 def test_real_rows_compare_to_synthetic_and_flag_input_bound() -> None:
-    from bench.stats import summarise as s
+    from bench.analysis.stats import summarise as s
 
     rows = s([rec(1, 100.0), rec(2, 200.0), real(1, 95.0), real(2, 120.0),
               real(2, 190.0, workers=8), rec(1, 50.0, precision="bf16")])
@@ -104,7 +104,7 @@ def pipe(name: str, workers: int, ips: float | None, status: str = "ok", **kw: o
 
 
 def test_pipeline_rows_are_apart_and_compared_to_the_naive_loop() -> None:
-    from bench.stats import summarise_pipelines
+    from bench.analysis.stats import summarise_pipelines
 
     records = [pipe("pil_loop", 0, 100.0), pipe("tf_data", 1, 150.0), pipe("tf_data", 2, 280.0),
                pipe("tf_data", 2, 320.0, repeat=1), pipe("grain", 2, None, status="failed"),
@@ -123,7 +123,7 @@ def test_pipeline_rows_are_apart_and_compared_to_the_naive_loop() -> None:
 
 
 def test_table_and_chart_show_real_vs_synthetic(tmp_path) -> None:
-    from bench.report import format_table, render_real_chart
+    from bench.report.summary import format_table, render_real_chart
 
     rows = summarise([rec(1, 100.0), rec(2, 200.0), real(1, 95.0), real(2, 120.0)])
     table = format_table(rows)
@@ -137,7 +137,7 @@ def test_table_and_chart_show_real_vs_synthetic(tmp_path) -> None:
 def test_summary_shows_placement_and_batchnorm_from_the_records() -> None:
     """placed_devices is the fewest devices any ok run's framework-read placement named; the
     collapse note and the BatchNorm scope come from the runner's result; the table shows them."""
-    from bench.report import format_table
+    from bench.report.summary import format_table
 
     spread = {"placement": {"rank0:cpu": 8, "rank1:cpu": 8},
               "result": {"batchnorm": "per_device"}}

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import environment
-from bench.launch import launch
-from bench.loader import load_results
-from bench.plan import RunSpec
-from bench.report import build_report, format_table
-from bench.stats import summarise
-from bench.telemetry import Sampler, in_window, open_nvml, write_series
-from bench.telemetry import summarise as summarise_telemetry
-from bench.telemetry_chart import read_series
+from bench.analysis.loader import load_results
+from bench.analysis.stats import summarise
+from bench.plan.runs import RunSpec
+from bench.report.summary import build_report, format_table
+from bench.report.telemetry_chart import read_series
+from bench.run import environment
+from bench.run.launch import launch
+from bench.run.telemetry import Sampler, in_window, open_nvml, write_series
+from bench.run.telemetry import summarise as summarise_telemetry
 
 TELEMETRY = {"enabled": True, "interval_s": 0.05, "starved_below_pct": 50.0}
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.launch import launch
-from bench.plan import RunSpec
-from bench.records import check_record, load_records
-from bench.registry import RUNNERS
+from bench.catalog.registry import RUNNERS
+from bench.plan.runs import RunSpec
+from bench.records.store import check_record, load_records
+from bench.run.launch import launch
 from models import get_spec
 from tests.conftest import run_check_script, run_cli
 from tests.test_equivalence import BATCH, LR, RTOL, make_inputs

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from bench.plan import RunSpec
-from bench.records import check_record, load_records
+from bench.plan.runs import RunSpec
+from bench.records.store import check_record, load_records
 from runners.common import Invalid, Unavailable
 from runners.tf.cnn_benchmarks import (
     ENV_VAR,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.loader import load_results
-from bench.records import check_record, load_records
-from bench.report import CHARTS
+from bench.analysis.loader import load_results
+from bench.records.store import check_record, load_records
+from bench.report.summary import CHARTS
 from tests.conftest import REPO, run_cli, smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.records import check_record, load_records
-from bench.registry import RUNNERS
+from bench.catalog.registry import RUNNERS
+from bench.records.store import check_record, load_records
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
@@ -109,8 +109,8 @@ def test_tf_native_fused_batchnorm_is_keras_batchnorm(tf_python: str) -> None:
 def _tf_native_equivalence(tmp_path: Path, tf_python: str, n: int, options: dict) -> dict:
     import numpy as np
 
-    from bench.launch import launch
-    from bench.plan import RunSpec
+    from bench.plan.runs import RunSpec
+    from bench.run.launch import launch
     from models import get_spec
 
     inputs, out = tmp_path / "in.npz", tmp_path / f"out-n{n}-{len(options)}.npz"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch import child_env
-from bench.plan import RunSpec
-from bench.registry import RUNNERS
+from bench.catalog.registry import RUNNERS
+from bench.plan.runs import RunSpec
+from bench.run.launch import child_env
 from runners import threads
 from runners.threads import POLICY_VAR, observed, thread_env
 from tests.conftest import smoke_sweep

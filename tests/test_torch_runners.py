@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.launch import launch
-from bench.plan import RunSpec
-from bench.records import check_record
-from bench.registry import RUNNERS
+from bench.catalog.registry import RUNNERS
+from bench.plan.runs import RunSpec
+from bench.records.store import check_record
+from bench.run.launch import launch
 from tests.conftest import smoke_sweep
 from tests.test_equivalence import make_inputs, step
 

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from bench.stats import summarise
-from bench.trust import (
+from bench.analysis.stats import summarise
+from bench.analysis.trust import (
     bootstrap_ci,
     coefficient_of_variation,
     estimators,
@@ -90,7 +90,7 @@ def test_summary_gives_median_intervals_and_flags() -> None:
 
 
 def test_table_and_charts_show_intervals_and_flags(tmp_path) -> None:
-    from bench.report import format_table, render_charts
+    from bench.report.summary import format_table, render_charts
 
     recs = [rec(n, v * n, repeat=i, step_times_s=[32 * n / (v * n)] * 20)
             for n in (1, 2) for i, v in enumerate([100.0, 104.0, 96.0])]

@@ -19,12 +19,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import REPO_ROOT, environment
-from bench.config import load_config
-from bench.envs import ensure_env
-from bench.launch import launch
-from bench.plan import RunSpec, expand
-from bench.trust import ratio_ci
+from bench import REPO_ROOT
+from bench.analysis.trust import ratio_ci
+from bench.plan.config import load_config
+from bench.plan.runs import RunSpec, expand
+from bench.run import environment
+from bench.run.envs import ensure_env
+from bench.run.launch import launch
 
 
 def by_hand(spec: RunSpec, python: Path, work: Path) -> float:

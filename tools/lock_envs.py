@@ -1,5 +1,5 @@
 """Resolve each family's requirements into a lock: every transitive package pinned, with the
-hashes of its files, for Python 3.11 on x86_64 Linux (bench/envs.py installs environments from
+hashes of its files, for Python 3.11 on x86_64 Linux (bench/run/envs.py installs environments from
 these locks with `--require-hashes`).
 
     python tools/lock_envs.py                 # every family and variant
@@ -15,7 +15,7 @@ x86_64-manylinux_2_28` (uv from requirements.txt) on `envs/<family>-<variant>.tx
 small change to a requirements file changes little else. pip's find-links folders are passed
 on to uv (it reads no pip configuration): this project's machines keep PyTorch's CPU build in
 one. A variant whose requirements name an index that cannot be reached is reported and left
-without a lock (bench/envs.py then installs it from the requirements file, unpinned).
+without a lock (bench/run/envs.py then installs it from the requirements file, unpinned).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import REPO_ROOT
-from bench.envs import (
+from bench.catalog.registry import FAMILIES
+from bench.run.envs import (
     LOCK_PLATFORM,
     LOCK_PYTHON,
     find_uv,
@@ -42,7 +43,6 @@ from bench.envs import (
     pip_find_links,
     requirements_digest,
 )
-from bench.registry import FAMILIES
 
 
 def targets(names: list[str]) -> list[Path]:

@@ -17,7 +17,7 @@ in_sweep=$(PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$py" - "$@" 2>/dev/null <<
 import argparse
 import sys
 
-from bench.config import ConfigError, load_config
+from bench.plan.config import ConfigError, load_config
 
 p = argparse.ArgumentParser(add_help=False)
 p.add_argument("--config")

@@ -1,4 +1,4 @@
-"""The scaling predictor (bench/predict.py) against published tables: for every published
+"""The scaling predictor (bench/analysis/predict.py) against published tables: for every published
 point at 2 or more GPUs of TF's DGX-1 (P100) and GCE (K80) ResNet-50 tables and rossumai's
 Keras measurements (tf_cnn_benchmarks and kuza55/avolkov1 make_parallel on M60 and GTX 1070
 boxes), the efficiency the predictor gives from the same series' 1-GPU figure, beside the
@@ -14,11 +14,11 @@ The inputs, one model for every row (nothing is fitted to a row):
   has the same 25.6 M parameters as our v1.5; only a stride moves);
 - scaling: weak where the per-GPU batch stays the series' 1-GPU batch, strong where the
   global batch does (rossumai's Keras rows: a global batch of 32 split over the GPUs);
-- the bus bandwidth: the nominal figure (bench/interconnects.py) of the link the gradients
+- the bus bandwidth: the nominal figure (bench/analysis/interconnects.py) of the link the gradients
   cross on that hardware (BOXES): the GPUs' PCIe link to the host where the system reduces on
   the CPU (ps=cpu: TF's DGX-1 and K80 tables ran ResNet-50 with variable_update
   parameter_server and local_parameter_device cpu), else the link between the GPUs;
-- the latency, the buckets and the overlap window: bench/predict.py's, as for a sweep.
+- the latency, the buckets and the overlap window: bench/analysis/predict.py's, as for a sweep.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import interconnects
-from bench.predict import Bandwidth, implied_busbw, predict
-from bench.published import PUBLISHED, load_published
+from bench.analysis import interconnects
+from bench.analysis.predict import Bandwidth, implied_busbw, predict
+from bench.analysis.published import PUBLISHED, load_published
 from runners.allreduce import gradient_bytes
 
 # The published tables validated: their sources' short names in reference/published.csv.
@@ -44,7 +44,7 @@ class Box:
     """A published machine: the link between its GPUs, the link from a GPU to the host, and
     what says so."""
 
-    gpu_link: str  # a bench/interconnects.py name
+    gpu_link: str  # a bench/analysis/interconnects.py name
     host_link: str
     why: str
 
@@ -165,7 +165,7 @@ def _pp(x: float) -> str:
 
 def markdown(results: list[dict[str, Any]]) -> str:
     """The inputs per box, the validation table and the count of points within target."""
-    lines = ["Inputs (one model for every row; bench/predict.py):", ""]
+    lines = ["Inputs (one model for every row; bench/analysis/predict.py):", ""]
     if results:
         lines += [f"- gradient bytes: {results[0]['gradient_bytes']:,} (models/resnet50: "
                   "trainable parameters x 4), for every row"]

@@ -1,5 +1,6 @@
 """The JAX family's runners (jit + sharding, Keras 3 on JAX) and its Grain pipeline, as the
-parent knows them: names, modules, options. Framework-free (bench.registry imports it). A new
+parent knows them: names, modules, options. Framework-free (bench.catalog.registry imports it). A
+new
 runner of this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Imports no framework at module level. N virtual CPU devices exist only if XLA_FL
 them before XLA's CPU backend starts, so a runner calls setup_devices(spec) before anything
 imports jax (Keras with the jax backend included) and imports jax inside its functions.
 
-Multi-node (spec.num_nodes > 1; jax 0.10.2): the harness (bench/slurm_job.py) starts one process
+Multi-node (spec.num_nodes > 1; jax 0.10.2): the harness (bench/run/slurm_job.py) starts one process
 per node through srun, and setup_devices joins them with JAX's own multi-controller mechanism,
 `jax.distributed.initialize()` called with no arguments (keras_jax calls
 `keras.distribution.initialize()`, which calls it the same way), so that JAX's SlurmCluster

@@ -54,7 +54,7 @@ with the batch laid out in the batch sharding by jax.make_array_from_process_loc
 process, a device_put).
 
 Across nodes (spec.num_nodes > 1, issue 16; jax 0.10.2): one process per node, started by srun
-(bench/slurm_job.py), each driving spec.devices_per_node devices. setup_devices joins them with
+(bench/run/slurm_job.py), each driving spec.devices_per_node devices. setup_devices joins them with
 JAX's own multi-controller mechanism, jax.distributed.initialize() called with no arguments, so
 that its SlurmCluster auto-detection reads SLURM's variables (runners/jax/common.py says what it
 reads and the two things the runner sets: gloo CPU collectives, the coordinator port). The mesh

@@ -1,5 +1,6 @@
 """Keras-CNTK and the Keras PyDataset pipeline (Keras's own, across backends), as the parent
-knows them: names, modules, options. Framework-free (bench.registry imports it). A new runner of
+knows them: names, modules, options. Framework-free (bench.catalog.registry imports it). A new
+runner of
 this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
 
 from __future__ import annotations

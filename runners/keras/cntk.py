@@ -16,7 +16,7 @@ What a user with such a Python would need to run the strategy seed 003 describes
 - channels_first images, as the CNTK backend expects.
 
 Until the project has a machine and environment that can really run it, the parent records
-every keras_cntk run as `unavailable` with the reason in bench/registry.py (the runner never
+every keras_cntk run as `unavailable` with the reason in bench/catalog/registry.py (the runner never
 starts), and this module, if a user starts it with an interpreter of their own, says the same.
 """
 

@@ -38,7 +38,7 @@ output_partition_graphs=True) (compile(options=, run_metadata=)); its partition 
 the compute ops TF placed on each device, its step stats the nodes each device executed,
 counted by kind (runners/tf/op_kinds.py): `forward_convs_per_device` and
 `backward_convs_per_device` beside `expected_work` (one tower's convolutions per tower device,
-none elsewhere), which the parent checks (bench/placement_check.py). The callable is then
+none elsewhere), which the parent checks (bench/records/placement_check.py). The callable is then
 rebuilt without the options, so no timed step is traced. Imports TensorFlow and tf_keras:
 runner child processes only.
 """
@@ -495,7 +495,7 @@ def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: in
     """What each device executed in the traced step (runners/tf/op_kinds.py kinds), beside
     what the original runs: one forward and one filter-gradient convolution per conv layer on
     each tower's device, none elsewhere (the parent checks one against the other:
-    bench/placement_check.py). `copies` > 1: the original's graph takes the gradients that
+    bench/records/placement_check.py). `copies` > 1: the original's graph takes the gradients that
     many times (avolkov1's SGD_MGPU), each copy colocated with the towers' forward ops; TF's
     common-subexpression elimination merges identical copies where nothing stops it (the
     probe model) but not through v1 control flow (BatchNorm's learning-phase cond), so a

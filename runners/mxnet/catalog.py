@@ -1,5 +1,5 @@
 """The MXNet family's runners (native Module/Gluon, Keras-MXNet) and its ImageRecordIter
-pipeline, as the parent knows them: names, modules, options. Framework-free (bench.registry
+pipeline, as the parent knows them: names, modules, options. Framework-free (bench.catalog.registry
 imports it). A new runner of this family is one RunnerInfo below (docs/DESIGN.md, "Add a
 runner")."""
 

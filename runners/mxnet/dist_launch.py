@@ -11,7 +11,7 @@ its DMLC_ROLE; `import mxnet` in a server or scheduler runs that role
 (mxnet/kvstore/kvstore_server.py: create('dist'), KVStoreServer.run()) and exits the process
 when the job ends, so the training script never gets past its import there.
 
-Here the harness starts one process per node through srun (bench/slurm_job.py), and that
+Here the harness starts one process per node through srun (bench/run/slurm_job.py), and that
 process brings up the roles of its node as child processes of the same interpreter
 (`python -m runners.mxnet.dist_launch ROLE`, whose `import mxnet` runs the role): on node rank
 0 the scheduler (DMLC_PS_ROOT_URI = MGBENCH_MASTER_ADDR resolved to its address, as ps-lite
@@ -74,7 +74,7 @@ MODULE = "runners.mxnet.dist_launch"
 MECHANISM = ("MXNet dist_sync kvstore over ps-lite: a scheduler on node rank 0 and a server "
              "on every node, started by that node's process, which is the node's worker")
 REPO = Path(__file__).resolve().parents[2]
-PORTS = 10  # MGBENCH_MASTER_PORT .. +9 are the job's (bench/slurm_job.py)
+PORTS = 10  # MGBENCH_MASTER_PORT .. +9 are the job's (bench/run/slurm_job.py)
 STOP_WAIT_S = 60.0  # how long close() waits for the kvstore's end, then for the roles' exits
 KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 # The record's gathers use kvstore keys far above the Trainer's 0..P-1 (one per parameter),
@@ -137,7 +137,7 @@ def node_address() -> str:
 
 @dataclass(frozen=True)
 class Place:
-    """This node's place in the run, from the harness (bench.launch.NodePlace.env)."""
+    """This node's place in the run, from the harness (bench.run.launch.NodePlace.env)."""
 
     rank: int
     count: int
@@ -152,7 +152,7 @@ class Place:
                                "MGBENCH_MASTER_ADDR", "MGBENCH_MASTER_PORT") if not env.get(v)]
         if missing:
             raise Unavailable(f"a {num_nodes}-node mxnet_native run needs the harness's "
-                              f"per-node launch (bench/slurm_job.py); {', '.join(missing)} "
+                              f"per-node launch (bench/run/slurm_job.py); {', '.join(missing)} "
                               "not set")
         place = cls(int(env["MGBENCH_PROCESS_RANK"]), int(env["MGBENCH_NUM_NODES"]),
                     resolved(env["MGBENCH_MASTER_ADDR"]), int(env["MGBENCH_MASTER_PORT"]),

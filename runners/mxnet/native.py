@@ -30,7 +30,7 @@ the per-context executors are the same engine's.
 
 Multi-node (spec.num_nodes = N > 1, issue 16; MXNet 1.9.1): MXNet's own distributed training,
 a `dist_sync` kvstore over ps-lite. The harness starts one process per node through srun
-(bench/slurm_job.py); each brings up its node's ps-lite roles beside itself
+(bench/run/slurm_job.py); each brings up its node's ps-lite roles beside itself
 (runners/mxnet/dist_launch.py: the scheduler on node rank 0, one server per node, as MXNet's
 tools/launch.py and dmlc-core's tracker do) and is that node's worker, driving
 spec.devices_per_node contexts. The kvstore is dist_sync (CPU contexts, or kvstore local) or

@@ -1,6 +1,7 @@
 """The TensorFlow family's runners (tf.distribute, TF 1.x graph styles, the Keras 2 tower
 strategies, tensorpack, tf_cnn_benchmarks) and its tf.data pipeline, as the parent knows them:
-names, modules, options. Framework-free (bench.registry imports it). A new runner of this family
+names, modules, options. Framework-free (bench.catalog.registry imports it). A new runner of this
+family
 is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def multi_worker_strategy(spec: Spec, communication: str = "auto",
     port = os.environ.get("MGBENCH_MASTER_PORT", "")
     if not port.isdigit():
         raise Unavailable("a multi-node run needs MGBENCH_MASTER_PORT (the job's reserved "
-                          "ports, set by bench/slurm_job.py)")
+                          "ports, set by bench/run/slurm_job.py)")
     try:
         resolver = SlurmResolver(int(port), gpus)
         resolver.cluster_spec()  # resolves task_type / task_id

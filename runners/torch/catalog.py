@@ -1,6 +1,6 @@
 """The PyTorch family's runners (DDP, Keras 3 on torch, Horovod on torch's ranks) and its
 DataLoader pipeline, as the parent knows them: names, modules, options. Framework-free
-(bench.registry imports it). A new runner of this family is one RunnerInfo below
+(bench.catalog.registry imports it). A new runner of this family is one RunnerInfo below
 (docs/DESIGN.md, "Add a runner")."""
 
 from __future__ import annotations

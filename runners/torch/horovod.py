@@ -5,7 +5,7 @@ Processes: the parent starts `horovodrun -np N --gloo -H localhost:N`; each rank
 hvd.init() (the gloo controller finds its peers through horovodrun's rendezvous) and drives one
 device, cuda:hvd.local_rank() on GPUs. On a CPU the N devices are N gloo processes sharing the
 host's cores (virtual devices). horovodrun does not size the ranks' thread pools: the parent
-sets OMP_NUM_THREADS to each rank's share of the cores (cores // N, bench/launch.py), and a
+sets OMP_NUM_THREADS to each rank's share of the cores (cores // N, bench/run/launch.py), and a
 rank started by hand without it takes the same share itself; records list each rank's threads.
 Split: every rank holds its own B/N slice of the global batch, generated once on its device
 (seeded by rank), so a step copies nothing from the host. Real data: each rank reads B/N

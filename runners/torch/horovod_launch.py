@@ -1,7 +1,7 @@
 """horovodrun's gloo launch across the nodes of a SLURM job, with srun in place of ssh.
 
-Run once per node by the harness (bench/launch.py child_command, launcher horovodrun, a
-multi-node run; bench/slurm_job.py starts it through srun, one task per node) with the horovod
+Run once per node by the harness (bench/run/launch.py child_command, launcher horovodrun, a
+multi-node run; bench/run/slurm_job.py starts it through srun, one task per node) with the horovod
 environment's python:
 
   python -m runners.torch.horovod_launch -np N --slots-per-node K --nodes M --node-rank R
@@ -31,7 +31,7 @@ What differs from horovodrun, and why:
   MPI); a failing node's exit status makes srun (--kill-on-bad-exit) end the other nodes, in
   place of horovodrun's one terminate-all event;
 - the rendezvous server listens on the port the job was given (the first node's reserved
-  port + 1, bench/slurm_job.py) instead of a random free one (network.find_port), since the
+  port + 1, bench/run/slurm_job.py) instead of a random free one (network.find_port), since the
   other nodes must know it before it starts; it is bound and initialised with the plan before
   it serves;
 - horovodrun starts the server before any rank; here the nodes start at once, so the other

@@ -2,8 +2,8 @@
 
 import sys
 
+from bench.catalog.registry import RUNNERS, Option, RunnerInfo
 from bench.cli import main
-from bench.registry import RUNNERS, Option, RunnerInfo
 
 RUNNERS["toy"] = RunnerInfo(
     "toy", "tf", "tests.children.toy", "numpy softmax regression (tests only)",

@@ -1,0 +1,167 @@
+"""Where the step's time went: one line a person can read for every summary row (runner,
+configuration, device count), as far as the sweep's evidence allows.
+
+A row's step is its global batch over its median images/sec (the estimator its efficiency is
+from). It is split into:
+
+- **compute**: the same configuration's 1-device step on synthetic data (its 1-device row;
+  for a real-data row its synthetic twin's, which has no input in it, where the sweep ran
+  one), times the row's per-device batch over the 1-device batch (strong scaling splits the
+  batch);
+- **communication**: a ring all-reduce of the model's gradient bytes at the bus bandwidth the
+  sweep's own all-reduce probe measured (records of mode allreduce; bench/analysis/predict.py picks
+  the
+  probe and the model), without overlap: the most the all-reduce can add. Without a probe in
+  the sweep it stays in the rest, and the line says so;
+- **input**: a real-data row's time beyond its synthetic twin's (real_vs_synthetic below 1);
+  none on synthetic data;
+- **unexplained**: what is left; negative when the communication overlapped the backward pass
+  (the all-reduce estimate is an upper bound).
+
+The GPUs' idle share from the telemetry (1 - their mean utilisation in the timed window) is
+given beside, as a check: it is time the GPUs waited for communication, input or the host,
+and overlaps those terms rather than adding to them. CPU runs have no GPU telemetry; their
+busy cores are given instead.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from bench.analysis.predict import communication, probe_bandwidth, probe_records
+from bench.records.grouping import baseline_key, config_key, mode_of, synthetic_key
+from runners.allreduce import gradient_bytes
+
+HEADING = "Where the time went"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if abs(seconds) < 1 else f"{seconds:.3g} s"
+
+
+def _share(part: float, whole: float) -> str:
+    share = part / whole
+    return f"{share:.1%}" if 0 < abs(share) < 0.01 else f"{share:.0%}"
+
+
+def _step(row: dict[str, Any]) -> float | None:
+    ips = row.get("images_per_sec")
+    return row["global_batch_size"] / ips if ips else None
+
+
+def _label(row: dict[str, Any]) -> str:
+    batch = (f"{row['batch_size_per_device']}/dev" if row["scaling"] == "weak"
+             else f"{row['global_batch_size']} global")
+    nodes = row.get("num_nodes") or 1
+    kind = "virtual CPU" if row.get("virtual_devices") else row.get("device", "")
+    devices = (f"{nodes}x{row['num_devices'] // nodes}" if nodes > 1
+               else str(row["num_devices"]))
+    return (f"{row['runner']} {row['model']} {row['data_label']} {row['precision']} "
+            f"b={batch}, {devices} {kind}")
+
+
+def explain_row(row: dict[str, Any], rows_by_key: dict[tuple[Any, ...], dict[str, Any]],
+                probes: list[dict[str, Any]]) -> str:
+    """One summary row's line: its step split into compute, communication, input and the
+    unexplained rest, with the GPUs' idle share beside."""
+    label = _label(row)
+    step = _step(row)
+    if step is None:
+        return f"{label}: not measured ({row.get('status')}: {row.get('reason') or '-'})"
+    n = row["num_devices"]
+    parts: list[str] = []
+    known = 0.0
+    # compute: the 1-device step on synthetic data (no input pipeline in it), else this
+    # configuration's own 1-device step
+    synthetic = rows_by_key.get((*synthetic_key(row)[:-2], 1, 1))
+    own = rows_by_key.get(baseline_key(row))
+    base = synthetic if synthetic and _step(synthetic) else own
+    base_step = _step(base) if base else None
+    if base_step is None:
+        parts.append("compute: no 1-device run of this configuration")
+    else:
+        compute = base_step * row["batch_size_per_device"] / base["batch_size_per_device"]
+        known += compute
+        how = ("the 1-device step" + (" on synthetic data" if base is not own else "")
+               + ("" if row["scaling"] == "weak" else
+                  f" x {row['batch_size_per_device']}/{base['batch_size_per_device']} of "
+                  "the batch"))
+        if row["data"] == "real" and base is own:
+            how += ", real data: its input is in it"
+        if n > 1 and row.get("virtual_devices"):
+            how += "; N virtual devices share the host's cores, so the rest is mostly that"
+        parts.append(f"compute {_ms(compute)} ({_share(compute, step)}, {how})")
+    if n == 1:
+        parts.append("communication 0 (1 device)")
+    else:
+        try:
+            nbytes = gradient_bytes(row["model"])
+        except KeyError:
+            nbytes = None
+        bw = probe_bandwidth(probes, row["runner"], row["device"], n, nbytes) if (
+            nbytes and probes) else None
+        if bw is None:
+            why = ("no probe in this sweep: run mode: allreduce" if nbytes else
+                   f"no gradient size for model {row['model']!r}")
+            parts.append(f"communication ? ({why}; it is in the rest)")
+        else:
+            comm = communication(nbytes, n, bw)[0]
+            known += comm
+            parts.append(f"communication up to {_ms(comm)} ({_share(comm, step)}; ring "
+                         f"all-reduce of {nbytes / 1e6:.3g} MB, {bw.source})")
+    ratio = row.get("real_vs_synthetic")
+    if row["data"] != "real":
+        parts.append("input 0 (synthetic data)")
+    elif ratio is None:
+        parts.append("input: no synthetic twin to compare with")
+    else:
+        spent = max(0.0, step * (1 - ratio))
+        known += spent
+        parts.append(f"input {_ms(spent)} ({_share(spent, step)}; real data at "
+                     f"{ratio:.0%} of synthetic)")
+    rest = step - known
+    rest = 0.0 if abs(rest) < 1e-9 * step else rest  # the 1-device row's own step
+    parts.append(f"unexplained {_ms(rest)} ({_share(rest, step)}"
+                 + ("; the terms overlap: communication or input hidden behind compute"
+                    if rest < 0 else "") + ")")
+    util = row.get("gpu_util_pct")
+    if util is not None:
+        idle = max(0.0, 1 - util / 100)
+        side = f"GPUs idle {idle:.0%} of the window (~{_ms(idle * step)} a step)"
+    elif row.get("run_cpu_cores") is not None:
+        side = f"no GPU telemetry; the run kept {row['run_cpu_cores']:.2g} CPU cores busy"
+    else:
+        side = "no utilisation telemetry"
+    return f"{label}: step {_ms(step)} = " + " + ".join(parts) + f"; {side}"
+
+
+def explain(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    """One line per benchmark summary row (bench.analysis.stats.summarise), in the summary's order;
+    records are the folder's (its all-reduce probes give the communication term)."""
+    mine = [r for r in rows if mode_of(r) == "benchmark"]
+    by_key = {config_key(r): r for r in mine}
+    probes = probe_records(records)
+    return [explain_row(r, by_key, probes) for r in mine]
+
+
+def text(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+    """The lines under a heading, for the terminal ('' when there is no benchmark row)."""
+    lines = explain(rows, records)
+    return "\n".join([f"{HEADING}:", *(f"  {line}" for line in lines)]) if lines else ""
+
+
+def html_section(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+    """report.html's section: the heading, what the terms mean, a list item per row."""
+    lines = explain(rows, records)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return (f"<h2>{HEADING}</h2><p>Each row's step (global batch / img/s) split into compute "
+            "(the same configuration's 1-device step, on synthetic data where the sweep ran "
+            "it), communication (a ring all-reduce of "
+            "the model's gradients at the bus bandwidth this sweep's all-reduce probe "
+            "measured, without overlap: an upper bound), input (real data beyond its "
+            "synthetic twin) and the unexplained rest; the GPUs' idle share from the "
+            "telemetry is a check beside it, not a further term.</p>"
+            f"<ul>{items}</ul>")

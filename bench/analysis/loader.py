@@ -1,0 +1,66 @@
+"""One loader for notebooks and scripts: a results folder as a tidy pandas DataFrame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.analysis.stats import summarise
+from bench.records import columns
+from bench.records.grouping import GROUP_FIELDS, READERS, baseline_key, config_key
+from bench.records.store import load_records
+
+# The grouping key's fields (bench.records.grouping) are columns too: data_label (synthetic or
+# real-w<workers>), batch (the one held fixed across device counts) and mode besides the
+# registry's. Group on these to get summary.csv's configurations:
+#   df.groupby([*GROUP_COLUMNS, "num_nodes", "num_devices"])
+GROUP_COLUMNS = GROUP_FIELDS
+
+
+def frame_columns() -> list[str]:
+    """The DataFrame's fixed columns: the loader view of the column registry
+    (bench/records/columns.py), then the grouping key's fields it lacks. Besides these, one column
+    per environment key (env_<key>, env_gpus), framework version (version_<name>) and runner
+    option (opt_<name>)."""
+    keys = list(columns.keys("loader"))
+    return keys + [f for f in GROUP_COLUMNS if f not in keys]
+
+
+def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    row = {c.key: columns.run_value(c, rec) for c in columns.of_view("loader")}
+    row.update({f: read(rec) for f, read in READERS.items()})
+    env = rec.get("environment") or {}
+    for key in ("host", "os", "cpu_model", "cpu_cores", "memory_bytes", "python",
+                "harness_commit"):
+        row[f"env_{key}"] = env.get(key)
+    row["env_gpus"] = ", ".join(g["name"] for g in env.get("gpus") or []) or None
+    lock = env.get("lock") or {}
+    for key in ("file", "sha256", "installer", "locked"):  # which pinned environment ran it
+        row[f"env_lock_{key}"] = lock.get(key)
+    for name, version in (env.get("framework") or {}).items():
+        row[f"version_{name}"] = version
+    for key, value in (rec.get("options") or {}).items():
+        row[f"opt_{key}"] = value
+    return row
+
+
+def load_results(results_dir: str | Path) -> pd.DataFrame:
+    """One row per run: the loader view of the column registry (bench/records/columns.py: the
+    record's scalar fields, telemetry, MFU, placement), the grouping key's fields, the
+    environment and options flattened, and the run's speedup and scaling efficiency against
+    the 1-device throughput of its configuration: the median over repeats, summary.csv's
+    images_per_sec of the row at bench.records.grouping.baseline_key. The median of a
+    configuration's per-run speedups is summary.csv's speedup."""
+    records = load_records(Path(results_dir))
+    df = pd.DataFrame([_flatten(r) for r in records])
+    if df.empty:
+        return pd.DataFrame(columns=frame_columns())
+    summary = {config_key(row): row["images_per_sec"] for row in summarise(records)}
+    base = [summary.get(baseline_key(r)) for r in records]
+    df["speedup"] = [ips / b if ips is not None and b else None
+                     for ips, b in zip(df["images_per_sec"], base, strict=True)]
+    df["scaling_efficiency"] = [s / n if s is not None else None
+                                for s, n in zip(df["speedup"], df["num_devices"], strict=True)]
+    return df

@@ -1,0 +1,218 @@
+"""Published figures as data: what others measured for our models (reference/published.csv),
+each row with its source, drawn beside the sweep's runs and listed in report.html.
+
+Every row names its source (and a url where the source can be found), the system that ran
+(framework, strategy), our model name (`model`, a folder of models/) beside the name as
+published (`model_as_published`, `model_match`: exact or a variant, `model_note`: how it
+differs), the data (synthetic or real; `data_detail` as published), the precision (fp32 unless
+the source says AMP / mixed precision: then fp16), the hardware and its GPU, the GPU count,
+the batch per GPU and the global batch where the source states or implies them, and the
+images/sec. `series` groups a source's rows that share one 1-GPU baseline: a row's scaling
+efficiency is its images/sec over (that 1-GPU figure x its GPUs), as the sources compute it
+(rossumai's Keras rows: both parameter-server placements against the 1-GPU run).
+
+The multi-node figures (Goyal et al. 2017, Horovod 2018) have no images/sec per device count;
+they are in reference/multi_node.csv, shown here for sweeps that cross nodes.
+
+Stdlib only (csv): the parent's report path needs no pandas; `load_published_frame` is the
+notebook's pandas view.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from bench import REPO_ROOT
+
+REFERENCE = REPO_ROOT / "reference"
+PUBLISHED = REFERENCE / "published.csv"
+MULTI_NODE = REFERENCE / "multi_node.csv"
+
+FIELDS = ("source", "source_short", "url", "system", "model", "model_as_published",
+          "model_match", "model_note", "data", "data_detail", "precision", "hardware", "gpu",
+          "gpus", "batch_per_gpu", "global_batch", "images_per_sec", "series", "notes")
+# Marker of each source on the charts (cycled in the file's order of sources).
+MARKERS = ("s", "D", "^", "v", "P", "X", "*", "<", ">", "h")
+
+
+def _number(text: str) -> float | int | None:
+    if not text:
+        return None
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+@lru_cache(maxsize=4)
+def _load(path: Path) -> tuple[dict[str, Any], ...]:
+    with open(path, newline="") as fh:
+        rows = [dict(r) for r in csv.DictReader(fh)]
+    for r in rows:
+        for key in ("gpus", "batch_per_gpu", "global_batch", "images_per_sec"):
+            r[key] = _number(r[key])
+    base = {r["series"]: r["images_per_sec"] for r in rows if r["gpus"] == 1}
+    for r in rows:
+        one = base.get(r["series"])
+        r["scaling_efficiency"] = (r["images_per_sec"] / (one * r["gpus"])
+                                   if one and r["images_per_sec"] is not None else None)
+    return tuple(rows)
+
+
+def load_published(path: Path | str = PUBLISHED) -> list[dict[str, Any]]:
+    """The rows of reference/published.csv: numbers as numbers (gpus, batch_per_gpu,
+    global_batch, images_per_sec; None where the source gives none) plus scaling_efficiency
+    against the row's series' 1-GPU figure (None where the series has none)."""
+    return [dict(r) for r in _load(Path(path))]
+
+
+def select(rows: Iterable[dict[str, Any]], models: Iterable[str] | None = None,
+           devices: Iterable[int] | None = None, data: Iterable[str] | None = None,
+           precision: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of these models, GPU counts, data kinds (synthetic / real) and precisions;
+    None keeps every value of that column."""
+    keep = {k: set(v) for k, v in (("model", models), ("gpus", devices), ("data", data),
+                                   ("precision", precision)) if v is not None}
+    return [r for r in rows if all(r[k] in v for k, v in keep.items())]
+
+
+def label(row: dict[str, Any]) -> str:
+    """A row's short label on a chart: its GPU and its source (and real data, if so)."""
+    data = ", real data" if row["data"] == "real" else ""
+    return f"{row['gpu']}, {row['source_short']}{data}"
+
+
+def draw_published(ax: Any, model: str, measured: list[dict[str, Any]],
+                   value: str = "images_per_sec") -> list[dict[str, Any]]:
+    """Draw on a device-count chart of `model` the published figures at the device counts the
+    sweep ran it at (`measured`: the summary's ok rows), `value` images_per_sec or
+    scaling_efficiency: one colour and legend entry per GPU and source, one marker per
+    source, a dotted line through each system's rows of a series (from the series' 1-GPU
+    row). Returns the rows drawn (none: the axes are left as they were)."""
+    counts = {r["num_devices"] for r in measured if r["model"] == model}
+    rows = [r for r in select(load_published(), [model], counts) if r[value] is not None]
+    if not rows:
+        return []
+    sources = list(dict.fromkeys(r["source_short"] for r in load_published()))
+    colours: dict[str, Any] = {}
+    for series, system in dict.fromkeys((r["series"], r["system"]) for r in rows):
+        pts = [r for r in rows if r["series"] == series and r["system"] == system]
+        pts += [r for r in rows if r["series"] == series and r["gpus"] == 1 and r not in pts]
+        pts.sort(key=lambda r: r["gpus"])
+        name = label(pts[0])
+        marker = MARKERS[sources.index(pts[0]["source_short"]) % len(MARKERS)]
+        line, = ax.plot([r["gpus"] for r in pts], [r[value] for r in pts], linestyle=":",
+                        marker=marker, markersize=7, markerfacecolor="none", alpha=0.85,
+                        color=colours.get(name), label=None if name in colours else
+                        f"published: {name}")
+        colours.setdefault(name, line.get_color())
+    # Our CPU runs are 1-100 images/sec, the published GPU figures 50-25,000: on a linear
+    # axis the measured lines would lie flat on zero. A log axis keeps both readable, and
+    # keeps scaling comparable: a constant efficiency is a constant vertical gap below the
+    # ideal line, whatever the throughput. Efficiency is already scale-free: linear from 0.
+    ax.set_autoscaley_on(True)
+    if value == "images_per_sec":
+        ax.set_yscale("log")
+        ax.set_ylabel("images/sec (log scale: published GPU figures beside)")
+    ax.relim()
+    ax.autoscale_view(scalex=False)
+    if value != "images_per_sec":
+        ax.set_ylim(bottom=0)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return rows
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _table(head: list[str], body: list[list[str]]) -> str:
+    th = "".join(f"<th>{_e(h)}</th>" for h in head)
+    tr = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in body)
+    return f"<table><tr>{th}</tr>{tr}</table>"
+
+
+def _source(row: dict[str, Any]) -> str:
+    text = _e(row["source"])
+    return f'<a href="{_e(row["url"])}">{text}</a>' if row.get("url") else text
+
+
+def published_section(runs: Iterable[dict[str, Any]]) -> str:
+    """report.html's "Published figures": for each model of `runs` (the summary rows, the
+    pipeline rows and the records alike), a table of its published rows, the device counts
+    the sweep ran in bold, or a line saying none is known; the multi-node figures too when a
+    run crossed nodes."""
+    runs = list(runs)
+    models = sorted({r["model"] for r in runs if r.get("model")})
+    ran = {(r["model"], r["num_devices"]) for r in runs
+           if r.get("model") and r.get("num_devices")}
+    parts = ['<h2 id="published">Published figures</h2>',
+             "<p>What others published for this sweep's models (reference/published.csv; not "
+             "measured here), each row with its source. Compare like with like: GPU, "
+             "precision, batch and data differ from row to row and from this sweep. "
+             "Efficiency is against the same series' 1-GPU figure of the source. GPU counts "
+             "this sweep ran are in bold; the charts draw those rows beside the runs.</p>"]
+    if not models:
+        parts.append("<p>No runs, so no model to match.</p>")
+    table = load_published()
+    for model in models:
+        rows = select(table, [model])
+        parts.append(f"<h3>{_e(model)}</h3>")
+        if not rows:
+            parts.append(f"<p>No published figure for {_e(model)} in "
+                         "reference/published.csv.</p>")
+            continue
+        body = [[_e(r["system"]), _e(r["hardware"]),
+                 (f"<b>{r['gpus']}</b>" if (model, r["gpus"]) in ran else _e(r["gpus"])),
+                 _cell(r["batch_per_gpu"], ""), _e(r["precision"]), _e(r["data_detail"]),
+                 _e(r["model_as_published"]), _cell(r["images_per_sec"], ","),
+                 _cell(r["scaling_efficiency"], ".0%"), _source(r), _e(r["notes"])]
+                for r in rows]
+        parts.append(_table(["system", "hardware", "GPUs", "batch/GPU", "precision", "data",
+                             "model as published", "images/sec", "efficiency", "source",
+                             "notes"], body))
+        notes = dict.fromkeys(f"{r['model_as_published']}: {r['model_note']}" for r in rows)
+        parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    if any((r.get("num_nodes") or 1) > 1 for r in runs):
+        parts.append(_multi_node(models))
+    return "".join(parts)
+
+
+def load_multi_node(path: Path | str = MULTI_NODE) -> list[dict[str, str]]:
+    """reference/multi_node.csv's rows as written (strings)."""
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _multi_node(models: list[str]) -> str:
+    rows = load_multi_node()
+    mine = [r for r in rows if r["model"] in models]
+    heading = ("Across nodes (reference/multi_node.csv)" if mine else
+               "Across nodes (reference/multi_node.csv; none for this sweep's models, all "
+               "shown)")
+    body = [[_e(r["model"]), _e(r["hardware"]), _e(r["interconnect"]),
+             _e(f"{r['nodes']} x {r['gpus_per_node']}"), _e(r["batch_per_gpu"]),
+             _e(f"{float(r['scaling_efficiency']):.0%} vs {r['efficiency_baseline_gpus']}"
+                f" GPU{'' if r['efficiency_baseline_gpus'] == '1' else 's'}"
+                if r["scaling_efficiency"] else "-"),
+             f'<a href="{_e(r["url"])}">{_e(r["source"])}</a>'] for r in mine or rows]
+    return (f"<h3>{_e(heading)}</h3>"
+            + _table(["model", "hardware", "interconnect", "nodes x GPUs", "batch/GPU",
+                      "efficiency", "source"], body))
+
+
+def load_published_frame(models: Iterable[str] | None = None,
+                         devices: Iterable[int] | None = None,
+                         data: Iterable[str] | None = None) -> Any:
+    """The published rows (with scaling_efficiency) as a pandas DataFrame, for notebooks."""
+    import pandas as pd
+
+    rows = select(load_published(), models, devices, data)
+    return pd.DataFrame(rows, columns=[*FIELDS, "scaling_efficiency"])

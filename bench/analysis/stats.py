@@ -1,0 +1,180 @@
+"""Summary maths: mean images/sec per configuration, speedup and scaling efficiency."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from bench.analysis.trust import (
+    bootstrap_ci,
+    coefficient_of_variation,
+    estimators,
+    ratio_ci,
+    warmup_not_steady,
+)
+from bench.records import columns
+from bench.records.grouping import baseline_key, config_key, data_label, mode_of, synthetic_key
+
+# summary.csv's columns are bench/records/columns.py's (columns.keys("csv"), read when a report is
+# written); this is that list at import, for readers of the old name.
+SUMMARY_FIELDS = columns.keys("csv")
+PIPELINE_FIELDS = (
+    "pipeline", "model", "image_size", "batch", "augmentation", "loader_workers", "cores",
+    "device", "status", "runs_ok", "runs_total", "images_per_sec", "images_per_sec_std",
+    "images_per_sec_per_core", "vs_baseline", "reason",
+)
+# A real-data run slower than this fraction of the same run on synthetic data is input-bound:
+# its input pipeline, not the model, sets the pace.
+INPUT_BOUND_RATIO = 0.9
+BASELINE = "pil_loop"
+# Repeats whose images/sec vary more than this (coefficient of variation) are noisy, unless
+# the sweep's until_stable.target_cv says otherwise.
+CV_TARGET = 0.05
+
+
+def is_pipeline(rec: dict[str, Any]) -> bool:
+    return rec.get("mode") == "pipeline"
+
+
+def is_allreduce(rec: dict[str, Any]) -> bool:
+    """A communication probe's record (bench/report/allreduce.py summarises those)."""
+    return rec.get("mode") == "allreduce"
+
+
+def speedup(ips: float | None, baseline: float | None) -> float | None:
+    """ips / baseline, or None when either is missing."""
+    if ips is None or not baseline:
+        return None
+    return ips / baseline
+
+
+def efficiency(spd: float | None, num_devices: int, baseline_devices: int = 1) -> float | None:
+    """Scaling efficiency: speedup over the ideal (linear) speedup."""
+    if spd is None:
+        return None
+    return spd / (num_devices / baseline_devices)
+
+
+def run_flags(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The estimators and flags of a configuration's ok runs: unstable when a run's
+    estimators disagree by more than 2% (stalls), not_steady when a run's first timed slice
+    was much slower than the rest (warm-up too short); None when no run could tell."""
+    per_run = [(estimators(r.get("step_times_s") or [], r["global_batch_size"]),
+                warmup_not_steady(r.get("step_times_s") or [])) for r in recs]
+    disagree = [e["estimators_disagree"] for e, _ in per_run
+                if e["estimators_disagree"] is not None]
+    steady = [ns for _, ns in per_run if ns is not None]
+    means = [e["mean_step_rate"] for e, _ in per_run if e["mean_step_rate"] is not None]
+    return {"unstable": any(disagree) if disagree else None,
+            "not_steady": any(steady) if steady else None,
+            "mean_step_rate": statistics.median(means) if means else None}
+
+
+def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
+              ) -> list[dict[str, Any]]:
+    """One row per configuration and device count: the median images/sec over repeats with
+    its 95% bootstrap interval, spread, the flags of run_flags and noisy, and the columns
+    bench/records/columns.py combines over the runs itself (the configuration's fields, telemetry,
+    energy, MFU, placement: columns.summary_values).
+
+    Speedup is the median against the median of the 1-device row of the same configuration
+    (bench.records.grouping.baseline_key: runner, model, data label, precision, scaling, batch and
+    device kind) with a bootstrap interval of that ratio; rows without a 1-device baseline
+    get None. A row has the fields its records' key is read from, so config_key(row) is
+    theirs."""
+    by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        if not is_pipeline(rec) and not is_allreduce(rec):
+            by_config[config_key(rec)].append(rec)
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    oks: dict[tuple[Any, ...], list[float]] = {}
+    for key, recs in by_config.items():
+        ok_recs = [r for r in recs if r["status"] == "ok"]
+        ok = [r["images_per_sec"] for r in ok_recs]
+        low, high = bootstrap_ci(ok)
+        first = recs[0]
+        statuses = sorted({r["status"] for r in recs})
+        oks[key] = ok
+        cv = coefficient_of_variation(ok)
+        rows[key] = {
+            # the registry's columns combined over the runs (bench/records/columns.py: over_runs)
+            **columns.summary_values(recs, ok_recs),
+            "data_label": data_label(first), "mode": mode_of(first),
+            "status": "ok" if ok else "/".join(statuses),
+            "runs_ok": len(ok), "runs_total": len(recs),
+            "images_per_sec": statistics.median(ok) if ok else None,
+            "images_per_sec_ci_low": low, "images_per_sec_ci_high": high,
+            "images_per_sec_std": statistics.stdev(ok) if len(ok) > 1 else None,
+            "images_per_sec_cv": cv,
+            **run_flags(ok_recs),
+            "noisy": None if cv is None else cv > cv_target,
+            "reason": next((r["reason"] for r in recs if r.get("reason")), None),
+        }
+    for key, row in rows.items():
+        base = baseline_key(row)
+        row["speedup"] = speedup(row["images_per_sec"],
+                                 rows[base]["images_per_sec"] if base in rows else None)
+        row["scaling_efficiency"] = efficiency(row["speedup"], row["num_devices"])
+        low, high = ratio_ci(oks[key], oks.get(base, []))
+        row["speedup_ci_low"], row["speedup_ci_high"] = low, high
+        row["efficiency_ci_low"] = efficiency(low, row["num_devices"])
+        row["efficiency_ci_high"] = efficiency(high, row["num_devices"])
+    compare_real_to_synthetic(rows)
+    return sorted(rows.values(), key=summary_order)
+
+
+def summary_order(r: dict[str, Any]) -> tuple[Any, ...]:
+    """The summary's row order: runner, model, data, precision, batch, nodes, devices."""
+    return (r["runner"], r["model"], r["data_label"], r["precision"],
+            r["global_batch_size"] if r["scaling"] == "strong" else r["batch_size_per_device"],
+            r.get("num_nodes") or 1, r["num_devices"])
+
+
+def compare_real_to_synthetic(rows: dict[tuple[Any, ...], dict[str, Any]]) -> None:
+    """Give each real-data row (rows by config_key) its throughput over the synthetic row of
+    the same configuration and device count (bench.records.grouping.synthetic_key), and flag it
+    input-bound below INPUT_BOUND_RATIO."""
+    for row in rows.values():
+        twin = rows.get(synthetic_key(row)) if row["data"] == "real" else None
+        ratio = speedup(row["images_per_sec"], twin["images_per_sec"]) if twin else None
+        row["real_vs_synthetic"] = ratio
+        row["input_bound"] = None if ratio is None else ratio < INPUT_BOUND_RATIO
+
+
+def summarise_pipelines(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per input pipeline, model, batch, augmentation and worker count (pipeline-mode
+    records), with its throughput over the naive PIL loop's at the same settings."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        if is_pipeline(rec):
+            ds = rec.get("dataset") or {}
+            groups[(rec["runner"], rec["model"], rec["global_batch_size"],
+                    ds.get("augmentation"), ds.get("workers"), rec["device"])].append(rec)
+    rows = []
+    for (name, model, batch, aug, workers, device), recs in groups.items():
+        ok = [r for r in recs if r["status"] == "ok"]
+        ips = [r["images_per_sec"] for r in ok]
+        results = [r.get("result") or {} for r in ok]
+        per_core = [x["images_per_sec_per_core"] for x in results
+                    if x.get("images_per_sec_per_core")]
+        rows.append({
+            "pipeline": name, "model": model, "batch": batch, "augmentation": aug,
+            "loader_workers": workers, "device": device,
+            "image_size": next((x.get("image_size") for x in results), None),
+            "cores": next((x.get("cores") for x in results), None),
+            "status": "ok" if ok else "/".join(sorted({r["status"] for r in recs})),
+            "runs_ok": len(ok), "runs_total": len(recs),
+            "images_per_sec": statistics.fmean(ips) if ips else None,
+            "images_per_sec_std": statistics.stdev(ips) if len(ips) > 1 else None,
+            "images_per_sec_per_core": statistics.fmean(per_core) if per_core else None,
+            "reason": next((r["reason"] for r in recs if r.get("reason")), None),
+        })
+    base = {(r["model"], r["batch"], r["augmentation"], r["device"]): r["images_per_sec"]
+            for r in rows if r["pipeline"] == BASELINE}
+    for row in rows:
+        row["vs_baseline"] = speedup(row["images_per_sec"], base.get(
+            (row["model"], row["batch"], row["augmentation"], row["device"])))
+    rows.sort(key=lambda r: (r["model"], r["batch"], r["pipeline"] != BASELINE, r["pipeline"],
+                             r["loader_workers"] or 0))
+    return rows

@@ -1,0 +1,795 @@
+"""Sweep configuration: YAML in, a validated SweepConfig out, or a one-line ConfigError.
+
+The file's format is declared once, as pydantic models (`sweep_model()`: built from the
+registry and models/, so every runner's options are declared too); `run_bench.py schema`
+prints it as JSON Schema. Pydantic's own errors never reach the user: `_translate` turns the
+first one into a one-line ConfigError naming the key, the value and what is allowed (the words
+each field declares in its `Says`, and the closest allowed value). Rules that span keys (the
+batch key and scaling, what a mode needs, until_stable and repeats, the dataset's classes) are
+plain code in `_resolve`.
+
+Parent side only: runners and framework environments never import this module (pydantic).
+"""
+
+import difflib
+import functools
+import json
+import operator
+import re
+import sys
+import typing
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, Option, runner_options
+from models import available_models, get_spec
+
+SCALING = ("weak", "strong")
+DATA = ("synthetic", "real")
+AUGMENTATIONS = ("none", "crop-flip")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+DEVICES = ("cpu", "gpu")
+MODES = ("benchmark", "pipeline", "allreduce")
+
+# the top-level keys, in the order of the model's fields (the schema's properties)
+KEYS = (
+    "name", "description", "runners", "models", "devices", "batch_size_per_device",
+    "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
+    "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
+    "pipeline_steps", "probes", "until_stable", "telemetry", "nodes", "cluster",
+)
+INT_MAX = 2**63 - 1  # integers beyond are no count of anything (and may not even print)
+# repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
+MAX_REPEATS = 1000
+TELEMETRY_DEFAULTS: dict[str, Any] = {"enabled": True, "interval_s": 0.25,
+                                      "starved_below_pct": 50.0}
+BACKENDS = ("local", "slurm")
+CLUSTER_DEFAULTS: dict[str, Any] = {
+    "backend": "local", "partition": None, "account": None, "gpus_per_node": None,
+    "exclusive": True, "sbatch_args": [], "max_jobs": 8, "poll_s": 5.0}
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the key, the value and what is allowed."""
+
+    def __init__(self, message: str) -> None:
+        # one line whatever went into it: the CLI prints it as the single line of stderr
+        super().__init__(" ".join(str(message).splitlines()))
+
+
+@dataclass
+class SweepConfig:
+    """A validated sweep: the matrix and the settings shared by every run."""
+
+    name: str
+    runners: list[str]
+    models: list[str]
+    devices: list[int]
+    scaling: str
+    batch_sizes: list[int]  # per device (weak) or global (strong)
+    data: list[str]
+    precision: list[str]
+    device: str
+    warmup_steps: int
+    measure_steps: int
+    repeats: int
+    timeout_s: float
+    runner_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    description: str = ""
+    # Real data: the folder prepare-data wrote, the augmentation level, the loader worker
+    # counts (a list: an axis of real-data and pipeline runs).
+    dataset: dict[str, Any] | None = None
+    # "benchmark" trains the runners' models; "pipeline" times the input pipelines alone;
+    # "allreduce" times each family's own all-reduce alone (the communication probe).
+    mode: list[str] = field(default_factory=lambda: ["benchmark"])
+    pipelines: list[str] = field(default_factory=list)
+    # timed batches of a pipeline run: many, so buffers that fill during warm-up (MXNet runs
+    # up to 16 batches ahead) are a small share of the window
+    pipeline_steps: int = 200
+    # mode allreduce: the probes (runners/*/catalog.py PROBES) timed at every device count of
+    # 2 or more, over buffers from 1 MiB to each model's gradient size; warmup_steps and
+    # measure_steps are their untimed and timed iterations per size
+    probes: list[str] = field(default_factory=list)
+    # Repeat a configuration beyond `repeats` until the CV of its images/sec is at most
+    # target_cv, or it has max_repeats runs; None: exactly `repeats`.
+    until_stable: dict[str, Any] | None = None
+    # The parent's sampler (GPU through NVML, host through psutil) while each run goes.
+    telemetry: dict[str, Any] = field(default_factory=lambda: dict(TELEMETRY_DEFAULTS))
+    # Nodes per run (an axis); `devices` then counts the devices of each node.
+    nodes: list[int] = field(default_factory=lambda: [1])
+    # Where runs execute: this machine (backend local) or one SLURM job each (slurm).
+    cluster: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_DEFAULTS))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config in the user's key names (it loads back unchanged)."""
+        d = asdict(self)
+        batch_key = "batch_size_per_device" if self.scaling == "weak" else "global_batch_size"
+        batch_sizes = d.pop("batch_sizes")
+        if batch_sizes:  # an all-reduce-only sweep has no batch
+            d[batch_key] = batch_sizes
+        return d
+
+
+# --- messages -------------------------------------------------------------------------------
+
+def _show(value: Any) -> str:
+    """repr(value) for a message, cut to 200 characters (and never an exception: the repr of
+    an int of more than 4300 digits, which YAML's hex 0xfff... gives, is a ValueError)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= 200 else text[:190] + "...(cut)"
+
+
+def _hint(item: Any, allowed: tuple[str, ...] | list[str]) -> str:
+    """' (did you mean ...?)' with the allowed value closest to item, or ''."""
+    close = difflib.get_close_matches(item if isinstance(item, str) else _show(item),
+                                      allowed, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _fail(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}: {_show(value)} is not allowed; allowed: {allowed}")
+
+
+def _sub(parent: str, key: Any) -> str:
+    """The key path of key under parent: parent.key, or parent[<repr>] for an odd key."""
+    if isinstance(key, str) and re.fullmatch(r"[\w-]+", key, re.ASCII):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{_show(key)}]"
+
+
+def _unknown(key: str, item: Any, allowed: tuple[str, ...] | list[str]) -> ConfigError:
+    return ConfigError(f"{key}: {_show(item)} is not allowed{_hint(item, allowed)}; allowed: "
+                       f"{', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class Says:
+    """A field's words for its one-line error: what is allowed (`allowed`, or for one kind of
+    pydantic error `by_error[kind]`); with `choices`, a string value (or, with no `allowed`,
+    any value) is told the allowed value closest to it."""
+
+    allowed: str = ""
+    choices: tuple[str, ...] = ()
+    by_error: tuple[tuple[str, str], ...] = ()
+
+
+def _refuse(allowed: str) -> PydanticCustomError:
+    """A validator's error; _translate adds the key and the value."""
+    return PydanticCustomError("config", "allowed: {allowed}", {"allowed": allowed})
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _says_in(info: FieldInfo) -> Says | None:
+    """The Says of a field: in its metadata, or in its type (a Says inside an Optional)."""
+    def find(items: Any) -> Says | None:
+        for item in items:
+            found = item if isinstance(item, Says) else find(typing.get_args(item))
+            if found:
+                return found
+        return None
+    return find(info.metadata) or find([info.annotation])
+
+
+# --- declared types -------------------------------------------------------------------------
+
+def _count(minimum: int, maximum: int = INT_MAX) -> Any:
+    """An integer in [minimum, maximum], with its words."""
+    most = "2**63 - 1" if maximum == INT_MAX else maximum
+    return Annotated[int, Field(ge=minimum, le=maximum), Says(
+        f"an integer >= {minimum}",
+        by_error=(("less_than_equal", f"an integer from {minimum} to {most}"),))]
+
+
+def _as_list(empty_ok: bool) -> Any:
+    def as_list(value: Any) -> Any:
+        if isinstance(value, list):
+            if not value and not empty_ok:
+                raise _refuse("a non-empty list or a single value")
+            return value
+        if isinstance(value, dict) or value is None:
+            raise _refuse("a value or a list of values")
+        return [value]
+    return as_list
+
+
+def _unique(items: list[Any]) -> list[Any]:
+    """A list key lists each value once: a repeated one would plan the same run twice (one
+    run_id, the second run overwriting the first)."""
+    for item, count in Counter(items).items():
+        if count > 1:
+            raise PydanticCustomError("repeated", "listed more than once",
+                                      {"item": item, "count": count})
+    return items
+
+
+def _axis(item: Any, says: Says | None = None, empty_ok: bool = False) -> Any:
+    """An axis of the sweep: one value or a list of them, each once (a list once validated).
+    The words: `says`, else those of the item type."""
+    many = Annotated[list[item], Field(min_length=0 if empty_ok else 1,
+                                       json_schema_extra={"uniqueItems": True})]
+    words = says or _says_in(FieldInfo.from_annotation(item)) or Says()
+    return Annotated[list[item], BeforeValidator(
+        _as_list(empty_ok), json_schema_input_type=item | many),
+        AfterValidator(_unique), words]
+
+
+def _one_of(values: tuple[str, ...] | list[str]) -> Any:
+    """One of values; a wrong one is told the closest."""
+    return Annotated[Literal[tuple(values)], Says(choices=tuple(values))]
+
+
+class _Section(BaseModel):
+    """A mapping of the config: strict types (no "1" for 1, no true for 1), no unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=())
+
+    @classmethod
+    def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
+        keys = [f.alias or name for name, f in cls.model_fields.items()]
+        return _fail(_sub(path, key), value, "keys " + ", ".join(keys))
+
+
+def _prepared(path: str) -> str:
+    """A folder prepare-data wrote (it has a manifest.json), made absolute."""
+    try:
+        folder = Path(path).expanduser()
+        prepared = (folder / "manifest.json").is_file()
+        resolved = str(folder.resolve())
+    except (OSError, RuntimeError, ValueError) as exc:  # ~nosuchuser, a NUL, a name too long
+        raise _refuse("a folder written by `run_bench.py prepare-data` "
+                      f"({type(exc).__name__}: {exc})") from None
+    if not prepared:
+        raise _refuse("a folder written by `run_bench.py prepare-data` (it has no manifest.json)")
+    return resolved
+
+
+class Dataset(_Section):
+    """Real data (data: real, mode: pipeline): what the loaders read."""
+
+    path: Annotated[str, Field(min_length=1, description="a folder written by `run_bench.py "
+                               "prepare-data`"), AfterValidator(_prepared),
+                    Says("a folder written by `run_bench.py prepare-data`")]
+    augmentation: Annotated[Literal[AUGMENTATIONS], Says(", ".join(AUGMENTATIONS))] = "crop-flip"
+    workers: Annotated[_axis(_count(0), Says("an integer >= 0 or a list of them (parallel "
+                                             "decode workers of the loader)")),
+                       Field(description="parallel decode workers of the loader; a list is "
+                             "an axis")] = [4]
+
+
+class UntilStable(_Section):
+    """More repeats while the coefficient of variation of a configuration's images/sec is high
+    (needs repeats >= 2)."""
+
+    target_cv: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False),
+                         Says("a number between 0 and 1 (0.02 = 2%)")] = 0.02
+    max_repeats: _count(1, MAX_REPEATS) = 10
+
+
+class Telemetry(_Section):
+    """The parent's sampler (GPU through NVML, host through psutil) while each run goes."""
+
+    enabled: Annotated[bool, Says("true or false")] = True
+    interval_s: Annotated[float, Field(ge=0.05, le=10, allow_inf_nan=False),
+                          Says("seconds between samples, 0.05 to 10")] = 0.25
+    starved_below_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False),
+                                 Says("a GPU utilisation percentage, 0 to 100")] = 50.0
+
+
+class Cluster(_Section):
+    """Where the runs execute: here (backend local), or each as its own SLURM job (slurm)."""
+
+    backend: Annotated[Literal[BACKENDS], Says("local, slurm", choices=BACKENDS)] = "local"
+    partition: Annotated[str | None, Field(min_length=1, description="sbatch --partition "
+                                           "(default: the cluster's default partition)"),
+                         Says("a partition name")] = None
+    account: Annotated[str | None, Field(min_length=1, description="sbatch --account"),
+                       Says("an account name")] = None
+    gpus_per_node: Annotated[int | None, Field(ge=1, description="GPUs requested per node as "
+                             "gres (--gres=gpu:N; default: the run's devices per node on GPU "
+                             "runs, none on CPU runs)"), Says("an integer >= 1")] = None
+    exclusive: Annotated[bool, Field(description="sbatch --exclusive: no run shares a node"),
+                         Says("true or false")] = True
+    sbatch_args: Annotated[list[Annotated[str, Field(pattern=r"^[^\x00\n]*$")]], Field(
+        description="extra sbatch arguments, each one string (e.g. --qos=high, "
+        "--constraint=a100)"), Says("a list of strings")] = []
+    max_jobs: Annotated[int, Field(ge=1, le=INT_MAX, description="jobs of the sweep in flight "
+                                   "at once (later jobs wait on earlier ones: SLURM "
+                                   "dependencies, so the cap holds with --detach too)"),
+                        Says("an integer >= 1")] = 8
+    poll_s: Annotated[float, Field(ge=0.5, le=600, allow_inf_nan=False, description="seconds "
+                                   "between looks at the queue while the sweep waits"),
+                      Says("a number of seconds from 0.5 to 600")] = 5.0
+
+
+def _telemetry_shorthand(value: Any) -> Any:
+    """`telemetry: false` turns the sampler off; true or nothing: the defaults."""
+    if value is False:
+        return {"enabled": False}
+    return {} if value is None or value is True else value
+
+
+class _Options(_Section):
+    """One runner's options: a model per runner, built from the registry's Options."""
+
+    @classmethod
+    def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
+        return _unknown(f"{path} option", key, sorted(f.alias for f in cls.model_fields.values()))
+
+
+def _option(name: str, opt: Option) -> tuple[Any, FieldInfo]:
+    """The declared type and field of one registry Option (the field named by an alias: an
+    option may be named like a BaseModel attribute)."""
+    types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
+    # what the child gets (JSON, argv, a path) cannot hold a NUL or an integer beyond 64 bits
+    declared = {int: Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)],
+                str: Annotated[str, Field(pattern=r"^[^\x00]*$")]}
+    kind: Any = functools.reduce(operator.or_, (declared.get(t, t) for t in types))
+    says = Says(" or ".join(t.__name__ for t in types), by_error=(
+        ("string_pattern_mismatch", "a string without NUL characters"),
+        ("less_than_equal", "an integer of magnitude < 2**63"),
+        ("greater_than_equal", "an integer of magnitude < 2**63")))
+    if opt.allowed is not None:
+        kind, says = Literal[opt.allowed], Says(", ".join(map(str, opt.allowed)))
+    if opt.default is None:
+        # None where it is the default: "leave it to the program" (the script's own default,
+        # for tf_cnn_benchmarks)
+        kind = kind | None
+    return Annotated[kind, says], Field(opt.default, alias=name, description=opt.help or None)
+
+
+def _options_model(runner: str) -> type[_Options]:
+    fields = {f"option_{i}": _option(name, opt)
+              for i, (name, opt) in enumerate(runner_options(runner).items())}
+    return create_model(f"{runner}_options", __base__=_Options, **fields)
+
+
+def sweep_model() -> type[BaseModel]:
+    """The pydantic model of a sweep file for this registry and these models (built once; again
+    if a runner is added, as the tests' toy runner is)."""
+    return _sweep_model(tuple((name, id(info)) for name, info in RUNNERS.items()),
+                        tuple(available_models()))
+
+
+@functools.lru_cache(maxsize=4)
+def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str, ...]
+                 ) -> type[BaseModel]:
+    runner_names = tuple(name for name, _ in runner_ids)
+    per_runner = {r: _options_model(r) for r in runner_names}
+    options = create_model(
+        "runner_options", __base__=_Section,
+        **{f"runner_{i}": (Annotated[per_runner[r] | None, Says("a mapping of option to value")],
+                           Field(None, alias=r, description=RUNNERS[r].description))
+           for i, r in enumerate(runner_names)})
+
+    class Sweep(_Section):
+        """A sweep: runners x models x data x precision x batch sizes x devices x repeats."""
+
+        model_config = ConfigDict(title="mgbench sweep config")
+
+        name: Annotated[str | None, Field(min_length=1, pattern=r"^[^/\\ ]+$", description=(
+            "the sweep's name (default: the file's stem)")), Says(
+            "a non-empty string of printable characters without spaces or slashes")] = None
+        description: Annotated[str, Says("a string")] = ""
+        runners: Annotated[_axis(_one_of(runner_names), empty_ok=True) | None, Field(
+            description="required with mode benchmark")] = None
+        models: _axis(_one_of(model_names))
+        devices: Annotated[_axis(_count(1)), Field(
+            description="device counts; required with mode benchmark")] = [1]
+        batch_size_per_device: Annotated[_axis(_count(1)) | None, Field(
+            description="weak scaling: global batch = this x devices")] = None
+        global_batch_size: Annotated[_axis(_count(1)) | None, Field(
+            description="strong scaling: a fixed global batch, divided by every device count")
+        ] = None
+        scaling: Annotated[Literal[SCALING] | None, Says(
+            "one of weak, strong (one value for the whole sweep)", choices=SCALING)] = None
+        data: _axis(_one_of(DATA)) = ["synthetic"]
+        precision: _axis(_one_of(PRECISIONS)) = ["fp32"]
+        device: Annotated[Literal[DEVICES], Says("cpu, gpu (one value for the whole sweep)")
+                          ] = "cpu"
+        warmup_steps: _count(0) = 5
+        measure_steps: _count(1) = 20
+        repeats: _count(1, MAX_REPEATS) = 1
+        timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False),
+                             Says("a number of seconds > 0")] = 600.0
+        runner_options: Annotated[options, Field(default_factory=options),
+                                  Says("a mapping of runner name to its options")]
+        dataset: Annotated[Dataset | None, Says("a mapping of path, augmentation, workers")
+                           ] = None
+        mode: _axis(_one_of(MODES)) = ["benchmark"]
+        pipelines: Annotated[_axis(_one_of(tuple(PIPELINES)), empty_ok=True) | None, Field(
+            description="with mode pipeline; default: all")] = None
+        pipeline_steps: _count(1) = 200
+        probes: Annotated[_axis(_one_of(tuple(PROBES)), empty_ok=True) | None, Field(
+            description="with mode allreduce: the all-reduce probes (`run_bench.py list`); "
+                        "default: all")] = None
+        until_stable: Annotated[UntilStable | None, Says(
+            "a mapping with target_cv (e.g. 0.02) and max_repeats")] = None
+        telemetry: Annotated[Telemetry, BeforeValidator(
+            _telemetry_shorthand, json_schema_input_type=Telemetry | bool | None), Says(
+            "a mapping of enabled, interval_s, starved_below_pct, or false")] = Telemetry()
+        nodes: Annotated[_axis(_count(1)), Field(
+            description="nodes per run (an axis); devices then counts devices per node; "
+                        "more than one node needs cluster.backend: slurm")] = [1]
+        cluster: Annotated[Cluster, Says(
+            "a mapping of backend, partition, account, gpus_per_node, exclusive, sbatch_args, "
+            "max_jobs, poll_s")] = Cluster()
+
+        @classmethod
+        def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
+            return ConfigError(f"unknown key {_show(key)}{_hint(key, KEYS)}; allowed keys: "
+                               f"{', '.join(KEYS)}")
+
+        @field_validator("runner_options", mode="before")
+        @classmethod
+        def _sweeps_runners(cls, raw: Any, info: ValidationInfo) -> Any:
+            """Every key of runner_options names a runner of this sweep: a typo or a runner
+            left out of `runners` would otherwise be options silently never used. The one
+            exception is `narrowed`: runners the config file ran and gave options that a --set
+            runners=[...] then dropped; their options are left out with a note."""
+            if not isinstance(raw, dict) or "runners" not in info.data:
+                return raw  # not a mapping: its own error; bad runners: theirs
+            runners = info.data["runners"] or []
+            narrowed = (info.context or {}).get("narrowed", frozenset())
+            sweep = ", ".join(runners) if runners else "none (this sweep has no runners)"
+            for runner in raw:
+                if runner in runners:
+                    continue
+                if runner not in RUNNERS:
+                    # the closest of this sweep's runners, else of all runners
+                    hint = _hint(runner, runners) or _hint(runner, sorted(RUNNERS))
+                    raise ConfigError(f"runner_options: {_show(runner)} is not a runner{hint}; "
+                                      f"allowed: this sweep's runners: {sweep}")
+                if runner not in narrowed:
+                    raise ConfigError(f"runner_options: {runner!r} is not one of this sweep's "
+                                      f"runners; allowed: {sweep} (add {runner} to runners, or "
+                                      "remove its options)")
+                print(f"note: runner_options.{runner} not used: --set runners left {runner} "
+                      f"out of this sweep ({sweep})", file=sys.stderr)
+            return {r: opts for r, opts in raw.items() if r in runners}
+
+        def options_of(self, runner: str) -> dict[str, Any]:
+            """The runner's options over its defaults."""
+            given = getattr(self.runner_options, f"runner_{runner_names.index(runner)}")
+            return (given or per_runner[runner]()).model_dump(by_alias=True)
+
+    return Sweep
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a sweep file (what `run_bench.py schema` prints)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            **sweep_model().model_json_schema()}
+
+
+# --- pydantic's errors as one line ----------------------------------------------------------
+
+def _translate(err: Any, model: type[BaseModel], raw: dict[str, Any]) -> ConfigError:
+    """One pydantic error as the one-line ConfigError of the key it is about."""
+    ctx = err.get("ctx") or {}
+    if isinstance(ctx.get("error"), ConfigError):
+        return ctx["error"]  # a validator's own message
+    # walk the error's location down the models: the key path, its field, the mapping
+    loc, path, info, section, node = list(err["loc"]), "", None, model, raw
+    while loc and section is not None:
+        fields = {f.alias or name: f for name, f in section.model_fields.items()}
+        if loc[0] not in fields:
+            break
+        part = loc.pop(0)
+        info, path = fields[part], _sub(path, part)
+        node = node.get(part) if isinstance(node, dict) else None
+        inner = _models_in(info.annotation) if loc and isinstance(node, dict) else []
+        section = inner[0] if inner else None
+    kind, value = err["type"], err.get("input")
+    if kind in ("extra_forbidden", "invalid_key") and section is not None and loc:
+        key = value if kind == "invalid_key" else loc[0]
+        return section.unknown_key(path, key, node.get(key) if isinstance(node, dict) else None)
+    if kind == "missing":
+        return ConfigError(f"{path}: missing; this key is required")
+    if kind == "repeated":
+        times = "twice" if ctx["count"] == 2 else f"{ctx['count']} times"
+        return ConfigError(f"{path}: {_show(ctx['item'])} appears {times}; list each value once")
+    if "allowed" in ctx:
+        return _fail(path, value, ctx["allowed"])
+    says = (_says_in(info) if info is not None else None) or Says(err["msg"])
+    if says.choices and (isinstance(value, str) or not says.allowed):
+        return _unknown(path, value, says.choices)
+    return _fail(path or "config", value, dict(says.by_error).get(kind, says.allowed))
+
+
+def _first_error(exc: ValidationError, model: type[BaseModel], raw: dict[str, Any]
+                 ) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    # an unknown top-level key first: often a typo of a key whose absence is an error too
+    unknown = [e for e in errors if len(e["loc"]) == 1
+               and e["type"] in ("extra_forbidden", "invalid_key")]
+    return _translate((unknown or errors)[0], model, raw)
+
+
+# --- rules that span keys -------------------------------------------------------------------
+
+def _batch_sizes(per_device: list[int] | None, global_batch: list[int] | None,
+                 scaling: str | None, devices: list[int]) -> tuple[str, list[int]]:
+    """The scaling (given, or that of the batch key given) and its batch sizes."""
+    if per_device is not None and global_batch is not None:
+        raise ConfigError(
+            "batch_size_per_device and global_batch_size: both given; allowed: exactly one "
+            "(batch_size_per_device with scaling: weak, global_batch_size with scaling: strong)"
+        )
+    if per_device is None and global_batch is None:
+        raise ConfigError("batch_size_per_device: missing; give it (weak scaling) "
+                          "or global_batch_size (strong scaling)")
+    if scaling is None:
+        scaling = "weak" if per_device is not None else "strong"
+    if scaling == "weak":
+        if per_device is None:
+            raise _fail("global_batch_size", global_batch,
+                        "batch_size_per_device with scaling: weak (or set scaling: strong)")
+        return scaling, per_device
+    if global_batch is None:
+        raise _fail("batch_size_per_device", per_device,
+                    "global_batch_size with scaling: strong (or set scaling: weak)")
+    for b in global_batch:
+        for n in devices:
+            if b % n:
+                raise ConfigError(
+                    f"global_batch_size: {b} does not divide by {n} devices; allowed: a "
+                    f"multiple of every device count in {devices} (a remainder would be "
+                    "dropped or give a short batch)")
+    return scaling, global_batch
+
+
+def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
+    """Labels must index the model's outputs: a dataset cannot have more classes."""
+    try:
+        classes = int(json.loads((Path(dataset["path"]) / "manifest.json").read_text())
+                      ["classes"])
+    except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
+        raise _fail("dataset.path", dataset["path"], f"a readable prepare-data folder ({exc})"
+                    ) from None
+    for model in models:
+        outputs = get_spec(model).num_classes
+        if classes > outputs:
+            raise _fail("dataset.path", dataset["path"],
+                        f"a dataset of at most {outputs} classes for model {model} "
+                        f"(this one has {classes})")
+
+
+def _check_allreduce(s: Any) -> None:
+    """mode allreduce: device counts given, at least one of 2 or more (a count of 1 is left
+    out of the probe's runs: nothing to reduce; benchmark runs keep it), on this machine."""
+    if "devices" not in s.model_fields_set:
+        raise ConfigError("devices: missing; this key is required with mode allreduce (device "
+                          "counts of 2 or more)")
+    if max(s.devices) < 2:
+        raise _fail("devices", s.devices, "a device count of 2 or more with mode allreduce (an "
+                    "all-reduce needs 2 devices or more; a 1 is left out of the probe's runs)")
+    if s.cluster.backend != "local":
+        raise _fail("cluster.backend", s.cluster.backend, "local with mode allreduce (the "
+                    "probes run on this machine's devices; none crosses nodes yet)")
+
+
+def _resolve(s: Any, default_name: str) -> SweepConfig:
+    """The validated file as a SweepConfig, once the rules that span keys hold."""
+    benchmark, pipeline = "benchmark" in s.mode, "pipeline" in s.mode
+    allreduce = "allreduce" in s.mode
+    if allreduce:
+        _check_allreduce(s)
+    if benchmark:
+        for key in ("runners", "devices"):
+            if key not in s.model_fields_set:
+                raise ConfigError(f"{key}: missing; this key is required")
+        if not s.runners:
+            raise _fail("runners", s.runners, "a value or a list of values" if s.runners is None
+                        else "a non-empty list or a single value")
+    if max(s.nodes) > 1 and s.cluster.backend != "slurm":
+        raise _fail("nodes", s.nodes, "[1] unless cluster.backend is slurm (a run over "
+                    "several nodes is one SLURM job; set cluster: {backend: slurm})")
+    if s.until_stable is not None and s.cluster.backend == "slurm":
+        raise _fail("until_stable", s.until_stable.model_dump(), "nothing with cluster.backend: "
+                    "slurm (its repeats are decided run by run; use repeats)")
+    # strong scaling divides the global batch by the devices of all nodes
+    totals = s.devices if s.nodes == [1] else sorted({n * d for n in s.nodes for d in s.devices})
+    if not (benchmark or pipeline) and s.batch_size_per_device is None \
+            and s.global_batch_size is None:
+        scaling, batch_sizes = s.scaling or "weak", []  # the probe alone: no batch
+    else:
+        scaling, batch_sizes = _batch_sizes(s.batch_size_per_device, s.global_batch_size,
+                                            s.scaling, totals)
+    name = s.name if s.name is not None else default_name
+    # the name is a folder name (results/<name>-<time>) and printed: printable characters
+    if not name or not name.isprintable() or any(c in name for c in "/\\ "):
+        raise _fail("name", name, "a non-empty string of printable characters without spaces "
+                    "or slashes")
+    if s.dataset is None and (pipeline or (benchmark and "real" in s.data)):
+        why = "mode includes pipeline" if pipeline else "data includes real"
+        raise _fail("dataset", None, "a mapping with path: <a folder written by "
+                    f"`run_bench.py prepare-data`> when {why}")
+    dataset = s.dataset.model_dump() if s.dataset is not None else None
+    if dataset and "real" in s.data and benchmark:
+        _check_classes(dataset, s.models)
+    if s.until_stable is not None and s.repeats < 2:
+        raise _fail("repeats", s.repeats, "an integer >= 2 with until_stable (the coefficient "
+                    "of variation of one run is undefined)")
+    if s.until_stable is not None and s.until_stable.max_repeats < s.repeats:
+        raise _fail("until_stable.max_repeats", s.until_stable.max_repeats,
+                    f"an integer >= {s.repeats}")
+    # a pipeline-only sweep needs no runners (but checks those of the file it came from)
+    runners = s.runners or []
+    return SweepConfig(
+        name=name, description=s.description, runners=runners, models=s.models,
+        devices=s.devices, scaling=scaling, batch_sizes=batch_sizes, data=s.data,
+        precision=s.precision, device=s.device, warmup_steps=s.warmup_steps,
+        measure_steps=s.measure_steps, repeats=s.repeats, timeout_s=s.timeout_s,
+        runner_options={r: s.options_of(r) for r in runners}, dataset=dataset, mode=s.mode,
+        # every pipeline unless named (named ones are checked even when mode leaves them out,
+        # so a typo never waits for the day they run)
+        pipelines=s.pipelines or (list(PIPELINES) if pipeline else []),
+        pipeline_steps=s.pipeline_steps,
+        # every probe unless named (named ones are checked whatever the mode, as pipelines)
+        probes=s.probes or (list(PROBES) if allreduce else []),
+        until_stable=s.until_stable.model_dump() if s.until_stable is not None else None,
+        telemetry=s.telemetry.model_dump(), nodes=s.nodes, cluster=s.cluster.model_dump(),
+    )
+
+
+def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = frozenset()
+             ) -> SweepConfig:
+    """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config: expected a mapping of keys at the top level, got "
+                          f"{_show(raw)}")
+    model = sweep_model()
+    try:
+        sweep = model.model_validate(raw, context={"narrowed": narrowed})
+    except ValidationError as exc:
+        raise _first_error(exc, model, raw) from None
+    return _resolve(sweep, default_name)
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping in the YAML gives one key twice (YAML forbids it; PyYAML keeps the last)."""
+
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        self.key, self.line, self.first_line = key, line, first_line
+        super().__init__(problem=f"key {_show(key)} appears twice (lines {first_line} and "
+                         f"{line})")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping, at any depth (a second
+    `runners:` line would silently replace the first), and turns a scalar that cannot be
+    built (an int of more than 4300 digits, the 13th month) into a YAMLError with its line."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # Here, before flattening merges the keys of `<<: *anchor` into the node (keys a
+        # mapping may override), see the node's own keys once.
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) \
+                        or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # unhashable: construct_mapping says so
+                    continue
+                if first is not key_node:
+                    raise DuplicateKeyError(key, key_node.start_mark.line + 1,
+                                            first.start_mark.line + 1)
+        super().flatten_mapping(node)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError, KeyError, AttributeError,
+                IndexError) as exc:  # e.g. `2024-13-01`, `!!bool maybe`, `!!timestamp 1`
+            text = node.value if isinstance(node, yaml.ScalarNode) else node.tag
+            shown = repr(text) if len(str(text)) <= 40 else repr(str(text)[:37]) + "..."
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {shown} as {node.tag.rsplit(':', 1)[-1]} "
+                f"({type(exc).__name__}: {exc})",
+                node.start_mark) from None
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML text into Python objects (as yaml.safe_load, refusing a key given twice), or a
+    ConfigError that starts with `where` (the file or the --set value)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{where}: key {_show(exc.key)} at line {exc.line} appears twice (first "
+                          f"at line {exc.first_line}); give each key once") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML ({_yaml_reason(exc)})") from None
+    except RecursionError:
+        raise ConfigError(f"{where} is not allowed; allowed: YAML nested less deeply") from None
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply one `--set key.sub=value` (value parsed as YAML) to the raw config in place."""
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set: {_show(assignment)} is not allowed; allowed: key=value "
+                          "(e.g. devices=[1,2] or runner_options.tf_mirrored.xla=true)")
+    shown = key if re.fullmatch(r"[\w.-]+", key, re.ASCII) else _show(key)
+    value = parse_yaml(text, f"--set {shown}: {_show(text)}")
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(f"--set {shown}: {_show(where)} is {_show(child)}, not a mapping "
+                              "to set keys in")
+        node = child
+    node[parts[-1]] = value
+
+
+def _yaml_reason(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
+    problem = " ".join(problem.split())  # one line
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
+    """Read, override and validate a YAML sweep file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {str(path)!r} does not exist; allowed: a path to a YAML "
+                          "file (e.g. configs/cpu-smoke.yaml)") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: {str(path)!r} cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config: {str(path)!r} is not UTF-8 text (byte {exc.start}); "
+                          "allowed: a YAML file in UTF-8") from None
+    raw = parse_yaml(text, f"--config: {str(path)!r}")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config: {str(path)!r} holds {type(raw).__name__}; allowed: a "
+                          "mapping of keys (runners, models, devices, ...)")
+    # runners the file runs and gives options to: a --set runners=[...] may drop them
+    own = raw.get("runners") if isinstance(raw.get("runners"), list) else [raw.get("runners")]
+    opts = raw.get("runner_options") if isinstance(raw.get("runner_options"), dict) else {}
+    given = frozenset(r for r in opts if isinstance(r, str) and r in own)
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    sets_runners = any(str(a).split("=", 1)[0].strip() == "runners" for a in overrides)
+    return validate(raw, default_name=path.stem, narrowed=given if sets_runners else frozenset())

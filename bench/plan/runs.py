@@ -1,0 +1,187 @@
+"""Expand a sweep into one RunSpec per run (the matrix, in a stable order)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from bench.catalog.registry import (
+    BASELINE_PIPELINE,
+    COMMON_OPTIONS,
+    PIPELINES,
+    PROBES,
+    RUNNERS,
+    resolved_options,
+)
+from bench.records import grouping
+from runners.common import Spec
+
+if TYPE_CHECKING:
+    from bench.plan.config import SweepConfig
+
+
+@dataclass(frozen=True)
+class RunSpec(Spec):
+    """Everything one run needs (the fields are the child's runners.common.Spec: one
+    definition for both sides), with the parent's views of it; serialised to JSON for the
+    child. The runner's options are resolved here, over the registry's defaults."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", resolved_options(self.runner, self.options))
+
+    @property
+    def group_key(self) -> tuple[Any, ...]:
+        """Runs that differ only in device count (and repeat) share this key
+        (bench.records.grouping:
+        the same key the summary and the loader group records on)."""
+        return grouping.group_key(self)
+
+    @property
+    def data_label(self) -> str:
+        """synthetic, or real-w<loader workers> (real runs differ by their worker count)."""
+        return grouping.data_label(self)
+
+
+def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data: str,
+                precision: str, repeat: int, mode: str = "benchmark", nodes: int = 1) -> str:
+    """A stable, readable id: the same run gets the same id in every sweep (for --resume).
+    n counts the devices of all nodes; a multi-node run says nodes x devices per node."""
+    if mode == "pipeline":
+        return f"pipeline__{runner}__{model}__b{batch}__{data}__r{repeat}"
+    if mode == "allreduce":
+        return f"allreduce__{runner}__{model}__n{n}__r{repeat}"
+    b = f"b{batch}" if scaling == "weak" else f"gb{batch}"
+    where = f"n{n}" if nodes == 1 else f"{nodes}x{n // nodes}"
+    return f"{runner}__{model}__{where}__{b}__{data}__{precision}__r{repeat}"
+
+
+def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
+    """One dataset mapping per loader worker count for real data; [None] for synthetic."""
+    if data != "real" or cfg.dataset is None:
+        return [None]
+    return [{**cfg.dataset, "workers": w} for w in cfg.dataset["workers"]]
+
+
+def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
+    """The sweep's runs: pipeline runs (pipelines x models x batch x workers x repeats) first,
+    then all-reduce probe runs (repeats x probes x models x device counts of 2 or more), then
+    benchmark runs (repeats x runners x models x data x workers x precision x batch x nodes x
+    devices per node). Repeats are the outer loop, so the runners' repeats interleave: a slow
+    spell of the machine falls on every runner alike instead of on all repeats of one."""
+    runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
+    if "allreduce" in cfg.mode:
+        runs += expand_probes(cfg, sweep_id)
+    if "benchmark" not in cfg.mode:
+        return runs
+    for repeat, runner, model, data, precision, batch, nodes, per_node in itertools.product(
+        range(cfg.repeats), cfg.runners, cfg.models, cfg.data, cfg.precision, cfg.batch_sizes,
+        cfg.nodes, cfg.devices,
+    ):
+        n = nodes * per_node
+        opts = dict(cfg.runner_options.get(runner, {}))
+        python = opts.get("python")
+        for name in COMMON_OPTIONS:
+            opts.pop(name, None)
+        per_device = batch if cfg.scaling == "weak" else batch // n
+        for dataset in _datasets(cfg, data):
+            label = f"real-w{dataset['workers']}" if dataset else data
+            runs.append(_benchmark_run(cfg, sweep_id, runner, model, label, data, precision,
+                                       batch, per_device, n, repeat, opts, python, dataset,
+                                       nodes))
+    return runs
+
+
+def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
+    """Pipeline-mode runs: each input pipeline alone, at every loader worker count (the naive
+    baseline once, with none)."""
+    assert cfg.dataset is not None  # config validation requires it in pipeline mode
+    runs = []
+    for name, model, batch, repeat in itertools.product(
+        cfg.pipelines, cfg.models, cfg.batch_sizes, range(cfg.repeats),
+    ):
+        info = PIPELINES[name]
+        for workers in [0] if name == BASELINE_PIPELINE else cfg.dataset["workers"]:
+            runs.append(RunSpec(
+                run_id=make_run_id(name, model, 1, "weak", batch, f"real-w{workers}", "fp32",
+                                   repeat, mode="pipeline"),
+                sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
+                model=model, num_devices=1, device=cfg.device, virtual_devices=False,
+                scaling="weak", batch_size_per_device=batch, global_batch_size=batch, data="real",
+                precision="fp32", warmup_steps=cfg.warmup_steps, measure_steps=cfg.pipeline_steps,
+                repeat=repeat, timeout_s=cfg.timeout_s, mode="pipeline",
+                dataset={**cfg.dataset, "workers": workers}, telemetry=_telemetry(cfg),
+            ))
+    return runs
+
+
+def expand_probes(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
+    """All-reduce probe runs (mode allreduce): each probe at every model's buffer sizes (the
+    model sets the largest: its gradient bytes) and every device count of 2 or more (one
+    device has nothing to reduce), repeats outermost. No batch, no precision: float32
+    buffers."""
+    runs = []
+    for repeat, name, model, n in itertools.product(
+        range(cfg.repeats), cfg.probes, cfg.models, [d for d in cfg.devices if d >= 2],
+    ):
+        info = PROBES[name]
+        runs.append(RunSpec(
+            run_id=make_run_id(name, model, n, "weak", 0, "synthetic", "fp32", repeat,
+                               mode="allreduce"),
+            sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
+            model=model, num_devices=n, device=cfg.device,
+            virtual_devices=cfg.device == "cpu", scaling="weak", batch_size_per_device=0,
+            global_batch_size=0, data="synthetic", precision="fp32",
+            warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps, repeat=repeat,
+            timeout_s=cfg.timeout_s, mode="allreduce", launcher=info.launcher,
+            telemetry=_telemetry(cfg),
+        ))
+    return runs
+
+
+def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, label: str,
+                   data: str, precision: str, batch: int, per_device: int, n: int, repeat: int,
+                   opts: dict[str, Any], python: str | None,
+                   dataset: dict[str, Any] | None, nodes: int = 1) -> RunSpec:
+    info = RUNNERS[runner]
+    return RunSpec(
+        run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat,
+                           nodes=nodes),
+        sweep_id=sweep_id,
+        runner=runner,
+        family=info.family,
+        module=info.module,
+        model=model,
+        num_devices=n,
+        device=cfg.device,
+        virtual_devices=cfg.device == "cpu",
+        scaling=cfg.scaling,
+        batch_size_per_device=per_device,
+        global_batch_size=per_device * n,
+        data=data,
+        precision=precision,
+        warmup_steps=cfg.warmup_steps,
+        measure_steps=cfg.measure_steps,
+        repeat=repeat,
+        timeout_s=cfg.timeout_s,
+        options=opts,
+        python=python,
+        launcher=info.launcher,
+        dataset=dataset,
+        telemetry=_telemetry(cfg),
+        num_nodes=nodes,
+    )
+
+
+def _telemetry(cfg: SweepConfig) -> dict[str, Any] | None:
+    return dict(cfg.telemetry) if cfg.telemetry.get("enabled", True) else None
+
+
+def config_id(run_id: str) -> str:
+    """A run id without its repeat: the runs of one configuration share it."""
+    return run_id.rsplit("__r", 1)[0]
+
+
+def another_repeat(spec: RunSpec, repeat: int) -> RunSpec:
+    """The same run as spec, as repeat number `repeat` (an extra until_stable run)."""
+    return replace(spec, repeat=repeat, run_id=f"{config_id(spec.run_id)}__r{repeat}")

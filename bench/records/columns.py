@@ -1,0 +1,513 @@
+"""The column registry: every column of summary.csv, the terminal table, report.html's summary
+table and the loader's DataFrame, and every field a run's record carries, defined once.
+
+Each Column has its key (summary.csv's column, the summary row's and the DataFrame's key), a
+short header (the terminal table and report.html), a format (how the tables show a value: a
+name in FORMATS), a one-sentence meaning (results/README.md, and the legend of a flag), the
+views it appears in (VIEWS; by default the summary's four), how one run's value is read from
+its record (`run`, default: the record's own field) and how the summary combines its ok runs'
+values (`over_runs`, a name in AGGREGATES or a function; None: bench/analysis/stats.py computes it).
+
+Adding a metric is one Column here plus the code that computes it: a per-run metric is a
+`run` reader (of a value the child or bench/run/launch.py put in the record) and an `over_runs`
+aggregate, and then summary.csv, the terminal table, report.html, the loader and
+results/README.md (`python -m bench.records.columns --markdown`) all have it. Every view reads
+COLUMNS when it renders, never a copy taken at import.
+
+The grouping key that makes runs a configuration is bench/records/grouping.py's, not this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bench import REPO_ROOT
+from bench.records.grouping import data_label
+from bench.records.placement_check import distinct_devices
+
+VIEWS: dict[str, str] = {
+    "csv": "summary.csv: one row per configuration and device count",
+    "table": "the terminal table a sweep and `run_bench.py report` print",
+    "html": "report.html's summary table",
+    "loader": "`bench.analysis.loader.load_results`' DataFrame: one row per run",
+    "record": "a field every record carries (`bench.records.store.REQUIRED`)",
+    "spec": "copied from the run's RunSpec into its record (`bench.run.launch.base_record`)",
+    "child": "the child's result field copied to the record's top level "
+             "(`bench.run.launch.CHILD_FIELDS`)",
+}
+SUMMARY_VIEWS = ("csv", "table", "html", "loader")
+DISPLAY_VIEWS = ("table", "html")
+README = REPO_ROOT / "results" / "README.md"
+BEGIN = "<!-- columns:begin: python -m bench.records.columns --markdown writes what follows -->"
+END = "<!-- columns:end -->"
+
+Reader = Callable[[Mapping[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column or record field; see the module docstring."""
+
+    key: str
+    header: str  # short, for the terminal table and report.html ("" where neither shows it)
+    format: str  # a name in FORMATS
+    meaning: str  # one sentence, for results/README.md (and a flag's legend)
+    views: tuple[str, ...] = SUMMARY_VIEWS
+    run: Reader | None = None  # one run's value from its record; None: record[key]
+    # how summarise combines the runs' values: a name in AGGREGATES ("config": the
+    # configuration's own value, from its first run), a function of the ok runs' values,
+    # or None: bench/analysis/stats.py computes it
+    over_runs: str | Callable[[list[Any]], Any] | None = None
+
+
+def _at(*path: str) -> Reader:
+    """A reader of a nested field of a record (None where any step is missing)."""
+    def read(rec: Mapping[str, Any]) -> Any:
+        node: Any = rec
+        for key in path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        return node
+    return read
+
+
+def _placed(rec: Mapping[str, Any]) -> int | None:
+    placement = rec.get("placement")
+    return len(distinct_devices(placement)) if isinstance(placement, Mapping) else None
+
+
+def _departures(rec: Mapping[str, Any]) -> str | None:
+    changed = _at("result", "departs_from_original")(rec)
+    return ", ".join(str(c) for c in changed) if isinstance(changed, list) and changed else None
+
+
+def _step_time_median(rec: Mapping[str, Any]) -> float | None:
+    steps = rec.get("step_times_s") or []
+    return float(statistics.median(steps)) if steps else None
+
+
+def _gpu_mem_peak(rec: Mapping[str, Any]) -> int | None:
+    gpus = (rec.get("telemetry") or {}).get("gpus") or []
+    return max((g.get("mem_used_peak_bytes") or 0 for g in gpus), default=None)
+
+
+def _numbers(values: list[Any]) -> list[float]:
+    return [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def _median(values: list[Any]) -> float | None:
+    nums = _numbers(values)
+    return statistics.median(nums) if nums else None
+
+
+def _any(values: list[Any]) -> bool | None:
+    seen = [v for v in values if v is not None]
+    return any(seen) if seen else None
+
+
+def _min(values: list[Any]) -> Any:
+    seen = [v for v in values if v is not None]
+    return min(seen) if seen else None
+
+
+def _first(values: list[Any]) -> Any:
+    return next((v for v in values if v), None)
+
+
+def _joined(values: list[Any]) -> str | None:
+    return " ".join(str(v) for v in values if v) or None
+
+
+# How summarise combines the values of a configuration's ok runs ("config" is apart: the
+# value of its first run, ok or not, the same in all of them).
+AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {
+    "median": _median, "any": _any, "min": _min, "first": _first,
+}
+
+RUN_VIEWS = ("loader", "record")
+SPEC_VIEWS = ("csv", "loader", "record", "spec")  # configuration fields summary.csv has
+CONFIG_VIEWS = (*SUMMARY_VIEWS, "record", "spec")  # ... that the tables show too
+
+
+def _field(key: str, meaning: str, views: tuple[str, ...] = RUN_VIEWS,
+           run: Reader | None = None, format: str = "text") -> Column:
+    """A column no table shows: per run only, or summary.csv only."""
+    return Column(key, "", format, meaning, views, run)
+
+
+# The columns, in the order of every view (summary.csv's columns, the tables' cells).
+COLUMNS: tuple[Column, ...] = (
+    # the configuration
+    Column("runner", "runner", "text", "The runner: a framework and its data-parallel "
+           "strategy (`run_bench.py list`).", CONFIG_VIEWS, over_runs="config"),
+    Column("model", "model", "text", "The model (`models/<name>`).", CONFIG_VIEWS,
+           over_runs="config"),
+    Column("device", "", "text", "The device kind: cpu (N virtual CPU devices) or gpu.",
+           SPEC_VIEWS, over_runs="config"),
+    Column("virtual_devices", "", "bool", "True when the devices are virtual CPU devices of "
+           "one host: the harness and the strategies at work, not GPU scaling.", SPEC_VIEWS,
+           over_runs="config"),
+    Column("num_nodes", "", "int", "The nodes the run spanned (config key nodes; 1 for a run "
+           "on one machine); the tables' devices cell says 2x4 for 2 nodes of 4.", SPEC_VIEWS,
+           run=lambda r: r.get("num_nodes") or 1, over_runs="config"),
+    Column("num_devices", "devices", "devices", "The device count N, over all nodes.",
+           CONFIG_VIEWS, over_runs="config"),
+    Column("slurm_job_id", "", "text", "The SLURM job of each run (backend slurm), joined "
+           "with spaces.", ("csv", "loader"), _at("slurm", "job_id"), _joined),
+    Column("slurm_nodes", "", "text", "The nodes SLURM gave the run's job (its NodeList).",
+           ("csv", "loader"), _at("slurm", "node_list"), "first"),
+    Column("queued_s", "", "1f", "Seconds the run's SLURM job waited in the queue "
+           "(StartTime - SubmitTime).", ("csv", "loader"), _at("slurm", "queued_s"), "median"),
+    Column("placed_devices", "placed", "placed", "Distinct devices the framework reports the "
+           "timed steps ran on (the record's `placement`, each name normalised: "
+           "bench/records/placement_check.py): the fewest any ok run named.",
+           run=_placed, over_runs="min"),
+    Column("departs_from_original", "vs original", "text", "The options of a run named after "
+           "a 2017 system that differ from that system's own usage (its README or example; "
+           "the runner's docstring cites them), as option=value.", ("csv", "html", "loader"),
+           _departures, "first"),
+    Column("placement_collapsed", "", "text", "The framework's own note when it put N devices' "
+           "work on fewer (keras-mxnet's cpu(i) on cpu(0)), from the runner's result.",
+           ("csv", "loader"), _at("result", "placement_collapsed"), "first"),
+    Column("batchnorm", "BN", "text", "BatchNorm statistics per device (per_device) or over "
+           "the global batch (global), as the runner reports.",
+           run=_at("result", "batchnorm"), over_runs="first"),
+    Column("scaling", "", "text", "weak (the batch per device is fixed) or strong (the global "
+           "batch is fixed).", SPEC_VIEWS, over_runs="config"),
+    Column("batch_size_per_device", "batch", "batch", "The batch on each device in one step.",
+           CONFIG_VIEWS, over_runs="config"),
+    Column("global_batch_size", "", "int", "The batch over all devices in one step.",
+           SPEC_VIEWS, over_runs="config"),
+    Column("precision", "prec", "text", "fp32, tf32, bf16 or fp16 (mixed precision).",
+           CONFIG_VIEWS, over_runs="config"),
+    Column("data", "data", "data_label", "synthetic or real (the tables show the data label, "
+           "which names a real-data run's loader workers).", CONFIG_VIEWS, over_runs="config"),
+    Column("loader_workers", "", "int", "The parallel decode workers of a real-data run's "
+           "loader (`dataset.workers`).", ("csv", "loader"), _at("dataset", "workers"),
+           "config"),
+    # what the runs measured
+    Column("status", "status", "status", "ok when any run of the configuration was ok, else "
+           "its runs' statuses (failed, timeout, oom, unavailable, invalid); per run, its own.",
+           (*SUMMARY_VIEWS, "record")),
+    _field("runs_ok", "Runs of the configuration whose status is ok.", ("csv",), format="int"),
+    _field("runs_total", "Runs of the configuration (its repeats).", ("csv",), format="int"),
+    Column("images_per_sec", "img/s", "1f", "Images per second over the timed window: the "
+           "median over the ok runs (per run, its own).", (*SUMMARY_VIEWS, "record", "child")),
+    Column("images_per_sec_ci_low", "95% CI", "ci1", "The low end of the 95% bootstrap "
+           "interval of the median images/sec over repeats (`bench/analysis/trust.py`).",
+           ("csv", *DISPLAY_VIEWS)),
+    _field("images_per_sec_ci_high", "The high end of that interval.", ("csv",), format="1f"),
+    _field("images_per_sec_std", "The standard deviation of the ok runs' images/sec.",
+           ("csv",), format="1f"),
+    Column("images_per_sec_cv", "CV", "pct1", "The coefficient of variation of the ok runs' "
+           "images/sec (standard deviation over mean).", ("csv", "html")),
+    _field("mean_step_rate", "The median over ok runs of each run's mean of per-step rates "
+           "(global batch over step time); against images/sec it shows stalls.", ("csv",),
+           format="1f"),
+    Column("speedup", "speedup", "x2", "images/sec over the same configuration's median "
+           "images/sec on 1 device (`bench.records.grouping.baseline_key`), the median's or the "
+           "run's."),
+    _field("speedup_ci_low", "The low end of the speedup's 95% bootstrap interval.", ("csv",),
+           format="2f"),
+    _field("speedup_ci_high", "The high end of that interval.", ("csv",), format="2f"),
+    Column("scaling_efficiency", "effic.", "pct0", "The speedup over the ideal (linear) "
+           "speedup, the device count."),
+    _field("efficiency_ci_low", "The low end of the efficiency's 95% interval.", ("csv",),
+           format="pct0"),
+    _field("efficiency_ci_high", "The high end of that interval.", ("csv",), format="pct0"),
+    Column("real_vs_synthetic", "real/syn", "real_syn", "A real-data row's images/sec over "
+           "the same configuration's on synthetic data at the same device count.",
+           ("csv", *DISPLAY_VIEWS)),
+    # telemetry, energy, MFU
+    Column("gpu_util_pct", "GPU util %", "0f", "The GPUs' mean utilisation (%) in the timed "
+           "window (NVML), the median over ok runs.", ("csv", "html", "loader"),
+           _at("telemetry", "gpu_util_mean_pct"), "median"),
+    Column("run_cpu_cores", "run cores", "2f", "Busy CPU cores of the run's process tree in "
+           "the timed window, the median over ok runs.", ("csv", "html", "loader"),
+           _at("telemetry", "host", "run_cpu_cores_mean"), "median"),
+    Column("joules_per_image", "J/image", "3f", "The GPUs' energy per image in the timed "
+           "window (NVML), the median over ok runs.", ("csv", "html", "loader"),
+           _at("telemetry", "joules_per_image"), "median"),
+    Column("mfu", "MFU", "pct1", "Model FLOPs utilisation: training FLOPs (3 x the model's "
+           "forward FLOPs per image) x images/sec over the device's measured matmul peak at "
+           "the run's precision, the median over ok runs.", run=_at("mfu", "mfu"),
+           over_runs="median"),
+    Column("peak_flops", "", "sci", "The measured matmul peak (FLOP/s) MFU is against "
+           "(peaks.json).", ("csv", "loader"), _at("mfu", "peak_flops"), "median"),
+    # flags (bench/analysis/trust.py): each meaning is the legend the terminal table prints under it
+    Column("unstable", "unstable", "flag", "a run's mean of per-step rates and its images/sec "
+           "(all images over the whole window) differ by more than 2%: some steps stalled",
+           ("csv", *DISPLAY_VIEWS)),
+    Column("not_steady", "not-steady", "flag", "a run's first fifth of timed steps ran below "
+           "90% of the rest: raise warmup_steps", ("csv", *DISPLAY_VIEWS)),
+    Column("noisy", "noisy", "flag", "images/sec varied across repeats by more than the CV "
+           "target (until_stable.target_cv, else 5%)", ("csv", *DISPLAY_VIEWS)),
+    Column("starved", "STARVED", "flag", "the GPUs' mean utilisation in the timed window was "
+           "below the threshold (telemetry.starved_below_pct): input, synchronisation or the "
+           "host's own per-step work (Python, kernel launches: a model too small for the GPU) "
+           "starves them", run=_at("telemetry", "starved"), over_runs="any"),
+    Column("contended", "CONTENDED", "flag", "other processes used more than a quarter of the "
+           "machine's CPUs in a run's timed window, or held its GPUs; the record's "
+           "telemetry.contention names them (docs/RELIABILITY.md)", over_runs="any"),
+    Column("input_bound", "INPUT-BOUND", "flag", "real data below 90% of the same run on "
+           "synthetic data (the input pipeline sets the pace)", ("csv",)),
+    Column("flags", "flags", "flags", "The row's flags that are on (the flag columns), each "
+           "explained under the table.", DISPLAY_VIEWS),
+    Column("reason", "", "text", "Why a run was not ok, in one line (the summary: the first "
+           "reason among its runs).", ("csv", "loader", "record")),
+    # per run only: the record and the loader
+    _field("schema_version", "The record's schema version (`bench.records.store.SCHEMA_VERSION`).",
+           ("record",)),
+    _field("run_id", "The run's id (results/README.md: run ids).", (*RUN_VIEWS, "spec")),
+    _field("sweep_id", "The sweep's id: its results folder's name.", (*RUN_VIEWS, "spec")),
+    _field("family", "The runner's framework family, whose environment ran it.",
+           (*RUN_VIEWS, "spec")),
+    _field("repeat", "The run's repeat number within its configuration, from 0.",
+           (*RUN_VIEWS, "spec")),
+    _field("warmup_steps", "Untimed steps before the timed window.", ("loader", "spec")),
+    _field("measure_steps", "Timed steps.", ("loader", "spec")),
+    _field("options", "The runner's options, defaults filled (the loader has a column "
+           "`opt_<option>` each).", ("record", "spec")),
+    _field("mode", "benchmark, pipeline (the input pipeline alone) or equivalence.",
+           ("spec",)),
+    _field("dataset", "A real-data run's prepared dataset: path, augmentation, workers.",
+           ("spec",)),
+    _field("step_times_s", "Each timed step's wall time (s).", ("record", "child")),
+    _field("samples", "Images in the timed window: measure_steps x the global batch.",
+           (*RUN_VIEWS, "child")),
+    _field("first_loss", "The first timed step's loss.", (*RUN_VIEWS, "child")),
+    _field("last_loss", "The last timed step's loss.", (*RUN_VIEWS, "child")),
+    _field("window_start", "The timed window's start (unix s).", (*RUN_VIEWS, "child")),
+    _field("window_end", "The timed window's end (unix s).", (*RUN_VIEWS, "child")),
+    _field("step_time_median_s", "The median timed step (s).", ("loader",), _step_time_median),
+    _field("layout", "The data layout the runner used, as it reports.", ("loader",),
+           _at("result", "layout")),
+    _field("environment", "The host, its GPUs and the child's framework versions (the loader "
+           "has a column `env_<key>` each and `version_<framework>`).", ("record",)),
+    _field("wall_time_s", "The run's wall time, child start to end (s).", ("loader",)),
+    _field("started_at", "When the run started (ISO 8601, UTC).", RUN_VIEWS),
+    _field("finished_at", "When its record was written (ISO 8601, UTC).", RUN_VIEWS),
+    _field("log_path", "The child's stdout and stderr.", RUN_VIEWS),
+    _field("energy_j", "The GPUs' energy in the timed window (J, NVML).", ("loader",),
+           _at("telemetry", "energy_j")),
+    _field("run_rss_max_bytes", "The run's process tree's peak resident memory.", ("loader",),
+           _at("telemetry", "host", "run_rss_max_bytes")),
+    _field("host_cpu_util_pct", "The host's mean CPU utilisation in the timed window (%).",
+           ("loader",), _at("telemetry", "host", "cpu_util_mean_pct")),
+    _field("gpu_mem_peak_bytes", "The most memory any of the run's GPUs held.", ("loader",),
+           _gpu_mem_peak),
+    _field("telemetry_path", "The run's telemetry series, within the results folder.",
+           ("loader",), _at("telemetry", "path")),
+)
+
+
+def of_view(view: str) -> tuple[Column, ...]:
+    """The columns of a view, in order (read from COLUMNS now, not at import)."""
+    return tuple(c for c in COLUMNS if view in c.views)
+
+
+def keys(view: str) -> tuple[str, ...]:
+    """The keys of a view's columns, in order."""
+    return tuple(c.key for c in of_view(view))
+
+
+def column(key: str) -> Column:
+    """The column of a key (KeyError if none)."""
+    for c in COLUMNS:
+        if c.key == key:
+            return c
+    raise KeyError(key)
+
+
+def run_value(col: Column, rec: Mapping[str, Any]) -> Any:
+    """One run's value of a column, read from its record."""
+    return col.run(rec) if col.run else rec.get(col.key)
+
+
+def summary_values(records: list[dict[str, Any]], ok: list[dict[str, Any]]) -> dict[str, Any]:
+    """A configuration's values of the csv columns the registry combines over its runs
+    (over_runs): records are all its runs, ok those whose status is ok."""
+    out = {}
+    for col in of_view("csv"):
+        if col.over_runs == "config":
+            out[col.key] = run_value(col, records[0])
+        elif col.over_runs is not None:
+            combine = (AGGREGATES[col.over_runs] if isinstance(col.over_runs, str)
+                       else col.over_runs)
+            out[col.key] = combine([run_value(col, r) for r in ok])
+    return out
+
+
+# -- how the tables show a value -------------------------------------------------------------
+
+class Format(NamedTuple):
+    """How a column's value is shown: what results/README.md says, and the renderer, from the
+    column, the summary row and the view (table or html)."""
+
+    describe: str
+    render: Callable[[Column, Mapping[str, Any], str], str]
+
+
+def _number(spec: str, suffix: str = "") -> Callable[[Column, Mapping[str, Any], str], str]:
+    def render(col: Column, row: Mapping[str, Any], view: str) -> str:
+        value = row.get(col.key)
+        return format(value, spec) + suffix if _numbers([value]) else "-"
+    return render
+
+
+def _text(col: Column, row: Mapping[str, Any], view: str) -> str:
+    value = row.get(col.key)
+    return "-" if value is None or value == "" else str(value)
+
+
+def _devices(col: Column, row: Mapping[str, Any], view: str) -> str:
+    kind = "vcpu" if row.get("virtual_devices") else row.get("device")
+    nodes = row.get("num_nodes") or 1
+    if nodes > 1:  # 2 nodes x 4 devices: "2x4 gpu" (8 in all)
+        return f"{nodes}x{row[col.key] // nodes} {kind}"
+    return f"{row[col.key]} {kind}"
+
+
+def _placed_cell(col: Column, row: Mapping[str, Any], view: str) -> str:
+    n = row.get(col.key)
+    return "-" if n is None else f"{n}" + ("*" if row.get("placement_collapsed") else "")
+
+
+def _batch(col: Column, row: Mapping[str, Any], view: str) -> str:
+    return (f"{row['batch_size_per_device']}/dev" if row.get("scaling") == "weak"
+            else f"{row['global_batch_size']} glob")
+
+
+def _status(col: Column, row: Mapping[str, Any], view: str) -> str:
+    total = row.get("runs_total") or 0
+    return str(row[col.key]) + (f" ({row['runs_ok']}/{total})" if total > 1 else "")
+
+
+def _interval(col: Column, row: Mapping[str, Any], view: str) -> str:
+    low, high = row.get(col.key), row.get(col.key.removesuffix("_low") + "_high")
+    return f"{low:.1f}-{high:.1f}" if _numbers([low, high]) == [low, high] else "-"
+
+
+def _real_syn(col: Column, row: Mapping[str, Any], view: str) -> str:
+    ratio = row.get(col.key)
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}" + (" INPUT-BOUND" if row.get("input_bound") else "")
+
+
+def _flags(col: Column, row: Mapping[str, Any], view: str) -> str:
+    return ",".join(c.header for c in flags_on(row, view)) or "-"
+
+
+FORMATS: dict[str, Format] = {
+    "text": Format("as it is", _text),
+    "int": Format("an integer", _text),
+    "bool": Format("True or False", _text),
+    "0f": Format("no decimals", _number(".0f")),
+    "1f": Format("1 decimal", _number(".1f")),
+    "2f": Format("2 decimals", _number(".2f")),
+    "3f": Format("3 decimals", _number(".3f")),
+    "sci": Format("3 significant digits", _number(".3g")),
+    "x2": Format("2 decimals and x (1.80x)", _number(".2f", "x")),
+    "pct0": Format("a percentage (90%)", _number(".0%")),
+    "pct1": Format("a percentage, 1 decimal (31.0%)", _number(".1%")),
+    "ci1": Format("low-high, 1 decimal", _interval),
+    "devices": Format("count and kind (2 vcpu: virtual CPU devices, 2 gpu; 2x4 gpu: 2 nodes "
+                      "of 4)", _devices),
+    "placed": Format("a count, * when the framework collapsed the devices (its note under "
+                     "the table)", _placed_cell),
+    "batch": Format("the batch held fixed: 32/dev (weak scaling) or 64 glob (strong)",
+                    _batch),
+    "data_label": Format("`synthetic` or `real-w<loader workers>`",
+                         lambda col, row, view: data_label(row)),
+    "status": Format("the status, (ok runs/runs) when repeated", _status),
+    "real_syn": Format("2 decimals, INPUT-BOUND when input-bound", _real_syn),
+    "flag": Format("True or False; the tables name it under flags when True", _text),
+    "flags": Format("the headers of the flags that are on, or -", _flags),
+}
+
+
+def cells(view: str) -> tuple[Column, ...]:
+    """The cells of a table (table or html), in order: its columns but the flags, which
+    are shown together in the flags cell."""
+    return tuple(c for c in of_view(view) if c.format != "flag")
+
+
+def cell(col: Column, row: Mapping[str, Any], view: str) -> str:
+    """A summary row's cell of a column in a table view, as its format shows it."""
+    return FORMATS[col.format].render(col, row, view)
+
+
+def flags(view: str | None = None) -> tuple[Column, ...]:
+    """The flag columns (of a view, or all), in order."""
+    return tuple(c for c in COLUMNS if c.format == "flag" and (view is None or view in c.views))
+
+
+def flags_on(row: Mapping[str, Any], view: str | None = None) -> list[Column]:
+    """The flag columns (of a view, or all) that are on in a summary row."""
+    return [c for c in flags(view) if row.get(c.key)]
+
+
+# -- results/README.md -----------------------------------------------------------------------
+
+def _md(text: str) -> str:
+    """Text for a markdown table cell: | escaped, and < > outside `code` spans too."""
+    parts = text.replace("|", "\\|").split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;").replace(">", "&gt;")
+                    for i, p in enumerate(parts))
+
+
+def markdown() -> str:
+    """The column tables of results/README.md."""
+    shown = [c for c in COLUMNS if set(c.views) & {"csv", *DISPLAY_VIEWS}]
+    rest = [c for c in COLUMNS if c not in shown]
+    lines = ["Where a column is (`in`):", "", *(f"- `{v}`: {text}" for v, text in VIEWS.items()),
+             "", "Summary columns, in the order of summary.csv and of the tables' cells:", "",
+             "| column | header | shown as | in | meaning |", "|---|---|---|---|---|"]
+    lines += [f"| `{c.key}` | {_md(c.header)} | {_md(FORMATS[c.format].describe)} | "
+              f"{' '.join(c.views)} | {_md(c.meaning)} |" for c in shown]
+    lines += ["", "Per run only (the loader's DataFrame and the record):", "",
+              "| field | in | meaning |", "|---|---|---|"]
+    lines += [f"| `{c.key}` | {' '.join(c.views)} | {_md(c.meaning)} |" for c in rest]
+    return "\n".join(lines)
+
+
+def with_markdown(text: str) -> str:
+    """text (results/README.md) with markdown() between its BEGIN and END markers."""
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:start] + "\n" + markdown() + "\n" + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.records.columns --markdown [PATH]`: write the column tables into PATH
+    (results/README.md) between its markers; --check: exit 1 if PATH is out of date."""
+    parser = argparse.ArgumentParser(prog="python -m bench.records.columns",
+                                     description=main.__doc__)
+    parser.add_argument("--markdown", action="store_true", help="write the column tables")
+    parser.add_argument("--check", action="store_true", help="exit 1 if PATH is out of date")
+    parser.add_argument("path", nargs="?", type=Path, default=README)
+    args = parser.parse_args(argv)
+    text = args.path.read_text()
+    new = with_markdown(text)
+    if args.check:
+        if new != text:
+            print(f"{args.path} is out of date: python -m bench.records.columns --markdown",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if args.markdown:
+        if new != text:
+            args.path.write_text(new)
+        print(f"{args.path}: {'updated' if new != text else 'up to date'}")
+        return 0
+    print(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

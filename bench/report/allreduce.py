@@ -1,0 +1,275 @@
+"""The communication probe's outputs (mode: allreduce): allreduce.csv, the terminal table, the
+busbw chart and report.html's "All-reduce probe" section, from the sweep's allreduce records.
+
+A probe record (bench/run/launch.py validates it; runners/allreduce.py says what it holds) keeps
+its figures under record["result"]["allreduce"]: `sizes` (one row per buffer size: bytes,
+time_s, algbw_gbps, busbw_gbps, correct), and `busbw_gbps`, `algbw_gbps`, `time_s` at the
+model's gradient size. Bandwidths are nccl-tests' (GB/s = 1e9 bytes/s; busbw = algbw x
+2(n-1)/n), shown beside the nominal bandwidth of the box's slowest GPU-to-GPU link that
+bench.analysis.interconnects reads from the sweep's environment.json (none on CPU).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.analysis import interconnects
+from bench.plotting import pyplot
+from bench.records.store import load_records
+from bench.text_table import aligned
+
+CSV_NAME, CHART_NAME = "allreduce.csv", "allreduce.png"
+NO_GPU = "no GPU: nominal link n/a"
+ALLREDUCE_FIELDS = (
+    "probe", "family", "model", "device", "num_devices", "virtual_devices", "implementation",
+    "bytes", "mib", "gradient_size", "status", "runs_ok", "runs_total", "time_us",
+    "algbw_gbps", "busbw_gbps", "busbw_gbps_min", "busbw_gbps_max", "nominal_link",
+    "nominal_gbps", "busbw_of_nominal", "contended", "reason",
+)
+
+
+def is_allreduce(rec: dict[str, Any]) -> bool:
+    return rec.get("mode") == "allreduce"
+
+
+def _probe(rec: dict[str, Any]) -> dict[str, Any]:
+    return (rec.get("result") or {}).get("allreduce") or {}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def nominal(results_dir: Path, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """bench.analysis.interconnects.nominal_link of the sweep's environment.json (else a record's
+    environment): {"link", "nominal_gbps", "how"}."""
+    try:
+        env = json.loads((Path(results_dir) / "environment.json").read_text())
+    except (OSError, ValueError):
+        env = next((r.get("environment") for r in records or [] if r.get("environment")), {})
+    return interconnects.nominal_link(env if isinstance(env, dict) else {})
+
+
+def link_text(link: dict[str, Any]) -> str:
+    """The nominal link in one phrase: its name and GB/s, or why there is none."""
+    if link.get("nominal_gbps") is None:
+        return NO_GPU if link.get("how", "").startswith("no GPU") else \
+            f"nominal link unknown ({link.get('how')})"
+    return f"{link['link']}: {link['nominal_gbps']:g} GB/s nominal ({link['how']})"
+
+
+def summarise_allreduce(records: list[dict[str, Any]],
+                        link: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per probe, model, device kind, device count and buffer size: the median over
+    the ok repeats of the time (in microseconds, as nccl-tests prints it), algbw and busbw
+    (busbw's least and greatest beside it), and
+    the nominal link's figure; a configuration with no ok run is one row without a size,
+    with its status and reason."""
+    link = link or {}
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for rec in records:
+        if is_allreduce(rec):
+            groups[(rec["runner"], rec["model"], rec["device"], rec["num_devices"])].append(rec)
+    rows = []
+    for (probe, model, device, n), recs in groups.items():
+        ok = [r for r in recs if r["status"] == "ok"]
+        first = (ok or recs)[0]
+        base = {
+            "probe": probe, "family": first.get("family"), "model": model, "device": device,
+            "num_devices": n, "virtual_devices": first.get("virtual_devices"),
+            "implementation": next((_probe(r).get("implementation") for r in ok), None),
+            "status": "ok" if ok else "/".join(sorted({r["status"] for r in recs})),
+            "runs_ok": len(ok), "runs_total": len(recs),
+            # other processes shared some ok run's window (bench/run/telemetry.py's contention)
+            "contended": any(bool(r.get("contended")) for r in ok),
+            # a link between GPUs is nothing to hold CPU devices' figures against
+            "nominal_link": link.get("link") if device == "gpu" else None,
+            "nominal_gbps": link.get("nominal_gbps") if device == "gpu" else None,
+            "reason": next((r["reason"] for r in recs if r.get("reason")), None),
+        }
+        by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        top = None
+        for rec in ok:
+            top = _probe(rec).get("gradient_bytes", top)
+            for row in _probe(rec).get("sizes") or []:
+                by_size[row["bytes"]].append(row)
+        if not by_size:
+            rows.append({**base, **{k: None for k in ALLREDUCE_FIELDS if k not in base}})
+            continue
+        for size, measured in sorted(by_size.items()):
+            bus = [m["busbw_gbps"] for m in measured]
+            busbw = _median(bus)
+            nom = base["nominal_gbps"]
+            rows.append({
+                **base, "bytes": size, "mib": size / 2**20, "gradient_size": size == top,
+                "time_us": _median([m["time_s"] * 1e6 for m in measured]),
+                "algbw_gbps": _median([m["algbw_gbps"] for m in measured]),
+                "busbw_gbps": busbw, "busbw_gbps_min": min(bus), "busbw_gbps_max": max(bus),
+                "busbw_of_nominal": busbw / nom if nom and busbw is not None else None,
+            })
+    rows.sort(key=lambda r: (r["model"], r["probe"], r["num_devices"], r["bytes"] or 0))
+    return rows
+
+
+def at_gradient_size(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The row of each configuration at its model's gradient size (or its not-ok row)."""
+    return [r for r in rows if r["gradient_size"] or r["bytes"] is None]
+
+
+def allreduce_detail(rec: dict[str, Any]) -> str:
+    """An ok probe run in a few words, for its progress line."""
+    probe = _probe(rec)
+    busbw, algbw, size = probe.get("busbw_gbps"), probe.get("algbw_gbps"), \
+        probe.get("gradient_bytes")
+    if not isinstance(busbw, (int, float)) or not isinstance(algbw, (int, float)) or not size:
+        return "no figure at the gradient size"
+    return (f"busbw {busbw:.2f} GB/s, algbw {algbw:.2f} GB/s at {size / 2**20:.1f} MiB "
+            f"(the gradient size)")
+
+
+def _num(value: Any, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+
+def _devices(r: dict[str, Any]) -> str:
+    return f"{r['num_devices']} {'vcpu' if r['virtual_devices'] else r['device']}"
+
+
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    return (r["probe"], r["model"], _devices(r), r["implementation"] or "-",
+            _num(r["mib"], ".1f"), _num(r["time_us"] and r["time_us"] / 1e3, ".2f"),
+            _num(r["algbw_gbps"], ".2f"), _num(r["busbw_gbps"], ".2f"),
+            _num(r["busbw_of_nominal"], ".0%"), r["status"],
+            "CONTENDED" if r["contended"] else "-")
+
+
+HEAD = ("probe", "model", "devices", "implementation", "MiB", "time ms", "algbw GB/s",
+        "busbw GB/s", "of nominal", "status", "flags")
+
+
+def format_allreduce_table(rows: list[dict[str, Any]], link: dict[str, Any]) -> str:
+    """The terminal table: each probe, model and device count at the model's gradient size,
+    the nominal link under it, and the reasons of configurations not ok."""
+    top = at_gradient_size(rows)
+    out = aligned([HEAD, *(_cells(r) for r in top)])
+    reasons = [f"  {r['probe']} {r['model']} n={r['num_devices']}: {r['reason']}"
+               for r in top if r["status"] != "ok" and r.get("reason")]
+    virtual = any(r["virtual_devices"] for r in top)
+    return "\n".join(
+        ["All-reduce probe (mode: allreduce), at each model's gradient size; algbw = bytes / "
+         "time, busbw = algbw x 2(n-1)/n (nccl-tests), GB/s = 1e9 bytes/s:", *out, "",
+         f"nominal link: {link_text(link)}"]
+        + (["virtual CPU devices: the ranks share one host's memory; busbw is no link's "
+            "figure"] if virtual else [])
+        + (["CONTENDED: other processes shared the machine (CPU or a GPU) in the timed window"]
+           if any(r["contended"] for r in top) else [])
+        + ([f"per size: {CSV_NAME}"] if top else [])
+        + (["", "Not ok:", *reasons] if reasons else []))
+
+
+def render_allreduce_chart(results_dir: Path, rows: list[dict[str, Any]],
+                           link: dict[str, Any]) -> Path | None:
+    """busbw against the buffer size (log scale) per probe and device count, one panel per
+    model, the nominal link as a horizontal line where the capture names one."""
+    ok = [r for r in rows if r["busbw_gbps"] is not None]
+    if not ok:
+        return None
+    plt = pyplot()
+    from matplotlib.ticker import FuncFormatter
+
+    models = sorted({r["model"] for r in ok})
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+        for r in ok:
+            if r["model"] == model:
+                series[(r["probe"], r["num_devices"])].append(r)
+        for (probe, n), pts in sorted(series.items()):
+            pts.sort(key=lambda r: r["bytes"])
+            ax.plot([p["mib"] for p in pts], [p["busbw_gbps"] for p in pts], "o-",
+                    label=f"{probe} n={n}")
+        if link.get("nominal_gbps") is not None:
+            ax.axhline(link["nominal_gbps"], color="grey", linestyle="--",
+                       label=f"nominal {link['link']} ({link['nominal_gbps']:g} GB/s)")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        top = next((p["mib"] for p in ok if p["model"] == model and p["gradient_size"]), None)
+        if top is not None:
+            ax.axvline(top, color="black", alpha=0.2)
+        ax.set_title(f"{model} (gradient size {_num(top, '.1f')} MiB)")
+        ax.set_xlabel("buffer size (MiB, log scale)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    virtual = any(r["virtual_devices"] for r in ok)
+    fig.suptitle("All-reduce bus bandwidth (nccl-tests' busbw) vs buffer size"
+                 + ("\nvirtual CPU devices: one host's memory; " + NO_GPU if virtual
+                    else "" if link.get("nominal_gbps") is not None
+                    else f"\n{link_text(link)}"), fontsize=10)
+    from bench.report.summary import _save  # bench.report.summary imports this module
+
+    return _save(fig, Path(results_dir) / "charts" / CHART_NAME, plt)
+
+
+def rows_and_link(results_dir: Path, records: list[dict[str, Any]]
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A results folder's probe rows (allreduce.csv's; none without probe records) and the
+    nominal link of its environment (none when no probe ran on GPUs)."""
+    probes = [r for r in records if is_allreduce(r)]
+    link = nominal(results_dir, probes)
+    if not any(r.get("device") == "gpu" for r in probes):
+        link = {"link": None, "nominal_gbps": None,
+                "how": "no GPU in the probe's runs: they ran on CPU devices"}
+    return summarise_allreduce(probes, link), link
+
+
+def allreduce_table(results_dir: Path,
+                    records: list[dict[str, Any]] | None = None) -> str | None:
+    """The terminal table of a results folder's probe records (read from the folder unless
+    given), or None without any."""
+    if records is None:
+        records = load_records(Path(results_dir))
+    rows, link = rows_and_link(results_dir, records)
+    return format_allreduce_table(rows, link) if rows else None
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def html_section(results_dir: Path, records: list[dict[str, Any]]) -> str:
+    """report.html's "All-reduce probe" section ("" without probe records): what the figures
+    are, the nominal link, the table at the gradient size and, folded, every size."""
+    rows, link = rows_and_link(results_dir, records)
+    if not rows:
+        return ""
+
+    def table(sel: list[dict[str, Any]]) -> str:
+        th = "".join(f"<th>{_e(h)}</th>" for h in HEAD)
+        body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in _cells(r)) + "</tr>"
+                       for r in sel)
+        return f"<table><tr>{th}</tr>{body}</table>"
+
+    reasons = "".join(f"<li>{_e(r['probe'])} {_e(r['model'])} n={r['num_devices']}: "
+                      f"{_e(r['reason'])}</li>" for r in at_gradient_size(rows)
+                      if r["status"] != "ok" and r.get("reason"))
+    return "".join([
+        "<h2>All-reduce probe</h2>",
+        "<p>Each family's own all-reduce (sum, float32) alone, over buffers from 1 MiB to the "
+        "model's gradient size, timed as nccl-tests does (warm-up, a barrier, the timed calls "
+        "back to back, the mean time over the ranks). algbw = bytes / time; busbw = algbw x "
+        "2(n-1)/n, comparable to one link's bandwidth whatever the device count. GB/s are "
+        "1e9 bytes/s. Every size's sum was checked against n(n+1)/2. Chart: "
+        f'<a href="charts/{CHART_NAME}">{CHART_NAME}</a>; every size: {CSV_NAME}.</p>',
+        f"<p><b>Nominal link:</b> {_e(link_text(link))}</p>",
+        table(at_gradient_size(rows)),
+        f"<ul>{reasons}</ul>" if reasons else "",
+        "<details><summary>every buffer size</summary>",
+        table([r for r in rows if r["bytes"] is not None]), "</details>",
+    ])

@@ -1,0 +1,172 @@
+"""A device's measured peak FLOP/s at a precision: the matmul probe (runners/peak_probe.py) run
+in a family's environment once per interpreter, device type and precision, then cached.
+
+The cache lives next to the environments (`<env_root>/../peaks`); its key includes the probe's
+source, so a changed probe measures again. Failures are returned as records, never cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench import REPO_ROOT
+from bench.records.store import write_json_atomic
+from bench.run.envs import env_root
+from bench.run.guard import cannot_start, guarded
+from runners.math_mode import math_env
+from runners.threads import POLICY_VAR, thread_env
+
+FAMILY_FRAMEWORK = {"tf": "tf", "mxnet": "mxnet", "torch": "torch", "jax": "jax",
+                    "horovod": "torch"}  # horovod's environment has torch
+PROBE = REPO_ROOT / "runners" / "peak_probe.py"
+
+
+def default_cache_dir() -> Path:
+    """Where peaks are cached: beside the environments they were measured in."""
+    return env_root().parent / "peaks"
+
+
+def device_type(device: str, environment: dict[str, Any]) -> str:
+    """The kind of device a peak belongs to: the first GPU's name, or the host's CPU."""
+    if device == "gpu":
+        gpus = environment.get("gpus") or []
+        return gpus[0]["name"] if gpus else "gpu: unknown"
+    return f"cpu: {environment.get('cpu_model', 'unknown')} x{environment.get('cpu_cores')}"
+
+
+def cache_key(python: str | Path, device_type: str, precision: str, framework: str,
+              threads: str = "") -> str:
+    """A short hash naming one peak: interpreter, device type, precision, framework, probe,
+    and the thread settings the policy gave it (runners/threads.py)."""
+    # resolve the folder, not the file: a venv's bin/python links to the base interpreter,
+    # which every environment shares
+    path = Path(python).expanduser()
+    path = path.parent.resolve() / path.name
+    probe = hashlib.sha256(PROBE.read_bytes()).hexdigest()
+    text = json.dumps([str(path), device_type, precision, framework, probe]
+                      + ([threads] if threads else []))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def measure_peak(family: str, python: str | Path, device: str, precision: str,
+                 environment: dict[str, Any], *, cache_dir: Path | None = None,
+                 timeout_s: float = 300, seconds: float = 3.0) -> dict[str, Any]:
+    """The peak record for a family's interpreter on a device at a precision (cached)."""
+    framework = FAMILY_FRAMEWORK[family]
+    dtype = device_type(device, environment)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    env = _child_env(device, family, precision)
+    threads = env.get(POLICY_VAR, "")
+    cache_path = cache_dir / f"peak-{cache_key(python, dtype, precision, framework, threads)}.json"
+    meta = {"family": family, "device": device, "device_type": dtype, "precision": precision,
+            "python": str(python), "thread_policy": threads or None}
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(cache_path.read_text())
+        if cached.get("status") == "ok":
+            return {**cached, "family": family, "cached": True, "cache_path": str(cache_path)}
+    result = _run_probe(framework, python, env, device, precision, cache_dir, timeout_s,
+                        seconds)
+    rec = {**result, **meta,
+           "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "cached": False, "cache_path": None}
+    if rec["status"] == "ok":
+        rec["cache_path"] = str(cache_path)
+        write_json_atomic(cache_path, rec)
+    return rec
+
+
+def _run_probe(framework: str, python: str | Path, env: dict[str, str], device: str,
+               precision: str, workdir: Path, timeout_s: float, seconds: float
+               ) -> dict[str, Any]:
+    """Run the probe in a child process; its result, or a failed/timeout/unavailable one."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd, result = tempfile.mkstemp(dir=workdir, prefix=".probe-", suffix=".json")
+        os.close(fd)
+    except OSError as exc:
+        return {"status": "failed", "reason": f"cannot write to {workdir}: {exc.strerror}"}
+    result_path = Path(result)
+    cmd = [str(python), "-m", "runners.peak_probe", "--framework", framework, "--device",
+           device, "--precision", precision, "--result", str(result_path),
+           "--seconds", str(seconds)]
+    t0 = time.monotonic()
+    try:
+        reason = cannot_start(python)
+        if reason:
+            return {"status": "unavailable",
+                    "reason": f"cannot start interpreter {python}: {reason}"}
+        guarded_cmd, watch_fd = guarded(cmd)  # the probe dies with the harness (bench/run/guard.py)
+        proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                pass_fds=(watch_fd,))
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            return {"status": "timeout", "reason": f"probe exceeded {timeout_s:g} s; killed"}
+        except BaseException:  # Ctrl-C: leave no probe behind
+            _kill(proc)
+            raise
+        try:
+            out = json.loads(result_path.read_text() or "null")
+        except (OSError, ValueError):
+            out = None
+        if not isinstance(out, dict) or "status" not in out:
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            last = lines[-1].strip()[:300] if lines else "no output"
+            return {"status": "failed",
+                    "reason": f"probe exited {proc.returncode} without a result: {last}"}
+        out.setdefault("reason", None)
+        out["probe_wall_s"] = round(time.monotonic() - t0, 3)
+        return out
+    finally:
+        result_path.unlink(missing_ok=True)
+
+
+def _child_env(device: str, family: str, precision: str) -> dict[str, str]:
+    """The probe's environment: the repo importable, no GPU on cpu, one GPU on gpu, and the
+    family's thread policy for one device and the precision's float32 math, as its 1-device
+    runs get them."""
+    env = dict(os.environ)
+    env.update(thread_env(family, "peak_probe", "python", device, 1, os.environ))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:  # the probe uses the first GPU; TF would take memory on every one it sees
+        visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+        env["CUDA_VISIBLE_DEVICES"] = visible[0] if visible else "0"
+    return math_env(precision, device, env)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def machine_peak(device_type_name: str, precision: str, cache_dir: Path | None = None,
+                 extra: tuple[dict[str, Any], ...] = ()) -> dict[str, Any] | None:
+    """The highest ok peak any environment measured on this device type at this precision
+    (cached probes plus `extra`): the machine's demonstrated limit. Frameworks' matmuls differ
+    (MXNet's CPU dot reached 40% of TensorFlow's here), so one framework's probe is no
+    ceiling for another's convolutions."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    found = list(extra)
+    for path in cache_dir.glob("peak-*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(json.loads(path.read_text()))
+    ok = [p for p in found if p.get("status") == "ok" and p.get("device_type") ==
+          device_type_name and p.get("precision") == precision and p.get("peak_flops")]
+    return max(ok, key=lambda p: p["peak_flops"]) if ok else None
