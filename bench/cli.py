@@ -26,7 +26,7 @@ from bench.records.store import done_run_ids, load_records, write_json_atomic
 from bench.report.allreduce import CSV_NAME, allreduce_detail, allreduce_table
 from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm, sweep_lock
-from bench.run.envs import EnvError, ensure_env, family_env, interpreter_for
+from bench.run.envs import EnvError, ensure_env, family_env, python_for
 from bench.run.launch import launch, record_without_run
 from bench.run.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
 from bench.run.progress import SweepClock, SweepProgress  # noqa: F401 (tests import SweepClock)
@@ -590,12 +590,6 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
     if spec.device == "gpu" and visible_gpus is not None and spec.num_devices > visible_gpus:
         return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
     return None
-
-
-def python_for(spec: RunSpec, pythons: dict[str, Any]) -> Any:
-    """The run's interpreter: the user's, or its family's (an EnvError if that failed)."""
-    return interpreter_for(spec.family, spec.device, spec.python) if spec.python \
-        else pythons.get(spec.family)
 
 
 def run_one(spec: RunSpec, pythons: dict[str, Any], out: Path, env: dict[str, Any],

@@ -167,14 +167,14 @@ def test_throughput_chart_of_a_sweep_has_the_published_points(
     import bench.report.summary as report
 
     legends: dict[str, list[list[str]]] = {}
-    save = report._save
+    save = report.save
 
     def spy(fig, path, plt):  # type: ignore[no-untyped-def]
         legends[Path(path).name] = [[t.get_text() for t in ax.get_legend().get_texts()]
                                     if ax.get_legend() else [] for ax in fig.axes]
         return save(fig, path, plt)
 
-    monkeypatch.setattr(report, "_save", spy)
+    monkeypatch.setattr(report, "save", spy)
     out = sweep(tmp_path / "s", [("minigooglenet", 1, 30.0), ("minigooglenet", 2, 50.0),
                                  ("resnet50", 1, 3.0), ("resnet50", 2, 5.0)])
     build_report(out)

@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile, ratio_ci
-from bench.plan.config import ConfigError
+from bench.errors import ConfigError
 from bench.plotting import pyplot
 from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of
 from bench.records.store import load_records, runs_dir

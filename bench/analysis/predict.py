@@ -58,7 +58,7 @@ from typing import Any
 from bench.analysis import interconnects
 from bench.analysis.stats import summarise
 from bench.catalog.registry import PROBES, RUNNERS
-from bench.plan.config import ConfigError
+from bench.errors import ConfigError
 from bench.plotting import pyplot
 from bench.records.grouping import batch_of, config_key, data_label, group_key, mode_of
 from bench.records.mfu import TRAINING_FLOPS_FACTOR

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench import REPO_ROOT
 from bench.catalog.registry import PIPELINES, RUNNERS
-from bench.plan.config import ConfigError
+from bench.errors import ConfigError
 
 NAME = re.compile(r"[a-z][a-z0-9_]{1,39}")
 

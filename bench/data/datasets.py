@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from bench import __version__
-from bench.plan.config import ConfigError
+from bench.errors import ConfigError
 
 MIN_SIZE, MAX_SIZE = 8, 4096
 MAX_QUALITY = 95  # Pillow: above 95 JPEG gets much bigger for no visible gain

@@ -22,7 +22,7 @@ from typing import Any
 from PIL import Image
 
 from bench import __version__
-from bench.plan.config import ConfigError
+from bench.errors import ConfigError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg")
 MAX_QUALITY = 95

@@ -39,6 +39,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, Option, runner_options
+from bench.errors import ConfigError  # noqa: F401 (raised here, imported from here)
 from models import available_models, get_spec
 
 SCALING = ("weak", "strong")
@@ -64,14 +65,6 @@ BACKENDS = ("local", "slurm")
 CLUSTER_DEFAULTS: dict[str, Any] = {
     "backend": "local", "partition": None, "account": None, "gpus_per_node": None,
     "exclusive": True, "sbatch_args": [], "max_jobs": 8, "poll_s": 5.0}
-
-
-class ConfigError(ValueError):
-    """A bad config: the message is one line naming the key, the value and what is allowed."""
-
-    def __init__(self, message: str) -> None:
-        # one line whatever went into it: the CLI prints it as the single line of stderr
-        super().__init__(" ".join(str(message).splitlines()))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis import interconnects
-from bench.plotting import pyplot
+from bench.plotting import pyplot, save
 from bench.records.store import load_records
 from bench.text_table import aligned
 
@@ -212,9 +212,8 @@ def render_allreduce_chart(results_dir: Path, rows: list[dict[str, Any]],
                  + ("\nvirtual CPU devices: one host's memory; " + NO_GPU if virtual
                     else "" if link.get("nominal_gbps") is not None
                     else f"\n{link_text(link)}"), fontsize=10)
-    from bench.report.summary import _save  # bench.report.summary imports this module
 
-    return _save(fig, Path(results_dir) / "charts" / CHART_NAME, plt)
+    return save(fig, Path(results_dir) / "charts" / CHART_NAME, plt)
 
 
 def rows_and_link(results_dir: Path, records: list[dict[str, Any]]

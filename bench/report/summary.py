@@ -18,7 +18,7 @@ from bench.analysis.stats import (
     summarise,
     summarise_pipelines,
 )
-from bench.plotting import pyplot
+from bench.plotting import pyplot, save
 from bench.records import columns
 from bench.records.store import load_records
 from bench.report import allreduce as allreduce_report
@@ -154,7 +154,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
         # published figures beside: log y (bench/analysis/published.py)
         draw_published(ax, model, ok)
     fig.suptitle("Throughput vs device count" + note)
-    paths.append(_save(fig, out / CHARTS[0], plt))
+    paths.append(save(fig, out / CHARTS[0], plt))
 
     fig, axes = _subplots(plt, len(models))
     for ax, model in zip(axes, models, strict=False):
@@ -164,7 +164,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
         _device_axes(ax, model, "scaling efficiency", ok)
         draw_published(ax, model, ok, "scaling_efficiency")
     fig.suptitle("Scaling efficiency (speedup / devices)" + note)
-    paths.append(_save(fig, out / CHARTS[1], plt))
+    paths.append(save(fig, out / CHARTS[1], plt))
 
     fig, axes = _subplots(plt, len(models))
     for ax, model in zip(axes, models, strict=False):
@@ -178,7 +178,7 @@ def render_charts(results_dir: Path, rows: list[dict[str, Any]]) -> list[Path]:
         ax.set_title(f"{model}: {top} {'virtual CPU ' if virtual else ''}devices")
         ax.set_ylabel("images/sec")
     fig.suptitle("All runners at the largest device count" + note)
-    paths.append(_save(fig, out / CHARTS[2], plt))
+    paths.append(save(fig, out / CHARTS[2], plt))
     return paths
 
 
@@ -238,14 +238,6 @@ def _axes(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
         ax.legend(fontsize=7)
 
 
-def _save(fig: Any, path: Path, plt: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def render_real_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Synthetic vs real-data throughput per runner and device count, input-bound marked."""
     real = [r for r in rows if r["real_vs_synthetic"] is not None]
@@ -274,7 +266,7 @@ def render_real_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | N
         _axes(ax, model, "", "images/sec")
         ax.set_ylim(bottom=0)
     fig.suptitle(f"Real data vs synthetic (red: input-bound, below {INPUT_BOUND_RATIO:.0%})")
-    return _save(fig, Path(results_dir) / "charts" / REAL_CHART, plt)
+    return save(fig, Path(results_dir) / "charts" / REAL_CHART, plt)
 
 
 def render_pipeline_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
@@ -303,7 +295,7 @@ def render_pipeline_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path
               "images/sec")
         ax.set_ylim(bottom=0)
     fig.suptitle("Input pipelines alone: decode, augment, batch (no model)")
-    return _save(fig, Path(results_dir) / "charts" / PIPELINE_CHART, plt)
+    return save(fig, Path(results_dir) / "charts" / PIPELINE_CHART, plt)
 
 
 def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],

@@ -52,6 +52,13 @@ class EnvError(RuntimeError):
     """An environment could not be created; the message says why."""
 
 
+def python_for(spec: Any, pythons: dict[str, Any]) -> Any:
+    """The run's interpreter: the user's (spec.python), or its family's from `pythons` (an
+    EnvError there if building it failed)."""
+    return interpreter_for(spec.family, spec.device, spec.python) if spec.python \
+        else pythons.get(spec.family)
+
+
 def env_root() -> Path:
     """Where environments are cached (`MGBENCH_ENV_DIR` overrides)."""
     override = os.environ.get("MGBENCH_ENV_DIR")

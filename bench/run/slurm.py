@@ -30,6 +30,7 @@ from typing import Any
 from bench import REPO_ROOT
 from bench.plan.runs import RunSpec
 from bench.records.store import record_path, runs_dir, write_json_atomic
+from bench.run.envs import python_for
 from bench.run.launch import base_record, finish, now_iso
 from bench.run.slurm_job import job_dir, slurm_fields
 
@@ -240,7 +241,6 @@ def run_sweep(todo: list[RunSpec], blocked: dict[str, tuple[str, str]],
     """Submit the runs (those blocked get their record here), then wait for them unless
     detach. KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP as bench.cli.Stopped) cancels the
     sweep's jobs that have not ended, records them, and is raised again."""
-    from bench.cli import python_for  # the cli imports this module
     from bench.run.launch import record_without_run
 
     book = read_book(out)
