@@ -15,12 +15,12 @@ import pytest
 
 from bench.analysis.stats import summarise
 from bench.catalog.registry import PROBES, RUNNERS
-from bench.cli import precheck
 from bench.plan.config import ConfigError, json_schema, validate
 from bench.plan.runs import expand
 from bench.records.store import check_record, load_records
 from bench.report import allreduce as allreduce_report
-from bench.run.launch import classify, validate_result
+from bench.run.sweep import precheck
+from bench.run.verdict import classify, validate_result
 from runners import allreduce
 from tests.conftest import run_cli
 from tests.specs import run_spec
@@ -152,7 +152,7 @@ def test_precheck_of_a_probe_counts_gpus() -> None:
 def test_until_stable_leaves_the_probe_runs_at_their_repeats(tmp_path: Path) -> None:
     """until_stable watches images/sec, which a probe has none of: its two ok records (None
     images/sec each) are neither a crash of the CV nor a reason for a third run."""
-    from bench.cli import repeat_until_stable
+    from bench.run.sweep import repeat_until_stable
 
     cfg = validate({**PROBE, "probes": ["torch_allreduce"], "repeats": 2,
                     "until_stable": {"target_cv": 0.01, "max_repeats": 5}})

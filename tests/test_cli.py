@@ -211,7 +211,8 @@ def test_until_stable_adds_repeats_until_the_cv_target_or_the_maximum(
 
 
 def test_sweep_clock_estimates_what_is_left_from_launched_runs() -> None:
-    from bench.cli import SweepClock, _clock
+    from bench.run.progress import SweepClock
+    from bench.run.progress import clock_text as _clock
 
     clock = SweepClock([True, False, True, True])  # the second is recorded without a launch
     assert clock.tick(10.0).endswith("~0:20 left]")  # 2 launched runs left at 10 s each

@@ -22,7 +22,8 @@ from bench.records import store as records
 from bench.records.columns import Column
 from bench.records.store import check_record, record_path, write_json_atomic
 from bench.report.summary import build_report, format_table
-from bench.run.launch import CHILD_FIELDS, base_record
+from bench.run.launch import base_record
+from bench.run.verdict import CHILD_FIELDS
 from tests.conftest import REPO
 
 ENV = {"host": "h", "os": "Linux", "cpu_model": "cpu", "cpu_cores": 2, "memory_bytes": 2**33,

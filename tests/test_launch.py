@@ -12,7 +12,8 @@ import pytest
 
 from bench.plan.runs import RunSpec
 from bench.records.store import check_record, load_records
-from bench.run.launch import child_command, launch, validate_result
+from bench.run.launch import child_command, launch
+from bench.run.verdict import validate_result
 
 
 def spec(behaviour: str = "ok", timeout_s: float = 60, **options: object) -> RunSpec:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import precheck
 from bench.plan.config import ConfigError, load_config
 from bench.plan.runs import expand
+from bench.run.sweep import precheck
 from runners.math_mode import math_env
 from tests.conftest import REPO, run_check_script, run_cli
 

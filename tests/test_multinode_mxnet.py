@@ -42,7 +42,7 @@ import numpy as np
 import pytest
 
 from bench.plan.runs import RunSpec
-from bench.run.launch import validate_result
+from bench.run.verdict import validate_result
 from tests.conftest import REPO
 from tests.specs import run_spec
 from tests.test_equivalence import equivalence_spec, load_weights, make_inputs

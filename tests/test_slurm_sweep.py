@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.cli import precheck
 from bench.plan.config import validate
 from bench.plan.runs import expand
 from bench.run.slurm import batch_script, sbatch_command, time_limit_minutes
+from bench.run.sweep import precheck
 from tests.conftest import REPO, run_cli
 
 SMOKE = {"runners": ["torch_ddp"], "models": ["minigooglenet"], "nodes": [2], "devices": [1],
@@ -142,7 +142,7 @@ def _wait_running(out: Path, env: dict[str, str], timeout: float = 300) -> str:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-# SIGINT only: SIGTERM and SIGHUP reach the same handler as bench.cli.Stopped (a
+# SIGINT only: SIGTERM and SIGHUP reach the same handler as bench.run.sweep.Stopped (a
 # KeyboardInterrupt carrying the signal's name), which test_reliability.py checks for local
 # sweeps; a second cancelled job would add half a minute for the same path
 @pytest.mark.parametrize("sig", [signal.SIGINT], ids=["SIGINT"])
@@ -195,3 +195,41 @@ def test_detach_submits_and_status_collects(local_slurm: dict, tmp_path: Path) -
                     "--resume", env=local_slurm)
     assert again.returncode == 0 and "1 already done" in again.stdout
     assert "submitted" not in again.stdout
+
+
+def _field_paths(rec: dict, depth: int = 2, prefix: str = "") -> set[str]:
+    """The record's field names, nested ones as a.b down to depth (the values' shapes)."""
+    paths = set()
+    for key, value in rec.items():
+        paths.add(prefix + key)
+        if depth > 1 and isinstance(value, dict) and key not in ("slurm", "environment"):
+            paths |= _field_paths(value, depth - 1, f"{prefix}{key}.")
+    return paths
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_slurm_record_and_a_local_record_of_the_same_run_carry_the_same_fields(
+        local_slurm: dict, tmp_path: Path) -> None:
+    """One supervision path (bench.run.launch.watch and complete): the same run launched here
+    and as a SLURM job gives records with the same fields, MFU, placement check and
+    telemetry included; the SLURM one adds only its `slurm` section."""
+    one_node = {"runners": ["torch_ddp"], "nodes": [1], "devices": [1]}
+    recs = {}
+    for backend in ("slurm", "local"):
+        out = tmp_path / backend
+        cluster = {**SMOKE["cluster"], "backend": backend}
+        proc = run_cli("--config", str(_config(tmp_path, cluster=cluster, **one_node)),
+                       "--out", str(out), env=local_slurm, timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        [recs[backend]] = _records(out).values()
+    for backend, rec in recs.items():
+        assert rec["status"] == "ok", (backend, rec["reason"])
+        assert isinstance(rec["mfu"]["mfu"], float) and rec["mfu"]["mfu"] > 0, backend
+        assert len(rec["placement_check"]["devices"]) == 1, backend
+        assert rec["telemetry"]["samples"] > 0, backend
+    assert "slurm" in recs["slurm"] and "slurm" not in recs["local"]
+    slurm_fields, local_fields = _field_paths(recs["slurm"]), _field_paths(recs["local"])
+    assert slurm_fields - {"slurm"} == local_fields, (
+        f"only in the SLURM record: {sorted(slurm_fields - local_fields - {'slurm'})}; "
+        f"only in the local one: {sorted(local_fields - slurm_fields)}")

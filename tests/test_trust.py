@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from bench.analysis.stats import summarise
-from bench.analysis.trust import (
+from bench.records.trust import (
     bootstrap_ci,
     coefficient_of_variation,
     estimators,

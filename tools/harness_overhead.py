@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 from bench import REPO_ROOT
-from bench.analysis.trust import ratio_ci
 from bench.plan.config import load_config
 from bench.plan.runs import RunSpec, expand
+from bench.records.trust import ratio_ci
 from bench.run import environment
 from bench.run.envs import ensure_env
 from bench.run.launch import launch

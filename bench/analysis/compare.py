@@ -9,13 +9,13 @@ What is compared
 
 The interval: a 95% percentile bootstrap of that ratio
     BASE and NEW are independent sweeps, so each side is resampled on its own and every draw
-    takes the ratio of the two resampled figures (bench.analysis.trust.BOOTSTRAP_SAMPLES draws,
+    takes the ratio of the two resampled figures (bench.records.trust.BOOTSTRAP_SAMPLES draws,
     seeded:
     the same folders always give the same interval). Each row says where its interval came
     from ("interval from"):
 
     - repeats: a side with two or more ok runs resamples its runs' images/sec (the median of
-      each draw; bench.analysis.trust.ratio_ci when both sides have repeats). Runs are separate
+      each draw; bench.records.trust.ratio_ci when both sides have repeats). Runs are separate
       processes, so their spread holds what varies between runs: process start, memory
       placement, thread scheduling, what else the machine was doing.
     - steps of one run: a side with a single ok run would give one value to resample and a
@@ -87,11 +87,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.analysis.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile, ratio_ci
 from bench.errors import ConfigError
 from bench.plotting import pyplot
 from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of
 from bench.records.store import load_records, runs_dir
+from bench.records.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile, ratio_ci
 from bench.text_table import aligned
 
 REGRESSION, IMPROVEMENT = "regression", "improvement"

@@ -6,15 +6,15 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from bench.analysis.trust import (
+from bench.records import columns
+from bench.records.grouping import baseline_key, config_key, data_label, mode_of, synthetic_key
+from bench.records.trust import (
     bootstrap_ci,
     coefficient_of_variation,
     estimators,
     ratio_ci,
     warmup_not_steady,
 )
-from bench.records import columns
-from bench.records.grouping import baseline_key, config_key, data_label, mode_of, synthetic_key
 
 # summary.csv's columns are bench/records/columns.py's (columns.keys("csv"), read when a report is
 # written); this is that list at import, for readers of the old name.

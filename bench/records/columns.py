@@ -199,7 +199,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("images_per_sec", "img/s", "1f", "Images per second over the timed window: the "
            "median over the ok runs (per run, its own).", (*SUMMARY_VIEWS, "record", "child")),
     Column("images_per_sec_ci_low", "95% CI", "ci1", "The low end of the 95% bootstrap "
-           "interval of the median images/sec over repeats (`bench/analysis/trust.py`).",
+           "interval of the median images/sec over repeats (`bench/records/trust.py`).",
            ("csv", *DISPLAY_VIEWS)),
     _field("images_per_sec_ci_high", "The high end of that interval.", ("csv",), format="1f"),
     _field("images_per_sec_std", "The standard deviation of the ok runs' images/sec.",
@@ -239,7 +239,7 @@ COLUMNS: tuple[Column, ...] = (
            over_runs="median"),
     Column("peak_flops", "", "sci", "The measured matmul peak (FLOP/s) MFU is against "
            "(peaks.json).", ("csv", "loader"), _at("mfu", "peak_flops"), "median"),
-    # flags (bench/analysis/trust.py): each meaning is the legend the terminal table prints under it
+    # flags (bench/records/trust.py): each meaning is the legend the terminal table prints under it
     Column("unstable", "unstable", "flag", "a run's mean of per-step rates and its images/sec "
            "(all images over the whole window) differ by more than 2%: some steps stalled",
            ("csv", *DISPLAY_VIEWS)),

@@ -121,17 +121,6 @@ def at_gradient_size(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["gradient_size"] or r["bytes"] is None]
 
 
-def allreduce_detail(rec: dict[str, Any]) -> str:
-    """An ok probe run in a few words, for its progress line."""
-    probe = _probe(rec)
-    busbw, algbw, size = probe.get("busbw_gbps"), probe.get("algbw_gbps"), \
-        probe.get("gradient_bytes")
-    if not isinstance(busbw, (int, float)) or not isinstance(algbw, (int, float)) or not size:
-        return "no figure at the gradient size"
-    return (f"busbw {busbw:.2f} GB/s, algbw {algbw:.2f} GB/s at {size / 2**20:.1f} MiB "
-            f"(the gradient size)")
-
-
 def _num(value: Any, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "-"
 

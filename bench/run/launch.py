@@ -9,10 +9,7 @@ child wrote; logs are kept for people, never parsed for numbers.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -26,7 +23,6 @@ from bench import REPO_ROOT
 from bench.plan.runs import RunSpec
 from bench.records import columns
 from bench.records.mfu import mfu
-from bench.records.placement_check import check_placement
 from bench.records.store import (
     SCHEMA_VERSION,
     json_safe,
@@ -38,22 +34,12 @@ from bench.run.environment import lock_for
 from bench.run.guard import cannot_start, guarded
 from bench.run.telemetry import Sampler, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
+from bench.run.verdict import CHILD_FIELDS, _first_line, classify
 from models import get_spec
-from runners.allreduce import bus_factor, gradient_bytes, probe_sizes
 from runners.math_mode import math_env
 from runners.threads import thread_env
 
 KILL_GRACE_S = 5.0
-OOM_PATTERNS = re.compile(
-    r"ResourceExhaustedError|OOM when allocating|out of memory|MemoryError|"
-    r"CUDA_ERROR_OUT_OF_MEMORY|std::bad_alloc",
-    re.IGNORECASE,
-)
-ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*", re.MULTILINE)
-MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '[\w.]+'")
-# What a rank other than 0 says when it fails (runners/common.main); rank 0 writes the result.
-RANK_FAILURE = re.compile(r"^\[runner rank (\d+)\] status=(\w+) reason=(.*)$", re.MULTILINE)
-CHILD_FIELDS = columns.keys("child")  # the child's result fields copied to the top level
 
 
 def now_iso() -> str:
@@ -203,6 +189,98 @@ def record_without_run(spec: RunSpec, results_dir: Path, environment: dict[str, 
     return finish(rec, results_dir, status, reason)
 
 
+@dataclass
+class Watched:
+    """What supervising one command saw: how it ended (exit status, timeout, a stop from
+    outside, could not start), how long it ran, what it left running, and the telemetry
+    samples of its whole life (cut to the timed window by `complete`)."""
+
+    returncode: int | None = None
+    timed_out: bool = False
+    stopped: str | None = None  # the exception named in stop_on that ended the wait
+    cannot_start: str | None = None
+    left_running: str | None = None
+    wall_time_s: float | None = None
+    sampler: Sampler | None = None
+    samples: list[dict[str, Any]] | None = None
+    telemetry_note: str | None = None
+
+
+def watch(spec: RunSpec, python: str | Path, cmd: list[str], env: dict[str, str],
+          log_path: Path, stop_on: tuple[type[BaseException], ...] = ()) -> Watched:
+    """Run cmd through bench.run.guard in a new session (its process group dies with this
+    process, a kill -9 of the harness included), its output to log_path; sample its
+    telemetry when the spec asks; kill its group at timeout_s. An exception in stop_on (the
+    SLURM node's SIGTERM) kills the group and is recorded; any other (Ctrl-C) kills it and
+    propagates. The one supervisor of the local launcher and of each SLURM node."""
+    seen = Watched()
+    t0 = time.monotonic()
+    proc = None
+    with open(log_path, "wb") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        reason = cannot_start(cmd[0])
+        if reason:
+            seen.cannot_start = f"cannot start interpreter {python}: {reason}"
+            return seen
+        try:
+            try:
+                guarded_cmd, watch_fd = guarded(cmd)
+                proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, pass_fds=(watch_fd,))
+            except OSError as exc:
+                seen.cannot_start = f"cannot start interpreter {python}: {exc.strerror}"
+                return seen
+            if spec.telemetry:
+                try:
+                    seen.sampler = Sampler(proc.pid, sampled_gpus(spec, env),
+                                           spec.telemetry["interval_s"]).start()
+                except Exception as exc:  # telemetry is evidence, never a reason to lose a run
+                    seen.telemetry_note = f"sampler did not start: {_first_line(str(exc))}"
+            try:
+                proc.wait(timeout=spec.timeout_s)
+            except subprocess.TimeoutExpired:
+                seen.timed_out = True
+                _kill_group(proc)
+        except stop_on as exc:
+            seen.stopped = str(exc)
+            if proc is not None:
+                _kill_group(proc)
+        except BaseException:  # Ctrl-C or anything else: no orphans, no half record
+            if proc is not None:
+                _kill_group(proc)
+            if seen.sampler:
+                seen.sampler.stop()
+            raise
+    seen.samples = seen.sampler.stop() if seen.sampler else None
+    seen.wall_time_s = round(time.monotonic() - t0, 3)
+    if proc is not None:
+        seen.returncode = proc.returncode
+        if _group_alive(proc.pid):  # what the run started and left running (workers, ranks)
+            seen.left_running = "processes of the run's group outlived it; killed"
+            _signal_group(proc.pid, signal.SIGKILL)
+    return seen
+
+
+def window_telemetry(rec: dict[str, Any], spec: RunSpec, seen: Watched, path: Path) -> None:
+    """The sampled telemetry cut to the timed window rec holds (the series to path, the
+    summary and the contention flag to rec), or why there is none."""
+    if seen.sampler and seen.samples is not None:
+        add_telemetry(rec, spec, seen.sampler, seen.samples, path)
+    elif seen.telemetry_note:
+        rec["telemetry"] = {"note": seen.telemetry_note}
+
+
+def complete(rec: dict[str, Any], spec: RunSpec, status: str, reason: str | None,
+             results_dir: Path, peak: dict[str, Any] | None) -> dict[str, Any]:
+    """The last step of every record, local or SLURM: the metrics derived from the run's
+    result (MFU against the measured peak, when given), then the record written."""
+    if peak is not None and status == "ok" and spec.mode == "benchmark":
+        rec["mfu"] = run_mfu(spec, rec["images_per_sec"], peak)
+    return finish(rec, results_dir, status, reason)
+
+
 def launch(spec: RunSpec, python: str | Path, results_dir: Path,
            environment: dict[str, Any], peak: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run spec in a child process; write and return its record (with its MFU against peak,
@@ -220,59 +298,20 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
     rec = base_record(spec, environment, log_path)
     rec["python"] = str(python)
     rec["attempt"] = attempt
-    cmd = child_command(spec, python, spec_path, result_path)
-    t0 = time.monotonic()
-    timed_out = False
-    env = child_env(spec)
-    sampler = None
-    with open(log_path, "wb") as log:
-        log.write(f"$ {' '.join(cmd)}\n".encode())
-        log.flush()
-        reason = cannot_start(cmd[0])
-        if reason:
-            return finish(rec, results_dir, "unavailable",
-                          f"cannot start interpreter {python}: {reason}")
-        try:
-            # through bench.run.guard: the run's process group dies with this process (a kill -9
-            # of the harness included), and with its timeout or Ctrl-C as before
-            guarded_cmd, watch_fd = guarded(cmd)
-            proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, pass_fds=(watch_fd,))
-        except OSError as exc:
-            return finish(rec, results_dir, "unavailable",
-                          f"cannot start interpreter {python}: {exc.strerror}")
-        try:
-            if spec.telemetry:
-                try:
-                    sampler = Sampler(proc.pid, sampled_gpus(spec, env),
-                                      spec.telemetry["interval_s"]).start()
-                except Exception as exc:  # telemetry is evidence, never a reason to lose a run
-                    rec["telemetry"] = {"note": f"sampler did not start: {_first_line(str(exc))}"}
-            proc.wait(timeout=spec.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-        except BaseException:  # Ctrl-C or anything else: no orphans, no half record
-            _kill_group(proc)
-            if sampler:
-                sampler.stop()
-            raise
-    samples = sampler.stop() if sampler else None
-    if _group_alive(proc.pid):  # what the run started and left running (workers, ranks)
-        rec["left_running"] = "processes of the run's group outlived it; killed"
-        _signal_group(proc.pid, signal.SIGKILL)
-    rec["returncode"] = proc.returncode
-    rec["wall_time_s"] = round(time.monotonic() - t0, 3)
-    if timed_out:
+    seen = watch(spec, python, child_command(spec, python, spec_path, result_path),
+                 child_env(spec), log_path)
+    if seen.cannot_start:
+        return finish(rec, results_dir, "unavailable", seen.cannot_start)
+    if seen.left_running:
+        rec["left_running"] = seen.left_running
+    rec["returncode"] = seen.returncode
+    rec["wall_time_s"] = seen.wall_time_s
+    if seen.timed_out:
         status, reason = "timeout", f"exceeded timeout_s={spec.timeout_s:g}; process group killed"
     else:
-        status, reason = classify(proc.returncode, result_path, log_path, rec, spec)
-    if sampler and samples is not None:
-        add_telemetry(rec, spec, sampler, samples, rdir / f"{spec.run_id}.telemetry.csv")
-    if peak is not None and status == "ok" and spec.mode == "benchmark":
-        rec["mfu"] = run_mfu(spec, rec["images_per_sec"], peak)
-    return finish(rec, results_dir, status, reason)
+        status, reason = classify(seen.returncode or 0, result_path, log_path, rec, spec)
+    window_telemetry(rec, spec, seen, rdir / f"{spec.run_id}.telemetry.csv")
+    return complete(rec, spec, status, reason, results_dir, peak)
 
 
 def run_mfu(spec: RunSpec, images_per_sec: float, peak: dict[str, Any]) -> dict[str, Any]:
@@ -314,167 +353,3 @@ def add_telemetry(rec: dict[str, Any], spec: RunSpec, sampler: Sampler,
         gpu_holders=list(sampler.others.gpu_holders.values()))
     rec["contended"] = rec["telemetry"]["contention"]["contended"]
     rec["telemetry"]["path"] = f"{path.parent.name}/{path.name}"  # within the results folder
-
-
-def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, Any],
-             spec: RunSpec) -> tuple[str, str | None]:
-    """Decide a finished child's status and one-line reason; copy its result into rec."""
-    result: dict[str, Any] | None = None
-    if result_path.exists():
-        try:
-            result = json.loads(result_path.read_text())
-            if not isinstance(result, dict):
-                raise ValueError(f"top level is {type(result).__name__}, not an object")
-        except (ValueError, OSError) as exc:
-            return "failed", f"child wrote an unreadable result ({_first_line(str(exc))})"
-    log_tail = _tail(log_path)
-    if result is None:
-        if returncode == 0:
-            return "failed", "child exited 0 without writing a result"
-        if returncode == -signal.SIGKILL:
-            return "oom", "killed by SIGKILL (most likely the kernel's out-of-memory killer)"
-        if OOM_PATTERNS.search(log_tail):
-            return "oom", _reason_from_log(log_tail, OOM_PATTERNS)
-        missing = MISSING_MODULE.search(log_tail)
-        if missing:
-            return "unavailable", f"{missing.group(0)} in the interpreter {rec['python']}"
-        rank = RANK_FAILURE.search(log_tail)
-        if rank and rank.group(2) != "ok":
-            return "failed", _first_line(f"rank {rank.group(1)}: {rank.group(3)}")
-        return "failed", f"exit {returncode}: {_reason_from_log(log_tail, ERROR_LINE)}"
-    for key in CHILD_FIELDS:
-        rec[key] = result.get(key)
-    rec["result"] = {k: v for k, v in result.items() if k not in CHILD_FIELDS}
-    rec["placement"] = result.get("placement")
-    rec["environment"]["framework"] = result.get("framework")
-    rec["environment"]["devices"] = result.get("devices")
-    status = result.get("status", "ok")
-    if status != "ok":
-        reason = result.get("reason") or _reason_from_log(log_tail, ERROR_LINE)
-        return status, _first_line(reason)
-    if returncode != 0:
-        return "failed", f"exit {returncode} after reporting success: " \
-                         f"{_reason_from_log(log_tail, ERROR_LINE)}"
-    problems = validate_result(result, spec, rec)
-    return ("invalid", "; ".join(problems)) if problems else ("ok", None)
-
-
-def validate_placement(result: dict[str, Any], num_devices: int,
-                       rec: dict[str, Any] | None = None) -> list[str]:
-    """What is wrong with a training result's `placement` (bench/records/placement_check.py): N
-    distinct devices, as the framework names them, normalised; and each device's share of
-    the work where the runner reports what it expects. The check's view goes into `rec`."""
-    shown, problems = check_placement(result, num_devices)
-    if rec is not None and shown:
-        rec["placement_check"] = shown
-    return problems
-
-
-def validate_result(result: dict[str, Any], spec: RunSpec,
-                    rec: dict[str, Any] | None = None) -> list[str]:
-    """What is wrong with an 'ok' benchmark, equivalence, pipeline or all-reduce result (empty
-    when nothing is); the placement check's view goes into `rec` when given."""
-    if spec.mode == "equivalence":
-        return validate_placement(result, spec.num_devices, rec)
-    if spec.mode == "allreduce":
-        return validate_allreduce(result, spec)
-    if spec.mode not in ("benchmark", "pipeline"):
-        return []
-    problems = (validate_placement(result, spec.num_devices, rec)
-                if spec.mode == "benchmark" else [])
-    expected = spec.measure_steps * spec.global_batch_size
-    if result.get("samples") != expected:
-        problems.append(f"samples {result.get('samples')!r} != measure_steps x global batch "
-                        f"= {expected}")
-    for key in ("first_loss", "last_loss") if spec.mode == "benchmark" else ():
-        v = result.get(key)
-        if not isinstance(v, (int, float)) or not math.isfinite(v):
-            problems.append(f"{key} is {v!r}, not a finite number")
-    ips = result.get("images_per_sec")
-    if not isinstance(ips, (int, float)) or not math.isfinite(ips) or ips <= 0:
-        problems.append(f"images_per_sec is {ips!r}")
-    start, end = result.get("window_start"), result.get("window_end")
-    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start):
-        problems.append(f"timed window [{start!r}, {end!r}] is empty or missing")
-    return problems
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and value > 0
-
-
-def validate_allreduce(result: dict[str, Any], spec: RunSpec) -> list[str]:
-    """What is wrong with an ok all-reduce probe result (runners/allreduce.py says what it
-    holds): a row for every size of the model's probe_sizes, each checked correct, with a
-    positive time and nccl-tests' algbw and busbw for the run's device count; the figure at
-    the gradient size; and the framework's own word that the collective spanned
-    spec.num_devices replicas on as many distinct devices. Images/sec and MFU do not apply."""
-    probe = result.get("allreduce")
-    if not isinstance(probe, dict):
-        return [f"no allreduce section in the result ({type(probe).__name__})"]
-    n, problems = spec.num_devices, []
-    evidence = probe.get("evidence")
-    if not isinstance(evidence, dict):
-        return [f"no evidence read back from the framework (evidence={evidence!r})"]
-    replicas = evidence.get("replicas")
-    if isinstance(replicas, bool) or replicas != n:
-        problems.append(f"the framework says the all-reduce spanned {replicas!r} replicas, "
-                        f"not the run's {n} ({evidence.get('source') or 'no source given'})")
-    devices = evidence.get("devices")
-    if not isinstance(devices, list) or len({str(d) for d in devices}) != n \
-            or len(devices) != n:
-        problems.append(f"evidence devices {devices!r} are not {n} distinct devices")
-    rows = probe.get("sizes")
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        return [*problems, f"no measured sizes (sizes={rows!r})"]
-    want = probe_sizes(spec.model)
-    got = [r.get("bytes") for r in rows]
-    if got != want:
-        problems.append(f"sizes {got} are not the probe's sizes for {spec.model}: {want}")
-    for row in rows:
-        size = row.get("bytes")
-        if row.get("correct") is not True:
-            problems.append(f"the all-reduce of {size!r} bytes gave a wrong sum "
-                            f"(correct={row.get('correct')!r})")
-        t, alg, bus = row.get("time_s"), row.get("algbw_gbps"), row.get("busbw_gbps")
-        if not all(_positive(v) for v in (t, alg, bus)) or not _positive(size):
-            problems.append(f"size {size!r}: time {t!r} s, algbw {alg!r}, busbw {bus!r} GB/s "
-                            "are not all positive finite numbers")
-            continue
-        want_alg = size / t / 1e9
-        if not (math.isclose(alg, want_alg, rel_tol=1e-6)
-                and math.isclose(bus, want_alg * bus_factor(n), rel_tol=1e-6)):
-            problems.append(f"size {size}: algbw {alg:.6g} and busbw {bus:.6g} GB/s are not "
-                            f"nccl-tests' for {size} bytes in {t:.6g} s over {n} devices "
-                            f"({want_alg:.6g}, {want_alg * bus_factor(n):.6g})")
-    top = next((r for r in rows if r.get("bytes") == gradient_bytes(spec.model)), None)
-    if top is None or not _positive(probe.get("busbw_gbps")) \
-            or probe.get("busbw_gbps") != top.get("busbw_gbps"):
-        problems.append(f"busbw_gbps {probe.get('busbw_gbps')!r} is not the row at the "
-                        f"gradient size ({gradient_bytes(spec.model)} bytes)")
-    return problems
-
-
-def _tail(path: Path, size: int = 16384) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - size))
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _reason_from_log(text: str, pattern: re.Pattern[str]) -> str:
-    """The last line of the log that matches pattern, else its last non-empty line."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for line in reversed(lines):
-        if pattern.search(line):
-            return _first_line(line)
-    return _first_line(lines[-1]) if lines else "no output"
-
-
-def _first_line(text: str, limit: int = 300) -> str:
-    line = (text.strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[: limit - 3] + "..."

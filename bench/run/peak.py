@@ -170,3 +170,17 @@ def machine_peak(device_type_name: str, precision: str, cache_dir: Path | None =
     ok = [p for p in found if p.get("status") == "ok" and p.get("device_type") ==
           device_type_name and p.get("precision") == precision and p.get("peak_flops")]
     return max(ok, key=lambda p: p["peak_flops"]) if ok else None
+
+
+def peak_for(spec: Any, python: str | Path, environment: dict[str, Any],
+             measured: tuple[dict[str, Any], ...] = ()) -> dict[str, Any] | None:
+    """The peak a benchmark run's MFU is taken against: the machine's best measured peak on
+    the run's device type and precision (cached probes, `measured` and this interpreter's
+    own, measured now unless cached), with the interpreter's own under "own"; None for a
+    family without a matmul probe."""
+    if spec.family not in FAMILY_FRAMEWORK:
+        return None
+    own = measure_peak(spec.family, python, spec.device, spec.precision, environment)
+    best = machine_peak(own.get("device_type", ""), spec.precision, extra=(*measured, own))
+    return {**(best or own), "own": own}
+

@@ -400,3 +400,20 @@ class SweepProgress:
             grid.add_row("", Text(f"running {clock_text(running)}", style="cyan",
                                   justify="right"), self.current)
         return grid
+
+
+def outcome_detail(rec: dict[str, Any]) -> str:
+    """A finished run's record in a few words, for its progress line: the reason it did not
+    succeed, an all-reduce probe's bus bandwidth at the gradient size, or its images/sec."""
+    if rec["status"] != "ok":
+        return str(rec["reason"])
+    if rec.get("mode") != "allreduce":
+        return f"{rec['images_per_sec']:.1f} img/s"
+    probe = (rec.get("result") or {}).get("allreduce") or {}
+    busbw, algbw, size = probe.get("busbw_gbps"), probe.get("algbw_gbps"), \
+        probe.get("gradient_bytes")
+    if not isinstance(busbw, (int, float)) or not isinstance(algbw, (int, float)) or not size:
+        return "no figure at the gradient size"
+    return (f"busbw {busbw:.2f} GB/s, algbw {algbw:.2f} GB/s at {size / 2**20:.1f} MiB "
+            f"(the gradient size)")
+

@@ -42,26 +42,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import REPO_ROOT
 from bench.plan.runs import RunSpec
 from bench.records.store import runs_dir, write_json_atomic
 from bench.run import environment
-from bench.run.guard import cannot_start, guarded
 from bench.run.launch import (
-    KILL_GRACE_S,
     NodePlace,
-    _group_alive,
-    _signal_group,
-    add_telemetry,
+    Watched,
     base_record,
     child_command,
     child_env,
-    classify,
+    complete,
     finish,
     now_iso,
-    sampled_gpus,
+    watch,
+    window_telemetry,
 )
-from bench.run.telemetry import Sampler
+from bench.run.peak import peak_for
+from bench.run.verdict import classify
 
 # ports a job may use on its first node: MASTER_PORT_BASE + 10 x (job id mod MASTER_PORT_SLOTS)
 MASTER_PORT_BASE = 20000
@@ -124,7 +121,8 @@ def _raise_terminated(signum: int, _frame: object) -> None:
 
 
 def run_node(spec: RunSpec, python: str, results_dir: Path, job: Path) -> int:
-    """Run this node's part of the run; write job/node<K>.json; 1 if it failed."""
+    """Run this node's part of the run under the local launcher's supervisor
+    (bench.run.launch.watch); write job/node<K>.json; 1 if it failed."""
     place = place_from_slurm()
     job.mkdir(parents=True, exist_ok=True)
     spec_path = runs_dir(results_dir) / f"{spec.run_id}.spec.json"
@@ -140,57 +138,32 @@ def run_node(spec: RunSpec, python: str, results_dir: Path, job: Path) -> int:
     cmd = child_command(spec, python, spec_path, result_path, place if place.count > 1 else None)
     env = {**child_env(spec), **place.env()}
     signal.signal(signal.SIGTERM, _raise_terminated)
-    t0 = time.monotonic()
-    proc, sampler, samples = None, None, None
     try:
-        with open(log_path, "wb") as log:
-            log.write(f"$ {' '.join(cmd)}\n".encode())
-            log.flush()
-            reason = cannot_start(cmd[0])
-            if reason:
-                info["cannot_start"] = f"cannot start interpreter {python}: {reason}"
-                return _node_done(job, place, info, 1)
-            guarded_cmd, watch_fd = guarded(cmd)
-            proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, pass_fds=(watch_fd,))
-            if spec.telemetry:
-                with contextlib.suppress(Exception):  # evidence, never a reason to fail
-                    sampler = Sampler(proc.pid, sampled_gpus(spec, env),
-                                      spec.telemetry["interval_s"]).start()
-            try:
-                proc.wait(timeout=spec.timeout_s)
-            except subprocess.TimeoutExpired:
-                info["timed_out"] = True
-                _kill(proc)
-    except Terminated as exc:
-        info["terminated"] = f"{exc} from srun: another node's part failed or the job ended"
-        if proc is not None:
-            _kill(proc)
+        seen = watch(spec, python, cmd, env, log_path, stop_on=(Terminated,))
+    except Terminated as exc:  # between the handler and the watch: nothing was started
+        seen = Watched(stopped=str(exc))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        samples = sampler.stop() if sampler else None
-    info["wall_time_s"] = round(time.monotonic() - t0, 3)
-    info["returncode"] = proc.returncode if proc is not None else None
-    if proc is not None and _group_alive(proc.pid):
-        info["left_running"] = "processes of the run's group outlived it; killed"
-        _signal_group(proc.pid, signal.SIGKILL)
-    if sampler is not None and samples is not None:
-        window = _wait_for_result(result_path, proc.returncode == 0 if proc else False)
-        part: dict[str, Any] = dict(window)
-        add_telemetry(part, spec, sampler, samples, job / f"node{place.rank}.telemetry.csv")
-        info["telemetry"] = part.get("telemetry")
+    if seen.cannot_start:
+        info["cannot_start"] = seen.cannot_start
+        return _node_done(job, place, info, 1)
+    if seen.stopped:
+        info["terminated"] = f"{seen.stopped} from srun: another node's part failed or the " \
+                             "job ended"
+    info["timed_out"] = seen.timed_out
+    info["wall_time_s"] = seen.wall_time_s
+    info["returncode"] = seen.returncode
+    if seen.left_running:
+        info["left_running"] = seen.left_running
+    # the timed window of rank 0's result, to cut this node's samples to
+    part: dict[str, Any] = dict(_wait_for_result(result_path, seen.returncode == 0)) \
+        if seen.sampler is not None and seen.samples is not None else {}
+    window_telemetry(part, spec, seen, job / f"node{place.rank}.telemetry.csv")
+    if "telemetry" in part:
+        info["telemetry"] = part["telemetry"]
         info["contended"] = part.get("contended")
     failed = info["timed_out"] or info["terminated"] or info["returncode"] != 0
     return _node_done(job, place, info, 1 if failed else 0)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    _signal_group(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=KILL_GRACE_S)
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _wait_for_result(path: Path, expect: bool) -> dict[str, Any]:
@@ -291,7 +264,10 @@ def write_record(spec: RunSpec, python: str, results_dir: Path, job: Path, job_i
                                     f"exited {failing.get('returncode')}")
     if failing and status != "ok" and reason:
         reason = f"node {failing['node_rank']} ({failing.get('node')}): {reason}"
-    return finish(rec, results_dir, status, reason)
+    # the node's measured matmul peak (cached after its first probe), as the local sweep
+    # measures this machine's before its runs: MFU in every record, however launched
+    peak = peak_for(spec, python, env) if status == "ok" and spec.mode == "benchmark" else None
+    return complete(rec, spec, status, reason, results_dir, peak)
 
 
 def _names(nodes: list[dict[str, Any]]) -> str:

@@ -1,0 +1,285 @@
+"""The sweep engine: runs a plan's RunSpecs one after another (locally, through
+bench.run.launch) or as SLURM jobs (bench.run.slurm), with the results folder locked, the
+environments provisioned, the machine's matmul peaks measured, blocked runs recorded without
+starting, the progress shown, extra repeats until stable, and Ctrl-C / SIGTERM / SIGHUP
+stopping it cleanly. The cli renders the report of what it leaves in the folder."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from bench import REPO_ROOT
+from bench.catalog.registry import PIPELINES, PROBES, RUNNERS
+from bench.errors import ConfigError
+from bench.plan.config import SweepConfig
+from bench.plan.runs import RunSpec, another_repeat, config_id
+from bench.records.store import done_run_ids, load_records, write_json_atomic
+from bench.records.trust import coefficient_of_variation
+from bench.run import environment, slurm, sweep_lock
+from bench.run.envs import EnvError, ensure_env, python_for
+from bench.run.launch import launch, record_without_run
+from bench.run.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
+from bench.run.progress import SweepProgress, outcome_detail
+
+
+@dataclass
+class SweepEnd:
+    """How a sweep's engine ended: `code` set when the cli should exit with it now (a folder
+    it cannot write: the line is printed), `signum` when a stop signal ended it, `detached`
+    when its SLURM jobs were submitted and left; `lock` is the folder's, held until the
+    report is written."""
+
+    code: int | None = None
+    signum: int | None = None
+    detached: bool = False
+    lock: IO[str] | None = None
+
+
+def run_sweep(cfg: SweepConfig, runs: list[RunSpec], out: Path, *, resume: bool = False,
+              retry_failed: bool = False, detach: bool = False,
+              quiet_setup: bool = False) -> SweepEnd:
+    """Run the plan into out (see the module's docstring); what is left is records."""
+    env = environment.capture()
+    try:
+        lock = acquire_folder(out)  # held until this process ends (a dead one's is taken over)
+        write_json_atomic(out / "environment.json", env)
+        write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as exc:
+        return SweepEnd(code=cannot_write(out, exc))
+    done = done_run_ids(out, retry_failed) if resume else set()
+    todo = [r for r in runs if r.run_id not in done]
+    print(f"sweep {cfg.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
+          f"results in {out}", flush=True)
+    on_slurm = cfg.cluster["backend"] == "slurm"
+    # GPUs are counted here only for runs that run here; a cluster's nodes have their own
+    visible_gpus = None if on_slurm else len(env["gpus"])
+    blocked = {r.run_id: why for r in todo if (why := precheck(r, visible_gpus))}
+    if detach and not on_slurm:
+        raise ConfigError("--detach: allowed only with cluster.backend: slurm (a local sweep "
+                          "runs in this process)")
+    try:
+        with stop_signals_interrupt():
+            pythons = interpreters([r for r in todo if r.run_id not in blocked], cfg.device,
+                                   quiet_setup)
+            if on_slurm:
+                slurm.run_sweep(todo, blocked, pythons, out, env, cfg.cluster, detach)
+                return SweepEnd(detached=detach, lock=lock)
+            peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env,
+                                  out)
+            with SweepProgress([r.run_id not in blocked for r in todo]) as show:
+                for i, spec in enumerate(todo, 1):
+                    run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks,
+                                  show)
+                if cfg.until_stable:
+                    repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env,
+                                        peaks, show)
+    except OSError as exc:  # a full disk, a folder gone: what is written stays whole
+        return SweepEnd(code=cannot_write(out, exc), lock=lock)
+    except KeyboardInterrupt as exc:
+        return SweepEnd(signum=getattr(exc, "signum", signal.SIGINT), lock=lock)
+    return SweepEnd(lock=lock)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a CI cancel, a scheduler's preemption, a closed terminal): handled
+    as Ctrl-C is, the running run's group killed and the finished records kept."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """While the sweep runs, SIGTERM and SIGHUP raise Stopped like Ctrl-C's KeyboardInterrupt."""
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def acquire_folder(out: Path) -> IO[str]:
+    try:
+        return sweep_lock.acquire(out)
+    except sweep_lock.FolderBusy as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
+    if out:
+        return Path(out)
+    base = REPO_ROOT / "results"
+    if resume:
+        earlier = sorted(p for p in base.glob(f"{cfg.name}-*") if (p / "runs").is_dir())
+        if not earlier:
+            raise ConfigError(f"--resume: no earlier results for sweep {cfg.name!r} in {base}; "
+                              "allowed: an existing folder via --out, or run without --resume")
+        return earlier[-1]
+    return base / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def interpreters(runs: list[RunSpec], variant: str, quiet: bool) -> dict[str, Any]:
+    """Each family's interpreter, provisioning missing environments; EnvError if it failed."""
+    found: dict[str, Any] = {"harness": Path(sys.executable)}  # the naive PIL loop's
+    for fam in sorted({r.family for r in runs if not r.python} - {"harness"}):
+        try:
+            found[fam] = ensure_env(fam, variant, quiet=quiet).python
+        except (EnvError, OSError) as exc:  # OSError: the cache folder cannot be made
+            found[fam] = exc
+    return found
+
+
+def cannot_write(out: Path, exc: OSError) -> int:
+    """A full disk or a folder gone: one line, exit 1; what was written stays whole."""
+    print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
+          f"finished records are kept; free space, then --resume --out {out}", file=sys.stderr)
+    return 1
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text through a temporary file and a rename: never half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],
+                  out: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The measured matmul peak (bench/run/peak.py, cached) of each interpreter and precision the
+    benchmark runs use (written to peaks.json); each key maps to the machine's best peak on
+    that device type and precision, with the interpreter's own under "own"."""
+    peaks: dict[tuple[str, str], dict[str, Any]] = {}
+    for spec in runs:
+        python = python_for(spec, pythons)
+        key = (str(python), spec.precision)
+        if spec.mode != "benchmark" or key in peaks or spec.family not in FAMILY_FRAMEWORK \
+                or python is None or isinstance(python, Exception):
+            continue
+        print(f"peak: {spec.family} {spec.device} {spec.precision} matmul probe ...", end=" ",
+              flush=True)
+        peak = measure_peak(spec.family, python, spec.device, spec.precision, env)
+        peaks[key] = peak
+        print(f"{peak['peak_flops'] / 1e9:.1f} GFLOP/s" + (" (cached)" if peak["cached"] else "")
+              if peak["status"] == "ok" else f"{peak['status']}: {peak.get('reason')}",
+              flush=True)
+    if peaks:
+        write_json_atomic(out / "peaks.json", [{"python": k[0], **v} for k, v in peaks.items()])
+    for key, own in peaks.items():
+        best = machine_peak(own.get("device_type", ""), key[1], extra=tuple(peaks.values()))
+        peaks[key] = {**(best or own), "own": own}
+    return peaks
+
+
+def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
+                  pythons: dict[str, Any], out: Path, env: dict[str, Any],
+                  peaks: dict[tuple[str, str], dict[str, Any]],
+                  show: SweepProgress | None = None, counted: bool = True) -> dict[str, Any]:
+    """Run (or record as blocked) one spec, with its progress (a line when it starts and ends,
+    or the live display; the sweep's elapsed time and estimate of what is left for a counted
+    run, one of the sweep's planned runs)."""
+    label = (f"{tag} pipeline {spec.runner} {spec.model} "
+             f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
+             if spec.mode == "pipeline" and spec.dataset else
+             f"{tag} allreduce {spec.runner} {spec.model} n={spec.num_devices}"
+             if spec.mode == "allreduce" else
+             f"{tag} {spec.runner} {spec.model} n={spec.num_devices}"
+             f"{f' on {spec.num_nodes} nodes' if spec.num_nodes > 1 else ''} "
+             f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
+    show = show or SweepProgress([True], live=False)
+    show.started(label)
+    t0 = time.monotonic()
+    if spec.run_id in blocked:
+        rec = record_without_run(spec, out, env, *blocked[spec.run_id])
+    else:
+        rec = run_one(spec, pythons, out, env, peaks)
+    took = time.monotonic() - t0
+    show.finished(label, f"{rec['status']} ({took:.1f}s) {outcome_detail(rec)}", took, counted)
+    return rec
+
+
+def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
+                        blocked: dict[str, tuple[str, str]], pythons: dict[str, Any], out: Path,
+                        env: dict[str, Any], peaks: dict[tuple[str, str], dict[str, Any]],
+                        show: SweepProgress | None = None) -> None:
+    """Extra repeats, one per unsettled configuration per round (so slow drift spreads over
+    all of them), until each one's CV of images/sec is at most target_cv or it has
+    max_repeats runs. A configuration with fewer than two ok runs is left alone."""
+    first: dict[str, RunSpec] = {}
+    for spec in runs:
+        if spec.mode != "allreduce":  # the probes measure no images/sec: they run `repeats`
+            first.setdefault(config_id(spec.run_id), spec)
+    while True:
+        records = load_records(out)
+        by_config: dict[str, list[dict[str, Any]]] = {}
+        for rec in records:
+            by_config.setdefault(config_id(rec["run_id"]), []).append(rec)
+        todo = []
+        for cid, spec in first.items():
+            recs = by_config.get(cid, [])
+            ok = [r["images_per_sec"] for r in recs if r["status"] == "ok"]
+            cv = coefficient_of_variation(ok)
+            if spec.run_id in blocked or cv is None or cv <= rule["target_cv"] \
+                    or len(recs) >= rule["max_repeats"]:
+                continue
+            todo.append((another_repeat(spec, max(r["repeat"] for r in recs) + 1), cv))
+        if not todo:
+            return
+        for spec, cv in todo:
+            run_and_print(spec, f"[until_stable: cv {cv:.1%} > {rule['target_cv']:.1%}, "
+                                f"repeat {spec.repeat + 1}/{rule['max_repeats']}]",
+                          blocked, pythons, out, env, peaks, show, counted=False)
+
+
+def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
+    """(status, reason) for a run that cannot be launched here (visible_gpus: the GPUs NVML
+    sees, None when the runs go to a cluster's nodes); None if it can."""
+    info = {"pipeline": PIPELINES, "allreduce": PROBES}.get(spec.mode, RUNNERS)[spec.runner]
+    if info.unavailable:
+        return "unavailable", info.unavailable
+    if spec.num_nodes > 1 and info.multi_node is None:
+        return "invalid", (f"{spec.runner} is single-machine by design (its replicas live in "
+                           "one process on one host's devices); it cannot span "
+                           f"{spec.num_nodes} nodes")
+    if spec.num_nodes > 1 and info.multi_node_unavailable:
+        return "unavailable", (f"{spec.runner} across nodes ({info.multi_node}): "
+                               f"{info.multi_node_unavailable}")
+    if spec.precision not in info.precisions:
+        return "invalid", (f"{spec.runner} supports precision {', '.join(info.precisions)}, "
+                           f"not {spec.precision}")
+    if spec.precision == "tf32" and spec.device != "gpu":
+        return "invalid", ("precision tf32 is NVIDIA GPU tensor-core math (Ampere and newer); "
+                           "on CPU float32 is always IEEE: use fp32")
+    if spec.device == "gpu" and visible_gpus is not None and spec.num_devices > visible_gpus:
+        return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
+    return None
+
+
+def run_one(spec: RunSpec, pythons: dict[str, Any], out: Path, env: dict[str, Any],
+            peaks: dict[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Launch one run in its family's interpreter, or record why there is none."""
+    python = python_for(spec, pythons)
+    if isinstance(python, Exception) or python is None:
+        return record_without_run(spec, out, env, "unavailable",
+                                  f"{spec.family} environment: {python}")
+    return launch(spec, python, out, env, (peaks or {}).get((str(python), spec.precision)))

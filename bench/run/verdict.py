@@ -1,0 +1,195 @@
+"""A finished child's verdict: its status and one-line reason from its exit, its result file
+and its log (classify), and the checks an 'ok' result must pass (the placement the framework
+reported, the samples counted, a finite loss, a non-empty timed window, an all-reduce probe's
+rows). Shared by the local launcher and the SLURM job's record (bench/run/launch.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from bench.plan.runs import RunSpec
+from bench.records import columns
+from bench.records.placement_check import check_placement
+from runners.allreduce import bus_factor, gradient_bytes, probe_sizes
+
+OOM_PATTERNS = re.compile(
+    r"ResourceExhaustedError|OOM when allocating|out of memory|MemoryError|"
+    r"CUDA_ERROR_OUT_OF_MEMORY|std::bad_alloc",
+    re.IGNORECASE,
+)
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*", re.MULTILINE)
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '[\w.]+'")
+# What a rank other than 0 says when it fails (runners/common.main); rank 0 writes the result.
+RANK_FAILURE = re.compile(r"^\[runner rank (\d+)\] status=(\w+) reason=(.*)$", re.MULTILINE)
+CHILD_FIELDS = columns.keys("child")  # the child's result fields copied to the top level
+
+
+
+def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, Any],
+             spec: RunSpec) -> tuple[str, str | None]:
+    """Decide a finished child's status and one-line reason; copy its result into rec."""
+    result: dict[str, Any] | None = None
+    if result_path.exists():
+        try:
+            result = json.loads(result_path.read_text())
+            if not isinstance(result, dict):
+                raise ValueError(f"top level is {type(result).__name__}, not an object")
+        except (ValueError, OSError) as exc:
+            return "failed", f"child wrote an unreadable result ({_first_line(str(exc))})"
+    log_tail = _tail(log_path)
+    if result is None:
+        if returncode == 0:
+            return "failed", "child exited 0 without writing a result"
+        if returncode == -signal.SIGKILL:
+            return "oom", "killed by SIGKILL (most likely the kernel's out-of-memory killer)"
+        if OOM_PATTERNS.search(log_tail):
+            return "oom", _reason_from_log(log_tail, OOM_PATTERNS)
+        missing = MISSING_MODULE.search(log_tail)
+        if missing:
+            return "unavailable", f"{missing.group(0)} in the interpreter {rec['python']}"
+        rank = RANK_FAILURE.search(log_tail)
+        if rank and rank.group(2) != "ok":
+            return "failed", _first_line(f"rank {rank.group(1)}: {rank.group(3)}")
+        return "failed", f"exit {returncode}: {_reason_from_log(log_tail, ERROR_LINE)}"
+    for key in CHILD_FIELDS:
+        rec[key] = result.get(key)
+    rec["result"] = {k: v for k, v in result.items() if k not in CHILD_FIELDS}
+    rec["placement"] = result.get("placement")
+    rec["environment"]["framework"] = result.get("framework")
+    rec["environment"]["devices"] = result.get("devices")
+    status = result.get("status", "ok")
+    if status != "ok":
+        reason = result.get("reason") or _reason_from_log(log_tail, ERROR_LINE)
+        return status, _first_line(reason)
+    if returncode != 0:
+        return "failed", f"exit {returncode} after reporting success: " \
+                         f"{_reason_from_log(log_tail, ERROR_LINE)}"
+    problems = validate_result(result, spec, rec)
+    return ("invalid", "; ".join(problems)) if problems else ("ok", None)
+
+
+def validate_placement(result: dict[str, Any], num_devices: int,
+                       rec: dict[str, Any] | None = None) -> list[str]:
+    """What is wrong with a training result's `placement` (bench/records/placement_check.py): N
+    distinct devices, as the framework names them, normalised; and each device's share of
+    the work where the runner reports what it expects. The check's view goes into `rec`."""
+    shown, problems = check_placement(result, num_devices)
+    if rec is not None and shown:
+        rec["placement_check"] = shown
+    return problems
+
+
+def validate_result(result: dict[str, Any], spec: RunSpec,
+                    rec: dict[str, Any] | None = None) -> list[str]:
+    """What is wrong with an 'ok' benchmark, equivalence, pipeline or all-reduce result (empty
+    when nothing is); the placement check's view goes into `rec` when given."""
+    if spec.mode == "equivalence":
+        return validate_placement(result, spec.num_devices, rec)
+    if spec.mode == "allreduce":
+        return validate_allreduce(result, spec)
+    if spec.mode not in ("benchmark", "pipeline"):
+        return []
+    problems = (validate_placement(result, spec.num_devices, rec)
+                if spec.mode == "benchmark" else [])
+    expected = spec.measure_steps * spec.global_batch_size
+    if result.get("samples") != expected:
+        problems.append(f"samples {result.get('samples')!r} != measure_steps x global batch "
+                        f"= {expected}")
+    for key in ("first_loss", "last_loss") if spec.mode == "benchmark" else ():
+        v = result.get(key)
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            problems.append(f"{key} is {v!r}, not a finite number")
+    ips = result.get("images_per_sec")
+    if not isinstance(ips, (int, float)) or not math.isfinite(ips) or ips <= 0:
+        problems.append(f"images_per_sec is {ips!r}")
+    start, end = result.get("window_start"), result.get("window_end")
+    if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start):
+        problems.append(f"timed window [{start!r}, {end!r}] is empty or missing")
+    return problems
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0
+
+
+def validate_allreduce(result: dict[str, Any], spec: RunSpec) -> list[str]:
+    """What is wrong with an ok all-reduce probe result (runners/allreduce.py says what it
+    holds): a row for every size of the model's probe_sizes, each checked correct, with a
+    positive time and nccl-tests' algbw and busbw for the run's device count; the figure at
+    the gradient size; and the framework's own word that the collective spanned
+    spec.num_devices replicas on as many distinct devices. Images/sec and MFU do not apply."""
+    probe = result.get("allreduce")
+    if not isinstance(probe, dict):
+        return [f"no allreduce section in the result ({type(probe).__name__})"]
+    n, problems = spec.num_devices, []
+    evidence = probe.get("evidence")
+    if not isinstance(evidence, dict):
+        return [f"no evidence read back from the framework (evidence={evidence!r})"]
+    replicas = evidence.get("replicas")
+    if isinstance(replicas, bool) or replicas != n:
+        problems.append(f"the framework says the all-reduce spanned {replicas!r} replicas, "
+                        f"not the run's {n} ({evidence.get('source') or 'no source given'})")
+    devices = evidence.get("devices")
+    if not isinstance(devices, list) or len({str(d) for d in devices}) != n \
+            or len(devices) != n:
+        problems.append(f"evidence devices {devices!r} are not {n} distinct devices")
+    rows = probe.get("sizes")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return [*problems, f"no measured sizes (sizes={rows!r})"]
+    want = probe_sizes(spec.model)
+    got = [r.get("bytes") for r in rows]
+    if got != want:
+        problems.append(f"sizes {got} are not the probe's sizes for {spec.model}: {want}")
+    for row in rows:
+        size = row.get("bytes")
+        if row.get("correct") is not True:
+            problems.append(f"the all-reduce of {size!r} bytes gave a wrong sum "
+                            f"(correct={row.get('correct')!r})")
+        t, alg, bus = row.get("time_s"), row.get("algbw_gbps"), row.get("busbw_gbps")
+        if not all(_positive(v) for v in (t, alg, bus)) or not _positive(size):
+            problems.append(f"size {size!r}: time {t!r} s, algbw {alg!r}, busbw {bus!r} GB/s "
+                            "are not all positive finite numbers")
+            continue
+        want_alg = size / t / 1e9
+        if not (math.isclose(alg, want_alg, rel_tol=1e-6)
+                and math.isclose(bus, want_alg * bus_factor(n), rel_tol=1e-6)):
+            problems.append(f"size {size}: algbw {alg:.6g} and busbw {bus:.6g} GB/s are not "
+                            f"nccl-tests' for {size} bytes in {t:.6g} s over {n} devices "
+                            f"({want_alg:.6g}, {want_alg * bus_factor(n):.6g})")
+    top = next((r for r in rows if r.get("bytes") == gradient_bytes(spec.model)), None)
+    if top is None or not _positive(probe.get("busbw_gbps")) \
+            or probe.get("busbw_gbps") != top.get("busbw_gbps"):
+        problems.append(f"busbw_gbps {probe.get('busbw_gbps')!r} is not the row at the "
+                        f"gradient size ({gradient_bytes(spec.model)} bytes)")
+    return problems
+
+
+def _tail(path: Path, size: int = 16384) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _reason_from_log(text: str, pattern: re.Pattern[str]) -> str:
+    """The last line of the log that matches pattern, else its last non-empty line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if pattern.search(line):
+            return _first_line(line)
+    return _first_line(lines[-1]) if lines else "no output"
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
