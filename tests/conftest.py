@@ -47,6 +47,12 @@ def jax_python() -> str:
     return _family_python("jax")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/ (tests/test_golden_plans.py) instead of "
+                          "comparing the plans with it")
+
+
 SLURM_TOOL = REPO / "tools" / "local_slurm.sh"
 STATE_DIR = Path(os.environ.get("MGBENCH_SLURM_DIR", "/tmp/mgbench-slurm"))
 
