@@ -33,7 +33,6 @@ import pytest
 import yaml
 
 from bench import REPO_ROOT
-from bench.cli import precheck
 from bench.plan.config import ConfigError, load_config
 from bench.plan.runs import RunSpec, expand
 from bench.records.store import runs_dir
@@ -41,6 +40,7 @@ from bench.run.envs import python_for
 from bench.run.launch import NodePlace, child_command, child_env
 from bench.run.slurm import batch_script, sbatch_command
 from bench.run.slurm_job import job_dir, master_port
+from bench.run.sweep import precheck
 from runners import threads
 from runners.common import Spec
 
@@ -58,7 +58,7 @@ FIELDS = [f.name for f in dataclasses.fields(Spec) if f.name != "run_id"]
 
 
 def fake_python(family: str) -> str:
-    """The interpreter a sweep would give the family (bench.cli.interpreters builds it)."""
+    """The interpreter a sweep would give the family (bench.run.sweep.interpreters builds it)."""
     return f"/envs/{family}/bin/python"
 
 
@@ -82,7 +82,7 @@ def env_lines(env: dict[str, str], inherited: dict[str, str]) -> list[str]:
 
 
 def verdict(spec: RunSpec) -> str:
-    """bench.cli.precheck's word on a run (the GPU count left out: the host's)."""
+    """bench.run.sweep.precheck's word on a run (the GPU count left out: the host's)."""
     found = precheck(spec, None)
     return "launched" if found is None else f"{found[0]}: {found[1]}"
 
@@ -116,7 +116,7 @@ def plan_lines(runs: list[RunSpec]) -> list[str]:
         if (word := verdict(run)) != "launched":
             refused.setdefault(word, []).append(run.run_id)
     if refused:
-        lines.append("-- recorded without a launch, by bench.cli.precheck's reason (the GPU "
+        lines.append("-- recorded without a launch, by bench.run.sweep.precheck's reason (the GPU "
                      "count is the host's, not checked here)")
         for reason, ids in refused.items():
             lines += [f"{INDENT}{reason}", *(INDENT * 2 + run_id for run_id in ids)]
