@@ -135,6 +135,9 @@ def test_scancel_cancels_a_running_job(local_slurm):
     assert_state(fields, "CANCELLED")
 
 
+# slow: it waits out the job's minute (and SLURM's up to 30 s to notice), which the fast set
+# has nothing else to overlap with
+@pytest.mark.slow
 def test_time_limit_gives_timeout(local_slurm, time_limited_job):
     job_id, submitted = time_limited_job
     fields = wait_final(local_slurm, job_id, timeout=150 - (time.monotonic() - submitted))
@@ -142,6 +145,7 @@ def test_time_limit_gives_timeout(local_slurm, time_limited_job):
     assert (fields["Reason"], fields["TimeLimit"]) == ("TimeLimit", "00:01:00")
 
 
+@pytest.mark.slow
 def test_the_harness_records_a_job_slurm_timed_out(local_slurm, time_limited_job, tmp_path,
                                                     monkeypatch):
     """bench.run.slurm.collect on a job SLURM killed at its time limit before the run wrote a
