@@ -20,13 +20,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from runners import math_mode
+from runners import math_mode, settings
 from runners.threads import observed as observed_threads
 
 OOM_NAMES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
@@ -40,39 +40,8 @@ class Invalid(RuntimeError):
     """The run happened but its numbers cannot be trusted; the message says why."""
 
 
-@dataclass(frozen=True)
-class Spec:
-    """Everything one run needs, as the parent resolved it; the child reads it from JSON."""
-
-    run_id: str
-    sweep_id: str
-    runner: str
-    family: str
-    module: str
-    model: str
-    num_devices: int
-    device: str
-    virtual_devices: bool
-    scaling: str
-    batch_size_per_device: int
-    global_batch_size: int
-    data: str
-    precision: str
-    warmup_steps: int
-    measure_steps: int
-    repeat: int
-    timeout_s: float
-    options: dict[str, Any] = field(default_factory=dict)  # the runner's own, defaults filled
-    python: str | None = None  # the user's interpreter, if they named one
-    mode: str = "benchmark"  # or "pipeline" (input pipeline alone), "equivalence", "allreduce"
-    launcher: str = "python"  # see bench.catalog.registry.RunnerInfo.launcher
-    # the prepared dataset of a data: real or pipeline run: path, augmentation, workers (one)
-    dataset: dict[str, Any] | None = None
-    equivalence: dict[str, Any] | None = None
-    # the parent's sampler settings (config key telemetry); None: sampler off
-    telemetry: dict[str, Any] | None = None
-    # nodes the run spans (config key nodes); num_devices counts the devices of all of them
-    num_nodes: int = 1
+class _SpecMethods:
+    """What a Spec does (its fields: runners/settings.py)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +80,14 @@ class Spec:
         if unknown:
             raise TypeError(f"spec has keys the runner contract does not know: {unknown}")
         return Spec(**data)
+
+
+# A frozen dataclass whose fields are the spec settings of runners/settings.py (their names,
+# types and defaults, in the spec JSON's order); bench.plan.runs.RunSpec subclasses it.
+Spec = make_dataclass(
+    "Spec", [s.dataclass_field() for s in settings.spec_settings()], bases=(_SpecMethods,),
+    frozen=True, namespace={"__module__": __name__, "__doc__": "Everything one run needs, as "
+                            "the parent resolved it; the child reads it from JSON."})
 
 
 def spec_for(**fields: Any) -> Spec:

@@ -1,12 +1,14 @@
 """Sweep configuration: YAML in, a validated SweepConfig out, or a one-line ConfigError.
 
-The file's format is declared once, as pydantic models (`sweep_model()`: built from the
-registry and models/, so every runner's options are declared too); `run_bench.py schema`
-prints it as JSON Schema. Pydantic's own errors never reach the user: `_translate` turns the
-first one into a one-line ConfigError naming the key, the value and what is allowed (the words
-each field declares in its `Says`, and the closest allowed value). Rules that span keys (the
-batch key and scaling, what a mode needs, until_stable and repeats, the dataset's classes) are
-plain code in `_resolve`.
+The file's keys are declared once, in runners/settings.py (name, type, default, bounds or
+allowed values, description); `sweep_model()` builds the pydantic model from them, with the
+registry and models/ (so every runner's options are declared too) and, for the keys whose
+validation is their own (`_own_types`), their types here; `run_bench.py schema` prints it as
+JSON Schema, and SweepConfig, the resolved config, has a field per key. Pydantic's own errors
+never reach the user: `_translate` turns the first one into a one-line ConfigError naming the
+key, the value and what is allowed (the words each field declares in its `Says`, and the
+closest allowed value). Rules that span keys (the batch key and scaling, what a mode needs,
+until_stable and repeats, the dataset's classes) are plain code in `_resolve`.
 
 Parent side only: runners and framework environments never import this module (pydantic).
 """
@@ -19,7 +21,7 @@ import re
 import sys
 import typing
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, make_dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,83 +43,52 @@ from pydantic_core import PydanticCustomError
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, Option, runner_options
 from bench.errors import ConfigError  # noqa: F401 (raised here, imported from here)
 from models import available_models, get_spec
+from runners import settings
+from runners.settings import DEVICES, MAX_REPEATS, REQUIRED, SCALING, Setting
 
-SCALING = ("weak", "strong")
-DATA = ("synthetic", "real")
+PRECISIONS = settings.PRECISIONS
 AUGMENTATIONS = ("none", "crop-flip")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-DEVICES = ("cpu", "gpu")
-MODES = ("benchmark", "pipeline", "allreduce")
-
 # the top-level keys, in the order of the model's fields (the schema's properties)
-KEYS = (
-    "name", "description", "runners", "models", "devices", "batch_size_per_device",
-    "global_batch_size", "scaling", "data", "precision", "device", "warmup_steps",
-    "measure_steps", "repeats", "timeout_s", "runner_options", "dataset", "mode", "pipelines",
-    "pipeline_steps", "probes", "until_stable", "telemetry", "nodes", "cluster",
-)
+KEYS = tuple(s.key_name for s in settings.config_settings())
 INT_MAX = 2**63 - 1  # integers beyond are no count of anything (and may not even print)
-# repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
-MAX_REPEATS = 1000
-TELEMETRY_DEFAULTS: dict[str, Any] = {"enabled": True, "interval_s": 0.25,
-                                      "starved_below_pct": 50.0}
 BACKENDS = ("local", "slurm")
-CLUSTER_DEFAULTS: dict[str, Any] = {
-    "backend": "local", "partition": None, "account": None, "gpus_per_node": None,
-    "exclusive": True, "sbatch_args": [], "max_jobs": 8, "poll_s": 5.0}
+# both batch keys resolve to one SweepConfig field, batch_sizes (scaling says which it holds)
+BATCH_KEYS = ("batch_size_per_device", "global_batch_size")
+# SweepConfig's fields (config.yaml's keys) in the order they had before runners/settings.py
+# declared them; a key not named here follows them, in declaration order
+_SWEEP_ORDER = (
+    "name", "runners", "models", "devices", "scaling", "batch_sizes", "data", "precision",
+    "device", "warmup_steps", "measure_steps", "repeats", "timeout_s", "runner_options",
+    "description", "dataset", "mode", "pipelines", "pipeline_steps", "probes", "until_stable",
+    "telemetry", "nodes", "cluster",
+)
 
 
-@dataclass
-class SweepConfig:
-    """A validated sweep: the matrix and the settings shared by every run."""
+def _to_dict(self: Any) -> dict[str, Any]:
+    """The resolved config in the user's key names (it loads back unchanged)."""
+    d = asdict(self)
+    batch_key = "batch_size_per_device" if self.scaling == "weak" else "global_batch_size"
+    batch_sizes = d.pop("batch_sizes")
+    if batch_sizes:  # an all-reduce-only sweep has no batch
+        d[batch_key] = batch_sizes
+    return d
 
-    name: str
-    runners: list[str]
-    models: list[str]
-    devices: list[int]
-    scaling: str
-    batch_sizes: list[int]  # per device (weak) or global (strong)
-    data: list[str]
-    precision: list[str]
-    device: str
-    warmup_steps: int
-    measure_steps: int
-    repeats: int
-    timeout_s: float
-    runner_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    description: str = ""
-    # Real data: the folder prepare-data wrote, the augmentation level, the loader worker
-    # counts (a list: an axis of real-data and pipeline runs).
-    dataset: dict[str, Any] | None = None
-    # "benchmark" trains the runners' models; "pipeline" times the input pipelines alone;
-    # "allreduce" times each family's own all-reduce alone (the communication probe).
-    mode: list[str] = field(default_factory=lambda: ["benchmark"])
-    pipelines: list[str] = field(default_factory=list)
-    # timed batches of a pipeline run: many, so buffers that fill during warm-up (MXNet runs
-    # up to 16 batches ahead) are a small share of the window
-    pipeline_steps: int = 200
-    # mode allreduce: the probes (runners/*/catalog.py PROBES) timed at every device count of
-    # 2 or more, over buffers from 1 MiB to each model's gradient size; warmup_steps and
-    # measure_steps are their untimed and timed iterations per size
-    probes: list[str] = field(default_factory=list)
-    # Repeat a configuration beyond `repeats` until the CV of its images/sec is at most
-    # target_cv, or it has max_repeats runs; None: exactly `repeats`.
-    until_stable: dict[str, Any] | None = None
-    # The parent's sampler (GPU through NVML, host through psutil) while each run goes.
-    telemetry: dict[str, Any] = field(default_factory=lambda: dict(TELEMETRY_DEFAULTS))
-    # Nodes per run (an axis); `devices` then counts the devices of each node.
-    nodes: list[int] = field(default_factory=lambda: [1])
-    # Where runs execute: this machine (backend local) or one SLURM job each (slurm).
-    cluster: dict[str, Any] = field(default_factory=lambda: dict(CLUSTER_DEFAULTS))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved config in the user's key names (it loads back unchanged)."""
-        d = asdict(self)
-        batch_key = "batch_size_per_device" if self.scaling == "weak" else "global_batch_size"
-        batch_sizes = d.pop("batch_sizes")
-        if batch_sizes:  # an all-reduce-only sweep has no batch
-            d[batch_key] = batch_sizes
-        return d
+def _sweep_fields() -> list[tuple[str, Any]]:
+    """SweepConfig's fields: one per key of the sweep file (an axis: a list), the batch keys
+    as batch_sizes."""
+    types: dict[str, Any] = {s.key_name: list[s.type] if s.key.axis else s.type
+                             for s in settings.config_settings() if s.key_name not in BATCH_KEYS}
+    types["batch_sizes"] = list[int]  # per device (weak) or global (strong)
+    return [(name, types[name]) for name in settings.in_order(list(types), _SWEEP_ORDER)]
+
+
+# A validated sweep: the matrix and the settings shared by every run, one field per key of
+# runners/settings.py's SETTINGS (what each holds: its Setting's help), resolved by _resolve.
+SweepConfig = make_dataclass(
+    "SweepConfig", _sweep_fields(),
+    namespace={"__module__": __name__, "to_dict": _to_dict, "__doc__": "A validated sweep: "
+               "the matrix and the settings shared by every run."})
 
 
 # --- messages -------------------------------------------------------------------------------
@@ -196,6 +167,13 @@ def _count(minimum: int, maximum: int = INT_MAX) -> Any:
     return Annotated[int, Field(ge=minimum, le=maximum), Says(
         f"an integer >= {minimum}",
         by_error=(("less_than_equal", f"an integer from {minimum} to {most}"),))]
+
+
+def _number(minimum: float, maximum: float | None) -> Any:
+    """A finite number in [minimum, maximum], with its words."""
+    words = f"a number >= {minimum}" if maximum is None else \
+        f"a number from {minimum} to {maximum}"
+    return Annotated[float, Field(ge=minimum, le=maximum, allow_inf_nan=False), Says(words)]
 
 
 def _as_list(empty_ok: bool) -> Any:
@@ -384,60 +362,12 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
 
         model_config = ConfigDict(title="mgbench sweep config")
 
-        name: Annotated[str | None, Field(min_length=1, pattern=r"^[^/\\ ]+$", description=(
-            "the sweep's name (default: the file's stem)")), Says(
-            "a non-empty string of printable characters without spaces or slashes")] = None
-        description: Annotated[str, Says("a string")] = ""
-        runners: Annotated[_axis(_one_of(runner_names), empty_ok=True) | None, Field(
-            description="required with mode benchmark")] = None
-        models: _axis(_one_of(model_names))
-        devices: Annotated[_axis(_count(1)), Field(
-            description="device counts; required with mode benchmark")] = [1]
-        batch_size_per_device: Annotated[_axis(_count(1)) | None, Field(
-            description="weak scaling: global batch = this x devices")] = None
-        global_batch_size: Annotated[_axis(_count(1)) | None, Field(
-            description="strong scaling: a fixed global batch, divided by every device count")
-        ] = None
-        scaling: Annotated[Literal[SCALING] | None, Says(
-            "one of weak, strong (one value for the whole sweep)", choices=SCALING)] = None
-        data: _axis(_one_of(DATA)) = ["synthetic"]
-        precision: _axis(_one_of(PRECISIONS)) = ["fp32"]
-        device: Annotated[Literal[DEVICES], Says("cpu, gpu (one value for the whole sweep)")
-                          ] = "cpu"
-        warmup_steps: _count(0) = 5
-        measure_steps: _count(1) = 20
-        repeats: _count(1, MAX_REPEATS) = 1
-        timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False),
-                             Says("a number of seconds > 0")] = 600.0
-        runner_options: Annotated[options, Field(default_factory=options),
-                                  Says("a mapping of runner name to its options")]
-        dataset: Annotated[Dataset | None, Says("a mapping of path, augmentation, workers")
-                           ] = None
-        mode: _axis(_one_of(MODES)) = ["benchmark"]
-        pipelines: Annotated[_axis(_one_of(tuple(PIPELINES)), empty_ok=True) | None, Field(
-            description="with mode pipeline; default: all")] = None
-        pipeline_steps: _count(1) = 200
-        probes: Annotated[_axis(_one_of(tuple(PROBES)), empty_ok=True) | None, Field(
-            description="with mode allreduce: the all-reduce probes (`run_bench.py list`); "
-                        "default: all")] = None
-        until_stable: Annotated[UntilStable | None, Says(
-            "a mapping with target_cv (e.g. 0.02) and max_repeats")] = None
-        telemetry: Annotated[Telemetry, BeforeValidator(
-            _telemetry_shorthand, json_schema_input_type=Telemetry | bool | None), Says(
-            "a mapping of enabled, interval_s, starved_below_pct, or false")] = Telemetry()
-        nodes: Annotated[_axis(_count(1)), Field(
-            description="nodes per run (an axis); devices then counts devices per node; "
-                        "more than one node needs cluster.backend: slurm")] = [1]
-        cluster: Annotated[Cluster, Says(
-            "a mapping of backend, partition, account, gpus_per_node, exclusive, sbatch_args, "
-            "max_jobs, poll_s")] = Cluster()
-
         @classmethod
         def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
             return ConfigError(f"unknown key {_show(key)}{_hint(key, KEYS)}; allowed keys: "
                                f"{', '.join(KEYS)}")
 
-        @field_validator("runner_options", mode="before")
+        @field_validator("runner_options", mode="before", check_fields=False)
         @classmethod
         def _sweeps_runners(cls, raw: Any, info: ValidationInfo) -> Any:
             """Every key of runner_options names a runner of this sweep: a typo or a runner
@@ -470,7 +400,80 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
             given = getattr(self.runner_options, f"runner_{runner_names.index(runner)}")
             return (given or per_runner[runner]()).model_dump(by_alias=True)
 
-    return Sweep
+    # the keys' values the parent knows (the registry's, models/): what the declaration
+    # leaves open
+    choices = {"runners": runner_names, "models": model_names, "pipelines": tuple(PIPELINES),
+               "probes": tuple(PROBES)}
+    own = _own_types(options)
+    keys = {s.key_name: _key(s, own.get(s.key_name), choices.get(s.key_name, ()))
+            for s in settings.config_settings()}
+    stale = sorted((set(own) | set(choices)) - set(keys))
+    if stale:  # a key the declaration no longer has
+        raise ValueError(f"bench/plan/config.py types keys runners/settings.py lacks: {stale}")
+    return create_model("Sweep", __base__=Sweep, __doc__=Sweep.__doc__, **keys)
+
+
+def _own_types(options: type[BaseModel]) -> dict[str, Any]:
+    """The keys whose validation is their own (words of their own, a nested mapping): their
+    type, by key; the declaration (runners/settings.py) gives their default and description."""
+    return {
+        "name": Annotated[str | None, Field(min_length=1, pattern=r"^[^/\\ ]+$"), Says(
+            "a non-empty string of printable characters without spaces or slashes")],
+        "scaling": Annotated[Literal[SCALING] | None, Says(
+            "one of weak, strong (one value for the whole sweep)", choices=SCALING)],
+        "device": Annotated[Literal[DEVICES], Says("cpu, gpu (one value for the whole sweep)")],
+        "timeout_s": Annotated[float, Field(gt=0, allow_inf_nan=False),
+                               Says("a number of seconds > 0")],
+        # a factory: a default naming every runner would fill the schema
+        "runner_options": Annotated[options, Field(default_factory=options),
+                                    Says("a mapping of runner name to its options")],
+        "dataset": Annotated[Dataset | None, Says("a mapping of path, augmentation, workers")],
+        "until_stable": Annotated[UntilStable | None, Says(
+            "a mapping with target_cv (e.g. 0.02) and max_repeats")],
+        "telemetry": Annotated[Telemetry, BeforeValidator(
+            _telemetry_shorthand, json_schema_input_type=Telemetry | bool | None), Says(
+            "a mapping of enabled, interval_s, starved_below_pct, or false")],
+        "cluster": Annotated[Cluster, Says(
+            "a mapping of backend, partition, account, gpus_per_node, exclusive, sbatch_args, "
+            "max_jobs, poll_s")],
+    }
+
+
+def _declared(s: Setting, choices: tuple[str, ...]) -> Any:
+    """The type of a key from its declaration: a count, a number, true or false, one of its
+    choices or a string; an axis takes a list of them; a default of None admits null."""
+    key = s.key
+    assert key is not None
+    choices = choices or key.choices
+    if s.type is bool:
+        kind: Any = Annotated[bool, Says("true or false")]
+    elif s.type is int and key.minimum is not None:
+        kind = _count(int(key.minimum), INT_MAX if key.maximum is None else int(key.maximum))
+    elif s.type is float and key.minimum is not None:
+        kind = _number(key.minimum, key.maximum)
+    elif s.type is str:
+        kind = _one_of(choices) if choices else Annotated[str, Says("a string")]
+    else:
+        raise TypeError(f"{s.key_name}: no type of {s.type!r} (an int or float needs a minimum)"
+                        "; declare one, or type the key in bench/plan/config.py _own_types")
+    if key.axis:
+        kind = _axis(kind, empty_ok=key.empty_ok)
+    return kind | None if s.key_default is None else kind
+
+
+def _key(s: Setting, own: Any, choices: tuple[str, ...]) -> tuple[Any, FieldInfo]:
+    """The pydantic field of a key: its type (its own, else the declaration's), its default
+    and its description (the declaration's)."""
+    kind = own if own is not None else _declared(s, choices)
+    assert s.key is not None
+    words = {"description": s.key.help} if s.key.help else {}
+    default = s.key_default
+    if default is REQUIRED or FieldInfo.from_annotation(kind).default_factory is not None:
+        return kind, Field(**words)
+    if isinstance(default, dict):  # a mapping's default ({}: every default of its section)
+        [section] = _models_in(kind)
+        default = section.model_validate(default)
+    return kind, Field(default, **words)
 
 
 def json_schema() -> dict[str, Any]:
@@ -633,21 +636,18 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
                     f"an integer >= {s.repeats}")
     # a pipeline-only sweep needs no runners (but checks those of the file it came from)
     runners = s.runners or []
-    return SweepConfig(
-        name=name, description=s.description, runners=runners, models=s.models,
-        devices=s.devices, scaling=scaling, batch_sizes=batch_sizes, data=s.data,
-        precision=s.precision, device=s.device, warmup_steps=s.warmup_steps,
-        measure_steps=s.measure_steps, repeats=s.repeats, timeout_s=s.timeout_s,
-        runner_options={r: s.options_of(r) for r in runners}, dataset=dataset, mode=s.mode,
+    # every key as the file gave it (a mapping as a dict), but those resolved here
+    given = {key: getattr(s, key) for key in KEYS if key not in BATCH_KEYS}
+    return SweepConfig(**{
+        **{k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in given.items()},
+        "name": name, "runners": runners, "scaling": scaling, "batch_sizes": batch_sizes,
+        "runner_options": {r: s.options_of(r) for r in runners}, "dataset": dataset,
         # every pipeline unless named (named ones are checked even when mode leaves them out,
         # so a typo never waits for the day they run)
-        pipelines=s.pipelines or (list(PIPELINES) if pipeline else []),
-        pipeline_steps=s.pipeline_steps,
+        "pipelines": s.pipelines or (list(PIPELINES) if pipeline else []),
         # every probe unless named (named ones are checked whatever the mode, as pipelines)
-        probes=s.probes or (list(PROBES) if allreduce else []),
-        until_stable=s.until_stable.model_dump() if s.until_stable is not None else None,
-        telemetry=s.telemetry.model_dump(), nodes=s.nodes, cluster=s.cluster.model_dump(),
-    )
+        "probes": s.probes or (list(PROBES) if allreduce else []),
+    })
 
 
 def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = frozenset()

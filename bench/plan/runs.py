@@ -15,6 +15,7 @@ from bench.catalog.registry import (
     resolved_options,
 )
 from bench.records import grouping
+from runners import settings
 from runners.common import Spec
 
 if TYPE_CHECKING:
@@ -102,15 +103,15 @@ def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     ):
         info = PIPELINES[name]
         for workers in [0] if name == BASELINE_PIPELINE else cfg.dataset["workers"]:
-            runs.append(RunSpec(
+            runs.append(_run(
+                cfg,
                 run_id=make_run_id(name, model, 1, "weak", batch, f"real-w{workers}", "fp32",
                                    repeat, mode="pipeline"),
                 sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
-                model=model, num_devices=1, device=cfg.device, virtual_devices=False,
-                scaling="weak", batch_size_per_device=batch, global_batch_size=batch, data="real",
-                precision="fp32", warmup_steps=cfg.warmup_steps, measure_steps=cfg.pipeline_steps,
-                repeat=repeat, timeout_s=cfg.timeout_s, mode="pipeline",
-                dataset={**cfg.dataset, "workers": workers}, telemetry=_telemetry(cfg),
+                model=model, num_devices=1, virtual_devices=False, scaling="weak",
+                batch_size_per_device=batch, global_batch_size=batch, data="real",
+                precision="fp32", measure_steps=cfg.pipeline_steps, repeat=repeat,
+                mode="pipeline", dataset={**cfg.dataset, "workers": workers},
             ))
     return runs
 
@@ -125,16 +126,14 @@ def expand_probes(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
         range(cfg.repeats), cfg.probes, cfg.models, [d for d in cfg.devices if d >= 2],
     ):
         info = PROBES[name]
-        runs.append(RunSpec(
+        runs.append(_run(
+            cfg,
             run_id=make_run_id(name, model, n, "weak", 0, "synthetic", "fp32", repeat,
                                mode="allreduce"),
             sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
-            model=model, num_devices=n, device=cfg.device,
-            virtual_devices=cfg.device == "cpu", scaling="weak", batch_size_per_device=0,
-            global_batch_size=0, data="synthetic", precision="fp32",
-            warmup_steps=cfg.warmup_steps, measure_steps=cfg.measure_steps, repeat=repeat,
-            timeout_s=cfg.timeout_s, mode="allreduce", launcher=info.launcher,
-            telemetry=_telemetry(cfg),
+            model=model, num_devices=n, virtual_devices=cfg.device == "cpu", scaling="weak",
+            batch_size_per_device=0, global_batch_size=0, data="synthetic", precision="fp32",
+            repeat=repeat, mode="allreduce", launcher=info.launcher,
         ))
     return runs
 
@@ -144,7 +143,8 @@ def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, lab
                    opts: dict[str, Any], python: str | None,
                    dataset: dict[str, Any] | None, nodes: int = 1) -> RunSpec:
     info = RUNNERS[runner]
-    return RunSpec(
+    return _run(
+        cfg,
         run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat,
                            nodes=nodes),
         sweep_id=sweep_id,
@@ -153,24 +153,25 @@ def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, lab
         module=info.module,
         model=model,
         num_devices=n,
-        device=cfg.device,
         virtual_devices=cfg.device == "cpu",
-        scaling=cfg.scaling,
         batch_size_per_device=per_device,
         global_batch_size=per_device * n,
         data=data,
         precision=precision,
-        warmup_steps=cfg.warmup_steps,
-        measure_steps=cfg.measure_steps,
         repeat=repeat,
-        timeout_s=cfg.timeout_s,
         options=opts,
         python=python,
         launcher=info.launcher,
         dataset=dataset,
-        telemetry=_telemetry(cfg),
         num_nodes=nodes,
     )
+
+
+def _run(cfg: SweepConfig, **fields: Any) -> RunSpec:
+    """A run of the sweep: `fields` over the settings every run takes from the config as it
+    gives them (runners/settings.py: device, scaling, warmup_steps, ...) and its telemetry."""
+    copied = {s.name: getattr(cfg, s.key_name) for s in settings.copied()}
+    return RunSpec(**{**copied, "telemetry": _telemetry(cfg), **fields})
 
 
 def _telemetry(cfg: SweepConfig) -> dict[str, Any] | None:

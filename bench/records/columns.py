@@ -14,6 +14,10 @@ aggregate, and then summary.csv, the terminal table, report.html, the loader and
 results/README.md (`python -m bench.records.columns --markdown`) all have it. Every view reads
 COLUMNS when it renders, never a copy taken at import.
 
+A run setting's column (`_setting`) takes its meaning from runners/settings.py, where the
+setting says whether the record holds it (view `spec`: copied from the run's spec); a setting
+the record holds that no entry lists is added at the end, per run.
+
 The grouping key that makes runs a configuration is bench/records/grouping.py's, not this.
 """
 
@@ -30,6 +34,7 @@ from typing import Any, NamedTuple
 from bench import REPO_ROOT
 from bench.records.grouping import data_label
 from bench.records.placement_check import distinct_devices
+from runners import settings
 
 VIEWS: dict[str, str] = {
     "csv": "summary.csv: one row per configuration and device count",
@@ -130,8 +135,8 @@ AGGREGATES: dict[str, Callable[[list[Any]], Any]] = {
 }
 
 RUN_VIEWS = ("loader", "record")
-SPEC_VIEWS = ("csv", "loader", "record", "spec")  # configuration fields summary.csv has
-CONFIG_VIEWS = (*SUMMARY_VIEWS, "record", "spec")  # ... that the tables show too
+CSV_VIEWS = ("csv", "loader", "record")  # configuration fields summary.csv has
+CONFIG_VIEWS = (*SUMMARY_VIEWS, "record")  # ... that the tables show too
 
 
 def _field(key: str, meaning: str, views: tuple[str, ...] = RUN_VIEWS,
@@ -140,23 +145,25 @@ def _field(key: str, meaning: str, views: tuple[str, ...] = RUN_VIEWS,
     return Column(key, "", format, meaning, views, run)
 
 
+def _setting(key: str, views: tuple[str, ...] = (), header: str = "", format: str = "text",
+             run: Reader | None = None, over_runs: str | None = None) -> Column:
+    """The column of a run setting (runners/settings.py): its meaning is the setting's help,
+    and the record holds it, copied from the run's spec (view spec), when the setting says."""
+    setting = settings.setting(key)
+    views = (*views, "spec") if setting.recorded else views
+    return Column(key, header, format, setting.help, views, run, over_runs)
+
+
 # The columns, in the order of every view (summary.csv's columns, the tables' cells).
 COLUMNS: tuple[Column, ...] = (
     # the configuration
-    Column("runner", "runner", "text", "The runner: a framework and its data-parallel "
-           "strategy (`run_bench.py list`).", CONFIG_VIEWS, over_runs="config"),
-    Column("model", "model", "text", "The model (`models/<name>`).", CONFIG_VIEWS,
-           over_runs="config"),
-    Column("device", "", "text", "The device kind: cpu (N virtual CPU devices) or gpu.",
-           SPEC_VIEWS, over_runs="config"),
-    Column("virtual_devices", "", "bool", "True when the devices are virtual CPU devices of "
-           "one host: the harness and the strategies at work, not GPU scaling.", SPEC_VIEWS,
-           over_runs="config"),
-    Column("num_nodes", "", "int", "The nodes the run spanned (config key nodes; 1 for a run "
-           "on one machine); the tables' devices cell says 2x4 for 2 nodes of 4.", SPEC_VIEWS,
-           run=lambda r: r.get("num_nodes") or 1, over_runs="config"),
-    Column("num_devices", "devices", "devices", "The device count N, over all nodes.",
-           CONFIG_VIEWS, over_runs="config"),
+    _setting("runner", CONFIG_VIEWS, "runner", over_runs="config"),
+    _setting("model", CONFIG_VIEWS, "model", over_runs="config"),
+    _setting("device", CSV_VIEWS, over_runs="config"),
+    _setting("virtual_devices", CSV_VIEWS, format="bool", over_runs="config"),
+    _setting("num_nodes", CSV_VIEWS, format="int", run=lambda r: r.get("num_nodes") or 1,
+             over_runs="config"),
+    _setting("num_devices", CONFIG_VIEWS, "devices", "devices", over_runs="config"),
     Column("slurm_job_id", "", "text", "The SLURM job of each run (backend slurm), joined "
            "with spaces.", ("csv", "loader"), _at("slurm", "job_id"), _joined),
     Column("slurm_nodes", "", "text", "The nodes SLURM gave the run's job (its NodeList).",
@@ -177,16 +184,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("batchnorm", "BN", "text", "BatchNorm statistics per device (per_device) or over "
            "the global batch (global), as the runner reports.",
            run=_at("result", "batchnorm"), over_runs="first"),
-    Column("scaling", "", "text", "weak (the batch per device is fixed) or strong (the global "
-           "batch is fixed).", SPEC_VIEWS, over_runs="config"),
-    Column("batch_size_per_device", "batch", "batch", "The batch on each device in one step.",
-           CONFIG_VIEWS, over_runs="config"),
-    Column("global_batch_size", "", "int", "The batch over all devices in one step.",
-           SPEC_VIEWS, over_runs="config"),
-    Column("precision", "prec", "text", "fp32, tf32, bf16 or fp16 (mixed precision).",
-           CONFIG_VIEWS, over_runs="config"),
-    Column("data", "data", "data_label", "synthetic or real (the tables show the data label, "
-           "which names a real-data run's loader workers).", CONFIG_VIEWS, over_runs="config"),
+    _setting("scaling", CSV_VIEWS, over_runs="config"),
+    _setting("batch_size_per_device", CONFIG_VIEWS, "batch", "batch", over_runs="config"),
+    _setting("global_batch_size", CSV_VIEWS, format="int", over_runs="config"),
+    _setting("precision", CONFIG_VIEWS, "prec", over_runs="config"),
+    _setting("data", CONFIG_VIEWS, "data", "data_label", over_runs="config"),
     Column("loader_workers", "", "int", "The parallel decode workers of a real-data run's "
            "loader (`dataset.workers`).", ("csv", "loader"), _at("dataset", "workers"),
            "config"),
@@ -263,20 +265,15 @@ COLUMNS: tuple[Column, ...] = (
     # per run only: the record and the loader
     _field("schema_version", "The record's schema version (`bench.records.store.SCHEMA_VERSION`).",
            ("record",)),
-    _field("run_id", "The run's id (results/README.md: run ids).", (*RUN_VIEWS, "spec")),
-    _field("sweep_id", "The sweep's id: its results folder's name.", (*RUN_VIEWS, "spec")),
-    _field("family", "The runner's framework family, whose environment ran it.",
-           (*RUN_VIEWS, "spec")),
-    _field("repeat", "The run's repeat number within its configuration, from 0.",
-           (*RUN_VIEWS, "spec")),
-    _field("warmup_steps", "Untimed steps before the timed window.", ("loader", "spec")),
-    _field("measure_steps", "Timed steps.", ("loader", "spec")),
-    _field("options", "The runner's options, defaults filled (the loader has a column "
-           "`opt_<option>` each).", ("record", "spec")),
-    _field("mode", "benchmark, pipeline (the input pipeline alone) or equivalence.",
-           ("spec",)),
-    _field("dataset", "A real-data run's prepared dataset: path, augmentation, workers.",
-           ("spec",)),
+    _setting("run_id", RUN_VIEWS),
+    _setting("sweep_id", RUN_VIEWS),
+    _setting("family", RUN_VIEWS),
+    _setting("repeat", RUN_VIEWS),
+    _setting("warmup_steps", ("loader",)),
+    _setting("measure_steps", ("loader",)),
+    _setting("options", ("record",)),
+    _setting("mode"),
+    _setting("dataset"),
     _field("step_times_s", "Each timed step's wall time (s).", ("record", "child")),
     _field("samples", "Images in the timed window: measure_steps x the global batch.",
            (*RUN_VIEWS, "child")),
@@ -304,6 +301,9 @@ COLUMNS: tuple[Column, ...] = (
     _field("telemetry_path", "The run's telemetry series, within the results folder.",
            ("loader",), _at("telemetry", "path")),
 )
+# a run setting the record holds and no column above lists: per run, the record only
+COLUMNS += tuple(_setting(key) for key in settings.recorded()
+                 if key not in {c.key for c in COLUMNS})
 
 
 def of_view(view: str) -> tuple[Column, ...]:
