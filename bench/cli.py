@@ -107,8 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     new = sub.add_parser("new-runner", help="a new runner from its family's template, listed "
                                             "in the family's catalog (docs/DESIGN.md)")
     new.add_argument("name", help="the runner's name, as configs will say it")
-    new.add_argument("family", help="its framework family (one with a template: "
-                                    "runners/templates/)")
+    new.add_argument("family", help="its template (runners/templates/): tf, torch, mxnet, "
+                                    "jax, or keras (Keras 3, in the jax environment)")
     new.add_argument("--description", default="", help="one line for `list`")
     return p
 

@@ -231,6 +231,16 @@ def rows_per_device(batch: int, n: int, over: str = "devices", kind: str = "glob
     return batch // n
 
 
+def synthetic_fp32_only(spec: Spec, loader: str) -> None:
+    """What a runner made from a template (runners/templates/) runs until it is given more:
+    synthetic data in fp32. Unavailable for anything else, saying where the family's loader
+    is (`loader`)."""
+    if spec.data != "synthetic":
+        raise Unavailable(f"{spec.runner} runs synthetic data only (add a loader: {loader})")
+    if spec.precision != "fp32":
+        raise Unavailable(f"{spec.runner} runs fp32 only, not {spec.precision}")
+
+
 def finite(value: Any) -> float:
     """A loss as a float; Invalid if it is NaN or infinite (BatchNorm on a short batch, say)."""
     v = float(value)

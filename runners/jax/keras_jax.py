@@ -246,6 +246,12 @@ def resident_batches(x: Any, y: Any) -> Any:
         yield x, y
 
 
+def preplaced(x: Any, y: Any, steps: int) -> dict[str, Any]:
+    """fit's data arguments for one global batch already on the devices in DataParallel's
+    layout, yielded for ever, `steps` per epoch."""
+    return {"x": resident_batches(x, y), "steps_per_epoch": steps}
+
+
 def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Iterator[Any]:
     """The batches unchanged; batch `index`'s labels (the first timed step's) go to `noted`."""
     for i, (x, y) in enumerate(batches):
@@ -263,6 +269,16 @@ def fit_steps(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int 
     clock = make_clock(warmup, measure, probe.install)
     model.fit(**feed, callbacks=[clock], verbose=0)
     return clock, probe
+
+
+def fit_one_step(spec: Spec, model: keras.Model, feed: dict[str, Any]
+                 ) -> tuple[float, BatchPlacement]:
+    """model.fit(**feed) for exactly one step (the equivalence step), checked by the
+    optimizer's step counter: its loss and the placement probe of its batch."""
+    clock, probe = fit_steps(replace(spec, warmup_steps=0, measure_steps=1), model, feed)
+    if int(model.optimizer.iterations.numpy()) != 1 or probe.placement is None:
+        raise Invalid("fit did not run exactly one step")
+    return finite(clock.window.losses[0]), probe
 
 
 def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int | None = None
@@ -388,8 +404,7 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
             return feed, record, None
         x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
                                *shardings)
-        return {"x": resident_batches(x, y), "steps_per_epoch": steps}, {
-            "input": mode, "data_placement": SYNTHETIC_PLACEMENT}, None
+        return preplaced(x, y, steps), {"input": mode, "data_placement": SYNTHETIC_PLACEMENT}, None
     size = model_spec.input_shape[0]
     loader = spec.options["loader"]
     record = {**describe(data, size), "loader": loader, "input": mode}
@@ -596,17 +611,15 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         layouts = (batch_sharding(distribution, x.shape), batch_sharding(distribution, y.shape))
         import jax
 
-        feed = {"x": resident_batches(*jax.device_put((x, y), layouts)), "steps_per_epoch": 1}
+        feed = preplaced(*jax.device_put((x, y), layouts), 1)
     else:
         raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
-    clock, probe = fit_steps(replace(spec, warmup_steps=0, measure_steps=1), model, feed)
-    if int(model.optimizer.iterations.numpy()) != 1 or probe.placement is None:
-        raise Invalid("fit did not run exactly one step")
+    loss, probe = fit_one_step(spec, model, feed)
     canonical = get_canonical_weights(model)
     if process_index() == 0:
         spec.save_equivalence_output(canonical)
     return {"replicas": n, "framework": framework_versions("keras"), "devices": described,
-            "loss": finite(clock.window.losses[0]), "input": mode, "batchnorm": batchnorm,
+            "loss": loss, "input": mode, "batchnorm": batchnorm,
             "batch_sharding": probe.sharding, "placement": all_placement(probe.placement),
             "placement_source": PLACEMENT_SOURCE, **multi_node_record(spec, distribution)}
 

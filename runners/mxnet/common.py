@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # MXNet's OpenMP pool is sized to the machine; quiet its start-up chatter.
@@ -17,8 +18,9 @@ os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models import ModelSpec  # noqa: E402
-from runners.common import Spec, Unavailable  # noqa: E402
+from models import ModelSpec, get_spec, load_builder  # noqa: E402
+from models.gluon_common import set_canonical_weights  # noqa: E402
+from runners.common import Spec, TimedWindow, Unavailable, finite, timed_loop  # noqa: E402
 
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 
@@ -43,6 +45,64 @@ def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
                              else " (this MXNet build has no CUDA: install envs/mxnet-gpu.txt)"))
     ctxs = [mx.gpu(i) for i in range(n)]
     return ctxs, [{"name": str(c), "kind": "GPU"} for c in ctxs]
+
+
+def gluon_model(name: str, ctxs: list[mx.Context], weights: dict[str, np.ndarray] | None = None,
+                inputs: Sequence[Any] = ()) -> mx.gluon.HybridBlock:
+    """The Gluon model `name` from models/ with a copy of its parameters on every context,
+    hybridised with static memory and shapes (as MXNet's docs advise for speed): Xavier
+    initialised, or at the canonical `weights`, set once a forward pass on each of `inputs`
+    (one slice per context, no gradient) has completed Gluon's deferred shape inference."""
+    net = load_builder(name, "gluon")(get_spec(name))
+    net.initialize(mx.init.Zero() if weights is not None else
+                   mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
+    net.hybridize(static_alloc=True, static_shape=True)
+    if weights is not None:
+        for x in inputs:
+            net(x)
+        set_canonical_weights(net, weights)
+    return net
+
+
+def mean_loss(losses: list[Any], global_batch: int) -> float:
+    """The global mean loss of a step (reading it waits for the forward pass)."""
+    return finite(sum(float(l.sum().asscalar()) for l in losses) / global_batch)  # noqa: E741
+
+
+class StepLoss:
+    """A step's global mean loss, computed when float() reads it: the timed loop reads it after
+    the step's clock reading, so the reduction of the loss arrays is not timed with the step."""
+
+    def __init__(self, losses: list[Any], global_batch: int) -> None:
+        self.losses, self.global_batch = losses, global_batch
+
+    def __float__(self) -> float:
+        return mean_loss(self.losses, self.global_batch)
+
+
+def timed_context_steps(spec: Spec, step: Callable[[], list[Any]], trainer: mx.gluon.Trainer,
+                        global_batch: int) -> tuple[TimedWindow, int, list[Any]]:
+    """runners.common.timed_loop over `step` (one step over every context; it returns each
+    context's loss array), each step ended by mx.nd.waitall() (MXNet's engine is asynchronous:
+    the update has then landed on every context). Returns the window, the steps the trainer's
+    optimizer applied in it (its num_update) and the loss arrays of the last step (where it
+    ran)."""
+    optimizer = trainer._optimizer  # its num_update counts applied steps
+    start = 0  # num_update when the clock starts
+    last: list[Any] = []
+
+    def open_window() -> None:
+        nonlocal start
+        start = optimizer.num_update
+
+    def sync(losses: list[Any]) -> StepLoss:
+        nonlocal last
+        mx.nd.waitall()
+        last = losses
+        return StepLoss(losses, global_batch)
+
+    window = timed_loop(step, sync, spec.warmup_steps, spec.measure_steps, on_start=open_window)
+    return window, optimizer.num_update - start, last
 
 
 def input_shape_nchw(model_spec: ModelSpec) -> tuple[int, int, int]:

@@ -69,21 +69,16 @@ from models.gluon_common import (
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners.common import (
-    Invalid,
-    Spec,
-    Unavailable,
-    finite,
-    main,
-    timed_loop,
-)
+from runners.common import Invalid, Spec, Unavailable, finite, main
 from runners.mxnet import dist_launch
 from runners.mxnet.common import (
     DTYPES,
     contexts,
     framework_versions,
     input_shape_nchw,
+    mean_loss,
     synthetic_arrays,
+    timed_context_steps,
 )
 from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, stream
 from runners.real_data import check_classes, describe, open_dataset
@@ -175,22 +170,6 @@ def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Los
     return losses
 
 
-def mean_loss(losses: list[Any], global_batch: int) -> float:
-    """The global mean loss of a step (reading it waits for the forward pass)."""
-    return finite(sum(float(l.sum().asscalar()) for l in losses) / global_batch)  # noqa: E741
-
-
-class StepLoss:
-    """A step's global mean loss, computed when float() reads it: the timed loop reads it after
-    the step's clock reading, so the reduction of the loss arrays is not timed with the step."""
-
-    def __init__(self, losses: list[Any], global_batch: int) -> None:
-        self.losses, self.global_batch = losses, global_batch
-
-    def __float__(self) -> float:
-        return mean_loss(self.losses, self.global_batch)
-
-
 def benchmark(spec: Spec) -> dict[str, Any]:
     return across_nodes(spec, train)
 
@@ -251,23 +230,10 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
         feed = synthetic_feed(split_to_contexts(x[rows], ctxs, dtype),
                               split_to_contexts(y[rows], ctxs))
 
-    optimizer = trainer._optimizer  # its num_update counts applied steps
-    start = 0  # num_update when the clock starts
-    last: list[Any] = []  # the loss arrays of the last step: where it ran
-
-    def open_window() -> None:
-        nonlocal start
-        start = optimizer.num_update
-
-    def sync(losses: list[Any]) -> StepLoss:
-        nonlocal last
-        mx.nd.waitall()  # the update has landed on every context
-        last = losses
-        return StepLoss(losses, global_batch)  # on N nodes: this worker's share of the mean
-
-    window = timed_loop(lambda: train_step(net, trainer, loss_fn, *next(feed), global_batch),
-                        sync, spec.warmup_steps, spec.measure_steps, on_start=open_window)
-    steps = optimizer.num_update - start
+    # on N nodes each step's loss is this worker's share of the global mean
+    window, steps, last = timed_context_steps(
+        spec, lambda: train_step(net, trainer, loss_fn, *next(feed), global_batch), trainer,
+        global_batch)
     if real:
         placement = ("each global batch from the ImageRecordIter split over the contexts "
                      "(split_and_load) inside the timed step")

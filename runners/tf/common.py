@@ -16,17 +16,51 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from models import ModelSpec  # noqa: E402
-from runners.common import Spec, TimedWindow, Unavailable  # noqa: E402
+from models import ModelSpec, get_spec, load_builder  # noqa: E402
+from models.keras_common import set_canonical_weights  # noqa: E402
+from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
-from runners.tf.devices import setup_devices  # noqa: E402, F401  (re-exported)
+from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def framework_versions() -> dict[str, str]:
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
+
+
+def mirrored_model(spec: Spec, model: str, lr: float, momentum: float,
+                   weights: dict[str, np.ndarray] | None = None
+                   ) -> tuple[tf.distribute.MirroredStrategy, list[dict[str, Any]], keras.Model,
+                              keras.optimizers.Optimizer]:
+    """(MirroredStrategy over the run's devices, their descriptions, the Keras model `model`
+    from models/ (channels_last; `weights`: canonical weights to start from), Keras SGD with
+    its variables built), the variables mirrored on every device (made under the scope)."""
+    names, devices = setup_devices(spec)
+    strategy = tf.distribute.MirroredStrategy(devices=names)
+    with strategy.scope():
+        net = load_builder(model, "keras")(get_spec(model))
+        if weights is not None:
+            set_canonical_weights(net, weights)
+        optimizer = keras.optimizers.SGD(learning_rate=lr, momentum=momentum)
+        optimizer.build(net.trainable_variables)
+    return strategy, devices, net, optimizer
+
+
+def replica_slices(strategy: tf.distribute.Strategy, x: np.ndarray, y: np.ndarray
+                   ) -> tuple[Any, Any]:
+    """(PerReplica x, PerReplica y): replica i's equal rows of a host batch, made on its device
+    (experimental_distribute_values_from_function), as the synthetic slices are; Invalid when
+    the rows do not divide over the replicas."""
+    per = rows_per_device(len(x), strategy.num_replicas_in_sync, "replicas",
+                          "equivalence batch")
+
+    def slice_of(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, tf.Tensor]:
+        rows = slice(ctx.replica_id_in_sync_group * per, (ctx.replica_id_in_sync_group + 1) * per)
+        return tf.constant(np.asarray(x[rows])), tf.constant(np.asarray(y[rows]))
+
+    return strategy.experimental_distribute_values_from_function(slice_of)
 
 
 def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, int, int]:

@@ -87,6 +87,7 @@ from runners.tf.common import (
     input_shape,
     local_batch,
     open_real,
+    replica_slices,
     setup_devices,
     shard_across_workers,
     worker_seed,
@@ -386,7 +387,6 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     weights, x, y, lr = spec.equivalence_inputs()
     data_format = opts["data_format"]
     n = strategy.num_replicas_in_sync
-    per = spec.split_batch(n, "replicas", rows=len(x))
     images = np.asarray(x) if data_format == "channels_last" \
         else np.ascontiguousarray(np.transpose(np.asarray(x), (0, 3, 1, 2)))
     with strategy.scope():
@@ -395,13 +395,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         set_canonical_weights(model, weights)
         optimizer = keras.optimizers.SGD(learning_rate=lr)
         optimizer.build(model.trainable_variables)
-
-    def slice_of(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, tf.Tensor]:
-        i = ctx.replica_id_in_sync_group
-        return (tf.constant(images[i * per:(i + 1) * per]),
-                tf.constant(np.asarray(y[i * per:(i + 1) * per])))
-
-    xs, ys = strategy.experimental_distribute_values_from_function(slice_of)
+    xs, ys = replica_slices(strategy, images, y)
     step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
     loss, placed, run_metadata = first_step(step, xs, ys)
     if process_rank() == 0:  # several workers: each holds the same weights, one writes them

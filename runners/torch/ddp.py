@@ -34,45 +34,38 @@ differs: synthetic data made on each device once (no DataLoader on synthetic run
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models import get_spec, load_builder
-from models.torch_common import get_canonical_weights, set_canonical_weights
 from runners.common import (
     Invalid,
     Spec,
     main,
 )
-from runners.torch.data import RealInput, SyntheticInput
 from runners.torch.dist import (
     MEMORY_FORMATS,
+    Feed,
     PlacementTracker,
     Ranks,
+    Step,
     StepCounter,
     autocast,
     check_precision,
-    equivalence_input,
-    equivalence_step,
     framework_versions,
     init_ranks,
     model_record,
-    nchw,
-    per_rank_batch,
-    rank_input,
+    probe_equivalence,
+    rank_model,
     timed_steps,
     wrap_ddp,
 )
 
-Step = Callable[[], torch.Tensor]
 
-
-def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: SyntheticInput | RealInput,
-                  lr: float, momentum: float
+def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: float,
+                  momentum: float
                   ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None]:
     """The one step function of both modes: `net` (on the rank's device) in DDP, compiled when
     the run says `compile`, SGD, the run's autocast (and GradScaler in fp16), the batch from
@@ -124,12 +117,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     layout = opts["memory_format"]
     ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
-    batch = per_rank_batch(spec, ranks)
-    model_spec = get_spec(spec.model)
-    feed = rank_input(spec, ranks, model_spec, batch, nchw(model_spec),
-                      memory_format=MEMORY_FORMATS[layout])
-    torch.manual_seed(0)  # the same initial weights everywhere (DDP broadcasts rank 0's too)
-    net = load_builder(spec.model, "torch")(model_spec, data_format=layout).to(ranks.device)
+    model_spec, feed, net = rank_model(spec, ranks, layout)
     step, counter, tracker, scaler = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, step, counter, tracker, feed)
     result.update({
@@ -157,15 +145,13 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     layout = opts["memory_format"]
     ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
-    weights, x, y, lr = spec.equivalence_inputs()
-    feed = equivalence_input(x, y, ranks, True, MEMORY_FORMATS[layout])
-    net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
-    set_canonical_weights(net, weights)
-    net = net.to(ranks.device)
-    step, counter, tracker, _ = training_step(spec, ranks, net, feed, lr, 0.0)
-    result = equivalence_step(spec, ranks, step, counter, tracker,
-                              lambda: get_canonical_weights(net),
-                              framework=framework_versions(), layout=layout)
+
+    def make_step(net: nn.Module, feed: Feed, lr: float
+                  ) -> tuple[Step, StepCounter, PlacementTracker]:
+        step, counter, tracker, _ = training_step(spec, ranks, net, feed, lr, 0.0)
+        return step, counter, tracker
+
+    result = probe_equivalence(spec, ranks, make_step, layout)
     return {**result, **compile_record(spec)}
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from models import ModelSpec
+from models import ModelSpec, get_spec, load_builder
 from models.torch_common import count_flops_torch, count_params_torch
 from runners.common import (
     Invalid,
@@ -47,6 +47,7 @@ THREADS_NOTE = ("each rank's intra-op threads follow OMP_NUM_THREADS as it found
                 "harness's share of the host's cores per rank, or, if nothing set it, torchrun's "
                 "default of 1 per rank when it starts more than one (all cores for one rank)")
 Feed = SyntheticInput | RealInput
+Step = Callable[[], torch.Tensor]  # one training step on this rank; returns its loss
 
 
 @dataclass(frozen=True)
@@ -419,6 +420,40 @@ def model_record(net: nn.Module, model_spec: ModelSpec) -> dict[str, Any]:
     """The parameters and forward FLOPs per sample of a torch model."""
     return {"params": count_params_torch(net),
             "flops_per_sample": count_flops_torch(net, nchw(model_spec))}
+
+
+def rank_model(spec: Spec, ranks: DeviceRank, layout: str = "channels_first",
+               context: str | None = None) -> tuple[ModelSpec, Feed, nn.Module]:
+    """(the run's model spec, this rank's input (rank_input: its synthetic slice or its share
+    of the real data, workers started by `context`), the torch model on the rank's device in
+    `layout`, its initial weights seeded alike on every rank)."""
+    model_spec = get_spec(spec.model)
+    feed = rank_input(spec, ranks, model_spec, per_rank_batch(spec, ranks), nchw(model_spec),
+                      memory_format=MEMORY_FORMATS[layout], context=context)
+    torch.manual_seed(0)  # the same initial weights everywhere (DDP, Horovod broadcast anyway)
+    net = load_builder(spec.model, "torch")(model_spec, data_format=layout).to(ranks.device)
+    return model_spec, feed, net
+
+
+def probe_equivalence(spec: Spec, ranks: DeviceRank,
+                      make_step: Callable[[nn.Module, Feed, float],
+                                          tuple[Step, StepCounter, PlacementTracker]],
+                      layout: str = "channels_first", **own: Any) -> dict[str, Any]:
+    """The equivalence mode over a runner's step function: the probe model at the given
+    canonical weights on the rank's device (`layout`), its slice of the batch resident there
+    (equivalence_input), `make_step(net, feed, learning_rate)` (plain SGD) called once by
+    equivalence_step; rank 0 saves the weights; the ranks closed."""
+    from models.torch_common import get_canonical_weights, set_canonical_weights
+
+    weights, x, y, lr = spec.equivalence_inputs()
+    feed = equivalence_input(x, y, ranks, True, MEMORY_FORMATS[layout])
+    net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
+    set_canonical_weights(net, weights)
+    net = net.to(ranks.device)
+    step, counter, tracker = make_step(net, feed, lr)
+    return equivalence_step(spec, ranks, step, counter, tracker,
+                            lambda: get_canonical_weights(net), framework=framework_versions(),
+                            layout=layout, **own)
 
 
 def equivalence_input(x: np.ndarray, y: np.ndarray, ranks: DeviceRank, channels_first: bool,
