@@ -23,13 +23,7 @@ from bench import REPO_ROOT
 from bench.plan.runs import RunSpec
 from bench.records import columns
 from bench.records.mfu import mfu
-from bench.records.store import (
-    SCHEMA_VERSION,
-    json_safe,
-    record_path,
-    runs_dir,
-    write_json_atomic,
-)
+from bench.records.store import SCHEMA_VERSION, json_safe, record_path, runs_dir, write_json_atomic
 from bench.run.environment import lock_for
 from bench.run.guard import cannot_start, guarded
 from bench.run.telemetry import Sampler, write_series

@@ -88,14 +88,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from models import get_spec, load_builder
-from runners.common import (
-    Invalid,
-    Spec,
-    TimedWindow,
-    Unavailable,
-    finite,
-    main,
-)
+from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite, main
 from runners.jax.common import (
     MECHANISM,
     agreed_min,

@@ -80,14 +80,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from models import get_spec, load_builder
-from runners.common import (
-    Invalid,
-    Spec,
-    Unavailable,
-    finite,
-    main,
-    timed_loop,
-)
+from runners.common import Invalid, Spec, Unavailable, finite, main, timed_loop
 from runners.jax.common import (
     all_placement,
     close_multihost,

@@ -71,12 +71,7 @@ from models.keras2_common import (  # noqa: E402
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners.common import (  # noqa: E402
-    Invalid,
-    Spec,
-    TimedWindow,
-    Unavailable,
-)
+from runners.common import Invalid, Spec, TimedWindow, Unavailable  # noqa: E402
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402

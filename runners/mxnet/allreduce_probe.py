@@ -38,13 +38,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from runners.allreduce import (
-    DTYPE_BYTES,
-    expected_sum,
-    measure_size,
-    probe_result,
-    probe_sizes,
-)
+from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, Unavailable, main
 from runners.mxnet.common import contexts, framework_versions
 

@@ -55,14 +55,7 @@ from models.keras2_common import (
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners.common import (
-    Invalid,
-    Spec,
-    TimedWindow,
-    Unavailable,
-    finite,
-    main,
-)
+from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite, main
 from runners.mxnet.common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
 from runners.mxnet.data import describe_pipeline, numpy_batches, record_iter, stream
 from runners.real_data import RealData, batch_at, check_classes, describe, open_dataset

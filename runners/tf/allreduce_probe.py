@@ -41,13 +41,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from runners.allreduce import (
-    DTYPE_BYTES,
-    expected_sum,
-    measure_size,
-    probe_result,
-    probe_sizes,
-)
+from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, Unavailable, main
 from runners.tf.devices import setup_devices
 from runners.tf.placement import device_key, eager_placement, partition_graphs

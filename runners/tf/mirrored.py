@@ -66,14 +66,7 @@ from models.keras_common import (
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners.common import (
-    Invalid,
-    Spec,
-    Unavailable,
-    main,
-    one_line,
-    process_rank,
-)
+from runners.common import Invalid, Spec, Unavailable, main, one_line, process_rank
 from runners.tf.common import (
     POLICIES,
     SHARDING_NOTE,

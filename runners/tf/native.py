@@ -70,14 +70,7 @@ from models.keras_common import (
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners.common import (
-    Invalid,
-    Spec,
-    finite,
-    main,
-    process_rank,
-    timed_loop,
-)
+from runners.common import Invalid, Spec, finite, main, process_rank, timed_loop
 from runners.real_data import describe
 from runners.tf import data as tf_data
 from runners.tf.common import (

@@ -57,13 +57,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
-from runners.common import (  # noqa: E402
-    Invalid,
-    Spec,
-    TimedWindow,
-    Unavailable,
-    main,
-)
+from runners.common import Invalid, Spec, TimedWindow, Unavailable, main  # noqa: E402
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402
@@ -160,10 +154,7 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
         DataParallelBuilder,
         SyncMultiGPUParameterServerBuilder,
     )
-    from tensorpack.train import (
-        SyncMultiGPUTrainerParameterServer,
-        SyncMultiGPUTrainerReplicated,
-    )
+    from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
     raw = tensorpack_devices(n)
 

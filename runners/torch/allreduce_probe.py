@@ -18,13 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runners.allreduce import (
-    DTYPE_BYTES,
-    expected_sum,
-    measure_size,
-    probe_result,
-    probe_sizes,
-)
+from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, main
 from runners.torch.dist import (
     THREADS_NOTE,

@@ -40,11 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runners.common import (
-    Invalid,
-    Spec,
-    main,
-)
+from runners.common import Invalid, Spec, main
 from runners.torch.dist import (
     MEMORY_FORMATS,
     Feed,

@@ -49,22 +49,10 @@ from typing import Any
 
 import torch
 
-from runners.allreduce import (
-    DTYPE_BYTES,
-    expected_sum,
-    measure_size,
-    probe_result,
-    probe_sizes,
-)
+from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.torch.dist import threads_record
-from runners.torch.horovod import (
-    THREADS_NOTE,
-    controller,
-    framework_versions,
-    horovod,
-    init_ranks,
-)
+from runners.torch.horovod import THREADS_NOTE, controller, framework_versions, horovod, init_ranks
 
 # Horovod reads this at hvd.init(): timelines can then be started and stopped at run time
 # (hvd.start_timeline); nothing is recorded until one is started.

@@ -49,11 +49,7 @@ from models.keras_common import (  # noqa: E402
     get_canonical_weights,
     set_canonical_weights,
 )
-from runners.common import (  # noqa: E402
-    Spec,
-    Unavailable,
-    main,
-)
+from runners.common import Spec, Unavailable, main  # noqa: E402
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
 from runners.torch.data import Batch, RealInput, SyntheticInput  # noqa: E402
 from runners.torch.dist import (  # noqa: E402
