@@ -100,6 +100,22 @@ def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer
     return gluon.Trainer(net.collect_params(), optimizer, params, kvstore=kvstore)
 
 
+def broadcast_before_first_push(trainer: gluon.Trainer, kv: Any) -> None:
+    """On several nodes: worker 0's initial weights in every worker's arrays before any worker
+    pushes a gradient. The Trainer's first step broadcasts them (kvstore init, then a pull into
+    the weight arrays) and pushes the gradients under the same keys, and nothing orders the
+    two (they touch different arrays): a worker whose pull reaches the servers after both
+    workers' gradients merged starts from the merged sum instead of the weights (the 2-node
+    equivalence test failed 1 run in 4 that way). Broadcast now, wait for it, then meet the
+    other workers at a barrier. Needs every parameter's shape (after a forward pass)."""
+    if kv is None:
+        return
+    trainer._init_kvstore()  # what Trainer.step does first, done before the step
+    trainer._init_params()
+    mx.nd.waitall()
+    kv._barrier()
+
+
 def dist_kvstore_type(spec: Spec) -> str:
     """The distributed kvstore of a multi-node run for the config's kvstore option: device on
     GPUs is dist_sync_device (each worker sums its GPUs' gradients on a GPU before the push),
@@ -217,9 +233,14 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
     if dtype == "float16":
         net.cast("float16")  # fp32 master weights are kept by multi_precision below
     hybridize = hybridize_as_configured(net, spec)
+    if kv is not None:  # the parameters' shapes, so that the broadcast below can run
+        for c in ctxs:
+            net(mx.nd.zeros((local_batch // n, *input_shape_nchw(model_spec)), ctx=c,
+                            dtype=dtype))
     trainer = make_trainer(spec, net, ctxs, "sgd", {
         "learning_rate": 0.01, "momentum": 0.9, "multi_precision": dtype == "float16"},
         dist_kv=kv)
+    broadcast_before_first_push(trainer, kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     labels: list[int] = []
     if real:
@@ -352,6 +373,7 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
         net(s)
     set_canonical_weights(net, weights)
     trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr}, dist_kv=kv)
+    broadcast_before_first_push(trainer, kv)
     feed = synthetic_feed(xs, ys)
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), *next(feed), len(x))
     loss = mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
