@@ -1,6 +1,6 @@
 """Build Horovod 0.28.1 from source into the running interpreter's environment.
 
-Run by `bench/run/envs.py` after `pip install -r envs/horovod-<variant>.txt`, with the
+Run by `bench/envs.py` after `pip install -r envs/horovod-<variant>.txt`, with the
 environment's interpreter and the variant (`cpu` | `gpu`) as argv[1]. Why each step exists:
 
 - Download the source distribution (`--no-binary :all:`): Horovod publishes no wheels, and the
@@ -22,7 +22,7 @@ environment's interpreter and the variant (`cpu` | `gpu`) as argv[1]. Why each s
   wheel's CMake is the one pinned (the host's may be missing or too old).
 - MAKEFLAGS=-j<cores>: setup.py otherwise runs make -j8 whatever the machine has.
 - On failure the last line names the compiler's first error, which the harness records as
-  the reason (bench/run/envs.py keeps an output's last line).
+  the reason (bench/envs.py keeps an output's last line).
 - Verify: `import horovod.torch; hvd.init()` in one process, a two-rank allreduce through
   `horovodrun --gloo`, and that horovodrun sits next to the interpreter (the harness starts
   runs with it).
