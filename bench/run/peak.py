@@ -181,6 +181,14 @@ def peak_for(spec: Any, python: str | Path, environment: dict[str, Any],
     if spec.family not in FAMILY_FRAMEWORK:
         return None
     own = measure_peak(spec.family, python, spec.device, spec.precision, environment)
-    best = machine_peak(own.get("device_type", ""), spec.precision, extra=(*measured, own))
+    return against_machine_best(own, spec.precision, measured)
+
+
+def against_machine_best(own: dict[str, Any], precision: str,
+                         measured: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """An interpreter's own peak record turned into what MFU is taken against: the machine's
+    best on its device type and precision (machine_peak over the cache, `measured` and own),
+    with own under "own"."""
+    best = machine_peak(own.get("device_type", ""), precision, extra=(*measured, own))
     return {**(best or own), "own": own}
 

@@ -29,7 +29,7 @@ from bench.records.trust import coefficient_of_variation
 from bench.run import environment, slurm, sweep_lock
 from bench.run.envs import EnvError, ensure_env, python_for
 from bench.run.launch import launch, record_without_run
-from bench.run.peak import FAMILY_FRAMEWORK, machine_peak, measure_peak
+from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
 from bench.run.progress import SweepProgress, outcome_detail
 
 
@@ -185,10 +185,8 @@ def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, A
               flush=True)
     if peaks:
         write_json_atomic(out / "peaks.json", [{"python": k[0], **v} for k, v in peaks.items()])
-    for key, own in peaks.items():
-        best = machine_peak(own.get("device_type", ""), key[1], extra=tuple(peaks.values()))
-        peaks[key] = {**(best or own), "own": own}
-    return peaks
+    owns = tuple(peaks.values())
+    return {key: against_machine_best(own, key[1], owns) for key, own in peaks.items()}
 
 
 def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
