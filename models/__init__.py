@@ -1,5 +1,7 @@
 """Models: one folder per model, each a framework-free `spec.py` plus one builder per framework
-(`keras_builder.py`, later `torch_builder.py`, `flax_builder.py`). A new model is a new folder.
+(`keras_builder.py`, `torch_builder.py`, `flax_builder.py`, `gluon_builder.py`,
+`tfv1_builder.py`). A new model is a new folder; a user's own model is a `models:` entry of the
+sweep file (models/custom.py).
 
 This package imports no framework (stdlib only); builders are imported only in child processes.
 """
@@ -20,8 +22,8 @@ class ModelSpec:
     """What every framework's builder of a model must agree on."""
 
     name: str
-    input_shape: tuple[int, int, int]  # H, W, C
-    num_classes: int
+    input_shape: tuple[int, ...]  # image: H, W, C; tokens: (sequence length,)
+    num_classes: int  # image: classes; tokens: the vocabulary (next-token logits)
     params: int  # total parameter count, BatchNorm moving statistics included
     trainable_params: int
     flops_per_sample: int  # forward pass, 2 x multiply-adds of conv and dense layers
@@ -29,6 +31,21 @@ class ModelSpec:
     # Canonical weight names and shapes (Keras layout) for models whose weights are exchanged
     # between frameworks (the probe); empty for the others.
     weights: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # "image": a float image in, class logits out; "tokens": int token ids (batch, seq) in,
+    # next-token logits (batch, seq, vocab) out, trained on the inputs shifted by one.
+    input_kind: str = "image"
+    # "cnn" (the 2017 convolutional models), "transformer" or "custom" (a user's model): the
+    # runners say which they take (RunnerInfo.workloads).
+    workload: str = "cnn"
+    # How flops_per_sample was counted, shown beside MFU.
+    flops_source: str = "2 x multiply-adds of the conv and dense layers (forward)"
+    # The transformer's dimensions (models/transformer.py), None for the others.
+    transformer: Any = None
+
+    @property
+    def tokens_per_sample(self) -> int | None:
+        """Tokens one sample trains on (its sequence length), None for images."""
+        return self.input_shape[0] if self.input_kind == "tokens" else None
 
 
 def available_models() -> list[str]:
@@ -48,3 +65,35 @@ def get_spec(name: str) -> ModelSpec:
 def load_builder(name: str, framework: str) -> Callable[..., Any]:
     """The `build` function of models/<name>/<framework>_builder.py (child processes only)."""
     return importlib.import_module(f"models.{name}.{framework}_builder").build
+
+
+# The builder a framework's runner asks for, by the framework a user's model is written in
+# (a `models:` entry's framework): a jax model is a flax.linen Module, tf and keras models are
+# Keras models, an mxnet one a Gluon block.
+BUILDER_KIND = {"torch": "torch", "jax": "flax", "keras": "keras", "tf": "keras",
+                "mxnet": "gluon"}
+
+
+def spec_of(run: Any) -> ModelSpec:
+    """The ModelSpec of a run (a runners.common.Spec): its built-in model's, or its
+    `custom_model` entry's (models/custom.py; parameters and FLOPs 0 until the framework
+    counts them in the run)."""
+    entry = getattr(run, "custom_model", None)
+    if entry:
+        from models.custom import model_spec
+        return model_spec(entry)
+    return get_spec(run.model)
+
+
+def build_for(run: Any, kind: str, **kwargs: Any) -> Any:
+    """The run's model object from the `kind` builder ("torch", "flax", "keras", "gluon",
+    "tfv1"): the built-in model's builder called with its spec and kwargs (data_format...), or
+    the user's build function called with the entry's args (kwargs the runner would give a
+    built-in builder are not passed to it: the user's model has its own layout)."""
+    entry = getattr(run, "custom_model", None)
+    if entry:
+        from models.custom import build, wrong_kind
+        if BUILDER_KIND[entry["framework"]] != kind:
+            raise wrong_kind(entry, kind)
+        return build(entry)
+    return load_builder(run.model, kind)(get_spec(run.model), **kwargs)

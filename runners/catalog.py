@@ -58,6 +58,14 @@ class RunnerInfo:
     # Why a multi_node runner cannot cross nodes here although it could by design (planned
     # unavailable with this reason before anything is launched).
     multi_node_unavailable: str | None = None
+    # The model workloads it builds (models.ModelSpec.workload): "cnn" (the 2017 CNNs of
+    # models/), "transformer" (gpt2, vit_b16 and their tiny versions); a run of another is
+    # planned unavailable, saying so.
+    workloads: tuple[str, ...] = ("cnn",)
+    # The frameworks of a user's own model (a `models:` entry's framework) it takes; () none.
+    custom_models: tuple[str, ...] = ()
+    # Why it takes no transformer (a 2017 system: "not of its era"); None: the plain reason.
+    era: str | None = None
 
 
 

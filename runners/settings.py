@@ -200,6 +200,9 @@ SETTINGS: tuple[Setting, ...] = (
                 "more than one node needs cluster.backend: slurm", axis=True, minimum=1)),
     Setting("cluster", dict[str, Any], {}, "Where runs execute: this machine (backend local) "
             "or one SLURM job each (slurm).", Key(), spec=False),
+    Setting("custom_model", dict[str, Any] | None, None, "A user's own model: the sweep file's "
+            "`models:` entry of this run's model (framework, build, absolute path, args, input;"
+            " models/custom.py), null for a built-in model.", planned=True),
 )
 
 # The Spec's fields (the spec JSON's keys) in the order they had before SETTINGS declared them,
@@ -209,7 +212,7 @@ SPEC_ORDER = (
     "run_id", "sweep_id", "runner", "family", "module", "model", "num_devices", "device",
     "virtual_devices", "scaling", "batch_size_per_device", "global_batch_size", "data",
     "precision", "warmup_steps", "measure_steps", "repeat", "timeout_s", "options", "python",
-    "mode", "launcher", "dataset", "equivalence", "telemetry", "num_nodes",
+    "mode", "launcher", "dataset", "equivalence", "telemetry", "num_nodes", "custom_model",
 )
 
 

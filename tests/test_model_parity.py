@@ -67,7 +67,9 @@ def test_models_are_discovered() -> None:
 def test_spec_is_self_consistent(name: str) -> None:
     s = get_spec(name)
     assert s.name == name and s.description
-    assert len(s.input_shape) == 3 and all(isinstance(d, int) and d > 0 for d in s.input_shape)
+    assert len(s.input_shape) == (1 if s.input_kind == "tokens" else 3)
+    assert all(isinstance(d, int) and d > 0 for d in s.input_shape)
+    assert s.workload in ("cnn", "transformer")
     assert s.num_classes > 1
     assert s.params >= s.trainable_params > 0 and s.flops_per_sample > 0
 

@@ -23,6 +23,8 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"},),
         multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
+        workloads=("cnn", "transformer"),
+        custom_models=("jax",),
     ),
     RunnerInfo(
         "keras_jax",
@@ -41,6 +43,8 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
         multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
+        workloads=("cnn", "transformer"),
+        custom_models=("keras",),
     ),
 ]
 

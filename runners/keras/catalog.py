@@ -17,6 +17,7 @@ RUNNERS: list[RunnerInfo] = [
         unavailable=("CNTK 2.7 ships wheels only for Python 2.7, 3.5 and 3.6, none for "
                      "this machine's Python; needs a Python 3.6 env with cntk 2.7, "
                      "keras 2.2.4 and MPI (runners/keras/cntk.py says how)"),
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
 ]
 

@@ -21,6 +21,7 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "fp16"),  # fp16: GPUs only (no fp16 convolutions on CPU)
         equivalence_options=({"kvstore": "local"}, {"hybridize": False}),
         multi_node="a dist_sync kvstore: scheduler and servers beside the workers (ps-lite)",
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
     RunnerInfo(
         "keras_mxnet",
@@ -37,6 +38,7 @@ RUNNERS: list[RunnerInfo] = [
         },
         # gradient_reduce sum steps N x as far by design: tests/test_mxnet_runners.py
         equivalence_options=({"input": "arrays"},),
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
 ]
 

@@ -53,6 +53,8 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_options=({"cross_device_ops": "reduction_to_one_device"},
                              {"cross_device_ops": "hierarchical_copy"}),
         multi_node="MultiWorkerMirroredStrategy, its cluster from TF's SlurmClusterResolver",
+        workloads=("cnn", "transformer"),
+        custom_models=("keras", "tf"),
     ),
     RunnerInfo(
         "tf_native",
@@ -88,6 +90,7 @@ RUNNERS: list[RunnerInfo] = [
         # multi_gpu_model's cases (the suite's time budget)
         equivalence_gpu_only=(({"ps": "cpu"}, ON_CPU_SAME_DEVICE),
                               ({"ps": "gpu"}, ON_CPU_SAME_DEVICE)),
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
     RunnerInfo(
         "keras_tf_multi_gpu_model",
@@ -117,6 +120,7 @@ RUNNERS: list[RunnerInfo] = [
                               ({"cpu_relocation": True},
                                "it clones the template under /cpu:0, which here is where the "
                                "template already is and the first replica's device")),
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
     RunnerInfo(
         "keras_tf_avolkov1",
@@ -149,6 +153,7 @@ RUNNERS: list[RunnerInfo] = [
                               ({"average_gradients": True, "nccl": True},
                                "NCCL all-reduce has no CPU kernel (the graph's all-reduce "
                                "ops are tested in tests/test_keras_towers.py)")),
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
     RunnerInfo(
         "tensorpack",
@@ -173,6 +178,7 @@ RUNNERS: list[RunnerInfo] = [
                                ON_CPU_SAME_DEVICE),),
         multi_node="tensorpack's HorovodTrainer / DistributedTrainerReplicated",
         multi_node_unavailable="its multi-node launch is not built yet (issue 16's notes)",
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
     RunnerInfo(
         "tf_cnn_benchmarks",
@@ -203,6 +209,7 @@ RUNNERS: list[RunnerInfo] = [
                    "--ps_hosts; variable_update distributed_replicated)",
         multi_node_unavailable="its multi-node launch is not built yet: one worker per node "
                                "with the cluster flags from SLURM (issue 16's notes)",
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
 ]
 

@@ -31,6 +31,8 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_options=({"compile": True}, {"memory_format": "channels_last"}),
         launcher="torchrun",
         multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        workloads=("cnn", "transformer"),
+        custom_models=("torch",),
     ),
     RunnerInfo(
         "keras_torch",
@@ -46,6 +48,8 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_options=({"data_format": "channels_first"},),
         launcher="torchrun",
         multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        workloads=("cnn", "transformer"),
+        custom_models=("keras",),
     ),
     RunnerInfo(
         "horovod",
@@ -65,6 +69,8 @@ RUNNERS: list[RunnerInfo] = [
         # its ssh (runners/torch/horovod_launch.py; no MPI in this Horovod build)
         multi_node="horovodrun's gloo rendezvous (RendezvousServer + slot environment), "
                    "ranks started by srun instead of ssh",
+        custom_models=("torch",),
+        era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
 ]
 
