@@ -19,10 +19,10 @@ from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
-from bench.run.sweep import results_folder, run_sweep
+from bench.run.sweep import precheck, results_folder, run_sweep
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
-            "schema", "status", "compare", "predict")
+            "schema", "status", "compare", "predict", "check-model")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="run_bench.py",
         description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
                     "setup, list, report, compare, predict, make-dataset, prepare-data, "
-                    "new-runner, schema, status.")
+                    "new-runner, schema, status, check-model.")
     sub = p.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run a sweep (the default command)")
     run.add_argument("--config", required=True, help="YAML sweep file")
@@ -104,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("results_dir")
     sub.add_parser("schema", help="print the JSON Schema of a sweep config (for editors: "
                                   "run_bench.py schema > sweep.schema.json)")
+    check = sub.add_parser("check-model", help="build each of your own models (a models: "
+                                               "mapping) once in its framework: parameters, "
+                                               "FLOPs per sample, output shape")
+    check.add_argument("config", help="YAML sweep file")
     new = sub.add_parser("new-runner", help="a new runner from its family's template, listed "
                                             "in the family's catalog (docs/DESIGN.md)")
     new.add_argument("name", help="the runner's name, as configs will say it")
@@ -136,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "new-runner":
             return cmd_new_runner(args)
+        if args.command == "check-model":
+            return cmd_check_model(Path(args.config))
         if args.command == "status":
             return cmd_status(Path(args.results_dir))
         if args.command == "compare":
@@ -212,9 +218,12 @@ def cmd_list() -> int:
     print("\nModels:")
     for name in available_models():
         s = get_spec(name)
-        print(f"  {name:<16} input={'x'.join(map(str, s.input_shape)):<10} "
-              f"classes={s.num_classes:<5} params={s.params:,}  "
-              f"GFLOPs/sample={s.flops_per_sample / 1e9:.3f}")
+        shape = ("tokens " if s.input_kind == "tokens" else "") + "x".join(map(str,
+                                                                             s.input_shape))
+        outputs = f"{'vocab' if s.input_kind == 'tokens' else 'classes'}={s.num_classes}"
+        print(f"  {name:<16} {s.workload:<12} input={shape:<12} {outputs:<14} "
+              f"params={s.params:,}  GFLOPs/sample={s.flops_per_sample / 1e9:.3f}")
+    print("  (your own model: a models: mapping in the sweep file; README, \"Your own model\")")
     return 0
 
 
@@ -228,6 +237,23 @@ def cmd_new_runner(args: argparse.Namespace) -> int:
           f"--set runners=[{args.name}]\n"
           f"then make it the strategy it names: docs/DESIGN.md, \"Add a runner\"")
     return 0
+
+
+def cmd_check_model(config: Path) -> int:
+    from bench.run.check_model import check_models, describe
+
+    cfg = load_config(config)
+    checked = check_models(cfg, default_variant())
+    if not checked:
+        print(f"{config}: no model of your own (a models: mapping) to check")
+        return 0
+    bad = [answer["error"] for _, answer in checked if "error" in answer]
+    for entry, answer in checked:
+        if "error" not in answer:
+            print(describe(entry, answer))
+    for line in bad:
+        print(f"error: {line}", file=sys.stderr)
+    return 2 if bad else 0
 
 
 def cmd_status(results_dir: Path) -> int:
@@ -354,5 +380,11 @@ def print_plan(runs: list[RunSpec]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if j == 0:
             print("  ".join("-" * w for w in widths))
+    # what will be recorded without a launch (the GPU count is the launch's to check)
+    blocked = [(i, r, why) for i, r in enumerate(runs, 1) if (why := precheck(r, None))]
+    if blocked:
+        print(f"\n{len(blocked)} of {len(runs)} runs will be recorded without a launch:")
+        for i, r, (status, reason) in blocked:
+            print(f"  #{i} {r.run_id}: {status}: {reason}")
 
 

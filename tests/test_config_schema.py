@@ -52,7 +52,13 @@ def test_schema_prints_the_config_keys_with_runner_and_model_enums(schema: dict)
     assert tuple(schema["properties"]) == KEYS and schema["additionalProperties"] is False
     props = schema["properties"]
     assert sorted(_enum(props["runners"])) == sorted(RUNNERS)
-    assert _enum(props["models"]) == available_models()
+    # a model: a built-in's name or your own (a mapping); a list of either
+    one, custom, many = props["models"]["anyOf"]
+    assert one["enum"] == available_models() and custom["$ref"].endswith("/CustomModel")
+    assert many["type"] == "array" and many["items"]["anyOf"] == [one, custom]
+    entry = schema["$defs"]["CustomModel"]
+    assert set(entry["required"]) == {"name", "framework", "build", "path", "input"}
+    assert entry["properties"]["framework"]["enum"] == ["torch", "jax", "keras", "tf", "mxnet"]
     assert sorted(_enum(props["pipelines"])) == sorted(PIPELINES)
     assert _enum(props["precision"]) == ["fp32", "tf32", "bf16", "fp16"]
     devices = props["devices"]["anyOf"]
@@ -118,8 +124,9 @@ def test_the_schema_refuses_what_the_loader_refuses(real_dataset: Path) -> None:
      "from 1 to 2**63 - 1"),
     ({"scaling": "strnog"}, "scaling: 'strnog' is not allowed (did you mean 'strong'?); "
      "allowed: weak, strong"),
-    ({"models": ["minigooglenet", 7]}, "models: 7 is not allowed; allowed: minigooglenet, "
-     "probe, resnet50"),
+    ({"models": ["minigooglenet", 7]}, "models: 7 is not allowed; allowed: a built-in model "
+     "(gpt2, gpt2_tiny, minigooglenet, probe, resnet50, vit_b16, vit_tiny) or a mapping (your "
+     "own model: name, framework, build, path, input)"),
     ({"dataset": {"workers": 1}}, "dataset.path: missing; this key is required"),
     ({"until_stable": {"target_cv": float("nan")}}, "until_stable.target_cv: nan is not "
      "allowed; allowed: a number between 0 and 1 (0.02 = 2%)"),

@@ -43,6 +43,7 @@ from pydantic_core import PydanticCustomError
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, Option, runner_options
 from bench.errors import ConfigError  # noqa: F401 (raised here, imported from here)
 from models import available_models, get_spec
+from models.custom import FRAMEWORKS
 from runners import settings
 from runners.settings import DEVICES, MAX_REPEATS, REQUIRED, SCALING, Setting
 
@@ -297,6 +298,120 @@ class Cluster(_Section):
                       Says("a number of seconds from 0.5 to 600")] = 5.0
 
 
+class ModelInput(_Section):
+    """What a user's model takes: an image (one sample's shape as the framework takes it, and
+    the classes of its logits) or token ids (the sequence length and the vocabulary)."""
+
+    kind: Annotated[Literal["image", "tokens"], Says("image, tokens", choices=("image",
+                                                                           "tokens"))]
+    shape: Annotated[list[_count(1)] | None, Field(min_length=1, max_length=3, description=(
+        "image: one sample's shape as the framework takes it (C, H, W for torch and mxnet; "
+        "H, W, C for jax, keras, tf)")), Says("a list of 1 to 3 integers >= 1")] = None
+    classes: Annotated[_count(2) | None, Field(description="image: the classes the model's "
+                                               "logits score")] = None
+    seq_len: Annotated[_count(1) | None, Field(description="tokens: the sequence length")
+                       ] = None
+    vocab: Annotated[_count(2) | None, Field(description="tokens: the vocabulary (the "
+                                             "next-token logits' size)")] = None
+
+
+def _folder(path: str) -> str:
+    """An existing folder, made absolute (put on the child's sys.path)."""
+    try:
+        folder = Path(path).expanduser()
+        ok, resolved = folder.is_dir(), str(folder.resolve())
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise _refuse(f"an existing folder ({type(exc).__name__}: {exc})") from None
+    if not ok:
+        raise _refuse("an existing folder (the one holding the build's module)")
+    return resolved
+
+
+class CustomModel(_Section):
+    """A user's own model (models/custom.py): built in the child by `build` from `path`, with
+    the harness's loss, optimizer and data."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the "
+                    "model's name in run ids and tables"), Says(
+        "a name of letters, digits, _ . - (it goes into run ids)")]
+    framework: Annotated[Literal[FRAMEWORKS], Says(", ".join(FRAMEWORKS), choices=FRAMEWORKS)]
+    build: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description=(
+        "module:function, the function returning the framework's model object")), Says(
+        "module:function (e.g. mynets:make_model)")]
+    path: Annotated[str, Field(min_length=1, description="the folder put on the child's "
+                    "sys.path (outside the repo is fine)"), AfterValidator(_folder),
+                    Says("an existing folder (the one holding the build's module)")]
+    args: Annotated[dict[str, Any], Field(description="keyword arguments for build"),
+                    Says("a mapping of argument name to value")] = {}
+    input: Annotated[ModelInput, Says("a mapping with kind (image: shape, classes; tokens: "
+                                      "seq_len, vocab)")]
+
+
+_INPUT_KEYS = {"image": ("shape", "classes"), "tokens": ("seq_len", "vocab")}
+
+
+def _custom_entry(i: int, raw: dict[str, Any], builtin: tuple[str, ...]) -> dict[str, Any]:
+    """One `models:` mapping validated (errors name models[i].key) as a plain dict."""
+    try:
+        entry = CustomModel.model_validate(raw)
+    except ValidationError as exc:
+        err = _first_error(exc, CustomModel, raw)
+        raise ConfigError(f"models[{i}].{err}") from None
+    if entry.name in builtin:
+        raise _fail(f"models[{i}].name", entry.name, "a name that is not a built-in model's "
+                    f"({', '.join(builtin)})")
+    kind = entry.input.kind
+    given = entry.input.model_fields_set - {"kind"}
+    for key in _INPUT_KEYS[kind]:
+        if key not in given:
+            raise ConfigError(f"models[{i}].input.{key}: missing; this key is required with "
+                              f"kind {kind}")
+    other = "tokens" if kind == "image" else "image"
+    for key in _INPUT_KEYS[other]:
+        if key in given:
+            raise _fail(f"models[{i}].input.{key}", getattr(entry.input, key),
+                        f"nothing with kind {kind} (it is kind {other}'s)")
+    out = entry.model_dump()
+    out["input"] = {"kind": kind, **{k: out["input"][k] for k in _INPUT_KEYS[kind]}}
+    return out
+
+
+def _models_key(builtin: tuple[str, ...]) -> Any:
+    """The models key: one model or a list, each a built-in model's name or a user's model
+    (a mapping, CustomModel), each name once."""
+    def check(value: Any) -> list[Any]:
+        items = _as_list(False)(value)
+        out: list[Any] = []
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                out.append(_custom_entry(i, item, builtin))
+            elif isinstance(item, str) and item in builtin:
+                out.append(item)
+            elif isinstance(item, str):
+                raise _unknown("models", item, list(builtin) + ["a mapping (your own model: "
+                               "name, framework, build, path, input)"])
+            else:
+                raise _fail("models", item, f"a built-in model ({', '.join(builtin)}) or a "
+                            "mapping (your own model: name, framework, build, path, input)")
+        _unique([model_name(m) for m in out])
+        return out
+
+    one = Literal[builtin] | CustomModel  # for the JSON Schema
+    return Annotated[list[Any], BeforeValidator(
+        check, json_schema_input_type=one | Annotated[list[one], Field(min_length=1)]),
+        Says("a model name, your own model (a mapping) or a list of them")]
+
+
+def model_name(model: str | dict[str, Any]) -> str:
+    """A `models:` value's name: a built-in's, or a user's entry's."""
+    return model if isinstance(model, str) else model["name"]
+
+
+def custom_entry(model: str | dict[str, Any]) -> dict[str, Any] | None:
+    """A user's model entry (the run's custom_model), None for a built-in model."""
+    return model if isinstance(model, dict) else None
+
+
 def _telemetry_shorthand(value: Any) -> Any:
     """`telemetry: false` turns the sampler off; true or nothing: the defaults."""
     if value is False:
@@ -404,7 +519,7 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
     # leaves open
     choices = {"runners": runner_names, "models": model_names, "pipelines": tuple(PIPELINES),
                "probes": tuple(PROBES)}
-    own = _own_types(options)
+    own = _own_types(options, model_names)
     keys = {s.key_name: _key(s, own.get(s.key_name), choices.get(s.key_name, ()))
             for s in settings.config_settings()}
     stale = sorted((set(own) | set(choices)) - set(keys))
@@ -413,10 +528,11 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
     return create_model("Sweep", __base__=Sweep, __doc__=Sweep.__doc__, **keys)
 
 
-def _own_types(options: type[BaseModel]) -> dict[str, Any]:
+def _own_types(options: type[BaseModel], model_names: tuple[str, ...]) -> dict[str, Any]:
     """The keys whose validation is their own (words of their own, a nested mapping): their
     type, by key; the declaration (runners/settings.py) gives their default and description."""
     return {
+        "models": _models_key(model_names),
         "name": Annotated[str | None, Field(min_length=1, pattern=r"^[^/\\ ]+$"), Says(
             "a non-empty string of printable characters without spaces or slashes")],
         "scaling": Annotated[Literal[SCALING] | None, Says(
@@ -559,8 +675,9 @@ def _batch_sizes(per_device: list[int] | None, global_batch: list[int] | None,
     return scaling, global_batch
 
 
-def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
-    """Labels must index the model's outputs: a dataset cannot have more classes."""
+def _check_classes(dataset: dict[str, Any], models: list[Any]) -> None:
+    """Labels must index the model's outputs: a dataset cannot have more classes (a token
+    model takes no prepared dataset: its real-data runs are planned unavailable)."""
     try:
         classes = int(json.loads((Path(dataset["path"]) / "manifest.json").read_text())
                       ["classes"])
@@ -568,7 +685,13 @@ def _check_classes(dataset: dict[str, Any], models: list[str]) -> None:
         raise _fail("dataset.path", dataset["path"], f"a readable prepare-data folder ({exc})"
                     ) from None
     for model in models:
-        outputs = get_spec(model).num_classes
+        entry = custom_entry(model)
+        if entry is not None and entry["input"]["kind"] == "tokens":
+            continue
+        if entry is None and get_spec(model).input_kind == "tokens":
+            continue
+        outputs = entry["input"]["classes"] if entry else get_spec(model).num_classes
+        model = model_name(model)
         if classes > outputs:
             raise _fail("dataset.path", dataset["path"],
                         f"a dataset of at most {outputs} classes for model {model} "
@@ -593,6 +716,11 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
     """The validated file as a SweepConfig, once the rules that span keys hold."""
     benchmark, pipeline = "benchmark" in s.mode, "pipeline" in s.mode
     allreduce = "allreduce" in s.mode
+    custom = [model_name(m) for m in s.models if custom_entry(m)]
+    if custom and (pipeline or allreduce):
+        raise _fail("models", custom[0], "a built-in model with mode "
+                    f"{'pipeline' if pipeline else 'allreduce'} (your own model's input size "
+                    "and gradient bytes are known only in its run; mode benchmark runs it)")
     if allreduce:
         _check_allreduce(s)
     if benchmark:

@@ -93,6 +93,12 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     return runs
 
 
+def _model(model: str | dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """(name, the run's custom_model) of a `models:` value: a built-in's name, or a user's
+    entry (bench.plan.config validated it, its path absolute)."""
+    return (model, None) if isinstance(model, str) else (model["name"], dict(model))
+
+
 def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     """Pipeline-mode runs: each input pipeline alone, at every loader worker count (the naive
     baseline once, with none)."""
@@ -138,11 +144,12 @@ def expand_probes(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     return runs
 
 
-def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, label: str,
-                   data: str, precision: str, batch: int, per_device: int, n: int, repeat: int,
-                   opts: dict[str, Any], python: str | None,
+def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str | dict[str, Any],
+                   label: str, data: str, precision: str, batch: int, per_device: int, n: int,
+                   repeat: int, opts: dict[str, Any], python: str | None,
                    dataset: dict[str, Any] | None, nodes: int = 1) -> RunSpec:
     info = RUNNERS[runner]
+    model, custom = _model(model)
     return _run(
         cfg,
         run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat,
@@ -164,6 +171,7 @@ def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str, lab
         launcher=info.launcher,
         dataset=dataset,
         num_nodes=nodes,
+        custom_model=custom,
     )
 
 

@@ -20,7 +20,7 @@ from typing import IO, Any
 import yaml
 
 from bench import REPO_ROOT
-from bench.catalog.registry import PIPELINES, PROBES, RUNNERS
+from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
 from bench.errors import ConfigError
 from bench.plan.config import SweepConfig
 from bench.plan.runs import RunSpec, another_repeat, config_id
@@ -31,6 +31,7 @@ from bench.run.envs import EnvError, ensure_env, python_for
 from bench.run.launch import launch, record_without_run
 from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
 from bench.run.progress import SweepProgress, outcome_detail
+from models import get_spec
 
 
 @dataclass
@@ -262,6 +263,8 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
     if spec.num_nodes > 1 and info.multi_node_unavailable:
         return "unavailable", (f"{spec.runner} across nodes ({info.multi_node}): "
                                f"{info.multi_node_unavailable}")
+    if spec.mode == "benchmark" and (why := model_unavailable(spec, info)):
+        return "unavailable", why
     if spec.precision not in info.precisions:
         return "invalid", (f"{spec.runner} supports precision {', '.join(info.precisions)}, "
                            f"not {spec.precision}")
@@ -270,6 +273,33 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
                            "on CPU float32 is always IEEE: use fp32")
     if spec.device == "gpu" and visible_gpus is not None and spec.num_devices > visible_gpus:
         return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
+    return None
+
+
+def model_unavailable(spec: RunSpec, info: RunnerInfo) -> str | None:
+    """Why a runner cannot train the run's model (a user's model of another framework, a
+    workload it does not build, token ids on real data), or None."""
+    entry = spec.custom_model
+    if entry:
+        framework = entry["framework"]
+        if framework in info.custom_models:
+            kind = entry["input"]["kind"]
+        else:
+            takers = [r.name for r in RUNNERS.values() if framework in r.custom_models]
+            own = (f"it takes {' or '.join(info.custom_models)} models" if info.custom_models
+                   else "it builds only the models of models/ (its code is written around "
+                   "their builders)")
+            return (f"{spec.model} is a {framework} model; {spec.runner} cannot run it: {own}"
+                    f" (a {framework} model runs on {', '.join(takers) or 'no runner yet'})")
+    else:
+        model = get_spec(spec.model)
+        if model.workload not in info.workloads:
+            why = info.era or f"it builds {' and '.join(info.workloads)} models"
+            return f"{spec.model} is a {model.workload} model; {spec.runner}: {why}"
+        kind = model.input_kind
+    if kind == "tokens" and spec.data == "real":
+        return (f"data real: the prepared datasets are images; {spec.model} takes token ids "
+                "(it trains on synthetic tokens)")
     return None
 
 
