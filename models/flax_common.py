@@ -5,8 +5,9 @@ Imports jax and flax: never import this module from the parent process.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
@@ -14,6 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import FrozenDict, freeze, unfreeze
 from flax.traverse_util import flatten_dict, unflatten_dict
+
+if TYPE_CHECKING:
+    from models import ModelSpec
 
 # Collections counted as model weights: trainable params and BatchNorm running mean/var.
 WEIGHT_COLLECTIONS = ("params", "batch_stats")
@@ -112,3 +116,83 @@ def set_canonical_weights(variables: Mapping[str, Any], weights: Mapping[str, np
         params[tuple(key.split("/"))] = jnp.asarray(value, dtype=old.dtype)
     out = {**unfreeze(variables), "params": unflatten_dict(params)}
     return freeze(out) if isinstance(variables, FrozenDict) else out
+
+
+# What describe() says of its FLOPs.
+XLA_FLOPS_SOURCE = "XLA cost analysis of the jitted forward (batch 1)"
+
+
+def input_struct(model_spec: ModelSpec, batch: int) -> jax.ShapeDtypeStruct:
+    """A batch of the model's input as a shape: int32 token ids (batch, seq_len) for a token
+    model, float32 NHWC images (batch, H, W, C) otherwise."""
+    if model_spec.input_kind == "tokens":
+        return jax.ShapeDtypeStruct((batch, *model_spec.input_shape), jnp.int32)
+    return jax.ShapeDtypeStruct((batch, *model_spec.input_shape), jnp.float32)
+
+
+def takes_train(model: nn.Module) -> bool:
+    """Whether the module's __call__ takes a `train` argument (the built-in models do; a user's
+    module may not, and is then called with the input alone)."""
+    try:
+        params = inspect.signature(model.__call__).parameters
+    except (TypeError, ValueError):
+        return False
+    return "train" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                    for p in params.values())
+
+
+def train_kwargs(model: nn.Module, train: bool) -> dict[str, Any]:
+    """{"train": train} for a module that takes it, {} for one that does not."""
+    return {"train": train} if takes_train(model) else {}
+
+
+INIT_RNGS = ("params", "dropout")  # init's rng streams (a user's dropout may ask at init)
+
+
+def init_rngs(seed: int = 0) -> dict[str, jax.Array]:
+    """The rngs init is given: "params" from `seed`, "dropout" from seed + 1."""
+    return {name: jax.random.key(seed + i) for i, name in enumerate(INIT_RNGS)}
+
+
+def describe(model: Any, model_spec: ModelSpec) -> dict[str, Any]:
+    """What JAX says of a Flax (linen) model, built-in or a user's, without allocating its
+    weights: params and trainable_params from init under jax.eval_shape (every collection of
+    weights counted, "params" alone trainable); flops_per_sample from XLA's cost analysis of the
+    jitted forward (eval mode) compiled for a batch of 1 (XLA counts a dot or a conv as 2 x its
+    multiply-adds, plus one per element of the element-wise ops); output_shape for a batch of
+    2. Raises models.custom.CustomModelError when `model` is not a flax.linen.Module, or (a
+    user's model) when init or the forward pass fails on the declared input."""
+    from models.custom import CustomModelError, not_a_model
+
+    if not isinstance(model, nn.Module):
+        raise not_a_model({"name": model_spec.name, "build": "?"}, model,
+                          "a flax.linen.Module")
+    kwargs = train_kwargs(model, False)
+    one, two = input_struct(model_spec, 1), input_struct(model_spec, 2)
+
+    def forward(variables: Any, x: jax.Array) -> Any:
+        return model.apply(variables, x, **kwargs)
+
+    try:
+        variables = jax.eval_shape(lambda x: model.init(init_rngs(), x, **kwargs), one)
+        out = jax.eval_shape(forward, variables, two)
+        cost = jax.jit(forward).lower(variables, one).compile().cost_analysis()
+    except Exception as exc:
+        if model_spec.workload != "custom":
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CustomModelError(
+            f"models: {model_spec.name}: the forward pass on input {list(one.shape)} "
+            f"{one.dtype} failed: {type(exc).__name__}: {first}") from None
+    if isinstance(cost, list | tuple):  # older jax: one dict per program
+        cost = cost[0]
+    shape = getattr(out, "shape", None)
+    if shape is None:
+        raise CustomModelError(f"models: {model_spec.name}: the model returned "
+                               f"{type(out).__name__}, not one logits array")
+    variables = unfreeze(variables) if isinstance(variables, FrozenDict) else variables
+    return {"params": count_params_flax(variables),
+            "trainable_params": count_trainable_flax(variables),
+            "flops_per_sample": int(cost["flops"]),
+            "flops_source": XLA_FLOPS_SOURCE,
+            "output_shape": [int(v) for v in shape]}

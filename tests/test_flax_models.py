@@ -13,6 +13,9 @@ from models import available_models, get_spec
 from tests.conftest import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
+# The image CNNs (BatchNorm, our own FLOP counter); the transformers have their own checks below.
+CNN_MODELS = [n for n in available_models() if get_spec(n).workload == "cnn"]
+TRANSFORMERS = ["gpt2", "gpt2_tiny", "vit_b16", "vit_tiny"]
 
 # Runs in the jax interpreter, from the repo root; prints one line "RESULT <json>".
 JAX_CHECK = r"""
@@ -171,13 +174,13 @@ print("RESULT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def jax_results(jax_python: str) -> dict:
     # XLA_FLAGS emptied: one CPU device is enough here
-    return run_check_script(jax_python, JAX_CHECK, *available_models(),
+    return run_check_script(jax_python, JAX_CHECK, *CNN_MODELS,
                             env={"JAX_PLATFORMS": "cpu", "KERAS_BACKEND": "jax", "XLA_FLAGS": ""})
 
 
 @pytest.mark.slow
 @pytest.mark.framework("jax")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNN_MODELS)
 def test_flax_builder_matches_spec(jax_results: dict, name: str) -> None:
     s, r = get_spec(name), jax_results[name]
     assert (r["params"], r["trainable"], r["flops"]) == (
@@ -190,7 +193,7 @@ def test_flax_builder_matches_spec(jax_results: dict, name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.framework("jax")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNN_MODELS)
 def test_xla_cost_analysis_agrees(jax_results: dict, name: str) -> None:
     # XLA's HloCostAnalysis counts a conv's multiply-adds only where the kernel overlaps real
     # input (taps on padding are free), and one flop per element of every element-wise op (bias,
@@ -225,7 +228,7 @@ def test_strided_convs_pad_symmetrically(jax_results: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.framework("jax")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNN_MODELS)
 def test_train_forward_updates_batch_stats(jax_results: dict, name: str) -> None:
     s, r = get_spec(name), jax_results[name]
     assert r["train_output_shape"] == [2, s.num_classes]
@@ -241,7 +244,7 @@ def test_train_forward_updates_batch_stats(jax_results: dict, name: str) -> None
 
 @pytest.mark.slow
 @pytest.mark.framework("jax")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNN_MODELS)
 def test_bad_data_format_is_rejected(jax_results: dict, name: str) -> None:
     assert jax_results[name]["bad_format"].startswith("ValueError: data_format")
 
@@ -276,3 +279,163 @@ def test_parent_never_imports_jax(jax_results: dict) -> None:
     assert jax_results["versions"]["jax"] == "0.10.2"
     assert jax_results["versions"]["devices"] == ["cpu"]
     assert "jax" not in sys.modules and "flax" not in sys.modules
+
+
+# The transformers (models/transformer_flax.py), in the jax interpreter on one CPU device:
+# gpt2 and vit_b16 only as shapes (jax.eval_shape: nothing allocated), the tiny ones run; then
+# models.flax_common.describe on each and on a user's module without `train`, and its errors.
+TRANSFORMER_CHECK = r"""
+import json, re, sys
+import numpy as np
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from models import ModelSpec, get_spec, load_builder
+from models.custom import CustomModelError
+from models.flax_common import count_params_flax, count_trainable_flax, describe, input_struct
+
+out = {}
+for name in sys.argv[1:]:
+    spec = get_spec(name)
+    model = load_builder(name, "flax")(spec)
+    x1 = input_struct(spec, 1)
+    shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x1)
+    r = {"params": count_params_flax(shapes), "trainable": count_trainable_flax(shapes),
+         "collections": sorted(shapes), "describe": describe(model, spec)}
+    epsilons, gelus = set(), []
+
+    def record(next_fun, args, kwargs, ctx):
+        if isinstance(ctx.module, nn.LayerNorm) and ctx.method_name == "__call__":
+            epsilons.add(ctx.module.epsilon)
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(record):
+        jaxpr = str(jax.make_jaxpr(lambda v, x: model.apply(v, x))(shapes, x1))
+    r["ln_epsilons"] = sorted(epsilons)
+    prims = set(re.findall(r"= (\w+) ", jaxpr))  # exact GELU: erf or erfc; tanh: approximate
+    r["erf"], r["tanh"] = bool(prims & {"erf", "erfc"}), "tanh" in prims
+    if name.endswith("_tiny"):
+        rng = np.random.default_rng(0)
+        if spec.input_kind == "tokens":
+            x = jnp.asarray(rng.integers(0, spec.num_classes, (2, *spec.input_shape)), jnp.int32)
+        else:
+            x = jnp.asarray(rng.standard_normal((2, *spec.input_shape)), jnp.float32)
+        variables = jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(x)
+        apply = jax.jit(model.apply, static_argnames=("train", "mutable"))
+        y = apply(variables, x, train=False)
+        y_train, updates = apply(variables, x, train=True, mutable=("batch_stats",))
+        r.update(output_shape=list(y.shape), finite=bool(jnp.isfinite(y).all()),
+                 train_output_shape=list(y_train.shape), updates=sorted(updates),
+                 train_same=bool(jnp.allclose(y, y_train)))
+        params = variables["params"]
+        kernels = [np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)
+                   if "kernel" in jax.tree_util.keystr(k) or "embedding" in jax.tree_util.keystr(k)]
+        biases = [np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)
+                  if "bias" in jax.tree_util.keystr(k) and "ln" not in jax.tree_util.keystr(k)]
+        r["weight_std"] = float(np.concatenate([k.ravel() for k in kernels]).std())
+        r["biases_zero"] = all(not b.any() for b in biases)
+        bf16 = load_builder(name, "flax")(spec, dtype=jnp.bfloat16)
+        vb = jax.eval_shape(lambda x: bf16.init(jax.random.key(0), x), x)
+        r["bf16_output"] = str(jax.eval_shape(bf16.apply, vb, x).dtype)
+        r["bf16_params"] = sorted({str(v.dtype) for v in jax.tree_util.tree_leaves(vb)})
+        if spec.input_kind == "tokens":
+            # change the token at position 10: the logits before it must not move
+            x2 = x.at[:, 10].set((x[:, 10] + 1) % spec.num_classes)
+            y2 = apply(variables, x2, train=False)
+            diff = np.abs(np.asarray(y2 - y)).max(axis=(0, 2))
+            r["max_change_before"] = float(diff[:10].max())
+            r["min_change_from"] = float(diff[10:].min())
+    out[name] = r
+
+
+class Mine(nn.Module):  # a user's module: no `train` argument
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], -1))
+        return nn.Dense(10)(nn.relu(nn.Dense(32)(x)))
+
+
+user = ModelSpec(name="mine", input_shape=(8, 8, 3), num_classes=10, params=0,
+                 trainable_params=0, flops_per_sample=0, description="", workload="custom")
+out["user"] = describe(Mine(), user)
+try:
+    describe(lambda x: x, user)
+    out["not_a_model"] = "no error"
+except CustomModelError as e:
+    out["not_a_model"] = str(e)
+
+
+class Broken(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(x) @ jnp.ones((3, 3))
+
+
+try:
+    describe(Broken(), user)
+    out["broken"] = "no error"
+except CustomModelError as e:
+    out["broken"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def transformer_results(jax_python: str) -> dict:
+    return run_check_script(jax_python, TRANSFORMER_CHECK, *TRANSFORMERS,
+                            env={"JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_flax_transformer_matches_spec(transformer_results: dict, name: str) -> None:
+    s, r = get_spec(name), transformer_results[name]
+    assert (r["params"], r["trainable"]) == (s.params, s.trainable_params)
+    assert r["collections"] == ["params"]  # no BatchNorm, no dropout
+    gpt = s.transformer.kind == "gpt"
+    assert r["ln_epsilons"] == [1e-5 if gpt else 1e-6]
+    # GELU: tanh approximation for GPT, exact (erf) for ViT
+    assert (r["tanh"], r["erf"]) == ((True, False) if gpt else (False, True))
+    d = r["describe"]
+    assert (d["params"], d["trainable_params"]) == (s.params, s.params)
+    assert d["output_shape"] == ([2, *s.input_shape, s.num_classes] if gpt
+                                 else [2, s.num_classes])
+    assert d["flops_source"] == "XLA cost analysis of the jitted forward (batch 1)"
+    # XLA counts the matmuls as the standard count does, plus the element-wise ops, the
+    # attention softmax and (causal GPT) the masked half of QK^T too: a few percent over
+    assert s.flops_per_sample < d["flops_per_sample"] < 1.1 * s.flops_per_sample
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+@pytest.mark.parametrize("name", ["gpt2_tiny", "vit_tiny"])
+def test_flax_tiny_transformers_run(transformer_results: dict, name: str) -> None:
+    s, r = get_spec(name), transformer_results[name]
+    want = [2, *s.input_shape, s.num_classes] if s.input_kind == "tokens" else [2, s.num_classes]
+    assert r["output_shape"] == r["train_output_shape"] == want
+    assert r["finite"] and r["train_same"] and r["updates"] == []
+    assert r["weight_std"] == pytest.approx(0.02, rel=0.05) and r["biases_zero"]
+    assert r["bf16_output"] == "bfloat16" and r["bf16_params"] == ["float32"]
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_flax_gpt_is_causal(transformer_results: dict) -> None:
+    r = transformer_results["gpt2_tiny"]
+    assert r["max_change_before"] == 0.0
+    assert r["min_change_from"] > 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_flax_describe_a_users_module(transformer_results: dict) -> None:
+    r = transformer_results
+    # 192 -> 32 -> 10: 6,144 + 32 + 320 + 10 weights; XLA: 2 x 6,464 MACs + bias, ReLU, bias
+    assert r["user"] == {"params": 6_506, "trainable_params": 6_506,
+                         "flops_per_sample": 2 * 6_464 + 32 + 32 + 10,
+                         "flops_source": "XLA cost analysis of the jitted forward (batch 1)",
+                         "output_shape": [2, 10]}
+    assert "not a flax.linen.Module" in r["not_a_model"] and "models: mine:" in r["not_a_model"]
+    assert r["broken"].startswith("models: mine: the forward pass on input [1, 8, 8, 3] "
+                                  "float32 failed: TypeError")

@@ -6,6 +6,9 @@ global BatchNorm, the placement read back from jax, and the BatchNorm semantics 
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +237,132 @@ def test_keras_jax_window_excludes_the_second_epochs_recompile(jax_python: str) 
     assert r["host_dataset"]["batches"] == 4 and r["warmup_steps_run"] == 5
     assert r["samples"] == 8 * 8  # the optimizer's counter over the window: the 8 timed steps
     assert "compiles its train step again" in r["warmup_extended"]
+
+
+# --- transformers and a user's own Flax model (issue 26) ---
+
+@pytest.fixture(scope="module")
+def transformer_sweep(tmp_path_factory: pytest.TempPathFactory, jax_python: str
+                      ) -> dict[tuple[str, int], dict]:
+    """jax_native on gpt2_tiny and vit_tiny at 1 and 2 virtual CPU devices through the CLI
+    (1 warm-up, 3 timed steps, 4 samples per device); records by (model, devices)."""
+    from bench.records.store import load_records
+
+    out = tmp_path_factory.mktemp("transformers")
+    smoke_sweep(out, "runners=[jax_native]", "models=[gpt2_tiny,vit_tiny]", "warmup_steps=1",
+                "batch_size_per_device=4")
+    return {(r["model"], r["num_devices"]): r for r in load_records(out)}
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+@pytest.mark.parametrize("model", ["gpt2_tiny", "vit_tiny"])
+def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
+    from models import get_spec
+
+    spec = get_spec(model)
+    tokens = spec.input_kind == "tokens"
+    for n in (1, 2):
+        rec = transformer_sweep[(model, n)]
+        assert check_record(rec) == []
+        assert rec["status"] == "ok", rec["reason"]
+        assert rec["samples"] == 3 * 4 * n and rec["images_per_sec"] > 0
+        result = rec["result"]
+        assert result["params"] == spec.params
+        assert result["flops_per_sample"] == spec.flops_per_sample
+        assert result["flops_source"] == spec.flops_source
+        assert result["workload"] == "transformer"
+        assert result["tokens_per_sample"] == (64 if tokens else None)
+        # at most about ln(classes), where a model that guesses starts (after one warm-up step
+        # on the same batch, a little lower)
+        assert 0 < rec["first_loss"] < math.log(spec.num_classes) + 0.5
+        # no BatchNorm: the per-device step still averages the gradients (one all-reduce)
+        assert result["collectives"]["all-reduce"] >= 1
+        assert sorted(rec["placement"].values()) == [4] * n
+        assert result["layout"] == ("token ids (batch, sequence)" if tokens else "channels_last")
+        assert ("next-token" in result["loss_kind"]) == tokens
+
+
+USER_MODEL = '''
+import flax.linen as nn
+
+
+class TinyLM(nn.Module):  # no `train` argument, no BatchNorm
+    vocab: int
+    width: int
+
+    @nn.compact
+    def __call__(self, ids):
+        x = nn.Embed(self.vocab, self.width)(ids)
+        return nn.Dense(self.vocab)(nn.relu(nn.Dense(self.width)(x)))
+
+
+def make(vocab=97, width=32):
+    return TinyLM(vocab, width)
+
+
+def not_flax():
+    return object()
+'''
+
+
+def run_child(jax_python: str, tmp: Path, name: str, custom: dict, n: int = 2) -> dict:
+    """jax_native started as bench/run/launch.py starts it (`python -m runners.jax.native
+    --spec S --result R`) on a hand-made spec of a user's model; its result."""
+    spec = json.loads(check_spec("jax_native", num_devices=n, model=custom["name"],
+                                 warmup_steps=1, batch_size_per_device=4,
+                                 global_batch_size=4 * n, custom_model=custom))
+    spec_path, result_path = tmp / f"{name}.spec.json", tmp / f"{name}.result.json"
+    spec_path.write_text(json.dumps(spec))
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([jax_python, "-m", "runners.jax.native", "--spec", str(spec_path),
+                           "--result", str(result_path)], cwd=repo, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert result_path.exists(), proc.stderr[-3000:]
+    return json.loads(result_path.read_text())
+
+
+@pytest.fixture(scope="module")
+def user_model_runs(tmp_path_factory: pytest.TempPathFactory, jax_python: str) -> dict:
+    folder = tmp_path_factory.mktemp("user-models")  # outside the repo
+    (folder / "mynets.py").write_text(USER_MODEL)
+    entry = {"name": "tinylm", "framework": "jax", "build": "mynets:make", "path": str(folder),
+             "args": {"vocab": 97, "width": 32},
+             "input": {"kind": "tokens", "seq_len": 16, "vocab": 97}}
+    return {
+        "ok": run_child(jax_python, folder, "ok", entry),
+        "wrong_vocab": run_child(jax_python, folder, "wrong_vocab", {
+            **entry, "input": {"kind": "tokens", "seq_len": 16, "vocab": 50}}, n=1),
+        "not_flax": run_child(jax_python, folder, "not_flax", {
+            **entry, "build": "mynets:not_flax", "args": {}}, n=1),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_jax_native_users_token_model(user_model_runs: dict) -> None:
+    r = user_model_runs["ok"]
+    assert r["status"] == "ok", r.get("reason")
+    # Embed 97 x 32, Dense 32 -> 32, Dense 32 -> 97 (with biases)
+    assert r["params"] == 97 * 32 + 32 * 32 + 32 + 32 * 97 + 97
+    assert r["flops_source"] == "XLA cost analysis of the jitted forward (batch 1)"
+    # 16 positions x 2 x (32 x 32 + 32 x 97) multiply-adds, and a little element-wise work
+    assert 16 * 2 * (32 * 32 + 32 * 97) <= r["flops_per_sample"] < 1.1 * 16 * 2 * (
+        32 * 32 + 32 * 97)
+    assert r["workload"] == "custom" and r["tokens_per_sample"] == 16
+    assert r["placement"] == {"cpu:0": 4, "cpu:1": 4} and r["samples"] == 3 * 8
+    assert r["collectives"]["all-reduce"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_jax_native_users_model_invalid(user_model_runs: dict) -> None:
+    r = user_model_runs["wrong_vocab"]
+    assert r["status"] == "invalid"
+    assert r["reason"] == ("models: tinylm: output shape [2, 16, 97] for a batch of 2 does not "
+                           "match vocab 50 (expected [2, 16, 50])")
+    r = user_model_runs["not_flax"]
+    assert r["status"] == "invalid"
+    assert r["reason"] == ("models: tinylm: mynets:not_flax returned builtins.object, not a "
+                           "flax.linen.Module")

@@ -35,6 +35,21 @@ batchnorm: global (the pre-2026 behaviour; "sync BatchNorm")
   global and the mean of the two halves' variances under per_device.
 The compiled step's collectives are counted from its HLO and recorded.
 
+Models (models.spec_of / build_for): the CNNs and the built-in transformers (gpt2, gpt2_tiny,
+vit_b16, vit_tiny: models/transformer_flax.py) from their flax builders with the compute dtype,
+or a user's flax.linen Module (spec.custom_model, models/custom.py), built as written and called
+with `train` only if its __call__ takes it. A token model (gpt2, a user's `tokens` entry) trains
+on one synthetic batch of ids (B, T + 1) generated under jit into the batch sharding, inputs
+ids[:, :-1] and next-token targets ids[:, 1:], the loss the mean cross-entropy of the float32
+logits (B, T, V) over all B x T positions; real data is images only. A model without BatchNorm
+has no batch_stats: the train state holds an empty one and both batchnorm modes run unchanged
+(per_device still pmean's the gradients and the loss). The result's params are counted from
+the initialised variables; flops_per_sample is ours for a CNN (count_flops_flax), the spec's
+standard count for a built-in transformer, and XLA's cost analysis of the jitted forward for a
+user's model (models.flax_common.describe), with flops_source, tokens_per_sample and workload
+beside it. A user's model in bf16 computes in bfloat16 by casting its float params and inputs
+inside the step (the float32 params are updated); a built-in is built with dtype=bfloat16.
+
 Placement (`placement`): the rows of the first timed batch on each device, read from the batch
 jax.Array's addressable_shards (each shard's device and its index into the batch axis).
 Real data (data: real): the global batch comes from the Grain pipeline of runners/jax/data.py
@@ -79,7 +94,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from models import get_spec, load_builder
+from models import build_for, get_spec, load_builder, spec_of
 from runners.common import Invalid, Spec, Unavailable, finite, main, timed_loop
 from runners.jax.common import (
     all_placement,
@@ -141,13 +156,19 @@ def create_state(model: nn.Module, variables: Any, tx: optax.GradientTransformat
     return jax.jit(make, out_shardings=replicated)(variables)
 
 
-def init_variables(model: nn.Module, shape_hwc: tuple[int, int, int]) -> Any:
-    """The model's initial variables (fixed seed) on the default device."""
+def init_variables(model: nn.Module, shape: tuple[int, ...], dtype: str = "float32",
+                   call: dict[str, Any] | None = None) -> Any:
+    """The model's initial variables (fixed seed) on the default device, from a batch of one
+    sample of `shape` (H, W, C images; (seq_len,) int32 token ids), the module called with
+    `call` (default train=False; {} for a user's module that takes no `train`)."""
     import jax
     import jax.numpy as jnp
 
-    x = jnp.zeros((1, *shape_hwc), jnp.float32)
-    return jax.jit(lambda: model.init(jax.random.key(0), x, train=False))()
+    from models.flax_common import init_rngs
+
+    x = jnp.zeros((1, *shape), dtype)
+    call = {"train": False} if call is None else call
+    return jax.jit(lambda: model.init(init_rngs(), x, **call))()
 
 
 BATCHNORM_MODES = ("per_device", "global")
@@ -159,11 +180,15 @@ BATCHNORM_RECORD = {
 }
 
 
-def make_train_step(replicated: Any, batch: Any, batchnorm: str = "per_device"
-                    ) -> Callable[..., Any]:
-    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy, BatchNorm
-    statistics updated, per device under shard_map or over the global batch under plain jit
-    (see the module docstring); the state donated, its shardings pinned."""
+def make_train_step(replicated: Any, batch: Any, batchnorm: str = "per_device",
+                    call: dict[str, Any] | None = None, cast: Any = None) -> Callable[..., Any]:
+    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy (over the
+    rows, or over every position of (B, T, V) token logits), BatchNorm statistics updated (a
+    model without BatchNorm has an empty batch_stats), per device under shard_map or over the
+    global batch under plain jit (see the module docstring); the state donated, its shardings
+    pinned. `call`: the module's keyword arguments in training (default train=True; {} for a
+    user's module without `train`). `cast` (a user's model in bf16): the params and a float
+    input cast to that dtype inside the step, the float32 params updated."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -172,13 +197,23 @@ def make_train_step(replicated: Any, batch: Any, batchnorm: str = "per_device"
     if batchnorm not in BATCHNORM_MODES:
         raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
 
+    kwargs = {"train": True} if call is None else call
+
+    def cast_floats(tree: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda a: a.astype(cast) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
     def grads_and_stats(state: train_state.TrainState, x: jax.Array, y: jax.Array,
                         dropout: jax.Array) -> tuple[jax.Array, Any, Any]:
         """(mean loss over x's rows, its gradients, the updated BatchNorm statistics)."""
 
         def loss_fn(params: Any) -> tuple[jax.Array, Any]:
+            if cast is not None:
+                params, inputs = cast_floats(params), cast_floats(x)
+            else:
+                inputs = x
             logits, updates = state.apply_fn(
-                {"params": params, "batch_stats": state.batch_stats}, x, train=True,
+                {"params": params, "batch_stats": state.batch_stats}, inputs, **kwargs,
                 mutable=["batch_stats"], rngs={"dropout": dropout})
             loss = optax.softmax_cross_entropy_with_integer_labels(
                 logits.astype(jnp.float32), y).mean()
@@ -220,13 +255,41 @@ def compile_step(step: Any, state: Any, x: Any, y: Any) -> tuple[Any, dict[str, 
     return compiled, {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in ops}
 
 
-def input_batches(data: RealData | None, model_spec: Any, global_batch: int, batch: Any
-                  ) -> tuple[Iterator[Any], Any, Any, dict[str, Any]]:
-    """(batches, x and y to compile the step for, what the record says about the input):
-    one resident synthetic batch for ever, or the Grain pipeline's batches."""
+def token_batch(seq_len: int, vocab: int, global_batch: int, sharding: Any
+                ) -> tuple[jax.Array, jax.Array]:
+    """One random global batch of token ids (B, T + 1) in [0, vocab), generated by a jitted
+    function straight into the batch sharding (each device makes its own rows), split into the
+    inputs ids[:, :-1] and the next-token targets ids[:, 1:], both (B, T) int32."""
     import jax
     import jax.numpy as jnp
 
+    def make() -> tuple[jax.Array, jax.Array]:
+        ids = jax.random.randint(jax.random.key(0), (global_batch, seq_len + 1), 0, vocab,
+                                 jnp.int32)
+        return ids[:, :-1], ids[:, 1:]
+
+    return jax.block_until_ready(jax.jit(make, out_shardings=(sharding, sharding))())
+
+
+TOKENS_REAL_DATA = ("data real: the prepared datasets are images; a token model trains on "
+                    "synthetic tokens")
+
+
+def input_batches(data: RealData | None, model_spec: Any, global_batch: int, batch: Any
+                  ) -> tuple[Iterator[Any], Any, Any, dict[str, Any]]:
+    """(batches, x and y to compile the step for, what the record says about the input):
+    one resident synthetic batch for ever (images and labels, or token ids and their next
+    tokens), or the Grain pipeline's batches."""
+    import jax
+    import jax.numpy as jnp
+
+    if data is None and model_spec.input_kind == "tokens":
+        x, y = token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
+                           batch)
+        return itertools.repeat((x, y)), x, y, {
+            "data_placement": "one synthetic global batch of token ids (B, T + 1) generated "
+                              "under jit into the batch sharding (inputs ids[:, :-1], targets "
+                              "ids[:, 1:]); no host copy per step"}
     if data is None:
         x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
                                batch)
@@ -251,31 +314,68 @@ MULTI_NODE_REAL_DATA = (
     "stream is not built yet")
 
 
+def build_model(spec: Spec, model_spec: Any, dtype: Any) -> tuple[Any, dict[str, Any] | None]:
+    """(the run's Flax module, describe()'s counts for a user's model, None for a built-in):
+    a built-in's flax builder with the compute dtype, or the user's build function; a user's
+    model that cannot be built, is not a flax.linen.Module, fails on its declared input or
+    returns other logits than it declares is Invalid."""
+    import flax.linen as nn
+
+    from models.custom import CustomModelError, check_output, not_a_model
+    from models.flax_common import describe
+
+    try:
+        model = build_for(spec, "flax", dtype=dtype)
+        if model_spec.workload != "custom":
+            return model, None
+        if not isinstance(model, nn.Module):
+            raise not_a_model(spec.custom_model, model, "a flax.linen.Module")
+        counted = describe(model, model_spec)
+        check_output(spec.custom_model, model_spec, counted["output_shape"], 2)
+    except CustomModelError as exc:
+        raise Invalid(str(exc)) from None
+    return model, counted
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     if spec.num_nodes > 1 and spec.data != "synthetic":
         raise Unavailable(MULTI_NODE_REAL_DATA)
+    model_spec = spec_of(spec)
+    tokens = model_spec.input_kind == "tokens"
+    if tokens and spec.data != "synthetic":
+        raise Unavailable(TOKENS_REAL_DATA)
     devices, described = setup_devices(spec)
     import jax.numpy as jnp
     import optax
 
-    from models.flax_common import count_flops_flax, count_params_flax
+    from models.flax_common import count_flops_flax, count_params_flax, train_kwargs
 
     n, global_batch = len(devices), spec.global_batch_size
     spec.split_batch(n)
     dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[spec.precision]
-    model_spec = get_spec(spec.model)
     data = real_dataset(spec, model_spec)
-    model = load_builder(spec.model, "flax")(model_spec, dtype=dtype)
+    model, counted = build_model(spec, model_spec, dtype)
+    # a user's model is built as written: bf16 casts its params and inputs inside the step
+    cast = dtype if counted is not None else None
     replicated, batch = make_shardings(devices)
-    variables = init_variables(model, model_spec.input_shape)
+    variables = init_variables(model, model_spec.input_shape, "int32" if tokens else "float32",
+                               train_kwargs(model, False))
     params = count_params_flax(variables)
     state = create_state(model, variables, optax.sgd(0.01, momentum=0.9), replicated)
     del variables
     batches, x, y, input_record = input_batches(data, model_spec, global_batch, batch)
     batchnorm = spec.options["batchnorm"]
+    if counted is not None:
+        flops, flops_source = counted["flops_per_sample"], counted["flops_source"]
+    elif model_spec.workload == "cnn":
+        flops = count_flops_flax(model, model_spec.input_shape)
+        flops_source = model_spec.flops_source
+    else:  # a built-in transformer: the standard count
+        flops, flops_source = model_spec.flops_per_sample, model_spec.flops_source
     try:
-        step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state,
-                                         x, y)
+        step, collectives = compile_step(
+            make_train_step(replicated, batch, batchnorm, train_kwargs(model, True), cast),
+            state, x, y)
         start: int | None = None  # the step counter when the clock starts
         first: tuple[Any, Any] | None = None  # the first timed batch
 
@@ -304,14 +404,19 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
         framework.update(grain_version())
         extra = {"first_timed_labels": host_labels(first[1])}
+    dtype_line = "float32" if dtype is None else "bfloat16 compute, float32 params"
+    if cast is not None:
+        dtype_line = "bfloat16 compute (params and inputs cast in the step), float32 params"
     return {
         **window.summary(global_batch, steps * global_batch),
-        "loss_kind": "global mean cross-entropy of each step's batch",
+        "loss_kind": ("global mean next-token cross-entropy over every position of each "
+                      "step's batch" if tokens else "global mean cross-entropy of each step's "
+                                                    "batch"),
         "replicas": n,
         "framework": framework,
         "devices": described,
-        "layout": "channels_last",
-        "dtype": "float32" if dtype is None else "bfloat16 compute, float32 params",
+        "layout": "token ids (batch, sequence)" if tokens else "channels_last",
+        "dtype": dtype_line,
         "shardings": {"params": sharding_record(replicated), "batch": sharding_record(batch),
                       "per_device_batch": global_batch // n},
         "collectives": collectives,
@@ -322,7 +427,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **input_record,
         **extra,
         "params": params,
-        "flops_per_sample": count_flops_flax(model, model_spec.input_shape),
+        "flops_per_sample": flops,
+        "flops_source": flops_source,
+        "tokens_per_sample": model_spec.tokens_per_sample,
+        "workload": model_spec.workload,
         **close_multihost(spec),
     }
 

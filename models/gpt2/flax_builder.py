@@ -1,0 +1,16 @@
+"""GPT-2 in Flax (linen): models/transformer_flax.py's GPT of the spec's TransformerShape (token
+ids (B, T) in, next-token logits (B, T, vocab) out). gpt2_tiny imports this builder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+
+from models import ModelSpec
+from models.transformer_flax import build_transformer
+
+
+def build(spec: ModelSpec, data_format: str = "channels_last", dtype: Any = None) -> nn.Module:
+    """The GPT of spec.transformer; dtype the computation dtype (None or jnp.bfloat16)."""
+    return build_transformer(spec.transformer, data_format, dtype)
