@@ -28,11 +28,8 @@ def check(entry: dict[str, Any]) -> dict[str, Any]:
     name = entry["name"]
     try:
         model = build(entry)
-    except CustomModelError as exc:
+    except CustomModelError as exc:  # not found, or the build function raised
         return {"error": str(exc)}
-    except Exception as exc:  # the user's build function raised
-        return {"error": f"models: {name}: {entry['build']}(**{entry.get('args') or {}}) "
-                         f"raised {type(exc).__name__}: {_first_line(exc)}"}
     try:
         info = importlib.import_module(f"models.{DESCRIBE[entry['framework']]}").describe(
             model, spec)

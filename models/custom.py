@@ -74,8 +74,16 @@ def load(entry: dict[str, Any]) -> Callable[..., Any]:
 
 
 def build(entry: dict[str, Any]) -> Any:
-    """The user's model object: the build function called with the entry's args."""
-    return load(entry)(**(entry.get("args") or {}))
+    """The user's model object: the build function called with the entry's args; what it
+    raises becomes a CustomModelError of one line (the run is invalid, not failed)."""
+    func, args = load(entry), entry.get("args") or {}
+    try:
+        return func(**args)
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        raise CustomModelError(f"models: {entry['name']}: {entry['build']}(**{args}) raised "
+                               f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+                               ) from None
 
 
 def wrong_kind(entry: dict[str, Any], kind: str) -> CustomModelError:
