@@ -37,7 +37,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runners.common import Invalid, Spec, main
@@ -52,6 +51,7 @@ from runners.torch.dist import (
     check_precision,
     framework_versions,
     init_ranks,
+    loss_of,
     model_record,
     probe_equivalence,
     rank_model,
@@ -59,27 +59,52 @@ from runners.torch.dist import (
     wrap_ddp,
 )
 
+OPTIMIZER_IMPLS = {"foreach": {"foreach": True}, "fused": {"fused": True},
+                   "for-loop": {"foreach": False}}
+
+
+def set_cudnn_benchmark(spec: Spec, ranks: Ranks) -> dict[str, Any]:
+    """torch.backends.cudnn.benchmark as the run's option says (GPUs), read back; on CPUs
+    there is no cuDNN and the option does nothing, recorded as such."""
+    wanted = spec.options["cudnn_benchmark"]
+    if ranks.cuda:
+        torch.backends.cudnn.benchmark = wanted
+    return {"cudnn_benchmark": {"option": wanted,
+                                "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
+                                "in_effect": ranks.cuda and torch.backends.cudnn.is_available(),
+                                **({} if ranks.cuda else {"note": "no-op on CPU (no cuDNN)"})}}
+
 
 def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: float,
                   momentum: float
-                  ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None]:
-    """The one step function of both modes: `net` (on the rank's device) in DDP, compiled when
-    the run says `compile`, SGD, the run's autocast (and GradScaler in fp16), the batch from
-    `feed`; it returns this rank's loss."""
-    model: nn.Module = wrap_ddp(net, ranks)
+                  ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None,
+                             dict[str, Any]]:
+    """The one step function of both modes: `net` (on the rank's device) in DDP (gradients as
+    bucket views when the run says so), compiled when the run says `compile`, SGD in the run's
+    `optimizer_impl`, the run's autocast (and GradScaler in fp16), the batch from `feed`; it
+    returns this rank's loss (next-token cross-entropy for a token model, loss_of). The last
+    item is what DDP and the optimizer report of those settings."""
+    ddp = wrap_ddp(net, ranks, spec.options["gradient_as_bucket_view"])
+    model: nn.Module = ddp
     if spec.options["compile"]:
         model = torch.compile(model)
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    impl = spec.options["optimizer_impl"]
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum,
+                                **OPTIMIZER_IMPLS[impl])
     counter = StepCounter(optimizer)
     tracker = PlacementTracker(net)
     scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
     model.train()
+    reported = {"optimizer": {"impl": impl, "class": "torch.optim.SGD",
+                              "foreach": optimizer.defaults.get("foreach"),
+                              "fused": optimizer.defaults.get("fused")},
+                "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view)}
 
     def step() -> torch.Tensor:
         x, y = feed.next()
         optimizer.zero_grad(set_to_none=True)
         with autocast(ranks, spec.precision):
-            loss = F.cross_entropy(model(tracker.saw(x)).float(), y)
+            loss = loss_of(model(tracker.saw(x)), y)
         if scaler is None:
             loss.backward()
             optimizer.step()
@@ -91,7 +116,7 @@ def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: floa
             counter.skipped += scaler.get_scale() < scale  # the scaler backs off after a skip
         return loss.detach()
 
-    return step, counter, tracker, scaler
+    return step, counter, tracker, scaler, reported
 
 
 def compile_record(spec: Spec) -> dict[str, Any]:
@@ -113,8 +138,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     layout = opts["memory_format"]
     ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
+    cudnn = set_cudnn_benchmark(spec, ranks)
     model_spec, feed, net = rank_model(spec, ranks, layout)
-    step, counter, tracker, scaler = training_step(spec, ranks, net, feed, 0.01, 0.9)
+    step, counter, tracker, scaler, reported = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, step, counter, tracker, feed)
     result.update({
         "framework": framework_versions(),
@@ -125,6 +151,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},
         **compile_record(spec),
+        **cudnn,
+        **reported,
         "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
                     "(torchrun); gradients all-reduced in buckets during backward",
         **model_record(net, model_spec),
@@ -141,14 +169,17 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     layout = opts["memory_format"]
     ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
+    cudnn = set_cudnn_benchmark(spec, ranks)
+    reported: dict[str, Any] = {}
 
     def make_step(net: nn.Module, feed: Feed, lr: float
                   ) -> tuple[Step, StepCounter, PlacementTracker]:
-        step, counter, tracker, _ = training_step(spec, ranks, net, feed, lr, 0.0)
+        step, counter, tracker, _, own = training_step(spec, ranks, net, feed, lr, 0.0)
+        reported.update(own)
         return step, counter, tracker
 
     result = probe_equivalence(spec, ranks, make_step, layout)
-    return {**result, **compile_record(spec)}
+    return {**result, **compile_record(spec), **cudnn, **reported}
 
 
 if __name__ == "__main__":
