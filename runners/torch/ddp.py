@@ -12,10 +12,18 @@ with `workers` processes, pinned memory and a non_blocking copy on GPUs (DALI in
 is installed on a GPU machine; runners/torch/data.py); the timed window includes it.
 Parameters: one full replica per rank; DDP broadcasts rank 0's at construction, so all
 replicas start equal.
+Models: the 2017 CNNs, the transformers (gpt2, vit_b16 and their tiny versions) and a user's
+own torch model (a `models:` entry, models/custom.py), through runners/torch/dist.py's
+rank_model. A token model's slice is random ids (B/N, T + 1) made on the device once, inputs
+ids[:, :-1] and next-token targets ids[:, 1:]; its loss is the mean cross-entropy over every
+position, on float32 logits. Parameters and FLOPs in the result: a CNN's counted over its
+layers, a built-in transformer's the spec's standard count, a user's model's by torch's
+FlopCounterMode.
 Reduce: each rank's loss is the mean cross-entropy over its slice; during backward DDP
 all-reduces gradient buckets (NCCL or gloo, overlapped with the rest of backward) and divides
 by N, so every rank holds the gradient of the global mean loss and applies the same SGD update
-(synchronous data parallelism, identical to one device with batch B).
+(synchronous data parallelism, identical to one device with batch B). With
+gradient_as_bucket_view (the default) the gradients are views into DDP's buckets, not copies.
 Synchronise: backward returns only when DDP's all-reduces are done, so the ranks are in step
 without a barrier; on GPUs torch.cuda.synchronize() ends each timed step, and reading the loss
 with .item() waits for the step on every device before the clock is read.
@@ -27,9 +35,16 @@ group whose backend and size (dist.get_backend(), get_world_size()) are checked 
 run's; keys "rank<r>:<device>" (rank1:cpu, rank1:cuda:1), counts the rows, which must add up
 to the samples.
 Equivalence: the benchmark's own step function (DDP, torch.compile when `compile`, the memory
-format, autocast, the resident-tensor input) on the probe, one step of SGD without momentum.
-Follows PyTorch 2.13's DDP as its tutorials use it (torchrun, DDP defaults, SGD); what
-differs: synthetic data made on each device once (no DataLoader on synthetic runs).
+format, autocast, the optimizer implementation, gradient bucket views, the resident-tensor
+input) on the probe, one step of SGD without momentum.
+Defaults: on GPUs what NVIDIA's DeepLearningExamples and Lambda's PyTorch benchmark scripts
+use: channels_last, torch.compile, cudnn.benchmark, the fused SGD kernel, gradient bucket
+views, data resident on the device (the catalog's gpu_default of each option); on CPUs what is
+fastest there (channels_first, eager, foreach SGD). Each is in the run's options and the
+result says what torch reports back (torch.backends.cudnn.benchmark, the optimizer's
+foreach/fused, DDP's gradient_as_bucket_view, the graphs TorchDynamo captured).
+Follows PyTorch 2.13's DDP as its tutorials use it (torchrun, DDP, SGD); what differs:
+synthetic data made on each device once (no DataLoader on synthetic runs).
 """
 
 from __future__ import annotations

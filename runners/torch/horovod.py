@@ -36,7 +36,9 @@ function (DistributedOptimizer with the run's compression, resident-tensor input
 probe, one step of SGD without momentum.
 Follows Horovod 0.28.1's PyTorch API as its pytorch_synthetic_benchmark.py example uses it
 (DistributedOptimizer with op Average, broadcast_parameters, --fp16-allreduce as the
-fp16_allreduce option); what differs: the harness's models and SGD with momentum 0.9 in
+fp16_allreduce option); what differs: the harness's models (the 2017 CNNs, or a user's own
+torch model, tokens or images, as torch_ddp takes it: runners/torch/dist.py's rank_model and
+loss_of) and SGD with momentum 0.9 in
 place of the example's torchvision model and plain SGD, and no Adasum option (Adasum is by
 design not the 1-device step, so it could not pass the equivalence test).
 
