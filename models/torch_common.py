@@ -5,9 +5,14 @@ Imports torch: never import this module from the parent process.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
+
+from models import ModelSpec
+from models.custom import CustomModelError, not_a_model
 
 DATA_FORMATS = ("channels_first", "channels_last")
 
@@ -82,6 +87,75 @@ def count_flops_torch(model: nn.Module, input_shape_chw: tuple[int, int, int]) -
         for h in handles:
             h.remove()
     return int(flops)
+
+
+FLOP_COUNTER = "torch.utils.flop_counter.FlopCounterMode (forward, batch 1)"
+
+
+def sample_input(model_spec: ModelSpec, batch: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A batch of the spec's inputs: random int64 token ids (batch, seq_len) in [0, vocab), or
+    a random float NCHW image batch from the (H, W, C) input_shape."""
+    gen = torch.Generator().manual_seed(0)
+    if model_spec.input_kind == "tokens":
+        ids = torch.randint(0, model_spec.num_classes, (batch, model_spec.input_shape[0]),
+                            generator=gen)
+        return ids.to(device)
+    h, w, c = model_spec.input_shape
+    return torch.randn((batch, c, h, w), generator=gen).to(device=device, dtype=dtype)
+
+
+def _cpu_attention() -> dict[Any, Any]:
+    """FlopCounterMode's formula for scaled_dot_product_attention (4 x batch x heads x q x k x
+    head_dim, causal or not) for the CPU kernel too, which its registry leaves out (it counts
+    the CUDA flash, efficient and cuDNN kernels): the same count on every device."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None:
+        return {}
+
+    def flops(query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any) -> int:
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    return {op: flops}
+
+
+def describe(model: Any, model_spec: ModelSpec) -> dict[str, Any]:
+    """What torch says of a model (a built-in's or a user's): parameters (BatchNorm running
+    statistics included, as count_params_torch counts them), trainable ones, forward FLOPs of
+    one sample counted by torch's FlopCounterMode over a batch of 1 of the spec's inputs, and
+    the output's shape for a batch of 2. CustomModelError when `model` is not an nn.Module or
+    its forward pass fails (the model is left in the mode it was in, in eval for the passes)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if not isinstance(model, nn.Module):
+        raise not_a_model({"name": model_spec.name, "build": "?"}, model, "a torch.nn.Module")
+    model = unwrap(model)
+    param = next(iter(model.parameters()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    was_training = model.training
+    model.eval()  # leaves BatchNorm statistics untouched, dropout off
+    try:
+        with torch.no_grad():
+            with FlopCounterMode(display=False, custom_mapping=_cpu_attention()) as counter:
+                model(sample_input(model_spec, 1, device, dtype))
+            out = model(sample_input(model_spec, 2, device, dtype))
+    except Exception as exc:  # a user's forward pass: say which and why, in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CustomModelError(f"models: {model_spec.name}: the forward pass of a batch of "
+                               f"{'token ids' if model_spec.input_kind == 'tokens' else 'images'}"
+                               f" failed: {type(exc).__name__}: {first}") from exc
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor):
+        raise CustomModelError(f"models: {model_spec.name}: the model returned "
+                               f"{type(out).__module__}.{type(out).__qualname__}, not a "
+                               "tensor of logits")
+    return {"params": count_params_torch(model), "trainable_params": count_trainable_torch(model),
+            "flops_per_sample": int(counter.get_total_flops()), "flops_source": FLOP_COUNTER,
+            "output_shape": list(out.shape)}
 
 
 def _canonical_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

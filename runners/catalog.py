@@ -8,14 +8,37 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class _SameAsDefault:
+    """Option.gpu_default's own default: on GPUs too, the option's default."""
+
+    def __repr__(self) -> str:
+        return "SAME_AS_DEFAULT"
+
+
+SAME_AS_DEFAULT: Any = _SameAsDefault()
+
+
 @dataclass(frozen=True)
 class Option:
-    """One runner option: its type, default, and (optionally) the values allowed."""
+    """One runner option: its type, default, and (optionally) the values allowed.
+    `gpu_default` is its default in a run on device gpu, where the fastest setting there is
+    not the CPU's (a value the config gives wins on both)."""
 
     type: type | tuple[type, ...]
     default: Any
     allowed: tuple[Any, ...] | None = None
     help: str = ""
+    gpu_default: Any = SAME_AS_DEFAULT
+
+    def default_on(self, device: str) -> Any:
+        """The default of a run on `device` ("cpu" | "gpu")."""
+        if device == "gpu" and self.gpu_default is not SAME_AS_DEFAULT:
+            return self.gpu_default
+        return self.default
+
+    @property
+    def has_gpu_default(self) -> bool:
+        return self.gpu_default is not SAME_AS_DEFAULT
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The PyTorch builders agree with the framework-free specs: parameters, FLOPs, outputs, and the
-probe's canonical weights. Torch runs only in a child process (the torch environment)."""
+probe's canonical weights; the transformers' counts, shapes and causality, and
+models.torch_common.describe. Torch runs only in a child process (the torch environment)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from models import available_models, get_spec
 from tests.conftest import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
+CNNS = [m for m in available_models() if get_spec(m).workload == "cnn"]
+TRANSFORMERS = [m for m in available_models() if get_spec(m).workload == "transformer"]
 
 # Runs in the torch interpreter, from the repo root; prints one line "RESULT <json>".
 TORCH_CHECK = r"""
@@ -115,13 +118,13 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def torch_results(torch_python: str) -> dict:
-    return run_check_script(torch_python, TORCH_CHECK, *available_models(),
+    return run_check_script(torch_python, TORCH_CHECK, *CNNS,
                             env={"CUDA_VISIBLE_DEVICES": "", "KERAS_BACKEND": "torch"})
 
 
 @pytest.mark.slow
 @pytest.mark.framework("torch")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNNS)
 @pytest.mark.parametrize("fmt", ["channels_first", "channels_last"])
 def test_torch_builder_matches_spec(torch_results: dict, name: str, fmt: str) -> None:
     s, r = get_spec(name), torch_results[f"{name}/{fmt}"]
@@ -134,7 +137,7 @@ def test_torch_builder_matches_spec(torch_results: dict, name: str, fmt: str) ->
 
 @pytest.mark.slow
 @pytest.mark.framework("torch")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNNS)
 @pytest.mark.parametrize("fmt", ["channels_first", "channels_last"])
 def test_flop_counter_mode_agrees(torch_results: dict, name: str, fmt: str) -> None:
     # FlopCounterMode counts 2 x MACs of aten.convolution and aten.addmm (the Linear; its bias
@@ -146,7 +149,7 @@ def test_flop_counter_mode_agrees(torch_results: dict, name: str, fmt: str) -> N
 
 @pytest.mark.slow
 @pytest.mark.framework("torch")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNNS)
 def test_memory_formats_agree(torch_results: dict, name: str) -> None:
     r = torch_results[f"{name}/formats"]
     assert r["allclose"], r
@@ -154,7 +157,7 @@ def test_memory_formats_agree(torch_results: dict, name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.framework("torch")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNNS)
 def test_bad_data_format_is_rejected(torch_results: dict, name: str) -> None:
     assert torch_results[f"{name}/bad_format"].startswith("ValueError: data_format")
 
@@ -183,3 +186,110 @@ def test_probe_canonical_weights_errors(torch_results: dict) -> None:
 def test_parent_never_imports_torch(torch_results: dict) -> None:
     assert torch_results["versions"]["torch"].startswith("2.13.0")
     assert "torch" not in sys.modules
+
+
+# The transformers (and describe), in the torch interpreter; one line "RESULT <json>".
+TRANSFORMER_CHECK = r"""
+import json, sys
+import torch
+from models import get_spec, load_builder
+from models.custom import CustomModelError
+from models.torch_common import describe, sample_input
+torch.manual_seed(0)
+out = {}
+for name in sys.argv[1:]:
+    spec, build = get_spec(name), load_builder(name, "torch")
+    m = build(spec, data_format="channels_first")
+    row = {"params": sum(p.numel() for p in m.parameters()),
+           "trainable": sum(p.numel() for p in m.parameters() if p.requires_grad)}
+    if name.endswith("_tiny"):
+        row.update(describe(m, spec))
+        m.eval()
+        with torch.no_grad():
+            x = sample_input(spec, 2)
+            y = m(x)
+            row["finite"] = bool(torch.isfinite(y).all())
+            if spec.input_kind == "tokens":
+                row["input_dtype"] = str(x.dtype)
+                changed = x.clone()
+                t = spec.input_shape[0] // 2
+                changed[:, t] = (changed[:, t] + 1) % spec.num_classes
+                z = m(changed)
+                row["before_t_unchanged"] = bool(torch.equal(y[:, :t], z[:, :t]))
+                row["from_t_changed"] = bool((y[:, t:] - z[:, t:]).abs().amax() > 0)
+                row["head_tied"] = not any(p.shape == (spec.num_classes, spec.transformer.d_model)
+                                           for n, p in m.named_parameters() if n != "wte.weight")
+            else:
+                last = build(spec, data_format="channels_last")
+                last.load_state_dict(m.state_dict())
+                last.eval()
+                row["patch_kernel_channels_last"] = last.patch_embed.weight.is_contiguous(
+                    memory_format=torch.channels_last)
+                z = last(x.contiguous(memory_format=torch.channels_last))
+                row["formats_max_abs_diff"] = float((y - z).abs().max())
+    out[name] = row
+try:
+    describe(object(), get_spec("gpt2_tiny"))
+    out["not_a_model"] = "no error"
+except CustomModelError as e:
+    out["not_a_model"] = str(e)
+mini = get_spec("minigooglenet")
+out["minigooglenet"] = describe(load_builder("minigooglenet", "torch")(mini), mini)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def transformer_results(torch_python: str) -> dict:
+    return run_check_script(torch_python, TRANSFORMER_CHECK, *TRANSFORMERS,
+                            env={"CUDA_VISIBLE_DEVICES": ""})
+
+
+@pytest.mark.slow
+@pytest.mark.framework("torch")
+@pytest.mark.parametrize("name", TRANSFORMERS)
+def test_torch_transformer_params_match_spec(transformer_results: dict, name: str) -> None:
+    s, r = get_spec(name), transformer_results[name]
+    assert (r["params"], r["trainable"]) == (s.params, s.trainable_params)
+
+
+@pytest.mark.slow
+@pytest.mark.framework("torch")
+@pytest.mark.parametrize("name", ["gpt2_tiny", "vit_tiny"])
+def test_tiny_transformers_describe(transformer_results: dict, name: str) -> None:
+    """describe: torch's counts agree with the spec (FlopCounterMode with the CPU attention
+    kernel counted gives the standard count exactly), and the logits' shape for a batch of 2."""
+    s, r = get_spec(name), transformer_results[name]
+    assert (r["params"], r["trainable_params"]) == (s.params, s.trainable_params)
+    assert r["flops_per_sample"] == s.flops_per_sample
+    assert r["flops_source"] == "torch.utils.flop_counter.FlopCounterMode (forward, batch 1)"
+    want = [2, *s.input_shape, s.num_classes] if s.input_kind == "tokens" else [2, s.num_classes]
+    assert r["output_shape"] == want and r["finite"]
+
+
+@pytest.mark.slow
+@pytest.mark.framework("torch")
+def test_gpt2_tiny_is_causal_and_tied(transformer_results: dict) -> None:
+    r = transformer_results["gpt2_tiny"]
+    assert r["input_dtype"] == "torch.int64"
+    assert r["before_t_unchanged"] and r["from_t_changed"]
+    assert r["head_tied"]
+
+
+@pytest.mark.slow
+@pytest.mark.framework("torch")
+def test_vit_tiny_memory_formats_agree(transformer_results: dict) -> None:
+    r = transformer_results["vit_tiny"]
+    assert r["patch_kernel_channels_last"]
+    assert r["formats_max_abs_diff"] < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.framework("torch")
+def test_describe_cnn_and_not_a_model(transformer_results: dict) -> None:
+    s, r = get_spec("minigooglenet"), transformer_results["minigooglenet"]
+    assert (r["params"], r["trainable_params"], r["flops_per_sample"]) == (
+        s.params, s.trainable_params, s.flops_per_sample)
+    assert r["output_shape"] == [2, 10]
+    assert transformer_results["not_a_model"] == (
+        "models: gpt2_tiny: ? returned builtins.object, not a torch.nn.Module")

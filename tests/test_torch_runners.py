@@ -3,8 +3,10 @@ as a user runs them; what CPU ranks cannot do is unavailable; a dying rank ends 
 
 from __future__ import annotations
 
+import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +15,8 @@ from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from bench.run.launch import launch
-from tests.conftest import smoke_sweep
+from models import get_spec
+from tests.conftest import run_cli, smoke_sweep
 from tests.test_equivalence import make_inputs, step
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
@@ -128,3 +131,183 @@ def test_a_dying_rank_fails_the_run_without_a_hang(tmp_path: Path, torch_python:
     log = Path(rec["log_path"]).read_text()
     assert "RuntimeError: rank 1 crashed on purpose" in log
     assert "rank 0 was not stopped" not in log
+
+
+# --- transformers and a user's own torch model (issue 26) ------------------------------------
+
+@pytest.fixture(scope="module")
+def transformer_sweep(tmp_path_factory: pytest.TempPathFactory,
+                      torch_python: str) -> dict[tuple[str, int], dict]:
+    """One sweep through the CLI: torch_ddp with gpt2_tiny and vit_tiny at 1 and 2 ranks
+    (1 warm-up and 3 timed steps of 4 samples per rank); its records by (model, devices)."""
+    from bench.records.store import load_records
+
+    out = tmp_path_factory.mktemp("transformers")
+    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--out", str(out),
+                   "--set", "runners=[torch_ddp]", "--set", "models=[gpt2_tiny,vit_tiny]",
+                   "--set", "devices=[1,2]", "--set", "warmup_steps=1",
+                   "--set", "measure_steps=3", "--set", "batch_size_per_device=4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {(r["model"], r["num_devices"]): r for r in load_records(out)}
+
+
+@pytest.mark.parametrize("model", ["gpt2_tiny", "vit_tiny"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_torch_ddp_trains_the_transformers(transformer_sweep: dict, model: str, n: int
+                                           ) -> None:
+    rec, s = transformer_sweep[(model, n)], get_spec(model)
+    assert rec["status"] == "ok", f"{rec['reason']}\n{Path(rec['log_path']).read_text()[-3000:]}"
+    assert check_record(rec) == []
+    result = rec["result"]
+    assert rec["samples"] == 3 * 4 * n and result["steps_per_rank"] == [3] * n
+    assert rec["placement"] == {f"rank{i}:cpu": 3 * 4 for i in range(n)}
+    assert result["params"] == s.params
+    assert result["flops_per_sample"] == s.flops_per_sample  # the spec's standard count
+    assert result["flops_source"] == s.flops_source
+    assert result["workload"] == "transformer"
+    assert result["tokens_per_sample"] == (64 if model == "gpt2_tiny" else None)
+    # a fresh model's loss is about ln(outputs): next-token cross-entropy over the vocabulary
+    assert abs(rec["first_loss"] - np.log(s.num_classes)) < 1.0
+    # the CPU defaults, each recorded with what torch reports back
+    assert result["compile"] is False and result["layout"] == "channels_first"
+    assert result["optimizer"] == {"impl": "foreach", "class": "torch.optim.SGD",
+                                   "foreach": True, "fused": None}
+    assert result["gradient_as_bucket_view"] is True
+    assert result["cudnn_benchmark"]["in_effect"] is False
+
+
+MYNETS = """
+import torch
+from torch import nn
+
+
+class MyNet(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.bn = nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+class MyLM(nn.Module):
+    def __init__(self, vocab, width):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.out = nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        return self.out(torch.tanh(self.embed(ids)))
+
+
+def make_model(width):
+    return MyNet(width)
+
+
+def make_lm(vocab, width):
+    return MyLM(vocab, width)
+
+
+def make_nothing():
+    return "not a model"
+"""
+
+
+def custom_entry(folder: Path, build: str, args: dict[str, Any], inp: dict[str, Any]
+                 ) -> dict[str, Any]:
+    return {"name": "mynet", "framework": "torch", "build": f"mynets:{build}",
+            "path": str(folder), "args": args, "input": inp}
+
+
+def custom_run(tmp_path: Path, torch_python: str, entry: dict[str, Any], n: int,
+               **options: Any) -> dict[str, Any]:
+    """A torch_ddp run of a user's model, launched as the sweep launches it (the plan's side of
+    a `models:` entry is the config's: this spec carries the entry as the plan would)."""
+    spec = RunSpec(
+        run_id=f"torch_ddp__mynet__n{n}", sweep_id="t", runner="torch_ddp", family="torch",
+        module="runners.torch.ddp", model=entry["name"], num_devices=n, device="cpu",
+        virtual_devices=True, scaling="weak", batch_size_per_device=4, global_batch_size=4 * n,
+        data="synthetic", precision="fp32", warmup_steps=1, measure_steps=3, repeat=0,
+        timeout_s=120, launcher="torchrun", options=options, custom_model=entry)
+    return launch(spec, torch_python, tmp_path / "results", {})
+
+
+@pytest.fixture(scope="module")
+def mynets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's models in a folder of their own, outside the repository."""
+    folder = tmp_path_factory.mktemp("mynets")
+    (folder / "mynets.py").write_text(textwrap.dedent(MYNETS))
+    return folder
+
+
+def test_torch_ddp_trains_a_users_image_model(tmp_path: Path, torch_python: str,
+                                              mynets: Path) -> None:
+    entry = custom_entry(mynets, "make_model", {"width": 8},
+                         {"kind": "image", "shape": [3, 16, 16], "classes": 10})
+    rec = custom_run(tmp_path, torch_python, entry, 2, memory_format="channels_last")
+    assert rec["status"] == "ok", f"{rec['reason']}\n{Path(rec['log_path']).read_text()[-3000:]}"
+    result = rec["result"]
+    assert rec["samples"] == 3 * 8 and rec["placement"] == {"rank0:cpu": 12, "rank1:cpu": 12}
+    # counted by torch: conv 3x3x3x8 + 8, BatchNorm 8 + 8 (and its running mean and variance,
+    # 16, as count_params_torch counts them), fc 8x10 + 10; FLOPs: 2 x the conv's and the fc's
+    # multiply-adds (FlopCounterMode over a batch of 1)
+    assert result["params"] == 224 + 16 + 16 + 90
+    assert result["flops_per_sample"] == 2 * 3 * 9 * 8 * 16 * 16 + 2 * 8 * 10
+    assert result["flops_source"] == "torch.utils.flop_counter.FlopCounterMode (forward, batch 1)"
+    assert result["workload"] == "custom" and result["tokens_per_sample"] is None
+    assert result["layout"] == "channels_last"
+
+
+def test_torch_ddp_trains_a_users_token_model(tmp_path: Path, torch_python: str,
+                                              mynets: Path) -> None:
+    entry = custom_entry(mynets, "make_lm", {"vocab": 50, "width": 8},
+                         {"kind": "tokens", "seq_len": 12, "vocab": 50})
+    rec = custom_run(tmp_path, torch_python, entry, 1)
+    assert rec["status"] == "ok", f"{rec['reason']}\n{Path(rec['log_path']).read_text()[-3000:]}"
+    result = rec["result"]
+    assert result["params"] == 50 * 8 + 8 * 50 + 50
+    assert result["flops_per_sample"] == 2 * 8 * 50 * 12  # the Linear over 12 positions
+    assert result["tokens_per_sample"] == 12 and result["workload"] == "custom"
+    assert abs(rec["first_loss"] - np.log(50)) < 1.0
+
+
+def test_a_users_model_that_is_not_a_module_is_invalid(tmp_path: Path, torch_python: str,
+                                                       mynets: Path) -> None:
+    entry = custom_entry(mynets, "make_nothing", {},
+                         {"kind": "image", "shape": [3, 16, 16], "classes": 10})
+    rec = custom_run(tmp_path, torch_python, entry, 1)
+    assert rec["status"] == "invalid"
+    assert rec["reason"] == ("models: mynet: mynets:make_nothing returned builtins.str, not a "
+                             "torch.nn.Module")
+
+
+@pytest.mark.skip(reason="enable once the config takes a models: entry (the lead's side of "
+                         "issue 26): the same model as a user writes it, through the CLI")
+def test_a_users_model_through_the_cli(tmp_path: Path, torch_python: str, mynets: Path
+                                       ) -> None:
+    from bench.records.store import load_records
+
+    config = tmp_path / "mine.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        name: mine
+        runners: [torch_ddp]
+        models:
+          - name: mynet
+            framework: torch
+            build: "mynets:make_model"
+            path: {mynets}
+            args: {{width: 8}}
+            input: {{kind: image, shape: [3, 16, 16], classes: 10}}
+        devices: [2]
+        batch_size_per_device: 4
+        device: cpu
+        warmup_steps: 1
+        measure_steps: 3
+        """))
+    proc = run_cli("--config", str(config), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [rec] = load_records(tmp_path / "out")
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["result"]["params"] == 346 and rec["result"]["workload"] == "custom"

@@ -511,9 +511,15 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
             return {r: opts for r, opts in raw.items() if r in runners}
 
         def options_of(self, runner: str) -> dict[str, Any]:
-            """The runner's options over its defaults."""
+            """The runner's options over its defaults: on device gpu, an option the file left
+            unset takes its gpu_default (runners/catalog.py Option.default_on)."""
             given = getattr(self.runner_options, f"runner_{runner_names.index(runner)}")
-            return (given or per_runner[runner]()).model_dump(by_alias=True)
+            model = given or per_runner[runner]()
+            unset = {f.alias for name, f in type(model).model_fields.items()
+                     if name not in model.model_fields_set}
+            return {**model.model_dump(by_alias=True),
+                    **{k: o.default_on(self.device) for k, o in runner_options(runner).items()
+                       if k in unset}}
 
     # the keys' values the parent knows (the registry's, models/): what the declaration
     # leaves open

@@ -29,7 +29,7 @@ class RunSpec(Spec):
     child. The runner's options are resolved here, over the registry's defaults."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "options", resolved_options(self.runner, self.options))
+        object.__setattr__(self, "options", run_options(self.runner, self.device, self.options))
 
     @property
     def group_key(self) -> tuple[Any, ...]:
@@ -42,6 +42,18 @@ class RunSpec(Spec):
     def data_label(self) -> str:
         """synthetic, or real-w<loader workers> (real runs differ by their worker count)."""
         return grouping.data_label(self)
+
+
+def run_options(runner: str, device: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A run's options: `given` (the config's, every option of the runner once the config
+    resolved them) over the runner's defaults on the run's device (an Option's gpu_default on
+    device gpu, runners/catalog.py): a value given always wins."""
+    options = resolved_options(runner, given)
+    info = RUNNERS.get(runner)
+    if info is not None:
+        options.update({k: o.default_on(device) for k, o in info.options.items()
+                        if k not in given})
+    return options
 
 
 def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data: str,

@@ -12,10 +12,18 @@ with `workers` processes, pinned memory and a non_blocking copy on GPUs (DALI in
 is installed on a GPU machine; runners/torch/data.py); the timed window includes it.
 Parameters: one full replica per rank; DDP broadcasts rank 0's at construction, so all
 replicas start equal.
+Models: the 2017 CNNs, the transformers (gpt2, vit_b16 and their tiny versions) and a user's
+own torch model (a `models:` entry, models/custom.py), through runners/torch/dist.py's
+rank_model. A token model's slice is random ids (B/N, T + 1) made on the device once, inputs
+ids[:, :-1] and next-token targets ids[:, 1:]; its loss is the mean cross-entropy over every
+position, on float32 logits. Parameters and FLOPs in the result: a CNN's counted over its
+layers, a built-in transformer's the spec's standard count, a user's model's by torch's
+FlopCounterMode.
 Reduce: each rank's loss is the mean cross-entropy over its slice; during backward DDP
 all-reduces gradient buckets (NCCL or gloo, overlapped with the rest of backward) and divides
 by N, so every rank holds the gradient of the global mean loss and applies the same SGD update
-(synchronous data parallelism, identical to one device with batch B).
+(synchronous data parallelism, identical to one device with batch B). With
+gradient_as_bucket_view (the default) the gradients are views into DDP's buckets, not copies.
 Synchronise: backward returns only when DDP's all-reduces are done, so the ranks are in step
 without a barrier; on GPUs torch.cuda.synchronize() ends each timed step, and reading the loss
 with .item() waits for the step on every device before the clock is read.
@@ -27,9 +35,16 @@ group whose backend and size (dist.get_backend(), get_world_size()) are checked 
 run's; keys "rank<r>:<device>" (rank1:cpu, rank1:cuda:1), counts the rows, which must add up
 to the samples.
 Equivalence: the benchmark's own step function (DDP, torch.compile when `compile`, the memory
-format, autocast, the resident-tensor input) on the probe, one step of SGD without momentum.
-Follows PyTorch 2.13's DDP as its tutorials use it (torchrun, DDP defaults, SGD); what
-differs: synthetic data made on each device once (no DataLoader on synthetic runs).
+format, autocast, the optimizer implementation, gradient bucket views, the resident-tensor
+input) on the probe, one step of SGD without momentum.
+Defaults: on GPUs what NVIDIA's DeepLearningExamples and Lambda's PyTorch benchmark scripts
+use: channels_last, torch.compile, cudnn.benchmark, the fused SGD kernel, gradient bucket
+views, data resident on the device (the catalog's gpu_default of each option); on CPUs what is
+fastest there (channels_first, eager, foreach SGD). Each is in the run's options and the
+result says what torch reports back (torch.backends.cudnn.benchmark, the optimizer's
+foreach/fused, DDP's gradient_as_bucket_view, the graphs TorchDynamo captured).
+Follows PyTorch 2.13's DDP as its tutorials use it (torchrun, DDP, SGD); what differs:
+synthetic data made on each device once (no DataLoader on synthetic runs).
 """
 
 from __future__ import annotations
@@ -37,7 +52,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runners.common import Invalid, Spec, main
@@ -52,6 +66,7 @@ from runners.torch.dist import (
     check_precision,
     framework_versions,
     init_ranks,
+    loss_of,
     model_record,
     probe_equivalence,
     rank_model,
@@ -59,27 +74,52 @@ from runners.torch.dist import (
     wrap_ddp,
 )
 
+OPTIMIZER_IMPLS = {"foreach": {"foreach": True}, "fused": {"fused": True},
+                   "for-loop": {"foreach": False}}
+
+
+def set_cudnn_benchmark(spec: Spec, ranks: Ranks) -> dict[str, Any]:
+    """torch.backends.cudnn.benchmark as the run's option says (GPUs), read back; on CPUs
+    there is no cuDNN and the option does nothing, recorded as such."""
+    wanted = spec.options["cudnn_benchmark"]
+    if ranks.cuda:
+        torch.backends.cudnn.benchmark = wanted
+    return {"cudnn_benchmark": {"option": wanted,
+                                "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
+                                "in_effect": ranks.cuda and torch.backends.cudnn.is_available(),
+                                **({} if ranks.cuda else {"note": "no-op on CPU (no cuDNN)"})}}
+
 
 def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: float,
                   momentum: float
-                  ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None]:
-    """The one step function of both modes: `net` (on the rank's device) in DDP, compiled when
-    the run says `compile`, SGD, the run's autocast (and GradScaler in fp16), the batch from
-    `feed`; it returns this rank's loss."""
-    model: nn.Module = wrap_ddp(net, ranks)
+                  ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None,
+                             dict[str, Any]]:
+    """The one step function of both modes: `net` (on the rank's device) in DDP (gradients as
+    bucket views when the run says so), compiled when the run says `compile`, SGD in the run's
+    `optimizer_impl`, the run's autocast (and GradScaler in fp16), the batch from `feed`; it
+    returns this rank's loss (next-token cross-entropy for a token model, loss_of). The last
+    item is what DDP and the optimizer report of those settings."""
+    ddp = wrap_ddp(net, ranks, spec.options["gradient_as_bucket_view"])
+    model: nn.Module = ddp
     if spec.options["compile"]:
         model = torch.compile(model)
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    impl = spec.options["optimizer_impl"]
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum,
+                                **OPTIMIZER_IMPLS[impl])
     counter = StepCounter(optimizer)
     tracker = PlacementTracker(net)
     scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
     model.train()
+    reported = {"optimizer": {"impl": impl, "class": "torch.optim.SGD",
+                              "foreach": optimizer.defaults.get("foreach"),
+                              "fused": optimizer.defaults.get("fused")},
+                "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view)}
 
     def step() -> torch.Tensor:
         x, y = feed.next()
         optimizer.zero_grad(set_to_none=True)
         with autocast(ranks, spec.precision):
-            loss = F.cross_entropy(model(tracker.saw(x)).float(), y)
+            loss = loss_of(model(tracker.saw(x)), y)
         if scaler is None:
             loss.backward()
             optimizer.step()
@@ -91,7 +131,7 @@ def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: floa
             counter.skipped += scaler.get_scale() < scale  # the scaler backs off after a skip
         return loss.detach()
 
-    return step, counter, tracker, scaler
+    return step, counter, tracker, scaler, reported
 
 
 def compile_record(spec: Spec) -> dict[str, Any]:
@@ -113,8 +153,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     layout = opts["memory_format"]
     ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
+    cudnn = set_cudnn_benchmark(spec, ranks)
     model_spec, feed, net = rank_model(spec, ranks, layout)
-    step, counter, tracker, scaler = training_step(spec, ranks, net, feed, 0.01, 0.9)
+    step, counter, tracker, scaler, reported = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, step, counter, tracker, feed)
     result.update({
         "framework": framework_versions(),
@@ -125,6 +166,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},
         **compile_record(spec),
+        **cudnn,
+        **reported,
         "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
                     "(torchrun); gradients all-reduced in buckets during backward",
         **model_record(net, model_spec),
@@ -141,14 +184,17 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     layout = opts["memory_format"]
     ranks = init_ranks(spec, opts["backend"])
     check_precision(spec, ranks)
+    cudnn = set_cudnn_benchmark(spec, ranks)
+    reported: dict[str, Any] = {}
 
     def make_step(net: nn.Module, feed: Feed, lr: float
                   ) -> tuple[Step, StepCounter, PlacementTracker]:
-        step, counter, tracker, _ = training_step(spec, ranks, net, feed, lr, 0.0)
+        step, counter, tracker, _, own = training_step(spec, ranks, net, feed, lr, 0.0)
+        reported.update(own)
         return step, counter, tracker
 
     result = probe_equivalence(spec, ranks, make_step, layout)
-    return {**result, **compile_record(spec)}
+    return {**result, **compile_record(spec), **cudnn, **reported}
 
 
 if __name__ == "__main__":

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from models import ModelSpec, get_spec, load_builder
-from models.torch_common import count_flops_torch, count_params_torch
+from models import ModelSpec, build_for, get_spec, load_builder, spec_of
+from models.custom import CustomModelError, check_output, not_a_model
+from models.torch_common import count_flops_torch, count_params_torch, describe
 from runners.common import (
     Invalid,
     Spec,
@@ -227,13 +229,35 @@ def synthetic_slice(ranks: DeviceRank, shape: tuple[int, ...], classes: int, bat
     return x.contiguous(memory_format=memory_format), y
 
 
+def synthetic_tokens(ranks: DeviceRank, seq_len: int, vocab: int, batch: int,
+                     dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's random token slice, generated on its device once, seeded by rank: ids in
+    [0, vocab) of shape (batch, seq_len + 1); (inputs ids[:, :-1], next-token targets
+    ids[:, 1:]). int64: torch's index type, what a torch model's embedding expects."""
+    gen = torch.Generator(device=ranks.device).manual_seed(1234 + ranks.rank)
+    ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen, device=ranks.device)
+    ids = ids.to(dtype)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
+               "tokens")
+
+
 def rank_input(spec: Spec, ranks: DeviceRank, model_spec: ModelSpec, batch: int,
                shape: tuple[int, int, int], channels_first: bool = True,
                memory_format: torch.memory_format = torch.contiguous_format,
-               context: str | None = None) -> Feed:
-    """This rank's `batch` images per step of shape `shape`: its synthetic slice, or on real
-    data its DistributedSampler share through the DataLoader (DALI on GPUs when installed),
-    its workers started by `context` (None: the platform's default)."""
+               context: str | None = None, token_dtype: torch.dtype = torch.int64) -> Feed:
+    """This rank's `batch` samples per step: for an image model of shape `shape`, its
+    synthetic slice, or on real data its DistributedSampler share through the DataLoader
+    (DALI on GPUs when installed), its workers started by `context` (None: the platform's
+    default); for a token model its synthetic token slice (synthetic_tokens, ids of
+    `token_dtype`; real data is Unavailable)."""
+    if model_spec.input_kind == "tokens":
+        if spec.data == "real":
+            raise Unavailable(TOKENS_REAL)
+        return SyntheticInput(*synthetic_tokens(ranks, model_spec.input_shape[0],
+                                                model_spec.num_classes, batch, token_dtype))
     if spec.data != "real":
         return SyntheticInput(*synthetic_slice(ranks, shape, model_spec.num_classes, batch,
                                                memory_format))
@@ -406,32 +430,83 @@ def check_precision(spec: Spec, ranks: DeviceRank) -> None:
         raise Unavailable(f"bf16: {torch.cuda.get_device_name(ranks.device)} has no bfloat16")
 
 
-def wrap_ddp(model: nn.Module, ranks: DeviceRank) -> DDP:
-    """The model in DDP (its defaults: 25 MB buckets, buffers broadcast from rank 0)."""
-    return DDP(model, device_ids=[ranks.local_rank] if ranks.cuda else None)
+def wrap_ddp(model: nn.Module, ranks: DeviceRank, gradient_as_bucket_view: bool = False
+             ) -> DDP:
+    """The model in DDP (its defaults: 25 MB buckets, buffers broadcast from rank 0; with
+    `gradient_as_bucket_view` the gradients are views into the all-reduce buckets)."""
+    return DDP(model, device_ids=[ranks.local_rank] if ranks.cuda else None,
+               gradient_as_bucket_view=gradient_as_bucket_view)
 
 
 def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
+    """An image model's (C, H, W) input; () for a token model (its input is (seq_len,))."""
+    if model_spec.input_kind == "tokens":
+        return ()  # type: ignore[return-value]
     h, w, c = model_spec.input_shape
     return (c, h, w)
 
 
+def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy on float32 logits: over the batch for class logits (batch, classes),
+    over every position for next-token logits (batch, seq, vocab) and targets (batch, seq)."""
+    if logits.dim() == 3:
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long())
+    return F.cross_entropy(logits.float(), targets)
+
+
 def model_record(net: nn.Module, model_spec: ModelSpec) -> dict[str, Any]:
-    """The parameters and forward FLOPs per sample of a torch model."""
-    return {"params": count_params_torch(net),
-            "flops_per_sample": count_flops_torch(net, nchw(model_spec))}
+    """The parameters and forward FLOPs per sample of the run's torch model, how the FLOPs were
+    counted, the tokens a sample trains on and the workload: a built-in CNN's FLOPs counted
+    over its Conv2d and Linear layers (count_flops_torch), a built-in transformer's the spec's
+    standard count, a user's model's by torch's FlopCounterMode (models.torch_common.describe;
+    `net.described` when rank_model already counted them)."""
+    if model_spec.workload == "custom":
+        described = getattr(net, "described", None) or describe(net, model_spec)
+        params, flops = described["params"], described["flops_per_sample"]
+        source = described["flops_source"]
+    elif model_spec.workload == "transformer":
+        params, flops = count_params_torch(net), model_spec.flops_per_sample
+        source = model_spec.flops_source
+    else:
+        params, flops = count_params_torch(net), count_flops_torch(net, nchw(model_spec))
+        source = model_spec.flops_source
+    return {"params": params, "flops_per_sample": flops, "flops_source": source,
+            "tokens_per_sample": model_spec.tokens_per_sample, "workload": model_spec.workload}
+
+
+def build_model(spec: Spec, model_spec: ModelSpec, layout: str, device: torch.device
+                ) -> nn.Module:
+    """The run's torch model (models.build_for) on `device`: a built-in in `layout`, a user's
+    model moved to that memory format (channels_last for an image model), checked to be an
+    nn.Module whose output is the entry's logits; its description (models.torch_common.
+    describe) kept as `described`. A user's model that is wrong is Invalid, saying why."""
+    try:
+        net = build_for(spec, "torch", data_format=layout)
+        if spec.custom_model:
+            if not isinstance(net, nn.Module):
+                raise not_a_model(spec.custom_model, net, "a torch.nn.Module")
+            if layout == "channels_last" and model_spec.input_kind == "image":
+                net = net.to(memory_format=torch.channels_last)
+            net = net.to(device)
+            described = describe(net, model_spec)
+            check_output(spec.custom_model, model_spec, tuple(described["output_shape"]), 2)
+            net.described = described
+    except CustomModelError as exc:
+        raise Invalid(str(exc)) from None
+    return net.to(device)
 
 
 def rank_model(spec: Spec, ranks: DeviceRank, layout: str = "channels_first",
                context: str | None = None) -> tuple[ModelSpec, Feed, nn.Module]:
-    """(the run's model spec, this rank's input (rank_input: its synthetic slice or its share
-    of the real data, workers started by `context`), the torch model on the rank's device in
-    `layout`, its initial weights seeded alike on every rank)."""
-    model_spec = get_spec(spec.model)
+    """(the run's model spec (a built-in's, or a user's entry's: models.spec_of), this rank's
+    input (rank_input: its synthetic slice or its share of the real data, workers started by
+    `context`; token ids for a token model), the torch model (build_model) on the rank's
+    device in `layout`, its initial weights seeded alike on every rank)."""
+    model_spec = spec_of(spec)
     feed = rank_input(spec, ranks, model_spec, per_rank_batch(spec, ranks), nchw(model_spec),
                       memory_format=MEMORY_FORMATS[layout], context=context)
     torch.manual_seed(0)  # the same initial weights everywhere (DDP, Horovod broadcast anyway)
-    net = load_builder(spec.model, "torch")(model_spec, data_format=layout).to(ranks.device)
+    net = build_model(spec, model_spec, layout, ranks.device)
     return model_spec, feed, net
 
 

@@ -36,7 +36,9 @@ function (DistributedOptimizer with the run's compression, resident-tensor input
 probe, one step of SGD without momentum.
 Follows Horovod 0.28.1's PyTorch API as its pytorch_synthetic_benchmark.py example uses it
 (DistributedOptimizer with op Average, broadcast_parameters, --fp16-allreduce as the
-fp16_allreduce option); what differs: the harness's models and SGD with momentum 0.9 in
+fp16_allreduce option); what differs: the harness's models (the 2017 CNNs, or a user's own
+torch model, tokens or images, as torch_ddp takes it: runners/torch/dist.py's rank_model and
+loss_of) and SGD with momentum 0.9 in
 place of the example's torchvision model and plain SGD, and no Adasum option (Adasum is by
 design not the 1-device step, so it could not pass the equivalence test).
 
@@ -66,7 +68,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models import get_spec, load_builder
@@ -81,10 +82,9 @@ from runners.torch.dist import (
     equivalence_input,
     equivalence_step,
     gather_placement,
+    loss_of,
     model_record,
-    nchw,
-    per_rank_batch,
-    rank_input,
+    rank_model,
     threads_record,
     timed_steps,
     use_gpu,
@@ -253,7 +253,7 @@ def training_step(net: nn.Module, feed: Feed, lr: float, momentum: float, fp16_a
     def step() -> torch.Tensor:
         x, y = feed.next()
         optimizer.zero_grad()  # Horovod's takes no set_to_none; torch's default is True
-        loss = F.cross_entropy(net(tracker.saw(x)), y)
+        loss = loss_of(net(tracker.saw(x)), y)
         loss.backward()  # each gradient's all-reduce starts as soon as it is ready
         optimizer.step()  # waits for all of them, then applies the averaged gradient
         return loss.detach()
@@ -267,11 +267,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                           "the fp16_allreduce option for fp16 gradient exchange)")
     fp16_allreduce = spec.options["fp16_allreduce"]
     ranks = init_ranks(spec)
-    batch = per_rank_batch(spec, ranks)
-    model_spec = get_spec(spec.model)
-    feed = rank_input(spec, ranks, model_spec, batch, nchw(model_spec), context=worker_context())
-    torch.manual_seed(0)  # rank 0's weights are broadcast anyway; this makes runs repeatable
-    net = load_builder(spec.model, "torch")(model_spec).to(ranks.device)
+    # the run's model (a built-in CNN or a user's torch model), seeded alike on every rank:
+    # rank 0's weights are broadcast anyway; this makes runs repeatable
+    model_spec, feed, net = rank_model(spec, ranks, "channels_first", worker_context())
     step, counter, tracker = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
     result = timed_steps(spec, ranks, step, counter, tracker, feed)
     result.update({
