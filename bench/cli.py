@@ -203,7 +203,8 @@ def cmd_list() -> int:
         print(f"      across nodes: {nodes}")
         for name, opt in r.options.items():
             allowed = f" ({' | '.join(map(str, opt.allowed))})" if opt.allowed else ""
-            print(f"      {name}={opt.default!r}{allowed}  {opt.help}")
+            gpu = f" [gpu: {opt.gpu_default!r}]" if opt.has_gpu_default else ""
+            print(f"      {name}={opt.default!r}{gpu}{allowed}  {opt.help}")
     print("\nInput pipelines (mode: pipeline):")
     for p in PIPELINES.values():
         state = ("ready" if p.family == "harness" or family_env(p.family, variant).ready

@@ -140,7 +140,7 @@ def test_check_model_counts_a_good_model_and_catches_each_bad_entry_with_one_lin
         entry(mynets),
         entry(mynets, name="no_module", build="mynetz:make_model"),
         entry(mynets, name="no_function", build="mynets:make_modle"),
-        entry(mynets, name="not_a_model", build="mynets:not_a_model"),
+        entry(mynets, name="not_a_model", build="mynets:not_a_model", args={}),
         entry(mynets, name="wrong_classes",
               input={"kind": "image", "shape": [3, 16, 16], "classes": 7}),
     ]

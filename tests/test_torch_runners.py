@@ -242,24 +242,6 @@ def mynets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_torch_ddp_trains_a_users_image_model(tmp_path: Path, torch_python: str,
-                                              mynets: Path) -> None:
-    entry = custom_entry(mynets, "make_model", {"width": 8},
-                         {"kind": "image", "shape": [3, 16, 16], "classes": 10})
-    rec = custom_run(tmp_path, torch_python, entry, 2, memory_format="channels_last")
-    assert rec["status"] == "ok", f"{rec['reason']}\n{Path(rec['log_path']).read_text()[-3000:]}"
-    result = rec["result"]
-    assert rec["samples"] == 3 * 8 and rec["placement"] == {"rank0:cpu": 12, "rank1:cpu": 12}
-    # counted by torch: conv 3x3x3x8 + 8, BatchNorm 8 + 8 (and its running mean and variance,
-    # 16, as count_params_torch counts them), fc 8x10 + 10; FLOPs: 2 x the conv's and the fc's
-    # multiply-adds (FlopCounterMode over a batch of 1)
-    assert result["params"] == 224 + 16 + 16 + 90
-    assert result["flops_per_sample"] == 2 * 3 * 9 * 8 * 16 * 16 + 2 * 8 * 10
-    assert result["flops_source"] == "torch.utils.flop_counter.FlopCounterMode (forward, batch 1)"
-    assert result["workload"] == "custom" and result["tokens_per_sample"] is None
-    assert result["layout"] == "channels_last"
-
-
 def test_torch_ddp_trains_a_users_token_model(tmp_path: Path, torch_python: str,
                                               mynets: Path) -> None:
     entry = custom_entry(mynets, "make_lm", {"vocab": 50, "width": 8},
@@ -283,16 +265,17 @@ def test_a_users_model_that_is_not_a_module_is_invalid(tmp_path: Path, torch_pyt
                              "torch.nn.Module")
 
 
-@pytest.mark.skip(reason="enable once the config takes a models: entry (the lead's side of "
-                         "issue 26): the same model as a user writes it, through the CLI")
-def test_a_users_model_through_the_cli(tmp_path: Path, torch_python: str, mynets: Path
-                                       ) -> None:
+def test_a_users_model_from_a_folder_outside_the_repo_runs_from_one_yaml_entry(
+        tmp_path: Path, torch_python: str, mynets: Path) -> None:
+    """Issue 26's done-when: one models: entry, torch_ddp at 1 and 2 devices, through the CLI
+    as a user runs it (channels_last, so the layout reaches a user's module too)."""
     from bench.records.store import load_records
 
     config = tmp_path / "mine.yaml"
     config.write_text(textwrap.dedent(f"""\
         name: mine
         runners: [torch_ddp]
+        runner_options: {{torch_ddp: {{memory_format: channels_last}}}}
         models:
           - name: mynet
             framework: torch
@@ -300,7 +283,7 @@ def test_a_users_model_through_the_cli(tmp_path: Path, torch_python: str, mynets
             path: {mynets}
             args: {{width: 8}}
             input: {{kind: image, shape: [3, 16, 16], classes: 10}}
-        devices: [2]
+        devices: [1, 2]
         batch_size_per_device: 4
         device: cpu
         warmup_steps: 1
@@ -308,6 +291,21 @@ def test_a_users_model_through_the_cli(tmp_path: Path, torch_python: str, mynets
         """))
     proc = run_cli("--config", str(config), "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    [rec] = load_records(tmp_path / "out")
-    assert rec["status"] == "ok", rec["reason"]
-    assert rec["result"]["params"] == 346 and rec["result"]["workload"] == "custom"
+    recs = {r["num_devices"]: r for r in load_records(tmp_path / "out")}
+    assert sorted(recs) == [1, 2]
+    for n, rec in recs.items():
+        assert rec["status"] == "ok", rec["reason"]
+        assert rec["custom_model"]["path"] == str(mynets)
+        result = rec["result"]
+        # counted by torch: conv 3x3x3x8 + 8, BatchNorm 8 + 8 (and its running mean and
+        # variance, 16, as count_params_torch counts them), fc 8x10 + 10; FLOPs: 2 x the
+        # conv's and the fc's multiply-adds (FlopCounterMode over a batch of 1)
+        assert result["params"] == 224 + 16 + 16 + 90
+        assert result["flops_per_sample"] == 2 * 3 * 9 * 8 * 16 * 16 + 2 * 8 * 10
+        assert result["flops_source"] == ("torch.utils.flop_counter.FlopCounterMode (forward, "
+                                          "batch 1)")
+        assert result["workload"] == "custom" and result["tokens_per_sample"] is None
+        assert result["layout"] == "channels_last"
+        assert rec["samples"] == 3 * 4 * n
+        assert sorted(rec["placement"]) == [f"rank{r}:cpu" for r in range(n)]
+        assert rec["mfu"]["mfu"] is not None and rec["mfu"]["mfu"] > 0
