@@ -92,6 +92,7 @@ from runners.jax.common import (
     sharding_record,
     synthetic_batch,
 )
+from runners.memory import model_state_jax
 from runners.real_data import RealData, describe
 
 if TYPE_CHECKING:
@@ -323,6 +324,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **extra,
         "params": params,
         "flops_per_sample": count_flops_flax(model, model_spec.input_shape),
+        **model_state_jax(state.params, state.opt_state),
         **close_multihost(spec),
     }
 
