@@ -324,19 +324,22 @@ def model_state_torch(module: Any, optimizer: Any = None) -> dict[str, Any]:
                   "copy (each rank's device holds one)")
 
 
-def model_state_jax(params: Any, opt_state: Any) -> dict[str, Any]:
-    """{"model_state": ...} of a params tree and an optax state: each array's nbytes (a
-    replicated array's one copy: every device holds it); the gradients are a tree of the
-    params' shapes, made inside the jitted step."""
+def model_state_jax(params: Any, opt_state: Any, model_state: Any = None) -> dict[str, Any]:
+    """{"model_state": ...} of a params tree, an optax state and the model's other state
+    (BatchNorm's batch_stats, counted with the params as torch's buffers and Keras'
+    non-trainable weights are): each array's nbytes (a replicated array's one copy: every
+    device holds it); the gradients are a tree of the params' shapes, made inside the jitted
+    step."""
     import jax
 
     def nbytes(tree: Any) -> int:
         return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(tree))
 
     p = nbytes(params)
-    return _state(p, p, nbytes(opt_state), "jax: the params and optax state trees' arrays "
-                  "(nbytes), per device (replicated: each device holds a copy); gradients: "
-                  "the params' shapes, computed inside the jitted step")
+    return _state(p + nbytes(model_state), p, nbytes(opt_state), "jax: the params (and "
+                  "batch_stats) and optax state trees' arrays (nbytes), per device "
+                  "(replicated: each device holds a copy); gradients: the params' shapes, "
+                  "computed inside the jitted step")
 
 
 def model_state_keras(model: Any, optimizer: Any = None) -> dict[str, Any]:

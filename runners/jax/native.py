@@ -324,7 +324,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **extra,
         "params": params,
         "flops_per_sample": count_flops_flax(model, model_spec.input_shape),
-        **model_state_jax(state.params, state.opt_state),
+        **model_state_jax(state.params, state.opt_state, state.batch_stats),
         **close_multihost(spec),
     }
 
