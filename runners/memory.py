@@ -278,6 +278,9 @@ def for_result(spec: Any, rank: int) -> dict[str, Any]:
                   "so its figure is given once")
     else:
         key, source = f"{prefix}:cpu", last["source"]
+    if getattr(spec, "device", "cpu") != "cpu":
+        source += ("; no GPU allocator was read (no framework this module reads had "
+                   "initialised one in this process): the host process's memory, not the GPUs'")
     return {"memory_per_device": {key: last["cpu"]}, "memory_source": source}
 
 
