@@ -11,6 +11,7 @@ dependency beyond the stdlib (the parent imports it too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from runners import math_mode, settings
+from runners import math_mode, memory, settings
 from runners.threads import observed as observed_threads
 
 OOM_NAMES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
@@ -174,6 +175,7 @@ class TimedWindow:
     def start(self) -> None:
         """Start the clock (done by step_done after the last warm-up step; call it yourself
         before the first step when there is no warm-up)."""
+        memory.window_start()  # the peaks reset before the clock (runners/memory.py)
         if self.on_start is not None:
             self.on_start()
         self.started = True
@@ -196,6 +198,8 @@ class TimedWindow:
                 self.start()
             return
         self.timer.tick(self.per_call)
+        if self.done:  # the peaks read after the last clock reading
+            memory.window_end()
         if loss is not None:
             self.losses.append(float(loss))
 
@@ -312,6 +316,7 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
     tag = "[runner]" if rank == 0 else f"[runner rank {rank}]"
     print(f"{tag} {spec.runner} {spec.run_id} mode={spec.mode}", flush=True)
     code = 0
+    memory.expect(spec.family)
     try:
         # float32 math of the frameworks imported so far; JAX's from the environment
         math_mode.apply(spec.precision, spec.device)
@@ -337,8 +342,14 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
         result = {"status": status, "reason": f"{name}: {message}" if message else name}
         code = 1
     result["threads"] = observed_threads()  # what the run used, whatever its status
+    measured = memory.for_result(spec, rank)  # each rank's own (runners/memory.py)
+    for key, value in measured.items():
+        result.setdefault(key, value)
     if rank == 0:  # one result per run: the other ranks' figures are rank 0's by construction
         write_json_atomic(args.result, result)
+    else:  # but memory is each rank's own: beside the result, merged by the parent
+        with contextlib.suppress(OSError):
+            write_json_atomic(memory.side_file(args.result, rank), {"rank": rank, **measured})
     print(f"{tag} status={result['status']}"
           + (f" images_per_sec={result['images_per_sec']:.2f}"
              if result.get("images_per_sec") else "")

@@ -119,9 +119,10 @@ def test_every_view_follows_the_registry(tmp_path: Path) -> None:
     fields, _ = csv_rows(out / "summary.csv")
     assert tuple(fields) == columns.keys("csv")
     head = format_table(rows).splitlines()[0].split("  ")
-    assert [h.strip() for h in head if h.strip()] == [c.header for c in columns.cells("table")]
+    assert [h.strip() for h in head if h.strip()] == [c.header for c in columns.cells("table",
+                                                                                       rows)]
     page = (out / "report.html").read_text()
-    assert "".join(f"<th>{c.header}</th>" for c in columns.cells("html")) in page
+    assert "".join(f"<th>{c.header}</th>" for c in columns.cells("html", rows)) in page
     df = load_results(out)
     assert set(columns.keys("loader")) <= set(df.columns)
 

@@ -166,3 +166,18 @@ def test_channels_first_is_unavailable_on_cpu(tmp_path: Path, tf_python: str) ->
                           "runner_options.tf_mirrored.data_format=channels_first")
     assert records[1]["status"] == "unavailable"
     assert "NHWC" in records[1]["reason"]
+
+
+def test_memory_and_model_state_in_the_records(smoke: Path) -> None:
+    """Memory measured in the timed window (runners/memory.py): one process holds the N
+    virtual CPU devices, so its peak resident memory is given once; the model state from the
+    Keras model and optimizer."""
+    for rec in load_records(smoke):
+        n = rec["num_devices"]
+        key = "process0:cpu" + (f" ({n} virtual devices)" if n > 1 else "")
+        mem = rec["memory_per_device"]
+        assert list(mem) == [key] and 10 * 2**20 < mem[key] < 20 * 2**30, mem
+        assert "VmHWM" in rec["memory_source"]
+        state = rec["model_state"]
+        assert state["params_bytes"] == 4 * 1_656_250  # float32 weights, BN statistics too
+        assert state["grads_bytes"] > 0 and state["optimizer_bytes"] > 0

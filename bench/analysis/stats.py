@@ -121,6 +121,12 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
         row["efficiency_ci_low"] = efficiency(low, row["num_devices"])
         row["efficiency_ci_high"] = efficiency(high, row["num_devices"])
     compare_real_to_synthetic(rows)
+    for row in rows.values():  # a token model's interval in tokens/sec (the charts' bars)
+        tokens = row.get("tokens_per_sample")
+        for end in ("low", "high"):
+            value = row[f"images_per_sec_ci_{end}"]
+            row[f"tokens_per_sec_ci_{end}"] = (value * tokens if tokens and value is not None
+                                               else None)
     return sorted(rows.values(), key=summary_order)
 
 

@@ -69,6 +69,9 @@ class Column:
     # configuration's own value, from its first run), a function of the ok runs' values,
     # or None: bench/analysis/stats.py computes it
     over_runs: str | Callable[[list[Any]], Any] | None = None
+    # a table (table, html) shows it only when some row has a value (tokens/sec: token
+    # models only), so tables of runs without it keep their width
+    optional: bool = False
 
 
 def _at(*path: str) -> Reader:
@@ -99,6 +102,14 @@ def _step_time_median(rec: Mapping[str, Any]) -> float | None:
 def _gpu_mem_peak(rec: Mapping[str, Any]) -> int | None:
     gpus = (rec.get("telemetry") or {}).get("gpus") or []
     return max((g.get("mem_used_peak_bytes") or 0 for g in gpus), default=None)
+
+
+def _memory_peak(rec: Mapping[str, Any]) -> int | None:
+    """The most memory any one device (or process) of the run held: None where the record
+    has no memory_per_device (an older record, or nothing measured), never 0."""
+    per_device = rec.get("memory_per_device")
+    values = _numbers(list(per_device.values())) if isinstance(per_device, Mapping) else []
+    return max(values) if values else None
 
 
 def _numbers(values: list[Any]) -> list[float]:
@@ -241,6 +252,40 @@ COLUMNS: tuple[Column, ...] = (
            over_runs="median"),
     Column("peak_flops", "", "sci", "The measured matmul peak (FLOP/s) MFU is against "
            "(peaks.json).", ("csv", "loader"), _at("mfu", "peak_flops"), "median"),
+    Column("mfu_flops_source", "", "text", "Where MFU's forward FLOPs per sample came from: "
+           "a built-in model's spec (the standard count) or, for a user's model, the run's own "
+           "count with its framework.", ("csv", "loader"), _at("mfu", "flops_source"),
+           "first"),
+    # tokens (token models) and memory
+    Column("tokens_per_sec", "tok/s", "1f", "Tokens per second over the timed window, a token "
+           "model's: samples/sec (images_per_sec) x its tokens per sample; the median over ok "
+           "runs (`bench.run.launch.derive_throughput`).", (*SUMMARY_VIEWS, "record"),
+           over_runs="median", optional=True),
+    Column("tokens_per_sec_per_device", "tok/s/dev", "1f", "Tokens per second per device "
+           "(tokens/sec over the run's device count), the median over ok runs.",
+           ("csv", "html", "loader", "record"), over_runs="median", optional=True),
+    Column("samples_per_sec", "", "1f", "Samples (images, token sequences) per second: "
+           "images_per_sec under its general name, set on ok benchmark runs.",
+           ("csv", "loader", "record"), over_runs="median"),
+    Column("tokens_per_sample", "", "int", "Tokens one sample trains on (a token model's "
+           "sequence length; None for images), as the child reports it or from the model's "
+           "spec.", ("csv", "loader", "record", "child"), over_runs="config"),
+    Column("flops_per_token", "", "sci", "Training FLOPs per token of a token model: 3 x "
+           "the forward FLOPs per sample (the standard count, or a user's model's own count) "
+           "over its tokens per sample.", ("csv", "loader", "record"), over_runs="first"),
+    Column("memory_peak_bytes", "mem/dev", "bytes", "The most memory any one device of a run "
+           "held in its timed window (its memory_per_device, from the framework's allocator; "
+           "on CPU the rank's process's peak resident memory: memory_source says which), the "
+           "median over ok runs; - where nothing was measured.", run=_memory_peak,
+           over_runs="median", optional=True),
+    Column("model_state_bytes", "state", "bytes", "The model state one device holds: "
+           "parameters, gradients and optimizer state (the record's model_state, read from "
+           "the framework's objects).", ("csv", "html", "loader"),
+           _at("model_state", "total_bytes"), "median", optional=True),
+    Column("memory_source", "", "text", "What memory_per_device is, as the child read it "
+           "(runners/memory.py): the allocator's peak over the timed window, the peak since "
+           "the process started, or the process's resident memory, and any rank missing.",
+           ("csv", "loader", "record", "child"), over_runs="first"),
     # flags (bench/records/trust.py): each meaning is the legend the terminal table prints under it
     Column("unstable", "unstable", "flag", "a run's mean of per-step rates and its images/sec "
            "(all images over the whole window) differ by more than 2%: some steps stalled",
@@ -275,6 +320,14 @@ COLUMNS: tuple[Column, ...] = (
     _setting("mode"),
     _setting("dataset"),
     _field("step_times_s", "Each timed step's wall time (s).", ("record", "child")),
+    _field("memory_per_device", "Bytes each device held in the timed window, keyed "
+           "rank<r>:<device> (a process per device) or process<r>:<device>; on CPU the "
+           "rank's process's peak resident memory, once for the N virtual devices that share "
+           "one process (runners/memory.py; ranks merged by bench/run/verdict.py); null "
+           "where nothing was measured.", ("record", "child")),
+    _field("model_state", "The model state one device holds, in bytes: params_bytes, "
+           "grads_bytes, optimizer_bytes, total_bytes and its source (runners/memory.py "
+           "model_state_*); null where the runner does not report it.", ("record", "child")),
     _field("samples", "Images in the timed window: measure_steps x the global batch.",
            (*RUN_VIEWS, "child")),
     _field("first_loss", "The first timed step's loss.", (*RUN_VIEWS, "child")),
@@ -400,6 +453,13 @@ def _real_syn(col: Column, row: Mapping[str, Any], view: str) -> str:
     return f"{ratio:.2f}" + (" INPUT-BOUND" if row.get("input_bound") else "")
 
 
+def _bytes(col: Column, row: Mapping[str, Any], view: str) -> str:
+    value = row.get(col.key)
+    if not _numbers([value]):
+        return "-"
+    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
+
+
 def _flags(col: Column, row: Mapping[str, Any], view: str) -> str:
     return ",".join(c.header for c in flags_on(row, view)) or "-"
 
@@ -429,13 +489,17 @@ FORMATS: dict[str, Format] = {
     "real_syn": Format("2 decimals, INPUT-BOUND when input-bound", _real_syn),
     "flag": Format("True or False; the tables name it under flags when True", _text),
     "flags": Format("the headers of the flags that are on, or -", _flags),
+    "bytes": Format("bytes as GiB (2 decimals) from 1 GiB, else MiB (1 decimal); bytes in "
+                    "summary.csv", _bytes),
 }
 
 
-def cells(view: str) -> tuple[Column, ...]:
+def cells(view: str, rows: list[Mapping[str, Any]] | None = None) -> tuple[Column, ...]:
     """The cells of a table (table or html), in order: its columns but the flags, which
-    are shown together in the flags cell."""
-    return tuple(c for c in of_view(view) if c.format != "flag")
+    are shown together in the flags cell; given the table's rows, an optional column only
+    when some row has a value."""
+    return tuple(c for c in of_view(view) if c.format != "flag" and not (
+        rows is not None and c.optional and all(r.get(c.key) is None for r in rows)))
 
 
 def cell(col: Column, row: Mapping[str, Any], view: str) -> str:

@@ -15,7 +15,8 @@ from bench.records import columns
 from bench.report.allreduce import html_section as allreduce_section
 
 # The per-run columns the Runs table shows beside the run's id, status and files.
-RUN_CELLS = ("images_per_sec", "gpu_util_pct", "run_cpu_cores", "joules_per_image", "mfu")
+RUN_CELLS = ("images_per_sec", "tokens_per_sec", "memory_peak_bytes", "gpu_util_pct",
+             "run_cpu_cores", "joules_per_image", "mfu")
 
 
 def _e(value: Any) -> str:
@@ -39,7 +40,7 @@ def _flags(row: dict[str, Any]) -> list[str]:
 
 def _summary(rows: list[dict[str, Any]]) -> str:
     """The summary's cells in the html view of the column registry (bench/records/columns.py)."""
-    cells = columns.cells("html")
+    cells = columns.cells("html", rows)
     out = [[_cell(c, r) for c in cells] for r in rows]
     table = _table([c.header for c in cells], out)
     notes = [f"<li>* {_e(r['runner'])} n={r['num_devices']}: {_e(r['placement_collapsed'])}"
@@ -63,13 +64,15 @@ def _flagged(rows: list[dict[str, Any]]) -> str:
 
 def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str]) -> str:
     out = []
+    # an optional column (tokens/sec, memory) only where some run has it
+    cells = [c for c in map(columns.column, RUN_CELLS) if not c.optional
+             or any(columns.run_value(c, r) is not None for r in records)]
     for rec in sorted(records, key=lambda r: r["run_id"]):
         tel = rec.get("telemetry") or {}
         chart = f"charts/telemetry/{rec['run_id']}.png"
         log = rec.get("log_path")
         log_rel = (f"runs/{Path(log).name}" if log and (Path(results_dir) / "runs" /
                                                           Path(log).name).exists() else None)
-        cells = [columns.column(k) for k in RUN_CELLS]
         out.append([
             _e(rec["run_id"]), _e(rec["status"]),
             *(_e(columns.cell(c, {c.key: columns.run_value(c, rec)}, "html")) for c in cells),
@@ -77,7 +80,7 @@ def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str])
             (f'<a href="{_e(chart)}">telemetry</a>' if rec["run_id"] in telemetry else "")
             + (f' <a href="{_e(log_rel)}">log</a>' if log_rel else ""),
         ])
-    return _table(["run", "status", *(columns.column(k).header for k in RUN_CELLS),
+    return _table(["run", "status", *(c.header for c in cells),
                    "reason / note", "files"], out)
 
 
@@ -117,7 +120,11 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         "<p>img/s is the median over repeats with a 95% bootstrap interval; speedup and "
         "efficiency are against the same configuration on 1 device. MFU is training FLOPs "
         "(3 x the model's forward FLOPs per image) x img/s over the device's measured matmul "
-        "peak at the run's precision.</p>",
+        "peak at the run's precision. mem/dev is the most memory one device held in the "
+        "timed window, as its framework's allocator reports it (on CPU the rank's process's "
+        "peak resident memory, shared by its virtual devices; the csv's memory_source says "
+        "what was read), state the model state one device holds (parameters, gradients, "
+        "optimizer); tok/s is a token model's samples/sec x its sequence length.</p>",
         _summary(rows) if rows else "<p>No benchmark runs.</p>",
         "<h2>Flagged</h2>", _flagged(rows),
         where_the_time_went(rows, records),

@@ -28,6 +28,7 @@ from bench.text_table import aligned
 
 CHARTS = ("throughput.png", "efficiency.png", "largest_device_count.png")
 REAL_CHART, PIPELINE_CHART = "real_vs_synthetic.png", "pipelines.png"
+MEMORY_CHART, TOKENS_CHART = "memory_per_device.png", "tokens_per_sec.png"
 
 
 def write_summary(results_dir: Path, rows: list[dict[str, Any]],
@@ -83,7 +84,7 @@ def _pipeline_table(rows: list[dict[str, Any]]) -> str:
 def _benchmark_table(rows: list[dict[str, Any]]) -> str:
     """The summary's cells in the table view of the column registry (bench/records/columns.py), then
     the notes: placement, each flag that is on in some row, the reasons of rows not ok."""
-    cells = columns.cells("table")
+    cells = columns.cells("table", rows)
     lines = [tuple(c.header for c in cells)]
     lines += [tuple(columns.cell(c, r, "table") for c in cells) for r in rows]
     out = aligned(lines)
@@ -238,6 +239,71 @@ def _axes(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
         ax.legend(fontsize=7)
 
 
+def render_memory_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """The memory one device held (the most of any device of the run, the median over
+    repeats) per configuration and device count, a bar chart per model, the model state
+    (parameters, gradients, optimizer) as a mark on each bar; None when no row has memory."""
+    have = [r for r in rows if r.get("memory_peak_bytes") is not None]
+    if not have:
+        return None
+    plt = pyplot()
+
+    models = sorted({r["model"] for r in have})
+    width = max(6.5, 0.55 * max(sum(r["model"] == m for r in have) for m in models))
+    fig, axes = plt.subplots(1, len(models), figsize=(width * len(models), 4.8), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = sorted((r for r in have if r["model"] == model),
+                      key=lambda r: (_series_label(r), r["num_devices"]))
+        xs = range(len(mine))
+        bars = ax.bar(xs, [r["memory_peak_bytes"] / 2**30 for r in mine])
+        ax.bar_label(bars, [columns.cell(columns.column("memory_peak_bytes"), r, "table")
+                            for r in mine], fontsize=7)
+        state = [(x, r["model_state_bytes"] / 2**30) for x, r in zip(xs, mine, strict=True)
+                 if r.get("model_state_bytes") is not None]
+        if state:
+            ax.plot([x for x, _ in state], [s for _, s in state], "_", color="black",
+                    markersize=18, label="model state (params + grads + optimizer)")
+        ax.set_xticks(list(xs), [f"{_series_label(r).replace(' [virtual CPU devices]', '')}"
+                                 f"\nn={r['num_devices']}" for r in mine],
+                      rotation=30, ha="right", fontsize=7)
+        _axes(ax, model, "", "GiB per device")
+        ax.set_ylim(bottom=0)
+    virtual = any(r["virtual_devices"] for r in have)
+    fig.suptitle("Memory per device in the timed window (framework allocator's peak; on CPU "
+                 "the process's peak resident memory" + (", shared by its virtual devices"
+                                                         if virtual else "") + ")")
+    return save(fig, Path(results_dir) / "charts" / MEMORY_CHART, plt)
+
+
+def render_tokens_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Tokens/sec against the device count for the token models (their images/sec is
+    samples/sec), the ideal line from each series' 1-device point; None without them."""
+    ok = [r for r in rows if r.get("tokens_per_sec") is not None]
+    if not ok:
+        return None
+    plt = pyplot()
+
+    models = sorted({r["model"] for r in ok})
+    series: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in ok:
+        for label in _series_labels(r, ok):
+            series[(r["model"], label)].append(r)
+    fig, axes = _subplots(plt, len(models))
+    for ax, model in zip(axes, models, strict=False):
+        for label, pts, line in _device_series(ax, series, model, "tokens_per_sec",
+                                               "tokens_per_sec_ci_low",
+                                               "tokens_per_sec_ci_high"):
+            base = next((p for p in pts if p["num_devices"] == 1), None)
+            if base is not None:
+                xs = [p["num_devices"] for p in pts]
+                ax.plot(xs, [base["tokens_per_sec"] * x for x in xs], "--",
+                        color=line.get_color(), alpha=0.5, label=f"ideal ({label.split()[0]})")
+        _device_axes(ax, model, "tokens/sec", ok)
+    fig.suptitle("Token throughput vs device count (tokens/sec = samples/sec x sequence "
+                 "length)")
+    return save(fig, Path(results_dir) / "charts" / TOKENS_CHART, plt)
+
+
 def render_real_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Synthetic vs real-data throughput per runner and device count, input-bound marked."""
     real = [r for r in rows if r["real_vs_synthetic"] is not None]
@@ -313,7 +379,8 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
         write_summary(results_dir, probes, allreduce_report.CSV_NAME,
                       allreduce_report.ALLREDUCE_FIELDS)
     charts = render_charts(results_dir, rows) if rows or not (pipes or probes) else []
-    extra = [render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes),
+    extra = [render_tokens_chart(results_dir, rows), render_memory_chart(results_dir, rows),
+             render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes),
              allreduce_report.render_allreduce_chart(results_dir, probes, link)]
     charts += [c for c in extra if c]
     telemetry = render_telemetry_charts(results_dir, records)

@@ -22,18 +22,21 @@ from typing import Any
 from bench import REPO_ROOT
 from bench.plan.runs import RunSpec
 from bench.records import columns
-from bench.records.mfu import mfu
+from bench.records.mfu import TRAINING_FLOPS_FACTOR, mfu
 from bench.records.store import SCHEMA_VERSION, json_safe, record_path, runs_dir, write_json_atomic
 from bench.run.environment import lock_for
 from bench.run.guard import cannot_start, guarded
 from bench.run.telemetry import Sampler, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
 from bench.run.verdict import CHILD_FIELDS, _first_line, classify
-from models import get_spec
+from models import get_spec, spec_of
 from runners.math_mode import math_env
 from runners.threads import thread_env
 
 KILL_GRACE_S = 5.0
+# what complete derives from the child's result for every record (None where it does not apply)
+DERIVED_FIELDS = ("samples_per_sec", "tokens_per_sec", "tokens_per_sec_per_device",
+                  "flops_per_token")
 
 
 def now_iso() -> str:
@@ -163,6 +166,7 @@ def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> d
         "returncode": None, "wall_time_s": None,
     }
     rec.update({k: None for k in CHILD_FIELDS})
+    rec.update({k: None for k in DERIVED_FIELDS})
     rec["placement"] = None
     return rec
 
@@ -269,10 +273,52 @@ def window_telemetry(rec: dict[str, Any], spec: RunSpec, seen: Watched, path: Pa
 def complete(rec: dict[str, Any], spec: RunSpec, status: str, reason: str | None,
              results_dir: Path, peak: dict[str, Any] | None) -> dict[str, Any]:
     """The last step of every record, local or SLURM: the metrics derived from the run's
-    result (MFU against the measured peak, when given), then the record written."""
+    result (samples and tokens per second, FLOPs per token, MFU against the measured peak,
+    when given), then the record written."""
+    derive_throughput(rec, spec, status)
     if peak is not None and status == "ok" and spec.mode == "benchmark":
-        rec["mfu"] = run_mfu(spec, rec["images_per_sec"], peak)
+        rec["mfu"] = run_mfu(spec, rec["images_per_sec"], peak, rec)
     return finish(rec, results_dir, status, reason)
+
+
+def model_tokens(spec: RunSpec) -> int | None:
+    """Tokens one sample of the run's model trains on (None for images or an unknown model)."""
+    try:
+        return spec_of(spec).tokens_per_sample
+    except Exception:  # an unknown or malformed model: the child's record says why
+        return None
+
+
+def forward_flops(spec: RunSpec, rec: dict[str, Any] | None = None) -> tuple[int | None, str]:
+    """The forward FLOPs per sample MFU and FLOPs per token use, and where they come from: a
+    built-in model's spec (the standard count), else the run's own count (a user's model:
+    the child counted it with its framework, `flops_per_sample` of its result)."""
+    if not getattr(spec, "custom_model", None):
+        try:
+            model = get_spec(spec.model)
+            return model.flops_per_sample, f"models/{spec.model}/spec.py: {model.flops_source}"
+        except KeyError:
+            pass
+    result = (rec or {}).get("result") or {}
+    counted = result.get("flops_per_sample")
+    if isinstance(counted, (int, float)) and not isinstance(counted, bool) and counted > 0:
+        return counted, f"counted in the run: {result.get('flops_source') or 'the runner'}"
+    return None, "no forward FLOPs: not a built-in model and the run counted none"
+
+
+def derive_throughput(rec: dict[str, Any], spec: RunSpec, status: str) -> None:
+    """samples/sec (images/sec: samples of any kind), and for a token model its tokens per
+    sample, tokens/sec (over all devices and per device) and training FLOPs per token
+    (3 x the forward FLOPs per sample over its tokens)."""
+    ips = rec.get("images_per_sec") if status == "ok" and spec.mode == "benchmark" else None
+    tokens = rec.get("tokens_per_sample") or model_tokens(spec)
+    rec["tokens_per_sample"] = tokens
+    rec["samples_per_sec"] = ips
+    rec["tokens_per_sec"] = ips * tokens if ips is not None and tokens else None
+    rec["tokens_per_sec_per_device"] = (rec["tokens_per_sec"] / spec.num_devices
+                                        if rec["tokens_per_sec"] is not None else None)
+    forward, _ = forward_flops(spec, rec) if tokens else (None, "")
+    rec["flops_per_token"] = TRAINING_FLOPS_FACTOR * forward / tokens if forward else None
 
 
 def launch(spec: RunSpec, python: str | Path, results_dir: Path,
@@ -308,13 +354,13 @@ def launch(spec: RunSpec, python: str | Path, results_dir: Path,
     return complete(rec, spec, status, reason, results_dir, peak)
 
 
-def run_mfu(spec: RunSpec, images_per_sec: float, peak: dict[str, Any]) -> dict[str, Any]:
+def run_mfu(spec: RunSpec, images_per_sec: float, peak: dict[str, Any],
+            rec: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's model FLOPs utilisation against the machine's best measured peak (peak), and
-    against its own environment's probe (peak["own"]), with what each was."""
-    try:
-        forward = get_spec(spec.model).flops_per_sample
-    except KeyError:
-        forward = None
+    against its own environment's probe (peak["own"]), with what each was; the forward FLOPs
+    a built-in model's spec's, a user's model's as the run counted them (rec's result),
+    named in flops_source."""
+    forward, flops_source = forward_flops(spec, rec)
     def flops(p: dict[str, Any]) -> float | None:
         return p.get("peak_flops") if p.get("status") == "ok" else None
 
@@ -330,6 +376,7 @@ def run_mfu(spec: RunSpec, images_per_sec: float, peak: dict[str, Any]) -> dict[
     out["mfu_own_peak"] = mfu(images_per_sec, forward, flops(own), spec.num_devices,
                               shared_device=spec.virtual_devices)["mfu"]
     out["peak"], out["own_peak"] = meta(peak), meta(own)
+    out["flops_source"] = flops_source
     return out
 
 

@@ -17,6 +17,7 @@ from bench.plan.runs import RunSpec
 from bench.records import columns
 from bench.records.placement_check import check_placement
 from runners.allreduce import bus_factor, gradient_bytes, probe_sizes
+from runners.memory import side_file
 
 OOM_PATTERNS = re.compile(
     r"ResourceExhaustedError|OOM when allocating|out of memory|MemoryError|"
@@ -63,6 +64,7 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
     rec["placement"] = result.get("placement")
     rec["environment"]["framework"] = result.get("framework")
     rec["environment"]["devices"] = result.get("devices")
+    merge_memory(rec, result_path, spec)
     status = result.get("status", "ok")
     if status != "ok":
         reason = result.get("reason") or _reason_from_log(log_tail, ERROR_LINE)
@@ -72,6 +74,49 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
                          f"{_reason_from_log(log_tail, ERROR_LINE)}"
     problems = validate_result(result, spec, rec)
     return ("invalid", "; ".join(problems)) if problems else ("ok", None)
+
+
+def process_count(spec: RunSpec) -> int:
+    """The processes that run the runner: one per device under torchrun and horovodrun, one
+    per node otherwise."""
+    return spec.num_devices if spec.launcher in ("torchrun", "horovodrun") else spec.num_nodes
+
+
+def merge_memory(rec: dict[str, Any], result_path: Path, spec: RunSpec) -> None:
+    """Merge the memory of the ranks other than 0 (each wrote its own beside the result:
+    runners.memory.side_file) into rec's memory_per_device, rank 0's from its result; a rank
+    whose file is missing or unreadable is said so in memory_source, never guessed. The side
+    files are removed once read (the record holds them)."""
+    ranks = process_count(spec)
+    if ranks < 2:
+        return
+    merged = dict(rec.get("memory_per_device") or {})
+    sources = [rec.get("memory_source")] if rec.get("memory_source") else []
+    missing = []
+    for rank in range(1, ranks):
+        path = side_file(result_path, rank)
+        try:
+            part = json.loads(path.read_text())
+        except FileNotFoundError:
+            missing.append(f"{rank} (no {path.name})")
+            continue
+        except (OSError, ValueError) as exc:
+            missing.append(f"{rank} ({path.name} unreadable: {_first_line(str(exc))})")
+            continue
+        finally:
+            path.unlink(missing_ok=True)
+        part = part if isinstance(part, dict) else {}
+        if not isinstance(part.get("memory_per_device"), dict):
+            missing.append(f"{rank} (it measured nothing: {part.get('memory_source')})")
+            continue
+        merged.update(part["memory_per_device"])
+        if part.get("memory_source") and part["memory_source"] not in sources:
+            sources.append(part["memory_source"])
+    if missing:
+        sources.append(f"no memory from rank {', '.join(missing)} of {ranks}: its devices are "
+                       "not in memory_per_device")
+    rec["memory_per_device"] = merged or None
+    rec["memory_source"] = "; ".join(sources) or None
 
 
 def validate_placement(result: dict[str, Any], num_devices: int,

@@ -102,6 +102,7 @@ from runners.jax.common import (
     sharding_record,
     synthetic_batch,
 )
+from runners.memory import model_state_keras
 from runners.real_data import RealData, describe
 
 if TYPE_CHECKING:
@@ -557,6 +558,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **input_record,
         "params": params,
         "flops_per_sample": flops,
+        **model_state_keras(model),
         **multi_node_record(spec, distribution),
     }
 

@@ -107,6 +107,7 @@ from runners.jax.common import (
     sharding_record,
     synthetic_batch,
 )
+from runners.memory import model_state_jax
 from runners.real_data import RealData, describe
 
 if TYPE_CHECKING:
@@ -431,6 +432,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "flops_source": flops_source,
         "tokens_per_sample": model_spec.tokens_per_sample,
         "workload": model_spec.workload,
+        **model_state_jax(state.params, state.opt_state, state.batch_stats),
         **close_multihost(spec),
     }
 

@@ -67,6 +67,7 @@ from models.keras_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, Unavailable, main, one_line, process_rank
+from runners.memory import model_state_keras
 from runners.tf.common import (
     POLICIES,
     SHARDING_NOTE,
@@ -296,6 +297,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **data_info,
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
+        **model_state_keras(model),
     }
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = SHARDING_NOTE

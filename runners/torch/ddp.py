@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from runners.common import Invalid, Spec, main
+from runners.memory import model_state_torch
 from runners.torch.dist import (
     MEMORY_FORMATS,
     Feed,
@@ -171,6 +172,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
                     "(torchrun); gradients all-reduced in buckets during backward",
         **model_record(net, model_spec),
+        **model_state_torch(net, counter.optimizer),
     })
     ranks.close()
     return result

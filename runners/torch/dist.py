@@ -325,6 +325,7 @@ class StepCounter:
         self.applied = 0
         self.skipped = 0
         self._armed = False
+        self.optimizer = optimizer  # runners.memory.model_state_torch reads its state
         optimizer.register_step_pre_hook(self._arm)
         optimizer.register_step_post_hook(self._count)
 

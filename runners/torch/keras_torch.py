@@ -50,6 +50,7 @@ from models.keras_common import (  # noqa: E402
     set_canonical_weights,
 )
 from runners.common import Spec, Unavailable, main  # noqa: E402
+from runners.memory import model_state_torch  # noqa: E402
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
 from runners.torch.data import Batch, RealInput, SyntheticInput  # noqa: E402
 from runners.torch.dist import (  # noqa: E402
@@ -187,6 +188,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                 "model(x, training=True)",
         "params": count_params_keras(model),
         "flops_per_sample": count_flops_keras(model),
+        **model_state_torch(logits, counter.optimizer),
     })
     if spec.data == "real":
         result["loader_option"] = loader

@@ -1,0 +1,362 @@
+"""Memory per device over the timed window, and the model state a run holds (child side).
+
+runners.common's timed loop (timed_loop, TimedWindow) calls `window_start()` just before its
+clock starts and `window_end()` right after its last clock reading, so every runner is
+measured without code of its own; runners.common.main turns the reading into the result's
+`memory_per_device` ({device: bytes}) and `memory_source` (`for_result`), and a rank other
+than 0 writes its own to a side file beside the result (`side_file`) that the parent merges
+(bench/run/verdict.py).
+
+What is read, by what the process has imported and initialised (this module imports no
+framework: it looks in sys.modules):
+- torch with CUDA initialised: torch.cuda.max_memory_allocated of each device the process
+  allocated on, its peak reset at the window's start;
+- JAX on GPU: each local device's memory_stats()["peak_bytes_in_use"] (XLA cannot reset it:
+  the peak since the process started);
+- TensorFlow on GPU: tf.config.experimental.get_memory_info(device)["peak"], reset at the
+  window's start (reset_memory_stats);
+- MXNet on GPU: mx.context.gpu_memory_info (free, total): the device's used memory at the
+  window's end (the driver's view of the whole device), not a peak;
+- otherwise (CPU, no accelerator allocator): the process's peak resident memory over the
+  window, VmHWM of /proc/self/status reset at the window's start by writing 5 to
+  /proc/self/clear_refs (Linux >= 4.0); where that file cannot be written, getrusage's
+  ru_maxrss (the peak since the process started), said so. The rank's own process only:
+  DataLoader or Grain workers are processes of their own.
+
+`model_state_torch`, `model_state_jax` and `model_state_keras` give the result's
+`model_state`: the bytes of the parameters, gradients and optimizer state, read from the
+framework's objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+CLEAR_REFS = Path("/proc/self/clear_refs")
+STATUS = Path("/proc/self/status")
+WORKERS_NOTE = "the process itself: DataLoader/Grain/loader workers are processes of their own"
+
+# the family whose framework a run trains with (runners.common.main sets it from the spec);
+# its allocator is read first when several frameworks are imported
+_family: str | None = None
+_start: dict[str, Any] | None = None
+last: dict[str, Any] | None = None  # the latest window's reading: {"devices", "source", "cpu"}
+
+
+def expect(family: str | None) -> None:
+    """The run's framework family (torch, jax, tf, mxnet, keras): its allocator first."""
+    global _family
+    _family = family
+
+
+# -- the frameworks' allocators --------------------------------------------------------------
+
+def _torch_devices() -> list[Any] | None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return [i for i in range(torch.cuda.device_count())
+            if torch.cuda.memory_allocated(i) > 0 or torch.cuda.max_memory_allocated(i) > 0]
+
+
+def _torch_start() -> Any:
+    devices = _torch_devices()
+    if devices:
+        torch = sys.modules["torch"]
+        for i in devices:
+            torch.cuda.reset_peak_memory_stats(i)
+    return devices
+
+
+def _torch_end(devices: Any) -> dict[str, int]:
+    torch = sys.modules["torch"]
+    return {str(torch.device("cuda", i)): int(torch.cuda.max_memory_allocated(i))
+            for i in devices or ()}
+
+
+def _jax_gpus() -> list[Any] | None:
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    try:  # never initialise a backend the run did not (it would take GPU memory)
+        from jax._src import xla_bridge
+
+        ready = getattr(xla_bridge, "backends_are_initialized", None)
+        if ready is not None and not ready():
+            return None
+        return [d for d in jax.local_devices() if d.platform != "cpu"]
+    except Exception:
+        return None
+
+
+def _jax_end(devices: Any) -> dict[str, int]:
+    out = {}
+    for d in devices or ():
+        stats = d.memory_stats()
+        if stats and "peak_bytes_in_use" in stats:
+            out[str(d)] = int(stats["peak_bytes_in_use"])
+    return out
+
+
+def _tf_gpus() -> list[str] | None:
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return None
+    try:  # only a runtime the run started (listing devices would start one)
+        from tensorflow.python.eager import context
+
+        if getattr(context.context(), "_context_handle", None) is None:
+            return None
+        return [d.name.split("device:")[-1] for d in tf.config.list_logical_devices("GPU")]
+    except Exception:
+        return None
+
+
+def _tf_start() -> Any:
+    gpus = _tf_gpus()
+    tf = sys.modules.get("tensorflow")
+    for name in gpus or ():
+        with contextlib.suppress(Exception):
+            tf.config.experimental.reset_memory_stats(name)
+    return gpus
+
+
+def _tf_end(devices: Any) -> dict[str, int]:
+    tf = sys.modules["tensorflow"]
+    out = {}
+    for name in devices or ():
+        try:
+            out[name] = int(tf.config.experimental.get_memory_info(name)["peak"])
+        except Exception:
+            continue
+    return out
+
+
+def _mxnet_gpus() -> list[int] | None:
+    mx = sys.modules.get("mxnet")
+    if mx is None:
+        return None
+    try:
+        n = mx.context.num_gpus()
+    except Exception:
+        return None
+    return list(range(n)) if n else None
+
+
+def _mxnet_end(devices: Any) -> dict[str, int]:
+    mx = sys.modules["mxnet"]
+    out = {}
+    for i in devices or ():
+        free, total = mx.context.gpu_memory_info(i)
+        out[f"gpu({i})"] = int(total - free)
+    return out
+
+
+# name: (family, devices at the start (reset there), the bytes at the end, what it is)
+ALLOCATORS: dict[str, tuple[str, Any, Any, str]] = {
+    "torch": ("torch", _torch_start, _torch_end,
+              "torch.cuda.max_memory_allocated over the timed window (peak reset at its start "
+              "by torch.cuda.reset_peak_memory_stats)"),
+    "jax": ("jax", _jax_gpus, _jax_end,
+            "jax Device.memory_stats()['peak_bytes_in_use']: the peak since the process "
+            "started (XLA cannot reset it), not the window's alone"),
+    "tensorflow": ("tf", _tf_start, _tf_end,
+                   "tf.config.experimental.get_memory_info(device)['peak'] over the timed "
+                   "window (reset at its start by reset_memory_stats)"),
+    "mxnet": ("mxnet", _mxnet_gpus, _mxnet_end,
+              "mx.context.gpu_memory_info: the device's used memory (total - free, as the "
+              "driver sees the whole device) at the window's end, not a peak"),
+}
+
+
+def _order() -> list[str]:
+    names = list(ALLOCATORS)
+    return sorted(names, key=lambda n: ALLOCATORS[n][0] != _family)
+
+
+# -- the process's resident memory -----------------------------------------------------------
+
+def _vm_hwm() -> int | None:
+    try:
+        m = re.search(r"^VmHWM:\s+(\d+)\s*kB", STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def _reset_hwm() -> bool:
+    """Reset the process's peak resident memory to its current one (clear_refs 5)."""
+    try:
+        with open(CLEAR_REFS, "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_end(reset: bool) -> tuple[int | None, str]:
+    hwm = _vm_hwm() if reset else None
+    if hwm is not None:
+        return hwm, ("peak resident memory over the timed window (VmHWM of /proc/self/status, "
+                     f"reset at its start through /proc/self/clear_refs) of {WORKERS_NOTE}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    why = "/proc/self/clear_refs is not writable" if not reset else "no VmHWM to read"
+    return peak, (f"peak resident memory since the process started (getrusage ru_maxrss; {why}"
+                  f", so not the window's alone) of {WORKERS_NOTE}")
+
+
+# -- the window ------------------------------------------------------------------------------
+
+def window_start() -> None:
+    """Just before the timed window's clock starts: reset the peaks that can be reset."""
+    global _start
+    started: dict[str, Any] = {}
+    for name in _order():
+        if name in sys.modules:
+            try:
+                devices = ALLOCATORS[name][1]()
+            except Exception:
+                devices = None
+            if devices:
+                started[name] = devices
+    _start = {"allocators": started, "cpu_reset": False if started else _reset_hwm()}
+
+
+def window_end() -> dict[str, Any] | None:
+    """Right after the window's last clock reading: the peaks, kept in `last` and returned as
+    {"devices": {device as the framework names it: bytes} or {} on CPU, "cpu": bytes of the
+    process when no accelerator allocator was read, "source": what was read}."""
+    global last, _start
+    if _start is None:
+        return None
+    for name, devices in _start["allocators"].items():
+        try:
+            read = ALLOCATORS[name][2](devices)
+        except Exception as exc:
+            read, error = {}, f"{type(exc).__name__}: {exc}"
+        else:
+            error = None
+        if read:
+            last = {"devices": read, "cpu": None, "source": ALLOCATORS[name][3]}
+            break
+        if error:
+            _start.setdefault("errors", []).append(f"{name}: {error}")
+    else:
+        cpu, source = _cpu_end(_start["cpu_reset"])
+        if _start["allocators"]:
+            source += (" (the accelerator allocators gave nothing: "
+                       f"{'; '.join(_start.get('errors', [])) or 'no device read'})")
+        last = {"devices": {}, "cpu": cpu, "source": source}
+    _start = None
+    return last
+
+
+def for_result(spec: Any, rank: int) -> dict[str, Any]:
+    """The result's memory_per_device and memory_source from the latest window's reading: its
+    devices keyed rank<r>:<device> for a process that drives one device (torchrun,
+    horovodrun ranks), process<r>:<device> for one that drives several; on CPU the process's
+    one figure (N virtual devices share it: said once, not per device)."""
+    if last is None:
+        return {"memory_per_device": None,
+                "memory_source": "no timed window ran in this process (an external program's, "
+                                 "or a mode without one): nothing measured"}
+    one_per_process = spec.launcher in ("torchrun", "horovodrun")
+    prefix = f"rank{rank}" if one_per_process else f"process{rank}"
+    if last["devices"]:
+        return {"memory_per_device": {f"{prefix}:{d}": b for d, b in last["devices"].items()},
+                "memory_source": last["source"]}
+    shared = 1 if one_per_process else spec.num_devices // max(1, spec.num_nodes)
+    if shared > 1:
+        key = f"{prefix}:cpu ({shared} virtual devices)"
+        source = (f"{last['source']}; the {shared} virtual CPU devices share this one process, "
+                  "so its figure is given once")
+    else:
+        key, source = f"{prefix}:cpu", last["source"]
+    if getattr(spec, "device", "cpu") != "cpu":
+        source += ("; no GPU allocator was read (no framework this module reads had "
+                   "initialised one in this process): the host process's memory, not the GPUs'")
+    return {"memory_per_device": {key: last["cpu"]}, "memory_source": source}
+
+
+def side_file(result: str | Path, rank: int) -> Path:
+    """Where a rank other than 0 writes its memory (beside the result rank 0 writes)."""
+    return Path(f"{result}.memory.rank{rank}.json")
+
+
+# -- the model state -------------------------------------------------------------------------
+
+def _itemsize(dtype: Any) -> int:
+    size = getattr(dtype, "itemsize", None) or getattr(dtype, "size", None)
+    if isinstance(size, int) and not isinstance(dtype, str):
+        return size
+    name = str(getattr(dtype, "name", dtype)).removeprefix("tf.").removeprefix("torch.")
+    if name == "bfloat16":
+        return 2
+    import numpy as np
+
+    return int(np.dtype(name).itemsize)
+
+
+def _state(params: int, grads: int, optimizer: int, source: str) -> dict[str, Any]:
+    return {"model_state": {"params_bytes": params, "grads_bytes": grads,
+                            "optimizer_bytes": optimizer,
+                            "total_bytes": params + grads + optimizer, "source": source}}
+
+
+def model_state_torch(module: Any, optimizer: Any = None) -> dict[str, Any]:
+    """{"model_state": ...} of a torch module and its optimizer, on this rank's device: the
+    parameters and buffers, the .grad tensors it holds now, the optimizer's state tensors."""
+    import torch
+
+    params = sum(t.numel() * t.element_size() for t in module.parameters())
+    params += sum(t.numel() * t.element_size() for t in module.buffers())
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters()
+                if p.grad is not None)
+    opt = 0
+    for state in (optimizer.state.values() if optimizer is not None else ()):
+        opt += sum(v.numel() * v.element_size() for v in state.values()
+                   if isinstance(v, torch.Tensor))
+    return _state(params, grads, opt, "torch: module.parameters() and buffers(), the .grad "
+                  "tensors held after the last step, optimizer.state's tensors; one rank's "
+                  "copy (each rank's device holds one)")
+
+
+def model_state_jax(params: Any, opt_state: Any, model_state: Any = None) -> dict[str, Any]:
+    """{"model_state": ...} of a params tree, an optax state and the model's other state
+    (BatchNorm's batch_stats, counted with the params as torch's buffers and Keras'
+    non-trainable weights are): each array's nbytes (a replicated array's one copy: every
+    device holds it); the gradients are a tree of the params' shapes, made inside the jitted
+    step."""
+    import jax
+
+    def nbytes(tree: Any) -> int:
+        return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(tree))
+
+    p = nbytes(params)
+    return _state(p + nbytes(model_state), p, nbytes(opt_state), "jax: the params (and "
+                  "batch_stats) and optax state trees' arrays (nbytes), per device "
+                  "(replicated: each device holds a copy); gradients: the params' shapes, "
+                  "computed inside the jitted step")
+
+
+def model_state_keras(model: Any, optimizer: Any = None) -> dict[str, Any]:
+    """{"model_state": ...} of a Keras model (model.weights: trainable and not) and its
+    optimizer (optimizer.variables, default model.optimizer); the gradients are the trainable
+    weights' shapes, as Keras computes them each step."""
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+
+    def nbytes(variables: Any) -> int:
+        return sum(math.prod(int(d) for d in v.shape) * _itemsize(v.dtype) for v in variables)
+
+    opt = nbytes(getattr(optimizer, "variables", None) or ()) if optimizer is not None else 0
+    return _state(nbytes(model.weights), nbytes(model.trainable_weights), opt,
+                  "keras: model.weights, the trainable weights' shapes for the gradients "
+                  "(computed each step), optimizer.variables; per replica (a mirrored or "
+                  "replicated variable's one copy: each device holds it)")
+
