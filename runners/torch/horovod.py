@@ -73,6 +73,7 @@ from torch import nn
 from models import get_spec, load_builder
 from models.torch_common import get_canonical_weights, set_canonical_weights
 from runners.common import Invalid, Spec, Unavailable, main, node_identity
+from runners.memory import model_state_torch
 from runners.real_data import cores
 from runners.torch.dist import (
     DeviceRank,
@@ -279,6 +280,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "strategy": "horovod.torch.DistributedOptimizer, one process per device (horovodrun); "
                     "gradients all-reduced (Average) as backward produces them",
         **model_record(net, model_spec),
+        **model_state_torch(net, counter.optimizer),
     })
     ranks.close()
     return result
