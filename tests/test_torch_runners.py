@@ -304,8 +304,15 @@ def test_a_users_model_from_a_folder_outside_the_repo_runs_from_one_yaml_entry(
         assert result["flops_per_sample"] == 2 * 3 * 9 * 8 * 16 * 16 + 2 * 8 * 10
         assert result["flops_source"] == ("torch.utils.flop_counter.FlopCounterMode (forward, "
                                           "batch 1)")
-        assert result["workload"] == "custom" and result["tokens_per_sample"] is None
+        assert result["workload"] == "custom" and result.get("tokens_per_sample") is None
         assert result["layout"] == "channels_last"
         assert rec["samples"] == 3 * 4 * n
+        # each rank's peak resident memory over the timed window
+        memory = rec["memory_per_device"]
+        assert sorted(memory) == [f"rank{r}:cpu" for r in range(n)], memory
+        assert all(10e6 < b < 20e9 for b in memory.values()) and "VmHWM" in \
+            rec["memory_source"]
+        # float32 parameters and running statistics, and BatchNorm's int64 batch counter
+        assert rec["model_state"]["params_bytes"] == 4 * (224 + 16 + 90) + 4 * 16 + 8
         assert sorted(rec["placement"]) == [f"rank{r}:cpu" for r in range(n)]
         assert rec["mfu"]["mfu"] is not None and rec["mfu"]["mfu"] > 0
