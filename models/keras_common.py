@@ -220,3 +220,60 @@ def describe(model: Any, model_spec: ModelSpec) -> dict[str, Any]:
     return {"params": count_params_keras(model), "trainable_params": count_trainable_keras(model),
             "flops_per_sample": flops, "flops_source": f"{backend}: {FLOPS_SOURCES[backend]}",
             "output_shape": [int(d) for d in out.shape]}
+
+
+def build_run_model(run: Any, model_spec: ModelSpec, **kwargs: Any
+                    ) -> tuple[keras.Model, dict[str, Any] | None]:
+    """(the run's Keras model, its description or None): models.build_for(run, "keras",
+    **kwargs) (a built-in given kwargs such as data_format; a user's model built from its
+    entry), a user's model checked to be a keras.Model whose output for a batch of 2 is the
+    entry's logits, and described (describe: built by that forward pass, its FLOPs counted).
+    CustomModelError when a user's model is wrong (the runner makes it Invalid)."""
+    from models import build_for
+    from models.custom import check_output, not_a_model
+
+    model = build_for(run, "keras", **kwargs)
+    entry = getattr(run, "custom_model", None)
+    if not entry:
+        return model, None
+    if not isinstance(model, keras.Model):
+        raise not_a_model(entry, model, "a keras.Model")
+    described = describe(model, model_spec)
+    check_output(entry, model_spec, tuple(described["output_shape"]), 2)
+    return model, described
+
+
+def model_record(model: keras.Model, model_spec: ModelSpec,
+                 described: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result's model fields: params (counted by Keras), flops_per_sample and flops_source
+    (a built-in CNN's counted over its Conv2D and Dense layers, a built-in transformer's the
+    spec's standard count, a user's model's by the backend: `described`, or describe), the
+    tokens a sample trains on (None for images) and the workload."""
+    if model_spec.workload == "custom":
+        described = described or describe(model, model_spec)
+        params, flops = described["params"], described["flops_per_sample"]
+        source = described["flops_source"]
+    elif model_spec.workload == "transformer":
+        params, flops = count_params_keras(model), model_spec.flops_per_sample
+        source = model_spec.flops_source
+    else:
+        params, flops = count_params_keras(model), count_flops_keras(model)
+        source = model_spec.flops_source
+    return {"params": params, "flops_per_sample": int(flops), "flops_source": source,
+            "tokens_per_sample": model_spec.tokens_per_sample, "workload": model_spec.workload}
+
+
+def loss_for(model_spec: ModelSpec) -> Any:
+    """The loss fit trains on: the built-in CNNs end in a float32 softmax (cross-entropy on
+    probabilities, as before); the transformers and a user's model return logits, class logits
+    (B, classes) or next-token logits (B, T, V) with targets (B, T): Keras' sparse
+    cross-entropy from logits, the mean over every row (every B x T position)."""
+    if model_spec.workload == "cnn":
+        return "sparse_categorical_crossentropy"
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def has_batchnorm(model: keras.Model) -> bool:
+    """Whether any layer of the model (nested models included) is a BatchNormalization."""
+    return any(isinstance(layer, keras.layers.BatchNormalization)
+               for layer in model._flatten_layers(include_self=False))
