@@ -125,6 +125,7 @@ def test_keras_jax_trains_the_transformers(keras_jax_records: dict) -> None:
     assert gpt["layout"] == "tokens (batch, sequence)"
     assert gpt["batchnorm_statistics"] == "the model has no BatchNormalization layer"
     assert gpt["placement"] == {"cpu:0": BATCH, "cpu:1": BATCH}  # rows of the first timed batch
+    assert [d["id"] for d in gpt["devices"]] == [0, 1]
 
 
 @pytest.fixture(scope="module")

@@ -589,7 +589,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if tokens and spec.data == "real":
         raise Unavailable(TOKENS_REAL)
     data = real_dataset(spec, model_spec)
-    model, batchnorm, described = build_model(keras, spec, None, data_format="channels_last")
+    model, batchnorm, counted = build_model(keras, spec, None, data_format="channels_last")
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
                   loss=loss_for(model_spec))
     shape = (global_batch, *model_spec.input_shape)
@@ -624,7 +624,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "batchnorm_statistics": (BATCHNORM_RECORD[batchnorm] if has_batchnorm(model)
                                  else NO_BATCHNORM),
         **input_record,
-        **model_record(model, model_spec, described),
+        **model_record(model, model_spec, counted),
         **multi_node_record(spec, distribution),
     }
 
