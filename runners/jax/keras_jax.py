@@ -603,7 +603,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         if owner is not None:
             owner.close()  # the Grain workers
     timing["placement"] = all_placement(timing["placement"])
-    kernel = next(v for v in model.trainable_variables if v.path.endswith("kernel"))
+    kernel = next((v for v in model.trainable_variables if v.path.endswith("kernel")),
+                  model.trainable_variables[0])  # a user's model may have no kernel
     framework = framework_versions("keras")
     if owner is not None:
         from runners.jax.data import grain_version
