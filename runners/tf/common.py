@@ -77,6 +77,14 @@ def synthetic_batch(shape: tuple[int, ...], classes: int, batch: int) -> tuple[t
     return x, y
 
 
+def synthetic_tokens(seq_len: int, vocab: int, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """One random batch of token ids, the same in every run: ids (batch, seq_len + 1) in
+    [0, vocab), int32 inputs ids[:, :-1] and next-token targets ids[:, 1:]."""
+    ids = tf.random.stateless_uniform((batch, seq_len + 1), seed=(5, 6), maxval=vocab,
+                                      dtype=tf.int32)
+    return ids[:, :-1], ids[:, 1:]
+
+
 def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
                       repeat: bool = True) -> tf.data.Dataset:
     """One synthetic global batch, repeated; not sharded when a strategy distributes it."""

@@ -13,6 +13,22 @@ Real data (option `loader`): "framework" is tf.data over the TFRecord shards
 (runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras/data.py,
 worker processes); either gives global batches that the distributed iterator splits.
 
+Models (issue 26): the run's model is models.build_for(spec, "keras") made under the
+strategy's scope: a built-in CNN (a float32 softmax: Keras' sparse cross-entropy on its
+probabilities, as before), a built-in transformer (gpt2, vit_b16 and their tiny versions:
+models/transformer_keras.py, float32 logits) or a user's Keras model (logits; checked to be a
+keras.Model with the entry's output shape and described by models.keras_common.describe,
+Invalid when wrong; its images fed H, W, C as the entry declares). Transformers and users'
+models train on SparseCategoricalCrossentropy(from_logits=True). A token model (int32 ids
+(B, T) in, next-token logits (B, T, V) out) trains on one synthetic global batch of ids
+(B, T + 1) in [0, V) made once in tf.data as the synthetic images are (inputs ids[:, :-1],
+targets ids[:, 1:]), split by the distributed iterator; the loss is the mean over all B x T
+positions (Keras scales each replica's by 1/replicas before the all-reduce); real data is
+unavailable (the prepared datasets are images). The result adds flops_source,
+tokens_per_sample and workload: params counted by Keras, flops_per_sample a transformer's
+standard count (its spec), a user's model's TF profiler count (describe), a CNN's Conv2D and
+Dense count.
+
 Follows TensorFlow 2.21's MirroredStrategy with Keras 3's `fit` (its own train function: one
 `strategy.run` per step, or a `tf.while_loop` of them with `steps_per_execution` > 1; with
 `xla` Keras 3 jit-compiles that whole per-step function, `strategy.run` included).
@@ -59,11 +75,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from models import get_spec, load_builder
+from models import ModelSpec, get_spec, load_builder, spec_of
+from models.custom import CustomModelError
 from models.keras_common import (
-    count_flops_keras,
-    count_params_keras,
+    build_run_model,
     get_canonical_weights,
+    loss_for,
+    model_record,
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, Unavailable, main, one_line, process_rank
@@ -77,6 +95,7 @@ from runners.tf.common import (
     local_batch,
     setup_devices,
     shard_across_workers,
+    synthetic_tokens,
     timed_fit,
 )
 from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
@@ -84,6 +103,8 @@ from runners.tf.placement import EagerPlacement
 
 DATA_PLACEMENT = {
     "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",
+    "tokens": "one synthetic batch of token ids (inputs, next-token targets) in tf.data, "
+              "prefetched to each replica's device",
     "real": "global batches from the input pipeline on the host; Keras' distributed iterator "
             "splits each into per-replica slices and prefetches them to the replicas' devices",
 }
@@ -170,18 +191,49 @@ def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
     return type(ops).__name__ if ops is not None else "default"
 
 
-def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str,
-                   optimizer: Callable[[], keras.optimizers.Optimizer]) -> keras.Model:
-    """The model and its optimizer (made under the strategy), compiled as the benchmark
-    compiles it (layout, steps_per_execution, XLA from the options)."""
+def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str | None,
+                   optimizer: Callable[[], keras.optimizers.Optimizer]
+                   ) -> tuple[keras.Model, dict[str, Any] | None]:
+    """(the model, a user's model's description or None), the model and its optimizer made
+    under the strategy and compiled as the benchmark compiles it (layout, steps_per_execution,
+    XLA from the options; the loss models.keras_common.loss_for gives). `model_name`: a model
+    of models/ (the probe), or None for the run's (models.build_for: a built-in, or a user's
+    model checked and described, Invalid when it is wrong)."""
     opts = spec.options
+    described = None
     with strategy.scope():
-        model = load_builder(model_name, "keras")(
-            get_spec(model_name), data_format=opts["data_format"])
-        model.compile(optimizer=optimizer(), loss="sparse_categorical_crossentropy",
+        if model_name is None:
+            model_spec = spec_of(spec)
+            try:
+                model, described = build_run_model(spec, model_spec,
+                                                   data_format=opts["data_format"])
+            except CustomModelError as exc:
+                raise Invalid(str(exc)) from None
+        else:
+            model_spec = get_spec(model_name)
+            model = load_builder(model_name, "keras")(model_spec,
+                                                      data_format=opts["data_format"])
+        model.compile(optimizer=optimizer(), loss=loss_for(model_spec),
                       steps_per_execution=opts["steps_per_execution"],
                       jit_compile=bool(opts["xla"]))
-    return model
+    return model, described
+
+
+TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
+               "tokens")
+
+
+def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any, dict[str, Any]]:
+    """fit_input's data (synthetic images or the real-data pipeline), or for a token model one
+    synthetic global batch of token ids (synthetic_tokens) in tf.data, split by the distributed
+    iterator as the synthetic images are."""
+    if model_spec.input_kind != "tokens":
+        return fit_input(spec, model_spec, data_format, spec.warmup_steps + spec.measure_steps)
+    if spec.data == "real":
+        raise Unavailable(TOKENS_REAL)
+    return global_batch_dataset(synthetic_tokens(model_spec.input_shape[0],
+                                                 model_spec.num_classes,
+                                                 spec.global_batch_size)), {}
 
 
 class StopPlacement(keras.callbacks.Callback):
@@ -276,12 +328,13 @@ def worker_input(strategy: Any, data: Any, multi: Any) -> tuple[Any, Any]:
 def benchmark(spec: Spec) -> dict[str, Any]:
     keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
     strategy, devices, multi = make_strategy(spec)
-    model_spec = get_spec(spec.model)
-    model = build_compiled(spec, strategy, spec.model,
-                           lambda: keras.optimizers.SGD(learning_rate=0.01, momentum=0.9))
-    data_format = spec.options["data_format"]
-    data, data_info = fit_input(spec, model_spec, data_format,
-                                spec.warmup_steps + spec.measure_steps)
+    model_spec = spec_of(spec)
+    tokens = model_spec.input_kind == "tokens"
+    model, described = build_compiled(
+        spec, strategy, None, lambda: keras.optimizers.SGD(learning_rate=0.01, momentum=0.9))
+    # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
+    data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
+    data, data_info = run_input(spec, model_spec, data_format)
     data, first_batch = worker_input(strategy, data, multi)
     placement = EagerPlacement()
     placement.start()  # before fit's first call, which instantiates its train function
@@ -295,10 +348,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "dtype_policy": POLICIES[spec.precision],
         "data_placement": DATA_PLACEMENT[spec.data],
         **data_info,
-        "params": count_params_keras(model),
-        "flops_per_sample": count_flops_keras(model),
+        **model_record(model, model_spec, described),
         **model_state_keras(model),
     }
+    if tokens:
+        result["layout"] = "tokens (batch, sequence)"
+        result["data_placement"] = DATA_PLACEMENT["tokens"]
+    elif spec.custom_model:
+        result["layout"] = data_format
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = SHARDING_NOTE
         result.update(multi.record(
@@ -312,7 +369,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     weights saved after it."""
     strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
-    model = build_compiled(spec, strategy, "probe", lambda: keras.optimizers.SGD(learning_rate=lr))
+    model, _ = build_compiled(spec, strategy, "probe",
+                              lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
         set_canonical_weights(model, weights)
     if spec.options["data_format"] == "channels_first":

@@ -16,6 +16,20 @@ model(inputs), which in Keras 3 leaves BatchNorm and Dropout in inference mode (
 read torch's module.training), so this runner passes training=True; SGD with momentum 0.9,
 the harness's optimizer, in place of the guide's Adam; synthetic tensors resident on the
 device instead of a DataLoader over MNIST.
+Models (issue 26): a built-in CNN trains on the logits under its softmax (above); a built-in
+transformer (gpt2, vit_b16 and their tiny versions: models/transformer_keras.py) or a user's
+Keras model (models.build_for; checked to be a keras.Model with the entry's output shape and
+described by models.keras_common.describe on the rank's device, Invalid when wrong) returns
+logits itself and is wrapped as it is. A token model (int32 ids (B, T) in, logits (B, T, V)
+out) takes each rank's synthetic slice of ids (B/N, T + 1) in [0, V), made on its device once
+as the images are: inputs ids[:, :-1], targets ids[:, 1:], cross-entropy the mean over all
+B/N x T positions of the rank (DDP averages the ranks, so the global mean); real data is
+unavailable (the prepared datasets are images). The loss stays torch's (the guide's loop;
+torch.nn.functional.cross_entropy on float32 logits, what Keras' sparse cross-entropy from
+logits computes). A user's image model is fed H, W, C, as its entry declares (option
+data_format applies to the built-in models). The result adds flops_source, tokens_per_sample
+and workload: params counted by Keras, flops_per_sample a transformer's standard count (its
+spec), a user's model's FlopCounterMode count (describe), a CNN's Conv2D and Dense count.
 Real data: with loader `framework` each rank reads its DistributedSampler share of the JPEG
 file list through a torch DataLoader (as the guide's loop does; runners/torch/data.py), in
 the Keras model's layout. With loader `keras` each rank reads its share (files rank, rank + N,
@@ -42,14 +56,15 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from models import ModelSpec, get_spec, load_builder  # noqa: E402
+from models import ModelSpec, get_spec, load_builder, spec_of  # noqa: E402
+from models.custom import CustomModelError  # noqa: E402
 from models.keras_common import (  # noqa: E402
-    count_flops_keras,
-    count_params_keras,
+    build_run_model,
     get_canonical_weights,
+    model_record,
     set_canonical_weights,
 )
-from runners.common import Spec, Unavailable, main  # noqa: E402
+from runners.common import Invalid, Spec, Unavailable, main  # noqa: E402
 from runners.memory import model_state_torch  # noqa: E402
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
 from runners.torch.data import Batch, RealInput, SyntheticInput  # noqa: E402
@@ -94,6 +109,46 @@ def build_logits_model(name: str, data_format: str, ranks: Ranks) -> tuple[keras
     return model, logits.to(ranks.device)
 
 
+def build_run_logits(spec: Spec, model_spec: ModelSpec, data_format: str, ranks: Ranks
+                     ) -> tuple[keras.Model, keras.Model, dict[str, Any] | None]:
+    """(the run's model, the model of its logits, a user's model's description or None): a
+    built-in CNN as build_logits_model; a transformer or a user's model (models.build_for,
+    checked and described on the rank's device, Invalid when wrong) already returns logits."""
+    if model_spec.workload == "cnn":
+        return (*build_logits_model(spec.model, data_format, ranks), None)
+    try:
+        with keras.device(str(ranks.device)):
+            model, described = build_run_model(spec, model_spec, data_format=data_format)
+    except CustomModelError as exc:
+        raise Invalid(str(exc)) from None
+    return model, model.to(ranks.device), described
+
+
+TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
+               "tokens")
+
+
+def token_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int) -> SyntheticInput:
+    """This rank's synthetic token slice, made on its device once and seeded by rank (as the
+    images are): ids (batch, T + 1) in [0, vocab), int32 inputs ids[:, :-1] (what the Keras
+    model's Input takes) and next-token targets ids[:, 1:]."""
+    if spec.data == "real":
+        raise Unavailable(TOKENS_REAL)
+    gen = torch.Generator(device=ranks.device).manual_seed(1234 + ranks.rank)
+    ids = torch.randint(0, model_spec.num_classes, (batch, model_spec.input_shape[0] + 1),
+                        generator=gen, device=ranks.device)
+    return SyntheticInput(ids[:, :-1].to(torch.int32).contiguous(), ids[:, 1:].contiguous())
+
+
+def cross_entropy(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """torch.nn.CrossEntropyLoss on float32 logits: the mean over the batch of class logits
+    (B, classes), or over all B x T positions of next-token logits (B, T, V)."""
+    if outputs.dim() == 3:
+        return torch.nn.functional.cross_entropy(outputs.float().flatten(0, 1),
+                                                 y.flatten().long())
+    return torch.nn.functional.cross_entropy(outputs.float(), y)
+
+
 def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
                 channels_first: bool) -> RealInput:
     """This rank's share (files rank, rank + N, ...) through JpegSequence, a Keras 3 PyDataset
@@ -136,12 +191,11 @@ def training_step(ranks: Ranks, logits: keras.Model, feed: SyntheticInput | Real
     optimizer = torch.optim.SGD(logits.parameters(), lr=lr, momentum=momentum)
     counter = StepCounter(optimizer)
     tracker = PlacementTracker(logits)
-    loss_fn = torch.nn.CrossEntropyLoss()
 
     def step() -> torch.Tensor:
         x, y = feed.next()
         outputs = ddp_model(tracker.saw(x), training=True)
-        loss = loss_fn(outputs.float(), y)
+        loss = cross_entropy(outputs, y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -162,32 +216,35 @@ def dtype_policy(spec: Spec) -> str:
 def benchmark(spec: Spec) -> dict[str, Any]:
     check_backend()
     policy = dtype_policy(spec)
-    data_format = spec.options["data_format"]
+    # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
+    data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
     loader = spec.options["loader"]
     ranks = init_ranks(spec, "auto")
     batch = per_rank_batch(spec, ranks)
-    model_spec = get_spec(spec.model)
-    shape = input_shape(model_spec, data_format)
+    model_spec = spec_of(spec)
+    tokens = model_spec.input_kind == "tokens"
     channels_first = data_format == "channels_first"
     feed: SyntheticInput | RealInput
-    if spec.data == "real" and loader == "keras":
+    if tokens:
+        feed = token_input(spec, ranks, model_spec, batch)
+    elif spec.data == "real" and loader == "keras":
         feed = keras_input(spec, ranks, model_spec, batch, channels_first)
     else:
-        feed = rank_input(spec, ranks, model_spec, batch, shape, channels_first)
+        feed = rank_input(spec, ranks, model_spec, batch, input_shape(model_spec, data_format),
+                          channels_first)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
-    model, logits = build_logits_model(spec.model, data_format, ranks)
+    model, logits, described = build_run_logits(spec, model_spec, data_format, ranks)
     step, counter, tracker = training_step(ranks, logits, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, step, counter, tracker, feed)
     result.update({
         "framework": framework_versions(),
-        "layout": data_format,
+        "layout": "tokens (batch, sequence)" if tokens else data_format,
         "dtype_policy": policy,
         "strategy": "Keras model (torch backend) in torch DistributedDataParallel, one process "
                     "per device (torchrun), trained by the PyTorch loop of Keras' guide",
-        "loop": "torch.optim.SGD + torch.nn.CrossEntropyLoss on the logits, "
-                "model(x, training=True)",
-        "params": count_params_keras(model),
-        "flops_per_sample": count_flops_keras(model),
+        "loop": "torch.optim.SGD + torch.nn.functional.cross_entropy on the float32 logits "
+                "(every position of a token model's), model(x, training=True)",
+        **model_record(model, model_spec, described),
         **model_state_torch(logits, counter.optimizer),
     })
     if spec.data == "real":
