@@ -272,7 +272,7 @@ def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
         assert result["flops_per_sample"] == spec.flops_per_sample
         assert result["flops_source"] == spec.flops_source
         assert result["workload"] == "transformer"
-        assert result["tokens_per_sample"] == (64 if tokens else None)
+        assert rec["tokens_per_sample"] == (64 if tokens else None)
         # at most about ln(classes), where a model that guesses starts (after one warm-up step
         # on the same batch, a little lower)
         assert 0 < rec["first_loss"] < math.log(spec.num_classes) + 0.5

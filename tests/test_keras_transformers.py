@@ -107,7 +107,7 @@ def check_transformer_records(records: dict[tuple[str, int], dict], models: list
         assert result["flops_per_sample"] == spec.flops_per_sample
         assert result["flops_source"] == spec.flops_source
         assert result["workload"] == "transformer"
-        assert result["tokens_per_sample"] == (64 if name == "gpt2_tiny" else None)
+        assert rec["tokens_per_sample"] == (64 if name == "gpt2_tiny" else None)
         assert abs(rec["first_loss"] - math.log(spec.num_classes)) < 1.0, rec["first_loss"]
         assert len(rec["placement"]) == n, rec["placement"]
 

@@ -14,6 +14,9 @@ from models import available_models, get_spec
 from tests.conftest import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
+# The CNNs: checked here in both data formats with count_flops_keras (conv and dense layers);
+# the transformers' Keras builders in tests/test_keras_transformers.py (the standard count).
+CNNS = [m for m in available_models() if get_spec(m).workload == "cnn"]
 
 # Runs in the TF interpreter, from the repo root; prints one line "RESULT <json>".
 KERAS_CHECK = r"""
@@ -112,14 +115,14 @@ def keras_results(tf_python: str) -> dict:
     # The probe's channels_first forward needs an NCHW Conv2D on the CPU, which only TF's
     # oneDNN kernels have; TF turns oneDNN on by default only on some x86 CPUs (AVX-512 ones),
     # so ask for it on every host.
-    return run_check_script(tf_python, KERAS_CHECK, *available_models(),
+    return run_check_script(tf_python, KERAS_CHECK, *CNNS,
                             env={"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
                                  "TF_ENABLE_ONEDNN_OPTS": "1"})
 
 
 @pytest.mark.slow
 @pytest.mark.framework("tf")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNNS)
 @pytest.mark.parametrize("fmt", ["channels_last", "channels_first"])
 def test_keras_builder_matches_spec(keras_results: dict, name: str, fmt: str) -> None:
     s, r = get_spec(name), keras_results[f"{name}/{fmt}"]
@@ -132,7 +135,7 @@ def test_keras_builder_matches_spec(keras_results: dict, name: str, fmt: str) ->
 
 @pytest.mark.slow
 @pytest.mark.framework("tf")
-@pytest.mark.parametrize("name", available_models())
+@pytest.mark.parametrize("name", CNNS)
 def test_keras_mixed_precision_output_is_float32(keras_results: dict, name: str) -> None:
     assert keras_results[f"{name}/mixed_float16"]["output_dtype"] == "float32"
 

@@ -165,7 +165,7 @@ def test_torch_ddp_trains_the_transformers(transformer_sweep: dict, model: str, 
     assert result["flops_per_sample"] == s.flops_per_sample  # the spec's standard count
     assert result["flops_source"] == s.flops_source
     assert result["workload"] == "transformer"
-    assert result["tokens_per_sample"] == (64 if model == "gpt2_tiny" else None)
+    assert rec["tokens_per_sample"] == (64 if model == "gpt2_tiny" else None)
     # a fresh model's loss is about ln(outputs): next-token cross-entropy over the vocabulary
     assert abs(rec["first_loss"] - np.log(s.num_classes)) < 1.0
     # the CPU defaults, each recorded with what torch reports back
@@ -251,7 +251,7 @@ def test_torch_ddp_trains_a_users_token_model(tmp_path: Path, torch_python: str,
     result = rec["result"]
     assert result["params"] == 50 * 8 + 8 * 50 + 50
     assert result["flops_per_sample"] == 2 * 8 * 50 * 12  # the Linear over 12 positions
-    assert result["tokens_per_sample"] == 12 and result["workload"] == "custom"
+    assert rec["tokens_per_sample"] == 12 and result["workload"] == "custom"
     assert abs(rec["first_loss"] - np.log(50)) < 1.0
 
 
@@ -304,7 +304,7 @@ def test_a_users_model_from_a_folder_outside_the_repo_runs_from_one_yaml_entry(
         assert result["flops_per_sample"] == 2 * 3 * 9 * 8 * 16 * 16 + 2 * 8 * 10
         assert result["flops_source"] == ("torch.utils.flop_counter.FlopCounterMode (forward, "
                                           "batch 1)")
-        assert result["workload"] == "custom" and result.get("tokens_per_sample") is None
+        assert result["workload"] == "custom" and rec["tokens_per_sample"] is None
         assert result["layout"] == "channels_last"
         assert rec["samples"] == 3 * 4 * n
         # each rank's peak resident memory over the timed window
