@@ -97,3 +97,21 @@ def build_for(run: Any, kind: str, **kwargs: Any) -> Any:
             raise wrong_kind(entry, kind)
         return build(entry)
     return load_builder(run.model, kind)(get_spec(run.model), **kwargs)
+
+
+def model_fields(model_spec: ModelSpec, params: Callable[[], int], cnn_flops: Callable[[], int],
+                 described: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A run's model fields, one rule for every framework: parameters and forward FLOPs per
+    sample with how they were counted, the tokens a sample trains on (None for images) and the
+    workload. A user's model: all from the framework's describe() (`described`); a built-in
+    transformer: the framework's `params()` and the spec's standard count; a built-in CNN: the
+    framework's `params()` and its conv and dense layers' count (`cnn_flops()`)."""
+    if model_spec.workload == "custom":
+        d = described()
+        count, flops, source = d["params"], d["flops_per_sample"], d["flops_source"]
+    elif model_spec.workload == "transformer":
+        count, flops, source = params(), model_spec.flops_per_sample, model_spec.flops_source
+    else:
+        count, flops, source = params(), cnn_flops(), model_spec.flops_source
+    return {"params": int(count), "flops_per_sample": int(flops), "flops_source": source,
+            "tokens_per_sample": model_spec.tokens_per_sample, "workload": model_spec.workload}

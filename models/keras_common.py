@@ -11,7 +11,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from models import ModelSpec
+from models import ModelSpec, model_fields
 
 
 def channel_axis(data_format: str) -> int:
@@ -143,30 +143,15 @@ def _flops_jax(model: keras.Model, shape: tuple[int, ...], dtype: str) -> int:
     return int(cost["flops"])
 
 
-def _cpu_attention() -> dict[Any, Any]:
-    """FlopCounterMode's formula for scaled_dot_product_attention (Keras' torch backend calls
-    it for MultiHeadAttention) on the CPU kernel too, which torch's registry leaves out (it
-    counts the CUDA ones): the same count on every device."""
-    import torch
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if op is None:
-        return {}
-
-    def flops(query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any) -> int:
-        return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-    return {op: flops}
-
-
 def _flops_torch(model: keras.Model, x: np.ndarray) -> int:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from models.torch_common import cpu_attention_flops
+
     inputs = keras.ops.convert_to_tensor(x)
     with torch.no_grad(), FlopCounterMode(display=False,
-                                          custom_mapping=_cpu_attention()) as counter:
+                                          custom_mapping=cpu_attention_flops()) as counter:
         model(inputs, training=False)
     return int(counter.get_total_flops())
 
@@ -245,22 +230,12 @@ def build_run_model(run: Any, model_spec: ModelSpec, **kwargs: Any
 
 def model_record(model: keras.Model, model_spec: ModelSpec,
                  described: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The result's model fields: params (counted by Keras), flops_per_sample and flops_source
-    (a built-in CNN's counted over its Conv2D and Dense layers, a built-in transformer's the
-    spec's standard count, a user's model's by the backend: `described`, or describe), the
-    tokens a sample trains on (None for images) and the workload."""
-    if model_spec.workload == "custom":
-        described = described or describe(model, model_spec)
-        params, flops = described["params"], described["flops_per_sample"]
-        source = described["flops_source"]
-    elif model_spec.workload == "transformer":
-        params, flops = count_params_keras(model), model_spec.flops_per_sample
-        source = model_spec.flops_source
-    else:
-        params, flops = count_params_keras(model), count_flops_keras(model)
-        source = model_spec.flops_source
-    return {"params": params, "flops_per_sample": int(flops), "flops_source": source,
-            "tokens_per_sample": model_spec.tokens_per_sample, "workload": model_spec.workload}
+    """The result's model fields (models.model_fields): params counted by Keras; a built-in
+    CNN's FLOPs over its Conv2D and Dense layers, a built-in transformer's the spec's standard
+    count, a user's model's by the backend (`described`, or describe)."""
+    return model_fields(model_spec, lambda: count_params_keras(model),
+                        lambda: count_flops_keras(model),
+                        lambda: described or describe(model, model_spec))
 
 
 def loss_for(model_spec: ModelSpec) -> Any:

@@ -105,7 +105,7 @@ def sample_input(model_spec: ModelSpec, batch: int, device: torch.device | str =
     return torch.randn((batch, c, h, w), generator=gen).to(device=device, dtype=dtype)
 
 
-def _cpu_attention() -> dict[Any, Any]:
+def cpu_attention_flops() -> dict[Any, Any]:
     """FlopCounterMode's formula for scaled_dot_product_attention (4 x batch x heads x q x k x
     head_dim, causal or not) for the CPU kernel too, which its registry leaves out (it counts
     the CUDA flash, efficient and cuDNN kernels): the same count on every device."""
@@ -139,7 +139,7 @@ def describe(model: Any, model_spec: ModelSpec) -> dict[str, Any]:
     model.eval()  # leaves BatchNorm statistics untouched, dropout off
     try:
         with torch.no_grad():
-            with FlopCounterMode(display=False, custom_mapping=_cpu_attention()) as counter:
+            with FlopCounterMode(display=False, custom_mapping=cpu_attention_flops()) as counter:
                 model(sample_input(model_spec, 1, device, dtype))
             out = model(sample_input(model_spec, 2, device, dtype))
     except Exception as exc:  # a user's forward pass: say which and why, in one line

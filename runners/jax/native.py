@@ -94,7 +94,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from models import build_for, get_spec, load_builder, spec_of
+from models import build_for, get_spec, load_builder, model_fields, spec_of
 from runners.common import Invalid, Spec, Unavailable, finite, main, timed_loop
 from runners.jax.common import (
     all_placement,
@@ -366,13 +366,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     del variables
     batches, x, y, input_record = input_batches(data, model_spec, global_batch, batch)
     batchnorm = spec.options["batchnorm"]
-    if counted is not None:
-        flops, flops_source = counted["flops_per_sample"], counted["flops_source"]
-    elif model_spec.workload == "cnn":
-        flops = count_flops_flax(model, model_spec.input_shape)
-        flops_source = model_spec.flops_source
-    else:  # a built-in transformer: the standard count
-        flops, flops_source = model_spec.flops_per_sample, model_spec.flops_source
+    fields = model_fields(model_spec, lambda: params,
+                          lambda: count_flops_flax(model, model_spec.input_shape),
+                          lambda: counted)
     try:
         step, collectives = compile_step(
             make_train_step(replicated, batch, batchnorm, train_kwargs(model, True), cast),
@@ -427,11 +423,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "placement_source": PLACEMENT_SOURCE,
         **input_record,
         **extra,
-        "params": params,
-        "flops_per_sample": flops,
-        "flops_source": flops_source,
-        "tokens_per_sample": model_spec.tokens_per_sample,
-        "workload": model_spec.workload,
+        **fields,
         **model_state_jax(state.params, state.opt_state, state.batch_stats),
         **close_multihost(spec),
     }

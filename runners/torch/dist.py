@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from models import ModelSpec, build_for, get_spec, load_builder, spec_of
+from models import ModelSpec, build_for, get_spec, load_builder, model_fields, spec_of
 from models.custom import CustomModelError, check_output, not_a_model
 from models.torch_common import count_flops_torch, count_params_torch, describe
 from runners.common import (
@@ -456,23 +456,13 @@ def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def model_record(net: nn.Module, model_spec: ModelSpec) -> dict[str, Any]:
-    """The parameters and forward FLOPs per sample of the run's torch model, how the FLOPs were
-    counted, the tokens a sample trains on and the workload: a built-in CNN's FLOPs counted
+    """The run's torch model's fields (models.model_fields): a built-in CNN's FLOPs counted
     over its Conv2d and Linear layers (count_flops_torch), a built-in transformer's the spec's
     standard count, a user's model's by torch's FlopCounterMode (models.torch_common.describe;
     `net.described` when rank_model already counted them)."""
-    if model_spec.workload == "custom":
-        described = getattr(net, "described", None) or describe(net, model_spec)
-        params, flops = described["params"], described["flops_per_sample"]
-        source = described["flops_source"]
-    elif model_spec.workload == "transformer":
-        params, flops = count_params_torch(net), model_spec.flops_per_sample
-        source = model_spec.flops_source
-    else:
-        params, flops = count_params_torch(net), count_flops_torch(net, nchw(model_spec))
-        source = model_spec.flops_source
-    return {"params": params, "flops_per_sample": flops, "flops_source": source,
-            "tokens_per_sample": model_spec.tokens_per_sample, "workload": model_spec.workload}
+    return model_fields(model_spec, lambda: count_params_torch(net),
+                        lambda: count_flops_torch(net, nchw(model_spec)),
+                        lambda: getattr(net, "described", None) or describe(net, model_spec))
 
 
 def build_model(spec: Spec, model_spec: ModelSpec, layout: str, device: torch.device
