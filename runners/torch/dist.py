@@ -245,7 +245,7 @@ TOKENS_REAL = ("data real: the prepared datasets are images; a token model train
 
 
 def rank_input(spec: Spec, ranks: DeviceRank, model_spec: ModelSpec, batch: int,
-               shape: tuple[int, int, int], channels_first: bool = True,
+               shape: tuple[int, ...], channels_first: bool = True,
                memory_format: torch.memory_format = torch.contiguous_format,
                context: str | None = None, token_dtype: torch.dtype = torch.int64) -> Feed:
     """This rank's `batch` samples per step: for an image model of shape `shape`, its

@@ -75,6 +75,7 @@ from runners.torch.dist import (  # noqa: E402
     equivalence_input,
     equivalence_step,
     init_ranks,
+    loss_of,
     per_rank_batch,
     rank_input,
     timed_steps,
@@ -94,7 +95,10 @@ def check_backend() -> None:
                           "backend, not torch")
 
 
-def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, int, int]:
+def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, ...]:
+    """One sample's shape in the data format; a token model's is its sequence."""
+    if model_spec.input_kind == "tokens":
+        return model_spec.input_shape
     h, w, c = model_spec.input_shape
     return (h, w, c) if data_format == "channels_last" else (c, h, w)
 
@@ -122,31 +126,6 @@ def build_run_logits(spec: Spec, model_spec: ModelSpec, data_format: str, ranks:
     except CustomModelError as exc:
         raise Invalid(str(exc)) from None
     return model, model.to(ranks.device), described
-
-
-TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
-               "tokens")
-
-
-def token_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int) -> SyntheticInput:
-    """This rank's synthetic token slice, made on its device once and seeded by rank (as the
-    images are): ids (batch, T + 1) in [0, vocab), int32 inputs ids[:, :-1] (what the Keras
-    model's Input takes) and next-token targets ids[:, 1:]."""
-    if spec.data == "real":
-        raise Unavailable(TOKENS_REAL)
-    gen = torch.Generator(device=ranks.device).manual_seed(1234 + ranks.rank)
-    ids = torch.randint(0, model_spec.num_classes, (batch, model_spec.input_shape[0] + 1),
-                        generator=gen, device=ranks.device)
-    return SyntheticInput(ids[:, :-1].to(torch.int32).contiguous(), ids[:, 1:].contiguous())
-
-
-def cross_entropy(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """torch.nn.CrossEntropyLoss on float32 logits: the mean over the batch of class logits
-    (B, classes), or over all B x T positions of next-token logits (B, T, V)."""
-    if outputs.dim() == 3:
-        return torch.nn.functional.cross_entropy(outputs.float().flatten(0, 1),
-                                                 y.flatten().long())
-    return torch.nn.functional.cross_entropy(outputs.float(), y)
 
 
 def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
@@ -195,7 +174,7 @@ def training_step(ranks: Ranks, logits: keras.Model, feed: SyntheticInput | Real
     def step() -> torch.Tensor:
         x, y = feed.next()
         outputs = ddp_model(tracker.saw(x), training=True)
-        loss = cross_entropy(outputs, y)
+        loss = loss_of(outputs, y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -225,13 +204,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     tokens = model_spec.input_kind == "tokens"
     channels_first = data_format == "channels_first"
     feed: SyntheticInput | RealInput
-    if tokens:
-        feed = token_input(spec, ranks, model_spec, batch)
-    elif spec.data == "real" and loader == "keras":
+    if spec.data == "real" and loader == "keras" and not tokens:
         feed = keras_input(spec, ranks, model_spec, batch, channels_first)
-    else:
+    else:  # a token model's ids int32, what the Keras model's Input takes
         feed = rank_input(spec, ranks, model_spec, batch, input_shape(model_spec, data_format),
-                          channels_first)
+                          channels_first, token_dtype=torch.int32)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
     model, logits, described = build_run_logits(spec, model_spec, data_format, ranks)
     step, counter, tracker = training_step(ranks, logits, feed, 0.01, 0.9)
