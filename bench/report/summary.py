@@ -267,7 +267,8 @@ def render_memory_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path |
                                  f"\nn={r['num_devices']}" for r in mine],
                       rotation=30, ha="right", fontsize=7)
         _axes(ax, model, "", "GiB per device")
-        ax.set_ylim(bottom=0)
+        # headroom above the tallest bar for its label and the legend
+        ax.set_ylim(0, 1.3 * max((r["memory_peak_bytes"] / 2**30 for r in mine), default=1))
     virtual = any(r["virtual_devices"] for r in have)
     fig.suptitle("Memory per device in the timed window (framework allocator's peak; on CPU "
                  "the process's peak resident memory" + (", shared by its virtual devices"
