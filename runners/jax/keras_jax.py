@@ -622,7 +622,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "xla": True,  # the jax trainer always jits its step
         "shardings": {**distribution_record(distribution, shardings[0], shape),
                       "variables": sharding_record(kernel.value.sharding)},
-        "batchnorm": batchnorm,
+        # the summary's BN column: "none" for a model without BatchNorm (the option is moot)
+        "batchnorm": batchnorm if has_batchnorm(model) else "none",
         "batchnorm_statistics": (BATCHNORM_RECORD[batchnorm] if has_batchnorm(model)
                                  else NO_BATCHNORM),
         **input_record,

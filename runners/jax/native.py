@@ -417,8 +417,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "shardings": {"params": sharding_record(replicated), "batch": sharding_record(batch),
                       "per_device_batch": global_batch // n},
         "collectives": collectives,
-        "batchnorm": batchnorm,
-        "batchnorm_statistics": BATCHNORM_RECORD[batchnorm],
+        # "none" for a model without BatchNorm (the option then changes nothing)
+        "batchnorm": batchnorm if state.batch_stats else "none",
+        "batchnorm_statistics": (BATCHNORM_RECORD[batchnorm] if state.batch_stats else
+                                 "none: the model has no BatchNorm"),
         "placement": all_placement(placement(first[0])),
         "placement_source": PLACEMENT_SOURCE,
         **input_record,
