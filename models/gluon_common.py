@@ -11,6 +11,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import Block, nn
 
+from models import ModelSpec
+
 
 def iter_blocks(block: Block) -> Iterator[Block]:
     """The block and all its descendants, depth first."""
@@ -123,3 +125,40 @@ def set_canonical_weights(net: Block, weights: dict[str, np.ndarray]) -> None:
                 unused.discard(key)
     if unused:
         raise KeyError(f"weights not in the model: {sorted(unused)}")
+
+
+FLOPS_SOURCE = ("2 x multiply-adds of the Conv2D and Dense layers (MXNet's symbolic shape "
+                "inference, batch 1; other ops not counted)")
+
+
+def describe(model: object, model_spec: ModelSpec) -> dict[str, object]:
+    """What MXNet says of a Gluon model (check-model): parameters (initialised by a forward
+    pass of the spec's inputs when they are not yet), trainable ones, forward FLOPs of one
+    sample (its Conv2D and Dense layers: MXNet has no FLOP counter of its own) and the output's
+    shape for a batch of 2. CustomModelError when it is not a HybridBlock or its forward fails."""
+    from models.custom import CustomModelError, not_a_model
+
+    if not isinstance(model, mx.gluon.HybridBlock):
+        raise not_a_model({"name": model_spec.name, "build": "?"}, model,
+                          "a mxnet.gluon.HybridBlock")
+    if model_spec.input_kind == "tokens":
+        shape: tuple[int, ...] = tuple(model_spec.input_shape)
+        x = mx.nd.array(np.random.default_rng(0).integers(0, model_spec.num_classes,
+                                                          (2, *shape)))
+    else:
+        h, w, c = model_spec.input_shape
+        shape = (c, h, w)
+        x = mx.nd.array(np.random.default_rng(0).random((2, *shape), dtype=np.float32))
+    try:
+        if any(p._data is None for p in model.collect_params().values()):
+            model.initialize()
+        out = model(x)
+        flops = count_flops_gluon(model, shape)  # type: ignore[arg-type]
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        raise CustomModelError(f"models: {model_spec.name}: a forward pass on a batch of "
+                               f"{list(x.shape)} raised {type(exc).__name__}: "
+                               f"{lines[0][:300] if lines else ''}") from None
+    return {"params": count_params_gluon(model), "trainable_params": count_trainable_gluon(model),
+            "flops_per_sample": flops, "flops_source": FLOPS_SOURCE,
+            "output_shape": list(out.shape)}
