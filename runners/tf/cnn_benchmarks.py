@@ -43,6 +43,7 @@ import importlib.metadata
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -402,6 +403,22 @@ def real_input_line(data: RealData, flags: list[str]) -> str:
             f"thread(s), a pipeline per device")
 
 
+def script_memory(spec: Spec, n: int) -> dict[str, Any]:
+    """The script's memory, as far as it can be read from outside its process: on CPU its peak
+    resident memory over its whole run (the kernel's ru_maxrss of the waited-for children: the
+    script, and git's tiny rev-parse), shared by its n virtual devices; on GPUs its allocator
+    is inside the script's process and not readable here (null, said)."""
+    if spec.device != "cpu":
+        return {"memory_per_device": None,
+                "memory_source": "not readable: the script's TF allocator is in its own process "
+                                 "(tf_cnn_benchmarks prints no memory figure)"}
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
+    return {"memory_per_device": {f"process0:cpu ({n} virtual devices)": peak},
+            "memory_source": "the tf_cnn_benchmarks.py process's peak resident memory over its "
+                             f"whole run (ru_maxrss of this runner's children; its own loop "
+                             f"has no window of ours), shared by its {n} virtual devices"}
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
     script = find_script(opts)
@@ -498,6 +515,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "traced_op_seconds_by_type": trace_op_seconds(trace),
         "flags": [f for f in flags if not f.startswith("--trace_file=")],
         "left_to_script": left_to_script(flags),
+        **script_memory(spec, n),
         "script": str(script),
         "checkout_commit": _checkout_commit(script),
         **data_info,
