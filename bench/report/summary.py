@@ -300,7 +300,7 @@ def render_tokens_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path |
                 ax.plot(xs, [base["tokens_per_sec"] * x for x in xs], "--",
                         color=line.get_color(), alpha=0.5, label=f"ideal ({label.split()[0]})")
         _device_axes(ax, model, "tokens/sec", ok)
-    fig.suptitle("Token throughput vs device count (tokens/sec = samples/sec x sequence "
+    fig.suptitle("Token throughput vs device count\n(tokens/sec = samples/sec x sequence "
                  "length)")
     return save(fig, Path(results_dir) / "charts" / TOKENS_CHART, plt)
 
