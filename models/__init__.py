@@ -41,6 +41,8 @@ class ModelSpec:
     flops_source: str = "2 x multiply-adds of the conv and dense layers (forward)"
     # The transformer's dimensions (models/transformer.py), None for the others.
     transformer: Any = None
+    # A user's model: its entry's build ("module:function"), "" for the built-in models.
+    build: str = ""
 
     @property
     def tokens_per_sample(self) -> int | None:

@@ -35,9 +35,7 @@ def check(entry: dict[str, Any]) -> dict[str, Any]:
             model, spec)
         check_output(entry, spec, tuple(info["output_shape"]), 2)
     except CustomModelError as exc:
-        # describe() knows the model, not the entry: name the build function it came from
-        return {"error": str(exc).replace(f"models: {name}: ? returned",
-                                          f"models: {name}: {entry['build']} returned")}
+        return {"error": str(exc)}
     except Exception as exc:  # the model's forward pass raised on the declared input
         return {"error": f"models: {name}: a forward pass on the declared input "
                          f"{_declared(entry)} raised {type(exc).__name__}: {_first_line(exc)}"}

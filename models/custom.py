@@ -37,7 +37,8 @@ def model_spec(entry: dict[str, Any]) -> ModelSpec:
     inp = entry["input"]
     where = f"{entry['build']} in {entry['path']}"
     common = dict(name=entry["name"], params=0, trainable_params=0, flops_per_sample=0,
-                  workload="custom", flops_source="counted by the framework in the run")
+                  workload="custom", flops_source="counted by the framework in the run",
+                  build=entry["build"])
     if inp["kind"] == "tokens":
         return ModelSpec(input_shape=(int(inp["seq_len"]),), num_classes=int(inp["vocab"]),
                          description=f"{entry['name']}: your {entry['framework']} model "
@@ -89,6 +90,11 @@ def build(entry: dict[str, Any]) -> Any:
 def wrong_kind(entry: dict[str, Any], kind: str) -> CustomModelError:
     return CustomModelError(f"models: {entry['name']} is a {entry['framework']} model; this "
                             f"runner builds {kind} models")
+
+
+def not_a_model_of(spec: ModelSpec, got: Any, expected: str) -> CustomModelError:
+    """not_a_model for a describe(), which has the run's ModelSpec (its build) but no entry."""
+    return not_a_model({"name": spec.name, "build": spec.build or "?"}, got, expected)
 
 
 def not_a_model(entry: dict[str, Any], got: Any, expected: str) -> CustomModelError:

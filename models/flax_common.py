@@ -162,10 +162,10 @@ def describe(model: Any, model_spec: ModelSpec) -> dict[str, Any]:
     multiply-adds, plus one per element of the element-wise ops); output_shape for a batch of
     2. Raises models.custom.CustomModelError when `model` is not a flax.linen.Module, or (a
     user's model) when init or the forward pass fails on the declared input."""
-    from models.custom import CustomModelError, not_a_model
+    from models.custom import CustomModelError, not_a_model_of
 
     if not isinstance(model, nn.Module):
-        raise not_a_model({"name": model_spec.name, "build": "?"}, model,
+        raise not_a_model_of(model_spec, model,
                           "a flax.linen.Module")
     kwargs = train_kwargs(model, False)
     one, two = input_struct(model_spec, 1), input_struct(model_spec, 2)

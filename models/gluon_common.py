@@ -136,10 +136,10 @@ def describe(model: object, model_spec: ModelSpec) -> dict[str, object]:
     pass of the spec's inputs when they are not yet), trainable ones, forward FLOPs of one
     sample (its Conv2D and Dense layers: MXNet has no FLOP counter of its own) and the output's
     shape for a batch of 2. CustomModelError when it is not a HybridBlock or its forward fails."""
-    from models.custom import CustomModelError, not_a_model
+    from models.custom import CustomModelError, not_a_model_of
 
     if not isinstance(model, mx.gluon.HybridBlock):
-        raise not_a_model({"name": model_spec.name, "build": "?"}, model,
+        raise not_a_model_of(model_spec, model,
                           "a mxnet.gluon.HybridBlock")
     if model_spec.input_kind == "tokens":
         shape: tuple[int, ...] = tuple(model_spec.input_shape)

@@ -176,10 +176,10 @@ def describe(model: Any, model_spec: ModelSpec) -> dict[str, Any]:
     tensorflow; count_flops_keras counts Conv2D and Dense only, so not an arbitrary model's),
     flops_source, and output_shape for a batch of 2. CustomModelError when `model` is not a
     keras.Model or its forward pass fails on the declared input."""
-    from models.custom import CustomModelError, not_a_model
+    from models.custom import CustomModelError, not_a_model_of
 
     if not isinstance(model, keras.Model):
-        raise not_a_model({"name": model_spec.name, "build": "?"}, model, "a keras.Model")
+        raise not_a_model_of(model_spec, model, "a keras.Model")
     backend = keras.backend.backend()
     if backend not in FLOPS_SOURCES:
         raise CustomModelError(f"models: {model_spec.name}: no FLOP counter for the Keras "

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from models import ModelSpec
-from models.custom import CustomModelError, not_a_model
+from models.custom import CustomModelError, not_a_model_of
 
 DATA_FORMATS = ("channels_first", "channels_last")
 
@@ -130,7 +130,7 @@ def describe(model: Any, model_spec: ModelSpec) -> dict[str, Any]:
     from torch.utils.flop_counter import FlopCounterMode
 
     if not isinstance(model, nn.Module):
-        raise not_a_model({"name": model_spec.name, "build": "?"}, model, "a torch.nn.Module")
+        raise not_a_model_of(model_spec, model, "a torch.nn.Module")
     model = unwrap(model)
     param = next(iter(model.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from models import ModelSpec
+
 STANDARD_COUNT = ("standard count: 2 x matmul parameters + 4 x layers x d_model x sequence per "
                   "token, forward (PaLM appendix B; 6N + 12LdT per token for training)")
 
@@ -93,3 +95,27 @@ class TransformerShape:
     def training_flops_per_token(self) -> int:
         """6N + 12 L d T for a GPT (the figure torchtitan reports per token)."""
         return 3 * self.forward_flops_per_sample() // self.sequence
+
+
+def transformer_spec(name: str, shape: TransformerShape, description: str,
+                     published_params: int | None = None) -> ModelSpec:
+    """The ModelSpec of a transformer of `shape`: token ids in for a gpt, an image for a vit;
+    parameters and FLOPs by this module's count (ValueError if `published_params`, the
+    reference implementation's count, disagrees)."""
+    params = shape.params()
+    if published_params is not None and params != published_params:
+        raise ValueError(f"{name}: {params:,} parameters by the count, {published_params:,} "
+                         "published")
+    gpt = shape.kind == "gpt"
+    return ModelSpec(
+        name=name,
+        input_shape=(shape.seq_len,) if gpt else (shape.image, shape.image, shape.channels),
+        num_classes=shape.vocab if gpt else shape.classes,
+        params=params, trainable_params=params,
+        flops_per_sample=shape.forward_flops_per_sample(),
+        description=description,
+        input_kind="tokens" if gpt else "image",
+        workload="transformer",
+        flops_source=STANDARD_COUNT,
+        transformer=shape,
+    )
