@@ -89,7 +89,22 @@ class RunnerInfo:
     custom_models: tuple[str, ...] = ()
     # Why it takes no transformer (a 2017 system: "not of its era"); None: the plain reason.
     era: str | None = None
+    # What the strategy shards over the devices (the rest is replicated): a tuple of
+    # "params", "grads", "optimizer" (() for plain data parallelism), or one that an option
+    # decides: {"option": name, "values": {value: tuple}}. The parent holds each 2+ device
+    # record's state_bytes_per_device (read from the framework's shards) to it
+    # (bench/run/verdict.py); expected_shards gives it for a run's options.
+    shards: Any = ()
 
+
+def expected_shards(info: RunnerInfo, options: dict[str, Any]) -> tuple[str, ...]:
+    """The parts of the model state `info`'s strategy shards in a run with these options."""
+    shards = info.shards
+    if isinstance(shards, dict):
+        name = shards["option"]
+        value = options.get(name, info.options[name].default if name in info.options else None)
+        return tuple(shards["values"].get(value, ()))
+    return tuple(shards)
 
 
 DATA_FORMAT_OPTION = Option(str, "channels_last", ("channels_last", "channels_first"),
