@@ -300,6 +300,86 @@ def test_ok_probe_record_is_well_formed_without_images_per_sec(tmp_path: Path) -
     assert "ok all-reduce record with busbw_gbps None" in check_record(rec)
 
 
+# --- all-gather and reduce-scatter (issue 27) --------------------------------------------
+
+def test_all_gather_and_reduce_scatter_use_nccl_tests_sizes_and_factor() -> None:
+    # nccl-tests: per-rank count rounded down to 16 bytes, S = n x that; busbw = algbw (n-1)/n
+    assert allreduce.collective_bytes(2**20, 3, "all_gather") == 87380 * 3 * 4
+    assert allreduce.collective_bytes(2**20, 3, "all_reduce") == 2**20
+    assert allreduce.collective_bytes(2**20, 2, "reduce_scatter") == 2**20
+    f = allreduce.figures(2**20, 0.01, 8, "all_gather")
+    assert f["busbw_gbps"] == pytest.approx(f["algbw_gbps"] * 7 / 8)
+    assert allreduce.bus_factor(8, "reduce_scatter") * 2 == allreduce.bus_factor(8)
+    with pytest.raises(ValueError, match="unknown collective"):
+        allreduce.bus_factor(2, "broadcast")
+    assert allreduce.expected_gather(3) == [1.0, 2.0, 3.0]
+
+
+def collectives_result(n: int = 2, unavailable: str | None = "reduce_scatter"
+                       ) -> dict[str, Any]:
+    res = good_result(n=n)
+    secs = {}
+    for name in ("all_gather", "reduce_scatter"):
+        if name == unavailable:
+            secs[name] = allreduce.unavailable_section(name, "the framework has none")
+            continue
+
+        def one(nbytes: int, name: str = name) -> dict[str, Any]:
+            return {"bytes": nbytes, "time_s": 0.002, "correct": True,
+                    **allreduce.figures(nbytes, 0.002, n, name)}
+
+        secs[name] = allreduce.measure_collective(name, "minigooglenet", n, one, f"x.{name}")
+    res["collectives"] = secs
+    return res
+
+
+def test_collectives_pass_the_parents_check_and_bad_ones_do_not() -> None:
+    res = collectives_result(unavailable=None)
+    assert allreduce.check_collectives(res, 2, "minigooglenet") == []
+    assert allreduce.check_collectives(good_result(), 2, "minigooglenet") == []  # pre-27 record
+    # the all-reduce's factor on an all-gather row, a wrong gather, a reasonless refusal
+    row = res["collectives"]["all_gather"]["sizes"][0]
+    row.update(allreduce.figures(row["bytes"], row["time_s"], 2))
+    res["collectives"]["reduce_scatter"]["sizes"][1]["correct"] = False
+    problems = allreduce.check_collectives(res, 2, "minigooglenet")
+    assert any("all_gather size" in p and "not nccl-tests'" in p for p in problems), problems
+    assert any("reduce_scatter of" in p and "wrong data" in p for p in problems), problems
+    assert allreduce.check_collectives({"collectives": {"reduce_scatter": {
+        "status": "unavailable"}}}, 2, "minigooglenet") == \
+        ["reduce_scatter is unavailable without a reason"]
+    # 3 ranks: the sizes must be nccl-tests' S for 3
+    assert any("not nccl-tests' S" in p
+               for p in allreduce.check_collectives(res, 3, "minigooglenet"))
+
+
+def test_a_framework_refusal_at_the_first_size_is_unavailable_with_its_message() -> None:
+    def refuse(nbytes: int) -> dict[str, Any]:
+        raise RuntimeError("ProcessGroupGloo does not support reduce_scatter\nmore")
+
+    sec = allreduce.measure_collective("reduce_scatter", "minigooglenet", 2, refuse, "x")
+    assert sec == {"collective": "reduce_scatter", "status": "unavailable",
+                   "reason": "RuntimeError: ProcessGroupGloo does not support reduce_scatter"}
+
+
+def test_summary_and_report_show_every_collective(tmp_path: Path) -> None:
+    recs = [record(collectives_result()), record(good_result(), 1)]  # one from before 27
+    rows = allreduce_report.summarise_allreduce(recs)
+    by = {c: [r for r in rows if r["collective"] == c] for c in allreduce.COLLECTIVES}
+    assert [r["bytes"] for r in by["all_reduce"]] == allreduce.probe_sizes("minigooglenet")
+    assert [r["bytes"] for r in by["all_gather"]] == [
+        allreduce.collective_bytes(s, 2, "all_gather")
+        for s in allreduce.probe_sizes("minigooglenet")]
+    assert by["all_gather"][-1]["gradient_size"] and by["all_gather"][0]["implementation"] == \
+        "x.all_gather"
+    assert [(r["status"], r["reason"]) for r in by["reduce_scatter"]] == [
+        ("unavailable", "the framework has none")]
+    text = allreduce_report.format_allreduce_table(rows, {"how": "no GPU in the capture"})
+    assert "reduce_scatter minigooglenet n=2: the framework has none" in text
+    assert "(n-1)/n for all_gather and reduce_scatter" in text
+    html_text = allreduce_report.html_section(write_folder(tmp_path, CPU_ENV, "cpu"), recs)
+    assert "all_gather" in html_text and "the framework has none" in html_text
+
+
 # --- the summary and the report --------------------------------------------------------------
 
 def record(result: dict[str, Any], repeat: int = 0, n: int = 2, status: str = "ok",
@@ -340,7 +420,7 @@ def test_a_probe_with_no_ok_run_is_one_row_with_its_reason() -> None:
     rows = allreduce_report.summarise_allreduce([record({}, status="failed")])
     assert len(rows) == 1 and rows[0]["bytes"] is None and rows[0]["status"] == "failed"
     text = allreduce_report.format_allreduce_table(rows, {"how": "no GPU in the capture"})
-    assert "torch_allreduce minigooglenet n=2: it broke" in text
+    assert "torch_allreduce all_reduce minigooglenet n=2: it broke" in text
 
 
 def write_folder(tmp_path: Path, env: dict[str, Any], device: str) -> Path:
@@ -416,7 +496,23 @@ def test_torch_probe_through_the_cli(tmp_path: Path, torch_python: str) -> None:
     assert probe["busbw_gbps"] == probe["sizes"][-1]["busbw_gbps"]
     assert rec["images_per_sec"] is None and rec.get("mfu") is None
     assert rec["window_end"] > rec["window_start"]
+    # issue 27: all-gather and reduce-scatter beside it, over the same sizes, as nccl-tests
+    # sizes them (S = n x the rank's 16-byte aligned part), each checked, busbw (n-1)/n
+    sections = rec["result"]["collectives"]
+    assert sorted(sections) == ["all_gather", "reduce_scatter"]
+    assert allreduce.check_collectives(rec["result"], 2, "minigooglenet") == []
+    for name, sec in sections.items():
+        assert sec["status"] == "ok", sec
+        assert sec["implementation"].startswith("torch.distributed.") and "(gloo)" in \
+            sec["implementation"]
+        assert [r["bytes"] for r in sec["sizes"]] == [
+            allreduce.collective_bytes(s, 2, name)
+            for s in allreduce.probe_sizes("minigooglenet")]
+        assert all(r["correct"] is True for r in sec["sizes"])
+        for r in sec["sizes"]:
+            assert math.isclose(r["busbw_gbps"], r["algbw_gbps"] / 2)
     assert "All-reduce probe (mode: allreduce)" in proc.stdout
+    assert "all_gather" in proc.stdout and "reduce_scatter" in proc.stdout
     assert "no GPU: nominal link n/a" in proc.stdout
     assert (out / "allreduce.csv").exists() and (out / "charts" / "allreduce.png").exists()
     assert "<h2>All-reduce probe</h2>" in (out / "report.html").read_text()

@@ -14,7 +14,7 @@ import pytest
 
 from bench.records.store import check_record, load_records
 from bench.run.envs import ensure_env
-from runners.allreduce import bus_factor, probe_sizes
+from runners.allreduce import bus_factor, check_collectives, probe_sizes
 from tests.conftest import run_cli
 
 CONFIG = """\
@@ -30,7 +30,7 @@ timeout_s: 300
 """
 
 
-def probe_run(tmp_path: Path, probe: str) -> dict:
+def probe_run(tmp_path: Path, probe: str) -> dict:  # the allreduce section, + collectives
     """One probe at 2 virtual CPU devices through run_bench.py; its record, checked ok with a
     correct, positive nccl-tests row for every size of MiniGoogLeNet and 2 replicas in the
     framework's own evidence. Returns the result's allreduce section."""
@@ -54,10 +54,13 @@ def probe_run(tmp_path: Path, probe: str) -> dict:
         assert math.isclose(row["busbw_gbps"], row["algbw_gbps"] * bus_factor(2))
         assert 0 < row["busbw_gbps"] < math.inf
     assert probe_out["busbw_gbps"] == rows[-1]["busbw_gbps"] > 0
+    # issue 27: the all-gather and reduce-scatter sections pass the parent's check (an
+    # unavailable one with the framework's reason)
+    assert check_collectives(rec["result"], 2, "minigooglenet") == []
     evidence = probe_out["evidence"]
     assert evidence["world_size"] == 2 and evidence["replicas"] == 2
     assert len(set(evidence["devices"])) == 2
-    return probe_out
+    return {**probe_out, "collectives": rec["result"].get("collectives")}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,11 @@ def test_tf_probe_sums_with_collective_ring_on_two_virtual_cpus(tmp_path: Path,
     assert collectives["communication_hints"] == ["ring"]
     assert list(collectives["by_device"].values()) == [{"CollectiveReduceV2": 1}] * 2
     assert sorted(collectives["by_device"]) == evidence["devices"]
+    sections = probe["collectives"]
+    assert sections["all_gather"]["status"] == "ok"
+    assert "all_gather" in sections["all_gather"]["implementation"]
+    assert sections["reduce_scatter"]["status"] == "unavailable"
+    assert "has no reduce-scatter" in sections["reduce_scatter"]["reason"]
 
 
 @pytest.mark.framework("mxnet")
@@ -90,6 +98,10 @@ def test_mxnet_probe_sums_through_device_kvstore_over_two_cpu_contexts(tmp_path:
     evidence = probe["evidence"]
     assert evidence["kvstore_type"] == "device" and evidence["num_workers"] == 1
     assert evidence["pushed_contexts"] == evidence["pulled_contexts"] == ["cpu(0)", "cpu(1)"]
+    sections = probe["collectives"]
+    assert [sections[k]["status"] for k in ("all_gather", "reduce_scatter")] == \
+        ["unavailable"] * 2
+    assert "KVStore" in sections["all_gather"]["reason"]
 
 
 @pytest.mark.slow
@@ -102,3 +114,8 @@ def test_horovod_probe_sums_over_two_gloo_ranks(tmp_path: Path, horovod_python: 
     assert evidence["controller"] == "gloo" and evidence["gloo_enabled"] is True
     # Horovod's own timeline of one all-reduce: the reduction ran as gloo's
     assert evidence["operation"] == "GLOO_ALLREDUCE", evidence["timeline_activities"]
+    sections = probe["collectives"]
+    assert {k: v["status"] for k, v in sections.items()} == {"all_gather": "ok",
+                                                              "reduce_scatter": "ok"}
+    assert sections["all_gather"]["implementation"].startswith("hvd.allgather")
+    assert sections["reduce_scatter"]["implementation"].startswith("hvd.reducescatter")

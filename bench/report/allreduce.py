@@ -22,11 +22,13 @@ from bench.analysis import interconnects
 from bench.plotting import pyplot, save
 from bench.records.store import load_records
 from bench.text_table import aligned
+from runners.allreduce import ALL_REDUCE, COLLECTIVES
 
 CSV_NAME, CHART_NAME = "allreduce.csv", "allreduce.png"
 NO_GPU = "no GPU: nominal link n/a"
 ALLREDUCE_FIELDS = (
-    "probe", "family", "model", "device", "num_devices", "virtual_devices", "implementation",
+    "probe", "collective", "family", "model", "device", "num_devices", "virtual_devices",
+    "implementation",
     "bytes", "mib", "gradient_size", "status", "runs_ok", "runs_total", "time_us",
     "algbw_gbps", "busbw_gbps", "busbw_gbps_min", "busbw_gbps_max", "nominal_link",
     "nominal_gbps", "busbw_of_nominal", "contended", "reason",
@@ -63,13 +65,25 @@ def link_text(link: dict[str, Any]) -> str:
     return f"{link['link']}: {link['nominal_gbps']:g} GB/s nominal ({link['how']})"
 
 
+def sections(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A probe record's sections by collective: all_reduce (the `allreduce` section) and,
+    since issue 27, the `collectives` beside it (all_gather, reduce_scatter: measured, or
+    unavailable with the framework's reason); an older record has the all-reduce only."""
+    result = rec.get("result") or {}
+    out = {ALL_REDUCE: _probe(rec)}
+    extra = result.get("collectives")
+    if isinstance(extra, dict):
+        out.update({k: v for k, v in extra.items() if k in COLLECTIVES and isinstance(v, dict)})
+    return out
+
+
 def summarise_allreduce(records: list[dict[str, Any]],
                         link: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One row per probe, model, device kind, device count and buffer size: the median over
-    the ok repeats of the time (in microseconds, as nccl-tests prints it), algbw and busbw
-    (busbw's least and greatest beside it), and
-    the nominal link's figure; a configuration with no ok run is one row without a size,
-    with its status and reason."""
+    """One row per probe, collective, model, device kind, device count and buffer size: the
+    median over the ok repeats of the time (in microseconds, as nccl-tests prints it), algbw
+    and busbw (busbw's least and greatest beside it), and the nominal link's figure; a
+    configuration with no ok run is one row without a size, with its status and reason, and
+    so is a collective the framework does not have (status unavailable, its reason)."""
     link = link or {}
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
@@ -80,9 +94,10 @@ def summarise_allreduce(records: list[dict[str, Any]],
         ok = [r for r in recs if r["status"] == "ok"]
         first = (ok or recs)[0]
         base = {
-            "probe": probe, "family": first.get("family"), "model": model, "device": device,
+            "probe": probe, "collective": ALL_REDUCE, "family": first.get("family"),
+            "model": model, "device": device,
             "num_devices": n, "virtual_devices": first.get("virtual_devices"),
-            "implementation": next((_probe(r).get("implementation") for r in ok), None),
+            "implementation": None,
             "status": "ok" if ok else "/".join(sorted({r["status"] for r in recs})),
             "runs_ok": len(ok), "runs_total": len(recs),
             # other processes shared some ok run's window (bench/run/telemetry.py's contention)
@@ -92,27 +107,43 @@ def summarise_allreduce(records: list[dict[str, Any]],
             "nominal_gbps": link.get("nominal_gbps") if device == "gpu" else None,
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
         }
-        by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        top = None
-        for rec in ok:
-            top = _probe(rec).get("gradient_bytes", top)
-            for row in _probe(rec).get("sizes") or []:
-                by_size[row["bytes"]].append(row)
-        if not by_size:
+        if not ok:
             rows.append({**base, **{k: None for k in ALLREDUCE_FIELDS if k not in base}})
             continue
-        for size, measured in sorted(by_size.items()):
-            bus = [m["busbw_gbps"] for m in measured]
-            busbw = _median(bus)
-            nom = base["nominal_gbps"]
-            rows.append({
-                **base, "bytes": size, "mib": size / 2**20, "gradient_size": size == top,
-                "time_us": _median([m["time_s"] * 1e6 for m in measured]),
-                "algbw_gbps": _median([m["algbw_gbps"] for m in measured]),
-                "busbw_gbps": busbw, "busbw_gbps_min": min(bus), "busbw_gbps_max": max(bus),
-                "busbw_of_nominal": busbw / nom if nom and busbw is not None else None,
-            })
-    rows.sort(key=lambda r: (r["model"], r["probe"], r["num_devices"], r["bytes"] or 0))
+        names = [c for c in COLLECTIVES if any(c in sections(r) for r in ok)]
+        for name in names:
+            secs = [sections(r).get(name) or {} for r in ok]
+            measured_secs = [x for x in secs if x.get("sizes")]
+            crow = {**base, "collective": name,
+                    "implementation": next((x.get("implementation") for x in measured_secs),
+                                           None)}
+            if not measured_secs:
+                crow.update(status=next((x.get("status") for x in secs if x.get("status")),
+                                        "missing"),
+                            reason=next((x.get("reason") for x in secs if x.get("reason")),
+                                        None))
+                rows.append({**crow, **{k: None for k in ALLREDUCE_FIELDS if k not in crow}})
+                continue
+            by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
+            top = None
+            for sec in measured_secs:
+                top = sec.get("gradient_bytes", top)
+                for row in sec["sizes"]:
+                    by_size[row["bytes"]].append(row)
+            for size, measured in sorted(by_size.items()):
+                bus = [m["busbw_gbps"] for m in measured]
+                busbw = _median(bus)
+                nom = base["nominal_gbps"]
+                rows.append({
+                    **crow, "bytes": size, "mib": size / 2**20, "gradient_size": size == top,
+                    "time_us": _median([m["time_s"] * 1e6 for m in measured]),
+                    "algbw_gbps": _median([m["algbw_gbps"] for m in measured]),
+                    "busbw_gbps": busbw, "busbw_gbps_min": min(bus), "busbw_gbps_max": max(bus),
+                    "busbw_of_nominal": busbw / nom if nom and busbw is not None else None,
+                })
+    order = {c: i for i, c in enumerate(COLLECTIVES)}
+    rows.sort(key=lambda r: (r["model"], r["probe"], r["num_devices"],
+                             order.get(r["collective"], 9), r["bytes"] or 0))
     return rows
 
 
@@ -130,14 +161,14 @@ def _devices(r: dict[str, Any]) -> str:
 
 
 def _cells(r: dict[str, Any]) -> tuple[str, ...]:
-    return (r["probe"], r["model"], _devices(r), r["implementation"] or "-",
+    return (r["probe"], r["collective"], r["model"], _devices(r), r["implementation"] or "-",
             _num(r["mib"], ".1f"), _num(r["time_us"] and r["time_us"] / 1e3, ".2f"),
             _num(r["algbw_gbps"], ".2f"), _num(r["busbw_gbps"], ".2f"),
             _num(r["busbw_of_nominal"], ".0%"), r["status"],
             "CONTENDED" if r["contended"] else "-")
 
 
-HEAD = ("probe", "model", "devices", "implementation", "MiB", "time ms", "algbw GB/s",
+HEAD = ("probe", "collective", "model", "devices", "implementation", "MiB", "time ms", "algbw GB/s",
         "busbw GB/s", "of nominal", "status", "flags")
 
 
@@ -146,12 +177,15 @@ def format_allreduce_table(rows: list[dict[str, Any]], link: dict[str, Any]) -> 
     the nominal link under it, and the reasons of configurations not ok."""
     top = at_gradient_size(rows)
     out = aligned([HEAD, *(_cells(r) for r in top)])
-    reasons = [f"  {r['probe']} {r['model']} n={r['num_devices']}: {r['reason']}"
+    reasons = [f"  {r['probe']} {r['collective']} {r['model']} n={r['num_devices']}: "
+               f"{r['reason']}"
                for r in top if r["status"] != "ok" and r.get("reason")]
     virtual = any(r["virtual_devices"] for r in top)
     return "\n".join(
         ["All-reduce probe (mode: allreduce), at each model's gradient size; algbw = bytes / "
-         "time, busbw = algbw x 2(n-1)/n (nccl-tests), GB/s = 1e9 bytes/s:", *out, "",
+         "time, busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and "
+         "reduce_scatter (nccl-tests; their bytes: the gathered / scattered total), "
+         "GB/s = 1e9 bytes/s:", *out, "",
          f"nominal link: {link_text(link)}"]
         + (["virtual CPU devices: the ranks share one host's memory; busbw is no link's "
             "figure"] if virtual else [])
@@ -174,20 +208,23 @@ def render_allreduce_chart(results_dir: Path, rows: list[dict[str, Any]],
     models = sorted({r["model"] for r in ok})
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        series: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+        series: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
         for r in ok:
             if r["model"] == model:
-                series[(r["probe"], r["num_devices"])].append(r)
-        for (probe, n), pts in sorted(series.items()):
+                series[(r["probe"], r["collective"], r["num_devices"])].append(r)
+        styles = {ALL_REDUCE: "o-", "all_gather": "s--", "reduce_scatter": "^:"}
+        for (probe, name, n), pts in sorted(series.items()):
             pts.sort(key=lambda r: r["bytes"])
-            ax.plot([p["mib"] for p in pts], [p["busbw_gbps"] for p in pts], "o-",
-                    label=f"{probe} n={n}")
+            ax.plot([p["mib"] for p in pts], [p["busbw_gbps"] for p in pts],
+                    styles.get(name, "x-"),
+                    label=f"{probe} n={n}" + ("" if name == ALL_REDUCE else f" {name}"))
         if link.get("nominal_gbps") is not None:
             ax.axhline(link["nominal_gbps"], color="grey", linestyle="--",
                        label=f"nominal {link['link']} ({link['nominal_gbps']:g} GB/s)")
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        top = next((p["mib"] for p in ok if p["model"] == model and p["gradient_size"]), None)
+        top = next((p["mib"] for p in ok if p["model"] == model and p["gradient_size"]
+                    and p["collective"] == ALL_REDUCE), None)
         if top is not None:
             ax.axvline(top, color="black", alpha=0.2)
         ax.set_title(f"{model} (gradient size {_num(top, '.1f')} MiB)")
@@ -197,7 +234,7 @@ def render_allreduce_chart(results_dir: Path, rows: list[dict[str, Any]],
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     virtual = any(r["virtual_devices"] for r in ok)
-    fig.suptitle("All-reduce bus bandwidth (nccl-tests' busbw) vs buffer size"
+    fig.suptitle("Collectives' bus bandwidth (nccl-tests' busbw) vs buffer size"
                  + ("\nvirtual CPU devices: one host's memory; " + NO_GPU if virtual
                     else "" if link.get("nominal_gbps") is not None
                     else f"\n{link_text(link)}"), fontsize=10)
@@ -244,16 +281,21 @@ def html_section(results_dir: Path, records: list[dict[str, Any]]) -> str:
                        for r in sel)
         return f"<table><tr>{th}</tr>{body}</table>"
 
-    reasons = "".join(f"<li>{_e(r['probe'])} {_e(r['model'])} n={r['num_devices']}: "
+    reasons = "".join(f"<li>{_e(r['probe'])} {_e(r['collective'])} {_e(r['model'])} "
+                      f"n={r['num_devices']}: "
                       f"{_e(r['reason'])}</li>" for r in at_gradient_size(rows)
                       if r["status"] != "ok" and r.get("reason"))
     return "".join([
         "<h2>All-reduce probe</h2>",
-        "<p>Each family's own all-reduce (sum, float32) alone, over buffers from 1 MiB to the "
+        "<p>Each family's own all-reduce (sum, float32) alone, and its all-gather and "
+        "reduce-scatter where the framework has them, over buffers from 1 MiB to the "
         "model's gradient size, timed as nccl-tests does (warm-up, a barrier, the timed calls "
         "back to back, the mean time over the ranks). algbw = bytes / time; busbw = algbw x "
-        "2(n-1)/n, comparable to one link's bandwidth whatever the device count. GB/s are "
-        "1e9 bytes/s. Every size's sum was checked against n(n+1)/2. Chart: "
+        "2(n-1)/n for the all-reduce and x (n-1)/n for all-gather and reduce-scatter (whose "
+        "bytes are the whole gathered / scattered buffer, n x one rank's part), comparable "
+        "to one link's bandwidth whatever the device count. GB/s are 1e9 bytes/s. Every "
+        "size's result was checked (sums against n(n+1)/2, a gather's parts in rank order). "
+        "Chart: "
         f'<a href="charts/{CHART_NAME}">{CHART_NAME}</a>; every size: {CSV_NAME}.</p>',
         f"<p><b>Nominal link:</b> {_e(link_text(link))}</p>",
         table(at_gradient_size(rows)),

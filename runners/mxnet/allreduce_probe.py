@@ -28,6 +28,9 @@ pushpulls every parameter's gradient under its own key with priority -index, so 
 overlaps the keys; MXNet has no fusion buffer), no optimizer on the kvstore (a Module with
 update_on_kvstore, the single-machine default there, also runs the update on the summed value
 before the pull), and the probe's buffer sizes. Multi-node (dist_sync kvstores) is not built.
+All-gather and reduce-scatter (issue 27): MXNet 1.9.1's KVStore has push, pull, pushpull,
+broadcast and row_sparse_pull, no all-gather or reduce-scatter (the probe asks the kvstore
+object for allgather / reducescatter methods); both are recorded unavailable with that reason.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+import runners.allreduce as ar
 from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, Unavailable, main
 from runners.mxnet.common import contexts, framework_versions
@@ -114,9 +118,18 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                   "kv.num_workers, kv.rank; NDArray.context of the outputs pulled (the last "
                   "size's)",
     }
+    has = [m for m in ("push", "pull", "pushpull", "broadcast", "row_sparse_pull",
+                       "allgather", "all_gather", "reducescatter", "reduce_scatter")
+           if hasattr(kv, m)]
+    collectives = {
+        name: ar.unavailable_section(
+            name, f"MXNet {mx.__version__}'s KVStore ({type(kv).__name__}) has no "
+                  f"{name.replace('_', '-')}: its collectives are {', '.join(has)}")
+        for name in (ar.ALL_GATHER, ar.REDUCE_SCATTER)
+    }
     return probe_result(rows, spec.model, f"kvstore {kv.type}: pushpull over {len(pushed)} "
                         "contexts", evidence, framework_versions(), window=window,
-                        devices=devices)
+                        collectives=collectives, devices=devices)
 
 
 if __name__ == "__main__":

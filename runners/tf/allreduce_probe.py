@@ -24,6 +24,14 @@ communication implementation MirroredStrategy chose, the .device of the reduced 
 values, and the collective ops TensorFlow placed on each device in the partition graphs of
 the instantiated function, with their communication_hint (ring, nccl).
 
+All-gather and reduce-scatter (issue 27): the replica context's `all_gather(part, axis=0)`
+inside strategy.run (CollectiveAllReduce.batch_all_gather: one CollectiveGatherV2 per replica)
+over each replica's S/n-byte part, S as nccl-tests defines it (runners/allreduce.
+collective_bytes), checked by replica r's part (r + 1) at position r in every replica's
+result. tf.distribute has no reduce-scatter (ReplicaContext has all_reduce and all_gather
+only; the probe looks for the method and records the collective unavailable when it is not
+there).
+
 Follows TensorFlow 2.21's tf.distribute (MirroredStrategy + CollectiveAllReduce, Keras 3.15's
 gradient all-reduce). Differs from what a user ran: one flat buffer per call instead of a
 model's gradient list (Keras hands CollectiveAllReduce the whole list, which it concatenates
@@ -41,6 +49,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+import runners.allreduce as ar
 from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, Unavailable, main
 from runners.tf.devices import setup_devices
@@ -104,6 +113,20 @@ def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
     return all_reduce
 
 
+def all_gather_fn(strategy: tf.distribute.Strategy) -> Any:
+    """A tf.function gathering a PerReplica value over the replicas along axis 0: the replica
+    context's all_gather inside strategy.run."""
+
+    def replica(x: tf.Tensor) -> tf.Tensor:
+        return tf.distribute.get_replica_context().all_gather(x, axis=0)
+
+    @tf.function
+    def all_gather(values: Any) -> Any:
+        return strategy.run(replica, args=(values,))
+
+    return all_gather
+
+
 def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
     """Wait until every replica's result is computed: read one element of each back to the
     host (a GPU's stream is done with the all-reduce once its last element can be read)."""
@@ -154,6 +177,38 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         rows.append(measure_size(nbytes, n, lambda buffers=buffers: all_reduce(buffers),
                                  lambda out: sync(strategy, out), spec.warmup_steps,
                                  spec.measure_steps, check=check))
+    all_gather = all_gather_fn(strategy)
+
+    def measure_all_gather(nbytes: int) -> dict[str, Any]:
+        part = nbytes // DTYPE_BYTES // n
+        parts = replica_buffers(strategy, part)
+        want = np.repeat(np.array(ar.expected_gather(n), dtype=np.float32), part)
+
+        def check() -> bool:
+            out = all_gather(parts)
+            results = [t.numpy() for t in strategy.experimental_local_results(out)]
+            return len(results) == n and all(np.array_equal(r, want) for r in results)
+
+        return measure_size(nbytes, n, lambda: all_gather(parts),
+                            lambda out: sync(strategy, out), spec.warmup_steps,
+                            spec.measure_steps, check=check, collective=ar.ALL_GATHER)
+
+    context = tf.distribute.ReplicaContext
+    collectives = {
+        ar.ALL_GATHER: ar.measure_collective(ar.ALL_GATHER, spec.model, n, measure_all_gather,
+                                       "MirroredStrategy ReplicaContext.all_gather "
+                                       "(CollectiveGatherV2)"),
+        ar.REDUCE_SCATTER: ar.unavailable_section(
+            ar.REDUCE_SCATTER,
+            f"tf.distribute (TensorFlow {tf.__version__}) has no reduce-scatter: "
+            "ReplicaContext has " + ", ".join(m for m in ("all_reduce", "all_gather",
+                                                           "reduce_scatter")
+                                              if hasattr(context, m)) + " only"),
+    }
+    if hasattr(context, "reduce_scatter"):  # a TensorFlow that has one: say so, not measured
+        collectives[ar.REDUCE_SCATTER]["reason"] = (
+            f"TensorFlow {tf.__version__}'s ReplicaContext has reduce_scatter; this probe "
+            "does not measure it yet")
     window = (start, time.time())
     impl = implementation(strategy)
     cross = type(cross_device_ops(strategy)).__name__
@@ -179,7 +234,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         rows, spec.model,
         f"MirroredStrategy {cross} ({hints}): CollectiveReduceV2", evidence,
         {"tensorflow": tf.__version__, "numpy": np.__version__}, window=window,
-        devices=devices)
+        collectives=collectives, devices=devices)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,15 @@ hvd.local_size(), the controller (hvd.gloo_enabled() / hvd.mpi_enabled()), what 
 (HOROVOD_TIMELINE=DYNAMIC, recorded on rank 0 around the last size's check only: e.g.
 GLOO_ALLREDUCE on CPU, NCCL_ALLREDUCE on GPUs).
 
+All-gather and reduce-scatter (issue 27), same sizes, S as nccl-tests defines it
+(runners/allreduce.collective_bytes): `hvd.allgather(part, name=...)` concatenates every
+rank's S/n-byte part along the first dimension (checked: rank r's part, r + 1, at position r on
+every rank), and `hvd.reducescatter(buffer, op=hvd.Sum, name=...)` sums the ranks' S-byte
+inputs and gives each rank its S/n part (checked: n(n+1)/2). Both return new tensors (Horovod
+has no in-place form of either) and are synchronous, like hvd.allreduce_. Neither is what
+DistributedOptimizer issues (it all-reduces); they are the collectives a sharded strategy
+would ask of Horovod, measured so `predict` can price one on Horovod's links.
+
 Follows Horovod 0.28.1's PyTorch API (horovod.torch.allreduce_, the collective under its
 DistributedOptimizer). Differs from what a user ran: one tensor per call instead of a step's
 gradients (DistributedOptimizer starts every gradient's all-reduce asynchronously as backward
@@ -49,6 +58,7 @@ from typing import Any
 
 import torch
 
+import runners.allreduce as ar
 from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.torch.dist import threads_record
@@ -142,6 +152,55 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         rows.append(measure_size(nbytes, n, allreduce, sync, spec.warmup_steps,
                                  spec.measure_steps, across_ranks=across_ranks, check=check,
                                  barrier=hvd.barrier))
+
+    def verdict(ok: bool, name: str) -> bool:
+        flag = torch.tensor([int(ok)], dtype=torch.int32)
+        return bool(hvd.allreduce(flag, op=hvd.Min, name=name).item())
+
+    def measure_all_gather(nbytes: int) -> dict[str, Any]:
+        part = nbytes // DTYPE_BYTES // n
+        src = torch.zeros(part, dtype=torch.float32, device=device)
+        want = torch.tensor(ar.expected_gather(n), dtype=torch.float32,
+                            device=device).repeat_interleave(part)
+        name = f"allgather.probe.{nbytes}"
+
+        def check() -> bool:
+            mine = torch.full((part,), float(hvd.rank() + 1), dtype=torch.float32,
+                              device=device)
+            got = hvd.allgather(mine, name=name)
+            sync(got)
+            return verdict(bool(torch.equal(got, want)), "probe.check.allgather")
+
+        return measure_size(nbytes, n, lambda: hvd.allgather(src, name=name), sync,
+                            spec.warmup_steps, spec.measure_steps, across_ranks=across_ranks,
+                            check=check, barrier=hvd.barrier, collective=ar.ALL_GATHER)
+
+    def measure_reduce_scatter(nbytes: int) -> dict[str, Any]:
+        part = nbytes // DTYPE_BYTES // n
+        src = torch.zeros(part * n, dtype=torch.float32, device=device)
+        name = f"reducescatter.probe.{nbytes}"
+
+        def check() -> bool:
+            mine = torch.full((part * n,), float(hvd.rank() + 1), dtype=torch.float32,
+                              device=device)
+            got = hvd.reducescatter(mine, op=hvd.Sum, name=name)
+            sync(got)
+            ok = got.numel() == part and bool(torch.all(got == expected).item())
+            return verdict(ok, "probe.check.reducescatter")
+
+        return measure_size(nbytes, n, lambda: hvd.reducescatter(src, op=hvd.Sum, name=name),
+                            sync, spec.warmup_steps, spec.measure_steps,
+                            across_ranks=across_ranks, check=check, barrier=hvd.barrier,
+                            collective=ar.REDUCE_SCATTER)
+
+    collectives = {
+        ar.ALL_GATHER: ar.measure_collective(ar.ALL_GATHER, spec.model, n, measure_all_gather,
+                                       f"hvd.allgather, {controller()} controller"),
+        ar.REDUCE_SCATTER: ar.measure_collective(ar.REDUCE_SCATTER, spec.model, n,
+                                           measure_reduce_scatter,
+                                           f"hvd.reducescatter (sum), {controller()} "
+                                           "controller"),
+    }
     window = (start, time.time())
     rank_devices = hvd.allgather_object({"rank": hvd.rank(), "local_rank": hvd.local_rank(),
                                          "buffer_device": seen["device"]})
@@ -171,7 +230,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                           f"hvd.allreduce_ (sum), {controller()} controller"
                           + (f", {evidence['operation']}" if evidence["operation"] else ""),
                           evidence, framework_versions(), window=window,
-                          devices=ranks.devices,
+                          collectives=collectives, devices=ranks.devices,
                           rank_threads=threads_record(ranks, THREADS_NOTE))
     ranks.close()
     return result
