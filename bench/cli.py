@@ -99,6 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     link.add_argument("--interconnect", metavar="NAME",
                       help="a named interconnect's nominal bandwidth "
                            "(bench/analysis/interconnects.py)")
+    predict.add_argument("--strategies", action="store_true",
+                         help="each strategy's communication per step (DDP, ZeRO-1/2/3, FSDP2, "
+                              "JAX FSDP, ...) on the folder's probed collectives, and which "
+                              "should win (bench/analysis/strategies.py)")
+    predict.add_argument("--model", help="with --strategies: the model whose parameters "
+                                         "are moved (default: the probe records' model)")
+    predict.add_argument("--precision", default="fp32",
+                         help="with --strategies: the harness precision policy whose reduce "
+                              "and parameter dtypes set the bytes (default fp32)")
     status = sub.add_parser("status", help="a SLURM sweep's jobs: collect those that ended "
                                            "(their records), show the others' states")
     status.add_argument("results_dir")

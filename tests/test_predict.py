@@ -382,3 +382,98 @@ def test_a_probes_figure_is_not_charged_its_latency_twice() -> None:
     assert communication(RESNET, 4, bw, bucket_bytes=RESNET)[0] == pytest.approx(measured)
     # in 4 buckets, the 3 messages more pay the latency
     assert communication(RESNET, 4, bw)[0] == pytest.approx(measured + 3 * 6 * bw.latency_s)
+
+
+# -- each strategy's communication (bench/analysis/strategies.py, predict --strategies) --------
+
+def _collective_probe(runner: str, family: str, n: int, busbw: dict[str, float]
+                      ) -> dict[str, Any]:
+    """A probe record with the all-reduce at busbw["all_reduce"] and, for each other
+    collective in busbw, a measured section at that busbw (nccl-tests' figures)."""
+    from runners.allreduce import collective_bytes, figures
+
+    rec = _probe(runner, family, n, busbw["all_reduce"])
+    rec["result"]["collectives"] = {}
+    for name in ("all_gather", "reduce_scatter"):
+        if name not in busbw:
+            rec["result"]["collectives"][name] = {"status": "unavailable", "reason": "none"}
+            continue
+        rows = []
+        for b in (MIB, 16 * MIB, RESNET):
+            s = collective_bytes(b, n, name)
+            t = s * (n - 1) / n / (busbw[name] * 1e9)
+            rows.append({"bytes": s, "correct": True, **figures(s, t, n, name)})
+        rec["result"]["collectives"][name] = {"status": "ok", "sizes": rows}
+    return rec
+
+
+def test_each_strategys_volume_is_the_papers() -> None:
+    from bench.analysis import strategies as st
+
+    p, n = 1_000_000, 8
+    psi = {r["strategy"]: r["psi"] for r in st.rank(p, n, {"all_reduce": 1.0})}
+    # DDP and its kin: 2 Psi; ZeRO-1/2 (reduce-scatter + all-gather) the same (ZeRO sec. 7.2.1);
+    # ZeRO-3 / FSDP FULL_SHARD 3 Psi (sec. 7.2.2); FSDP2 without re-sharding 2 Psi
+    for key in ("torch_ddp", "horovod", "tf_mirrored", "jax_native", "keras_jax",
+                "deepspeed[stage=1]", "deepspeed[stage=2]",
+                "torch_fsdp2[reshard_after_forward=false]"):
+        assert psi[key] == pytest.approx(2.0), key
+    for key in ("deepspeed[stage=3]", "torch_fsdp2[reshard_after_forward=true]", "jax_fsdp",
+                "keras_model_parallel", "torch_zero1"):
+        assert psi[key] == pytest.approx(3.0), key
+    fsdp = st.strategy("torch_fsdp2", {"reshard_after_forward": True})
+    phases = st.volume(fsdp, p, n)
+    assert [(ph["collective"], ph["moves"], ph["when"]) for ph in phases] == [
+        ("all_gather", "parameters", "forward"), ("all_gather", "parameters", "backward"),
+        ("reduce_scatter", "gradients", "backward")]
+    assert phases[0]["link_bytes"] == pytest.approx(4e6 * 7 / 8)
+    # bf16 parameters gathered: the all-gathers move half the bytes
+    half = st.communication(fsdp, p, n, {"all_reduce": 1.0}, gather_dtype="bfloat16")
+    assert half["psi"] == pytest.approx(2.0)
+    assert st.strategy("deepspeed", {"stage": 3}).key == "deepspeed[stage=3]"
+    assert st.strategy("keras_model_parallel").assumption
+    assert st.strategy("no_such_runner") is None
+
+
+def test_the_winner_follows_the_measured_links() -> None:
+    from bench.analysis import strategies as st
+
+    p = 10_000_000
+    # all-gather and reduce-scatter as fast as the all-reduce: ZeRO-2-like ties DDP, ZeRO-3 loses
+    even = st.rank(p, 4, {"all_reduce": 10.0, "all_gather": 10.0, "reduce_scatter": 10.0})
+    winners = {r["strategy"] for r in even if r["wins"]}
+    assert "torch_ddp" in winners and "deepspeed[stage=2]" in winners
+    assert "deepspeed[stage=3]" not in winners
+    # a slow all-reduce (this backend's all-reduce at a third of its all-gather's busbw)
+    slow_ar = st.rank(p, 4, {"all_reduce": 1.0, "all_gather": 10.0, "reduce_scatter": 10.0})
+    assert slow_ar[0]["wins"] and slow_ar[0]["strategy"] in (
+        "deepspeed[stage=1]", "deepspeed[stage=2]", "torch_fsdp2[reshard_after_forward=false]")
+    zero3 = next(r for r in slow_ar if r["strategy"] == "deepspeed[stage=3]")
+    ddp = next(r for r in slow_ar if r["strategy"] == "torch_ddp")
+    assert zero3["seconds"] < ddp["seconds"]  # 3 Psi at 10 GB/s beats 2 Psi at 1 GB/s
+    assert ddp["seconds"] == pytest.approx(2 * 3 / 4 * 4e7 / 1e9)
+
+
+def test_predict_strategies_prices_each_on_its_frameworks_probe(tmp_path: Path,
+                                                               capsys) -> None:
+    from bench.analysis import strategies as st
+
+    probes = [_collective_probe("torch_allreduce", "torch", 2,
+                                {"all_reduce": 4.0, "all_gather": 8.0, "reduce_scatter": 8.0}),
+              _collective_probe("tf_allreduce", "tf", 2, {"all_reduce": 2.0, "all_gather": 1.0})]
+    p = 25_557_032  # resnet50
+    rows = {r["strategy"]: r for r in st.forecast(probes, p, [2])}
+    assert "torch_allreduce" in rows["torch_fsdp2[reshard_after_forward=true]"]["bandwidth"]
+    assert rows["tf_mirrored"]["phases"][0]["busbw_gbps"] == pytest.approx(2.0)
+    assert rows["torch_ddp"]["phases"][0]["busbw_gbps"] == pytest.approx(4.0)
+    # JAX has no probe: the fastest measured, said so
+    assert any("fastest" in note for note in rows["jax_fsdp"]["notes"])
+    assert rows["deepspeed[stage=2]"]["wins"] and not rows["torch_ddp"]["wins"]
+    folder = write_folder(tmp_path / "r", probes)
+    assert predict_cli(folder, "--strategies", "--devices", "2,8") == 0
+    out = capsys.readouterr().out
+    assert "should win at 2 devices: deepspeed[stage=1], deepspeed[stage=2]" in out
+    assert "compute overlap is not modelled" in out and "resnet50, 25,557,032" in out
+    assert "Rajbhandari" in out
+    assert predict_cli(folder, "--strategies", "--precision", "fp8") == 2
+    assert "precision: 'fp8' is not allowed" in capsys.readouterr().err

@@ -546,10 +546,46 @@ def render_chart(results_dir: Path, forecast: Forecast) -> Path:
     return path
 
 
+def strategies_text(results_dir: Path, devices: list[int], model: str | None = None,
+                    precision: str = "fp32") -> str:
+    """`predict --strategies`: bench/analysis/strategies.py's forecast on the folder's probe
+    records (ConfigError without any ok probe, or for an unknown model or precision)."""
+    from bench.analysis import strategies
+    from models import get_spec
+    from runners.precision_policy import harness_policy
+
+    if not (Path(results_dir) / "runs").is_dir():
+        raise ConfigError(f"results_dir: {str(results_dir)!r} has no runs/ folder; allowed: "
+                          "a results folder written by a sweep")
+    probes = probe_records(load_records(Path(results_dir)))
+    if not probes:
+        raise ConfigError(f"results_dir: {str(results_dir)!r} has no ok all-reduce probe "
+                          "record; allowed: a folder a mode: allreduce sweep ran into (its "
+                          "probes measure the collectives the strategies are priced on)")
+    model = model or probes[0]["model"]
+    try:
+        params = get_spec(model).trainable_params
+    except KeyError:
+        raise ConfigError(f"model: {model!r} is not a known model") from None
+    try:
+        policy = harness_policy(precision)
+    except KeyError:
+        raise ConfigError(f"precision: {precision!r} is not allowed; allowed: fp32, tf32, "
+                          "bf16, fp16") from None
+    reduce_dtype, gather_dtype = policy["reduce"] or "float32", policy["params"] or "float32"
+    rows = strategies.forecast(probes, params, devices, reduce_dtype, gather_dtype)
+    return strategies.format_forecast(rows, params, model, reduce_dtype, gather_dtype)
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
-    """`run_bench.py predict`: print the table, write predict.csv and charts/predict.png."""
+    """`run_bench.py predict`: print the table, write predict.csv and charts/predict.png;
+    with --strategies, the strategies' communication table instead."""
     devices = parse_devices(args.devices)
     results_dir = Path(args.results_dir)
+    if getattr(args, "strategies", False):
+        print(strategies_text(results_dir, devices, getattr(args, "model", None),
+                              getattr(args, "precision", "fp32")))
+        return 0
     forecast = predict_folder(results_dir, devices, getattr(args, "busbw", None),
                               getattr(args, "interconnect", None))
     print(format_table(forecast.rows, forecast.notes))
