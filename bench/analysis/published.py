@@ -11,6 +11,18 @@ images/sec. `series` groups a source's rows that share one 1-GPU baseline: a row
 efficiency is its images/sec over (that 1-GPU figure x its GPUs), as the sources compute it
 (rossumai's Keras rows: both parameter-server placements against the 1-GPU run).
 
+Issue 27 adds the sharded-training sources (torchtitan's FSDP2 Llama 3.1 8B tables,
+llm-foundry's MPT table, DeepSpeed's ZeRO-2 and ZeRO-3 Offload figures) and the columns they
+need, after the others (a file without them still loads; their values are then None):
+`strategy` (the harness runner and option that does what the source ran, e.g.
+torch_fsdp2[reshard_after_forward=true] for FSDP FULL_SHARD, deepspeed[stage=2]), `seq_len`,
+`tokens_per_sec`, `tokens_per_sec_per_gpu`, `mfu` and `hfu` (fractions; the sources print
+percent), `tflops_per_gpu`, `memory_gib_per_gpu` and `commit` (the source repository's commit
+the row was read at). A language-model row's images_per_sec is sequences/sec where the source
+states it, else empty; a row whose model is not one of ours has model_match "other" and keeps
+the published model's name (llama3_8b, mpt_1b): it is listed, and drawn only beside a sweep of
+that name.
+
 The multi-node figures (Goyal et al. 2017, Horovod 2018) have no images/sec per device count;
 they are in reference/multi_node.csv, shown here for sweeps that cross nodes.
 
@@ -35,12 +47,17 @@ MULTI_NODE = REFERENCE / "multi_node.csv"
 
 FIELDS = ("source", "source_short", "url", "system", "model", "model_as_published",
           "model_match", "model_note", "data", "data_detail", "precision", "hardware", "gpu",
-          "gpus", "batch_per_gpu", "global_batch", "images_per_sec", "series", "notes")
+          "gpus", "batch_per_gpu", "global_batch", "images_per_sec", "series", "notes",
+          "strategy", "seq_len", "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "hfu",
+          "tflops_per_gpu", "memory_gib_per_gpu", "commit")
+NUMBERS = ("gpus", "batch_per_gpu", "global_batch", "images_per_sec", "seq_len",
+           "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "hfu", "tflops_per_gpu",
+           "memory_gib_per_gpu")
 # Marker of each source on the charts (cycled in the file's order of sources).
 MARKERS = ("s", "D", "^", "v", "P", "X", "*", "<", ">", "h")
 
 
-def _number(text: str) -> float | int | None:
+def _number(text: str | None) -> float | int | None:
     if not text:
         return None
     value = float(text)
@@ -52,7 +69,11 @@ def _load(path: Path) -> tuple[dict[str, Any], ...]:
     with open(path, newline="") as fh:
         rows = [dict(r) for r in csv.DictReader(fh)]
     for r in rows:
-        for key in ("gpus", "batch_per_gpu", "global_batch", "images_per_sec"):
+        for key in FIELDS:  # a file from before a column was added: the column is empty
+            r.setdefault(key, "")
+            if r[key] is None:
+                r[key] = ""
+        for key in NUMBERS:
             r[key] = _number(r[key])
     base = {r["series"]: r["images_per_sec"] for r in rows if r["gpus"] == 1}
     for r in rows:
@@ -64,7 +85,8 @@ def _load(path: Path) -> tuple[dict[str, Any], ...]:
 
 def load_published(path: Path | str = PUBLISHED) -> list[dict[str, Any]]:
     """The rows of reference/published.csv: numbers as numbers (gpus, batch_per_gpu,
-    global_batch, images_per_sec; None where the source gives none) plus scaling_efficiency
+    global_batch, images_per_sec, the language-model columns; None where the source gives
+    none) plus scaling_efficiency
     against the row's series' 1-GPU figure (None where the series has none)."""
     return [dict(r) for r in _load(Path(path))]
 
@@ -169,15 +191,22 @@ def published_section(runs: Iterable[dict[str, Any]]) -> str:
             parts.append(f"<p>No published figure for {_e(model)} in "
                          "reference/published.csv.</p>")
             continue
+        llm = any(r["tokens_per_sec_per_gpu"] is not None or r["mfu"] is not None
+                  for r in rows)
         body = [[_e(r["system"]), _e(r["hardware"]),
                  (f"<b>{r['gpus']}</b>" if (model, r["gpus"]) in ran else _e(r["gpus"])),
                  _cell(r["batch_per_gpu"], ""), _e(r["precision"]), _e(r["data_detail"]),
                  _e(r["model_as_published"]), _cell(r["images_per_sec"], ","),
-                 _cell(r["scaling_efficiency"], ".0%"), _source(r), _e(r["notes"])]
+                 _cell(r["scaling_efficiency"], ".0%")]
+                + ([_e(r["strategy"] or "-"), _cell(r["seq_len"], ""),
+                    _cell(r["tokens_per_sec_per_gpu"], ","), _cell(r["mfu"], ".1%")]
+                   if llm else [])
+                + [_source(r), _e(r["notes"])]
                 for r in rows]
         parts.append(_table(["system", "hardware", "GPUs", "batch/GPU", "precision", "data",
-                             "model as published", "images/sec", "efficiency", "source",
-                             "notes"], body))
+                             "model as published", "images/sec", "efficiency"]
+                            + (["strategy", "seq len", "tokens/s/GPU", "MFU"] if llm else [])
+                            + ["source", "notes"], body))
         notes = dict.fromkeys(f"{r['model_as_published']}: {r['model_note']}" for r in rows)
         parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
     if any((r.get("num_nodes") or 1) > 1 for r in runs):
@@ -216,3 +245,10 @@ def load_published_frame(models: Iterable[str] | None = None,
 
     rows = select(load_published(), models, devices, data)
     return pd.DataFrame(rows, columns=[*FIELDS, "scaling_efficiency"])
+
+
+def strategy_rows(model: str | None = None) -> list[dict[str, Any]]:
+    """The published rows that name a harness strategy (issue 27's sharded-training sources),
+    of `model` if given: what the report's strategy table lists beside the measured ones."""
+    return [r for r in load_published() if r["strategy"]
+            and (model is None or r["model"] == model)]
