@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from runners import math_mode, memory, settings
+from runners import math_mode, memory, precision_policy, settings
 from runners.threads import observed as observed_threads
 
 OOM_NAMES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
@@ -328,6 +328,8 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
             result = benchmark(spec)
         result.setdefault("status", "ok")
         result["math"] = math_mode.read_back()  # as the frameworks report it after the run
+        if spec.mode == "benchmark" and result["status"] == "ok":
+            result.setdefault("precision_policy", precision_policy.declared(spec.precision))
     except (Unavailable, math_mode.MathModeUnavailable) as exc:
         result = {"status": "unavailable", "reason": str(exc)}
     except ModuleNotFoundError as exc:  # the environment lacks a package this run needs

@@ -59,6 +59,16 @@ def resolve(precision: str, *, how: str, compute: Any, params: Any, master: Any 
                                                                  f"{precision!r}")}
 
 
+def declared(precision: str) -> dict[str, Any]:
+    """The policy of a runner that does not read its own back (runners.common.main fills it
+    in): the harness's for `precision`, said to be declared, not read from the framework;
+    `follows` None (not known)."""
+    return {"precision": precision, **HARNESS.get(precision, dict.fromkeys(PARTS)),
+            "how": "declared, not read back: this runner applies its precision setting and "
+                   "does not report the dtypes the framework used",
+            "follows": None, "differs": None}
+
+
 def summary(policy: dict[str, Any] | None) -> str:
     """One short line for a table or a chart: 'bf16 compute, fp32 params, fp32 reduce'."""
     if not policy:
@@ -74,4 +84,6 @@ def summary(policy: dict[str, Any] | None) -> str:
         text += f", {s('master')} master"
     if policy.get("loss_scaling"):
         text += ", loss scaling"
-    return text if policy.get("follows", True) else text + " (differs)"
+    if policy.get("follows") is None:
+        return text + " (declared)"
+    return text if policy["follows"] else text + " (differs)"

@@ -181,3 +181,23 @@ def test_memory_and_model_state_in_the_records(smoke: Path) -> None:
         state = rec["model_state"]
         assert state["params_bytes"] == 4 * 1_656_250  # float32 weights, BN statistics too
         assert state["grads_bytes"] > 0 and state["optimizer_bytes"] > 0
+
+
+def test_state_per_device_shows_full_replicas_and_the_policy_is_read_back(smoke: Path
+                                                                           ) -> None:
+    """MirroredStrategy (the baseline of issue 27's sharded strategies): every replica device
+    holds a whole copy of the parameters, gradients and optimizer state, read from the
+    distributed variables' per-device components; the parent's check agrees; the precision
+    policy comes from the Keras model."""
+    for rec in load_records(smoke):
+        n = rec["num_devices"]
+        state, whole = rec["state_bytes_per_device"], rec["state_bytes_global"]
+        assert len(state) == n and all(d.endswith(f"CPU:{i}") for i, d in
+                                       enumerate(sorted(state))), state
+        assert whole["params"] == 4 * 1_656_250
+        assert all(v == whole for v in state.values()), (state, whole)
+        assert rec["state_check"]["sharded"] == []
+        assert rec["state_check"]["parts"]["optimizer"]["expected"] == "replica"
+        policy = rec["precision_policy"]
+        assert policy["follows"] is True and policy["params"] == "float32"
+        assert policy["how"].startswith("keras dtype policy 'float32'")

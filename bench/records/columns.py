@@ -328,6 +328,23 @@ COLUMNS: tuple[Column, ...] = (
     _field("model_state", "The model state one device holds, in bytes: params_bytes, "
            "grads_bytes, optimizer_bytes, total_bytes and its source (runners/memory.py "
            "model_state_*); null where the runner does not report it.", ("record", "child")),
+    _field("state_bytes_per_device", "The model state each device holds, read from the "
+           "framework's own shards (DTensor local shards, the ZeroRedundancyOptimizer's "
+           "partition, DeepSpeed's partitioned groups, jax arrays' addressable_shards): "
+           "{device: {params, grads, optimizer: bytes}}; null where the runner does not read "
+           "it.", ("record", "child")),
+    _field("state_bytes_global", "Each part's logical (unsharded) size as the framework "
+           "states it: {params, grads, optimizer: bytes}.", ("record", "child")),
+    _field("state_source", "What state_bytes_per_device read, and when.", ("record", "child")),
+    _field("state_check", "The parent's check of state_bytes_per_device against what the "
+           "runner's strategy shards (bench/records/state_check.py): per part its global "
+           "size, the most one device holds, and whether 1/N or a replica was expected.",
+           ("record",)),
+    _field("precision_policy", "The precision policy the run followed, read back from the "
+           "framework: compute, params (storage), master and reduce dtypes, loss scaling, the "
+           "knobs used (how), and whether it is the harness's policy for its precision "
+           "(follows; differs names each part that is not; runners/precision_policy.py).",
+           ("record", "child")),
     _field("samples", "Images in the timed window: measure_steps x the global batch.",
            (*RUN_VIEWS, "child")),
     _field("first_loss", "The first timed step's loss.", (*RUN_VIEWS, "child")),

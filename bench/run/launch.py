@@ -168,6 +168,7 @@ def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> d
     rec.update({k: None for k in CHILD_FIELDS})
     rec.update({k: None for k in DERIVED_FIELDS})
     rec["placement"] = None
+    rec["state_check"] = None  # bench/run/verdict.validate_state fills it
     return rec
 
 

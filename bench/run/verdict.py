@@ -13,10 +13,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.records import columns
 from bench.records.placement_check import check_placement
+from bench.records.state_check import check_state_split
 from runners.allreduce import bus_factor, gradient_bytes, probe_sizes
+from runners.catalog import expected_shards
 from runners.memory import side_file
 
 OOM_PATTERNS = re.compile(
@@ -142,6 +145,8 @@ def validate_result(result: dict[str, Any], spec: RunSpec,
         return []
     problems = (validate_placement(result, spec.num_devices, rec)
                 if spec.mode == "benchmark" else [])
+    if spec.mode == "benchmark":
+        problems += validate_state(result, spec, rec)
     expected = spec.measure_steps * spec.global_batch_size
     if result.get("samples") != expected:
         problems.append(f"samples {result.get('samples')!r} != measure_steps x global batch "
@@ -156,6 +161,19 @@ def validate_result(result: dict[str, Any], spec: RunSpec,
     start, end = result.get("window_start"), result.get("window_end")
     if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start):
         problems.append(f"timed window [{start!r}, {end!r}] is empty or missing")
+    return problems
+
+
+def validate_state(result: dict[str, Any], spec: RunSpec,
+                   rec: dict[str, Any] | None = None) -> list[str]:
+    """What is wrong with the model state's split over the devices (bench/records/
+    state_check.py), against what the runner's strategy shards with the run's options; the
+    check's view goes into `rec` (state_check)."""
+    info = RUNNERS.get(spec.runner)
+    shards = expected_shards(info, spec.options) if info is not None else ()
+    view, problems = check_state_split(result, shards, spec.num_devices)
+    if rec is not None and view is not None:
+        rec["state_check"] = view
     return problems
 
 

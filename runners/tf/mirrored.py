@@ -100,6 +100,7 @@ from runners.tf.common import (
 )
 from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
 from runners.tf.placement import EagerPlacement
+from runners.tf.state import keras_policy, state_bytes_tf
 
 DATA_PLACEMENT = {
     "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",
@@ -350,6 +351,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **data_info,
         **model_record(model, model_spec, described),
         **model_state_keras(model),
+        **keras_policy(model, spec.precision),
+        # one worker's devices only: a multi-worker run would need every worker's (not read)
+        **(state_bytes_tf(model) if multi is None else {}),
     }
     if tokens:
         result["layout"] = "tokens (batch, sequence)"

@@ -1,0 +1,79 @@
+"""The model state each device holds under tf.distribute, read from the distributed variables
+(child side: imports TensorFlow and Keras).
+
+A Keras 3 variable made under a strategy's scope wraps a tf.distribute DistributedVariable
+whose `.values` are its per-device components, each on the device it names; a
+MirroredStrategy run holds one full component per replica device. The bytes each device
+holds are summed from those components: model.weights for the parameters (trainable and
+not), the optimizer's variables for its state. Gradients are the trainable weights' shapes,
+computed per replica inside the step and all-reduced, so every replica's device holds a full
+set (counted from the trainable weights' components on that device).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from runners.memory import _itemsize
+from runners.tf.placement import device_key
+
+
+def _components(variable: Any) -> list[Any]:
+    inner = getattr(variable, "value", variable)  # a Keras 3 Variable -> the tf variable
+    values = getattr(inner, "values", None)
+    return list(values) if values is not None else [inner]
+
+
+def _per_device(variables: Any) -> dict[str, int]:
+    held: dict[str, int] = {}
+    for v in variables:
+        for part in _components(v):
+            nbytes = math.prod(int(d) for d in part.shape) * _itemsize(part.dtype)
+            key = device_key(part.device)
+            held[key] = held.get(key, 0) + nbytes
+    return held
+
+
+def _whole(variables: Any) -> int:
+    return sum(math.prod(int(d) for d in v.shape) * _itemsize(v.dtype) for v in variables)
+
+
+def state_bytes_tf(model: Any) -> dict[str, Any]:
+    """state_bytes_per_device, state_bytes_global and state_source of a Keras model trained
+    under a tf.distribute strategy (its optimizer: model.optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    opt_vars = list(getattr(optimizer, "variables", None) or ())
+    params, grads = _per_device(model.weights), _per_device(model.trainable_weights)
+    opt = _per_device(opt_vars)
+    devices = sorted(set(params) | set(opt))
+    return {
+        "state_bytes_per_device": {d: {"params": params.get(d, 0), "grads": grads.get(d, 0),
+                                       "optimizer": opt.get(d, 0)} for d in devices},
+        "state_bytes_global": {"params": _whole(model.weights),
+                               "grads": _whole(model.trainable_weights),
+                               "optimizer": _whole(opt_vars)},
+        "state_source": "tf.distribute: each Keras variable's DistributedVariable components "
+                        "(.values) and the device each is on, after the timed window "
+                        "(model.weights, optimizer.variables); gradients: the trainable "
+                        "weights' components, as each replica computes a full set per step",
+    }
+
+
+def keras_policy(model: Any, precision: str) -> dict[str, Any]:
+    """The record's precision_policy of a compiled Keras 3 model, read back from it: the
+    dtype policy's compute and variable dtypes, the variables' own dtype, loss scaling when
+    compile wrapped the optimizer in a LossScaleOptimizer; gradients are reduced in the
+    trainable variables' dtype (Keras differentiates the loss w.r.t. them)."""
+    from runners.precision_policy import resolve
+
+    policy = model.dtype_policy
+    optimizer = getattr(model, "optimizer", None)
+    scaled = type(optimizer).__name__ == "LossScaleOptimizer"
+    variable = model.trainable_weights[0].dtype if model.trainable_weights else None
+    return {"precision_policy": resolve(
+        precision, how=f"keras dtype policy {policy.name!r} (keras.mixed_precision)"
+        + ("; compile's LossScaleOptimizer" if scaled else ""),
+        compute=policy.compute_dtype, params=variable or policy.variable_dtype,
+        reduce=variable or policy.variable_dtype,
+        loss_scaling="dynamic" if scaled else None)}
