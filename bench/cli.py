@@ -15,6 +15,7 @@ from bench.plan.config import ConfigError, json_schema, load_config
 from bench.plan.runs import RunSpec, expand
 from bench.records.store import load_records
 from bench.report.allreduce import CSV_NAME, allreduce_table
+from bench.report.strategies import format_strategies, strategy_rows
 from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
@@ -289,6 +290,11 @@ def cmd_status(results_dir: Path) -> int:
     return 0
 
 
+def strategy_text(records: list[dict]) -> str | None:
+    """The strategy tables of a folder's records (None without a comparison)."""
+    return format_strategies(strategy_rows(records))
+
+
 def cmd_report(results_dir: Path) -> int:
     if not (results_dir / "runs").is_dir():
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder; allowed: a "
@@ -296,7 +302,7 @@ def cmd_report(results_dir: Path) -> int:
     rows, pipes, charts = build_report(results_dir)
     records = load_records(results_dir)
     probes = allreduce_table(results_dir, records)
-    print(format_table(rows, pipes, probes))
+    print(format_table(rows, pipes, probes, strategy_text(records)))
     lines = explain_text(rows, records)
     if lines:
         print("\n" + lines)
@@ -368,7 +374,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 128 + end.signum
     rows, pipes, charts = build_report(out)
     print()
-    print(format_table(rows, pipes, allreduce_table(out)))
+    print(format_table(rows, pipes, allreduce_table(out), strategy_text(load_records(out))))
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
           f"report: {out / 'report.html'}")

@@ -112,6 +112,39 @@ def _memory_peak(rec: Mapping[str, Any]) -> int | None:
     return max(values) if values else None
 
 
+STATE_PARTS = ("params", "grads", "optimizer")
+
+
+def state_split(rec: Mapping[str, Any]) -> dict[str, int] | None:
+    """The model state of the device that holds the most (params + grads + optimizer, from
+    the record's state_bytes_per_device, read from the framework's shards): its parts and
+    `total`, and `device`; None where the record has none (older runners)."""
+    per_device = rec.get("state_bytes_per_device")
+    if not isinstance(per_device, Mapping) or not per_device:
+        return None
+    best: dict[str, Any] | None = None
+    for device, parts in per_device.items():
+        if not isinstance(parts, Mapping):
+            continue
+        split = {k: parts.get(k) if isinstance(parts.get(k), int) else 0 for k in STATE_PARTS}
+        total = sum(split.values())
+        if best is None or total > best["total"]:
+            best = {**split, "total": total, "device": device}
+    return best
+
+
+def _state_per_device(rec: Mapping[str, Any]) -> int | None:
+    split = state_split(rec)
+    return split["total"] if split else None
+
+
+def _policy_summary(rec: Mapping[str, Any]) -> str | None:
+    from runners.precision_policy import summary
+
+    policy = rec.get("precision_policy")
+    return summary(policy) or None if isinstance(policy, Mapping) else None
+
+
 def _numbers(values: list[Any]) -> list[float]:
     return [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
@@ -282,6 +315,16 @@ COLUMNS: tuple[Column, ...] = (
            "parameters, gradients and optimizer state (the record's model_state, read from "
            "the framework's objects).", ("csv", "html", "loader"),
            _at("model_state", "total_bytes"), "median", optional=True),
+    Column("state_per_device_bytes", "state/dev", "bytes", "The most model state one device "
+           "holds: the largest params + grads + optimizer over the devices of the record's "
+           "state_bytes_per_device (read from the framework's shards: a sharded strategy's "
+           "1/N shows here), the median over ok runs; - where the runner does not report it.",
+           ("csv", "table", "html", "loader"), _state_per_device, "median", optional=True),
+    Column("precision_policy_summary", "policy", "text", "The precision policy the run "
+           "followed in a few words (runners/precision_policy.summary of its "
+           "precision_policy: compute, params, reduce dtypes, master weights, loss scaling; "
+           "'(differs)' where it is not the harness's, '(declared)' where not read back).",
+           ("csv", "html", "loader"), _policy_summary, "first", optional=True),
     Column("memory_source", "", "text", "What memory_per_device is, as the child read it "
            "(runners/memory.py): the allocator's peak over the timed window, the peak since "
            "the process started, or the process's resident memory, and any rank missing.",

@@ -13,6 +13,7 @@ from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
 from bench.records import columns
 from bench.report.allreduce import html_section as allreduce_section
+from bench.report.strategies import html_section as strategies_section
 
 # The per-run columns the Runs table shows beside the run's id, status and files.
 RUN_CELLS = ("images_per_sec", "tokens_per_sec", "memory_peak_bytes", "gpu_util_pct",
@@ -126,6 +127,7 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         "what was read), state the model state one device holds (parameters, gradients, "
         "optimizer); tok/s is a token model's samples/sec x its sequence length.</p>",
         _summary(rows) if rows else "<p>No benchmark runs.</p>",
+        strategies_section(records),
         "<h2>Flagged</h2>", _flagged(rows),
         where_the_time_went(rows, records),
         allreduce_section(results_dir, records),

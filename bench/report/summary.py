@@ -22,6 +22,7 @@ from bench.plotting import pyplot, save
 from bench.records import columns
 from bench.records.store import load_records
 from bench.report import allreduce as allreduce_report
+from bench.report import strategies as strategy_report
 from bench.report.html import write_html
 from bench.report.telemetry_chart import render_telemetry_charts
 from bench.text_table import aligned
@@ -54,10 +55,13 @@ def _fmt(value: Any) -> Any:
 
 def format_table(rows: list[dict[str, Any]],
                  pipelines: list[dict[str, Any]] | None = None,
-                 allreduce: str | None = None) -> str:
-    """The summary (and the pipeline-mode summary, and the all-reduce probe's table
-    (bench/report/allreduce.py), if any) as fixed-width text tables."""
+                 allreduce: str | None = None, strategies: str | None = None) -> str:
+    """The summary (and the strategy tables (bench/report/strategies.py), the pipeline-mode
+    summary, and the all-reduce probe's table (bench/report/allreduce.py), if any) as
+    fixed-width text tables."""
     parts = [_benchmark_table(rows)] if rows or not (pipelines or allreduce) else []
+    if strategies:
+        parts.append(strategies)
     if pipelines:
         parts.append(_pipeline_table(pipelines))
     if allreduce:
@@ -367,14 +371,17 @@ def render_pipeline_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path
 
 def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                              list[Path]]:
-    """Re-read a results folder's records; write summary.csv (and pipelines.csv, and
-    allreduce.csv) and the charts. Returns the benchmark rows, the pipeline rows and the
-    chart paths."""
+    """Re-read a results folder's records; write summary.csv (and pipelines.csv,
+    strategies.csv and allreduce.csv) and the charts. Returns the benchmark rows, the
+    pipeline rows and the chart paths."""
     records = load_records(results_dir)
     rows, pipes = summarise(records, cv_target(results_dir)), summarise_pipelines(records)
     write_summary(results_dir, rows)
     if pipes:
         write_summary(results_dir, pipes, "pipelines.csv", PIPELINE_FIELDS)
+    compared = strategy_report.strategy_rows(records)
+    if compared:
+        write_summary(results_dir, compared, strategy_report.CSV_NAME, strategy_report.FIELDS)
     probes, link = allreduce_report.rows_and_link(results_dir, records)
     if probes:
         write_summary(results_dir, probes, allreduce_report.CSV_NAME,
