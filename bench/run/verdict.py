@@ -18,7 +18,7 @@ from bench.plan.runs import RunSpec
 from bench.records import columns
 from bench.records.placement_check import check_placement
 from bench.records.state_check import check_state_split
-from runners.allreduce import bus_factor, gradient_bytes, probe_sizes
+from runners.allreduce import bus_factor, check_collectives, gradient_bytes, probe_sizes
 from runners.catalog import expected_shards
 from runners.memory import side_file
 
@@ -231,6 +231,7 @@ def validate_allreduce(result: dict[str, Any], spec: RunSpec) -> list[str]:
             or probe.get("busbw_gbps") != top.get("busbw_gbps"):
         problems.append(f"busbw_gbps {probe.get('busbw_gbps')!r} is not the row at the "
                         f"gradient size ({gradient_bytes(spec.model)} bytes)")
+    problems += check_collectives(result, spec.num_devices, spec.model)
     return problems
 
 
