@@ -307,7 +307,7 @@ def test_batch_search_torch_ddp(tmp_path: Path, torch_python: str) -> None:
     [rec] = load_capacity(out)
     check_search(out, rec, budget)
     values = [p["value"] for p in rec["probes"]]
-    assert values[0] == 16 and values[1] in (32, 64)  # doubling from start (or bisecting)
+    assert values[:2] == [16, 32]  # doubling from start
     assert rec["model_state"]["total_bytes"] < rec["peak_bytes_at_largest"]
     assert "Capacity (mode: capacity)" in stdout
     with open(out / "capacity.csv") as fh:

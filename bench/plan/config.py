@@ -763,7 +763,7 @@ def _check_allreduce(s: Any) -> None:
                     "probes run on this machine's devices; none crosses nodes yet)")
 
 
-CAPACITY_KEYS = ("device_memory", "scale", "capacity")
+CAPACITY_KEYS = ("device_memory", "scale", "capacity")  # capacity mode's alone
 
 
 def depth_models() -> tuple[str, ...]:
@@ -779,12 +779,14 @@ def _check_capacity(s: Any) -> None:
     deepened models that are built-in GPTs; a device_memory budget on cpu; start <= max.
     Without it, none of its keys."""
     given = s.model_fields_set
-    if "capacity" not in s.mode:
+    if "capacity" not in s.mode:  # their defaults are fine (a resolved config gives them all)
+        defaults = {"device_memory": None, "scale": "batch",
+                    "capacity": CapacitySearch().model_dump()}
         for key in CAPACITY_KEYS:
-            if key in given:
-                value = getattr(s, key)
-                raise _fail(key, value.model_dump() if isinstance(value, BaseModel) else value,
-                            "nothing without mode capacity")
+            value = getattr(s, key)
+            value = value.model_dump() if isinstance(value, BaseModel) else value
+            if value != defaults[key]:
+                raise _fail(key, value, "nothing without mode capacity")
         return
     if s.mode != ["capacity"]:
         raise _fail("mode", s.mode, "capacity alone (its probes are benchmark runs of their "
