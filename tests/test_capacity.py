@@ -253,6 +253,29 @@ def test_run_search_writes_one_record(tmp_path: Path) -> None:
     assert capacity.searches_done(tmp_path, "batch", [first]) == {first.run_id}
 
 
+def test_resume_reuses_the_probes_that_said_something(tmp_path: Path) -> None:
+    """--resume: a probe's earlier record is reused where it ran ok or out of memory; one that
+    failed runs again."""
+    cfg = cfg_of(capacity={"start": 8, "max": 64, "resolution": 8}, device_memory=500)
+    first = expand(cfg, "s")[0]
+    runs = tmp_path / "probes" / "runs"
+    runs.mkdir(parents=True)
+    for value, status in ((8, "ok"), (16, "failed"), (32, "oom")):
+        probe = capacity_probe(first, "batch", value)
+        (runs / f"{probe.run_id}.json").write_text(json.dumps(record(
+            status, {"rank0:cpu": 10 * value} if status == "ok" else None,
+            run_id=probe.run_id)))
+    launched = []
+
+    def launch(spec: Any, probes: Path) -> dict[str, Any]:
+        launched.append(spec.batch_size_per_device)
+        return record(peaks={"rank0:cpu": 20 * spec.batch_size_per_device})
+
+    rec = run_search(first, cfg, tmp_path, launch, reuse=True)
+    assert launched == [16, 24]  # 8 and 32 reused; 16 failed before, so it ran again
+    assert (rec["largest_fit"], rec["first_misfit"]) == (24, 32)
+
+
 def test_blocked_first_probe_stops(tmp_path: Path) -> None:
     cfg = cfg_of()
     first = expand(cfg, "s")[0]

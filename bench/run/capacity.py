@@ -160,8 +160,9 @@ def run_search(first: RunSpec, cfg: Any, out: Path,
                ) -> dict[str, Any]:
     """One search from its first probe: each probe launched by `launch(spec, probes folder)`
     (bench.run.sweep's run_one, or a record without a run where precheck blocked the first:
-    `blocked`), or its record reused from an earlier sweep (`reuse`: --resume); the
-    capacity record written to out/capacity/<search id>.json and returned."""
+    `blocked`), or, with `reuse` (--resume), its record from an earlier sweep where that one
+    ran ok or out of memory (any other outcome runs again); the capacity record written to
+    out/capacity/<search id>.json and returned."""
     scale, bounds, budget = cfg.scale, cfg.capacity, cfg.device_memory
     probes_dir = out / PROBES_DIR
     started = now_iso()
@@ -175,6 +176,8 @@ def run_search(first: RunSpec, cfg: Any, out: Path,
                 rec = json.loads(earlier.read_text())
             except (OSError, ValueError):
                 rec = None
+            if not isinstance(rec, dict) or rec.get("status") not in ("ok", "oom"):
+                rec = None  # a probe that said nothing about memory runs again
         if rec is None:
             rec = (record_without_run(spec, probes_dir, {}, *blocked) if blocked
                    else launch(spec, probes_dir))

@@ -133,7 +133,8 @@ def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
         return Path(out)
     base = REPO_ROOT / "results"
     if resume:
-        earlier = sorted(p for p in base.glob(f"{cfg.name}-*") if (p / "runs").is_dir())
+        earlier = sorted(p for p in base.glob(f"{cfg.name}-*")
+                         if (p / "runs").is_dir() or (p / capacity.CAPACITY_DIR).is_dir())
         if not earlier:
             raise ConfigError(f"--resume: no earlier results for sweep {cfg.name!r} in {base}; "
                               "allowed: an existing folder via --out, or run without --resume")
