@@ -301,7 +301,7 @@ def run_sweep(tmp_path: Path, name: str, config: dict[str, Any]) -> tuple[Path, 
     return out, proc.stdout
 
 
-def check_search(out: Path, rec: dict[str, Any], budget: int) -> None:
+def check_search(out: Path, rec: dict[str, Any], budget: int, devices: int) -> None:
     """Every probe's record is kept, its verdict follows its peak and the budget, the fits
     lie below the misfits, and the search ended bracketed within its resolution."""
     assert rec["status"] == "ok" and rec["end"] == "bracketed", rec
@@ -310,7 +310,7 @@ def check_search(out: Path, rec: dict[str, Any], budget: int) -> None:
         run = json.loads((out / probe["record"]).read_text())
         assert run["status"] == "ok", run["reason"]
         peaks = run["device_peak_bytes"]
-        assert len(peaks) == 2 and peaks == probe["peak_bytes_per_device"]
+        assert len(peaks) == devices and peaks == probe["peak_bytes_per_device"]
         for key, peak in peaks.items():  # over the baseline read before the model was built
             assert peak == run["memory_per_device"][key] - run["memory_baseline"][key] > 0
         assert probe["fits"] == (max(peaks.values()) <= budget)
@@ -323,12 +323,14 @@ def check_search(out: Path, rec: dict[str, Any], budget: int) -> None:
 
 @pytest.mark.slow
 def test_batch_search_torch_ddp(tmp_path: Path, torch_python: str) -> None:
-    budget = 256 * MiB
+    # at 2 ranks a rank's peak is ~175 MiB at batch 16 and ~280 MiB at 48: the ends of the
+    # search lie well either side of the budget, whatever resident memory's noise
+    budget = 224 * MiB
     out, stdout = run_sweep(tmp_path, "cap-batch", {
         "runners": "torch_ddp", "models": "gpt2_tiny", "devices": [2],
-        "device_memory": "256MiB", "capacity": {"start": 16, "max": 64, "resolution": 8}})
+        "device_memory": "224MiB", "capacity": {"start": 16, "max": 48, "resolution": 8}})
     [rec] = load_capacity(out)
-    check_search(out, rec, budget)
+    check_search(out, rec, budget, 2)
     values = [p["value"] for p in rec["probes"]]
     assert values[:2] == [16, 32]  # doubling from start
     assert rec["model_state"]["total_bytes"] < rec["peak_bytes_at_largest"]
@@ -336,17 +338,19 @@ def test_batch_search_torch_ddp(tmp_path: Path, torch_python: str) -> None:
     with open(out / "capacity.csv") as fh:
         [row] = list(csv.DictReader(fh))
     assert int(row["largest_fit"]) == rec["largest_fit"] and row["runner"] == "torch_ddp"
+    assert "<h2>Capacity</h2>" in (out / "report.html").read_text()
 
 
 @pytest.mark.slow
 def test_depth_search_torch_ddp(tmp_path: Path, torch_python: str) -> None:
+    # at batch 4 the peak is ~145 MiB with 8 layers and ~255 MiB with 32
     budget = 192 * MiB
     out, _ = run_sweep(tmp_path, "cap-depth", {
-        "runners": "torch_ddp", "models": "gpt2_tiny", "devices": [2], "scale": "depth",
+        "runners": "torch_ddp", "models": "gpt2_tiny", "devices": [1], "scale": "depth",
         "batch_size_per_device": 4, "device_memory": budget,
-        "capacity": {"start": 8, "max": 32, "resolution": 4}})
+        "capacity": {"start": 8, "max": 32, "resolution": 8}})
     [rec] = load_capacity(out)
-    check_search(out, rec, budget)
+    check_search(out, rec, budget, 1)
     assert rec["model_layers"] == rec["largest_fit"] and rec["batch_size_per_device"] == 4
     tiny = get_spec("gpt2_tiny")
     for probe in rec["probes"]:
@@ -372,7 +376,7 @@ def test_sharding_fits_deeper_than_ddp(tmp_path: Path, torch_python: str) -> Non
         "capacity": {"start": 32, "max": 1024, "resolution": 16}})
     found = {r["runner"]: r for r in load_capacity(out)}
     for rec in found.values():
-        check_search(out, rec, budget)
+        check_search(out, rec, budget, 2)
     ddp, fsdp = found["torch_ddp"], found["torch_fsdp2"]
     assert fsdp["largest_fit"] > ddp["first_misfit"], (ddp["largest_fit"], fsdp["largest_fit"])
     assert fsdp["largest_fit"] >= 1.25 * ddp["largest_fit"]
