@@ -15,6 +15,8 @@ from bench.plan.config import ConfigError, json_schema, load_config
 from bench.plan.runs import RunSpec, expand
 from bench.records.store import load_records
 from bench.report.allreduce import CSV_NAME, allreduce_table
+from bench.report.capacity import CSV_NAME as CAPACITY_CSV
+from bench.report.capacity import capacity_table
 from bench.report.strategies import format_strategies, strategy_rows
 from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm
@@ -296,13 +298,15 @@ def strategy_text(records: list[dict]) -> str | None:
 
 
 def cmd_report(results_dir: Path) -> int:
-    if not (results_dir / "runs").is_dir():
-        raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder; allowed: a "
-                          "results folder written by a sweep")
+    if not ((results_dir / "runs").is_dir() or (results_dir / "capacity").is_dir()):
+        raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder (nor a "
+                          "capacity/ one); "
+                          "allowed: a results folder written by a sweep")
     rows, pipes, charts = build_report(results_dir)
     records = load_records(results_dir)
     probes = allreduce_table(results_dir, records)
-    print(format_table(rows, pipes, probes, strategy_text(records)))
+    searches = capacity_table(results_dir)
+    print(format_table(rows, pipes, probes, strategy_text(records), searches))
     lines = explain_text(rows, records)
     if lines:
         print("\n" + lines)
@@ -311,6 +315,8 @@ def cmd_report(results_dir: Path) -> int:
         print(f"pipelines: {results_dir / 'pipelines.csv'}")
     if probes:
         print(f"allreduce: {results_dir / CSV_NAME}")
+    if searches:
+        print(f"capacity:  {results_dir / CAPACITY_CSV}")
     for c in charts:
         print(f"{'report' if c.suffix == '.html' else 'chart'}:   {c}")
     return 0
@@ -352,7 +358,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = results_folder(cfg, args.out, args.resume)
     runs = expand(cfg, out.name)
     if args.dry_run:
-        print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
+        if "capacity" in cfg.mode:
+            print(f"sweep {cfg.name}: {len(runs)} capacity searches ({cfg.scale}: start "
+                  f"{cfg.capacity['start']}, max {cfg.capacity['max']}, resolution "
+                  f"{cfg.capacity['resolution']}) -> {out}; each search's first probe below, "
+                  "the others follow from the probes' results")
+        else:
+            print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
         if cfg.until_stable:
             print(f"until_stable: more repeats of a configuration while its images/sec CV is "
                   f"above {cfg.until_stable['target_cv']:.1%}, up to "
@@ -374,7 +386,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 128 + end.signum
     rows, pipes, charts = build_report(out)
     print()
-    print(format_table(rows, pipes, allreduce_table(out), strategy_text(load_records(out))))
+    print(format_table(rows, pipes, allreduce_table(out), strategy_text(load_records(out)),
+                       capacity_table(out)))
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
           f"report: {out / 'report.html'}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +84,31 @@ def spec_of(run: Any) -> ModelSpec:
     if entry:
         from models.custom import model_spec
         return model_spec(entry)
-    return get_spec(run.model)
+    return with_layers(get_spec(run.model), getattr(run, "model_layers", None))
+
+
+def with_layers(model: ModelSpec, layers: int | None) -> ModelSpec:
+    """The variant of a built-in GPT with `layers` blocks (the run's `model_layers`, capacity
+    mode's scale: depth): its TransformerShape with the layers replaced, so every framework's
+    builder builds it and its parameter and FLOP counts follow; the model itself for None.
+    ValueError for a model that is no built-in GPT."""
+    if layers is None:
+        return model
+    shape = model.transformer
+    if shape is None or shape.kind != "gpt":
+        raise ValueError(f"model_layers: {model.name} is not a GPT of models/ (depth variants: "
+                         "the built-in gpt models)")
+    if layers < 1:
+        raise ValueError(f"model_layers: {layers} is not allowed; allowed: an integer >= 1")
+    from models.transformer import transformer_spec  # it imports this module
+    return transformer_spec(model.name, replace(shape, layers=layers),
+                            f"{model.description}; here with {layers} layers (model_layers)")
 
 
 def build_for(run: Any, kind: str, **kwargs: Any) -> Any:
     """The run's model object from the `kind` builder ("torch", "flax", "keras", "gluon",
-    "tfv1"): the built-in model's builder called with its spec and kwargs (data_format...), or
+    "tfv1"): the built-in model's builder called with its spec (spec_of: the run's depth variant
+    where it sets model_layers) and kwargs (data_format...), or
     the user's build function called with the entry's args (kwargs the runner would give a
     built-in builder are not passed to it: the user's model has its own layout)."""
     entry = getattr(run, "custom_model", None)
@@ -98,7 +117,7 @@ def build_for(run: Any, kind: str, **kwargs: Any) -> Any:
         if BUILDER_KIND[entry["framework"]] != kind:
             raise wrong_kind(entry, kind)
         return build(entry)
-    return load_builder(run.model, kind)(get_spec(run.model), **kwargs)
+    return load_builder(run.model, kind)(spec_of(run), **kwargs)
 
 
 def model_fields(model_spec: ModelSpec, params: Callable[[], int], cnn_flops: Callable[[], int],

@@ -325,6 +325,7 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
                 raise Unavailable(f"{spec.runner} does not implement the equivalence mode")
             result = equivalence(spec)
         else:
+            memory.baseline()  # before the runner builds its model (runners/memory.py)
             result = benchmark(spec)
         result.setdefault("status", "ok")
         result["math"] = math_mode.read_back()  # as the frameworks report it after the run

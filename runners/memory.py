@@ -23,6 +23,14 @@ framework: it looks in sys.modules):
   ru_maxrss (the peak since the process started), said so. The rank's own process only:
   DataLoader or Grain workers are processes of their own.
 
+The device's peak (`device_peak_bytes`, what capacity mode checks a budget against): on an
+accelerator the allocator's peak above; on CPU, where no framework allocator keeps statistics,
+the window's peak resident memory less the process's resident memory just before the runner
+built its model (`baseline()`, called by runners.common.main before the runner's benchmark;
+VmRSS, recorded as `memory_baseline`): the memory the run's model, optimizer, data and
+activations took, without the interpreter and the framework's own libraries. A process that
+drives N virtual CPU devices (JAX, TensorFlow) gives each its share, the figure / N.
+
 `model_state_torch`, `model_state_jax` and `model_state_keras` give the result's
 `model_state`: the bytes of the parameters, gradients and optimizer state, read from the
 framework's objects.
@@ -47,6 +55,7 @@ WORKERS_NOTE = "the process itself: DataLoader/Grain/loader workers are processe
 _family: str | None = None
 _start: dict[str, Any] | None = None
 last: dict[str, Any] | None = None  # the latest window's reading: {"devices", "source", "cpu"}
+_baseline: int | None = None  # VmRSS before the runner built its model (baseline())
 
 
 def expect(family: str | None) -> None:
@@ -190,6 +199,22 @@ def _vm_hwm() -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
+def _vm_rss() -> int | None:
+    try:
+        m = re.search(r"^VmRSS:\s+(\d+)\s*kB", STATUS.read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def baseline() -> None:
+    """Before the runner builds its model (runners.common.main, before the runner's
+    benchmark): the process's resident memory now, which its CPU device peak is counted
+    above."""
+    global _baseline
+    _baseline = _vm_rss()
+
+
 def _reset_hwm() -> bool:
     """Reset the process's peak resident memory to its current one (clear_refs 5)."""
     try:
@@ -261,16 +286,20 @@ def for_result(spec: Any, rank: int) -> dict[str, Any]:
     """The result's memory_per_device and memory_source from the latest window's reading: its
     devices keyed rank<r>:<device> for a process that drives one device (torchrun,
     horovodrun ranks), process<r>:<device> for one that drives several; on CPU the process's
-    one figure (N virtual devices share it: said once, not per device)."""
+    one figure (N virtual devices share it: said once, not per device). With them the
+    device_peak_bytes (module docstring) under the same keys, and on CPU the memory_baseline
+    it is counted above."""
     if last is None:
         return {"memory_per_device": None,
                 "memory_source": "no timed window ran in this process (an external program's, "
-                                 "or a mode without one): nothing measured"}
+                                 "or a mode without one): nothing measured",
+                "device_peak_bytes": None, "memory_baseline": None}
     one_per_process = spec.launcher in ("torchrun", "horovodrun")
     prefix = f"rank{rank}" if one_per_process else f"process{rank}"
     if last["devices"]:
-        return {"memory_per_device": {f"{prefix}:{d}": b for d, b in last["devices"].items()},
-                "memory_source": last["source"]}
+        per_device = {f"{prefix}:{d}": b for d, b in last["devices"].items()}
+        return {"memory_per_device": per_device, "memory_source": last["source"],
+                "device_peak_bytes": dict(per_device), "memory_baseline": None}
     shared = 1 if one_per_process else spec.num_devices // max(1, spec.num_nodes)
     if shared > 1:
         key = f"{prefix}:cpu ({shared} virtual devices)"
@@ -281,7 +310,16 @@ def for_result(spec: Any, rank: int) -> dict[str, Any]:
     if getattr(spec, "device", "cpu") != "cpu":
         source += ("; no GPU allocator was read (no framework this module reads had "
                    "initialised one in this process): the host process's memory, not the GPUs'")
-    return {"memory_per_device": {key: last["cpu"]}, "memory_source": source}
+    peak: dict[str, int] | None = None
+    if _baseline is not None and last["cpu"] is not None:
+        peak = {key: max(0, last["cpu"] - _baseline) // shared}
+        source += ("; device_peak_bytes: that peak less the process's resident memory before "
+                   "the model was built (memory_baseline, VmRSS)"
+                   + (f", divided by the {shared} virtual devices (each one's share)"
+                      if shared > 1 else ""))
+    return {"memory_per_device": {key: last["cpu"]}, "memory_source": source,
+            "device_peak_bytes": peak,
+            "memory_baseline": None if _baseline is None else {key: _baseline}}
 
 
 def side_file(result: str | Path, rank: int) -> Path:

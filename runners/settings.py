@@ -48,7 +48,9 @@ SCALING = ("weak", "strong")
 DATA = ("synthetic", "real")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("cpu", "gpu")
-MODES = ("benchmark", "pipeline", "allreduce")  # the sweep's; a Spec's mode may be equivalence
+MODES = ("benchmark", "pipeline", "allreduce", "capacity")  # the sweep's; a Spec's mode may be
+# equivalence (a capacity sweep's probes are benchmark runs)
+SCALES = ("batch", "depth")  # what a capacity search grows
 # repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
 MAX_REPEATS = 1000
 
@@ -171,8 +173,10 @@ SETTINGS: tuple[Setting, ...] = (
             "path, augmentation, workers.", Key(), planned=True),
     # benchmark trains the runners' models, pipeline times the input pipelines alone,
     # allreduce each family's own all-reduce alone (the communication probe)
-    Setting("mode", str, "benchmark", "benchmark, pipeline (the input pipeline alone) or "
-            "equivalence.", Key(default=["benchmark"], axis=True, choices=MODES)),
+    Setting("mode", str, "benchmark", "benchmark, pipeline (the input pipeline alone), "
+            "allreduce (the all-reduce probe alone), capacity (the largest batch or depth that "
+            "fits, found by probes that are benchmark runs) or equivalence.",
+            Key(default=["benchmark"], axis=True, choices=MODES)),
     Setting("equivalence", dict[str, Any] | None, None, "The equivalence mode's probe inputs "
             "and output (runners.common.Spec.equivalence_inputs).", record=False),
     Setting("pipelines", str, None, "The input pipelines a sweep with mode pipeline times "
@@ -200,6 +204,21 @@ SETTINGS: tuple[Setting, ...] = (
                 "more than one node needs cluster.backend: slurm", axis=True, minimum=1)),
     Setting("cluster", dict[str, Any], {}, "Where runs execute: this machine (backend local) "
             "or one SLURM job each (slurm).", Key(), spec=False),
+    Setting("model_layers", int | None, None, "The layers of a built-in GPT's depth variant "
+            "(capacity mode's scale: depth; models.spec_of builds it); null: the model's own.",
+            planned=True),
+    Setting("device_memory", int | None, None, "Capacity mode: the memory each device may "
+            "hold (bytes; \"512MiB\", \"2GiB\" or an integer in the file), checked against "
+            "the peak each probe's framework reports; required on cpu, on gpu the device's own "
+            "limit (an out-of-memory error) applies and this one too where given.",
+            Key(help="capacity mode: bytes per device, e.g. 512MiB or 2GiB (required on "
+                "device cpu)"), spec=False),
+    Setting("scale", str, "batch", "Capacity mode: what each search grows: batch (the batch "
+            "per device) or depth (the layers of a built-in GPT at batch_size_per_device).",
+            Key(choices=SCALES), spec=False),
+    Setting("capacity", dict[str, Any], {}, "Capacity mode's search: start (the first value "
+            "probed), max (the largest), resolution (bisection stops once the first misfit is "
+            "within it of the largest fit; 1: exact).", Key(), spec=False),
     Setting("custom_model", dict[str, Any] | None, None, "A user's own model: the sweep file's "
             "`models:` entry of this run's model (framework, build, absolute path, args, input;"
             " models/custom.py), null for a built-in model.", planned=True),
@@ -213,6 +232,7 @@ SPEC_ORDER = (
     "virtual_devices", "scaling", "batch_size_per_device", "global_batch_size", "data",
     "precision", "warmup_steps", "measure_steps", "repeat", "timeout_s", "options", "python",
     "mode", "launcher", "dataset", "equivalence", "telemetry", "num_nodes", "custom_model",
+    "model_layers",
 )
 
 

@@ -347,13 +347,15 @@ def test_a_value_listed_twice_is_refused(key: str, real_base: dict) -> None:
     ("warmup_steps", 1), ("measure_steps", 1), ("repeats", 2), ("timeout_s", 60),
     ("runner_options", {}), ("dataset", {"path": "."}), ("pipeline_steps", 10),
     ("until_stable", {"target_cv": 0.05}), ("telemetry", {}), ("cluster", {"backend": "local"}),
+    ("device_memory", "1GiB"), ("scale", "batch"), ("capacity", {"start": 2}),
 ])
 def test_keys_that_are_no_axis_refuse_a_list(key: str, value: object, real_base: dict) -> None:
     assert set(KEYS) == {k.split(".")[0] for k in LIST_KEYS} | {
         "name", "description", "scaling", "device", "warmup_steps", "measure_steps", "repeats",
         "timeout_s", "runner_options", "dataset", "pipeline_steps", "until_stable",
-        "telemetry", "cluster"}, "a new key: add it to LIST_KEYS or to this test"
-    if key != "dataset":
+        "telemetry", "cluster", "device_memory", "scale", "capacity"}, \
+        "a new key: add it to LIST_KEYS or to this test"
+    if key not in ("dataset", "device_memory", "capacity"):  # the last two: mode capacity's
         validate(_with(real_base, key, value))
     with pytest.raises(ConfigError, match=f"^{key}: "):
         validate(_with(real_base, key, [value]))

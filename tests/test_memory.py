@@ -69,8 +69,10 @@ def test_without_clear_refs_it_says_peak_since_start(monkeypatch: pytest.MonkeyP
 def test_result_keys_a_rank_s_device_or_a_process_s_virtual_devices(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "last", {"devices": {}, "cpu": 300 * MB, "source": "VmHWM"})
+    monkeypatch.setattr(memory, "_baseline", None)  # no baseline read: no device peak
     ranks = memory.for_result(spec(launcher="torchrun"), 1)
-    assert ranks == {"memory_per_device": {"rank1:cpu": 300 * MB}, "memory_source": "VmHWM"}
+    assert ranks == {"memory_per_device": {"rank1:cpu": 300 * MB}, "memory_source": "VmHWM",
+                     "device_peak_bytes": None, "memory_baseline": None}
     shared = memory.for_result(spec(num_devices=4), 0)
     assert shared["memory_per_device"] == {"process0:cpu (4 virtual devices)": 300 * MB}
     assert "4 virtual CPU devices share this one process" in shared["memory_source"]
@@ -83,6 +85,31 @@ def test_result_keys_a_rank_s_device_or_a_process_s_virtual_devices(
     monkeypatch.setattr(memory, "last", None)  # no timed window: nothing, never a 0
     nothing = memory.for_result(spec(), 0)
     assert nothing["memory_per_device"] is None and "no timed window" in nothing["memory_source"]
+
+
+def test_cpu_device_peak_is_over_the_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the device peak capacity mode checks is the window's peak less the resident
+    memory before the model was built; a process's N virtual devices each get 1/N; on a GPU
+    it is the allocator's peak."""
+    monkeypatch.setattr(memory, "last", {"devices": {}, "cpu": 300 * MB, "source": "VmHWM"})
+    monkeypatch.setattr(memory, "_baseline", 100 * MB)
+    rank = memory.for_result(spec(launcher="torchrun"), 1)
+    assert rank["device_peak_bytes"] == {"rank1:cpu": 200 * MB}
+    assert rank["memory_baseline"] == {"rank1:cpu": 100 * MB}
+    assert "less the process's resident memory before the model" in rank["memory_source"]
+    shared = memory.for_result(spec(num_devices=4), 0)
+    assert shared["device_peak_bytes"] == {"process0:cpu (4 virtual devices)": 50 * MB}
+    assert "divided by the 4 virtual devices" in shared["memory_source"]
+    gpus = {"devices": {"cuda:0": 5 * 2**30}, "cpu": None, "source": "torch.cuda"}
+    monkeypatch.setattr(memory, "last", gpus)
+    gpu = memory.for_result(spec(launcher="torchrun", device="gpu"), 0)
+    assert gpu["device_peak_bytes"] == gpu["memory_per_device"] == {"rank0:cuda:0": 5 * 2**30}
+    assert gpu["memory_baseline"] is None
+
+
+def test_baseline_reads_this_process() -> None:
+    memory.baseline()
+    assert memory._baseline is not None and memory._baseline > 1 * MB
 
 
 def test_model_state_of_keras_variables() -> None:

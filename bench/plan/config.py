@@ -298,6 +298,48 @@ class Cluster(_Section):
                       Says("a number of seconds from 0.5 to 600")] = 5.0
 
 
+class CapacitySearch(_Section):
+    """Capacity mode's search (bench/run/capacity.py): doubling from `start` until a probe does
+    not fit or `max` is reached, then bisection between the largest fit and the first misfit
+    until they are `resolution` apart."""
+
+    start: Annotated[_count(1), Field(description="the first value probed (a batch per device "
+                                      "or a layer count)")] = 1
+    max: Annotated[_count(1), Field(description="the largest value probed")] = 4096
+    resolution: Annotated[_count(1), Field(description="bisection stops once the first misfit "
+                                           "is within this of the largest fit (1: exact)")] = 1
+
+
+SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10,
+              "mib": 2**20, "gib": 2**30, "tib": 2**40}
+SIZE_WORDS = "a size in bytes: an integer >= 1 or a string such as 512MiB, 2GiB, 1.5GB"
+
+
+def parse_size(value: Any) -> int:
+    """Bytes of a size: an integer, or a number with a unit (B, kB, MB, GB, TB: powers of
+    1000; KiB, MiB, GiB, TiB: of 1024), at least 1 byte; ValueError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (m := re.fullmatch(
+            r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", value, re.IGNORECASE | re.ASCII)) \
+            and m.group(2).lower() in (*SIZE_UNITS, ""):
+        size = int(float(m.group(1)) * SIZE_UNITS.get(m.group(2).lower(), 1))
+    else:
+        raise ValueError(SIZE_WORDS)
+    if not 1 <= size <= INT_MAX:
+        raise ValueError(SIZE_WORDS)
+    return size
+
+
+def _size(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise _refuse(SIZE_WORDS) from None
+
+
 class ModelInput(_Section):
     """What a user's model takes: an image (one sample's shape as the framework takes it, and
     the classes of its logits) or token ids (the sequence length and the vocabulary)."""
@@ -555,6 +597,9 @@ def _own_types(options: type[BaseModel], model_names: tuple[str, ...]) -> dict[s
         "telemetry": Annotated[Telemetry, BeforeValidator(
             _telemetry_shorthand, json_schema_input_type=Telemetry | bool | None), Says(
             "a mapping of enabled, interval_s, starved_below_pct, or false")],
+        "device_memory": Annotated[int | None, BeforeValidator(
+            _size, json_schema_input_type=int | str | None), Says(SIZE_WORDS)],
+        "capacity": Annotated[CapacitySearch, Says("a mapping of start, max, resolution")],
         "cluster": Annotated[Cluster, Says(
             "a mapping of backend, partition, account, gpus_per_node, exclusive, sbatch_args, "
             "max_jobs, poll_s")],
@@ -718,10 +763,80 @@ def _check_allreduce(s: Any) -> None:
                     "probes run on this machine's devices; none crosses nodes yet)")
 
 
+CAPACITY_KEYS = ("device_memory", "scale", "capacity")  # capacity mode's alone
+
+
+def depth_models() -> tuple[str, ...]:
+    """The models a capacity search of scale depth can deepen: the built-in GPTs (their
+    TransformerShape's layers, models.with_layers)."""
+    return tuple(m for m in available_models()
+                 if getattr(get_spec(m).transformer, "kind", None) == "gpt")
+
+
+def _check_capacity(s: Any) -> None:
+    """mode capacity: alone; runners and devices given; synthetic data, weak scaling, one
+    repeat, on this machine; the batch given for depth only (the search sets it for batch),
+    deepened models that are built-in GPTs; a device_memory budget on cpu; start <= max.
+    Without it, none of its keys."""
+    given = s.model_fields_set
+    if "capacity" not in s.mode:  # their defaults are fine (a resolved config gives them all)
+        defaults = {"device_memory": None, "scale": "batch",
+                    "capacity": CapacitySearch().model_dump()}
+        for key in CAPACITY_KEYS:
+            value = getattr(s, key)
+            value = value.model_dump() if isinstance(value, BaseModel) else value
+            if value != defaults[key]:
+                raise _fail(key, value, "nothing without mode capacity")
+        return
+    if s.mode != ["capacity"]:
+        raise _fail("mode", s.mode, "capacity alone (its probes are benchmark runs of their "
+                    "own; run the other modes in a sweep of their own)")
+    for key in ("runners", "devices"):
+        if key not in given:
+            raise ConfigError(f"{key}: missing; this key is required with mode capacity")
+    if not s.runners:
+        raise _fail("runners", s.runners, "a non-empty list or a single value")
+    if s.data != ["synthetic"]:
+        raise _fail("data", s.data, "synthetic with mode capacity (a loader's host memory is "
+                    "no device's)")
+    if s.global_batch_size is not None or s.scaling == "strong":
+        raise _fail("global_batch_size" if s.global_batch_size is not None else "scaling",
+                    s.global_batch_size if s.global_batch_size is not None else s.scaling,
+                    "weak scaling with mode capacity (a search is per device)")
+    if s.scale == "batch" and s.batch_size_per_device is not None:
+        raise _fail("batch_size_per_device", s.batch_size_per_device, "nothing with mode "
+                    "capacity and scale batch (the search sets the batch per device; give it "
+                    "with scale depth)")
+    if s.scale == "depth":
+        if s.batch_size_per_device is None:
+            raise ConfigError("batch_size_per_device: missing; this key is required with scale "
+                              "depth (the batch each probe trains at)")
+        deep = depth_models()
+        for model in s.models:
+            if model_name(model) not in deep:
+                raise _fail("models", model_name(model), f"{', '.join(deep)} with scale depth "
+                            "(the built-in GPTs, whose layers a probe sets)")
+    if s.device == "cpu" and s.device_memory is None:
+        raise ConfigError("device_memory: missing; this key is required with mode capacity on "
+                          "device cpu (the budget each virtual device's peak is checked "
+                          "against, e.g. 512MiB)")
+    if s.capacity.start > s.capacity.max:
+        raise _fail("capacity.start", s.capacity.start,
+                    f"an integer <= capacity.max ({s.capacity.max})")
+    if s.repeats != 1 or s.until_stable is not None:
+        raise _fail("repeats" if s.repeats != 1 else "until_stable", s.repeats if
+                    s.repeats != 1 else s.until_stable.model_dump(), "1 (and no until_stable) "
+                    "with mode capacity (each probe runs once)")
+    if s.cluster.backend != "local":
+        raise _fail("cluster.backend", s.cluster.backend, "local with mode capacity (each probe "
+                    "follows from the one before, on this machine's devices)")
+
+
 def _resolve(s: Any, default_name: str) -> SweepConfig:
     """The validated file as a SweepConfig, once the rules that span keys hold."""
     benchmark, pipeline = "benchmark" in s.mode, "pipeline" in s.mode
     allreduce = "allreduce" in s.mode
+    _check_capacity(s)
     custom = [model_name(m) for m in s.models if custom_entry(m)]
     if custom and (pipeline or allreduce):
         raise _fail("models", custom[0], "a built-in model with mode "

@@ -77,11 +77,14 @@ def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
 
 
 def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
-    """The sweep's runs: pipeline runs (pipelines x models x batch x workers x repeats) first,
+    """The sweep's runs: with mode capacity each search's first probe (expand_capacity);
+    otherwise pipeline runs (pipelines x models x batch x workers x repeats) first,
     then all-reduce probe runs (repeats x probes x models x device counts of 2 or more), then
     benchmark runs (repeats x runners x models x data x workers x precision x batch x nodes x
     devices per node). Repeats are the outer loop, so the runners' repeats interleave: a slow
     spell of the machine falls on every runner alike instead of on all repeats of one."""
+    if "capacity" in cfg.mode:  # alone (bench.plan.config): each search's first probe
+        return expand_capacity(cfg, sweep_id)
     runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
     if "allreduce" in cfg.mode:
         runs += expand_probes(cfg, sweep_id)
@@ -154,6 +157,44 @@ def expand_probes(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
             repeat=repeat, mode="allreduce", launcher=info.launcher,
         ))
     return runs
+
+
+def expand_capacity(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
+    """Capacity mode's searches, each as its first probe (bench/run/capacity.py makes the
+    others from it, `capacity_probe`): runners x models x precision x batch (scale depth: the
+    batch each probe trains at) x devices. A probe is a benchmark run at the search's value:
+    the batch per device (scale batch) or the layers of the GPT (scale depth, model_layers)."""
+    runs = []
+    batches = cfg.batch_sizes if cfg.scale == "depth" else [cfg.capacity["start"]]
+    for runner, model, precision, batch, n in itertools.product(
+            cfg.runners, cfg.models, cfg.precision, batches, cfg.devices):
+        opts = dict(cfg.runner_options.get(runner, {}))
+        python = opts.get("python")
+        for name in COMMON_OPTIONS:
+            opts.pop(name, None)
+        run = _benchmark_run(cfg, sweep_id, runner, model, "synthetic", "synthetic", precision,
+                             batch, batch, n, 0, opts, python, None)
+        runs.append(capacity_probe(run, cfg.scale, cfg.capacity["start"]))
+    return runs
+
+
+def search_id(run: RunSpec, scale: str) -> str:
+    """A capacity search's id: its probes' runner, model, devices, precision (and for scale
+    depth the batch), what it grows."""
+    fixed = f"__b{run.batch_size_per_device}" if scale == "depth" else ""
+    return (f"capacity__{run.runner}__{run.model}__n{run.num_devices}__{run.precision}"
+            f"{fixed}__{scale}")
+
+
+def capacity_probe(run: RunSpec, scale: str, value: int) -> RunSpec:
+    """The search's probe at `value`: run at that batch per device (scale batch) or with that
+    many layers (scale depth), its run id the search's with the value."""
+    if scale == "depth":
+        probe = replace(run, model_layers=value)
+    else:
+        probe = replace(run, batch_size_per_device=value,
+                        global_batch_size=value * run.num_devices)
+    return replace(probe, run_id=f"{search_id(probe, scale)}{value}")
 
 
 def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str | dict[str, Any],

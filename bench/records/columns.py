@@ -368,6 +368,14 @@ COLUMNS: tuple[Column, ...] = (
            "rank's process's peak resident memory, once for the N virtual devices that share "
            "one process (runners/memory.py; ranks merged by bench/run/verdict.py); null "
            "where nothing was measured.", ("record", "child")),
+    _field("device_peak_bytes", "The peak each device held in the timed window as capacity "
+           "mode checks it (runners/memory.py): on a GPU the allocator's peak "
+           "(memory_per_device); on CPU the process's peak resident memory less its "
+           "memory_baseline, a process's N virtual devices each its share; keys as "
+           "memory_per_device's; null where nothing was measured.", ("record", "child")),
+    _field("memory_baseline", "On CPU: the process's resident memory (VmRSS) just before the "
+           "runner built its model, under memory_per_device's keys; null on GPUs.",
+           ("record", "child")),
     _field("model_state", "The model state one device holds, in bytes: params_bytes, "
            "grads_bytes, optimizer_bytes, total_bytes and its source (runners/memory.py "
            "model_state_*); null where the runner does not report it.", ("record", "child")),

@@ -13,6 +13,7 @@ from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
 from bench.records import columns
 from bench.report.allreduce import html_section as allreduce_section
+from bench.report.capacity import html_section as capacity_section
 from bench.report.strategies import html_section as strategies_section
 
 # The per-run columns the Runs table shows beside the run's id, status and files.
@@ -131,6 +132,7 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         "<h2>Flagged</h2>", _flagged(rows),
         where_the_time_went(rows, records),
         allreduce_section(results_dir, records),
+        capacity_section(results_dir),
         "<h2>Charts</h2>", imgs,
         published_section([*rows, *pipes, *records]),
         "<h2>Runs</h2>", _runs(results_dir, records, {p.stem for p in telemetry_charts}),

@@ -22,6 +22,7 @@ from bench.plotting import pyplot, save
 from bench.records import columns
 from bench.records.store import load_records
 from bench.report import allreduce as allreduce_report
+from bench.report import capacity as capacity_report
 from bench.report import strategies as strategy_report
 from bench.report.html import write_html
 from bench.report.telemetry_chart import render_telemetry_charts
@@ -55,17 +56,21 @@ def _fmt(value: Any) -> Any:
 
 def format_table(rows: list[dict[str, Any]],
                  pipelines: list[dict[str, Any]] | None = None,
-                 allreduce: str | None = None, strategies: str | None = None) -> str:
+                 allreduce: str | None = None, strategies: str | None = None,
+                 capacity: str | None = None) -> str:
     """The summary (and the strategy tables (bench/report/strategies.py), the pipeline-mode
-    summary, and the all-reduce probe's table (bench/report/allreduce.py), if any) as
-    fixed-width text tables."""
-    parts = [_benchmark_table(rows)] if rows or not (pipelines or allreduce) else []
+    summary, the all-reduce probe's table (bench/report/allreduce.py) and the capacity table
+    (bench/report/capacity.py), if any) as fixed-width text tables."""
+    parts = [_benchmark_table(rows)] if rows or not (pipelines or allreduce or capacity) \
+        else []
     if strategies:
         parts.append(strategies)
     if pipelines:
         parts.append(_pipeline_table(pipelines))
     if allreduce:
         parts.append(allreduce)
+    if capacity:
+        parts.append(capacity)
     return "\n\n".join(parts)
 
 
@@ -372,8 +377,8 @@ def render_pipeline_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path
 def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                              list[Path]]:
     """Re-read a results folder's records; write summary.csv (and pipelines.csv,
-    strategies.csv and allreduce.csv) and the charts. Returns the benchmark rows, the
-    pipeline rows and the chart paths."""
+    strategies.csv, allreduce.csv and capacity.csv) and the charts. Returns the benchmark rows,
+    the pipeline rows and the chart paths."""
     records = load_records(results_dir)
     rows, pipes = summarise(records, cv_target(results_dir)), summarise_pipelines(records)
     write_summary(results_dir, rows)
@@ -386,7 +391,12 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
     if probes:
         write_summary(results_dir, probes, allreduce_report.CSV_NAME,
                       allreduce_report.ALLREDUCE_FIELDS)
-    charts = render_charts(results_dir, rows) if rows or not (pipes or probes) else []
+    searches = capacity_report.capacity_rows(results_dir)
+    if searches:
+        write_summary(results_dir, searches, capacity_report.CSV_NAME,
+                      capacity_report.CAPACITY_FIELDS)
+    charts = render_charts(results_dir, rows) if rows or not (pipes or probes or searches) \
+        else []
     extra = [render_tokens_chart(results_dir, rows), render_memory_chart(results_dir, rows),
              render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes),
              allreduce_report.render_allreduce_chart(results_dir, probes, link)]

@@ -29,7 +29,7 @@ from bench.run.guard import cannot_start, guarded
 from bench.run.telemetry import Sampler, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
 from bench.run.verdict import CHILD_FIELDS, _first_line, classify
-from models import get_spec, spec_of
+from models import spec_of
 from runners.math_mode import math_env
 from runners.threads import thread_env
 
@@ -296,7 +296,7 @@ def forward_flops(spec: RunSpec, rec: dict[str, Any] | None = None) -> tuple[int
     the child counted it with its framework, `flops_per_sample` of its result)."""
     if not getattr(spec, "custom_model", None):
         try:
-            model = get_spec(spec.model)
+            model = spec_of(spec)  # a depth variant's (model_layers) count
             return model.flops_per_sample, f"models/{spec.model}/spec.py: {model.flops_source}"
         except KeyError:
             pass

@@ -23,10 +23,10 @@ from bench import REPO_ROOT
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
 from bench.errors import ConfigError
 from bench.plan.config import SweepConfig
-from bench.plan.runs import RunSpec, another_repeat, config_id
+from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
 from bench.records.store import done_run_ids, load_records, write_json_atomic
 from bench.records.trust import coefficient_of_variation
-from bench.run import environment, slurm, sweep_lock
+from bench.run import capacity, environment, slurm, sweep_lock
 from bench.run.envs import EnvError, ensure_env, python_for
 from bench.run.launch import launch, record_without_run
 from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
@@ -58,9 +58,12 @@ def run_sweep(cfg: SweepConfig, runs: list[RunSpec], out: Path, *, resume: bool 
         write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     except OSError as exc:
         return SweepEnd(code=cannot_write(out, exc))
-    done = done_run_ids(out, retry_failed) if resume else set()
+    capacity_mode = "capacity" in cfg.mode  # alone: each run is a search's first probe
+    done = (capacity.searches_done(out, cfg.scale, runs, retry_failed) if capacity_mode
+            else done_run_ids(out, retry_failed)) if resume else set()
     todo = [r for r in runs if r.run_id not in done]
-    print(f"sweep {cfg.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, "
+    what = "capacity searches" if capacity_mode else "runs"
+    print(f"sweep {cfg.name}: {len(runs)} {what}, {len(runs) - len(todo)} already done, "
           f"results in {out}", flush=True)
     on_slurm = cfg.cluster["backend"] == "slurm"
     # GPUs are counted here only for runs that run here; a cluster's nodes have their own
@@ -76,6 +79,9 @@ def run_sweep(cfg: SweepConfig, runs: list[RunSpec], out: Path, *, resume: bool 
             if on_slurm:
                 slurm.run_sweep(todo, blocked, pythons, out, env, cfg.cluster, detach)
                 return SweepEnd(detached=detach, lock=lock)
+            if capacity_mode:
+                run_capacity(cfg, todo, blocked, pythons, out, env, resume)
+                return SweepEnd(lock=lock)
             peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env,
                                   out)
             with SweepProgress([r.run_id not in blocked for r in todo]) as show:
@@ -127,7 +133,8 @@ def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
         return Path(out)
     base = REPO_ROOT / "results"
     if resume:
-        earlier = sorted(p for p in base.glob(f"{cfg.name}-*") if (p / "runs").is_dir())
+        earlier = sorted(p for p in base.glob(f"{cfg.name}-*")
+                         if (p / "runs").is_dir() or (p / capacity.CAPACITY_DIR).is_dir())
         if not earlier:
             raise ConfigError(f"--resume: no earlier results for sweep {cfg.name!r} in {base}; "
                               "allowed: an existing folder via --out, or run without --resume")
@@ -204,7 +211,8 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
              if spec.mode == "allreduce" else
              f"{tag} {spec.runner} {spec.model} n={spec.num_devices}"
              f"{f' on {spec.num_nodes} nodes' if spec.num_nodes > 1 else ''} "
-             f"b={spec.global_batch_size} {spec.precision} {spec.data_label}")
+             f"b={spec.global_batch_size} {spec.precision} {spec.data_label}"
+             f"{f' layers={spec.model_layers}' if spec.model_layers is not None else ''}")
     show = show or SweepProgress([True], live=False)
     show.started(label)
     t0 = time.monotonic()
@@ -215,6 +223,31 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
     took = time.monotonic() - t0
     show.finished(label, f"{rec['status']} ({took:.1f}s) {outcome_detail(rec)}", took, counted)
     return rec
+
+
+def run_capacity(cfg: SweepConfig, firsts: list[RunSpec], blocked: dict[str, tuple[str, str]],
+                 pythons: dict[str, Any], out: Path, env: dict[str, Any],
+                 resume: bool = False) -> list[dict[str, Any]]:
+    """Capacity mode (bench/run/capacity.py): each search from its first probe, every probe
+    launched as run_one launches a run (its record under out/probes/), a line per probe and
+    one per search's end; the capacity records written and returned."""
+    found = []
+    for i, first in enumerate(firsts, 1):
+        sid = search_id(first, cfg.scale)
+        tag = f"[{i}/{len(firsts)}]"
+        print(f"{tag} capacity search {sid} ({cfg.scale}: start {cfg.capacity['start']}, max "
+              f"{cfg.capacity['max']}, resolution {cfg.capacity['resolution']}; "
+              f"{capacity.limit_text(cfg.device, cfg.device_memory)})", flush=True)
+
+        def launch_probe(spec: RunSpec, probes: Path, tag: str = tag) -> dict[str, Any]:
+            return run_and_print(spec, f"{tag}   probe", {}, pythons, probes, env, {},
+                                 counted=False)
+
+        rec = capacity.run_search(first, cfg, out, launch_probe, blocked.get(first.run_id),
+                                  reuse=resume)
+        print(f"{tag} {sid}: {capacity.outcome_text(rec)}", flush=True)
+        found.append(rec)
+    return found
 
 
 def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],

@@ -88,12 +88,15 @@ def process_count(spec: RunSpec) -> int:
 def merge_memory(rec: dict[str, Any], result_path: Path, spec: RunSpec) -> None:
     """Merge the memory of the ranks other than 0 (each wrote its own beside the result:
     runners.memory.side_file) into rec's memory_per_device, rank 0's from its result; a rank
-    whose file is missing or unreadable is said so in memory_source, never guessed. The side
-    files are removed once read (the record holds them)."""
+    whose file is missing or unreadable is said so in memory_source, never guessed; their
+    device_peak_bytes and memory_baseline likewise. The side files are removed once read (the
+    record holds them)."""
     ranks = process_count(spec)
     if ranks < 2:
         return
     merged = dict(rec.get("memory_per_device") or {})
+    # the device peaks capacity mode reads, and the CPU baselines under them, by the same keys
+    extra = {key: dict(rec.get(key) or {}) for key in ("device_peak_bytes", "memory_baseline")}
     sources = [rec.get("memory_source")] if rec.get("memory_source") else []
     missing = []
     for rank in range(1, ranks):
@@ -113,12 +116,17 @@ def merge_memory(rec: dict[str, Any], result_path: Path, spec: RunSpec) -> None:
             missing.append(f"{rank} (it measured nothing: {part.get('memory_source')})")
             continue
         merged.update(part["memory_per_device"])
+        for key, values in extra.items():
+            if isinstance(part.get(key), dict):
+                values.update(part[key])
         if part.get("memory_source") and part["memory_source"] not in sources:
             sources.append(part["memory_source"])
     if missing:
         sources.append(f"no memory from rank {', '.join(missing)} of {ranks}: its devices are "
                        "not in memory_per_device")
     rec["memory_per_device"] = merged or None
+    for key, values in extra.items():
+        rec[key] = values or None
     rec["memory_source"] = "; ".join(sources) or None
 
 
