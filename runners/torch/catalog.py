@@ -97,6 +97,9 @@ RUNNERS: list[RunnerInfo] = [
         "DeepSpeed ZeRO stage 1/2/3, one process per device (torchrun; CPU accelerator over "
         "gloo on CPUs)",
         options={
+            # default 2: PyTorch Lightning's DeepSpeedStrategy default; it shards optimizer state
+            # and gradients at DDP's communication volume (a reduce-scatter and an all-gather
+            # move what one all-reduce moves), where 3 adds parameter all-gathers
             "stage": Option(int, 2, (1, 2, 3),
                             "ZeRO stage: 1 partitions the optimizer state, 2 also the "
                             "gradients, 3 also the parameters"),
