@@ -98,8 +98,6 @@ from runners.torch.dist import (
     timed_steps,
 )
 
-PARTS = ("params", "grads", "optimizer")
-
 
 def extensions_dir() -> Path:
     """Where DeepSpeed's JIT-built ops live: inside the environment (envs/deepspeed_build.py
