@@ -48,10 +48,13 @@ stops before engine.step(), where ZeRO holds its gradient partitions; every rank
 DeepSpeed's objects the parameters its module holds (stage 3: ds_tensor), its gradient
 partition (optimizer.averaged_gradients), its fp32 master partition and the SGD state of it
 (optimizer.state), gathered with all_gather_object: state_bytes_per_device, with the global
-sizes DeepSpeed states (stage 1/2: the flat groups' numel; stage 3: the parameters' ds_numel).
+sizes DeepSpeed states (the numel of the parameters in its groups: stage 1/2 bit16_groups,
+stage 3 ds_numel; a rank's partition may carry the flat buffer's few elements of padding).
 Precision: fp32, or bf16 through the config's {"bf16": {"enabled": true}} (fp16 on GPUs:
 {"fp16": {"enabled": true}}, dynamic loss scaling): the module is cast to bfloat16 (its stored
-parameters and its compute), the optimizer updates fp32 master partitions, gradients are
+parameters and its compute; its buffers too, through data_types.buffer_dtype: DeepSpeed
+casts only the parameters by default, and a BatchNorm's bf16 weight beside fp32 running
+statistics fails in torch), the optimizer updates fp32 master partitions, gradients are
 reduced in float32 (communication_data_type). All read back (engine.bfloat16_enabled(), the
 module's parameter dtype, the master partition's dtype and whether it is a copy of the
 parameters, engine.communication_data_type) into precision_policy: not the harness's policy
@@ -154,6 +157,10 @@ def ds_config(spec: Spec, micro_batch: int, stage: int) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     elif spec.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0}  # 0: dynamic loss scaling
+    if spec.precision in ("bf16", "fp16"):
+        # DeepSpeed casts the parameters only, buffers when data_types.buffer_dtype says so:
+        # a BatchNorm's bf16 weight beside fp32 running statistics fails in torch's batch_norm
+        config["data_types"] = {"buffer_dtype": spec.precision}
     return config
 
 
@@ -210,7 +217,9 @@ class Engine:
 
     def _partitions(self) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         """(this rank's fp32 master partition, its stored parameters' partition, the group's
-        global numel) per parameter group, from ZeRO's own structures."""
+        global numel: its parameters' numel, without the flat buffer's alignment padding) per
+        parameter group, from ZeRO's own structures (stage 1/2: bit16_groups; stage 3: each
+        parameter's ds_numel)."""
         opt = self.optimizer
         if self.stage == 3:
             return [(master, stored, sum(int(p.ds_numel) for p in group))
@@ -219,7 +228,7 @@ class Engine:
                                                      opt.fp16_groups, strict=True)]
         rank = dist.get_rank(opt.dp_process_group)
         return [(master, opt.parallel_partitioned_bit16_groups[i][rank],
-                 int(opt.bit16_groups_flat[i].numel()))
+                 sum(p.numel() for p in opt.bit16_groups[i]))
                 for i, master in enumerate(opt.single_partition_of_fp32_groups)]
 
     def master_is_copy(self) -> bool:
@@ -233,7 +242,9 @@ class Engine:
         how = ("DeepSpeed config " + (
             '{"bf16": {"enabled": true}}' if self.spec.precision == "bf16" else
             '{"fp16": {"enabled": true, "loss_scale": 0}}' if self.spec.precision == "fp16"
-            else "(no bf16/fp16 section)") + ', "communication_data_type": "fp32"; '
+            else "(no bf16/fp16 section)") + ', "communication_data_type": "fp32"'
+               + (f', "data_types": {{"buffer_dtype": "{self.spec.precision}"}}'
+                  if "data_types" in self.config else "") + "; "
                f"engine.bfloat16_enabled()={engine.bfloat16_enabled()}, "
                f"fp16_enabled()={engine.fp16_enabled()}, module parameters {stored}, "
                f"master partition {self._partitions()[0][0].dtype} "
@@ -300,8 +311,9 @@ class Engine:
                   "partition (SGD momentum) "
                   + (master if self.master_is_copy() else "(the master is the parameters' "
                      "own partition, counted under params)")
-                  + "; global: the flat groups' numel (stage 1/2) or the parameters' ds_numel "
-                  "(stage 3) times each tensor's itemsize; gathered with all_gather_object")
+                  + "; global: the numel of the parameters in ZeRO's groups (stage 1/2: "
+                  "bit16_groups, without the flat buffers' alignment padding; stage 3: "
+                  "ds_numel) times each tensor's itemsize; gathered with all_gather_object")
         local = mine["local"]
         return {"state_bytes_per_device": per_device, "state_bytes_global": rows[0]["global"],
                 "state_source": source,
