@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bench.catalog.registry import RUNNERS
 from bench.plan.config import ConfigError, validate
 from bench.plan.runs import expand
 from bench.run.sweep import precheck
@@ -111,9 +112,12 @@ def test_runs_that_cannot_take_a_model_are_planned_unavailable_with_the_reason(
     assert verdicts[("torch_ddp", "gpt2_tiny")] is None
     assert verdicts[("jax_native", "gpt2_tiny")] is None
     assert verdicts[("keras_tf_kuza55", "minigooglenet")] is None
+    # every runner that takes a torch model, in the catalog's order
+    takers = [n for n, r in RUNNERS.items() if "torch" in r.custom_models]
+    assert {"torch_ddp", "horovod", "deepspeed"} <= set(takers) and "jax_native" not in takers
     assert verdicts[("jax_native", "mynet")] == ("unavailable", (
         "mynet is a torch model; jax_native cannot run it: it takes jax models (a torch model "
-        "runs on torch_ddp, horovod)"))
+        f"runs on {', '.join(takers)})"))
     status, reason = verdicts[("keras_tf_kuza55", "mynet")]
     assert status == "unavailable" and "builds only the models of models/" in reason
     assert verdicts[("keras_tf_kuza55", "gpt2_tiny")] == ("unavailable", (

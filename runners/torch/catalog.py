@@ -90,6 +90,36 @@ RUNNERS: list[RunnerInfo] = [
         custom_models=("torch",),
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
     ),
+    RunnerInfo(
+        "deepspeed",
+        "torch",
+        "runners.torch.deepspeed_zero",
+        "DeepSpeed ZeRO stage 1/2/3, one process per device (torchrun; CPU accelerator over "
+        "gloo on CPUs)",
+        options={
+            # default 2: PyTorch Lightning's DeepSpeedStrategy default; it shards optimizer state
+            # and gradients at DDP's communication volume (a reduce-scatter and an all-gather
+            # move what one all-reduce moves), where 3 adds parameter all-gathers
+            "stage": Option(int, 2, (1, 2, 3),
+                            "ZeRO stage: 1 partitions the optimizer state, 2 also the "
+                            "gradients, 3 also the parameters"),
+        },
+        # bf16/fp16: DeepSpeed's config sections (bf16 params, fp32 master partitions; fp16
+        # with dynamic loss scaling, GPUs only)
+        precisions=("fp32", "bf16", "fp16"),
+        equivalence_options=({"stage": 1}, {"stage": 3}),
+        launcher="torchrun",
+        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        workloads=("cnn", "transformer"),
+        custom_models=("torch",),
+        # Read back from DeepSpeed 0.19's ZeRO optimizer: stage 1 too keeps only this rank's
+        # reduced gradient partition (averaged_gradients) once backward ends -- it reduces at
+        # the end of backward where stage 2 reduces during it -- so at the step both shard
+        # the gradients; stage 3 also the parameters.
+        shards={"option": "stage", "values": {1: ("optimizer", "grads"),
+                                              2: ("optimizer", "grads"),
+                                              3: ("params", "grads", "optimizer")}},
+    ),
 ]
 
 PIPELINES: list[RunnerInfo] = [

@@ -1,0 +1,376 @@
+"""DeepSpeed ZeRO (stage 1, 2 or 3, option `stage`): one process (rank) per device, started by
+torchrun, the model and a torch optimizer handed to deepspeed.initialize.
+
+Processes: the parent starts `torch.distributed.run --standalone --nproc-per-node=N` (across
+nodes, the harness's torchrun/SLURM path); each rank joins the torch.distributed process group
+(NCCL between GPUs, gloo on CPUs: what DeepSpeed's accelerator picks itself, CUDA_Accelerator
+nccl, CPU_Accelerator gloo when oneccl_bindings_for_pytorch is absent, as here; both read back
+and checked) and deepspeed.init_distributed adopts that group. DS_ACCELERATOR is set to the
+run's device (cpu or cuda) before deepspeed is imported. This differs from DeepSpeed's own
+`deepspeed` launcher, which spawns the same one process per device with RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT (deepspeed/launcher/launch.py) -- what torchrun sets
+and init_distributed reads -- plus CROSS_RANK/CROSS_SIZE (set here from torchrun's GROUP_RANK
+and node count, for parity) and LOCAL_SIZE (not set: on a CPU it would switch on DeepSpeed's
+shared-memory all-reduce, a kernel only inference_all_reduce uses, whose 66 MB /dev/shm segment
+per rank is never unlinked; training collectives go through torch.distributed either way). The
+torchrun launch is the one DeepSpeed documents for torch.distributed-launched jobs, and it
+keeps the harness's multi-node SLURM path. A CPU run has no --bind_cores_to_rank numactl
+pinning (DeepSpeed's launcher's CPU option); each rank has the intra-op threads
+OMP_NUM_THREADS gives it, as torch_ddp's.
+Split: every rank holds its own B/N slice of the global batch (train_micro_batch_size_per_gpu
+= B/N, gradient_accumulation_steps 1), made once on its device as torch_ddp's.
+Parameters: stage 1 and 2 keep a full replica of the module on every rank, flattened into one
+buffer per parameter group (bit16_groups_flat, in the compute dtype), and give each rank a
+1/N partition of it for its optimizer (single_partition_of_fp32_groups: an fp32 copy, the
+master weights, even at fp32); stage 3 partitions the module's parameters themselves (each
+parameter's ds_tensor is this rank's 1/N, ds_numel its size) and all-gathers each one in
+forward and backward. Initial weights: seeded alike on every rank, rank 0's broadcast by
+DeepSpeed at initialize.
+Optimizer: torch.optim.SGD (lr 0.01, momentum 0.9; plain SGD in equivalence), handed to
+deepspeed.initialize as the client optimizer ("zero_allow_untested_optimizer": true: DeepSpeed
+tests ZeRO with its own Adam family), so nothing is compiled for it; ZeRO points its param
+groups at this rank's fp32 partition, so its momentum is partitioned too.
+Reduce: engine.backward(loss) runs backward, and ZeRO reduces the gradients (averaged over the
+N ranks) in buckets into each rank's partition, in communication_data_type float32 (set in the
+config: the harness reduces in fp32): stage 1 at the end of backward, stage 2 and 3 as buckets
+fill during it; each rank keeps only its partition (averaged_gradients) and drops the rest.
+engine.step() updates the rank's partition and (stage 1/2) all-gathers the updated partitions
+into every rank's module; stage 3 keeps only the partition. One device: the same engine, a
+world of 1.
+Synchronise: the collectives are blocking; on GPUs torch.cuda.synchronize() ends each timed
+step, and reading the loss waits for it.
+Count: the client SGD's own step hooks count applied steps (ZeRO calls its step()); a step
+DeepSpeed skips on fp16 overflow is counted from engine.skipped_steps.
+Placement: as torch_ddp's (runners/torch/dist.py): rows and devices read from the tensors each
+rank stepped on, gathered over the process group.
+State: after the timed window, one more step (untimed, same batch) runs engine.backward and
+stops before engine.step(), where ZeRO holds its gradient partitions; every rank reads from
+DeepSpeed's objects the parameters its module holds (stage 3: ds_tensor), its gradient
+partition (optimizer.averaged_gradients), its fp32 master partition and the SGD state of it
+(optimizer.state), gathered with all_gather_object: state_bytes_per_device, with the global
+sizes DeepSpeed states (the numel of the parameters in its groups: stage 1/2 bit16_groups,
+stage 3 ds_numel; a rank's partition may carry the flat buffer's few elements of padding).
+Precision: fp32, or bf16 through the config's {"bf16": {"enabled": true}} (fp16 on GPUs:
+{"fp16": {"enabled": true}}, dynamic loss scaling): the module is cast to bfloat16 (its stored
+parameters and its compute; its buffers too, through data_types.buffer_dtype: DeepSpeed
+casts only the parameters by default, and a BatchNorm's bf16 weight beside fp32 running
+statistics fails in torch), the optimizer updates fp32 master partitions, gradients are
+reduced in float32 (communication_data_type). All read back (engine.bfloat16_enabled(), the
+module's parameter dtype, the master partition's dtype and whether it is a copy of the
+parameters, engine.communication_data_type) into precision_policy: not the harness's policy
+(params bf16 where the harness stores fp32, and fp32 master copies), said in `differs`.
+Float image inputs are cast once to the module's dtype, as DeepSpeed's examples do.
+Equivalence: the benchmark's step function (engine forward, engine.backward, engine.step) on
+the probe, one step of plain SGD, every stage; stage 3's parameters gathered afterwards
+(deepspeed.zero.GatheredParameters) for the saved weights.
+Follows DeepSpeed 0.19's ZeRO as its tutorials use it (deepspeed.initialize with a config,
+engine.backward, engine.step); what differs: torchrun instead of the `deepspeed` launcher (see
+Processes), a torch optimizer instead of DeepSpeed's fused Adam, synthetic data made on each
+device once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runners.common import Invalid, Spec, Unavailable, main
+from runners.memory import _state
+from runners.precision_policy import resolve
+from runners.torch.data import SyntheticInput
+from runners.torch.dist import (
+    Feed,
+    PlacementTracker,
+    Ranks,
+    StepCounter,
+    check_precision,
+    equivalence_input,
+    equivalence_step,
+    framework_versions,
+    init_ranks,
+    loss_of,
+    model_record,
+    per_rank_batch,
+    rank_model,
+    timed_steps,
+)
+
+
+def extensions_dir() -> Path:
+    """Where DeepSpeed's JIT-built ops live: inside the environment (envs/deepspeed_build.py
+    builds them there at install), not the user's ~/.cache/torch_extensions."""
+    return Path(sys.prefix) / "torch_extensions"
+
+
+def import_deepspeed(spec: Spec) -> Any:
+    """deepspeed, its accelerator set to the run's device and its environment as its launcher
+    would leave it (module docstring, Processes); Unavailable if it is not installed."""
+    os.environ["DS_ACCELERATOR"] = "cuda" if spec.device == "gpu" else "cpu"
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    os.environ.setdefault("CROSS_RANK", os.environ.get("GROUP_RANK", "0"))
+    os.environ.setdefault("CROSS_SIZE", str(max(1, int(os.environ.get("WORLD_SIZE", "1"))
+                                                // max(1, local))))
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise Unavailable(f"deepspeed is not installed in {sys.executable} ({exc}); it is in "
+                          "envs/torch-cpu.txt and envs/torch-gpu.txt") from None
+    return deepspeed
+
+
+def init_deepspeed(spec: Spec) -> tuple[Any, Ranks]:
+    """The torchrun process group, adopted by deepspeed.init_distributed; the backend DeepSpeed's
+    accelerator would pick must be the group's."""
+    deepspeed = import_deepspeed(spec)
+    ranks = init_ranks(spec, "auto")
+    from deepspeed.accelerator import get_accelerator
+
+    accel = get_accelerator()
+    wanted = accel.communication_backend_name()
+    if wanted != ranks.backend:
+        raise Unavailable(f"DeepSpeed's {accel.device_name()} accelerator communicates over "
+                          f"{wanted}; the harness's torchrun group is {ranks.backend}")
+    deepspeed.init_distributed(dist_backend=ranks.backend, verbose=False)
+    return deepspeed, ranks
+
+
+def ds_config(spec: Spec, micro_batch: int, stage: int) -> dict[str, Any]:
+    """The DeepSpeed config of the run: ZeRO `stage`, this rank's batch, no accumulation, the
+    client optimizer allowed, gradients reduced in fp32, the precision's section."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "communication_data_type": "fp32",
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    if spec.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif spec.precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": 0}  # 0: dynamic loss scaling
+    if spec.precision in ("bf16", "fp16"):
+        # DeepSpeed casts the parameters only, buffers when data_types.buffer_dtype says so:
+        # a BatchNorm's bf16 weight beside fp32 running statistics fails in torch's batch_norm
+        config["data_types"] = {"buffer_dtype": spec.precision}
+    return config
+
+
+class Engine:
+    """deepspeed.initialize over `net` and a torch SGD, and the one step function of both modes
+    (forward, engine.backward, engine.step); `last` keeps the step's batch for the state
+    reading."""
+
+    def __init__(self, deepspeed: Any, spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed,
+                 lr: float, momentum: float) -> None:
+        self.spec, self.ranks, self.feed = spec, ranks, feed
+        self.stage = int(spec.options["stage"])
+        sgd = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+        self.counter = StepCounter(sgd)
+        config = ds_config(spec, per_rank_batch(spec, ranks), self.stage)
+        self.config = config
+        try:
+            engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=sgd,
+                                                           config=config)
+        except (AssertionError, NotImplementedError, ValueError, RuntimeError) as exc:
+            raise Unavailable(f"DeepSpeed {deepspeed.__version__} ZeRO stage {self.stage} on "
+                              f"{ranks.device.type}: {type(exc).__name__}: {exc}") from None
+        self.engine, self.optimizer, self.module = engine, optimizer, engine.module
+        self.tracker = PlacementTracker(self.module)
+        self.dtype = next(self.module.parameters()).dtype
+        if isinstance(feed, SyntheticInput) and feed.x.is_floating_point():
+            feed.x = feed.x.to(self.dtype)  # once: the module's dtype (bf16 under bf16)
+        self.module.train()
+        self.last: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.feed.next()
+        if x.is_floating_point() and x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        self.last = (x, y)
+        return x, y
+
+    def step(self) -> torch.Tensor:
+        x, y = self.inputs()
+        loss = loss_of(self.engine(self.tracker.saw(x)), y)
+        skipped = self.engine.skipped_steps
+        self.engine.backward(loss)
+        self.engine.step()
+        self.counter.skipped += self.engine.skipped_steps - skipped
+        return loss.detach()
+
+    def reported(self) -> dict[str, Any]:
+        return {"optimizer": {"class": "torch.optim.SGD (client optimizer)",
+                              "wrapped_by": type(self.optimizer).__name__},
+                "zero_stage": self.engine.zero_optimization_stage(),
+                "deepspeed_config": self.config}
+
+    # -- what DeepSpeed holds -----------------------------------------------------------------
+
+    def _partitions(self) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+        """(this rank's fp32 master partition, its stored parameters' partition, the group's
+        global numel: its parameters' numel, without the flat buffer's alignment padding) per
+        parameter group, from ZeRO's own structures (stage 1/2: bit16_groups; stage 3: each
+        parameter's ds_numel)."""
+        opt = self.optimizer
+        if self.stage == 3:
+            return [(master, stored, sum(int(p.ds_numel) for p in group))
+                    for master, stored, group in zip(opt.fp32_partitioned_groups_flat,
+                                                     opt.fp16_partitioned_groups_flat,
+                                                     opt.fp16_groups, strict=True)]
+        rank = dist.get_rank(opt.dp_process_group)
+        return [(master, opt.parallel_partitioned_bit16_groups[i][rank],
+                 sum(p.numel() for p in opt.bit16_groups[i]))
+                for i, master in enumerate(opt.single_partition_of_fp32_groups)]
+
+    def master_is_copy(self) -> bool:
+        return any(m.data_ptr() != s.data_ptr() for m, s, _ in self._partitions())
+
+    def precision_policy(self) -> dict[str, Any]:
+        """The precision the engine runs, read back from it (module docstring, Precision)."""
+        engine = self.engine
+        master = self._partitions()[0][0].dtype if self.master_is_copy() else None
+        stored = self.dtype
+        how = ("DeepSpeed config " + (
+            '{"bf16": {"enabled": true}}' if self.spec.precision == "bf16" else
+            '{"fp16": {"enabled": true, "loss_scale": 0}}' if self.spec.precision == "fp16"
+            else "(no bf16/fp16 section)") + ', "communication_data_type": "fp32"'
+               + (f', "data_types": {{"buffer_dtype": "{self.spec.precision}"}}'
+                  if "data_types" in self.config else "") + "; "
+               f"engine.bfloat16_enabled()={engine.bfloat16_enabled()}, "
+               f"fp16_enabled()={engine.fp16_enabled()}, module parameters {stored}, "
+               f"master partition {self._partitions()[0][0].dtype} "
+               f"({'a copy' if master else 'the parameters themselves'}), "
+               f"communication_data_type={engine.communication_data_type}")
+        return resolve(self.spec.precision, how=how, compute=stored, params=stored,
+                       master=master, reduce=engine.communication_data_type,
+                       loss_scaling="dynamic" if engine.fp16_enabled() and
+                       engine.dynamic_loss_scale() else None)
+
+    def local_state(self) -> dict[str, dict[str, int]]:
+        """This rank's bytes of params, grads and optimizer state, and the global sizes, read
+        between engine.backward and engine.step (module docstring, State)."""
+        opt, params = self.optimizer, list(self.module.parameters())
+        if self.stage == 3:
+            held = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params)
+            full = sum(int(p.ds_numel) * p.ds_tensor.element_size() for p in params)
+        else:
+            held = full = sum(p.numel() * p.element_size() for p in params)
+        grads = [t for group in opt.averaged_gradients.values() for t in group
+                 if t is not None]
+        grad_bytes = sum(t.numel() * t.element_size() for t in grads)
+        grad_item = grads[0].element_size() if grads else 0
+        copy = self.master_is_copy()
+        optimizer = global_opt = grad_global = 0
+        for master, _, numel in self._partitions():
+            state = opt.optimizer.state.get(master, {})
+            tensors = [v for v in state.values() if isinstance(v, torch.Tensor) and v.dim()]
+            optimizer += sum(v.numel() * v.element_size() for v in tensors)
+            global_opt += sum(numel * v.element_size() for v in tensors)
+            if copy:  # an fp32 master copy, held by the optimizer
+                optimizer += master.numel() * master.element_size()
+                global_opt += numel * master.element_size()
+            grad_global += numel * grad_item
+        return {"local": {"params": held, "grads": grad_bytes, "optimizer": optimizer},
+                "global": {"params": full, "grads": grad_global, "optimizer": global_opt}}
+
+    def state_record(self) -> dict[str, Any]:
+        """One extra, untimed step stopped between engine.backward and engine.step, and every
+        rank's state bytes gathered over the process group."""
+        if self.last is None:
+            raise Invalid("no step ran before the state reading")
+        x, y = self.last
+        loss = loss_of(self.engine(x), y)
+        self.engine.backward(loss)
+        mine = self.local_state()
+        rows: list[Any] = [None] * self.ranks.world
+        dist.all_gather_object(rows, {"rank": self.ranks.rank, "device": str(self.ranks.device),
+                                      **mine})
+        per_device = {f"rank{r['rank']}:{r['device']}": r["local"] for r in rows}
+        if any(r["global"] != rows[0]["global"] for r in rows):
+            raise Invalid(f"the ranks state different global sizes: {[r['global'] for r in rows]}")
+        what = ("module parameters' ds_tensor (this rank's partition; global: ds_numel)"
+                if self.stage == 3 else "the module's parameters (a full replica; global: the "
+                "same)")
+        master = ("plus the fp32 master partition (single_partition_of_fp32_groups"
+                  if self.stage < 3 else "plus the fp32 master partition "
+                  "(fp32_partitioned_groups_flat") + ", a copy the optimizer holds)"
+        source = (f"DeepSpeed ZeRO stage {self.stage}, read on every rank after the timed "
+                  "window in one extra untimed step stopped between engine.backward and "
+                  f"engine.step (where ZeRO holds its gradient partitions): params: {what}; "
+                  "grads: optimizer.averaged_gradients (this rank's reduced partition; the "
+                  "module's .grad are freed); optimizer: optimizer.state of this rank's "
+                  "partition (SGD momentum) "
+                  + (master if self.master_is_copy() else "(the master is the parameters' "
+                     "own partition, counted under params)")
+                  + "; global: the numel of the parameters in ZeRO's groups (stage 1/2: "
+                  "bit16_groups, without the flat buffers' alignment padding; stage 3: "
+                  "ds_numel) times each tensor's itemsize; gathered with all_gather_object")
+        local = mine["local"]
+        return {"state_bytes_per_device": per_device, "state_bytes_global": rows[0]["global"],
+                "state_source": source,
+                **_state(local["params"], local["grads"], local["optimizer"],
+                         "deepspeed: this rank's share as state_bytes_per_device reads it")}
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    deepspeed, ranks = init_deepspeed(spec)
+    check_precision(spec, ranks)
+    model_spec, feed, net = rank_model(spec, ranks)
+    model = model_record(net, model_spec)  # before ZeRO-3 partitions the parameters away
+    engine = Engine(deepspeed, spec, ranks, net, feed, 0.01, 0.9)
+    result = timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
+    result.update({
+        "framework": {**framework_versions(), "deepspeed": deepspeed.__version__},
+        "precision_policy": engine.precision_policy(),
+        **engine.reported(),
+        "strategy": f"DeepSpeed ZeRO stage {engine.stage}, one process per device (torchrun); "
+                    + {1: "optimizer state partitioned",
+                       2: "optimizer state and gradients partitioned",
+                       3: "parameters, gradients and optimizer state partitioned"}[engine.stage],
+        **model,
+        **engine.state_record(),
+    })
+    ranks.close()
+    return result
+
+
+def equivalence(spec: Spec) -> dict[str, Any]:
+    """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
+    on its slice of the batch, resident on its device; weights saved (stage 3: gathered from
+    the partitions first, on every rank)."""
+    from models import get_spec, load_builder
+    from models.torch_common import get_canonical_weights, set_canonical_weights
+
+    deepspeed, ranks = init_deepspeed(spec)
+    check_precision(spec, ranks)
+    weights, x, y, lr = spec.equivalence_inputs()
+    feed = equivalence_input(x, y, ranks, True)
+    net = load_builder("probe", "torch")(get_spec("probe"), data_format="channels_first")
+    set_canonical_weights(net, weights)
+    engine = Engine(deepspeed, spec, ranks, net.to(ranks.device), feed, lr, 0.0)
+    saved: dict[str, Any] = {}
+
+    def step() -> torch.Tensor:
+        loss = engine.step()
+        params = list(engine.module.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=engine.stage == 3):
+            saved.update(get_canonical_weights(engine.module))
+        return loss
+
+    return equivalence_step(spec, ranks, step, engine.counter, engine.tracker, lambda: saved,
+                            framework={**framework_versions(),
+                                       "deepspeed": deepspeed.__version__},
+                            layout="channels_first", **engine.reported())
+
+
+if __name__ == "__main__":
+    main(benchmark, equivalence)

@@ -1,0 +1,112 @@
+"""The deepspeed runner (runners/torch/deepspeed_zero.py) for real on CPU: ZeRO stages 1, 2 and
+3 training gpt2_tiny at 1 and 2 gloo ranks through the CLI, each 2-rank record's state split as
+its stage says, read from DeepSpeed's own partitions, and its precision policy read back from
+the engine. Equivalence of every stage: tests/test_equivalence.py (the catalog's
+equivalence_options)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.catalog.registry import RUNNERS
+from bench.records.store import check_record, load_records
+from models import get_spec
+from runners.catalog import expected_shards
+from tests.conftest import run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
+PARTS = ("params", "grads", "optimizer")
+# one precision per stage, to keep the sweep short: bf16 (bf16 params, fp32 master copies) on
+# stages 1 and 3, fp32 on stage 2; a CNN (BatchNorm buffers) besides gpt2_tiny on stage 1
+PRECISION = {1: "bf16", 2: "fp32", 3: "bf16"}
+MODELS = {1: "gpt2_tiny,minigooglenet", 2: "gpt2_tiny", 3: "gpt2_tiny"}
+
+
+@pytest.fixture(scope="module")
+def stage_sweep(tmp_path_factory: pytest.TempPathFactory,
+                torch_python: str) -> dict[tuple[int, int, str], dict[str, Any]]:
+    """One CLI sweep per stage (an option takes one value per sweep): gpt2_tiny (and on stage
+    1 minigooglenet) at 1 and 2 ranks, 1 warm-up and 3 timed steps of 4 samples per rank;
+    records by (stage, devices, model)."""
+    records = {}
+    for stage, precision in PRECISION.items():
+        out = tmp_path_factory.mktemp(f"stage{stage}")
+        proc = run_cli("--config", "configs/cpu-smoke.yaml", "--out", str(out),
+                       "--set", "runners=[deepspeed]", "--set", f"models=[{MODELS[stage]}]",
+                       "--set", "devices=[1,2]", "--set", f"precision={precision}",
+                       "--set", "warmup_steps=1", "--set", "measure_steps=3",
+                       "--set", "batch_size_per_device=4",
+                       "--set", f"runner_options.deepspeed.stage={stage}")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        records.update({(stage, r["num_devices"], r["model"]): r for r in load_records(out)})
+    return records
+
+
+@pytest.mark.parametrize(("stage", "model"), [(1, "gpt2_tiny"), (2, "gpt2_tiny"),
+                                              (3, "gpt2_tiny"), (1, "minigooglenet")])
+@pytest.mark.parametrize("n", [1, 2])
+def test_every_stage_trains(stage_sweep: dict, stage: int, model: str, n: int) -> None:
+    rec = stage_sweep[(stage, n, model)]
+    assert rec["status"] == "ok", f"{rec['reason']}\n{Path(rec['log_path']).read_text()[-3000:]}"
+    assert check_record(rec) == []
+    assert "-m runners.torch.deepspeed_zero" in Path(rec["log_path"]).read_text()
+    result = rec["result"]
+    assert result["zero_stage"] == stage and result["deepspeed_config"]["zero_optimization"] == {
+        "stage": stage}
+    assert result["framework"]["deepspeed"] == "0.19.8"
+    assert result["optimizer"]["wrapped_by"] == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3
+                                                 else "DeepSpeedZeroOptimizer")
+    assert result["backend"] == "gloo" and result["replicas"] == n
+    assert rec["samples"] == 3 * 4 * n and result["steps_per_rank"] == [3] * n
+    assert rec["placement"] == {f"rank{i}:cpu": 3 * 4 for i in range(n)}
+    assert result["params"] == get_spec(model).params  # counted before ZeRO-3 partitions
+
+
+@pytest.mark.parametrize(("stage", "model"), [(1, "gpt2_tiny"), (2, "gpt2_tiny"),
+                                              (3, "gpt2_tiny"), (1, "minigooglenet")])
+def test_two_ranks_hold_the_split_their_stage_says(stage_sweep: dict, stage: int, model: str
+                                                   ) -> None:
+    """Each part a stage shards is held as half (plus DeepSpeed's alignment padding) on each
+    of the two ranks, each part it replicates in full; the global sizes are those of the
+    1-rank run, where one rank holds everything."""
+    one = stage_sweep[(stage, 1, model)]["result"]
+    two = stage_sweep[(stage, 2, model)]["result"]
+    shards = expected_shards(RUNNERS["deepspeed"], {"stage": stage})
+    assert set(shards) == ({"params", "grads", "optimizer"} if stage == 3
+                           else {"grads", "optimizer"})
+    total = two["state_bytes_global"]
+    assert total == one["state_bytes_global"] == one["state_bytes_per_device"]["rank0:cpu"]
+    assert sorted(two["state_bytes_per_device"]) == ["rank0:cpu", "rank1:cpu"]
+    for part in PARTS:
+        held = [two["state_bytes_per_device"][f"rank{r}:cpu"][part] for r in (0, 1)]
+        assert total[part] > 0, part
+        if part in shards:
+            assert all(0 < h <= total[part] / 2 + 64 for h in held), (part, held, total)
+            assert sum(held) >= total[part] - 64, (part, held, total)
+        else:
+            assert held == [total[part]] * 2, (part, held, total)
+    assert "between engine.backward and engine.step" in two["state_source"]
+    assert f"ZeRO stage {stage}" in two["state_source"]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_precision_policy_read_back(stage_sweep: dict, stage: int) -> None:
+    """DeepSpeed's bf16 stores bf16 parameters and updates fp32 master partitions (a copy:
+    not the harness's policy, said so); at fp32 too its optimizer holds an fp32 master copy of
+    its partition. Gradients reduce in fp32 (communication_data_type) either way."""
+    policy = stage_sweep[(stage, 2, "gpt2_tiny")]["result"]["precision_policy"]
+    precision = PRECISION[stage]
+    stored = "bfloat16" if precision == "bf16" else "float32"
+    assert policy["precision"] == precision
+    assert policy["compute"] == policy["params"] == stored
+    assert policy["master"] == "float32" and policy["reduce"] == "float32"
+    assert policy["loss_scaling"] is None and policy["follows"] is False
+    assert "master float32 (harness: none)" in policy["differs"]
+    assert ("params bfloat16 (harness: float32)" in policy["differs"]) == (precision == "bf16")
+    assert f"bfloat16_enabled()={precision == 'bf16'}" in policy["how"]
+    # the optimizer's bytes hold the fp32 master copy and the momentum: 8 bytes a parameter
+    one = stage_sweep[(stage, 1, "gpt2_tiny")]["result"]["state_bytes_global"]
+    assert one["optimizer"] == 2 * 4 * one["params"] // (2 if precision == "bf16" else 4)
