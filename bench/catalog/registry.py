@@ -29,8 +29,10 @@ FAMILIES: dict[str, Family] = {
                {"cpu": "envs/tf-cpu.txt", "gpu": "envs/tf-gpu.txt"}),
         Family("mxnet", "Apache MXNet 1.9.1 (Gluon) with keras-mxnet 2.2.4.3",
                {"cpu": "envs/mxnet-cpu.txt", "gpu": "envs/mxnet-gpu.txt"}),
-        Family("torch", "PyTorch 2.13 with Keras 3 (torch backend)",
-               {"cpu": "envs/torch-cpu.txt", "gpu": "envs/torch-gpu.txt"}),
+        Family("torch", "PyTorch 2.13 with Keras 3 (torch backend) and DeepSpeed 0.19",
+               {"cpu": "envs/torch-cpu.txt", "gpu": "envs/torch-gpu.txt"},
+               # the C++ op DeepSpeed compiles on CPU at start-up, built once with the env
+               post_install="envs/deepspeed_build.py"),
         Family("jax", "JAX with Flax and optax, and Keras 3 (jax backend)",
                {"cpu": "envs/jax-cpu.txt", "gpu": "envs/jax-gpu.txt"}),
         Family("horovod", "Horovod 0.28.1 built from source against PyTorch 2.13 (gloo)",
