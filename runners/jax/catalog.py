@@ -27,6 +27,18 @@ RUNNERS: list[RunnerInfo] = [
         custom_models=("jax",),
     ),
     RunnerInfo(
+        "jax_fsdp",
+        "jax",
+        "runners.jax.fsdp",
+        "JAX FSDP as MaxText's fsdp axis: params, momentum and batch sharded over one mesh "
+        "axis (NamedSharding), XLA gathers each layer's weights in the jitted step",
+        precisions=("fp32", "tf32", "bf16"),
+        multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
+        workloads=("cnn", "transformer"),
+        custom_models=("jax",),
+        shards=("params", "grads", "optimizer"),
+    ),
+    RunnerInfo(
         "keras_jax",
         "jax",
         "runners.jax.keras_jax",
