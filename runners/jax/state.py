@@ -100,8 +100,10 @@ def precision_record(precision: str, *, compute: Any, params: Any, grads: Any, h
     gradient reduction's: the dtypes of the compiled step's all-reduce/reduce-scatter ops (where
     there are none, one device, the gradients' own dtype: nothing is reduced)."""
     reduced = reduction_dtypes(hlo) if hlo else []
+    where = ("the compiled step's" if "keras" not in how else "the compiled gradient "
+             "function's (Keras' compute_loss_and_updates under jax.value_and_grad)")
     reduce = ", ".join(reduced) if reduced else dtypes_of(grads)
-    where = ("the compiled step's all-reduce/reduce-scatter element types" if reduced else
+    where = (f"{where} all-reduce/reduce-scatter element types" if reduced else
              "the gradients' dtype (no cross-device reduction in the compiled step)")
     return {"precision_policy": resolve(precision, compute=compute, params=dtypes_of(params),
                                         reduce=reduce, how=f"{how}; reduce read from {where}")}
@@ -117,3 +119,38 @@ def compute_dtype(dtype: Any) -> str:
     if name == "float32" and jax.config.jax_default_matmul_precision == "tensorfloat32":
         return "tf32"
     return name
+
+
+def keras_gradients(model: Any, x: Any, y: Any) -> tuple[Any, str]:
+    """(the gradients of a compiled Keras model's loss on (x, y), the compiled HLO text): one
+    call of a jitted jax.value_and_grad of model.compute_loss_and_updates (the function Keras'
+    jax train_step differentiates, training=True) at the model's current variables, with no
+    output sharding asked for, so XLA returns them laid out as it holds them."""
+    import jax
+
+    values = [[v.value for v in variables] for variables in (
+        model.trainable_variables, model.non_trainable_variables, model.metrics_variables,
+        model.optimizer.variables)]
+
+    def grads(trainable: Any, non_trainable: Any, metrics: Any, optimizer: Any, x: Any,
+              y: Any) -> Any:
+        return jax.value_and_grad(model.compute_loss_and_updates, has_aux=True)(
+            trainable, non_trainable, metrics, x, y, None, training=True,
+            optimizer_variables=optimizer)[1]
+
+    compiled = jax.jit(grads).lower(*values, x, y).compile()
+    return jax.block_until_ready(compiled(*values, x, y)), compiled.as_text()
+
+
+def keras_state(model: Any, batch: tuple[Any, Any], devices: list[Any], source: str,
+                precision: str, how: str) -> dict[str, Any]:
+    """A Keras model's state record (its trainable variables, keras_gradients' gradients on
+    `batch`, its optimizer's variables, each variable's jax Array) and precision_policy (the
+    dtype policy's compute dtype, the variables' dtype, the reduction read from the gradient
+    function's HLO: the same forward and backward as Keras' train step)."""
+    grads, hlo = keras_gradients(model, *batch)
+    parts = {"params": model.trainable_variables, "grads": grads,
+             "optimizer": model.optimizer.variables}
+    return {**state_record(parts, devices, source),
+            **precision_record(precision, compute=compute_dtype(model.dtype_policy.compute_dtype),
+                               params=model.trainable_variables, grads=grads, hlo=hlo, how=how)}
