@@ -134,7 +134,8 @@ def check_ok(rec: dict, n: int) -> dict:
     return result
 
 
-@pytest.mark.parametrize("runner", JAX_RUNNERS)
+# the data-parallel runners (jax_fsdp and keras_model_parallel: tests/test_jax_sharded.py)
+@pytest.mark.parametrize("runner", ["jax_native", "keras_jax"])
 @pytest.mark.slow
 @pytest.mark.framework("jax")
 def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: str) -> None:
