@@ -57,6 +57,12 @@ step again there (once; seen on an H100 as a 9.4 s step in a 100-step ResNet-50 
 images/sec, and as a 17 s step on CPU), a start-up cost like the first compile. The warm-up then
 runs to that step (`warmup_steps_run`, `warmup_extended` in the result).
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
+State (`state_bytes_per_device`, issue 27; runners/jax/state.py): after fit, each trainable and
+optimizer variable's jax Array addressable_shards per device (DataParallel: a full replica on
+each), and the gradients from one untimed jitted jax.value_and_grad of the model's
+compute_loss_and_updates (what Keras' train_step differentiates); `precision_policy` from the
+dtype policy, the variables' dtype and that gradient function's all-reduce dtypes. benchmark
+and equivalence take another distribution (keras_model_parallel's ModelParallel).
 
 Models (issue 26): the run's model is models.build_for(spec, "keras"): a built-in CNN (a float32
 softmax: Keras' sparse cross-entropy on its probabilities, as before), a built-in transformer

@@ -64,6 +64,12 @@ inside the jitted step; optax's sgd keeps no counter of its own), read back afte
 Precision: bf16 builds the Flax model with dtype=bfloat16 (bfloat16 compute, float32 params,
 float32 BatchNorm statistics and reductions), the logits cast to float32 for the loss; the
 optimizer updates the float32 params.
+State (`state_bytes_per_device`, issue 27; runners/jax/state.py): after the timed window, the
+bytes each device holds of the params and the optax state (each array's addressable_shards: a
+full replica on every device here) and of the gradients, from one extra untimed call of a jitted
+gradient function with the step's input shardings (XLA returns them all-reduced, replicated);
+`precision_policy` with the reduction dtype read from the compiled step's all-reduce ops. The
+step itself is shared with jax_fsdp (runners/jax/fsdp.py), which passes its own Layout.
 Equivalence mode runs the same step (same batchnorm mode, same AOT compile) on the probe model
 with the batch laid out in the batch sharding by jax.make_array_from_process_local_data (on one
 process, a device_put).
