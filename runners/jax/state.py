@@ -95,16 +95,14 @@ def dtypes_of(tree: Any) -> str:
 
 
 def precision_record(precision: str, *, compute: Any, params: Any, grads: Any, hlo: str | None,
-                     how: str) -> dict[str, Any]:
+                     how: str, program: str = "the compiled step") -> dict[str, Any]:
     """precision_policy: the compute dtype the model was built with, the params' dtype and the
-    gradient reduction's: the dtypes of the compiled step's all-reduce/reduce-scatter ops (where
-    there are none, one device, the gradients' own dtype: nothing is reduced)."""
+    gradient reduction's: the dtypes of the all-reduce/reduce-scatter ops in `program`'s HLO
+    (where there are none, one device, the gradients' own dtype: nothing is reduced)."""
     reduced = reduction_dtypes(hlo) if hlo else []
-    where = ("the compiled step's" if "keras" not in how else "the compiled gradient "
-             "function's (Keras' compute_loss_and_updates under jax.value_and_grad)")
     reduce = ", ".join(reduced) if reduced else dtypes_of(grads)
-    where = (f"{where} all-reduce/reduce-scatter element types" if reduced else
-             "the gradients' dtype (no cross-device reduction in the compiled step)")
+    where = (f"the all-reduce/reduce-scatter element types of {program}" if reduced else
+             f"the gradients' dtype (no cross-device reduction in {program})")
     return {"precision_policy": resolve(precision, compute=compute, params=dtypes_of(params),
                                         reduce=reduce, how=f"{how}; reduce read from {where}")}
 
@@ -153,4 +151,6 @@ def keras_state(model: Any, batch: tuple[Any, Any], devices: list[Any], source: 
              "optimizer": model.optimizer.variables}
     return {**state_record(parts, devices, source),
             **precision_record(precision, compute=compute_dtype(model.dtype_policy.compute_dtype),
-                               params=model.trainable_variables, grads=grads, hlo=hlo, how=how)}
+                               params=model.trainable_variables, grads=grads, hlo=hlo, how=how,
+                               program="the compiled gradient function (Keras' "
+                                       "compute_loss_and_updates under jax.value_and_grad)")}
