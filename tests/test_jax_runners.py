@@ -19,6 +19,7 @@ from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from runners.jax.common import CPU_KIND, _with_device_count
 from tests.conftest import run_check_script, smoke_sweep
+from tests.test_jax_sharded import assert_replicas
 
 JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
 
@@ -96,7 +97,7 @@ def check_spec(runner: str, **fields: Any) -> str:
 
 
 def test_jax_family_is_registered() -> None:
-    assert JAX_RUNNERS == ["jax_native", "keras_jax"]
+    assert JAX_RUNNERS == ["jax_fsdp", "jax_native", "keras_jax", "keras_model_parallel"]
     assert all(RUNNERS[n].precisions == ("fp32", "tf32", "bf16") for n in JAX_RUNNERS)
 
 
@@ -128,10 +129,13 @@ def check_ok(rec: dict, n: int) -> dict:
     assert result["placement"] == rec["placement"]
     assert sorted(rec["placement"].values()) == [8] * n, rec["placement"]
     assert result["batchnorm"] == rec["options"]["batchnorm"]
+    assert_replicas(result, n)  # data parallel: the whole state on every device
+    assert result["precision_policy"]["follows"] is True
     return result
 
 
-@pytest.mark.parametrize("runner", JAX_RUNNERS)
+# the data-parallel runners (jax_fsdp and keras_model_parallel: tests/test_jax_sharded.py)
+@pytest.mark.parametrize("runner", ["jax_native", "keras_jax"])
 @pytest.mark.slow
 @pytest.mark.framework("jax")
 def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: str) -> None:
@@ -279,6 +283,7 @@ def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
         # no BatchNorm: the per-device step still averages the gradients (one all-reduce)
         assert result["collectives"]["all-reduce"] >= 1
         assert sorted(rec["placement"].values()) == [4] * n
+        assert_replicas(result, n)
         assert result["layout"] == ("token ids (batch, sequence)" if tokens else "channels_last")
         assert ("next-token" in result["loss_kind"]) == tokens
 

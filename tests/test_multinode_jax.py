@@ -9,7 +9,8 @@ Checked from the result: status ok and a result the parent accepts (bench.run.la
 validate_result: samples, finite losses, a placement over every device); JAX's own account of
 the run (2 processes, the device counts, SlurmCluster, gloo, the coordinator on node1 at the
 port the harness reserved); `nodes` gathered through JAX naming node1 and node2 with their
-local devices; a placement with one key per device of both processes. jax_native also runs
+local devices; a placement with one key per device of both processes (jax_fsdp: its state
+split over the two processes' devices). jax_native also runs
 2 nodes x 2 virtual CPU devices each (gloo works with several local CPU devices per process in
 jax 0.10.2), and one equivalence step of each runner across 2 nodes must give the weights of a
 1-device step (so the gradients really were averaged across the processes).
@@ -36,11 +37,14 @@ from bench.run.verdict import validate_result
 from tests.conftest import REPO
 from tests.specs import run_spec
 from tests.test_equivalence import equivalence_spec, load_weights, make_inputs
+from tests.test_jax_sharded import assert_split
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.framework("jax")]
 
-MODULES = {"jax_native": "runners.jax.native", "keras_jax": "runners.jax.keras_jax"}
+MODULES = {"jax_native": "runners.jax.native", "keras_jax": "runners.jax.keras_jax",
+           "jax_fsdp": "runners.jax.fsdp"}
 MECHANISMS = {"jax_native": "jax.distributed.initialize, SLURM auto-detection",
+              "jax_fsdp": "jax.distributed.initialize, SLURM auto-detection",
               "keras_jax": "keras.distribution.initialize -> jax.distributed.initialize, "
                            "SLURM auto-detection"}
 SRUN_TIMEOUT_S = 900
@@ -120,7 +124,7 @@ def check_multi_node(result: dict[str, Any], spec: RunSpec, port: int, runner: s
 
 # jax_native's benchmark across nodes is checked at 2 devices per node (below): the same
 # checks, and a one-device-per-node run of it would add a minute to the suite for nothing
-@pytest.mark.parametrize("runner", ["keras_jax"])
+@pytest.mark.parametrize("runner", ["keras_jax", "jax_fsdp"])
 def test_runner_across_two_nodes(runner: str, local_slurm: dict[str, str], jax_python: str,
                                  tmp_path: Path) -> None:
     spec = multi_spec(runner, num_devices=2, global_batch_size=16, batch_size_per_device=8,
@@ -131,6 +135,10 @@ def test_runner_across_two_nodes(runner: str, local_slurm: dict[str, str], jax_p
         keras = result["multi_node"]["keras_distribution"]
         assert keras["num_processes"] == 2 and keras["auto_shard_dataset"] is False
         assert result["host_dataset"]["rows_per_process"] == 8
+    if runner == "jax_fsdp":  # each process's shards, gathered through JAX: half per device
+        assert_split(result, 2)
+        assert all(key.endswith(f"(process {i})") for i, key in enumerate(
+            sorted(result["state_bytes_per_device"])))
 
 
 def test_jax_native_two_nodes_two_devices_each(local_slurm: dict[str, str], jax_python: str,

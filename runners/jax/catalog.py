@@ -13,6 +13,12 @@ JAX_BATCHNORM_OPTION = Option(str, "per_device", ("per_device", "global"),
                               "over the whole global batch (jit over the sharded batch: XLA "
                               "all-reduces them, sync BatchNorm)")
 
+KERAS_INPUT_OPTION = Option(str, "numpy", ("numpy", "preplaced"),
+                            "numpy: fit gets host numpy data (arrays with batch_size, or the "
+                            "loader's numpy batches) and the distribution lays out each batch "
+                            "itself; preplaced: batches already laid out on the devices in "
+                            "the distribution's layout (synthetic or loader=framework)")
+
 RUNNERS: list[RunnerInfo] = [
     RunnerInfo(
         "jax_native",
@@ -27,6 +33,18 @@ RUNNERS: list[RunnerInfo] = [
         custom_models=("jax",),
     ),
     RunnerInfo(
+        "jax_fsdp",
+        "jax",
+        "runners.jax.fsdp",
+        "JAX FSDP as MaxText's fsdp axis: params, momentum and batch sharded over one mesh "
+        "axis (NamedSharding), XLA gathers each layer's weights in the jitted step",
+        precisions=("fp32", "tf32", "bf16"),
+        multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
+        workloads=("cnn", "transformer"),
+        custom_models=("jax",),
+        shards=("params", "grads", "optimizer"),
+    ),
+    RunnerInfo(
         "keras_jax",
         "jax",
         "runners.jax.keras_jax",
@@ -34,17 +52,33 @@ RUNNERS: list[RunnerInfo] = [
         options={
             "loader": LOADER_OPTION,
             "batchnorm": JAX_BATCHNORM_OPTION,
-            "input": Option(str, "numpy", ("numpy", "preplaced"),
-                            "numpy: fit gets host numpy data (arrays with batch_size, or the "
-                            "loader's numpy batches) and DataParallel distributes each batch "
-                            "itself; preplaced: batches already laid out on the devices in "
-                            "DataParallel's layout (synthetic or loader=framework)"),
+            "input": KERAS_INPUT_OPTION,
         },
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
         multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
         workloads=("cnn", "transformer"),
         custom_models=("keras",),
+    ),
+    RunnerInfo(
+        "keras_model_parallel",
+        "jax",
+        "runners.jax.keras_model_parallel",
+        "Keras 3 on JAX with keras.distribution.ModelParallel: a (1, N) batch x model mesh, a "
+        "LayoutMap sharding the kernels and embeddings over N devices, trained with fit",
+        options={
+            "loader": LOADER_OPTION,
+            "input": KERAS_INPUT_OPTION,
+        },
+        precisions=("fp32", "tf32", "bf16"),
+        equivalence_options=({"input": "preplaced"},),
+        multi_node="keras.distribution.initialize -> jax.distributed.initialize",
+        multi_node_unavailable=(
+            "the (1, N) mesh gives every device, so every process, the whole global batch; "
+            "keras_jax's multi-node feeding gives each process its own rows, and no "
+            "per-process feeding of a replicated batch is built"),
+        workloads=("cnn", "transformer"),
+        shards=("params", "grads", "optimizer"),
     ),
 ]
 

@@ -57,6 +57,12 @@ step again there (once; seen on an H100 as a 9.4 s step in a 100-step ResNet-50 
 images/sec, and as a 17 s step on CPU), a start-up cost like the first compile. The warm-up then
 runs to that step (`warmup_steps_run`, `warmup_extended` in the result).
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
+State (`state_bytes_per_device`, issue 27; runners/jax/state.py): after fit, each trainable and
+optimizer variable's jax Array addressable_shards per device (DataParallel: a full replica on
+each), and the gradients from one untimed jitted jax.value_and_grad of the model's
+compute_loss_and_updates (what Keras' train_step differentiates); `precision_policy` from the
+dtype policy, the variables' dtype and that gradient function's all-reduce dtypes. benchmark
+and equivalence take another distribution (keras_model_parallel's ModelParallel).
 
 Models (issue 26): the run's model is models.build_for(spec, "keras"): a built-in CNN (a float32
 softmax: Keras' sparse cross-entropy on its probabilities, as before), a built-in transformer
@@ -119,6 +125,7 @@ from runners.jax.common import (
     sharding_record,
     synthetic_batch,
 )
+from runners.jax.state import keras_state
 from runners.memory import model_state_keras
 from runners.real_data import RealData, describe
 
@@ -408,6 +415,17 @@ def synthetic_tokens(seq_len: int, vocab: int, batch: int, sharding: Any) -> tup
     return jax.block_until_ready(jax.jit(make, out_shardings=(sharding, sharding))())
 
 
+def device_batch(model_spec: Any, global_batch: int, shardings: tuple[Any, Any]
+                 ) -> tuple[Any, Any]:
+    """One synthetic global batch made on the devices in the distribution's layout (`shardings`:
+    the inputs', the labels'): token ids and their next tokens, or images and labels."""
+    if model_spec.input_kind == "tokens":
+        return synthetic_tokens(model_spec.input_shape[0], model_spec.num_classes, global_batch,
+                                shardings[1])
+    return synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
+                           *shardings)
+
+
 def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tuple[Any, Any],
               noted: list[Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
     """(fit's data arguments, what the record says about the input, the iterator to close or
@@ -435,12 +453,7 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
                     f"step {k + 1} opens the second epoch, where Keras' jax trainer compiles "
                     "its train step again; that step is warm-up, not timed")
             return feed, record, None
-        if model_spec.input_kind == "tokens":
-            x, y = synthetic_tokens(model_spec.input_shape[0], model_spec.num_classes,
-                                    global_batch, shardings[1])
-        else:
-            x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
-                                   *shardings)
+        x, y = device_batch(model_spec, global_batch, shardings)
         return preplaced(x, y, steps), {"input": mode, "data_placement": SYNTHETIC_PLACEMENT}, None
     size = model_spec.input_shape[0]
     loader = spec.options["loader"]
@@ -545,7 +558,7 @@ def build_model(keras: Any, spec: Spec, name: str | None, **kwargs: Any
     BatchNorm layers (a model without any is used as built)."""
     from models.keras_common import build_run_model, has_batchnorm
 
-    batchnorm = spec.options["batchnorm"]
+    batchnorm = spec.options.get("batchnorm", "global")  # keras_model_parallel: Keras' own
     if batchnorm not in BATCHNORM_MODES:
         raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
     described = None
@@ -576,9 +589,37 @@ def check_multi_node(spec: Spec) -> None:
         raise Unavailable(MULTI_NODE_PREPLACED)
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
+# (spec, the model's name: None for the run's, "probe") -> (keras, the distribution, set
+# globally, the device descriptions)
+Distribute = Callable[[Spec, "str | None"], tuple[Any, Any, list[dict[str, Any]]]]
+# (the distribution, the trained model) -> record fields of the strategy's own
+Describe = Callable[[Any, Any], dict[str, Any]]
+STATE_SOURCE = (
+    "keras on jax: each variable's jax Array (.value) addressable_shards (shard.data.nbytes per "
+    "device) after fit: params the trainable variables (non-trainable ones, BatchNorm's moving "
+    "statistics, not counted), optimizer state the optimizer's variables (momentum, iteration, "
+    "learning rate); the gradients from one extra untimed call, after fit, of a jitted "
+    "jax.value_and_grad of the model's compute_loss_and_updates (what Keras' train_step "
+    "differentiates) on a synthetic batch in the distribution's layout, laid out as XLA "
+    "returns them")
+
+
+def data_parallel(spec: Spec, name: str | None = None) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """keras_jax's Distribute: make_distribution (DataParallel), whatever the model."""
+    return make_distribution(spec)
+
+
+def no_record(distribution: Any, model: Any) -> dict[str, Any]:
+    return {}
+
+
+def benchmark(spec: Spec, distribute: Distribute = data_parallel,
+              describe_strategy: Describe = no_record, state_source: str = STATE_SOURCE
+              ) -> dict[str, Any]:
+    """The timed run under keras_jax's DataParallel, or another distribution (`distribute`:
+    keras_model_parallel's ModelParallel), whose own record fields `describe_strategy` gives."""
     check_multi_node(spec)
-    keras, distribution, described = make_distribution(spec)
+    keras, distribution, described = distribute(spec, None)
     from models.keras_common import has_batchnorm, loss_for, model_record
 
     n, global_batch = distribution.device_mesh.devices.size, spec.global_batch_size
@@ -604,6 +645,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         if owner is not None:
             owner.close()  # the Grain workers
     timing["placement"] = all_placement(timing["placement"])
+    # after fit, untimed: the model state where the distribution holds it, and the precision
+    state = keras_state(model, device_batch(model_spec, global_batch, shardings),
+                        distribution.device_mesh.devices.flatten().tolist(), state_source,
+                        spec.precision, f"keras.mixed_precision.set_global_policy({policy!r})")
     kernel = next((v for v in model.trainable_variables if v.path.endswith("kernel")),
                   model.trainable_variables[0])  # a user's model may have no kernel
     framework = framework_versions("keras")
@@ -629,6 +674,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **input_record,
         **model_record(model, model_spec, counted),
         **model_state_keras(model),
+        **state,
+        **describe_strategy(distribution, model),
         **multi_node_record(spec, distribution),
     }
 
@@ -653,12 +700,13 @@ def keras_counts(model: keras.Model) -> tuple[int, int]:
     return count_params_keras(model), count_flops_keras(model)
 
 
-def equivalence(spec: Spec) -> dict[str, Any]:
+def equivalence(spec: Spec, distribute: Distribute = data_parallel,
+                describe_strategy: Describe = no_record) -> dict[str, Any]:
     """One plain SGD step of fit on the probe model through the benchmark's path (the same
     `input` and `batchnorm`, the batch distributed by DataParallel); weights saved after (by
     process 0 across nodes, where each process feeds fit its share of the rows)."""
     check_multi_node(spec)
-    keras, distribution, described = make_distribution(spec)
+    keras, distribution, described = distribute(spec, "probe")
     from models.keras_common import get_canonical_weights, set_canonical_weights
 
     weights, x, y, lr = spec.equivalence_inputs()
@@ -687,7 +735,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     return {"replicas": n, "framework": framework_versions("keras"), "devices": described,
             "loss": loss, "input": mode, "batchnorm": batchnorm,
             "batch_sharding": probe.sharding, "placement": all_placement(probe.placement),
-            "placement_source": PLACEMENT_SOURCE, **multi_node_record(spec, distribution)}
+            "placement_source": PLACEMENT_SOURCE, **describe_strategy(distribution, model),
+            **multi_node_record(spec, distribution)}
 
 
 def process_index() -> int:

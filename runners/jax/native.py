@@ -64,6 +64,12 @@ inside the jitted step; optax's sgd keeps no counter of its own), read back afte
 Precision: bf16 builds the Flax model with dtype=bfloat16 (bfloat16 compute, float32 params,
 float32 BatchNorm statistics and reductions), the logits cast to float32 for the loss; the
 optimizer updates the float32 params.
+State (`state_bytes_per_device`, issue 27; runners/jax/state.py): after the timed window, the
+bytes each device holds of the params and the optax state (each array's addressable_shards: a
+full replica on every device here) and of the gradients, from one extra untimed call of a jitted
+gradient function with the step's input shardings (XLA returns them all-reduced, replicated);
+`precision_policy` with the reduction dtype read from the compiled step's all-reduce ops. The
+step itself is shared with jax_fsdp (runners/jax/fsdp.py), which passes its own Layout.
 Equivalence mode runs the same step (same batchnorm mode, same AOT compile) on the probe model
 with the batch laid out in the batch sharding by jax.make_array_from_process_local_data (on one
 process, a device_put).
@@ -92,6 +98,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models import build_for, get_spec, load_builder, model_fields, spec_of
@@ -107,6 +114,7 @@ from runners.jax.common import (
     sharding_record,
     synthetic_batch,
 )
+from runners.jax.state import compute_dtype, precision_record, state_record
 from runners.memory import model_state_jax
 from runners.real_data import RealData, describe
 
@@ -123,14 +131,15 @@ PLACEMENT_SOURCE = ("rows of the first timed batch per device, from the batch ja
                     "addressable_shards")
 
 
-def make_shardings(devices: list[jax.Device]) -> tuple[Any, Any]:
-    """(replicated, batch-sharded) NamedShardings over a 1-D mesh of the devices, axis "data"."""
+def make_shardings(devices: list[jax.Device], axis: str = AXIS) -> tuple[Any, Any]:
+    """(replicated, batch-sharded) NamedShardings over a 1-D mesh of the devices, its one axis
+    `axis` (default "data")."""
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = Mesh(np.array(devices), (AXIS,))
-    return NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    mesh = Mesh(np.array(devices), (axis,))
+    return NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
 
 
 def state_class() -> type[train_state.TrainState]:
@@ -144,8 +153,10 @@ def state_class() -> type[train_state.TrainState]:
 
 
 def create_state(model: nn.Module, variables: Any, tx: optax.GradientTransformation,
-                 replicated: Any) -> train_state.TrainState:
-    """The train state built under jit directly into the replicated sharding."""
+                 sharding: Any) -> train_state.TrainState:
+    """The train state built under jit directly into `sharding`: one sharding for every leaf
+    (replicated), or a function of the abstract state (jax.eval_shape's) giving the sharding
+    of each of its leaves (jax_fsdp's)."""
     import jax
 
     cls = state_class()
@@ -154,7 +165,9 @@ def create_state(model: nn.Module, variables: Any, tx: optax.GradientTransformat
         return cls.create(apply_fn=model.apply, params=variables["params"], tx=tx,
                           batch_stats=variables.get("batch_stats", {}))
 
-    return jax.jit(make, out_shardings=replicated)(variables)
+    if callable(sharding):
+        sharding = sharding(jax.eval_shape(make, variables))
+    return jax.jit(make, out_shardings=sharding)(variables)
 
 
 def init_variables(model: nn.Module, shape: tuple[int, ...], dtype: str = "float32",
@@ -181,22 +194,14 @@ BATCHNORM_RECORD = {
 }
 
 
-def make_train_step(replicated: Any, batch: Any, batchnorm: str = "per_device",
-                    call: dict[str, Any] | None = None, cast: Any = None) -> Callable[..., Any]:
-    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy (over the
-    rows, or over every position of (B, T, V) token logits), BatchNorm statistics updated (a
-    model without BatchNorm has an empty batch_stats), per device under shard_map or over the
-    global batch under plain jit (see the module docstring); the state donated, its shardings
-    pinned. `call`: the module's keyword arguments in training (default train=True; {} for a
-    user's module without `train`). `cast` (a user's model in bf16): the params and a float
-    input cast to that dtype inside the step, the float32 params updated."""
+def loss_and_grads(call: dict[str, Any] | None = None, cast: Any = None,
+                   grads_sharding: Any = None) -> Callable[..., tuple[Any, Any, Any]]:
+    """The function (state, x, y, dropout key) -> (mean loss over x's rows, its gradients, the
+    updated BatchNorm statistics) of make_train_step (its `call` and `cast`); the gradients
+    constrained to `grads_sharding` (a tree of the params' shape; jax_fsdp's) if given."""
     import jax
     import jax.numpy as jnp
     import optax
-    from jax.sharding import PartitionSpec as P
-
-    if batchnorm not in BATCHNORM_MODES:
-        raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
 
     kwargs = {"train": True} if call is None else call
 
@@ -221,7 +226,35 @@ def make_train_step(replicated: Any, batch: Any, batchnorm: str = "per_device",
             return loss, updates
 
         (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        if grads_sharding is not None:
+            grads = jax.lax.with_sharding_constraint(grads, grads_sharding)
         return loss, grads, updates.get("batch_stats", state.batch_stats)
+
+    return grads_and_stats
+
+
+def make_train_step(state_sharding: Any, batch: Any, batchnorm: str = "per_device",
+                    call: dict[str, Any] | None = None, cast: Any = None,
+                    grads_sharding: Any = None) -> Callable[..., Any]:
+    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy (over the
+    rows, or over every position of (B, T, V) token logits), BatchNorm statistics updated (a
+    model without BatchNorm has an empty batch_stats), per device under shard_map or over the
+    global batch under plain jit (see the module docstring); the state donated, its shardings
+    (`state_sharding`: one replicated sharding, or jax_fsdp's tree) pinned, the loss
+    replicated. `call`: the module's keyword arguments in training (default train=True; {}
+    for a user's module without `train`). `cast` (a user's model in bf16): the params and a
+    float input cast to that dtype inside the step, the float32 params updated. per_device
+    needs a replicated state (shard_map hands each device its whole replica).
+    `grads_sharding`: the gradients constrained to it (jax_fsdp: the params' shardings)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if batchnorm not in BATCHNORM_MODES:
+        raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
+    grads_and_stats = loss_and_grads(call, cast, grads_sharding)
+    axis = batch.spec[0]
+    scalar = NamedSharding(batch.mesh, P())
 
     def global_step(state: train_state.TrainState, x: jax.Array, y: jax.Array
                     ) -> tuple[train_state.TrainState, jax.Array]:
@@ -233,19 +266,39 @@ def make_train_step(replicated: Any, batch: Any, batchnorm: str = "per_device",
                     ) -> tuple[train_state.TrainState, jax.Array]:
         """One device's part: its B/N rows in, the averaged update applied to its replica."""
         dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
-        dropout = jax.random.fold_in(dropout, jax.lax.axis_index(AXIS))
+        dropout = jax.random.fold_in(dropout, jax.lax.axis_index(axis))
         loss, grads, stats = grads_and_stats(state, x, y, dropout)
-        grads, stats, loss = jax.lax.pmean((grads, stats, loss), AXIS)
+        grads, stats, loss = jax.lax.pmean((grads, stats, loss), axis)
         return state.apply_gradients(grads=grads, batch_stats=stats), loss
 
     step = global_step
     if batchnorm == "per_device":
         # check_vma=False: the gradients stay per device until the explicit pmean (with
         # check_vma=True jax would psum the replicated params' gradients on its own).
-        step = jax.shard_map(device_step, mesh=batch.mesh, in_specs=(P(), P(AXIS), P(AXIS)),
+        step = jax.shard_map(device_step, mesh=batch.mesh, in_specs=(P(), P(axis), P(axis)),
                              out_specs=(P(), P()), check_vma=False)
-    return jax.jit(step, in_shardings=(replicated, batch, batch),
-                   out_shardings=(replicated, replicated), donate_argnums=0)
+    return jax.jit(step, in_shardings=(state_sharding, batch, batch),
+                   out_shardings=(state_sharding, scalar), donate_argnums=0)
+
+
+def gradients_once(state: Any, x: Any, y: Any, state_sharding: Any, batch: Any,
+                   call: dict[str, Any] | None = None, cast: Any = None,
+                   grads_sharding: Any = None) -> Any:
+    """The gradients of the step's loss on (x, y) at `state`, from one call of a jitted
+    function with the step's input shardings and no output sharding asked for: XLA's SPMD
+    partitioner returns them laid out as it holds them (reduced: replicated, or sharded like
+    the params where the step constrains them so, `grads_sharding`); for the state record,
+    after the timed window."""
+    import jax
+
+    grads_and_stats = loss_and_grads(call, cast, grads_sharding)
+
+    def grads(state: Any, x: Any, y: Any) -> Any:
+        dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
+        return grads_and_stats(state, x, y, dropout)[1]
+
+    return jax.block_until_ready(
+        jax.jit(grads, in_shardings=(state_sharding, batch, batch))(state, x, y))
 
 
 def compile_step(step: Any, state: Any, x: Any, y: Any) -> tuple[Any, dict[str, int]]:
@@ -338,7 +391,39 @@ def build_model(spec: Spec, model_spec: Any, dtype: Any) -> tuple[Any, dict[str,
     return model, counted
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Layout:
+    """How a runner of this step lays the train state out over its 1-D mesh: jax_native
+    replicates it (DATA_PARALLEL); jax_fsdp (runners/jax/fsdp.py) shards it."""
+
+    axis: str  # the mesh's one axis, along which the batch is split too
+    # (replicated sharding, abstract TrainState) -> the state's sharding (one, or a tree)
+    state_sharding: Callable[[Any, Any], Any]
+    # the batchnorm mode of a run (its option, or the one the layout allows)
+    batchnorm: Callable[[Spec], str]
+    # the record's shardings["params"] of a run's params (read back from the arrays)
+    params_record: Callable[[Any, Any], Any]
+    state_source: str
+    # the step constrains the gradients to the params' shardings (jax_fsdp)
+    constrain_grads: bool = False
+
+    def grads_sharding(self, state_sharding: Any) -> Any:
+        """The gradients' sharding the step asks for: the params' (a tree), or None."""
+        return state_sharding.params if self.constrain_grads else None
+
+
+DATA_PARALLEL = Layout(
+    AXIS, lambda replicated, abstract: replicated, lambda spec: spec.options["batchnorm"],
+    lambda replicated, params: sharding_record(replicated),
+    "jax: every array's addressable_shards (shard.data.nbytes per device) after the timed "
+    "window: the params and optax state of the train state (replicated: a full copy on each "
+    "device; batch_stats not counted), and the gradients from one extra untimed call of a "
+    "jitted gradient function with the step's input shardings on the first timed batch, laid "
+    "out as XLA returns them (all-reduced, replicated)")
+
+
+def benchmark(spec: Spec, layout: Layout = DATA_PARALLEL) -> dict[str, Any]:
+    """The timed run (jax_native's, or jax_fsdp's with its layout)."""
     if spec.num_nodes > 1 and spec.data != "synthetic":
         raise Unavailable(MULTI_NODE_REAL_DATA)
     model_spec = spec_of(spec)
@@ -358,21 +443,29 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model, counted = build_model(spec, model_spec, dtype)
     # a user's model is built as written: bf16 casts its params and inputs inside the step
     cast = dtype if counted is not None else None
-    replicated, batch = make_shardings(devices)
+    replicated, batch = make_shardings(devices, layout.axis)
     variables = init_variables(model, model_spec.input_shape, "int32" if tokens else "float32",
                                train_kwargs(model, False))
     params = count_params_flax(variables)
-    state = create_state(model, variables, optax.sgd(0.01, momentum=0.9), replicated)
+    state_sharding: Any = None
+
+    def shard(abstract: Any) -> Any:
+        nonlocal state_sharding
+        state_sharding = layout.state_sharding(replicated, abstract)
+        return state_sharding
+
+    state = create_state(model, variables, optax.sgd(0.01, momentum=0.9), shard)
     del variables
     batches, x, y, input_record = input_batches(data, model_spec, global_batch, batch)
-    batchnorm = spec.options["batchnorm"]
+    batchnorm = layout.batchnorm(spec)
     fields = model_fields(model_spec, lambda: params,
                           lambda: count_flops_flax(model, model_spec.input_shape),
                           lambda: counted)
+    call = train_kwargs(model, True)
     try:
         step, collectives = compile_step(
-            make_train_step(replicated, batch, batchnorm, train_kwargs(model, True), cast),
-            state, x, y)
+            make_train_step(state_sharding, batch, batchnorm, call, cast,
+                            layout.grads_sharding(state_sharding)), state, x, y)
         start: int | None = None  # the step counter when the clock starts
         first: tuple[Any, Any] | None = None  # the first timed batch
 
@@ -395,6 +488,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         if data is not None:
             batches.close()  # the Grain workers
     steps = int(state.step) - start
+    # after the window, untimed: the gradients as the strategy holds them, for the state record
+    grads = gradients_once(state, *first, state_sharding, batch, call, cast,
+                           layout.grads_sharding(state_sharding))
     framework, extra = framework_versions(*VERSIONS), {}
     if data is not None:
         from runners.jax.data import grain_version
@@ -402,8 +498,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         framework.update(grain_version())
         extra = {"first_timed_labels": host_labels(first[1])}
     dtype_line = "float32" if dtype is None else "bfloat16 compute, float32 params"
+    how = ("flax module dtype=bfloat16 (param_dtype float32), float32 logits for the loss"
+           if dtype is not None else "flax module dtype float32")
     if cast is not None:
         dtype_line = "bfloat16 compute (params and inputs cast in the step), float32 params"
+        how = "the user's module's float32 params and float inputs cast to bfloat16 in the step"
     return {
         **window.summary(global_batch, steps * global_batch),
         "loss_kind": ("global mean next-token cross-entropy over every position of each "
@@ -414,8 +513,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "devices": described,
         "layout": "token ids (batch, sequence)" if tokens else "channels_last",
         "dtype": dtype_line,
-        "shardings": {"params": sharding_record(replicated), "batch": sharding_record(batch),
-                      "per_device_batch": global_batch // n},
+        "shardings": {"params": layout.params_record(replicated, state.params),
+                      "batch": sharding_record(batch), "per_device_batch": global_batch // n},
         "collectives": collectives,
         # "none" for a model without BatchNorm (the option then changes nothing)
         "batchnorm": batchnorm if state.batch_stats else "none",
@@ -427,15 +526,21 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         **extra,
         **fields,
         **model_state_jax(state.params, state.opt_state, state.batch_stats),
+        **state_record({"params": state.params, "grads": grads, "optimizer": state.opt_state},
+                       devices, layout.state_source),
+        **precision_record(spec.precision, compute=compute_dtype(cast or getattr(
+            model, "dtype", None)), params=state.params, grads=grads, hlo=step.as_text(),
+            how=how),
         **close_multihost(spec),
     }
 
 
-def equivalence(spec: Spec) -> dict[str, Any]:
+def equivalence(spec: Spec, layout: Layout = DATA_PARALLEL) -> dict[str, Any]:
     """One plain SGD step on the probe model through the benchmark's step (same batchnorm mode,
-    same shard_map or jit, compiled ahead of time as there), the batch laid out in the batch
-    sharding by jax.make_array_from_process_local_data (each process the rows of its own
-    devices; one process: a device_put); weights saved (by process 0 across nodes)."""
+    same shard_map or jit, the same state layout, compiled ahead of time as there), the batch
+    laid out in the batch sharding by jax.make_array_from_process_local_data (each process the
+    rows of its own devices; one process: a device_put); weights saved (by process 0 across
+    nodes; a sharded state is gathered to every process first)."""
     devices, described = setup_devices(spec)
     import jax
     import optax
@@ -448,20 +553,35 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     model_spec = get_spec("probe")
     model = load_builder("probe", "flax")(model_spec)
     variables = set_canonical_weights(init_variables(model, model_spec.input_shape), weights)
-    replicated, batch = make_shardings(devices)
-    state = create_state(model, variables, optax.sgd(lr), replicated)
+    replicated, batch = make_shardings(devices, layout.axis)
+    state_sharding: Any = None
+
+    def shard(abstract: Any) -> Any:
+        nonlocal state_sharding
+        state_sharding = layout.state_sharding(replicated, abstract)
+        return state_sharding
+
+    state = create_state(model, variables, optax.sgd(lr), shard)
     # inputs come NHWC; every process holds the whole batch and gives each device its rows
     xs = jax.make_array_from_process_local_data(batch, x, x.shape)
     ys = jax.make_array_from_process_local_data(batch, y, y.shape)
-    batchnorm = spec.options["batchnorm"]
-    step, collectives = compile_step(make_train_step(replicated, batch, batchnorm), state, xs, ys)
+    batchnorm = layout.batchnorm(spec)
+    step, collectives = compile_step(make_train_step(
+        state_sharding, batch, batchnorm, grads_sharding=layout.grads_sharding(state_sharding)),
+        state, xs, ys)
     state, loss = step(state, xs, ys)
     finite(loss.block_until_ready())
-    canonical = get_canonical_weights({"params": state.params})
+    params = state.params
+    if not all(a.is_fully_addressable for a in jax.tree_util.tree_leaves(params)):
+        from jax.experimental import multihost_utils
+
+        params = multihost_utils.process_allgather(params, tiled=True)
+    canonical = get_canonical_weights({"params": params})
     if jax.process_index() == 0:
         spec.save_equivalence_output(canonical)
     return {"replicas": n, "framework": framework_versions(*VERSIONS), "devices": described,
             "loss": float(loss), "batch_sharding": sharding_record(xs.sharding),
+            "params_sharding": layout.params_record(replicated, state.params),
             "batchnorm": batchnorm, "collectives": collectives,
             "placement": all_placement(placement(xs)), "placement_source": PLACEMENT_SOURCE,
             **close_multihost(spec)}
