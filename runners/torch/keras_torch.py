@@ -81,6 +81,7 @@ from runners.torch.dist import (  # noqa: E402
     timed_steps,
     wrap_ddp,
 )
+from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision  # noqa: E402
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
 
@@ -223,6 +224,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                 "(every position of a token model's), model(x, training=True)",
         **model_record(model, model_spec, described),
         **model_state_torch(logits, counter.optimizer),
+        **state_bytes(ranks, logits.parameters(), counter.optimizer.state.values(),
+                      AFTER_WINDOW),
+        **torch_precision(spec.precision, keras.mixed_precision.global_policy().compute_dtype,
+                          logits, grad_dtype(logits),
+                          f"keras.mixed_precision.set_global_policy({policy!r}); no autocast"),
     })
     if spec.data == "real":
         result["loader_option"] = loader
