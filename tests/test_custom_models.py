@@ -113,7 +113,7 @@ def test_runs_that_cannot_take_a_model_are_planned_unavailable_with_the_reason(
     assert verdicts[("keras_tf_kuza55", "minigooglenet")] is None
     assert verdicts[("jax_native", "mynet")] == ("unavailable", (
         "mynet is a torch model; jax_native cannot run it: it takes jax models (a torch model "
-        "runs on torch_ddp, horovod)"))
+        "runs on torch_ddp, torch_zero1, torch_fsdp2, horovod)"))
     status, reason = verdicts[("keras_tf_kuza55", "mynet")]
     assert status == "unavailable" and "builds only the models of models/" in reason
     assert verdicts[("keras_tf_kuza55", "gpt2_tiny")] == ("unavailable", (
