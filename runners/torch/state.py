@@ -111,29 +111,30 @@ def dtype_of(tensors: Iterable[torch.Tensor], what: str) -> torch.dtype:
     return dtypes.pop()
 
 
-def compute_dtype(precision: str, tracker: PlacementTracker) -> str:
-    """The dtype the forward computed in: its logits' (tracked by the step); float32 logits
-    under precision tf32 are TF32 math where torch says TF32 matmuls are allowed."""
-    if len(tracker.output_dtypes) != 1:
-        raise Invalid(f"the forward gave logits in {sorted(map(str, tracker.output_dtypes))}, "
-                      "not one dtype")
-    name = str(next(iter(tracker.output_dtypes))).removeprefix("torch.")
+def compute_dtype(precision: str, computed: Any) -> str:
+    """The dtype the forward computed in: the logits' dtype the step's PlacementTracker saw,
+    or a dtype the framework states (a Keras policy's compute_dtype); float32 under precision
+    tf32 is TF32 math where torch says TF32 matmuls are allowed."""
+    if isinstance(computed, PlacementTracker):
+        if len(computed.output_dtypes) != 1:
+            raise Invalid(f"the forward gave logits in "
+                          f"{sorted(map(str, computed.output_dtypes))}, not one dtype")
+        computed = next(iter(computed.output_dtypes))
+    name = str(computed).removeprefix("torch.")
     if precision == "tf32" and name == "float32" and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     return name
 
 
-def torch_precision(precision: str, compute: str | PlacementTracker, module: nn.Module,
+def torch_precision(precision: str, compute: Any, module: nn.Module,
                     reduce: Any, how: str, loss_scaling: str | None = None) -> dict[str, Any]:
-    """The record's precision_policy: `compute` as the framework states it, or, given the
-    step's tracker, as the logits came out (compute_dtype); the parameters' stored dtype read
-    from `module`, `reduce` (the strategy's gradient-reduction dtype, read back by the
+    """The record's precision_policy: the compute dtype (compute_dtype: as the logits came
+    out of the step's tracker, or as the framework states it), the parameters' stored dtype
+    read from `module`, `reduce` (the strategy's gradient-reduction dtype, read back by the
     runner), the framework knobs (`how`); the parameters are the master weights (torch's
     optimizers update them in place)."""
-    if isinstance(compute, PlacementTracker):
-        compute = compute_dtype(precision, compute)
     return {"precision_policy": resolve(
-        precision, how=how, compute=compute,
+        precision, how=how, compute=compute_dtype(precision, compute),
         params=dtype_of(module.parameters(), "the parameters"), master=None, reduce=reduce,
         loss_scaling=loss_scaling)}
 
