@@ -34,6 +34,10 @@ the model and its parameters' device, gathered with dist.all_gather_object over 
 group whose backend and size (dist.get_backend(), get_world_size()) are checked against the
 run's; keys "rank<r>:<device>" (rank1:cpu, rank1:cuda:1), counts the rows, which must add up
 to the samples.
+State: after the timed window each rank's parameters, their .grad and the optimizer's state,
+whole replicas on every rank (runners/torch/state.py: state_bytes_per_device, each equal to
+state_bytes_global). precision_policy: the dtype the logits came out of autocast in, the
+parameters' dtype and the gradients' (DDP all-reduces the buckets in the gradients' dtype).
 Equivalence: the benchmark's own step function (DDP, torch.compile when `compile`, the memory
 format, autocast, the optimizer implementation, gradient bucket views, the resident-tensor
 input) on the probe, one step of SGD without momentum.

@@ -29,7 +29,11 @@ Count: the optimizer's step hooks count applied updates, independently of the lo
 counts are exchanged with hvd.allreduce and must agree, and samples are their sum of images
 stepped on. Global losses and each rank's threads are summed with hvd.allreduce too.
 Placement: each rank's batch rows and device and its parameters' device, gathered with
-hvd.allgather_object, keyed by hvd.rank() out of hvd.size(). What is not Horovod's own (the
+hvd.allgather_object, keyed by hvd.rank() out of hvd.size(). State: after the timed window
+each rank's parameters, .grad and optimizer state, whole replicas (runners/torch/state.py,
+gathered with hvd.allgather_object); precision_policy: float32 throughout, the reduce dtype
+float16 where the DistributedOptimizer compresses (its _compression is Compression.fp16:
+follows false, said). What is not Horovod's own (the
 input, the step counter, the timed loop, the checks, the placement and the result) is
 runners/torch/dist.py's, shared with the torchrun runners. Equivalence runs the benchmark's step
 function (DistributedOptimizer with the run's compression, resident-tensor input) on the
