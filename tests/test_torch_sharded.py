@@ -13,6 +13,7 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record, load_records
 from models import get_spec
+from models.gpt2_tiny.spec import SHAPE as GPT2_TINY
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
@@ -103,6 +104,9 @@ def test_zero1_splits_only_the_optimizer_state_by_its_partition(records: dict) -
     partition = result["optimizer_partition"]["ranks"]
     assert [r["rank"] for r in partition] == [0, 1]
     assert sum(r["elements"] for r in partition) == get_spec("gpt2_tiny").params
+    # whole parameters: the largest, the tied embedding (vocab x d), on one rank
+    assert result["optimizer_partition"]["largest_parameter_elements"] == \
+        GPT2_TINY.vocab * GPT2_TINY.d_model
     # each rank's momentum buffers are exactly its partition's elements, in float32
     assert [4 * r["elements"] for r in partition] == optimizer
     assert result["precision_policy"]["how"] == "no autocast: float32 parameters and compute"

@@ -100,10 +100,14 @@ def partition_record(zero: ZeroRedundancyOptimizer, ranks: td.Ranks) -> dict[str
     rows = [{"rank": r, "params": sum(len(g["params"]) for g in groups),
              "elements": sum(p.numel() for g in groups for p in g["params"])}
             for r, groups in enumerate(partition)]
+    largest = max((p.numel() for groups in partition for g in groups for p in g["params"]),
+                  default=0)
     return {"optimizer_partition": {
-        "ranks": rows, "source": "ZeroRedundancyOptimizer._partition_parameters() (whole "
-                                 "parameters, greedy by size); each rank's optim.param_groups "
-                                 "and optim.state checked against its share"}}
+        "ranks": rows, "granularity": "whole parameters",
+        "largest_parameter_elements": largest,
+        "source": "ZeroRedundancyOptimizer._partition_parameters() (whole parameters, greedy "
+                  "by size); each rank's optim.param_groups and optim.state checked against "
+                  "its share"}}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
