@@ -352,17 +352,19 @@ def model_state_torch(module: Any, optimizer: Any = None) -> dict[str, Any]:
     parameters and buffers, the .grad tensors it holds now, the optimizer's state tensors."""
     import torch
 
-    params = sum(t.numel() * t.element_size() for t in module.parameters())
-    params += sum(t.numel() * t.element_size() for t in module.buffers())
-    grads = sum(p.grad.numel() * p.grad.element_size() for p in module.parameters()
-                if p.grad is not None)
+    def nbytes(t: Any) -> int:  # a DTensor (FSDP2's sharded tensors): this rank's shard
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    params = sum(nbytes(t) for t in module.parameters())
+    params += sum(nbytes(t) for t in module.buffers())
+    grads = sum(nbytes(p.grad) for p in module.parameters() if p.grad is not None)
     opt = 0
     for state in (optimizer.state.values() if optimizer is not None else ()):
-        opt += sum(v.numel() * v.element_size() for v in state.values()
-                   if isinstance(v, torch.Tensor))
+        opt += sum(nbytes(v) for v in state.values() if isinstance(v, torch.Tensor))
     return _state(params, grads, opt, "torch: module.parameters() and buffers(), the .grad "
-                  "tensors held after the last step, optimizer.state's tensors; one rank's "
-                  "copy (each rank's device holds one)")
+                  "tensors held after the last step, optimizer.state's tensors; what this "
+                  "rank holds (a replica, or a sharded strategy's local shards)")
 
 
 def model_state_jax(params: Any, opt_state: Any, model_state: Any = None) -> dict[str, Any]:

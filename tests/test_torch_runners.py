@@ -20,14 +20,15 @@ from tests.conftest import run_cli, smoke_sweep
 from tests.test_equivalence import make_inputs, step
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
-# the data-parallel runners of the family; its sharded ones have their own tests
-# (tests/test_deepspeed.py)
-TORCH_RUNNERS = ["keras_torch", "torch_ddp"]
+# the data-parallel ones; the sharded torch_zero1 and torch_fsdp2: tests/test_torch_sharded.py
+TORCH_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "torch" and not r.shards)
 LAYOUTS = {"torch_ddp": "channels_first", "keras_torch": "channels_last"}
 
 
 def test_torch_family_is_registered() -> None:
-    assert set(TORCH_RUNNERS) <= {n for n, r in RUNNERS.items() if r.family == "torch"}
+    assert TORCH_RUNNERS == ["keras_torch", "torch_ddp"]
+    assert {"keras_torch", "torch_ddp", "torch_fsdp2", "torch_zero1", "deepspeed"} <= {
+        n for n, r in RUNNERS.items() if r.family == "torch"}
     assert all(RUNNERS[n].launcher == "torchrun" for n in TORCH_RUNNERS)
 
 

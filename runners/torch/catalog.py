@@ -11,6 +11,10 @@ DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
                             "real data: NVIDIA DALI on GPUs when it is installed (auto), or "
                             "always the torch DataLoader, or always DALI")
 
+# The process group backend of the sharded runners (torch_ddp's own option, as it reads)
+SHARDED_BACKEND_OPTION = Option(str, "auto", ("auto", "gloo", "nccl"),
+                                "process group backend (auto: nccl on GPUs, gloo on CPU)")
+
 RUNNERS: list[RunnerInfo] = [
     RunnerInfo(
         "torch_ddp",
@@ -51,6 +55,47 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="torchrun, a c10d rendezvous hosted on the first node",
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
+    ),
+    RunnerInfo(
+        "torch_zero1",
+        "torch",
+        "runners.torch.zero1",
+        "ZeRO-1: DDP with torch.distributed.optim.ZeroRedundancyOptimizer (optimizer state "
+        "partitioned over the ranks), one process per device (torchrun)",
+        options={"backend": SHARDED_BACKEND_OPTION},
+        precisions=("fp32", "tf32", "bf16", "fp16"),  # autocast, as torch_ddp; fp16 on GPUs
+        # the default case is the only one: backend auto is gloo on CPU (overlap_with_ddp is
+        # not offered: its first two iterations apply no update, runners/torch/zero1.py)
+        launcher="torchrun",
+        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        workloads=("cnn", "transformer"),
+        custom_models=("torch",),
+        shards=("optimizer",),
+    ),
+    RunnerInfo(
+        "torch_fsdp2",
+        "torch",
+        "runners.torch.fsdp2",
+        "FSDP2: torch.distributed.fsdp.fully_shard per block and on the root (as torchtitan), "
+        "one process per device (torchrun)",
+        options={
+            "backend": SHARDED_BACKEND_OPTION,
+            "reshard_after_forward": Option(bool, True,
+                                            help="reshard each unit's parameters after its "
+                                                 "forward (ZeRO-3-like; false keeps them "
+                                                 "gathered until backward: ZeRO-2-like)"),
+        },
+        # MixedPrecisionPolicy(param_dtype=bf16|fp16, reduce_dtype=fp32); fp16 with
+        # ShardedGradScaler, on CPUs too
+        precisions=("fp32", "tf32", "bf16", "fp16"),
+        equivalence_options=({"reshard_after_forward": False},),
+        launcher="torchrun",
+        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        workloads=("cnn", "transformer"),
+        custom_models=("torch",),
+        # parameters and optimizer state sharded at rest, gradients after the reduce-scatter,
+        # whatever reshard_after_forward (which decides only between forward and backward)
+        shards=("params", "grads", "optimizer"),
     ),
     RunnerInfo(
         "keras_torch",

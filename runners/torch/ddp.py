@@ -34,6 +34,10 @@ the model and its parameters' device, gathered with dist.all_gather_object over 
 group whose backend and size (dist.get_backend(), get_world_size()) are checked against the
 run's; keys "rank<r>:<device>" (rank1:cpu, rank1:cuda:1), counts the rows, which must add up
 to the samples.
+State: after the timed window each rank's parameters, their .grad and the optimizer's state,
+whole replicas on every rank (runners/torch/state.py: state_bytes_per_device, each equal to
+state_bytes_global). precision_policy: the dtype the logits came out of autocast in, the
+parameters' dtype and the gradients' (DDP all-reduces the buckets in the gradients' dtype).
 Equivalence: the benchmark's own step function (DDP, torch.compile when `compile`, the memory
 format, autocast, the optimizer implementation, gradient bucket views, the resident-tensor
 input) on the probe, one step of SGD without momentum.
@@ -63,17 +67,17 @@ from runners.torch.dist import (
     Ranks,
     Step,
     StepCounter,
-    autocast,
     check_precision,
     framework_versions,
     init_ranks,
-    loss_of,
     model_record,
     probe_equivalence,
     rank_model,
+    sgd_step,
     timed_steps,
     wrap_ddp,
 )
+from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_bytes, torch_precision
 
 OPTIMIZER_IMPLS = {"foreach": {"foreach": True}, "fused": {"fused": True},
                    "for-loop": {"foreach": False}}
@@ -116,22 +120,7 @@ def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: floa
                               "fused": optimizer.defaults.get("fused")},
                 "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view)}
 
-    def step() -> torch.Tensor:
-        x, y = feed.next()
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(ranks, spec.precision):
-            loss = loss_of(model(tracker.saw(x)), y)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scale = scaler.get_scale()
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            counter.skipped += scaler.get_scale() < scale  # the scaler backs off after a skip
-        return loss.detach()
-
+    step = sgd_step(ranks, spec.precision, model, optimizer, feed, tracker, counter, scaler)
     return step, counter, tracker, scaler, reported
 
 
@@ -173,6 +162,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                     "(torchrun); gradients all-reduced in buckets during backward",
         **model_record(net, model_spec),
         **model_state_torch(net, counter.optimizer),
+        **state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), AFTER_WINDOW),
+        **torch_precision(spec.precision, tracker, net, grad_dtype(net),
+                          autocast_how(spec.precision, ranks, scaler),
+                          "dynamic" if scaler is not None else None),
     })
     ranks.close()
     return result

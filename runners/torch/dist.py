@@ -73,6 +73,11 @@ class DeviceRank(ABC):
         """`t` (on this rank's device) summed over the ranks."""
 
     @abstractmethod
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, in rank order, through the framework's own
+        collective (dist.all_gather_object, hvd.allgather_object)."""
+
+    @abstractmethod
     def placement(self, tracker: PlacementTracker) -> dict[str, Any]:
         """gather_placement over the ranks, as the framework counts them."""
 
@@ -97,6 +102,11 @@ class Ranks(DeviceRank):
         dist.all_reduce(t)
         return t
 
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
     def placement(self, tracker: PlacementTracker) -> dict[str, Any]:
         """gather_placement over the process group, whose backend and size are read back from
         it and checked against the run's."""
@@ -104,17 +114,11 @@ class Ranks(DeviceRank):
         if backend != self.backend or world != self.world:
             raise Invalid(f"the process group is {backend} with {world} ranks; the run asked "
                           f"for {self.backend} with {self.world}")
-
-        def gather(obj: Any) -> list[Any]:
-            out: list[Any] = [None] * world
-            dist.all_gather_object(out, obj)
-            return out
-
         source = (f"torch.distributed process group (get_backend()={backend}, get_world_size()="
                   f"{world}); each rank's input-batch rows and device and its parameters' "
                   "device, read from the tensors it stepped on and gathered with "
                   "all_gather_object")
-        return gather_placement(tracker, dist.get_rank(), world, gather, source)
+        return gather_placement(tracker, dist.get_rank(), world, self.gather, source)
 
     def record(self) -> dict[str, Any]:
         out = {"replicas": self.world, "devices": self.devices, "backend": self.backend,
@@ -277,6 +281,13 @@ class PlacementTracker:
         self.model = model
         self.rows = 0
         self.batch_devices: set[str] = set()
+        self.output_dtypes: set[torch.dtype] = set()  # what the forward computed its logits in
+
+    def computed(self, logits: torch.Tensor) -> torch.Tensor:
+        """Note the dtype the model's forward gave its logits in (the compute dtype, as
+        autocast or a mixed-precision policy left it)."""
+        self.output_dtypes.add(logits.dtype)
+        return logits
 
     def reset(self) -> None:
         self.rows, self.batch_devices = 0, set()
@@ -422,6 +433,34 @@ def autocast(ranks: DeviceRank, precision: str) -> contextlib.AbstractContextMan
     return torch.autocast(ranks.device.type, dtype=dtype)
 
 
+def sgd_step(ranks: DeviceRank, precision: str, model: nn.Module,
+             optimizer: torch.optim.Optimizer, feed: Feed, tracker: PlacementTracker,
+             counter: StepCounter, scaler: torch.amp.GradScaler | None = None,
+             cast: bool = True) -> Step:
+    """One training step of the torchrun runners: gradients cleared (set to None), the batch
+    from `feed` through `model` under the run's autocast (`cast`; False where a
+    mixed-precision policy casts instead), the loss (loss_of), backward, optimizer.step()
+    (through `scaler` in fp16, a step it skips counted); it returns this rank's loss."""
+
+    def step() -> torch.Tensor:
+        x, y = feed.next()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(ranks, precision) if cast else contextlib.nullcontext():
+            loss = loss_of(tracker.computed(model(tracker.saw(x))), y)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scale = scaler.get_scale()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            counter.skipped += scaler.get_scale() < scale  # the scaler backs off after a skip
+        return loss.detach()
+
+    return step
+
+
 def check_precision(spec: Spec, ranks: DeviceRank) -> None:
     precision = spec.precision
     if precision == "fp16" and not ranks.cuda:
@@ -504,11 +543,14 @@ def rank_model(spec: Spec, ranks: DeviceRank, layout: str = "channels_first",
 def probe_equivalence(spec: Spec, ranks: DeviceRank,
                       make_step: Callable[[nn.Module, Feed, float],
                                           tuple[Step, StepCounter, PlacementTracker]],
-                      layout: str = "channels_first", **own: Any) -> dict[str, Any]:
+                      layout: str = "channels_first",
+                      whole: Callable[[nn.Module], nn.Module] = lambda net: net,
+                      **own: Any) -> dict[str, Any]:
     """The equivalence mode over a runner's step function: the probe model at the given
     canonical weights on the rank's device (`layout`), its slice of the batch resident there
     (equivalence_input), `make_step(net, feed, learning_rate)` (plain SGD) called once by
-    equivalence_step; rank 0 saves the weights; the ranks closed."""
+    equivalence_step; rank 0 saves the weights of `whole(net)` (a sharded strategy's: a plain
+    copy with the full weights, gathered by every rank); the ranks closed."""
     from models.torch_common import get_canonical_weights, set_canonical_weights
 
     weights, x, y, lr = spec.equivalence_inputs()
@@ -518,8 +560,8 @@ def probe_equivalence(spec: Spec, ranks: DeviceRank,
     net = net.to(ranks.device)
     step, counter, tracker = make_step(net, feed, lr)
     return equivalence_step(spec, ranks, step, counter, tracker,
-                            lambda: get_canonical_weights(net), framework=framework_versions(),
-                            layout=layout, **own)
+                            lambda: get_canonical_weights(whole(net)),
+                            framework=framework_versions(), layout=layout, **own)
 
 
 def equivalence_input(x: np.ndarray, y: np.ndarray, ranks: DeviceRank, channels_first: bool,
@@ -540,8 +582,9 @@ def equivalence_step(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Ten
                      canonical: Callable[[], dict[str, np.ndarray]], **own: Any
                      ) -> dict[str, Any]:
     """One call of the benchmark's `step`, counted by the optimizer's hooks on every rank;
-    rank 0 saves the canonical weights; the result (the step's placement, the global loss, the
-    ranks' record, the runner's `own` fields); the ranks closed."""
+    every rank reads the canonical weights, rank 0 saves them; the result (the step's
+    placement, the global loss, the ranks' record, the runner's `own` fields); the ranks
+    closed."""
     tracker.reset()
     applied0 = counter.applied
     loss = step()
@@ -551,8 +594,9 @@ def equivalence_step(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Ten
         raise Invalid(f"the equivalence step applied {steps} optimizer steps per rank, not 1")
     global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
     placement = ranks.placement(tracker)
+    weights = canonical()  # on every rank: a sharded strategy gathers its weights collectively
     if ranks.rank == 0:
-        spec.save_equivalence_output(canonical())
+        spec.save_equivalence_output(weights)
     result = {**placement, **ranks.record(), "loss": global_loss, **own}
     ranks.close()
     return result

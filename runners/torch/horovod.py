@@ -29,7 +29,11 @@ Count: the optimizer's step hooks count applied updates, independently of the lo
 counts are exchanged with hvd.allreduce and must agree, and samples are their sum of images
 stepped on. Global losses and each rank's threads are summed with hvd.allreduce too.
 Placement: each rank's batch rows and device and its parameters' device, gathered with
-hvd.allgather_object, keyed by hvd.rank() out of hvd.size(). What is not Horovod's own (the
+hvd.allgather_object, keyed by hvd.rank() out of hvd.size(). State: after the timed window
+each rank's parameters, .grad and optimizer state, whole replicas (runners/torch/state.py,
+gathered with hvd.allgather_object); precision_policy: float32 throughout, the reduce dtype
+float16 where the DistributedOptimizer compresses (its _compression is Compression.fp16:
+follows false, said). What is not Horovod's own (the
 input, the step counter, the timed loop, the checks, the placement and the result) is
 runners/torch/dist.py's, shared with the torchrun runners. Equivalence runs the benchmark's step
 function (DistributedOptimizer with the run's compression, resident-tensor input) on the
@@ -91,6 +95,7 @@ from runners.torch.dist import (
     use_gpu,
 )
 from runners.torch.dist import framework_versions as torch_versions
+from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision
 
 THREADS_NOTE = ("horovodrun leaves thread pools alone; the harness sets OMP_NUM_THREADS to "
                 "cores // N (or, unset, each rank sets torch threads to cores // ranks), so N "
@@ -116,6 +121,9 @@ class HorovodRanks(DeviceRank):
         hvd = horovod()
         return hvd.allreduce(t, op=hvd.Sum)
 
+    def gather(self, obj: Any) -> list[Any]:
+        return list(horovod().allgather_object(obj))
+
     def placement(self, tracker: PlacementTracker) -> dict[str, Any]:
         """gather_placement over Horovod's ranks: hvd.rank() and hvd.size() as Horovod counts
         them, the rows gathered with hvd.allgather_object."""
@@ -123,7 +131,7 @@ class HorovodRanks(DeviceRank):
         source = (f"Horovod (hvd.size()={hvd.size()}, controller {controller()}); each rank's "
                   "input-batch rows and device and its parameters' device, read from the "
                   "tensors it stepped on and gathered with hvd.allgather_object")
-        return gather_placement(tracker, hvd.rank(), hvd.size(), hvd.allgather_object, source)
+        return gather_placement(tracker, hvd.rank(), hvd.size(), self.gather, source)
 
     def record(self) -> dict[str, Any]:
         out = {"replicas": horovod().size(), "devices": self.devices,
@@ -234,6 +242,12 @@ def distributed_sgd(model: nn.Module, lr: float, momentum: float, fp16_allreduce
     return optimizer
 
 
+def fp16_allreduce_in(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether Horovod's DistributedOptimizer compresses the gradients to float16 for the
+    all-reduce, read from the optimizer it built (its _compression)."""
+    return getattr(optimizer, "_compression", None) is horovod().Compression.fp16
+
+
 def worker_context() -> str | None:
     """Horovod's examples start DataLoader workers with forkserver where it exists (fork is
     unsafe with some transports, e.g. InfiniBand verbs)."""
@@ -254,7 +268,7 @@ def training_step(net: nn.Module, feed: Feed, lr: float, momentum: float, fp16_a
     def step() -> torch.Tensor:
         x, y = feed.next()
         optimizer.zero_grad()  # Horovod's takes no set_to_none; torch's default is True
-        loss = loss_of(net(tracker.saw(x)), y)
+        loss = loss_of(tracker.computed(net(tracker.saw(x))), y)
         loss.backward()  # each gradient's all-reduce starts as soon as it is ready
         optimizer.step()  # waits for all of them, then applies the averaged gradient
         return loss.detach()
@@ -281,6 +295,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                     "gradients all-reduced (Average) as backward produces them",
         **model_record(net, model_spec),
         **model_state_torch(net, counter.optimizer),
+        **state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), AFTER_WINDOW),
+        **torch_precision(spec.precision, tracker, net,
+                          "float16" if fp16_allreduce_in(counter.optimizer) else grad_dtype(net),
+                          "no autocast: float32 parameters and compute" + (
+                              "; gradients all-reduced in float16 (hvd.Compression.fp16)"
+                              if fp16_allreduce else "")),
     })
     ranks.close()
     return result

@@ -36,7 +36,10 @@ the Keras model's layout. With loader `keras` each rank reads its share (files r
 ...) through runners/keras/data.py's JpegSequence, a Keras 3 PyDataset with `workers`
 processes, iterated by the adapter Keras' own fit uses on the torch backend (the public
 PyDataset iterates serially; its workers only run inside that adapter).
-Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
+Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute);
+precision_policy reads the policy's compute_dtype, the torch parameters' dtype and the
+gradients' (DDP's all-reduce dtype). State: after the timed window each rank's parameters,
+.grad and optimizer state, whole replicas (runners/torch/state.py).
 Placement: each rank's batch rows and device and its Keras model's parameter device, gathered
 over the process group (runners.torch.dist, as torch_ddp). Equivalence runs the benchmark's
 step function (the guide's loop in DDP, the run's data_format, resident-tensor input) on the
@@ -81,6 +84,7 @@ from runners.torch.dist import (  # noqa: E402
     timed_steps,
     wrap_ddp,
 )
+from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision  # noqa: E402
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
 
@@ -223,6 +227,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                 "(every position of a token model's), model(x, training=True)",
         **model_record(model, model_spec, described),
         **model_state_torch(logits, counter.optimizer),
+        **state_bytes(ranks, logits.parameters(), counter.optimizer.state.values(),
+                      AFTER_WINDOW),
+        **torch_precision(spec.precision, keras.mixed_precision.global_policy().compute_dtype,
+                          logits, grad_dtype(logits),
+                          f"keras.mixed_precision.set_global_policy({policy!r}); no autocast"),
     })
     if spec.data == "real":
         result["loader_option"] = loader

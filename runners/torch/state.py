@@ -1,0 +1,157 @@
+"""What each torch rank holds of the model state, and the precision a torch run trained in, both
+read back from the framework's own objects (torch runners only; imports torch).
+
+`state_bytes` gives a record's `state_bytes_per_device` ({"rank<r>:<device>": {"params",
+"grads", "optimizer": bytes}}), `state_bytes_global` and `state_source`: each rank sums the
+bytes of its parameters (module.parameters(): a DTensor's local shard, `to_local()`, under
+FSDP2; the whole tensor under DDP/Horovod), of the gradients they hold (`.grad`, a DTensor's
+local shard likewise) and of its optimizer's state tensors (the state dicts it is given: the
+optimizer's `state`, or ZeroRedundancyOptimizer's local `optim.state`); the rows are gathered
+over the ranks' own collective (DeviceRank.gather: dist.all_gather_object, hvd.allgather_object).
+The global (logical, unsharded) size of a part is what its tensors state: a DTensor's global
+shape times its itemsize, a plain tensor's own size (the same on every rank, checked), or, for
+a part each rank holds a disjoint partition of in plain tensors (ZeroRedundancyOptimizer's
+optimizer state: `partitioned`), the sum of the ranks' partitions. Buffers (BatchNorm's running
+statistics) are not parameters: no strategy here shards them, and they are not counted.
+
+`torch_precision` gives a record's `precision_policy` (runners/precision_policy.resolve): the
+compute dtype the forward gave its logits in (PlacementTracker.computed), the dtype the
+parameters are stored in (read from module.parameters()), the gradient-reduction dtype as the
+strategy reads it back, and the loss scaling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from runners.common import Invalid
+from runners.precision_policy import resolve
+from runners.torch.dist import DeviceRank, PlacementTracker
+
+PARTS = ("params", "grads", "optimizer")
+AFTER_WINDOW = ("after the timed window (the last timed step's backward and optimizer.step() "
+                "done; the gradients are kept until the next step's zero_grad)")
+
+
+def tensor_bytes(t: torch.Tensor) -> tuple[int, int]:
+    """(the bytes this rank holds, the tensor's logical bytes): a DTensor's local shard
+    (to_local()) against its global shape; a plain tensor is whole where it is."""
+    size = t.element_size()
+    if isinstance(t, DTensor):
+        return t.to_local().numel() * size, t.numel() * size
+    return t.numel() * size, t.numel() * size
+
+
+def rank_state(params: Iterable[torch.Tensor], optimizer_states: Iterable[dict[str, Any]]
+               ) -> dict[str, tuple[int, int]]:
+    """This rank's (held, logical) bytes of the parameters, of the gradients they hold now and
+    of the optimizer state tensors in `optimizer_states` (one state dict per parameter)."""
+    sums = {part: [0, 0] for part in PARTS}
+
+    def add(part: str, t: torch.Tensor) -> None:
+        held, whole = tensor_bytes(t)
+        sums[part][0] += held
+        sums[part][1] += whole
+
+    for p in params:
+        add("params", p)
+        if p.grad is not None:
+            add("grads", p.grad)
+    for state in optimizer_states:
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                add("optimizer", v)
+    return {part: (held, whole) for part, (held, whole) in sums.items()}
+
+
+def state_bytes(ranks: DeviceRank, params: Iterable[torch.Tensor],
+                optimizer_states: Iterable[dict[str, Any]], when: str,
+                partitioned: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The record's state_bytes_per_device / state_bytes_global / state_source (every rank
+    calls it; rank 0 writes it). `when`: when it was read (state_source says it); `partitioned`:
+    the parts each rank holds a disjoint share of in plain tensors, whose global size is the
+    sum over the ranks. Invalid when the ranks disagree on a part's global size."""
+    params = list(params)
+    mine = rank_state(params, optimizer_states)
+    rows = ranks.gather({"rank": ranks.rank, "device": str(ranks.device), **mine})
+    per_device = {f"rank{row['rank']}:{row['device']}": {part: int(row[part][0])
+                                                          for part in PARTS} for row in rows}
+    whole: dict[str, int] = {}
+    for part in PARTS:
+        if part in partitioned:
+            whole[part] = sum(int(row[part][0]) for row in rows)
+            continue
+        stated = {int(row[part][1]) for row in rows}
+        if len(stated) != 1:
+            raise Invalid(f"state_bytes_global: the ranks' {part} state global sizes "
+                          f"{sorted(stated)} differ")
+        whole[part] = stated.pop()
+    how = ("DTensor.to_local() shards against the DTensor's global shape" if any(
+        isinstance(p, DTensor) for p in params) else "whole tensors on each rank")
+    source = (f"each rank's module.parameters(), their .grad and its optimizer's state tensors "
+              f"({how}), read {when}, gathered with the ranks' all_gather_object; buffers "
+              "(running statistics) not counted")
+    if partitioned:
+        source += (f"; {', '.join(partitioned)}: each rank's partition, the global size their "
+                   "sum")
+    return {"state_bytes_per_device": per_device, "state_bytes_global": whole,
+            "state_source": source}
+
+
+def dtype_of(tensors: Iterable[torch.Tensor], what: str) -> torch.dtype:
+    """The one floating dtype `tensors` are in (Invalid if several)."""
+    dtypes = {t.dtype for t in tensors if t.is_floating_point()}
+    if len(dtypes) != 1:
+        raise Invalid(f"{what} are in {sorted(map(str, dtypes))}, not one dtype")
+    return dtypes.pop()
+
+
+def compute_dtype(precision: str, computed: Any) -> str:
+    """The dtype the forward computed in: the logits' dtype the step's PlacementTracker saw,
+    or a dtype the framework states (a Keras policy's compute_dtype); float32 under precision
+    tf32 is TF32 math where torch says TF32 matmuls are allowed."""
+    if isinstance(computed, PlacementTracker):
+        if len(computed.output_dtypes) != 1:
+            raise Invalid(f"the forward gave logits in "
+                          f"{sorted(map(str, computed.output_dtypes))}, not one dtype")
+        computed = next(iter(computed.output_dtypes))
+    name = str(computed).removeprefix("torch.")
+    if precision == "tf32" and name == "float32" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return name
+
+
+def torch_precision(precision: str, compute: Any, module: nn.Module,
+                    reduce: Any, how: str, loss_scaling: str | None = None) -> dict[str, Any]:
+    """The record's precision_policy: the compute dtype (compute_dtype: as the logits came
+    out of the step's tracker, or as the framework states it), the parameters' stored dtype
+    read from `module`, `reduce` (the strategy's gradient-reduction dtype, read back by the
+    runner), the framework knobs (`how`); the parameters are the master weights (torch's
+    optimizers update them in place)."""
+    return {"precision_policy": resolve(
+        precision, how=how, compute=compute_dtype(precision, compute),
+        params=dtype_of(module.parameters(), "the parameters"), master=None, reduce=reduce,
+        loss_scaling=loss_scaling)}
+
+
+def autocast_how(precision: str, ranks: DeviceRank, scaler: Any = None) -> str:
+    """The knobs of a torch.autocast run (torch_ddp, torch_zero1), as used."""
+    if precision in ("fp32", "tf32"):
+        return "no autocast: float32 parameters and compute" + (
+            " (TF32 matmuls and convolutions: torch.backends.cuda.matmul/cudnn.allow_tf32)"
+            if precision == "tf32" else "")
+    dtype = "bfloat16" if precision == "bf16" else "float16"
+    return f"torch.autocast({ranks.device.type}, {dtype})" + (
+        " + torch.amp.GradScaler (dynamic loss scaling)" if scaler is not None else "")
+
+
+def grad_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype of the gradients the module's parameters hold (what DDP's and Horovod's
+    all-reduce sums: their buckets are in the gradients' dtype)."""
+    return dtype_of((p.grad for p in module.parameters() if p.grad is not None),
+                    "the gradients")
