@@ -72,8 +72,8 @@ def test_two_ranks_hold_the_split_their_stage_says(stage_sweep: dict, stage: int
     """Each part a stage shards is held as half (plus DeepSpeed's alignment padding) on each
     of the two ranks, each part it replicates in full; the global sizes are those of the
     1-rank run, where one rank holds everything."""
-    one = stage_sweep[(stage, 1, model)]["result"]
-    two = stage_sweep[(stage, 2, model)]["result"]
+    one = stage_sweep[(stage, 1, model)]
+    two = stage_sweep[(stage, 2, model)]
     shards = expected_shards(RUNNERS["deepspeed"], {"stage": stage})
     assert set(shards) == ({"params", "grads", "optimizer"} if stage == 3
                            else {"grads", "optimizer"})
@@ -97,7 +97,7 @@ def test_precision_policy_read_back(stage_sweep: dict, stage: int) -> None:
     """DeepSpeed's bf16 stores bf16 parameters and updates fp32 master partitions (a copy:
     not the harness's policy, said so); at fp32 too its optimizer holds an fp32 master copy of
     its partition. Gradients reduce in fp32 (communication_data_type) either way."""
-    policy = stage_sweep[(stage, 2, "gpt2_tiny")]["result"]["precision_policy"]
+    policy = stage_sweep[(stage, 2, "gpt2_tiny")]["precision_policy"]
     precision = PRECISION[stage]
     stored = "bfloat16" if precision == "bf16" else "float32"
     assert policy["precision"] == precision
@@ -108,5 +108,5 @@ def test_precision_policy_read_back(stage_sweep: dict, stage: int) -> None:
     assert ("params bfloat16 (harness: float32)" in policy["differs"]) == (precision == "bf16")
     assert f"bfloat16_enabled()={precision == 'bf16'}" in policy["how"]
     # the optimizer's bytes hold the fp32 master copy and the momentum: 8 bytes a parameter
-    one = stage_sweep[(stage, 1, "gpt2_tiny")]["result"]["state_bytes_global"]
+    one = stage_sweep[(stage, 1, "gpt2_tiny")]["state_bytes_global"]
     assert one["optimizer"] == 2 * 4 * one["params"] // (2 if precision == "bf16" else 4)

@@ -129,8 +129,8 @@ def check_ok(rec: dict, n: int) -> dict:
     assert result["placement"] == rec["placement"]
     assert sorted(rec["placement"].values()) == [8] * n, rec["placement"]
     assert result["batchnorm"] == rec["options"]["batchnorm"]
-    assert_replicas(result, n)  # data parallel: the whole state on every device
-    assert result["precision_policy"]["follows"] is True
+    assert_replicas(rec, n)  # data parallel: the whole state on every device
+    assert rec["precision_policy"]["follows"] is True
     return result
 
 
@@ -283,7 +283,7 @@ def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
         # no BatchNorm: the per-device step still averages the gradients (one all-reduce)
         assert result["collectives"]["all-reduce"] >= 1
         assert sorted(rec["placement"].values()) == [4] * n
-        assert_replicas(result, n)
+        assert_replicas(rec, n)
         assert result["layout"] == ("token ids (batch, sequence)" if tokens else "channels_last")
         assert ("next-token" in result["loss_kind"]) == tokens
 

@@ -17,10 +17,10 @@ from tests.conftest import smoke_sweep
 SHARDED = ("jax_fsdp", "keras_model_parallel")
 
 
-def assert_split(result: dict, n: int) -> None:
+def assert_split(rec: dict, n: int) -> None:
     """Every part held as about 1/n per device (the replicated small leaves allowed: 2% of the
     whole), the shards together the whole, every device named."""
-    per_device, whole = result["state_bytes_per_device"], result["state_bytes_global"]
+    per_device, whole = rec["state_bytes_per_device"], rec["state_bytes_global"]
     assert len(per_device) == n, per_device
     for part in PARTS:
         held = [d[part] for d in per_device.values()]
@@ -30,14 +30,14 @@ def assert_split(result: dict, n: int) -> None:
         assert sum(held) >= whole[part], (part, held, whole[part])
 
 
-def assert_replicas(result: dict, n: int) -> None:
+def assert_replicas(rec: dict, n: int) -> None:
     """Every part held whole on every one of the n devices (plain data parallelism)."""
-    per_device, whole = result["state_bytes_per_device"], result["state_bytes_global"]
+    per_device, whole = rec["state_bytes_per_device"], rec["state_bytes_global"]
     assert len(per_device) == n, per_device
     for part in PARTS:
         assert whole[part] > 0
         assert [d[part] for d in per_device.values()] == [whole[part]] * n, (part, per_device)
-    assert "addressable_shards" in result["state_source"]
+    assert "addressable_shards" in rec["state_source"]
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +62,11 @@ def test_state_split_over_two_devices(sharded_sweep: dict, runner: str) -> None:
         assert check_record(rec) == []
         assert rec["status"] == "ok", rec["reason"]
         assert rec["samples"] == 3 * 4 * n
-        result = rec["result"]
         if n == 1:
-            assert_replicas(result, 1)
+            assert_replicas(rec, 1)
         else:
-            assert_split(result, 2)
-        policy = result["precision_policy"]
+            assert_split(rec, 2)
+        policy = rec["precision_policy"]
         assert policy["follows"] is True and policy["params"] == "float32"
         assert policy["compute"] == "float32" and policy["reduce"] == "float32"
 

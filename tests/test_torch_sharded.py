@@ -67,25 +67,25 @@ def test_gpt2_tiny_trains_and_reports_its_state(records: dict, runner: str, n: i
     assert rec["samples"] == 3 * 4 * n and result["steps_per_rank"] == [3] * n
     assert rec["placement"] == {f"rank{i}:cpu": 3 * 4 for i in range(n)}
     assert result["params"] == s.params and rec["tokens_per_sample"] == 64
-    per_device, whole = result["state_bytes_per_device"], result["state_bytes_global"]
+    per_device, whole = rec["state_bytes_per_device"], rec["state_bytes_global"]
     assert sorted(per_device) == [f"rank{i}:cpu" for i in range(n)]
     # float32 parameters (the tied embedding once), a gradient for each, one momentum buffer
     # each: the logical sizes as the framework states them
     assert whole == {part: 4 * s.params for part in PARTS}
-    assert "after the timed window" in result["state_source"]
-    policy = result["precision_policy"]
+    assert "after the timed window" in rec["state_source"]
+    policy = rec["precision_policy"]
     assert policy["precision"] == "fp32" and policy["follows"] is True
     assert (policy["compute"], policy["params"], policy["reduce"]) == ("float32",) * 3
     assert policy["master"] is None and policy["loss_scaling"] is None
 
 
 def held(rec: dict, part: str) -> list[int]:
-    return [v[part] for _, v in sorted(rec["result"]["state_bytes_per_device"].items())]
+    return [v[part] for _, v in sorted(rec["state_bytes_per_device"].items())]
 
 
 def test_ddp_holds_full_replicas(records: dict) -> None:
     rec = records[("torch_ddp", "gpt2_tiny", 2)]
-    whole = rec["result"]["state_bytes_global"]
+    whole = rec["state_bytes_global"]
     for part in PARTS:
         assert held(rec, part) == [whole[part]] * 2, part
 
@@ -95,7 +95,7 @@ def test_zero1_splits_only_the_optimizer_state_by_its_partition(records: dict) -
     parameters its partition assigns it (about half the elements each); parameters and
     gradients stay full DDP replicas."""
     rec = records[("torch_zero1", "gpt2_tiny", 2)]
-    result, whole = rec["result"], rec["result"]["state_bytes_global"]
+    result, whole = rec["result"], rec["state_bytes_global"]
     assert held(rec, "params") == [whole["params"]] * 2
     assert held(rec, "grads") == [whole["grads"]] * 2
     optimizer = held(rec, "optimizer")
@@ -109,7 +109,7 @@ def test_zero1_splits_only_the_optimizer_state_by_its_partition(records: dict) -
         GPT2_TINY.vocab * GPT2_TINY.d_model
     # each rank's momentum buffers are exactly its partition's elements, in float32
     assert [4 * r["elements"] for r in partition] == optimizer
-    assert result["precision_policy"]["how"] == "no autocast: float32 parameters and compute"
+    assert rec["precision_policy"]["how"] == "no autocast: float32 parameters and compute"
 
 
 def test_fsdp2_splits_parameters_gradients_and_optimizer_state(records: dict) -> None:
@@ -117,10 +117,10 @@ def test_fsdp2_splits_parameters_gradients_and_optimizer_state(records: dict) ->
     even, so exactly half each), its gradient and momentum buffer too; the units as torchtitan
     makes them, the last block left gathered after forward."""
     rec = records[("torch_fsdp2", "gpt2_tiny", 2)]
-    result, whole = rec["result"], rec["result"]["state_bytes_global"]
+    result, whole = rec["result"], rec["state_bytes_global"]
     for part in PARTS:
         assert held(rec, part) == [whole[part] // 2] * 2, part
-    assert "DTensor.to_local()" in result["state_source"]
+    assert "DTensor.to_local()" in rec["state_source"]
     units = {u["module"]: u for u in result["fsdp"]["units"]}
     assert sorted(units) == ["(root)", "blocks.0", "blocks.1"]
     assert units["blocks.0"]["reshard_after_forward"] is True
@@ -128,7 +128,7 @@ def test_fsdp2_splits_parameters_gradients_and_optimizer_state(records: dict) ->
     assert result["fsdp"]["mesh"] == {"shape": [2], "dim_names": ["dp_shard"],
                                       "device_type": "cpu"}
     assert "MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None)" in \
-        result["precision_policy"]["how"]
+        rec["precision_policy"]["how"]
 
 
 @pytest.mark.parametrize("runner", SHARDED)
@@ -137,7 +137,7 @@ def test_a_batchnorm_cnn_in_bf16(records: dict, runner: str) -> None:
     bf16 policy (bfloat16 compute, float32 parameters and reduction) read back; under FSDP2
     the BatchNorm layers are units of their own that keep float32 parameters."""
     rec = records[(runner, "minigooglenet", 2)]
-    result, whole = rec["result"], rec["result"]["state_bytes_global"]
+    result, whole = rec["result"], rec["state_bytes_global"]
     assert rec["samples"] == 3 * 4 * 2
     sharded = RUNNERS[runner].shards
     for part in PARTS:
@@ -146,7 +146,7 @@ def test_a_batchnorm_cnn_in_bf16(records: dict, runner: str) -> None:
             assert max(held(rec, part)) <= 0.55 * whole[part], part
         else:
             assert held(rec, part) == [whole[part]] * 2, part
-    policy = result["precision_policy"]
+    policy = rec["precision_policy"]
     assert policy["precision"] == "bf16" and policy["follows"] is True
     assert (policy["compute"], policy["params"], policy["reduce"]) == (
         "bfloat16", "float32", "float32")
