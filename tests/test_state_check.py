@@ -86,3 +86,14 @@ def test_expected_shards_follow_the_option() -> None:
     assert expected_shards(info, {}) == ("optimizer", "grads")
     assert expected_shards(info, {"stage": 3}) == ("params", "grads", "optimizer")
     assert expected_shards(RunnerInfo("ddp", "torch", "m", "d"), {}) == ()
+
+
+def test_whole_parameter_partitions_get_their_granularity() -> None:
+    """ZeroRedundancyOptimizer assigns whole parameters: one large one puts most of the state
+    on one rank, which passes only with the granularity the framework reports."""
+    lopsided = [{"params": 40 * MB, "grads": 40 * MB, "optimizer": 36 * MB},
+                {"params": 40 * MB, "grads": 40 * MB, "optimizer": 4 * MB}]
+    rec = record(lopsided)
+    assert check_state_split(rec, ("optimizer",), 2)[1] != []
+    rec["state_granularity_bytes"] = {"optimizer": 36 * MB}
+    assert check_state_split(rec, ("optimizer",), 2)[1] == []

@@ -387,6 +387,10 @@ COLUMNS: tuple[Column, ...] = (
     _field("state_bytes_global", "Each part's logical (unsharded) size as the framework "
            "states it: {params, grads, optimizer: bytes}.", ("record", "child")),
     _field("state_source", "What state_bytes_per_device read, and when.", ("record", "child")),
+    _field("state_granularity_bytes", "Where a framework shards by whole tensors (the "
+           "ZeroRedundancyOptimizer assigns whole parameters): per part, how far one device's "
+           "share may exceed 1/N (its largest unit), as the framework's partition gives it.",
+           ("record", "child")),
     _field("state_check", "The parent's check of state_bytes_per_device against what the "
            "runner's strategy shards (bench/records/state_check.py): per part its global "
            "size, the most one device holds, and whether 1/N or a replica was expected.",

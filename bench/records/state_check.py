@@ -8,7 +8,9 @@ groups, jax arrays' addressable_shards). What its strategy shards is the catalog
 ZeRO-3/FSDP all three, plain data parallelism nothing). On 2+ devices a sharded part must be
 held as at most its 1/N share on every device (with slack for the padding frameworks add and
 the small leaves some leave replicated: SLACK_SHARE of the share plus SLACK_GLOBAL of the
-whole), and the shards together must cover the whole; a replicated part must be whole on every
+whole; plus the runner's `state_granularity_bytes` of the part where its framework shards by
+whole tensors, as ZeroRedundancyOptimizer assigns whole parameters), and the shards together
+must cover the whole; a replicated part must be whole on every
 device. Otherwise the run is `invalid`, the bytes in the reason. A part whose global size is 0
 (gradients a strategy frees before the reading, no optimizer state) is not judged, and the
 record says so.
@@ -54,6 +56,8 @@ def check_state_split(result: Mapping[str, Any], shards: tuple[str, ...], num_de
         problems.append(f"state_bytes_per_device names {len(per_device)} devices, the run has "
                         f"{num_devices}")
     view: dict[str, Any] = {"devices": len(per_device), "sharded": list(shards), "parts": {}}
+    granularity = result.get("state_granularity_bytes")
+    granularity = granularity if isinstance(granularity, Mapping) else {}
     for part in PARTS:
         g = _int(whole.get(part))
         held = {d: _int(v.get(part)) if isinstance(v, Mapping) else None
@@ -73,7 +77,8 @@ def check_state_split(result: Mapping[str, Any], shards: tuple[str, ...], num_de
         if num_devices < 2:
             continue
         if sharded:
-            limit = g / num_devices * (1 + SLACK_SHARE) + g * SLACK_GLOBAL
+            limit = g / num_devices * (1 + SLACK_SHARE) + g * SLACK_GLOBAL \
+                + (_int(granularity.get(part)) or 0)
             over = {d: b for d, b in held.items() if b > limit}
             if over:
                 problems.append(
