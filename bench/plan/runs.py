@@ -178,11 +178,19 @@ def expand_capacity(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     return runs
 
 
+CAPACITY_PREFIX = "capacity__"
+
+
+def is_capacity_probe(run: RunSpec) -> bool:
+    """Whether the run is a capacity search's probe (its id is the search's)."""
+    return run.run_id.startswith(CAPACITY_PREFIX)
+
+
 def search_id(run: RunSpec, scale: str) -> str:
     """A capacity search's id: its probes' runner, model, devices, precision (and for scale
     depth the batch), what it grows."""
     fixed = f"__b{run.batch_size_per_device}" if scale == "depth" else ""
-    return (f"capacity__{run.runner}__{run.model}__n{run.num_devices}__{run.precision}"
+    return (f"{CAPACITY_PREFIX}{run.runner}__{run.model}__n{run.num_devices}__{run.precision}"
             f"{fixed}__{scale}")
 
 

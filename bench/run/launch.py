@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
-from bench.plan.runs import RunSpec
+from bench.plan.runs import RunSpec, is_capacity_probe
 from bench.records import columns
 from bench.records.mfu import TRAINING_FLOPS_FACTOR, mfu
 from bench.records.store import SCHEMA_VERSION, json_safe, record_path, runs_dir, write_json_atomic
@@ -54,6 +54,12 @@ def child_env(spec: RunSpec) -> dict[str, str]:
                           spec.devices_per_node, os.environ))
     if spec.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+        if is_capacity_probe(spec):
+            # glibc raises its mmap threshold after the first large free, so later tensors
+            # come from the heap and stay resident when freed: the process's peak would
+            # count the allocator's leftovers, not the tensors. A fixed threshold (glibc's
+            # default, 128 KiB) returns every large tensor to the OS when freed.
+            env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     else:
         # CUDA numbers GPUs fastest first by default; NVML (the parent's telemetry) by PCI bus
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
