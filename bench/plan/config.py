@@ -505,9 +505,9 @@ def _option_axis(name: str, says: Says, kind: Any) -> Any:
             try:
                 out.append(handler(item))
             except ValidationError as exc:
-                kind = exc.errors()[0]["type"]
+                error = exc.errors()[0]["type"]
                 raise PydanticCustomError("config", "allowed: {allowed}", {
-                    "allowed": dict(says.by_error).get(kind, says.allowed), "index": i,
+                    "allowed": dict(says.by_error).get(error, says.allowed), "index": i,
                     "item": item}) from None
         _unique(out)
         seen: dict[str, Any] = {}
@@ -560,7 +560,7 @@ def _option(name: str, opt: Option) -> tuple[Any, FieldInfo]:
     field = Field(opt.default, alias=name, description=opt.help or None)
     if name in COMMON_OPTIONS:
         return Annotated[kind, says, _no_axis(name, says)], field
-    if any(t is list or typing.get_origin(t) is list for t in types):
+    if opt.takes_list:
         return Annotated[kind, says], field
     # dumped as given: a value, or an axis's list
     return Annotated[kind, says, _option_axis(name, says, kind),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import typing
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -88,19 +87,13 @@ def option_variants(runner: str, given: dict[str, Any]) -> list[tuple[dict[str, 
     [(given, {})] without one. COMMON_OPTIONS (python) are left out: the launcher's."""
     opts = {k: v for k, v in given.items() if k not in COMMON_OPTIONS}
     known = RUNNERS[runner].options if runner in RUNNERS else {}
-    axes = {k: v for k, v in opts.items() if isinstance(v, list) and not _list_typed(known.get(k))}
+    axes = {k: v for k, v in opts.items()
+            if isinstance(v, list) and not (k in known and known[k].takes_list)}
     out = []
     for values in itertools.product(*axes.values()):
         variant = dict(zip(axes, values, strict=True))
         out.append(({**opts, **variant}, variant))
     return out
-
-
-def _list_typed(option: Any) -> bool:
-    """An option whose own value is a list (a list given to it is one value, not an axis)."""
-    types = getattr(option, "type", None)
-    types = types if isinstance(types, tuple) else (types,)
-    return any(t is list or typing.get_origin(t) is list for t in types)
 
 
 def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
