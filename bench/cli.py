@@ -13,6 +13,7 @@ from bench.analysis.explain import text as explain_text
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.plan.config import ConfigError, json_schema, load_config
 from bench.plan.runs import RunSpec, expand
+from bench.records.grouping import runner_label
 from bench.records.store import load_records
 from bench.report.allreduce import CSV_NAME, allreduce_table
 from bench.report.capacity import CSV_NAME as CAPACITY_CSV
@@ -397,7 +398,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def print_plan(runs: list[RunSpec]) -> None:
     head = ("#", "run_id", "runner", "model", "devices", "per-dev", "global", "prec", "data")
     rows = [head] + [
-        (str(i), r.run_id, r.runner, r.model,
+        (str(i), r.run_id, runner_label(r), r.model,
          (f"{r.num_nodes}x{r.devices_per_node}" if r.num_nodes > 1 else str(r.num_devices))
          + f" {'vcpu' if r.virtual_devices else r.device}",
          *((str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data_label)

@@ -40,6 +40,13 @@ class Option:
     def has_gpu_default(self) -> bool:
         return self.gpu_default is not SAME_AS_DEFAULT
 
+    @property
+    def takes_list(self) -> bool:
+        """Its own value is a list: a list given to it is that value, never an option axis
+        (bench/plan/config.py)."""
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        return any(t is list or getattr(t, "__origin__", None) is list for t in types)
+
 
 @dataclass(frozen=True)
 class Family:

@@ -76,9 +76,14 @@ def test_schema_declares_every_runners_options(schema: dict) -> None:
         assert list(declared["properties"]) == list(runner_options(runner)), runner
         assert declared["additionalProperties"] is False
     mirrored = _ref(schema, options["properties"]["tf_mirrored"])["properties"]
-    assert mirrored["xla"]["type"] == "boolean" and mirrored["xla"]["default"] is False
-    assert mirrored["data_format"]["enum"] == ["channels_last", "channels_first"]
+    # an option: a value, or a list of them (an option axis, one run per value)
+    one, axis = mirrored["xla"]["anyOf"]
+    assert one["type"] == "boolean" and mirrored["xla"]["default"] is False
+    assert axis["type"] == "array" and axis["items"] == one and axis["minItems"] == 1
+    assert mirrored["data_format"]["anyOf"][0]["enum"] == ["channels_last", "channels_first"]
     assert mirrored["data_format"]["description"] == "tensor layout"
+    # a COMMON option (the launcher's) is one value, never an axis
+    assert "array" not in json.dumps(mirrored["python"])
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -98,7 +103,10 @@ def test_the_schema_refuses_what_the_loader_refuses(real_dataset: Path) -> None:
     for bad in ({"runners": ["tf_mirored"]}, {"devices": [0]}, {"measure_step": 10},
                 {"runner_options": {"tf_mirrored": {"xal": True}}}, {"precision": "fp8"},
                 {"runner_options": {"tf_mirrored": {"data_format": "nchw"}}},
-                {"devices": [2, 2]}, {"telemetry": {"interval_s": 0}}, {"name": "a b"}):
+                {"devices": [2, 2]}, {"telemetry": {"interval_s": 0}}, {"name": "a b"},
+                {"runner_options": {"tf_mirrored": {"xla": []}}},
+                {"runner_options": {"tf_mirrored": {"xla": [True, True]}}},
+                {"runner_options": {"tf_mirrored": {"python": ["a", "b"]}}}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**BASE, **bad}, schema)
         with pytest.raises(ConfigError):

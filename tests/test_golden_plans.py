@@ -1,6 +1,7 @@
 """Golden plans: what the harness plans for each shipped config, compared with files on disk.
 
-For every configs/<name>.yaml, tests/golden/<name>.txt holds (docs/DESIGN.md, "Golden plans"):
+For every configs/<name>.yaml, and every tests/golden/configs/<name>.yaml (a plan no shipped
+config makes: option axes), tests/golden/<name>.txt holds (docs/DESIGN.md, "Golden plans"):
 the expanded runs (bench.plan.runs.expand, with a fixed sweep id); the child command and the
 environment the launcher gives the child (bench.run.launch.child_command, child_env) of the
 config's first benchmark run at 1 and at 2 devices; and that run's sbatch command and batch
@@ -44,8 +45,10 @@ from bench.run.sweep import precheck
 from runners import threads
 from runners.common import Spec
 
-CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 GOLDEN = REPO_ROOT / "tests" / "golden"
+# the shipped configs, then the test's own: plans no shipped config makes (option axes)
+CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml")) + sorted(
+    (GOLDEN / "configs").glob("*.yaml"))
 UPDATE = "python -m pytest tests/test_golden_plans.py --update-golden"
 SWEEP_ID = "golden"
 CORES = 16  # the host's physical cores, as runners.threads.physical_cores would say
@@ -228,7 +231,7 @@ def stand_ins(config: Path, tmp: Path) -> tuple[list[str], list[str]]:
 
 
 HEADER = (
-    "Golden plan of configs/{name}.yaml, checked by tests/test_golden_plans.py. Do not edit: "
+    "Golden plan of {config}, checked by tests/test_golden_plans.py. Do not edit: "
     "once a change is checked to be intended, rewrite with\n  {update}",
     "Placeholders: <repo> the repository root, <out> the results folder, <harness-python> the "
     "interpreter of the harness (sys.executable), <attempt> launch's attempt token; a family's "
@@ -258,7 +261,8 @@ def golden_text(config: Path, tmp: Path) -> str:
     first = next((r for r in runs if r.mode == "benchmark"), runs[0])
     local = cfg.cluster["backend"] == "local"
     words = dict(
-        name=config.stem, update=UPDATE, inherited=" and ".join(sorted(INHERITED)), cores=CORES,
+        config=config.relative_to(REPO_ROOT), update=UPDATE,
+        inherited=" and ".join(sorted(INHERITED)), cores=CORES,
         first="the plan's first benchmark run" if first.mode == "benchmark" else
         f"the plan's first run (mode {first.mode}: the plan has no benchmark run)",
         cluster=": the defaults but the backend, as the config runs locally" if local else "")
@@ -296,16 +300,16 @@ def test_plan_matches_its_golden_file(config: Path, tmp_path: Path, update_golde
         if not path.exists() or path.read_text(encoding="utf-8") != actual:
             path.write_text(actual, encoding="utf-8")
         return
-    rel = path.relative_to(REPO_ROOT)
+    rel, source = path.relative_to(REPO_ROOT), config.relative_to(REPO_ROOT)
     if not path.exists():
-        pytest.fail(f"{rel} is missing: configs/{config.name} has no golden plan. Write it "
+        pytest.fail(f"{rel} is missing: {source} has no golden plan. Write it "
                     f"with `{UPDATE}` and check what it plans.", pytrace=False)
     expected = path.read_text(encoding="utf-8")
     if actual != expected:
         diff = "".join(difflib.unified_diff(
             expected.splitlines(keepends=True), actual.splitlines(keepends=True),
-            fromfile=f"{rel} (golden)", tofile=f"configs/{config.name} (planned now)"))
-        pytest.fail(f"the plan of configs/{config.name} differs from {rel}:\n{diff}\n"
+            fromfile=f"{rel} (golden)", tofile=f"{source} (planned now)"))
+        pytest.fail(f"the plan of {source} differs from {rel}:\n{diff}\n"
                     f"If the change is intended, run `{UPDATE}` and commit the files.",
                     pytrace=False)
 
@@ -313,6 +317,7 @@ def test_plan_matches_its_golden_file(config: Path, tmp_path: Path, update_golde
 def test_every_config_has_a_golden_file_and_every_golden_file_a_config(
         update_golden: bool) -> None:
     configs = {c.stem for c in CONFIGS}
+    assert len(configs) == len(CONFIGS), "a test config named like a shipped one (one golden)"
     goldens = {g.stem for g in GOLDEN.glob("*.txt")}
     orphans = sorted(goldens - configs)
     missing = [] if update_golden else sorted(configs - goldens)  # the update writes them

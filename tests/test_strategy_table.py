@@ -42,7 +42,8 @@ def record(runner: str, n: int, tokens: float, options: dict[str, Any] | None = 
         images_per_sec=tokens / 64 if status == "ok" else None,
         tokens_per_sec=tokens if status == "ok" else None,
         step_times_s=[0.1] * 5 if status == "ok" else [], environment=ENV,
-        options=options or {}, memory_per_device={f"rank{r}:cpu": 300 * MB for r in range(n)},
+        options=options or {}, variant=options or {},  # the options as an option axis
+        memory_per_device={f"rank{r}:cpu": 300 * MB for r in range(n)},
         mfu={"mfu": 0.05, "peak_flops": 1e11} if status == "ok" else None,
         state_bytes_per_device=per_device, precision_policy=policy,
         run_id=f"{runner}{tag}__{model}__n{n}__r{repeat}")
@@ -91,16 +92,16 @@ def test_state_per_device_is_the_largest_devices_parts_and_blank_without() -> No
 def test_a_table_per_model_and_devices_with_every_strategy(tmp_path: Path) -> None:
     _, recs = sweep(tmp_path)
     rows = st.strategy_rows(recs)
-    assert [r["strategy"] for r in rows] == ["deepspeed[stage=1]", "deepspeed[stage=3]",
+    assert [r["strategy"] for r in rows] == ["deepspeed stage=1", "deepspeed stage=3",
                                              "horovod", "torch_ddp"]  # 1 device: one strategy
     by = {r["strategy"]: r for r in rows}
     assert by["torch_ddp"]["throughput"] == 1100.0 and by["torch_ddp"]["runs_ok"] == 2
     assert by["torch_ddp"]["state_per_device_bytes"] == 12 * MB
-    assert by["deepspeed[stage=3]"]["state_params_bytes"] == 2 * MB
-    assert by["deepspeed[stage=3]"]["precision_policy"].endswith("(differs)")
-    assert by["deepspeed[stage=3]"]["policy_follows"] is False
-    assert by["deepspeed[stage=1]"]["status"] == "unavailable"
-    assert by["deepspeed[stage=1]"]["reason"] == "it broke"
+    assert by["deepspeed stage=3"]["state_params_bytes"] == 2 * MB
+    assert by["deepspeed stage=3"]["precision_policy"].endswith("(differs)")
+    assert by["deepspeed stage=3"]["policy_follows"] is False
+    assert by["deepspeed stage=1"]["status"] == "unavailable"
+    assert by["deepspeed stage=1"]["reason"] == "it broke"
     assert by["horovod"]["state_per_device_bytes"] is None  # blank, not an error
     text = st.format_strategies(rows)
     assert "gpt2_tiny, 2 cpu devices, bf16, synthetic, weak scaling, batch 4" in text
@@ -113,10 +114,10 @@ def test_the_report_has_the_strategy_table_csv_and_published_rows(tmp_path: Path
     out, _ = sweep(tmp_path)
     build_report(out)
     html_text = (out / "report.html").read_text()
-    assert "<h2>Strategies</h2>" in html_text and "deepspeed[stage=3]" in html_text
+    assert "<h2>Strategies</h2>" in html_text and "deepspeed stage=3" in html_text
     assert "No published strategy figure for gpt2_tiny" in html_text
     rows = list(csv.DictReader((out / st.CSV_NAME).open()))
-    assert [r["strategy"] for r in rows][:2] == ["deepspeed[stage=1]", "deepspeed[stage=3]"]
+    assert [r["strategy"] for r in rows][:2] == ["deepspeed stage=1", "deepspeed stage=3"]
     summary = list(csv.DictReader((out / "summary.csv").open()))
     assert {"state_per_device_bytes", "precision_policy_summary"} <= set(summary[0])
     assert main(["report", str(out)]) == 0

@@ -3,7 +3,8 @@ configuration, and can the difference be told from noise?
 
 What is compared
     The benchmark-mode records of both results folders, grouped by bench.records.grouping.config_key
-    (runner, model, data, precision, scaling, batch, device kind, node and device counts): the
+    (runner, variant, model, data, precision, scaling, batch, device kind, node and device
+    counts): the
     rows of summary.csv. A side's figure is the median images/sec of the configuration's ok
     runs (summary.csv's); a row's ratio is NEW / BASE of the two medians.
 
@@ -55,7 +56,9 @@ What a sceptical reader should know (the outputs repeat what applies)
       compare.md; host, OS, Python and harness commit are given as context.
     - Settings outside the configuration key (warm-up and timed steps, runner options such
       as xla) are matched as the same configuration, which is how an option change is
-      compared, and every difference is listed.
+      compared, and every difference is listed. The options of an option axis (a sweep's
+      `runner_options.<runner>.<option>: [a, b]`, the record's variant) are in the key: each
+      variant (deepspeed stage=3) is compared with the same variant on the other side only.
 
 Verdicts: nothing is dropped silently
     - regression: the whole interval below 1 - threshold; improvement: above 1 + threshold;
@@ -89,7 +92,7 @@ from typing import Any
 
 from bench.errors import ConfigError
 from bench.plotting import pyplot
-from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of
+from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of, runner_label
 from bench.records.store import load_records, runs_dir
 from bench.records.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile, ratio_ci
 from bench.text_table import aligned
@@ -317,13 +320,14 @@ def compare_row(key: tuple[Any, ...], base: Side | None, new: Side | None,
 
 
 def label_of(rec: dict[str, Any]) -> str:
-    """A configuration in a few words: runner model data precision batch device x count."""
+    """A configuration in a few words: runner (and variant) model data precision batch device
+    x count."""
     batch = f"b{batch_of(rec)}" + ("/dev" if rec.get("scaling") == "weak" else " global")
     kind = "vcpu" if rec.get("virtual_devices") and rec.get("device") == "cpu" else \
         rec.get("device")
     nodes = nodes_of(rec)
     count = f"{rec['num_devices']} {kind}" + (f" x {nodes} nodes" if nodes > 1 else "")
-    return " ".join(str(p) for p in (rec["runner"], rec["model"], data_label(rec),
+    return " ".join(str(p) for p in (runner_label(rec), rec["model"], data_label(rec),
                                      rec["precision"], batch, count))
 
 

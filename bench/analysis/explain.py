@@ -30,7 +30,7 @@ import html
 from typing import Any
 
 from bench.analysis.predict import communication, probe_bandwidth, probe_records
-from bench.records.grouping import baseline_key, config_key, mode_of, synthetic_key
+from bench.records.grouping import baseline_key, config_key, mode_of, runner_label, synthetic_key
 from runners.allreduce import gradient_bytes
 
 HEADING = "Where the time went"
@@ -57,7 +57,7 @@ def _label(row: dict[str, Any]) -> str:
     kind = "virtual CPU" if row.get("virtual_devices") else row.get("device", "")
     devices = (f"{nodes}x{row['num_devices'] // nodes}" if nodes > 1
                else str(row["num_devices"]))
-    return (f"{row['runner']} {row['model']} {row['data_label']} {row['precision']} "
+    return (f"{runner_label(row)} {row['model']} {row['data_label']} {row['precision']} "
             f"b={batch}, {devices} {kind}")
 
 

@@ -60,7 +60,15 @@ from bench.analysis.stats import summarise
 from bench.catalog.registry import PROBES, RUNNERS
 from bench.errors import ConfigError
 from bench.plotting import pyplot
-from bench.records.grouping import batch_of, config_key, data_label, group_key, mode_of
+from bench.records.grouping import (
+    batch_of,
+    config_key,
+    data_label,
+    group_key,
+    mode_of,
+    runner_label,
+    variant_of,
+)
 from bench.records.mfu import TRAINING_FLOPS_FACTOR
 from bench.records.store import load_records
 from runners.allreduce import MIB, bus_factor, gradient_bytes
@@ -319,10 +327,13 @@ class Baseline:
     runs: int
     gradient_bytes: int
 
+    variant: str = ""  # the options of an option axis (grouping.variant_of): stage=3
+
     @property
     def label(self) -> str:
         batch = f"{self.batch}/dev" if self.scaling == "weak" else f"{self.batch} global"
-        return f"{self.runner} {self.model} {self.data_label} {self.precision} b={batch}"
+        runner = f"{self.runner} {self.variant}" if self.variant else self.runner
+        return f"{runner} {self.model} {self.data_label} {self.precision} b={batch}"
 
 
 def baselines(records: list[dict[str, Any]]) -> tuple[list[Baseline], list[str]]:
@@ -346,7 +357,8 @@ def baselines(records: list[dict[str, Any]]) -> tuple[list[Baseline], list[str]]
         out.append(Baseline(key, first["runner"], first["model"], data_label(first),
                             first["precision"], first["scaling"], batch_of(first),
                             first["device"], bool(first.get("virtual_devices")),
-                            first["global_batch_size"] / ips, len(recs), nbytes))
+                            first["global_batch_size"] / ips, len(recs), nbytes,
+                            variant_of(first)))
     return out, notes
 
 
@@ -397,7 +409,8 @@ def predict_folder(results_dir: Path, devices: list[int], busbw: float | None = 
             pred = predict(base.t1_s, base.batch, base.scaling, n, base.gradient_bytes, bw)
             seen = measured.get((*base.key, 1, n)) or {}
             rows.append({
-                "key": base.key, "runner": base.runner, "model": base.model,
+                "key": base.key, "runner": base.runner, "variant": base.variant,
+                "model": base.model,
                 "data": base.data_label, "precision": base.precision,
                 "scaling": base.scaling, "batch": base.batch, "device": base.device,
                 "t1_s": base.t1_s, "t1_runs": base.runs,
@@ -438,7 +451,7 @@ def format_table(rows: list[dict[str, Any]], notes: list[str]) -> str:
     out: list[str] = []
     by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_config[(r["runner"], r["model"], r["data"], r["precision"], r["scaling"],
+        by_config[(runner_label(r), r["model"], r["data"], r["precision"], r["scaling"],
                    r["batch"], r["device"])].append(r)
     sources: dict[str, None] = {}
     for (runner, model, data, prec, scaling, batch, device), pts in by_config.items():
@@ -471,8 +484,9 @@ def format_table(rows: list[dict[str, Any]], notes: list[str]) -> str:
 
 
 CSV_FIELDS = (
-    "runner", "model", "data", "precision", "scaling", "batch", "device", "num_devices",
-    "t1_s", "t1_runs", "gradient_bytes", "busbw_gbps", "latency_s", "bandwidth_source",
+    "runner", "variant", "model", "data", "precision", "scaling", "batch", "device",
+    "num_devices", "t1_s", "t1_runs", "gradient_bytes", "busbw_gbps", "latency_s",
+    "bandwidth_source",
     "messages", "compute_s", "comm_s", "last_bucket_s", "overlap_window_s",
     "step_s_no_overlap", "images_per_sec_no_overlap", "efficiency_no_overlap",
     "step_s_overlap", "images_per_sec_overlap", "efficiency_overlap",
@@ -511,7 +525,7 @@ def render_chart(results_dir: Path, forecast: Forecast) -> Path:
             xs = [1] + [p["num_devices"] for p in more]
             b = (f"{first['batch']}/dev" if first["scaling"] == "weak"
                  else f"{first['batch']} global")
-            label = (f"{first['runner']} {first['precision']} b={b}"
+            label = (f"{runner_label(first)} {first['precision']} b={b}"
                      + ("" if first["data"] == "synthetic" else f" {first['data']}"))
             line, = ax.plot(xs, [1.0] + [p["efficiency_overlap"] for p in more], "-",
                             label=f"{label}: predicted, overlap")

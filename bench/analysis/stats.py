@@ -7,7 +7,14 @@ from collections import defaultdict
 from typing import Any
 
 from bench.records import columns
-from bench.records.grouping import baseline_key, config_key, data_label, mode_of, synthetic_key
+from bench.records.grouping import (
+    baseline_key,
+    config_key,
+    data_label,
+    mode_of,
+    synthetic_key,
+    variant_of,
+)
 from bench.records.trust import (
     bootstrap_ci,
     coefficient_of_variation,
@@ -131,8 +138,9 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
 
 
 def summary_order(r: dict[str, Any]) -> tuple[Any, ...]:
-    """The summary's row order: runner, model, data, precision, batch, nodes, devices."""
-    return (r["runner"], r["model"], r["data_label"], r["precision"],
+    """The summary's row order: runner, variant, model, data, precision, batch, nodes,
+    devices."""
+    return (r["runner"], variant_of(r), r["model"], r["data_label"], r["precision"],
             r["global_batch_size"] if r["scaling"] == "strong" else r["batch_size_per_device"],
             r.get("num_nodes") or 1, r["num_devices"])
 

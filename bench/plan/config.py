@@ -32,16 +32,27 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     create_model,
     field_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, Option, runner_options
+from bench.catalog.registry import (
+    COMMON_OPTIONS,
+    PIPELINES,
+    PROBES,
+    RUNNERS,
+    Option,
+    runner_options,
+)
 from bench.errors import ConfigError  # noqa: F401 (raised here, imported from here)
+from bench.records.grouping import variant_part
 from models import available_models, get_spec
 from models.custom import FRAMEWORKS
 from runners import settings
@@ -469,9 +480,66 @@ class _Options(_Section):
         return _unknown(f"{path} option", key, sorted(f.alias for f in cls.model_fields.values()))
 
 
+def _not_bool(allowed: str) -> Any:
+    """Refuse true and false where the allowed values are no booleans (1 == True)."""
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise _refuse(allowed)
+        return value
+    return check
+
+
+def _option_axis(name: str, says: Says, kind: Any) -> Any:
+    """The validator of an option that may be an axis: a list of its values means one run per
+    value (bench.plan.runs.option_variants), each value checked as the option's (an error
+    names its index: runner_options.deepspeed.stage[1]) and listed once, and no two alike in
+    a run id; a list of one value is that value."""
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if not isinstance(value, list):
+            return handler(value)
+        if not value:
+            raise _refuse(f"{says.allowed}, or a non-empty list of them (an option axis: a "
+                          "run for each)")
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(handler(item))
+            except ValidationError as exc:
+                error = exc.errors()[0]["type"]
+                raise PydanticCustomError("config", "allowed: {allowed}", {
+                    "allowed": dict(says.by_error).get(error, says.allowed), "index": i,
+                    "item": item}) from None
+        _unique(out)
+        seen: dict[str, Any] = {}
+        for i, item in enumerate(out):
+            part = variant_part(name, item)
+            if part in seen:
+                raise PydanticCustomError("config", "allowed: {allowed}", {
+                    "allowed": f"values whose run id parts differ ({_show(seen[part])} and "
+                    f"this one are both {part!r}: characters but letters, digits, . and - "
+                    "read as _)", "index": i, "item": item})
+            seen[part] = item
+        return out[0] if len(out) == 1 else out
+    # the schema: a value, or a non-empty list of them
+    return WrapValidator(check, json_schema_input_type=kind | Annotated[
+        list[kind], Field(min_length=1, json_schema_extra={"uniqueItems": True})])
+
+
+def _no_axis(name: str, says: Says) -> Any:
+    """A COMMON option (python: the launcher's, the same for every run of the runner) takes one
+    value: a list is refused, never an axis."""
+    def check(value: Any) -> Any:
+        if isinstance(value, list):
+            raise _refuse(f"one value ({says.allowed}): {name} is the launcher's, the same for "
+                          "every run of the runner, and no option axis")
+        return value
+    return BeforeValidator(check)
+
+
 def _option(name: str, opt: Option) -> tuple[Any, FieldInfo]:
     """The declared type and field of one registry Option (the field named by an alias: an
-    option may be named like a BaseModel attribute)."""
+    option may be named like a BaseModel attribute). A list of values is an option axis
+    (_option_axis), but for an option whose own type is a list, and a COMMON option's."""
     types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
     # what the child gets (JSON, argv, a path) cannot hold a NUL or an integer beyond 64 bits
     declared = {int: Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)],
@@ -483,11 +551,20 @@ def _option(name: str, opt: Option) -> tuple[Any, FieldInfo]:
         ("greater_than_equal", "an integer of magnitude < 2**63")))
     if opt.allowed is not None:
         kind, says = Literal[opt.allowed], Says(", ".join(map(str, opt.allowed)))
+        if not any(isinstance(v, bool) for v in opt.allowed):  # Literal[1] takes True (== 1)
+            kind = Annotated[kind, BeforeValidator(_not_bool(says.allowed))]
     if opt.default is None:
         # None where it is the default: "leave it to the program" (the script's own default,
         # for tf_cnn_benchmarks)
         kind = kind | None
-    return Annotated[kind, says], Field(opt.default, alias=name, description=opt.help or None)
+    field = Field(opt.default, alias=name, description=opt.help or None)
+    if name in COMMON_OPTIONS:
+        return Annotated[kind, says, _no_axis(name, says)], field
+    if opt.takes_list:
+        return Annotated[kind, says], field
+    # dumped as given: a value, or an axis's list
+    return Annotated[kind, says, _option_axis(name, says, kind),
+                     PlainSerializer(lambda value: value)], field
 
 
 def _options_model(runner: str) -> type[_Options]:
@@ -676,6 +753,8 @@ def _translate(err: Any, model: type[BaseModel], raw: dict[str, Any]) -> ConfigE
     if kind == "repeated":
         times = "twice" if ctx["count"] == 2 else f"{ctx['count']} times"
         return ConfigError(f"{path}: {_show(ctx['item'])} appears {times}; list each value once")
+    if "allowed" in ctx and "index" in ctx:  # an item of a list (an option axis)
+        return _fail(f"{path}[{ctx['index']}]", ctx["item"], ctx["allowed"])
     if "allowed" in ctx:
         return _fail(path, value, ctx["allowed"])
     says = (_says_in(info) if info is not None else None) or Says(err["msg"])

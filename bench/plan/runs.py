@@ -39,6 +39,12 @@ class RunSpec(Spec):
         return grouping.group_key(self)
 
     @property
+    def variant(self) -> dict[str, Any]:
+        """The options this run's configuration varies in (an option axis of the sweep), by
+        name, as its run id names them; {} where none varies."""
+        return grouping.variant_of_id(self.run_id, self.options)
+
+    @property
     def data_label(self) -> str:
         """synthetic, or real-w<loader workers> (real runs differ by their worker count)."""
         return grouping.data_label(self)
@@ -57,16 +63,37 @@ def run_options(runner: str, device: str, given: dict[str, Any]) -> dict[str, An
 
 
 def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data: str,
-                precision: str, repeat: int, mode: str = "benchmark", nodes: int = 1) -> str:
+                precision: str, repeat: int, mode: str = "benchmark", nodes: int = 1,
+                variant: dict[str, Any] | None = None) -> str:
     """A stable, readable id: the same run gets the same id in every sweep (for --resume).
-    n counts the devices of all nodes; a multi-node run says nodes x devices per node."""
+    n counts the devices of all nodes; a multi-node run says nodes x devices per node. The
+    options of an option axis (variant) follow the precision as <option>-<value>
+    (grouping.variant_part; RunSpec.variant reads them back); none without one."""
     if mode == "pipeline":
         return f"pipeline__{runner}__{model}__b{batch}__{data}__r{repeat}"
     if mode == "allreduce":
         return f"allreduce__{runner}__{model}__n{n}__r{repeat}"
     b = f"b{batch}" if scaling == "weak" else f"gb{batch}"
     where = f"n{n}" if nodes == 1 else f"{nodes}x{n // nodes}"
-    return f"{runner}__{model}__{where}__{b}__{data}__{precision}__r{repeat}"
+    varies = "".join(f"__{grouping.variant_part(k, v)}" for k, v in (variant or {}).items())
+    return f"{runner}__{model}__{where}__{b}__{data}__{precision}{varies}__r{repeat}"
+
+
+def option_variants(runner: str, given: dict[str, Any]) -> list[tuple[dict[str, Any],
+                                                                      dict[str, Any]]]:
+    """A runner's option combinations, as (the run's options, its variant): one per value of
+    each option axis (bench.plan.config validated a list given to an option whose own type is
+    no list as one, of two or more values), their product in the axes' order and each axis's;
+    [(given, {})] without one. COMMON_OPTIONS (python) are left out: the launcher's."""
+    opts = {k: v for k, v in given.items() if k not in COMMON_OPTIONS}
+    known = RUNNERS[runner].options if runner in RUNNERS else {}
+    axes = {k: v for k, v in opts.items()
+            if isinstance(v, list) and not (k in known and known[k].takes_list)}
+    out = []
+    for values in itertools.product(*axes.values()):
+        variant = dict(zip(axes, values, strict=True))
+        out.append(({**opts, **variant}, variant))
+    return out
 
 
 def _datasets(cfg: SweepConfig, data: str) -> list[dict[str, Any] | None]:
@@ -80,9 +107,10 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     """The sweep's runs: with mode capacity each search's first probe (expand_capacity);
     otherwise pipeline runs (pipelines x models x batch x workers x repeats) first,
     then all-reduce probe runs (repeats x probes x models x device counts of 2 or more), then
-    benchmark runs (repeats x runners x models x data x workers x precision x batch x nodes x
-    devices per node). Repeats are the outer loop, so the runners' repeats interleave: a slow
-    spell of the machine falls on every runner alike instead of on all repeats of one."""
+    benchmark runs (repeats x runners x option variants x models x data x workers x precision
+    x batch x nodes x devices per node; option_variants). Repeats are the outer loop, so the
+    runners' repeats interleave: a slow spell of the machine falls on every runner alike
+    instead of on all repeats of one."""
     if "capacity" in cfg.mode:  # alone (bench.plan.config): each search's first probe
         return expand_capacity(cfg, sweep_id)
     runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
@@ -90,21 +118,19 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
         runs += expand_probes(cfg, sweep_id)
     if "benchmark" not in cfg.mode:
         return runs
-    for repeat, runner, model, data, precision, batch, nodes, per_node in itertools.product(
-        range(cfg.repeats), cfg.runners, cfg.models, cfg.data, cfg.precision, cfg.batch_sizes,
-        cfg.nodes, cfg.devices,
-    ):
+    strategies = [(runner, opts, variant) for runner in cfg.runners
+                  for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
+    for repeat, (runner, opts, variant), model, data, precision, batch, nodes, per_node in \
+            itertools.product(range(cfg.repeats), strategies, cfg.models, cfg.data,
+                              cfg.precision, cfg.batch_sizes, cfg.nodes, cfg.devices):
         n = nodes * per_node
-        opts = dict(cfg.runner_options.get(runner, {}))
-        python = opts.get("python")
-        for name in COMMON_OPTIONS:
-            opts.pop(name, None)
+        python = cfg.runner_options.get(runner, {}).get("python")
         per_device = batch if cfg.scaling == "weak" else batch // n
         for dataset in _datasets(cfg, data):
             label = f"real-w{dataset['workers']}" if dataset else data
             runs.append(_benchmark_run(cfg, sweep_id, runner, model, label, data, precision,
                                        batch, per_device, n, repeat, opts, python, dataset,
-                                       nodes))
+                                       nodes, variant))
     return runs
 
 
@@ -161,19 +187,19 @@ def expand_probes(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
 
 def expand_capacity(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     """Capacity mode's searches, each as its first probe (bench/run/capacity.py makes the
-    others from it, `capacity_probe`): runners x models x precision x batch (scale depth: the
-    batch each probe trains at) x devices. A probe is a benchmark run at the search's value:
-    the batch per device (scale batch) or the layers of the GPT (scale depth, model_layers)."""
+    others from it, `capacity_probe`): runners x option variants x models x precision x batch
+    (scale depth: the batch each probe trains at) x devices. A probe is a benchmark run at
+    the search's value: the batch per device (scale batch) or the layers of the GPT (scale
+    depth, model_layers)."""
     runs = []
     batches = cfg.batch_sizes if cfg.scale == "depth" else [cfg.capacity["start"]]
-    for runner, model, precision, batch, n in itertools.product(
-            cfg.runners, cfg.models, cfg.precision, batches, cfg.devices):
-        opts = dict(cfg.runner_options.get(runner, {}))
-        python = opts.get("python")
-        for name in COMMON_OPTIONS:
-            opts.pop(name, None)
+    strategies = [(runner, opts, variant) for runner in cfg.runners
+                  for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
+    for (runner, opts, variant), model, precision, batch, n in itertools.product(
+            strategies, cfg.models, cfg.precision, batches, cfg.devices):
+        python = cfg.runner_options.get(runner, {}).get("python")
         run = _benchmark_run(cfg, sweep_id, runner, model, "synthetic", "synthetic", precision,
-                             batch, batch, n, 0, opts, python, None)
+                             batch, batch, n, 0, opts, python, None, variant=variant)
         runs.append(capacity_probe(run, cfg.scale, cfg.capacity["start"]))
     return runs
 
@@ -188,10 +214,11 @@ def is_capacity_probe(run: RunSpec) -> bool:
 
 def search_id(run: RunSpec, scale: str) -> str:
     """A capacity search's id: its probes' runner, model, devices, precision (and for scale
-    depth the batch), what it grows."""
+    depth the batch), the options of an option axis (as in make_run_id), what it grows."""
     fixed = f"__b{run.batch_size_per_device}" if scale == "depth" else ""
+    varies = "".join(f"__{grouping.variant_part(k, v)}" for k, v in run.variant.items())
     return (f"{CAPACITY_PREFIX}{run.runner}__{run.model}__n{run.num_devices}__{run.precision}"
-            f"{fixed}__{scale}")
+            f"{fixed}{varies}__{scale}")
 
 
 def capacity_probe(run: RunSpec, scale: str, value: int) -> RunSpec:
@@ -208,13 +235,14 @@ def capacity_probe(run: RunSpec, scale: str, value: int) -> RunSpec:
 def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str | dict[str, Any],
                    label: str, data: str, precision: str, batch: int, per_device: int, n: int,
                    repeat: int, opts: dict[str, Any], python: str | None,
-                   dataset: dict[str, Any] | None, nodes: int = 1) -> RunSpec:
+                   dataset: dict[str, Any] | None, nodes: int = 1,
+                   variant: dict[str, Any] | None = None) -> RunSpec:
     info = RUNNERS[runner]
     model, custom = _model(model)
     return _run(
         cfg,
         run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat,
-                           nodes=nodes),
+                           nodes=nodes, variant=variant),
         sweep_id=sweep_id,
         runner=runner,
         family=info.family,

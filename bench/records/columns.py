@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench import REPO_ROOT
-from bench.records.grouping import data_label
+from bench.records.grouping import data_label, runner_label, variant_of
 from bench.records.placement_check import distinct_devices
 from runners import settings
 
@@ -201,7 +201,12 @@ def _setting(key: str, views: tuple[str, ...] = (), header: str = "", format: st
 # The columns, in the order of every view (summary.csv's columns, the tables' cells).
 COLUMNS: tuple[Column, ...] = (
     # the configuration
-    _setting("runner", CONFIG_VIEWS, "runner", over_runs="config"),
+    _setting("runner", CONFIG_VIEWS, "runner", "runner", over_runs="config"),
+    Column("variant", "", "text", "The runner options this configuration's runs vary in (an "
+           "option axis: `runner_options.<runner>.<option>: [a, b]`), as option=value joined "
+           "by spaces (`stage=3`), empty where none varies; the tables show it after the "
+           "runner. The record holds it as a mapping, `variant` (`bench.records.grouping`).",
+           ("csv", "loader"), variant_of, "config"),
     _setting("model", CONFIG_VIEWS, "model", over_runs="config"),
     _setting("device", CSV_VIEWS, over_runs="config"),
     _setting("virtual_devices", CSV_VIEWS, format="bool", over_runs="config"),
@@ -555,6 +560,8 @@ FORMATS: dict[str, Format] = {
                      "the table)", _placed_cell),
     "batch": Format("the batch held fixed: 32/dev (weak scaling) or 64 glob (strong)",
                     _batch),
+    "runner": Format("the runner, then the options its configuration varies in (`deepspeed "
+                     "stage=3`)", lambda col, row, view: runner_label(row)),
     "data_label": Format("`synthetic` or `real-w<loader workers>`",
                          lambda col, row, view: data_label(row)),
     "status": Format("the status, (ok runs/runs) when repeated", _status),

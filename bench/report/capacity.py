@@ -15,6 +15,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from bench.records.grouping import runner_label, variant_of
 from bench.run.capacity import load_capacity
 from bench.text_table import aligned
 
@@ -23,7 +24,7 @@ CAPACITY_FIELDS = (
     "runner", "model", "num_devices", "device", "virtual_devices", "precision", "scale",
     "batch_size_per_device", "largest_fit", "first_misfit", "end", "peak_bytes_at_largest",
     "state_bytes_at_largest", "params_at_largest", "device_memory", "probes", "status",
-    "reason", "limit", "search_id",
+    "reason", "limit", "search_id", "variant",
 )
 HEAD = ("strategy", "model", "devices", "prec", "grows", "largest", "first misfit",
         "peak/dev", "state/dev", "budget/dev", "probes", "status")
@@ -50,11 +51,12 @@ def capacity_rows(results_dir: Path) -> list[dict[str, Any]]:
         row = {k: rec.get(k) for k in CAPACITY_FIELDS}
         row["state_bytes_at_largest"] = state_bytes(rec)
         row["probes"] = len(rec.get("probes") or [])
+        row["variant"] = variant_of(rec)  # the options of an option axis: stage=3
         if rec.get("scale") == "batch":  # the batch is what was searched
             row["batch_size_per_device"] = None
         rows.append(row)
     rows.sort(key=lambda r: (r["model"], r["scale"], r["precision"], r["num_devices"],
-                             r["runner"]))
+                             r["runner"], r["variant"]))
     return rows
 
 
@@ -66,7 +68,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
     grows = ("layers (b=" + str(r["batch_size_per_device"]) + ")" if r["scale"] == "depth"
              else "batch/dev")
     kind = "vcpu" if r["virtual_devices"] else r["device"]
-    return (r["runner"], r["model"], f"{r['num_devices']} {kind}",
+    return (runner_label(r), r["model"], f"{r['num_devices']} {kind}",
             r["precision"], grows, str(r["largest_fit"] if r["largest_fit"] is not None else "-"),
             str(r["first_misfit"] if r["first_misfit"] is not None else "-"),
             _mib(r["peak_bytes_at_largest"]), _mib(r["state_bytes_at_largest"]),
@@ -77,7 +79,7 @@ def _cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 def format_capacity_table(rows: list[dict[str, Any]]) -> str:
     """The terminal table, its legend and the reasons of searches not ok."""
-    reasons = [f"  {r['runner']} {r['model']} n={r['num_devices']}: {r['reason']}"
+    reasons = [f"  {runner_label(r)} {r['model']} n={r['num_devices']}: {r['reason']}"
                for r in rows if r.get("reason")]
     limits = sorted({r["limit"] for r in rows if r.get("limit")})
     return "\n".join(
@@ -106,7 +108,7 @@ def html_section(results_dir: Path) -> str:
                    for r in rows)
     limits = "".join(f"<li>{e(x)}</li>" for x in sorted({r["limit"] for r in rows
                                                           if r.get("limit")}))
-    reasons = "".join(f"<li>{e(r['runner'])} {e(r['model'])} n={r['num_devices']}: "
+    reasons = "".join(f"<li>{e(runner_label(r))} {e(r['model'])} n={r['num_devices']}: "
                       f"{e(str(r['reason']))}</li>" for r in rows if r.get("reason"))
     return "".join([
         "<h2>Capacity</h2>",

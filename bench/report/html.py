@@ -12,6 +12,7 @@ from typing import Any
 from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
 from bench.records import columns
+from bench.records.grouping import runner_label
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
 from bench.report.strategies import html_section as strategies_section
@@ -45,7 +46,7 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     cells = columns.cells("html", rows)
     out = [[_cell(c, r) for c in cells] for r in rows]
     table = _table([c.header for c in cells], out)
-    notes = [f"<li>* {_e(r['runner'])} n={r['num_devices']}: {_e(r['placement_collapsed'])}"
+    notes = [f"<li>* {_e(runner_label(r))} n={r['num_devices']}: {_e(r['placement_collapsed'])}"
              "</li>" for r in rows if r.get("placement_collapsed")]
     return table + (f"<ul>{''.join(notes)}</ul>" if notes else "")
 
@@ -56,7 +57,7 @@ def _cell(col: columns.Column, row: dict[str, Any]) -> str:
 
 
 def _flagged(rows: list[dict[str, Any]]) -> str:
-    items = [f"<li><b>{_e(r['runner'])} {_e(r['model'])} n={r['num_devices']} "
+    items = [f"<li><b>{_e(runner_label(r))} {_e(r['model'])} n={r['num_devices']} "
              f"{_e(r['data_label'])} {_e(r['precision'])}</b>: "
              + "; ".join(f"<i>{c.key}</i>: {_e(c.meaning)}" for c in columns.flags_on(r))
              + "</li>"

@@ -9,7 +9,9 @@ DeepSpeed) under it. Written to strategies.csv, report.html's "Strategies" secti
 terminal. Records from runners that do not report state or policy show blanks there.
 
 Configurations are compared like with like: the same model, device kind, device and node count,
-precision, data, scaling and batch; each strategy's figures are medians over its ok runs.
+precision, data, scaling and batch; each strategy's figures are medians over its ok runs. A
+strategy is a runner and the options its runs vary in (an option axis), named as every table
+names it (bench.records.grouping.runner_label: `deepspeed stage=3`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from bench.analysis import published
 from bench.records import columns
-from bench.records.grouping import batch_of, data_label, mode_of, nodes_of
+from bench.records.grouping import batch_of, data_label, mode_of, nodes_of, runner_label
 from bench.text_table import aligned
 
 CSV_NAME = "strategies.csv"
@@ -33,16 +35,6 @@ FIELDS = ("model", "device", "num_devices", "num_nodes", "precision", "data", "s
 
 
 MEMORY, MFU = columns.column("memory_peak_bytes"), columns.column("mfu")
-
-
-def strategy_label(rec: dict[str, Any]) -> str:
-    """The runner and its options as runner[k=v,...] (the runner alone without options)."""
-    opts = rec.get("options") or {}
-    if not isinstance(opts, dict) or not opts:
-        return rec["runner"]
-    inner = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-                     for k, v in sorted(opts.items()))
-    return f"{rec['runner']}[{inner}]"
 
 
 def _median(values: list[Any]) -> float | None:
@@ -62,7 +54,7 @@ def strategy_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         lambda: defaultdict(list))
     for rec in records:
         if mode_of(rec) == "benchmark" and rec.get("runner") and rec.get("model"):
-            groups[_comparison_key(rec)][strategy_label(rec)].append(rec)
+            groups[_comparison_key(rec)][runner_label(rec)].append(rec)
     rows = []
     for key, by_strategy in sorted(groups.items(), key=lambda kv: str(kv[0])):
         if len(by_strategy) < 2:

@@ -20,6 +20,7 @@ from bench.analysis.stats import (
 )
 from bench.plotting import pyplot, save
 from bench.records import columns
+from bench.records.grouping import runner_label
 from bench.records.store import load_records
 from bench.report import allreduce as allreduce_report
 from bench.report import capacity as capacity_report
@@ -101,11 +102,11 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
             "placement); BN: BatchNorm statistics per device or over the global batch"]
     for r in rows:
         if r.get("placement_collapsed"):
-            out.append(f"  * {r['runner']} n={r['num_devices']}: {r['placement_collapsed']}")
+            out.append(f"  * {runner_label(r)} n={r['num_devices']}: {r['placement_collapsed']}")
     for flag in columns.flags():
         if any(r.get(flag.key) for r in rows):
             out += ["", f"{flag.header}: {flag.meaning}"]
-    reasons = [f"  {r['runner']} {r['model']} n={r['num_devices']}: {r['reason']}"
+    reasons = [f"  {runner_label(r)} {r['model']} n={r['num_devices']}: {r['reason']}"
                for r in rows if r["status"] != "ok" and r.get("reason")]
     return "\n".join(out + (["", "Not ok:"] + reasons if reasons else []))
 
@@ -115,7 +116,7 @@ def _series_label(row: dict[str, Any]) -> str:
              else f"{row['global_batch_size']} global")
     tag = " [virtual CPU devices]" if row["virtual_devices"] else ""
     data = "" if row["data_label"] == "synthetic" else f" {row['data_label']}"
-    return f"{row['runner']} {row['precision']} b={batch}{data}{tag}"
+    return f"{runner_label(row)} {row['precision']} b={batch}{data}{tag}"
 
 
 def _series_labels(row: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
@@ -326,7 +327,7 @@ def render_real_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | N
                                                       4.8), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         mine = sorted((r for r in real if r["model"] == model),
-                      key=lambda r: (r["runner"], r["num_devices"], r["data_label"]))
+                      key=lambda r: (runner_label(r), r["num_devices"], r["data_label"]))
         xs = range(len(mine))
         syn = [r["images_per_sec"] / r["real_vs_synthetic"] for r in mine]
         ax.bar([x - 0.2 for x in xs], syn, 0.4, label="synthetic", color="#999999")
@@ -336,7 +337,7 @@ def render_real_chart(results_dir: Path, rows: list[dict[str, Any]]) -> Path | N
         ax.bar_label(bars, [f"{r['real_vs_synthetic']:.0%}" + ("\ninput-bound"
                                                                if r["input_bound"] else "")
                             for r in mine], fontsize=7)
-        ax.set_xticks(list(xs), [f"{r['runner']}\nn={r['num_devices']} "
+        ax.set_xticks(list(xs), [f"{runner_label(r)}\nn={r['num_devices']} "
                                  f"w={r['loader_workers']}" for r in mine],
                       rotation=30, ha="right", fontsize=7)
         _axes(ax, model, "", "images/sec")

@@ -165,6 +165,7 @@ def base_record(spec: RunSpec, environment: dict[str, Any], log_path: Path) -> d
         "schema_version": SCHEMA_VERSION,
         **{k: getattr(spec, k) for k in columns.keys("spec")},
         "data_label": spec.data_label,
+        "variant": spec.variant,  # the options of an option axis (bench.records.grouping)
         "status": None, "reason": None, "log_path": str(log_path),
         "environment": {**environment,
                         "lock": lock_for(spec.family, spec.device, spec.python)},

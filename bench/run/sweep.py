@@ -24,6 +24,7 @@ from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
 from bench.errors import ConfigError
 from bench.plan.config import SweepConfig
 from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
+from bench.records.grouping import runner_label
 from bench.records.store import done_run_ids, load_records, write_json_atomic
 from bench.records.trust import coefficient_of_variation
 from bench.run import capacity, environment, slurm, sweep_lock
@@ -209,7 +210,7 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
              if spec.mode == "pipeline" and spec.dataset else
              f"{tag} allreduce {spec.runner} {spec.model} n={spec.num_devices}"
              if spec.mode == "allreduce" else
-             f"{tag} {spec.runner} {spec.model} n={spec.num_devices}"
+             f"{tag} {runner_label(spec)} {spec.model} n={spec.num_devices}"
              f"{f' on {spec.num_nodes} nodes' if spec.num_nodes > 1 else ''} "
              f"b={spec.global_batch_size} {spec.precision} {spec.data_label}"
              f"{f' layers={spec.model_layers}' if spec.model_layers is not None else ''}")
