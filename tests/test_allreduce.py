@@ -38,12 +38,13 @@ GPU_ENV: dict[str, Any] = {"host": "test", "gpus": [{"name": "Tesla V100-SXM2-16
 
 # --- the registry ---------------------------------------------------------------------------
 
-def test_four_probes_each_in_its_family_with_its_launcher() -> None:
+def test_five_probes_each_in_its_family_with_its_launcher() -> None:
     assert {n: (p.family, p.module, p.launcher) for n, p in PROBES.items()} == {
         "torch_allreduce": ("torch", "runners.torch.allreduce_probe", "torchrun"),
         "horovod_allreduce": ("horovod", "runners.torch.horovod_allreduce_probe", "horovodrun"),
         "tf_allreduce": ("tf", "runners.tf.allreduce_probe", "python"),
         "mxnet_allreduce": ("mxnet", "runners.mxnet.allreduce_probe", "python"),
+        "jax_allreduce": ("jax", "runners.jax.allreduce_probe", "python"),
     }
     assert not set(PROBES) & set(RUNNERS)  # a probe is no training runner
 

@@ -104,6 +104,25 @@ def test_mxnet_probe_sums_through_device_kvstore_over_two_cpu_contexts(tmp_path:
     assert "KVStore" in sections["all_gather"]["reason"]
 
 
+@pytest.mark.framework("jax")
+def test_jax_probe_runs_xlas_collectives_under_shard_map_on_two_virtual_cpus(
+        tmp_path: Path, jax_python: str) -> None:
+    probe = probe_run(tmp_path, "jax_allreduce")
+    evidence = probe["evidence"]
+    assert evidence["devices"] == evidence["output_devices"] == ["cpu:0", "cpu:1"]
+    assert evidence["mesh"] == {"x": 2} and evidence["platform"] == "cpu"
+    # XLA compiled each jitted shard_map into the one collective it names, over both devices
+    hlo = evidence["hlo_collectives"]
+    for name, op in (("all_reduce", "all-reduce"), ("all_gather", "all-gather"),
+                     ("reduce_scatter", "reduce-scatter")):
+        assert hlo[name] == {"ops": {op: 1}, "groups": ["replica_groups={{0,1}}"]}, hlo
+    sections = probe["collectives"]
+    assert {k: v["status"] for k, v in sections.items()} == {"all_gather": "ok",
+                                                              "reduce_scatter": "ok"}
+    assert sections["all_gather"]["implementation"].startswith("jax.lax.all_gather")
+    assert sections["reduce_scatter"]["implementation"].startswith("jax.lax.psum_scatter")
+
+
 @pytest.mark.slow
 @pytest.mark.framework("horovod")
 def test_horovod_probe_sums_over_two_gloo_ranks(tmp_path: Path, horovod_python: str) -> None:

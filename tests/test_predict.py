@@ -454,6 +454,33 @@ def test_the_winner_follows_the_measured_links() -> None:
     assert ddp["seconds"] == pytest.approx(2 * 3 / 4 * 4e7 / 1e9)
 
 
+def test_jax_strategies_are_priced_on_the_jax_probe_where_the_folder_has_it() -> None:
+    from bench.analysis import strategies as st
+
+    probes = [_collective_probe("torch_allreduce", "torch", 2,
+                                {"all_reduce": 9.0, "all_gather": 9.0, "reduce_scatter": 9.0}),
+              _collective_probe("jax_allreduce", "jax", 2,
+                                {"all_reduce": 3.0, "all_gather": 2.0, "reduce_scatter": 1.5})]
+    rows = {r["strategy"]: r for r in st.forecast(probes, 25_557_032, [2])}
+    for key in ("jax_native", "keras_jax", "jax_fsdp", "keras_model_parallel"):
+        row = rows[key]
+        got = {ph["collective"]: ph["busbw_gbps"] for ph in row["phases"]}
+        want = {"all_reduce": 3.0, "all_gather": 2.0, "reduce_scatter": 1.5}
+        assert got == pytest.approx({k: want[k] for k in got}), key
+        assert "jax_allreduce" in row["bandwidth"] and "torch_allreduce" not in row["bandwidth"]
+        assert not any("fastest" in note for note in row["notes"]), row["notes"]
+    assert {ph["collective"] for ph in rows["jax_fsdp"]["phases"]} == {"all_gather",
+                                                                       "reduce_scatter"}
+    assert rows["torch_ddp"]["phases"][0]["busbw_gbps"] == pytest.approx(9.0)  # torch's own
+    # a jax probe without a reduce-scatter: that collective from the fastest probe, said so
+    probes[1]["result"]["collectives"]["reduce_scatter"] = {"status": "unavailable",
+                                                            "reason": "none"}
+    fsdp = next(r for r in st.forecast(probes, 25_557_032, [2]) if r["strategy"] == "jax_fsdp")
+    by = {ph["collective"]: ph["busbw_gbps"] for ph in fsdp["phases"]}
+    assert by == pytest.approx({"all_gather": 2.0, "reduce_scatter": 9.0})
+    assert any("jax_allreduce gave no figure" in note for note in fsdp["notes"])
+
+
 def test_predict_strategies_prices_each_on_its_frameworks_probe(tmp_path: Path,
                                                                capsys) -> None:
     from bench.analysis import strategies as st
@@ -466,8 +493,9 @@ def test_predict_strategies_prices_each_on_its_frameworks_probe(tmp_path: Path,
     assert "torch_allreduce" in rows["torch_fsdp2[reshard_after_forward=true]"]["bandwidth"]
     assert rows["tf_mirrored"]["phases"][0]["busbw_gbps"] == pytest.approx(2.0)
     assert rows["torch_ddp"]["phases"][0]["busbw_gbps"] == pytest.approx(4.0)
-    # JAX has no probe: the fastest measured, said so
-    assert any("fastest" in note for note in rows["jax_fsdp"]["notes"])
+    # no JAX probe in this folder: the fastest measured, said so
+    assert any("no jax_allreduce probe" in note and "fastest" in note
+               for note in rows["jax_fsdp"]["notes"])
     assert rows["deepspeed[stage=2]"]["wins"] and not rows["torch_ddp"]["wins"]
     folder = write_folder(tmp_path / "r", probes)
     assert predict_cli(folder, "--strategies", "--devices", "2,8") == 0

@@ -200,11 +200,15 @@ def rank(params: int, n: int, busbw: dict[str, float], reduce_dtype: str = "floa
 
 # -- on a results folder's measured links ------------------------------------------------------
 
-# The probe of the framework each strategy's collectives run in (mode: allreduce probes); a
-# strategy without one (JAX's: no JAX probe) is priced on the fastest probe measured.
+# The probe of the framework each strategy's collectives run in (mode: allreduce probes); where
+# the folder has none of it (or it measured no figure for a collective) the strategy is priced on
+# the fastest probe measured, said so. JAX's strategies (jit, Keras on JAX, FSDP, ModelParallel)
+# all run XLA's collectives, which jax_allreduce measures.
 PROBE_OF = {"torch_ddp": "torch_allreduce", "torch_zero1": "torch_allreduce",
             "deepspeed": "torch_allreduce", "torch_fsdp2": "torch_allreduce",
-            "horovod": "horovod_allreduce", "tf_mirrored": "tf_allreduce"}
+            "horovod": "horovod_allreduce", "tf_mirrored": "tf_allreduce",
+            "jax_native": "jax_allreduce", "keras_jax": "jax_allreduce",
+            "jax_fsdp": "jax_allreduce", "keras_model_parallel": "jax_allreduce"}
 
 
 def probe_rows(rec: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -273,7 +277,10 @@ def forecast(probes: list[dict[str, Any]], params: int, devices: list[int],
                 f"{k} {v['busbw_gbps']:.3g} GB/s ({v['probe']} at {v['devices']} devices)"
                 for k, v in bw.items()) or "no probe measured"
             mine = PROBE_OF.get(strat.runner)
-            if bw and mine and any(v["probe"] != mine for v in bw.values()):
+            if bw and mine and not any(p.get("runner") == mine for p in probes):
+                row["notes"].append(f"no {mine} probe in this folder: the fastest probe's "
+                                    "figures")
+            elif bw and mine and any(v["probe"] != mine for v in bw.values()):
                 row["notes"].append(f"{mine} gave no figure for some collective here: the fastest "
                                     "probe's figure used")
             elif bw and not mine:

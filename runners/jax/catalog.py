@@ -87,3 +87,12 @@ PIPELINES: list[RunnerInfo] = [
                "Grain (the JAX ecosystem's loader) over the JPEG file list: Pillow decode "
                "in workers processes", equivalence=False),
 ]
+
+# The communication probe (mode: allreduce): the family's own collectives alone, no model, over
+# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+PROBES: list[RunnerInfo] = [
+    RunnerInfo("jax_allreduce", "jax", "runners.jax.allreduce_probe",
+               "jax.lax.psum / all_gather / psum_scatter under a jitted jax.shard_map over N "
+               "devices in one process (XLA's collectives: NCCL on GPUs)",
+               equivalence=False),
+]
