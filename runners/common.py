@@ -256,9 +256,14 @@ def finite(value: Any) -> float:
 def write_json_atomic(path: str | Path, data: Any) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2, default=_plain)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, default=_plain)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary left beside the result
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _plain(value: Any) -> Any:
