@@ -191,20 +191,21 @@ def _order() -> list[str]:
 
 # -- the process's resident memory -----------------------------------------------------------
 
-def _vm_hwm() -> int | None:
+def _status_kb(field: str) -> int | None:
+    """A /proc/self/status memory field (VmHWM, VmRSS) in bytes; None where unreadable."""
     try:
-        m = re.search(r"^VmHWM:\s+(\d+)\s*kB", STATUS.read_text(), re.MULTILINE)
+        m = re.search(rf"^{field}:\s+(\d+)\s*kB", STATUS.read_text(), re.MULTILINE)
     except OSError:
         return None
     return int(m.group(1)) * 1024 if m else None
+
+
+def _vm_hwm() -> int | None:
+    return _status_kb("VmHWM")
 
 
 def _vm_rss() -> int | None:
-    try:
-        m = re.search(r"^VmRSS:\s+(\d+)\s*kB", STATUS.read_text(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(m.group(1)) * 1024 if m else None
+    return _status_kb("VmRSS")
 
 
 def baseline() -> None:

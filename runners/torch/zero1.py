@@ -115,10 +115,9 @@ def granular(state: dict[str, Any], zero: ZeroRedundancyOptimizer) -> dict[str, 
     rank's optimizer share can exceed 1/N by up to the largest parameter's state (its
     elements x the optimizer's state bytes per element, from the global figures); the
     parent's split check allows that much (bench/records/state_check.py)."""
-    elements = sum(p.numel() for groups in zero._partition_parameters() for g in groups
-                   for p in g["params"])
-    largest = max((p.numel() for groups in zero._partition_parameters() for g in groups
-                   for p in g["params"]), default=0)
+    sizes = [p.numel() for groups in zero._partition_parameters() for g in groups
+             for p in g["params"]]
+    elements, largest = sum(sizes), max(sizes, default=0)
     per_element = state["state_bytes_global"]["optimizer"] / elements if elements else 0
     return {**state, "state_granularity_bytes": {"optimizer": int(largest * per_element)}}
 
