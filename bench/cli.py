@@ -11,6 +11,7 @@ from pathlib import Path
 from bench import REPO_ROOT
 from bench.analysis.explain import text as explain_text
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
+from bench.data.labelled import SOURCES
 from bench.plan.config import ConfigError, json_schema, load_config
 from bench.plan.runs import RunSpec, expand
 from bench.records.grouping import runner_label
@@ -59,15 +60,25 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="re-render summary.csv and charts of a results folder")
     report.add_argument("results_dir")
     make = sub.add_parser("make-dataset",
-                          help="write a synthetic dataset of real JPEGs: OUT/<class>/<image>.jpg")
+                          help="write a synthetic dataset of real JPEGs (OUT/<class>/<image>.jpg)"
+                               ", or a labelled one with a held-out split for mode converge "
+                               "(--source digits | cifar10)")
     make.add_argument("--out", required=True, help="new or empty folder to write")
-    make.add_argument("--classes", type=int, required=True, metavar="K",
-                      help="number of classes (sub-folders class_000, ...), >= 1")
-    make.add_argument("--images", type=int, required=True, metavar="N",
-                      help="images in total, spread evenly over the classes (the first N mod K "
-                           "classes get one more), >= K")
-    make.add_argument("--size", type=int, required=True, metavar="S",
-                      help="S x S RGB pixels, 8..4096")
+    make.add_argument("--source", choices=SOURCES, default="synthetic",
+                      help="synthetic (generated JPEGs; needs --classes, --images, --size), "
+                           "digits (scikit-learn's bundled handwritten digits) or cifar10 "
+                           "(--from your CIFAR-10 python archive); digits and cifar10 write a "
+                           "prepared folder with a training and held-out split (splits.npz)")
+    make.add_argument("--from", dest="from_file", metavar="FILE",
+                      help="--source cifar10: cifar-10-python.tar.gz (or the folder "
+                           "cifar-10-batches-py) you already have; nothing is downloaded")
+    make.add_argument("--classes", type=int, metavar="K",
+                      help="synthetic: number of classes (sub-folders class_000, ...), >= 1")
+    make.add_argument("--images", type=int, metavar="N",
+                      help="synthetic: images in total, spread evenly over the classes (the "
+                           "first N mod K classes get one more), >= K")
+    make.add_argument("--size", type=int, metavar="S",
+                      help="synthetic: S x S RGB pixels, 8..4096")
     make.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     make.add_argument("--quality", type=int, default=90, help="JPEG quality 1..95 (default 90)")
     prep = sub.add_parser("prepare-data",
@@ -327,6 +338,14 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
     from bench.data.datasets import make_dataset, validate
 
     out = Path(args.out)
+    if args.source != "synthetic":
+        return make_labelled(args, out)
+    for key in ("classes", "images", "size"):
+        if getattr(args, key) is None:
+            raise ConfigError(f"--{key}: missing; required with --source synthetic")
+    if args.from_file:
+        raise ConfigError(f"--from: {args.from_file!r} is not allowed with --source synthetic; "
+                          "allowed: nothing (it is --source cifar10's)")
     validate(out, args.classes, args.images, args.size, args.quality)
     print(f"make-dataset: {args.images} images, {args.classes} classes, {args.size}x{args.size}, "
           f"seed {args.seed}, quality {args.quality} -> {out}", flush=True)
@@ -334,6 +353,24 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
                             quality=args.quality, log=lambda line: print(line, flush=True))
     print(f"dataset: {out}")
     print(f"total:   {manifest['total_bytes']:,} bytes in {manifest['images']} images")
+    return 0
+
+
+def make_labelled(args: argparse.Namespace, out: Path) -> int:
+    from bench.data.labelled import write_labelled
+
+    for key in ("classes", "images", "size"):
+        if getattr(args, key) is not None:
+            raise ConfigError(f"--{key}: {getattr(args, key)} is not allowed with --source "
+                              f"{args.source} (its images and classes are the source's); "
+                              "allowed: nothing")
+    print(f"make-dataset: {args.source} -> {out}", flush=True)
+    manifest = write_labelled(out, args.source, args.from_file,
+                              log=lambda line: print(line, flush=True))
+    splits = manifest["splits"]
+    print(f"dataset: {out}")
+    print(f"splits:  {splits['train']} training, {splits['heldout']} held out "
+          f"({splits['how']}); {manifest['classes']} classes; {out / splits['file']}")
     return 0
 
 

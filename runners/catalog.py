@@ -102,6 +102,10 @@ class RunnerInfo:
     # record's state_bytes_per_device (read from the framework's shards) to it
     # (bench/run/verdict.py); expected_shards gives it for a run's options.
     shards: Any = ()
+    # Whether it trains to a held-out accuracy (mode converge, runners/converge.py); where it
+    # does not, `no_converge` says why (the dry run shows it, the run is planned unavailable).
+    converges: bool = False
+    no_converge: str = ""
 
 
 def expected_shards(info: RunnerInfo, options: dict[str, Any]) -> tuple[str, ...]:

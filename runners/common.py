@@ -310,8 +310,11 @@ def node_identity() -> dict[str, Any]:
 
 
 def main(benchmark: Callable[[Spec], dict[str, Any]],
-         equivalence: Callable[[Spec], dict[str, Any]] | None = None) -> None:
-    """Entry point of every runner: run the spec's mode and write the result, whatever happens."""
+         equivalence: Callable[[Spec], dict[str, Any]] | None = None,
+         converge: Callable[[Spec], dict[str, Any]] | None = None) -> None:
+    """Entry point of every runner: run the spec's mode and write the result, whatever happens.
+    `converge`: the runner's mode converge (train to accuracy: runners/converge.py), if it has
+    one."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", required=True)
     parser.add_argument("--result", required=True)
@@ -329,12 +332,17 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
             if equivalence is None:
                 raise Unavailable(f"{spec.runner} does not implement the equivalence mode")
             result = equivalence(spec)
+        elif spec.mode == "converge":
+            if converge is None:
+                raise Unavailable(f"{spec.runner} does not train to accuracy (mode converge)")
+            memory.baseline()
+            result = converge(spec)
         else:
             memory.baseline()  # before the runner builds its model (runners/memory.py)
             result = benchmark(spec)
         result.setdefault("status", "ok")
         result["math"] = math_mode.read_back()  # as the frameworks report it after the run
-        if spec.mode == "benchmark" and result["status"] == "ok":
+        if spec.mode in ("benchmark", "converge") and result["status"] == "ok":
             result.setdefault("precision_policy", precision_policy.declared(spec.precision))
     except (Unavailable, math_mode.MathModeUnavailable) as exc:
         result = {"status": "unavailable", "reason": str(exc)}

@@ -48,8 +48,8 @@ SCALING = ("weak", "strong")
 DATA = ("synthetic", "real")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 DEVICES = ("cpu", "gpu")
-MODES = ("benchmark", "pipeline", "allreduce", "capacity")  # the sweep's; a Spec's mode may be
-# equivalence (a capacity sweep's probes are benchmark runs)
+MODES = ("benchmark", "pipeline", "allreduce", "capacity", "converge")  # the sweep's; a Spec's
+# mode may be equivalence (a capacity sweep's probes are benchmark runs)
 SCALES = ("batch", "depth")  # what a capacity search grows
 # repeats multiply the whole plan: a typo of 10**9 would plan (and dry-run print) forever
 MAX_REPEATS = 1000
@@ -175,7 +175,8 @@ SETTINGS: tuple[Setting, ...] = (
     # allreduce each family's own all-reduce alone (the communication probe)
     Setting("mode", str, "benchmark", "benchmark, pipeline (the input pipeline alone), "
             "allreduce (the all-reduce probe alone), capacity (the largest batch or depth that "
-            "fits, found by probes that are benchmark runs) or equivalence.",
+            "fits, found by probes that are benchmark runs), converge (train to a held-out "
+            "accuracy: runners/converge.py) or equivalence.",
             Key(default=["benchmark"], axis=True, choices=MODES)),
     Setting("equivalence", dict[str, Any] | None, None, "The equivalence mode's probe inputs "
             "and output (runners.common.Spec.equivalence_inputs).", record=False),
@@ -219,6 +220,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("capacity", dict[str, Any], {}, "Capacity mode's search: start (the first value "
             "probed), max (the largest), resolution (bisection stops once the first misfit is "
             "within it of the largest fit; 1: exact).", Key(), spec=False),
+    Setting("converge", dict[str, Any] | None, None, "Mode converge's training recipe, every "
+            "key filled (target_accuracy, max_epochs, optimizer, momentum, weight_decay, "
+            "base_lr, reference_batch, lr_scaling, warmup_epochs, schedule, poly_power, "
+            "step_epochs, step_gamma, last_batch, augmentation, seed: runners/converge.py); "
+            "null in the other modes.", Key(default={}), planned=True),
     Setting("custom_model", dict[str, Any] | None, None, "A user's own model: the sweep file's "
             "`models:` entry of this run's model (framework, build, absolute path, args, input;"
             " models/custom.py), null for a built-in model.", planned=True),

@@ -321,6 +321,60 @@ class CapacitySearch(_Section):
                                            "is within this of the largest fit (1: exact)")] = 1
 
 
+LR_SCALINGS = ("linear", "sqrt", "none")
+SCHEDULES = ("constant", "poly", "cosine", "step")
+LAST_BATCH = ("drop", "pad", "keep")
+CONVERGE_AUGMENTATIONS = ("none", "shift-flip")
+
+
+class Converge(_Section):
+    """Mode converge's training recipe (runners/converge.py): the same for every runner and
+    device count of the sweep, every key recorded in each run."""
+
+    target_accuracy: Annotated[float | None, Field(gt=0, le=1, allow_inf_nan=False,
+                               description="held-out top-1 accuracy at which a run stops "
+                               "(0.9 = 90%); null: train max_epochs"),
+                               Says("a number in (0, 1] or null")] = None
+    max_epochs: Annotated[_count(1, 100000), Field(description="epochs at most; the "
+                          "schedules' horizon")] = 10
+    optimizer: Annotated[Literal["sgd"], Field(description="SGD with momentum (the seeds' "
+                         "and Goyal et al.'s; the one every runner implements alike)"),
+                         Says("sgd")] = "sgd"
+    momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False),
+                        Says("a number in [0, 1)")] = 0.9
+    weight_decay: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False, description="L2 "
+                            "penalty added to the gradient (SGD's weight_decay)"),
+                            Says("a number in [0, 1)")] = 0.0
+    base_lr: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False, description="the "
+                       "learning rate for reference_batch images per step"),
+                       Says("a number in (0, 100]")] = 0.01
+    reference_batch: Annotated[_count(1), Field(description="the global batch base_lr is "
+                               "for (lr_scaling scales it to each run's)")] = 64
+    lr_scaling: Annotated[Literal[LR_SCALINGS], Field(description="linear (x B/ref, Goyal et "
+                          "al. 2017), sqrt (x sqrt(B/ref)) or none"),
+                          Says(", ".join(LR_SCALINGS))] = "none"
+    warmup_epochs: Annotated[float, Field(ge=0, le=100000, allow_inf_nan=False,
+                             description="linear warm-up per step from base_lr to the scaled "
+                             "rate"), Says("a number of epochs >= 0")] = 0.0
+    schedule: Annotated[Literal[SCHEDULES], Field(description="constant, poly (seed 004's "
+                        "polynomial decay), cosine or step, set at each epoch's start"),
+                        Says(", ".join(SCHEDULES))] = "poly"
+    poly_power: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False),
+                          Says("a number in (0, 100]")] = 1.0
+    step_epochs: Annotated[_count(1, 100000), Field(description="schedule step: epochs "
+                           "between decays")] = 30
+    step_gamma: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False, description="schedule "
+                          "step: the factor of each decay"), Says("a number in (0, 1]")] = 0.1
+    last_batch: Annotated[Literal[LAST_BATCH], Field(description="a short last batch: drop "
+                          "it (seed 002's advice), pad it from the epoch's first images, or "
+                          "keep it short"), Says(", ".join(LAST_BATCH))] = "drop"
+    augmentation: Annotated[Literal[CONVERGE_AUGMENTATIONS], Field(description="none, or "
+                            "shift-flip (seed 004's shifts up to 10% and horizontal flips)"),
+                            Says(", ".join(CONVERGE_AUGMENTATIONS))] = "none"
+    seed: Annotated[_count(0, 2**32 - 1), Field(description="the batches' order and "
+                    "augmentation, and the model's initial weights")] = 0
+
+
 SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10,
               "mib": 2**20, "gib": 2**30, "tib": 2**40}
 SIZE_WORDS = "a size in bytes: an integer >= 1 or a string such as 512MiB, 2GiB, 1.5GB"
@@ -677,6 +731,8 @@ def _own_types(options: type[BaseModel], model_names: tuple[str, ...]) -> dict[s
         "device_memory": Annotated[int | None, BeforeValidator(
             _size, json_schema_input_type=int | str | None), Says(SIZE_WORDS)],
         "capacity": Annotated[CapacitySearch, Says("a mapping of start, max, resolution")],
+        "converge": Annotated[Converge, Says("a mapping of the training recipe's keys "
+                                             "(docs/CONVERGENCE.md)")],
         "cluster": Annotated[Cluster, Says(
             "a mapping of backend, partition, account, gpus_per_node, exclusive, sbatch_args, "
             "max_jobs, poll_s")],
@@ -911,11 +967,42 @@ def _check_capacity(s: Any) -> None:
                     "follows from the one before, on this machine's devices)")
 
 
+def _check_converge(s: Any) -> None:
+    """mode converge: alone; runners and devices given; a dataset with its splits (make-dataset
+    wrote splits.npz) whose classes the models have; data real (the splits); warm-up within
+    max_epochs. Without it, no converge key."""
+    if "converge" not in s.mode:
+        if "converge" in s.model_fields_set and s.converge != Converge():
+            raise _fail("converge", s.converge.model_dump(), "nothing without mode converge")
+        return
+    if s.mode != ["converge"]:
+        raise _fail("mode", s.mode, "converge alone (its runs train to accuracy; run the other "
+                    "modes in a sweep of their own)")
+    for key in ("runners", "devices", "dataset"):
+        if key not in s.model_fields_set or getattr(s, key) in (None, []):
+            raise ConfigError(f"{key}: missing; this key is required with mode converge"
+                              + (" (a folder written by `run_bench.py make-dataset --source "
+                                 "digits|cifar10`)" if key == "dataset" else ""))
+    if "data" in s.model_fields_set and s.data != ["real"]:
+        raise _fail("data", s.data, "real with mode converge (it trains on the dataset's "
+                    "training split)")
+    path = Path(s.dataset.path) / "splits.npz"
+    if not path.is_file():
+        raise _fail("dataset.path", s.dataset.path, "a folder with a training and held-out "
+                    "split (splits.npz) with mode converge: one written by `run_bench.py "
+                    "make-dataset --source digits|cifar10`")
+    if s.converge.warmup_epochs > s.converge.max_epochs:
+        raise _fail("converge.warmup_epochs", s.converge.warmup_epochs,
+                    f"a number <= converge.max_epochs ({s.converge.max_epochs})")
+    _check_classes(s.dataset.model_dump(), s.models)
+
+
 def _resolve(s: Any, default_name: str) -> SweepConfig:
     """The validated file as a SweepConfig, once the rules that span keys hold."""
     benchmark, pipeline = "benchmark" in s.mode, "pipeline" in s.mode
     allreduce = "allreduce" in s.mode
     _check_capacity(s)
+    _check_converge(s)
     custom = [model_name(m) for m in s.models if custom_entry(m)]
     if custom and (pipeline or allreduce):
         raise _fail("models", custom[0], "a built-in model with mode "
@@ -938,7 +1025,7 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
                     "slurm (its repeats are decided run by run; use repeats)")
     # strong scaling divides the global batch by the devices of all nodes
     totals = s.devices if s.nodes == [1] else sorted({n * d for n in s.nodes for d in s.devices})
-    if not (benchmark or pipeline) and s.batch_size_per_device is None \
+    if not (benchmark or pipeline or "converge" in s.mode) and s.batch_size_per_device is None \
             and s.global_batch_size is None:
         scaling, batch_sizes = s.scaling or "weak", []  # the probe alone: no batch
     else:
@@ -969,6 +1056,7 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
     return SweepConfig(**{
         **{k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in given.items()},
         "name": name, "runners": runners, "scaling": scaling, "batch_sizes": batch_sizes,
+        **({"data": ["real"]} if "converge" in s.mode else {}),
         "runner_options": {r: s.options_of(r) for r in runners}, "dataset": dataset,
         # every pipeline unless named (named ones are checked even when mode leaves them out,
         # so a typo never waits for the day they run)

@@ -73,6 +73,9 @@ def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data:
         return f"pipeline__{runner}__{model}__b{batch}__{data}__r{repeat}"
     if mode == "allreduce":
         return f"allreduce__{runner}__{model}__n{n}__r{repeat}"
+    if mode == "converge":
+        return CONVERGE_PREFIX + make_run_id(runner, model, n, scaling, batch, data, precision,
+                                             repeat, nodes=nodes, variant=variant)
     b = f"b{batch}" if scaling == "weak" else f"gb{batch}"
     where = f"n{n}" if nodes == 1 else f"{nodes}x{n // nodes}"
     varies = "".join(f"__{grouping.variant_part(k, v)}" for k, v in (variant or {}).items())
@@ -113,6 +116,8 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     instead of on all repeats of one."""
     if "capacity" in cfg.mode:  # alone (bench.plan.config): each search's first probe
         return expand_capacity(cfg, sweep_id)
+    if "converge" in cfg.mode:  # alone, as capacity
+        return expand_converge(cfg, sweep_id)
     runs = expand_pipelines(cfg, sweep_id) if "pipeline" in cfg.mode else []
     if "allreduce" in cfg.mode:
         runs += expand_probes(cfg, sweep_id)
@@ -201,6 +206,34 @@ def expand_capacity(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
         run = _benchmark_run(cfg, sweep_id, runner, model, "synthetic", "synthetic", precision,
                              batch, batch, n, 0, opts, python, None, variant=variant)
         runs.append(capacity_probe(run, cfg.scale, cfg.capacity["start"]))
+    return runs
+
+
+CONVERGE_PREFIX = "converge__"
+
+
+def expand_converge(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
+    """Mode converge's runs (repeats x runners x option variants x models x precision x batch x
+    nodes x devices per node, as benchmark runs): each trains on the dataset's training split
+    to the recipe's target (runners/converge.py), its data `real` from the splits in memory
+    (no loader workers: the label real-w0), the recipe in its spec."""
+    assert cfg.dataset is not None  # config validation requires it in converge mode
+    dataset = {**cfg.dataset, "workers": 0}
+    strategies = [(runner, opts, variant) for runner in cfg.runners
+                  for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
+    runs = []
+    for repeat, (runner, opts, variant), model, precision, batch, nodes, per_node in \
+            itertools.product(range(cfg.repeats), strategies, cfg.models, cfg.precision,
+                              cfg.batch_sizes, cfg.nodes, cfg.devices):
+        n = nodes * per_node
+        python = cfg.runner_options.get(runner, {}).get("python")
+        per_device = batch if cfg.scaling == "weak" else batch // n
+        run = _benchmark_run(cfg, sweep_id, runner, model, "real-w0", "real", precision, batch,
+                             per_device, n, repeat, opts, python, dataset, nodes, variant)
+        name, _ = _model(model)
+        runs.append(replace(run, mode="converge", converge=dict(cfg.converge), run_id=(
+            make_run_id(runner, name, n, cfg.scaling, batch, "real-w0", precision, repeat,
+                        mode="converge", nodes=nodes, variant=variant))))
     return runs
 
 

@@ -330,6 +330,38 @@ COLUMNS: tuple[Column, ...] = (
            "precision_policy: compute, params, reduce dtypes, master weights, loss scaling; "
            "'(differs)' where it is not the harness's, '(declared)' where not read back).",
            ("csv", "html", "loader"), _policy_summary, "first", optional=True),
+    # time to accuracy (mode converge, runners/converge.py)
+    Column("final_accuracy", "acc", "pct1", "Mode converge: the held-out top-1 accuracy after "
+           "the last epoch trained, the median over ok runs (per run, its own).",
+           (*SUMMARY_VIEWS, "record", "child"), over_runs="median", optional=True),
+    Column("best_accuracy", "", "pct1", "Mode converge: the best held-out accuracy of any "
+           "epoch, the median over ok runs.", ("csv", "loader", "record", "child"),
+           over_runs="median", optional=True),
+    Column("epochs_to_target", "ep", "int", "Mode converge: the first epoch whose held-out "
+           "accuracy reached target_accuracy (null when none did: target_reason says why), "
+           "the median over ok runs.", (*SUMMARY_VIEWS, "record", "child"),
+           over_runs="median", optional=True),
+    Column("time_to_target_s", "to target", "secs", "Mode converge: wall time from the first "
+           "training step to the end of the evaluation that reached target_accuracy, "
+           "evaluations included (null when not reached), the median over ok runs.",
+           (*SUMMARY_VIEWS, "record", "child"), over_runs="median", optional=True),
+    Column("runs_reached", "", "int", "Mode converge: ok runs of the configuration that "
+           "reached the target.", ("csv",), over_runs=lambda vs: sum(
+               1 for v in vs if isinstance(v, (int, float))) if vs else None),
+    _field("target_reason", "Mode converge: why the target was not reached (null when it "
+           "was).", (*RUN_VIEWS, "child")),
+    _field("curve", "Mode converge: one point per epoch: epoch, wall_s (since the first "
+           "step), train_s, eval_s, train_loss, accuracy (held-out), lr, steps, images_per_sec "
+           "and moving_stats_finite.", ("record", "child")),
+    _field("epochs_run", "Mode converge: epochs trained.", (*RUN_VIEWS, "child")),
+    _field("train_time_s", "Mode converge: seconds in training epochs.", (*RUN_VIEWS, "child")),
+    _field("eval_time_s", "Mode converge: seconds in held-out evaluations.",
+           (*RUN_VIEWS, "child")),
+    _field("converge_time_s", "Mode converge: seconds from the first step to the last "
+           "evaluation.", (*RUN_VIEWS, "child")),
+    _field("moving_stats_finite", "Mode converge: whether every BatchNorm moving statistic "
+           "was finite after every epoch (read from the model); null where the runner does "
+           "not read them.", (*RUN_VIEWS, "child")),
     Column("memory_source", "", "text", "What memory_per_device is, as the child read it "
            "(runners/memory.py): the allocator's peak over the timed window, the peak since "
            "the process started, or the process's resident memory, and any rank missing.",
@@ -537,6 +569,13 @@ def _bytes(col: Column, row: Mapping[str, Any], view: str) -> str:
     return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
 
 
+def _seconds(col: Column, row: Mapping[str, Any], view: str) -> str:
+    value = row.get(col.key)
+    if not _numbers([value]):
+        return "-"
+    return f"{value:.1f} s" if value < 60 else f"{int(value // 60)}:{int(value % 60):02d}"
+
+
 def _flags(col: Column, row: Mapping[str, Any], view: str) -> str:
     return ",".join(c.header for c in flags_on(row, view)) or "-"
 
@@ -553,6 +592,7 @@ FORMATS: dict[str, Format] = {
     "x2": Format("2 decimals and x (1.80x)", _number(".2f", "x")),
     "pct0": Format("a percentage (90%)", _number(".0%")),
     "pct1": Format("a percentage, 1 decimal (31.0%)", _number(".1%")),
+    "secs": Format("seconds, 1 decimal, as m:ss from a minute (74:10)", _seconds),
     "ci1": Format("low-high, 1 decimal", _interval),
     "devices": Format("count and kind (2 vcpu: virtual CPU devices, 2 gpu; 2x4 gpu: 2 nodes "
                       "of 4)", _devices),

@@ -297,7 +297,12 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
     if spec.num_nodes > 1 and info.multi_node_unavailable:
         return "unavailable", (f"{spec.runner} across nodes ({info.multi_node}): "
                                f"{info.multi_node_unavailable}")
-    if spec.mode == "benchmark" and (why := model_unavailable(spec, info)):
+    if spec.mode == "converge" and not info.converges:
+        takers = ", ".join(r.name for r in RUNNERS.values() if r.converges)
+        return "unavailable", (f"{spec.runner} does not train to accuracy (mode converge): "
+                               f"{info.no_converge or 'it times training steps only'}; "
+                               f"runners that do: {takers or 'none yet'}")
+    if spec.mode in ("benchmark", "converge") and (why := model_unavailable(spec, info)):
         return "unavailable", why
     if spec.precision not in info.precisions:
         return "invalid", (f"{spec.runner} supports precision {', '.join(info.precisions)}, "

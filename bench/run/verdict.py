@@ -149,6 +149,8 @@ def validate_result(result: dict[str, Any], spec: RunSpec,
         return validate_placement(result, spec.num_devices, rec)
     if spec.mode == "allreduce":
         return validate_allreduce(result, spec)
+    if spec.mode == "converge":
+        return validate_placement(result, spec.num_devices, rec) + validate_converge(result)
     if spec.mode not in ("benchmark", "pipeline"):
         return []
     problems = (validate_placement(result, spec.num_devices, rec)
@@ -170,6 +172,48 @@ def validate_result(result: dict[str, Any], spec: RunSpec,
     if not (isinstance(start, (int, float)) and isinstance(end, (int, float)) and end > start):
         problems.append(f"timed window [{start!r}, {end!r}] is empty or missing")
     return problems
+
+
+def validate_converge(result: dict[str, Any]) -> list[str]:
+    """What is wrong with an ok converge result (runners/converge.py): a curve of epochs 1..k
+    whose accuracies are fractions, final and best accuracy read from it, the target's epoch
+    and time from its point, finite BatchNorm moving statistics, a positive images/sec."""
+    curve = result.get("curve")
+    if not isinstance(curve, list) or not curve or not all(isinstance(p, dict) for p in curve):
+        return [f"no curve of epochs (curve={curve!r})"]
+    problems = []
+    accs = [p.get("accuracy") for p in curve]
+    if [p.get("epoch") for p in curve] != list(range(1, len(curve) + 1)):
+        problems.append("the curve's epochs are not 1, 2, ...")
+    if not all(_fraction(a) for a in accs):
+        problems.append(f"held-out accuracies {accs!r} are not all numbers in [0, 1]")
+        return problems
+    if result.get("final_accuracy") != accs[-1] or result.get("best_accuracy") != max(accs):
+        problems.append(f"final/best accuracy {result.get('final_accuracy')!r}/"
+                        f"{result.get('best_accuracy')!r} are not the curve's "
+                        f"{accs[-1]!r}/{max(accs)!r}")
+    epoch = result.get("epochs_to_target")
+    if epoch is not None:
+        point = curve[epoch - 1] if isinstance(epoch, int) and 0 < epoch <= len(curve) else None
+        target = (result.get("converge") or {}).get("target_accuracy")
+        if point is None or target is None or point["accuracy"] < target \
+                or result.get("time_to_target_s") != point.get("wall_s"):
+            problems.append(f"epochs_to_target {epoch!r} / time_to_target_s "
+                            f"{result.get('time_to_target_s')!r} are not the curve's first "
+                            f"point at the target {target!r}")
+    elif result.get("time_to_target_s") is not None or not result.get("target_reason"):
+        problems.append("a run that did not reach its target must say why (target_reason) "
+                        "and have no time_to_target_s")
+    if result.get("moving_stats_finite") is False:
+        problems.append("BatchNorm moving statistics are not finite")
+    if not _positive(result.get("images_per_sec")):
+        problems.append(f"images_per_sec is {result.get('images_per_sec')!r}")
+    return problems
+
+
+def _fraction(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and 0 <= value <= 1
 
 
 def validate_state(result: dict[str, Any], spec: RunSpec,

@@ -1,0 +1,323 @@
+"""Child-side time to accuracy (mode converge), framework-free: the recipe, the data, the loop.
+
+A run of mode converge trains on a prepared dataset's training split (its splits.npz, written
+by `run_bench.py make-dataset --source digits|cifar10`), evaluates on the held-out split after
+every epoch (timed apart), and stops at the recipe's target_accuracy or after max_epochs. Every
+runner that converges does so through `train_to_accuracy` with the same recipe, the same
+batches (index order, short-last-batch handling, augmentation: all drawn here from the
+recipe's seed), so the figures of two frameworks or strategies differ by what they do, not by
+what they were fed. A runner supplies three functions:
+
+- `train_epoch(epoch, batches, lr_at) -> mean train loss`: one pass over `batches` (this
+  process's `Batch`es, in order: the whole global batch in a single-process runner, the rank's
+  share in a process-per-device one), setting the optimizer's learning rate to `lr_at(step)`
+  before step `step` (0-based within the epoch); the loss is the mean over the epoch's steps
+  of this process's loss (float).
+- `evaluate(x, y) -> accuracy`: top-1 accuracy of the model in inference mode (BatchNorm's
+  moving statistics, no dropout) on the whole held-out split; the same number on every
+  process (a process-per-device runner evaluates on rank 0 and broadcasts, say).
+- `moving_stats() -> (finite, detail)`, optional: whether every BatchNorm moving mean and
+  variance, read from the model, is finite, and which is not (seed 002's trap: a tower that
+  got no rows of a short last batch puts NaN there, unseen until prediction).
+
+The recipe (runners/settings.py `converge`, defaults filled by the parent):
+  optimizer sgd with `momentum` and `weight_decay`; `base_lr` for `reference_batch` images,
+  scaled to the run's global batch by `lr_scaling` (linear: x B/ref, sqrt: x sqrt(B/ref),
+  none; Goyal et al. 2017); `warmup_epochs` of linear warm-up per step from base_lr to the
+  scaled rate (Goyal's gradual warm-up); then `schedule`, evaluated at each epoch's start as
+  Keras' LearningRateScheduler does (seed 004): constant, poly (peak x (1 - epoch /
+  max_epochs) ** poly_power: Caffe's, seed 004's poly_decay), cosine (peak x (1 + cos(pi x
+  epoch / max_epochs)) / 2) or step (peak x step_gamma ** (epoch // step_epochs)).
+  `last_batch`: drop (whole batches only, as seed 002 advises), pad (the short batch filled
+  from the epoch's first indices, as torch's DistributedSampler pads) or keep (the short batch
+  as it is: in a tower runner some towers may get no rows).
+  `augmentation`: none, or shift-flip (seed 004's ImageDataGenerator: shifts up to 10% of
+  each side with nearest fill, horizontal flip with probability 1/2).
+Preprocessing, as seed 004: float32 pixels less the training split's per-pixel mean image.
+
+Timing: `time_to_target_s` counts from the first training step to the end of the evaluation
+that reached the target, evaluations included (seed 004's figures include Keras' validation
+after every epoch; MLPerf's clock also runs through evaluation); `train_time_s` and
+`eval_time_s` split it. images/sec is over the training time of the epochs after the first
+(the first holds graph building and compilation), of all epochs when there is one.
+
+Imports numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runners.common import Spec, Unavailable
+
+SPLITS_FILE = "splits.npz"
+SHIFT = 0.1  # seed 004's width_shift_range and height_shift_range
+SCALE = 255.0  # pixels less the mean image, over 255 (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's rows for this process: float32 images (B, H, W, C) and int32 labels."""
+
+    x: np.ndarray
+    y: np.ndarray
+    global_rows: int  # the rows of the whole global batch this step (all processes)
+
+
+@dataclass(frozen=True)
+class Splits:
+    """A dataset's training and held-out splits, as uint8 images and int labels."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_heldout: np.ndarray
+    y_heldout: np.ndarray
+    classes: int
+    mean: np.ndarray  # the training split's per-pixel mean image, float32 (H, W, C)
+
+    def heldout(self) -> tuple[np.ndarray, np.ndarray]:
+        """The held-out split preprocessed: float32 less the mean image, int32 labels."""
+        return ((self.x_heldout.astype(np.float32) - self.mean) / SCALE,
+                self.y_heldout.astype(np.int32))
+
+
+def load_splits(spec: Spec) -> Splits:
+    """The run's dataset's splits.npz; Unavailable when the folder has none."""
+    if not spec.dataset:
+        raise Unavailable("mode converge needs a dataset (dataset.path)")
+    path = Path(spec.dataset["path"]) / SPLITS_FILE
+    try:
+        with np.load(path) as data:
+            arrays = {k: data[k] for k in ("x_train", "y_train", "x_heldout", "y_heldout")}
+    except (OSError, KeyError, ValueError) as exc:
+        raise Unavailable(f"{path}: no training and held-out splits ({exc}); write them with "
+                          "`run_bench.py make-dataset --source digits --out DIR`") from exc
+    classes = int(max(arrays["y_train"].max(), arrays["y_heldout"].max())) + 1
+    mean = arrays["x_train"].astype(np.float32).mean(axis=0)
+    return Splits(**arrays, classes=classes, mean=mean)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The training recipe of a converge run, resolved for its global batch."""
+
+    target_accuracy: float | None
+    max_epochs: int
+    optimizer: str
+    momentum: float
+    weight_decay: float
+    base_lr: float
+    reference_batch: int
+    lr_scaling: str
+    warmup_epochs: float
+    schedule: str
+    poly_power: float
+    step_epochs: int
+    step_gamma: float
+    last_batch: str
+    augmentation: str
+    seed: int
+    global_batch: int
+
+    @classmethod
+    def of(cls, spec: Spec) -> Recipe:
+        c = dict(spec.converge or {})
+        names = [f for f in cls.__dataclass_fields__ if f != "global_batch"]
+        missing = [n for n in names if n not in c]
+        if missing:
+            raise Unavailable(f"the spec's converge recipe lacks {missing} (the parent fills "
+                              "every key: an old spec?)")
+        return cls(**{n: c[n] for n in names}, global_batch=spec.global_batch_size)
+
+    @property
+    def scale(self) -> float:
+        """The learning rate's factor for this global batch (lr_scaling)."""
+        ratio = self.global_batch / self.reference_batch
+        return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[self.lr_scaling]
+
+    @property
+    def peak_lr(self) -> float:
+        return self.base_lr * self.scale
+
+    def lr(self, epoch: int, step: int, steps: int) -> float:
+        """The learning rate of step `step` of `steps` in epoch `epoch` (both from 0)."""
+        progress = epoch + step / max(steps, 1)
+        if progress < self.warmup_epochs:
+            return self.base_lr + (self.peak_lr - self.base_lr) * progress / self.warmup_epochs
+        peak, t = self.peak_lr, epoch / self.max_epochs
+        if self.schedule == "poly":
+            return peak * (1.0 - t) ** self.poly_power
+        if self.schedule == "cosine":
+            return peak * 0.5 * (1.0 + math.cos(math.pi * t))
+        if self.schedule == "step":
+            return peak * self.step_gamma ** (epoch // self.step_epochs)
+        return peak
+
+    def summary(self) -> dict[str, Any]:
+        return {**{f: getattr(self, f) for f in self.__dataclass_fields__},
+                "lr_scale": self.scale, "peak_lr": self.peak_lr}
+
+
+def epoch_indices(recipe: Recipe, n: int, epoch: int) -> list[np.ndarray]:
+    """The global batches of one epoch as indices into the training split: a permutation
+    seeded by (seed, epoch), cut into global batches, the short last one dropped, padded or
+    kept (recipe.last_batch)."""
+    order = np.random.default_rng([recipe.seed, epoch]).permutation(n)
+    b = recipe.global_batch
+    whole, rest = divmod(n, b)
+    batches = [order[i * b:(i + 1) * b] for i in range(whole)]
+    if rest and recipe.last_batch == "pad":
+        batches.append(np.concatenate([order[whole * b:], order[:b - rest]]))
+    elif rest and recipe.last_batch == "keep":
+        batches.append(order[whole * b:])
+    return batches
+
+
+def augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """shift-flip, as Keras' ImageDataGenerator(width_shift_range=0.1, height_shift_range=0.1,
+    horizontal_flip=True, fill_mode="nearest") of seed 004: each image shifted by a whole
+    number of pixels up to 10% of its side (edge pixels repeated) and flipped with p 1/2."""
+    n, h, w = images.shape[:3]
+    dy, dx = int(round(SHIFT * h)), int(round(SHIFT * w))
+    padded = np.pad(images, ((0, 0), (dy, dy), (dx, dx), (0, 0)), mode="edge")
+    out = np.empty_like(images)
+    oy = rng.integers(0, 2 * dy + 1, n)
+    ox = rng.integers(0, 2 * dx + 1, n)
+    flip = rng.random(n) < 0.5
+    for i in range(n):
+        img = padded[i, oy[i]:oy[i] + h, ox[i]:ox[i] + w]
+        out[i] = img[:, ::-1] if flip[i] else img
+    return out
+
+
+def epoch_batches(recipe: Recipe, splits: Splits, epoch: int, rank: int = 0,
+                  world: int = 1) -> list[Batch]:
+    """This process's batches of one epoch: rank `rank` of `world` processes takes its share
+    of each global batch (rows [r x b, (r + 1) x b) of whole batches, numpy.array_split's
+    share of a short kept one, which may be empty). Augmented over the global batch with a
+    generator seeded by (seed, epoch, step), so every process and framework sees the same
+    pixels."""
+    out = []
+    for step, idx in enumerate(epoch_indices(recipe, len(splits.y_train), epoch)):
+        x = splits.x_train[idx]
+        if recipe.augmentation == "shift-flip":
+            x = augment(x, np.random.default_rng([recipe.seed, epoch, step, 1]))
+        x = (x.astype(np.float32) - splits.mean) / SCALE
+        y = splits.y_train[idx].astype(np.int32)
+        if world > 1:
+            share = np.array_split(np.arange(len(idx)), world)[rank]
+            x, y = x[share], y[share]
+        out.append(Batch(x=np.ascontiguousarray(x), y=y, global_rows=len(idx)))
+    return out
+
+
+TrainEpoch = Callable[[int, list[Batch], Callable[[int], float]], float]
+Evaluate = Callable[[np.ndarray, np.ndarray], float]
+MovingStats = Callable[[], tuple[bool, str]]
+
+
+def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
+                      moving_stats: MovingStats | None = None, rank: int = 0, world: int = 1,
+                      splits: Splits | None = None) -> dict[str, Any]:
+    """Train epoch by epoch until the target or max_epochs; the result's converge fields.
+
+    Status invalid (the curve kept) when a train loss is not finite or a BatchNorm moving
+    statistic is not (read after every epoch)."""
+    recipe = Recipe.of(spec)
+    splits = splits if splits is not None else load_splits(spec)
+    x_eval, y_eval = splits.heldout()
+    curve: list[dict[str, Any]] = []
+    reached: dict[str, Any] | None = None
+    problem: str | None = None
+    t0 = time.perf_counter()
+    wall0 = time.time()
+    train_s = eval_s = 0.0
+    samples = 0
+    for epoch in range(recipe.max_epochs):
+        batches = epoch_batches(recipe, splits, epoch, rank, world)
+        steps = len(batches)
+
+        def lr_at(step: int, epoch: int = epoch, steps: int = steps) -> float:
+            return recipe.lr(epoch, step, steps)
+
+        start = time.perf_counter()
+        loss = float(train_epoch(epoch, batches, lr_at))
+        mid = time.perf_counter()
+        accuracy = float(evaluate(x_eval, y_eval))
+        end = time.perf_counter()
+        rows = sum(b.global_rows for b in batches)
+        samples += rows
+        train_s += mid - start
+        eval_s += end - mid
+        point = {"epoch": epoch + 1, "wall_s": round(end - t0, 4),
+                 "train_s": round(mid - start, 4), "eval_s": round(end - mid, 4),
+                 "train_loss": loss if math.isfinite(loss) else None,
+                 "accuracy": accuracy, "lr": lr_at(0), "steps": steps,
+                 "images_per_sec": rows / (mid - start) if mid > start else None}
+        if moving_stats is not None:
+            finite, detail = moving_stats()
+            point["moving_stats_finite"] = bool(finite)
+            if not finite and problem is None:
+                problem = (f"BatchNorm moving statistics are not finite after epoch "
+                           f"{epoch + 1} ({detail}): the model predicts from them")
+        curve.append(point)
+        if not math.isfinite(loss) and problem is None:
+            problem = f"train loss is {loss} in epoch {epoch + 1}"
+        if problem:
+            break
+        if reached is None and recipe.target_accuracy is not None \
+                and accuracy >= recipe.target_accuracy:
+            reached = point
+            break
+    return _result(recipe, splits, curve, reached, problem, train_s, eval_s, samples, wall0,
+                   time.perf_counter() - t0)
+
+
+def _result(recipe: Recipe, splits: Splits, curve: list[dict[str, Any]],
+            reached: dict[str, Any] | None, problem: str | None, train_s: float,
+            eval_s: float, samples: int, wall0: float, total_s: float) -> dict[str, Any]:
+    accuracies = [p["accuracy"] for p in curve]
+    later = curve[1:] or curve
+    later_s = sum(p["train_s"] for p in later)
+    later_rows = sum((p["images_per_sec"] or 0) * p["train_s"] for p in later)
+    if reached is not None:
+        why = None
+    elif recipe.target_accuracy is None:
+        why = "no target_accuracy set: trained max_epochs"
+    elif problem:
+        why = f"stopped: {problem}"
+    else:
+        why = (f"best held-out accuracy {max(accuracies):.4f} < target "
+               f"{recipe.target_accuracy} in max_epochs={recipe.max_epochs}")
+    out: dict[str, Any] = {
+        "converge": {**recipe.summary(), "train_images": int(len(splits.y_train)),
+                     "heldout_images": int(len(splits.y_heldout)),
+                     "preprocessing": "float32 less the training split's per-pixel mean "
+                                      "image (seed 004)"},
+        "curve": curve,
+        "epochs_run": len(curve),
+        "final_accuracy": accuracies[-1] if accuracies else None,
+        "best_accuracy": max(accuracies) if accuracies else None,
+        "epochs_to_target": reached["epoch"] if reached else None,
+        "time_to_target_s": reached["wall_s"] if reached else None,
+        "target_reason": why,
+        "train_time_s": round(train_s, 4),
+        "eval_time_s": round(eval_s, 4),
+        "converge_time_s": round(total_s, 4),
+        "moving_stats_finite": all(p.get("moving_stats_finite", True) for p in curve),
+        "images_per_sec": later_rows / later_s if later_s > 0 else None,
+        "samples": samples,
+        "window_start": wall0,
+        "window_end": wall0 + total_s,
+    }
+    if problem:
+        out.update(status="invalid", reason=problem)
+    return out
+
