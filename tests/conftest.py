@@ -130,3 +130,27 @@ def real_sweep(out: Path, dataset: Path, *sets: str) -> dict[int, dict]:
     """smoke_sweep on real data from `dataset` (augmentation crop-flip, 1 loader worker unless
     a --set says otherwise); its records by device count."""
     return smoke_sweep(out, "data=real", f"dataset.path={dataset}", "dataset.workers=1", *sets)
+
+
+@pytest.fixture(scope="session")
+def digits_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scikit-learn's digits written by `make-dataset --source digits` (mode converge's
+    dataset: a prepared folder with splits.npz), once per session."""
+    out = tmp_path_factory.mktemp("digits") / "digits"
+    proc = run_cli("make-dataset", "--source", "digits", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
+    """configs/converge-digits.yaml through the CLI on `dataset` with `sets` (KEY=VALUE);
+    its records (mode converge: runners/converge.py)."""
+    from bench.records.store import load_records
+
+    args = ["--config", "configs/converge-digits.yaml", "--out", str(out),
+            "--set", f"dataset.path={dataset}"]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return load_records(out)

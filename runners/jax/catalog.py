@@ -31,6 +31,7 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
         workloads=("cnn", "transformer"),
         custom_models=("jax",),
+        converges=True,
     ),
     RunnerInfo(
         "jax_fsdp",
@@ -43,6 +44,9 @@ RUNNERS: list[RunnerInfo] = [
         workloads=("cnn", "transformer"),
         custom_models=("jax",),
         shards=("params", "grads", "optimizer"),
+        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
+                     "data parallelism's (the same global-batch gradient), so time to accuracy "
+                     "is torch_ddp's or jax_native's figure plus its own step time"),
     ),
     RunnerInfo(
         "keras_jax",
@@ -59,6 +63,7 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
         workloads=("cnn", "transformer"),
         custom_models=("keras",),
+        converges=True,
     ),
     RunnerInfo(
         "keras_model_parallel",
@@ -79,6 +84,7 @@ RUNNERS: list[RunnerInfo] = [
             "per-process feeding of a replicated batch is built"),
         workloads=("cnn", "transformer"),
         shards=("params", "grads", "optimizer"),
+        no_converge='tensor parallelism on one batch, not wired to the converge recipe',
     ),
 ]
 

@@ -22,6 +22,7 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_options=({"kvstore": "local"}, {"hybridize": False}),
         multi_node="a dist_sync kvstore: scheduler and servers beside the workers (ps-lite)",
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        converges=True,
     ),
     RunnerInfo(
         "keras_mxnet",
@@ -39,6 +40,7 @@ RUNNERS: list[RunnerInfo] = [
         # gradient_reduce sum steps N x as far by design: tests/test_mxnet_runners.py
         equivalence_options=({"input": "arrays"},),
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        no_converge="not wired to the converge recipe (MXNet's own converges: mxnet_native)",
     ),
 ]
 

@@ -55,6 +55,7 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="MultiWorkerMirroredStrategy, its cluster from TF's SlurmClusterResolver",
         workloads=("cnn", "transformer"),
         custom_models=("keras", "tf"),
+        converges=True,
     ),
     RunnerInfo(
         "tf_native",
@@ -73,6 +74,7 @@ RUNNERS: list[RunnerInfo] = [
         # tests/test_tf_runners.py checks that, and xla = no xla at 1 device) and
         # channels_first (TF's CPU Conv2DBackpropFilter has no NCHW kernel).
         multi_node="MultiWorkerMirroredStrategy, its cluster from TF's SlurmClusterResolver",
+        converges=True,
     ),
     RunnerInfo(
         "keras_tf_kuza55",
@@ -91,6 +93,7 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_gpu_only=(({"ps": "cpu"}, ON_CPU_SAME_DEVICE),
                               ({"ps": "gpu"}, ON_CPU_SAME_DEVICE)),
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        converges=True,
     ),
     RunnerInfo(
         "keras_tf_multi_gpu_model",
@@ -121,6 +124,7 @@ RUNNERS: list[RunnerInfo] = [
                                "it clones the template under /cpu:0, which here is where the "
                                "template already is and the first replica's device")),
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        converges=True,
     ),
     RunnerInfo(
         "keras_tf_avolkov1",
@@ -154,6 +158,9 @@ RUNNERS: list[RunnerInfo] = [
                                "NCCL all-reduce has no CPU kernel (the graph's all-reduce "
                                "ops are tested in tests/test_keras_towers.py)")),
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        no_converge=("not wired to the converge recipe (its towers are kuza55's; the seeds' "
+                     "tower runners that converge are keras_tf_kuza55 and "
+                     "keras_tf_multi_gpu_model)"),
     ),
     RunnerInfo(
         "tensorpack",
@@ -179,6 +186,8 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="tensorpack's HorovodTrainer / DistributedTrainerReplicated",
         multi_node_unavailable="its multi-node launch is not built yet (issue 16's notes)",
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        no_converge=("tensorpack's trainer runs a fixed number of steps on its own input "
+                     "graph; not wired to the converge recipe"),
     ),
     RunnerInfo(
         "tf_cnn_benchmarks",
@@ -210,6 +219,8 @@ RUNNERS: list[RunnerInfo] = [
         multi_node_unavailable="its multi-node launch is not built yet: one worker per node "
                                "with the cluster flags from SLURM (issue 16's notes)",
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        no_converge=("tf_cnn_benchmarks trains a fixed number of batches and evaluates only in "
+                     "a separate --eval run, never per epoch to a target"),
     ),
 ]
 

@@ -55,6 +55,7 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="torchrun, a c10d rendezvous hosted on the first node",
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
+        converges=True,
     ),
     RunnerInfo(
         "torch_zero1",
@@ -71,6 +72,9 @@ RUNNERS: list[RunnerInfo] = [
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
         shards=("optimizer",),
+        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
+                     "data parallelism's (the same global-batch gradient), so time to accuracy "
+                     "is torch_ddp's or jax_native's figure plus its own step time"),
     ),
     RunnerInfo(
         "torch_fsdp2",
@@ -96,6 +100,9 @@ RUNNERS: list[RunnerInfo] = [
         # parameters and optimizer state sharded at rest, gradients after the reduce-scatter,
         # whatever reshard_after_forward (which decides only between forward and backward)
         shards=("params", "grads", "optimizer"),
+        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
+                     "data parallelism's (the same global-batch gradient), so time to accuracy "
+                     "is torch_ddp's or jax_native's figure plus its own step time"),
     ),
     RunnerInfo(
         "keras_torch",
@@ -113,6 +120,7 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="torchrun, a c10d rendezvous hosted on the first node",
         workloads=("cnn", "transformer"),
         custom_models=("keras",),
+        converges=True,
     ),
     RunnerInfo(
         "horovod",
@@ -134,6 +142,8 @@ RUNNERS: list[RunnerInfo] = [
                    "ranks started by srun instead of ssh",
         custom_models=("torch",),
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        no_converge=("not wired to the converge recipe (its allreduce-averaged SGD is "
+                     "torch_ddp's math)"),
     ),
     RunnerInfo(
         "deepspeed",
@@ -164,6 +174,9 @@ RUNNERS: list[RunnerInfo] = [
         shards={"option": "stage", "values": {1: ("optimizer", "grads"),
                                               2: ("optimizer", "grads"),
                                               3: ("params", "grads", "optimizer")}},
+        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
+                     "data parallelism's (the same global-batch gradient), so time to accuracy "
+                     "is torch_ddp's or jax_native's figure plus its own step time"),
     ),
 ]
 
