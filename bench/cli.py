@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench import REPO_ROOT
 from bench.analysis.explain import text as explain_text
@@ -19,6 +20,7 @@ from bench.records.store import load_records
 from bench.report.allreduce import CSV_NAME, allreduce_table
 from bench.report.capacity import CSV_NAME as CAPACITY_CSV
 from bench.report.capacity import capacity_table
+from bench.report.converge import converge_rows, recipe_line, table_lines
 from bench.report.strategies import format_strategies, strategy_rows
 from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm
@@ -309,6 +311,11 @@ def strategy_text(records: list[dict]) -> str | None:
     return format_strategies(strategy_rows(records))
 
 
+def converge_text(records: list[dict[str, Any]]) -> str | None:
+    """Mode converge's seed-form table, or None when the folder has no converge record."""
+    return "\n".join(table_lines(converge_rows(records))) or None
+
+
 def cmd_report(results_dir: Path) -> int:
     if not ((results_dir / "runs").is_dir() or (results_dir / "capacity").is_dir()):
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder (nor a "
@@ -318,7 +325,8 @@ def cmd_report(results_dir: Path) -> int:
     records = load_records(results_dir)
     probes = allreduce_table(results_dir, records)
     searches = capacity_table(results_dir)
-    print(format_table(rows, pipes, probes, strategy_text(records), searches))
+    print(format_table(rows, pipes, probes, strategy_text(records), searches,
+                       converge_text(records)))
     lines = explain_text(rows, records)
     if lines:
         print("\n" + lines)
@@ -403,6 +411,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                   "the others follow from the probes' results")
         else:
             print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
+        if "converge" in cfg.mode:
+            print(f"recipe: {recipe_line(cfg.converge)}")
         if cfg.until_stable:
             print(f"until_stable: more repeats of a configuration while its images/sec CV is "
                   f"above {cfg.until_stable['target_cv']:.1%}, up to "
@@ -424,8 +434,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 128 + end.signum
     rows, pipes, charts = build_report(out)
     print()
-    print(format_table(rows, pipes, allreduce_table(out), strategy_text(load_records(out)),
-                       capacity_table(out)))
+    records = load_records(out)
+    print(format_table(rows, pipes, allreduce_table(out), strategy_text(records),
+                       capacity_table(out), converge_text(records)))
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
           f"report: {out / 'report.html'}")

@@ -224,10 +224,12 @@ def stand_ins(config: Path, tmp: Path) -> tuple[list[str], list[str]]:
     folder = tmp / "dataset"
     folder.mkdir()
     (folder / "manifest.json").write_text(json.dumps({"classes": 1}))
+    (folder / "splits.npz").write_bytes(b"")  # mode converge's plan checks it is there
     return [f"dataset.path={folder}"], [
         f"Stand-in: dataset.path (the config's: {raw['dataset'].get('path')}) is <dataset>, a "
-        "folder the test makes holding only a manifest.json of 1 class (all the plan reads of "
-        "it), given as --set dataset.path=<dataset>, so that the plan needs no prepared dataset."]
+        "folder the test makes holding only a manifest.json of 1 class and an empty "
+        "splits.npz (all the plan reads of it), given as --set dataset.path=<dataset>, so that "
+        "the plan needs no prepared dataset."]
 
 
 HEADER = (

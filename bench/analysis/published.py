@@ -23,6 +23,12 @@ states it, else empty; a row whose model is not one of ours has model_match "oth
 the published model's name (llama3_8b, mpt_1b): it is listed, and drawn only beside a sweep of
 that name.
 
+Issue 28 adds what a source says of training to accuracy, after those: `epochs` trained,
+`epoch_time_s` (seconds per epoch as published), `total_time_s` (the whole training's wall
+time: seed 004's 74m10s is 4450) and `final_accuracy` (a fraction; empty where the source
+gives no number: seed 004 shows its accuracy only as a plot). Mode converge's seed table
+(bench/report/converge.py) puts them beside the measured rows.
+
 The multi-node figures (Goyal et al. 2017, Horovod 2018) have no images/sec per device count;
 they are in reference/multi_node.csv, shown here for sweeps that cross nodes.
 
@@ -49,10 +55,11 @@ FIELDS = ("source", "source_short", "url", "system", "model", "model_as_publishe
           "model_match", "model_note", "data", "data_detail", "precision", "hardware", "gpu",
           "gpus", "batch_per_gpu", "global_batch", "images_per_sec", "series", "notes",
           "strategy", "seq_len", "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "hfu",
-          "tflops_per_gpu", "memory_gib_per_gpu", "commit")
+          "tflops_per_gpu", "memory_gib_per_gpu", "commit", "epochs", "epoch_time_s",
+          "total_time_s", "final_accuracy")
 NUMBERS = ("gpus", "batch_per_gpu", "global_batch", "images_per_sec", "seq_len",
            "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "hfu", "tflops_per_gpu",
-           "memory_gib_per_gpu")
+           "memory_gib_per_gpu", "epochs", "epoch_time_s", "total_time_s", "final_accuracy")
 # Marker of each source on the charts (cycled in the file's order of sources).
 MARKERS = ("s", "D", "^", "v", "P", "X", "*", "<", ">", "h")
 

@@ -986,6 +986,11 @@ def _check_converge(s: Any) -> None:
     if "data" in s.model_fields_set and s.data != ["real"]:
         raise _fail("data", s.data, "real with mode converge (it trains on the dataset's "
                     "training split)")
+    for key in ("augmentation", "workers"):
+        if key in s.dataset.model_fields_set:
+            raise _fail(f"dataset.{key}", getattr(s.dataset, key), "nothing with mode converge "
+                        "(it trains on the splits in memory; converge.augmentation sets its "
+                        "augmentation)")
     path = Path(s.dataset.path) / "splits.npz"
     if not path.is_file():
         raise _fail("dataset.path", s.dataset.path, "a folder with a training and held-out "

@@ -218,7 +218,8 @@ def expand_converge(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     to the recipe's target (runners/converge.py), its data `real` from the splits in memory
     (no loader workers: the label real-w0), the recipe in its spec."""
     assert cfg.dataset is not None  # config validation requires it in converge mode
-    dataset = {**cfg.dataset, "workers": 0}
+    # the splits in memory: no loader workers; converge.augmentation is the one applied
+    dataset = {"path": cfg.dataset["path"], "augmentation": "none", "workers": 0}
     strategies = [(runner, opts, variant) for runner in cfg.runners
                   for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
     runs = []

@@ -15,6 +15,9 @@ from bench.records import columns
 from bench.records.grouping import runner_label
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
+from bench.report.converge import CHART_NAME as CONVERGE_CHART
+from bench.report.converge import converge_rows
+from bench.report.converge import html_section as converge_section
 from bench.report.strategies import html_section as strategies_section
 
 # The per-run columns the Runs table shows beside the run's id, status and files.
@@ -112,7 +115,7 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
     results_dir = Path(results_dir)
     name = results_dir.name
     imgs = "".join(f'<p><img src="charts/{_e(c.name)}" alt="{_e(c.name)}"></p>'
-                   for c in charts if c.suffix == ".png")
+                   for c in charts if c.suffix == ".png" and c.name != CONVERGE_CHART)
     virtual = any(r["virtual_devices"] for r in rows)
     parts = [
         f"<h1>Benchmark report: {_e(name)}</h1>",
@@ -134,6 +137,8 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         where_the_time_went(rows, records),
         allreduce_section(results_dir, records),
         capacity_section(results_dir),
+        converge_section(converge_rows(records),
+                         next((c for c in charts if c.name == CONVERGE_CHART), None)),
         "<h2>Charts</h2>", imgs,
         published_section([*rows, *pipes, *records]),
         "<h2>Runs</h2>", _runs(results_dir, records, {p.stem for p in telemetry_charts}),

@@ -24,6 +24,7 @@ from bench.records.grouping import runner_label
 from bench.records.store import load_records
 from bench.report import allreduce as allreduce_report
 from bench.report import capacity as capacity_report
+from bench.report import converge as converge_report
 from bench.report import strategies as strategy_report
 from bench.report.html import write_html
 from bench.report.telemetry_chart import render_telemetry_charts
@@ -58,7 +59,7 @@ def _fmt(value: Any) -> Any:
 def format_table(rows: list[dict[str, Any]],
                  pipelines: list[dict[str, Any]] | None = None,
                  allreduce: str | None = None, strategies: str | None = None,
-                 capacity: str | None = None) -> str:
+                 capacity: str | None = None, converge: str | None = None) -> str:
     """The summary (and the strategy tables (bench/report/strategies.py), the pipeline-mode
     summary, the all-reduce probe's table (bench/report/allreduce.py) and the capacity table
     (bench/report/capacity.py), if any) as fixed-width text tables."""
@@ -72,6 +73,8 @@ def format_table(rows: list[dict[str, Any]],
         parts.append(allreduce)
     if capacity:
         parts.append(capacity)
+    if converge:
+        parts.append(converge)
     return "\n\n".join(parts)
 
 
@@ -402,6 +405,11 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
              render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes),
              allreduce_report.render_allreduce_chart(results_dir, probes, link)]
     charts += [c for c in extra if c]
+    converged = converge_report.converge_rows(records)
+    if converged:
+        converge_report.write_csv(results_dir, converged)
+        charts += [c for c in [converge_report.draw_chart(records, results_dir / "charts")]
+                   if c]
     telemetry = render_telemetry_charts(results_dir, records)
     charts.append(write_html(results_dir, rows, pipes, records, charts, telemetry))
     return rows, pipes, charts

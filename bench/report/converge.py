@@ -1,0 +1,279 @@
+"""Mode converge in the report: the recipe in words, the seed-form table (time per epoch,
+total time, final accuracy, speed-up, with published rows beside) and the chart of held-out
+accuracy against wall time per device count (runners/converge.py writes the records).
+
+Imports pandas-free code only (matplotlib for the chart, in the report's process)."""
+
+from __future__ import annotations
+
+import html
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bench.records.grouping import runner_label
+
+CSV_NAME = "converge.csv"
+CHART_NAME = "converge_accuracy_vs_time.png"
+
+
+def recipe_line(recipe: Mapping[str, Any]) -> str:
+    """The recipe in one line, as the dry run, the table and the chart's title show it."""
+    target = recipe.get("target_accuracy")
+    stop = (f"target {target:.0%} held-out accuracy or {recipe['max_epochs']} epochs"
+            if target is not None else f"{recipe['max_epochs']} epochs (no target)")
+    scaling = recipe["lr_scaling"]
+    lr = (f"base_lr {recipe['base_lr']:g} for batch {recipe['reference_batch']}"
+          + (f" scaled {scaling}" if scaling != "none" else " (not scaled)"))
+    schedule = recipe["schedule"] + (f" (power {recipe['poly_power']:g})"
+                                     if recipe["schedule"] == "poly" else "")
+    if recipe["schedule"] == "step":
+        schedule += f" (x{recipe['step_gamma']:g} every {recipe['step_epochs']} epochs)"
+    warm = (f", warm-up {recipe['warmup_epochs']:g} epochs" if recipe["warmup_epochs"] else "")
+    decay = (f", weight decay {recipe['weight_decay']:g}" if recipe["weight_decay"] else "")
+    return (f"{stop}; {recipe['optimizer']} momentum {recipe['momentum']:g}{decay}, {lr}"
+            f"{warm}, schedule {schedule}; last batch {recipe['last_batch']}; augmentation "
+            f"{recipe['augmentation']}; seed {recipe['seed']}")
+
+
+def converge_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in records if r.get("mode") == "converge"]
+
+
+def _epoch_time(rec: Mapping[str, Any]) -> float | None:
+    """Seconds per training epoch, the median over the epochs after the first (which holds
+    compilation) or the first alone; training only, as the seed's 'each epoch took ~63 s'."""
+    curve = rec.get("curve") or []
+    times = [p.get("train_s") for p in (curve[1:] or curve) if isinstance(p, Mapping)]
+    times = [t for t in times if isinstance(t, (int, float))]
+    return statistics.median(times) if times else None
+
+
+def _median(values: list[Any]) -> float | None:
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return statistics.median(nums) if nums else None
+
+
+def _interval(values: list[float]) -> tuple[float, float] | None:
+    """The range of 2 repeats, a percentile interval from 3 on (bench.records.trust)."""
+    nums = [v for v in values if isinstance(v, (int, float))]
+    if len(nums) < 2:
+        return None
+    if len(nums) < 3:
+        return min(nums), max(nums)
+    from bench.records.trust import bootstrap_ci
+
+    low, high = bootstrap_ci(nums)
+    return low, high
+
+
+def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration and device count: the seed-form table. Time per epoch,
+    total time (to the target, else of all epochs), final and best accuracy, epochs, time to
+    target with its interval over repeats, speed-up of the total time over the same
+    configuration's 1-device row."""
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for rec in converge_records(records):
+        key = (runner_label(rec), rec.get("model"), rec.get("precision"),
+               rec.get("batch_size_per_device"), rec.get("num_nodes", 1),
+               rec.get("num_devices"))
+        groups.setdefault(key, []).append(rec)
+    rows = []
+    for (runner, model, precision, batch, nodes, devices), recs in groups.items():
+        ok = [r for r in recs if r.get("status") == "ok"]
+        judged = ok or [r for r in recs if r.get("curve")]
+        reached = [r["time_to_target_s"] for r in ok
+                   if isinstance(r.get("time_to_target_s"), (int, float))]
+        totals = [r.get("time_to_target_s") or r.get("converge_time_s") for r in judged]
+        rows.append({
+            "runner": runner, "model": model, "precision": precision,
+            "batch_size_per_device": batch, "num_nodes": nodes, "num_devices": devices,
+            "global_batch_size": recs[0].get("global_batch_size"),
+            "virtual_devices": recs[0].get("virtual_devices"),
+            "runs": len(recs), "runs_ok": len(ok), "runs_reached": len(reached),
+            "status": "ok" if ok else ",".join(sorted({str(r.get("status")) for r in recs})),
+            "reason": None if ok else next((r.get("reason") for r in recs
+                                            if r.get("reason")), None),
+            "epoch_time_s": _median([_epoch_time(r) for r in judged]),
+            "epochs": _median([r.get("epochs_run") for r in judged]),
+            "total_time_s": _median(totals),
+            "time_to_target_s": _median(reached),
+            "time_to_target_interval": _interval(reached),
+            "epochs_to_target": _median([r.get("epochs_to_target") for r in ok]),
+            "final_accuracy": _median([r.get("final_accuracy") for r in judged]),
+            "best_accuracy": _median([r.get("best_accuracy") for r in judged]),
+            "images_per_sec": _median([r.get("images_per_sec") for r in judged]),
+            "target_reason": next((r.get("target_reason") for r in judged
+                                   if r.get("target_reason")), None),
+            "recipe": (recs[0].get("result") or {}).get("converge") or recs[0].get("converge"),
+        })
+    base = {(r["runner"], r["model"], r["precision"], r["batch_size_per_device"]): r
+            for r in rows if r["num_devices"] == 1 and r["num_nodes"] == 1}
+    for row in rows:
+        one = base.get((row["runner"], row["model"], row["precision"],
+                        row["batch_size_per_device"]))
+        row["speedup"] = (one["total_time_s"] / row["total_time_s"]
+                          if one and one["total_time_s"] and row["total_time_s"] else None)
+    rows.sort(key=lambda r: (str(r["model"]), str(r["runner"]), r["num_nodes"],
+                             r["num_devices"] or 0))
+    return rows
+
+
+def clock(seconds: float | None) -> str:
+    """74m10s, as seed 004 writes it; 12.3s under a minute; - for none."""
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _devices(row: Mapping[str, Any]) -> str:
+    kind = "vcpu" if row.get("virtual_devices") else "gpu"
+    n = row.get("num_devices")
+    nodes = row.get("num_nodes") or 1
+    return f"{nodes}x{n // nodes} {kind}" if nodes > 1 else f"{n} {kind}"
+
+
+def published_rows(models: Iterable[str]) -> list[dict[str, Any]]:
+    """reference/published.csv's rows that give training times (seed 004's), for the models
+    of the table."""
+    from bench.analysis.published import load_published
+
+    wanted = set(models)
+    return [r for r in load_published() if r.get("model") in wanted
+            and r.get("total_time_s") is not None]
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The seed-form table as text (the terminal and `report`)."""
+    if not rows:
+        return []
+    head = ("runner", "model", "devices", "batch", "s/epoch", "epochs", "total", "to target",
+            "final acc", "speedup", "status")
+    body = []
+    for r in rows:
+        interval = r["time_to_target_interval"]
+        to_target = clock(r["time_to_target_s"]) + (
+            f" [{clock(interval[0])}-{clock(interval[1])}]" if interval else "")
+        body.append((r["runner"], str(r["model"]), _devices(r),
+                     f"{r['batch_size_per_device']}/dev", _num(r["epoch_time_s"], ".1f"),
+                     _num(r["epochs"], ".0f"), clock(r["total_time_s"]), to_target,
+                     _num(r["final_accuracy"], ".1%"), _num(r["speedup"], ".2f", "x"),
+                     r["status"] + (f" ({r['reason']})" if r["reason"] else "")))
+    for p in published_rows({r["model"] for r in rows}):
+        body.append((f"published: {p['source_short']}", str(p["model"]),
+                     f"{p['gpus']} {p.get('gpu') or 'gpu'}", f"{p.get('batch_per_gpu')}/dev",
+                     _num(p.get("epoch_time_s"), ".0f"), _num(p.get("epochs"), ".0f"),
+                     clock(p.get("total_time_s")), "-",
+                     _num(p.get("final_accuracy"), ".1%"), "-", "published"))
+    widths = [max(len(x[i]) for x in (head, *body)) for i in range(len(head))]
+    lines = ["time to accuracy (mode converge; total: to the target, else all epochs, "
+             "evaluations included):",
+             "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)).rstrip()
+              for x in body]
+    recipes = {recipe_line(r["recipe"]) for r in rows if r.get("recipe")}
+    lines += [f"recipe: {line}" for line in sorted(recipes)]
+    reasons = sorted({f"{r['runner']} {_devices(r)}: {r['target_reason']}" for r in rows
+                      if r["target_reason"] and not r["time_to_target_s"]})
+    lines += [f"not reached: {line}" for line in reasons]
+    return lines
+
+
+def _num(value: Any, spec: str, suffix: str = "") -> str:
+    return f"{value:{spec}}{suffix}" if isinstance(value, (int, float)) else "-"
+
+
+def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """converge.csv: the table's rows (the recipe as its line)."""
+    import csv
+
+    if not rows:
+        return None
+    path = out / CSV_NAME
+    fields = [k for k in rows[0] if k not in ("recipe", "time_to_target_interval")]
+    fields += ["time_to_target_low_s", "time_to_target_high_s", "recipe"]
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            interval = r["time_to_target_interval"] or (None, None)
+            writer.writerow({**{k: r[k] for k in fields if k in r},
+                             "time_to_target_low_s": interval[0],
+                             "time_to_target_high_s": interval[1],
+                             "recipe": recipe_line(r["recipe"]) if r.get("recipe") else None})
+    tmp.replace(path)
+    return path
+
+
+def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
+    """Held-out accuracy against wall time, one line per run (colour by runner, line style by
+    device count), the target as a dashed line; the published totals marked on the time axis
+    where the model matches."""
+    recs = [r for r in converge_records(records) if r.get("curve")]
+    if not recs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    runners = sorted({runner_label(r) for r in recs})
+    counts = sorted({r.get("num_devices") or 0 for r in recs})
+    styles = ["-", "--", ":", "-."]
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for rec in sorted(recs, key=lambda r: (runner_label(r), r.get("num_devices") or 0)):
+        i, j = runners.index(runner_label(rec)), counts.index(rec.get("num_devices") or 0)
+        xs = [p["wall_s"] for p in rec["curve"]]
+        ys = [p["accuracy"] for p in rec["curve"]]
+        ax.plot(xs, ys, linestyle=styles[j % len(styles)], marker=markers[i % len(markers)],
+                color=colours[i % len(colours)], markersize=4,
+                label=f"{runner_label(rec)}, {_devices(rec)}"
+                      + (f" r{rec['repeat']}" if rec.get("repeat") else ""))
+    targets = {r.get("converge", {}).get("target_accuracy") for r in recs
+               if isinstance(r.get("converge"), Mapping)}
+    for target in sorted(t for t in targets if t is not None):
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        ax.annotate(f"target {target:.0%}", (0, target), textcoords="offset points",
+                    xytext=(4, 3), fontsize=8, color="grey")
+    for p in published_rows({r.get("model") for r in recs}):
+        ax.annotate(f"published {p['gpus']} GPU: {clock(p['total_time_s'])}",
+                    (0.99, 0.02 + 0.05 * (p["gpus"] > 1)), xycoords="axes fraction",
+                    ha="right", fontsize=8, color="grey")
+    virtual = any(r.get("virtual_devices") for r in recs)
+    ax.set_xlabel("wall time since the first training step (s), evaluations included")
+    ax.set_ylabel("held-out top-1 accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("Time to accuracy" + (" (virtual CPU devices)" if virtual else "")
+                 + f": {', '.join(sorted({str(r.get('model')) for r in recs}))}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    charts.mkdir(parents=True, exist_ok=True)
+    path = charts / CHART_NAME
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def html_section(rows: list[dict[str, Any]], chart: Path | None) -> str:
+    """report.html's time-to-accuracy section: the chart, the table, the recipe."""
+    if not rows:
+        return ""
+    lines = table_lines(rows)
+    parts = ["<h2>Time to accuracy</h2>",
+             "<p>Mode converge: each run trains on the training split and evaluates on the "
+             "held-out split after every epoch; total is the wall time to the target (else of "
+             "all epochs), evaluations included; s/epoch is training alone "
+             "(docs/CONVERGENCE.md).</p>"]
+    if chart is not None:
+        parts.append(f'<img src="charts/{html.escape(chart.name)}" alt="accuracy vs time">')
+    parts.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")
+    return "\n".join(parts)
