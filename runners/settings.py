@@ -238,7 +238,7 @@ SPEC_ORDER = (
     "virtual_devices", "scaling", "batch_size_per_device", "global_batch_size", "data",
     "precision", "warmup_steps", "measure_steps", "repeat", "timeout_s", "options", "python",
     "mode", "launcher", "dataset", "equivalence", "telemetry", "num_nodes", "custom_model",
-    "model_layers",
+    "model_layers", "converge",
 )
 
 

@@ -121,8 +121,9 @@ def test_top_level_must_be_mapping(tmp_path: Path) -> None:
 def test_shipped_configs_validate(name: str, request: pytest.FixtureRequest) -> None:
     path = REPO / "configs" / f"{name}.yaml"
     # a real-data config names a dataset the user makes first: point it at the test one
-    sets = ([f"dataset.path={request.getfixturevalue('real_dataset')}"]
-            if "dataset" in yaml.safe_load(path.read_text()) else [])
+    raw = yaml.safe_load(path.read_text())
+    fixture = "digits_dataset" if raw.get("mode") == "converge" else "real_dataset"
+    sets = ([f"dataset.path={request.getfixturevalue(fixture)}"] if "dataset" in raw else [])
     cfg = load_config(path, sets)
     assert cfg.name == name
     # the resolved config loads back to the same thing
@@ -348,14 +349,16 @@ def test_a_value_listed_twice_is_refused(key: str, real_base: dict) -> None:
     ("runner_options", {}), ("dataset", {"path": "."}), ("pipeline_steps", 10),
     ("until_stable", {"target_cv": 0.05}), ("telemetry", {}), ("cluster", {"backend": "local"}),
     ("device_memory", "1GiB"), ("scale", "batch"), ("capacity", {"start": 2}),
+    ("converge", {"max_epochs": 2}),
 ])
 def test_keys_that_are_no_axis_refuse_a_list(key: str, value: object, real_base: dict) -> None:
     assert set(KEYS) == {k.split(".")[0] for k in LIST_KEYS} | {
         "name", "description", "scaling", "device", "warmup_steps", "measure_steps", "repeats",
         "timeout_s", "runner_options", "dataset", "pipeline_steps", "until_stable",
-        "telemetry", "cluster", "device_memory", "scale", "capacity"}, \
+        "telemetry", "cluster", "device_memory", "scale", "capacity", "converge"}, \
         "a new key: add it to LIST_KEYS or to this test"
-    if key not in ("dataset", "device_memory", "capacity"):  # the last two: mode capacity's
+    # the last three: mode capacity's and mode converge's
+    if key not in ("dataset", "device_memory", "capacity", "converge"):
         validate(_with(real_base, key, value))
     with pytest.raises(ConfigError, match=f"^{key}: "):
         validate(_with(real_base, key, [value]))

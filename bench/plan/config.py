@@ -1046,6 +1046,8 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
         raise _fail("dataset", None, "a mapping with path: <a folder written by "
                     f"`run_bench.py prepare-data`> when {why}")
     dataset = s.dataset.model_dump() if s.dataset is not None else None
+    if dataset and "converge" in s.mode:  # its path alone (the splits in memory)
+        dataset = {"path": dataset["path"]}
     if dataset and "real" in s.data and benchmark:
         _check_classes(dataset, s.models)
     if s.until_stable is not None and s.repeats < 2:
