@@ -154,7 +154,8 @@ def test_keras_mxnet_builder_matches_spec(keras2_results: dict, name: str) -> No
 @pytest.mark.parametrize("name", CNNS)
 def test_batchnorm_settings_agree(gluon_results: dict, keras2_results: dict, name: str) -> None:
     assert gluon_results[name]["bn"] == keras2_results[name]["bn"]
-    expected = {"resnet50": [[1e-5, 0.9, True]], "minigooglenet": [[1e-3, 0.99, True]]}
+    expected = {"resnet50": [[1e-5, 0.9, True]], "minigooglenet": [[1e-3, 0.99, True]],
+                "small_cnn": [[1e-3, 0.9, True]]}
     assert gluon_results[name]["bn"] == expected.get(name, [])
 
 

@@ -52,14 +52,38 @@ result. The roles end MXNet's way when the kvstore is freed; see dist_launch.
 What differs here: tools/local_slurm.sh's two nodes are this one machine (127.0.0.1), so the
 servers and workers of both nodes differ only by port (MGBENCH_MASTER_PORT + 1..4), and the
 pushes and pulls never leave it; the GPU path (dist_sync_device) is written but untested.
+
+Mode converge (runners/converge.py, issue 28; one node): MXNet's own loop as its Gluon examples
+write it (example/gluon/image_classification.py): each of the recipe's global batches split
+over the contexts by split_and_load (even_split=False: a short kept last batch splits as
+numpy.array_split does), per-example losses under autograd.record() on every context,
+backward, trainer.set_learning_rate(lr_at(step)), then trainer.step(rows of the global batch):
+the kvstore sums the contexts' gradients and 1/rows makes them the gradient of the global mean
+loss. The benchmark's model, initialiser, hybridize, kvstore and dtype; SGD with the recipe's
+momentum and weight decay (MXNet's wd, added to every parameter's gradient, BatchNorm's gamma
+and beta included, as torch's weight_decay; MXNet's momentum buffer holds lr x gradient, as
+Keras', where torch's holds the gradient: the two differ only while the rate changes). Initial
+weights: mx.random.seed(recipe.seed), drawn once on the CPU and copied to every context, so 1
+and N contexts start alike (the record's initial_weights). BatchNorm: each context normalises
+its slice by the slice's statistics and updates its own copy of running_mean and running_var
+(Gluon parameters without a gradient, which the kvstore does not reduce): no synchronised
+BatchNorm, as in MXNet. Evaluation in inference mode (no autograd.record): the held-out split
+over the contexts, as the examples' test() does, each context predicting its share with its
+own moving statistics; moving_stats reads every context's copy. Placement: the rows per
+context of the last epoch's steps (its training rows). What differs from the examples: the
+batches come from runners/converge.py (the shared recipe's order, preprocessing and
+augmentation) instead of an mx.io iterator or DataLoader, and the rate is set per step from
+the recipe instead of by an lr_scheduler on the optimizer (the same rates).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 
 from models import get_spec, load_builder
@@ -70,6 +94,7 @@ from models.gluon_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, Unavailable, finite, main
+from runners.converge import Batch, Recipe, Splits, load_splits, train_to_accuracy
 from runners.mxnet import dist_launch
 from runners.mxnet.common import (
     DTYPES,
@@ -388,5 +413,156 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     return out
 
 
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (runners/converge.py): train the model on the dataset's training split to
+    the recipe's held-out accuracy with this runner's own Gluon loop (see the module
+    docstring's last paragraph)."""
+    if spec.num_nodes > 1:
+        raise Unavailable("mode converge runs on one node (one process over N contexts); "
+                          "the dist_sync kvstore path trains synthetic batches only")
+    recipe = Recipe.of(spec)
+    if recipe.optimizer != "sgd":
+        raise Unavailable(f"optimizer {recipe.optimizer!r}: mxnet_native trains with SGD")
+    ctxs, devices = contexts(spec)
+    n = len(ctxs)
+    spec.split_batch(n, "contexts")
+    dtype = DTYPES[spec.precision]
+    if dtype == "float16" and spec.device == "cpu":
+        raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
+                          "kernels for the CPU; run fp16 on GPUs")
+    model_spec = get_spec(spec.model)
+    splits = load_splits(spec)
+    check_splits(splits, model_spec, recipe, n)
+
+    mx.random.seed(recipe.seed)  # the initial weights: drawn once on the CPU, copied to each
+    net = load_builder(spec.model, "gluon")(model_spec)
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
+    if dtype == "float16":
+        net.cast("float16")
+    initial = weights_digest(net)
+    hybridize = hybridize_as_configured(net, spec)
+    trainer = make_trainer(spec, net, ctxs, "sgd", {
+        "learning_rate": recipe.lr(0, 0, 1), "momentum": recipe.momentum,
+        "wd": recipe.weight_decay, "multi_precision": dtype == "float16"})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rows: dict[str, int] = {}  # rows per context of the latest epoch, read from the losses
+    last: list[Any] = []
+    applied: list[float] = []  # the optimizer's learning rate at each epoch's first step
+
+    def train_epoch(epoch: int, batches: list[Batch], lr_at: Callable[[int], float]) -> float:
+        rows.clear()
+        step_losses = []
+        for step, b in enumerate(batches):
+            xs = gluon.utils.split_and_load(mx.nd.array(b.x.transpose(0, 3, 1, 2),
+                                                        dtype=dtype), ctxs, even_split=False)
+            ys = gluon.utils.split_and_load(mx.nd.array(b.y, dtype="float32"), ctxs,
+                                            even_split=False)
+            trainer.set_learning_rate(lr_at(step))
+            if step == 0:
+                applied.append(float(trainer.learning_rate))
+            losses = train_step(net, trainer, loss_fn, xs, ys, b.global_rows)
+            step_losses.append(mx.nd.add_n(*[part.sum().astype("float32").as_in_context(ctxs[0])
+                                             for part in losses]) / b.global_rows)
+            for loss in losses:
+                rows[str(loss.context)] = rows.get(str(loss.context), 0) + int(loss.shape[0])
+            last[:] = losses
+        mx.nd.waitall()  # the epoch's steps have run (MXNet's engine is asynchronous)
+        return float(np.mean([s.asscalar() for s in step_losses]))
+
+    def evaluate(x: np.ndarray, y: np.ndarray) -> float:
+        """Inference mode (no autograd.record: BatchNorm's moving statistics), the held-out
+        split over the contexts as MXNet's Gluon examples' test() does, each context
+        predicting its share with its own copy of the parameters and moving statistics."""
+        xs = gluon.utils.split_and_load(mx.nd.array(x.transpose(0, 3, 1, 2), dtype=dtype), ctxs,
+                                        even_split=False)
+        predicted = [net(s).argmax(axis=1).asnumpy() for s in xs]
+        return float((np.concatenate(predicted).astype(np.int64) == y).mean())
+
+    def moving_stats() -> tuple[bool, str]:
+        return read_moving_stats(net)
+
+    result = train_to_accuracy(spec, train_epoch, evaluate, moving_stats, splits=splits)
+    copies = read_placement(last, net)
+    return {
+        **result,
+        "loss_kind": "mean sparse cross-entropy over each global batch (contexts' summed "
+                     "losses, trainer.step(global rows))",
+        "replicas": n,
+        "framework": framework_versions(),
+        "devices": devices,
+        "layout": "channels_first",
+        "dtype": dtype,
+        "api": "gluon",
+        "hybridize": hybridize,
+        "kvstore": trainer._kvstore.type if trainer._kvstore is not None else
+        f"none (kvstore {spec.options['kvstore']!r} skipped: one context)",
+        "data_placement": "each global batch split over the contexts by split_and_load "
+                          "(even_split=False: a short kept batch as numpy.array_split)",
+        "placement": dict(rows),
+        "parameter_copies": copies["parameter_copies"],
+        "placement_source": "NDArray.context and rows of each slice's loss array, summed over "
+                            "the last epoch's steps (its training rows); parameter_copies: "
+                            "contexts of each Parameter's data()",
+        "moving_stats_source": "every context's copy of each BatchNorm running_mean and "
+                               "running_var Parameter (Parameter.list_data())",
+        "evaluation": "inference mode, the held-out split over the contexts (split_and_load), "
+                      "each context's own moving statistics, as MXNet's Gluon examples' test()",
+        "optimizer": {"name": type(trainer._optimizer).__name__.lower(),
+                      "momentum": trainer._optimizer.momentum, "wd": trainer._optimizer.wd,
+                      "steps": trainer._optimizer.num_update,
+                      "epoch_start_lr": applied,
+                      "source": "the Trainer's optimizer: its momentum, wd, num_update (steps "
+                                "applied) and learning_rate read after set_learning_rate at "
+                                "each epoch's first step"},
+        "initial_weights": initial,
+        "params": count_params_gluon(net),
+        "flops_per_sample": count_flops_gluon(net, input_shape_nchw(model_spec)),
+    }
+
+
+def weights_digest(net: gluon.Block) -> dict[str, Any]:
+    """A SHA-256 of every parameter's first copy (names sorted), and whether every context's
+    copy equals it: the same seed gives the same initial weights on 1 and N contexts."""
+    digest = hashlib.sha256()
+    identical = True
+    for name, param in sorted(net.collect_params().items()):
+        copies = [d.asnumpy() for d in param.list_data()]
+        digest.update(name.encode() + copies[0].tobytes())
+        identical = identical and all(np.array_equal(copies[0], c) for c in copies[1:])
+    return {"sha256": digest.hexdigest(), "contexts_identical": identical,
+            "source": "Parameter.list_data() after net.initialize, before the first step"}
+
+
+def check_splits(splits: Splits, model_spec: Any, recipe: Recipe, n: int) -> None:
+    """Unavailable when the dataset does not fit the model, or a kept short last batch has
+    fewer rows than contexts: split_and_load would hand a context an empty slice, and MXNet
+    1.9 cannot copy one to a context (_copyto's shape inference fails on a 0-row array), so
+    seed 002's empty tower cannot arise here."""
+    shape = tuple(splits.x_train.shape[1:])
+    if shape != tuple(model_spec.input_shape) or splits.classes > model_spec.num_classes:
+        raise Unavailable(f"the dataset's images {shape} and {splits.classes} classes do not "
+                          f"fit {model_spec.name} ({model_spec.input_shape}, "
+                          f"{model_spec.num_classes} classes)")
+    rest = len(splits.y_train) % recipe.global_batch
+    if recipe.last_batch == "keep" and 0 < rest < n:
+        raise Unavailable(f"last_batch keep: the short last batch of {rest} rows cannot be "
+                          f"split over {n} contexts (MXNet's split_and_load cannot copy an "
+                          "empty slice to a context); use drop or pad")
+
+
+def read_moving_stats(net: gluon.Block) -> tuple[bool, str]:
+    """Whether every context's copy of every BatchNorm moving mean and variance is finite, and
+    the first that is not."""
+    for name, param in net.collect_params().items():
+        if not name.endswith(("running_mean", "running_var")):
+            continue
+        for data in param.list_data():
+            values = data.asnumpy()
+            if not np.isfinite(values).all():
+                return False, (f"{name} on {data.context}: "
+                               f"{int((~np.isfinite(values)).sum())} of {values.size} not finite")
+    return True, "every context's BatchNorm running_mean and running_var is finite"
+
+
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)
