@@ -133,8 +133,8 @@ def test_the_schema_refuses_what_the_loader_refuses(real_dataset: Path) -> None:
     ({"scaling": "strnog"}, "scaling: 'strnog' is not allowed (did you mean 'strong'?); "
      "allowed: weak, strong"),
     ({"models": ["minigooglenet", 7]}, "models: 7 is not allowed; allowed: a built-in model "
-     "(gpt2, gpt2_tiny, minigooglenet, probe, resnet50, small_cnn, vit_b16, vit_tiny) or a mapping (your "
-     "own model: name, framework, build, path, input)"),
+     "(gpt2, gpt2_tiny, minigooglenet, probe, resnet50, small_cnn, vit_b16, vit_tiny) or a "
+     "mapping (your own model: name, framework, build, path, input)"),
     ({"dataset": {"workers": 1}}, "dataset.path: missing; this key is required"),
     ({"until_stable": {"target_cv": float("nan")}}, "until_stable.target_cv: nan is not "
      "allowed; allowed: a number between 0 and 1 (0.02 = 2%)"),
