@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.analysis.converge import converge_rows
 from bench.analysis.explain import text as explain_text
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
@@ -20,7 +21,7 @@ from bench.records.store import load_records
 from bench.report.allreduce import CSV_NAME, allreduce_table
 from bench.report.capacity import CSV_NAME as CAPACITY_CSV
 from bench.report.capacity import capacity_table
-from bench.report.converge import converge_rows, recipe_line, table_lines
+from bench.report.converge import recipe_line, table_lines
 from bench.report.strategies import format_strategies, strategy_rows
 from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm

@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.analysis.converge import time_to_target_words
 from bench.errors import ConfigError
 from bench.plotting import pyplot
 from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of, runner_label
@@ -286,6 +287,11 @@ def verdict_of(low: float | None, high: float | None, threshold: float) -> str:
 def compare_row(key: tuple[Any, ...], base: Side | None, new: Side | None,
                 threshold: float) -> Row:
     row = Row(key, label_of((base or new).records[0]), base, new)  # type: ignore[union-attr]
+    if base is not None and new is not None and not (base.ok and new.ok) and any(
+            r.get("mode") == "converge" for r in base.records + new.records):
+        row.notes.append("time to accuracy: " + "; ".join(
+            f"{name} {time_to_target_words(side.records)}" for name, side in (("BASE", base),
+                                                                              ("NEW", new))))
     if base is None or new is None:
         row.notes.append("only in BASE" if new is None else "only in NEW")
         return row
@@ -313,6 +319,10 @@ def compare_row(key: tuple[Any, ...], base: Side | None, new: Side | None,
         row.notes.append("not ok: " + "; ".join(
             f"{name} {side.failure()}" for name, side in (("BASE", base), ("NEW", new))
             if side.failed))
+    if base.records[0].get("mode") == "converge" or new.records[0].get("mode") == "converge":
+        row.notes.append("time to accuracy: " + "; ".join(
+            f"{name} {time_to_target_words(side.records)}" for name, side in (("BASE", base),
+                                                                              ("NEW", new))))
     for name, side in (("BASE", base), ("NEW", new)):
         if side.contended:
             row.notes.append(f"{name} contended ({side.contended}/{len(side.ok)} runs)")
@@ -327,8 +337,9 @@ def label_of(rec: dict[str, Any]) -> str:
         rec.get("device")
     nodes = nodes_of(rec)
     count = f"{rec['num_devices']} {kind}" + (f" x {nodes} nodes" if nodes > 1 else "")
-    return " ".join(str(p) for p in (runner_label(rec), rec["model"], data_label(rec),
-                                     rec["precision"], batch, count))
+    words = " ".join(str(p) for p in (runner_label(rec), rec["model"], data_label(rec),
+                                      rec["precision"], batch, count))
+    return f"converge {words}" if rec.get("mode") == "converge" else words
 
 
 # ---------------------------------------------------------------- inputs

@@ -29,6 +29,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from bench.analysis.converge import explain_lines
 from bench.analysis.predict import communication, probe_bandwidth, probe_records
 from bench.records.grouping import baseline_key, config_key, mode_of, runner_label, synthetic_key
 from runners.allreduce import gradient_bytes
@@ -146,14 +147,16 @@ def explain(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[s
 
 
 def text(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
-    """The lines under a heading, for the terminal ('' when there is no benchmark row)."""
-    lines = explain(rows, records)
+    """The lines under a heading, for the terminal ('' when there is no benchmark or converge
+    row): where a benchmark row's step went, where a converge row's time to target went
+    (bench.analysis.converge.explain_lines)."""
+    lines = explain(rows, records) + explain_lines(records)
     return "\n".join([f"{HEADING}:", *(f"  {line}" for line in lines)]) if lines else ""
 
 
 def html_section(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
     """report.html's section: the heading, what the terms mean, a list item per row."""
-    lines = explain(rows, records)
+    lines = explain(rows, records) + explain_lines(records)
     if not lines:
         return ""
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)

@@ -7,11 +7,11 @@ Imports pandas-free code only (matplotlib for the chart, in the report's process
 from __future__ import annotations
 
 import html
-import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from bench.analysis.converge import clock, converge_records
 from bench.records.grouping import runner_label
 
 CSV_NAME = "converge.csv"
@@ -35,99 +35,6 @@ def recipe_line(recipe: Mapping[str, Any]) -> str:
     return (f"{stop}; {recipe['optimizer']} momentum {recipe['momentum']:g}{decay}, {lr}"
             f"{warm}, schedule {schedule}; last batch {recipe['last_batch']}; augmentation "
             f"{recipe['augmentation']}; seed {recipe['seed']}")
-
-
-def converge_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in records if r.get("mode") == "converge"]
-
-
-def _epoch_time(rec: Mapping[str, Any]) -> float | None:
-    """Seconds per training epoch, the median over the epochs after the first (which holds
-    compilation) or the first alone; training only, as the seed's 'each epoch took ~63 s'."""
-    curve = rec.get("curve") or []
-    times = [p.get("train_s") for p in (curve[1:] or curve) if isinstance(p, Mapping)]
-    times = [t for t in times if isinstance(t, (int, float))]
-    return statistics.median(times) if times else None
-
-
-def _median(values: list[Any]) -> float | None:
-    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return statistics.median(nums) if nums else None
-
-
-def _interval(values: list[float]) -> tuple[float, float] | None:
-    """The range of 2 repeats, a percentile interval from 3 on (bench.records.trust)."""
-    nums = [v for v in values if isinstance(v, (int, float))]
-    if len(nums) < 2:
-        return None
-    if len(nums) < 3:
-        return min(nums), max(nums)
-    from bench.records.trust import bootstrap_ci
-
-    low, high = bootstrap_ci(nums)
-    return low, high
-
-
-def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per configuration and device count: the seed-form table. Time per epoch,
-    total time (to the target, else of all epochs), final and best accuracy, epochs, time to
-    target with its interval over repeats, speed-up of the total time over the same
-    configuration's 1-device row."""
-    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
-    for rec in converge_records(records):
-        key = (runner_label(rec), rec.get("model"), rec.get("precision"),
-               rec.get("batch_size_per_device"), rec.get("num_nodes", 1),
-               rec.get("num_devices"))
-        groups.setdefault(key, []).append(rec)
-    rows = []
-    for (runner, model, precision, batch, nodes, devices), recs in groups.items():
-        ok = [r for r in recs if r.get("status") == "ok"]
-        judged = ok or [r for r in recs if r.get("curve")]
-        reached = [r["time_to_target_s"] for r in ok
-                   if isinstance(r.get("time_to_target_s"), (int, float))]
-        totals = [r.get("time_to_target_s") or r.get("converge_time_s") for r in judged]
-        rows.append({
-            "runner": runner, "model": model, "precision": precision,
-            "batch_size_per_device": batch, "num_nodes": nodes, "num_devices": devices,
-            "global_batch_size": recs[0].get("global_batch_size"),
-            "virtual_devices": recs[0].get("virtual_devices"),
-            "runs": len(recs), "runs_ok": len(ok), "runs_reached": len(reached),
-            "status": "ok" if ok else ",".join(sorted({str(r.get("status")) for r in recs})),
-            "reason": None if ok else next((r.get("reason") for r in recs
-                                            if r.get("reason")), None),
-            "epoch_time_s": _median([_epoch_time(r) for r in judged]),
-            "epochs": _median([r.get("epochs_run") for r in judged]),
-            "total_time_s": _median(totals),
-            "time_to_target_s": _median(reached),
-            "time_to_target_interval": _interval(reached),
-            "epochs_to_target": _median([r.get("epochs_to_target") for r in ok]),
-            "final_accuracy": _median([r.get("final_accuracy") for r in judged]),
-            "best_accuracy": _median([r.get("best_accuracy") for r in judged]),
-            "images_per_sec": _median([r.get("images_per_sec") for r in judged]),
-            "target_reason": next((r.get("target_reason") for r in judged
-                                   if r.get("target_reason")), None),
-            "recipe": (recs[0].get("result") or {}).get("converge") or recs[0].get("converge"),
-        })
-    base = {(r["runner"], r["model"], r["precision"], r["batch_size_per_device"]): r
-            for r in rows if r["num_devices"] == 1 and r["num_nodes"] == 1}
-    for row in rows:
-        one = base.get((row["runner"], row["model"], row["precision"],
-                        row["batch_size_per_device"]))
-        row["speedup"] = (one["total_time_s"] / row["total_time_s"]
-                          if one and one["total_time_s"] and row["total_time_s"] else None)
-    rows.sort(key=lambda r: (str(r["model"]), str(r["runner"]), r["num_nodes"],
-                             r["num_devices"] or 0))
-    return rows
-
-
-def clock(seconds: float | None) -> str:
-    """74m10s, as seed 004 writes it; 12.3s under a minute; - for none."""
-    if not isinstance(seconds, (int, float)):
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 def _devices(row: Mapping[str, Any]) -> str:
@@ -157,7 +64,7 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         interval = r["time_to_target_interval"]
         to_target = clock(r["time_to_target_s"]) + (
-            f" [{clock(interval[0])}-{clock(interval[1])}]" if interval else "")
+            f" ({interval[2]} {clock(interval[0])}-{clock(interval[1])})" if interval else "")
         body.append((r["runner"], str(r["model"]), _devices(r),
                      f"{r['batch_size_per_device']}/dev", _num(r["epoch_time_s"], ".1f"),
                      _num(r["epochs"], ".0f"), clock(r["total_time_s"]), to_target,
@@ -196,16 +103,18 @@ def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         return None
     path = out / CSV_NAME
     fields = [k for k in rows[0] if k not in ("recipe", "time_to_target_interval")]
-    fields += ["time_to_target_low_s", "time_to_target_high_s", "recipe"]
+    fields += ["time_to_target_low_s", "time_to_target_high_s", "time_to_target_interval",
+               "recipe"]
     tmp = path.with_suffix(".csv.tmp")
     with tmp.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in rows:
-            interval = r["time_to_target_interval"] or (None, None)
+            interval = r["time_to_target_interval"] or (None, None, None)
             writer.writerow({**{k: r[k] for k in fields if k in r},
                              "time_to_target_low_s": interval[0],
                              "time_to_target_high_s": interval[1],
+                             "time_to_target_interval": interval[2],
                              "recipe": recipe_line(r["recipe"]) if r.get("recipe") else None})
     tmp.replace(path)
     return path

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.analysis.converge import converge_rows
 from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
 from bench.records import columns
@@ -16,7 +17,6 @@ from bench.records.grouping import runner_label
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
-from bench.report.converge import converge_rows
 from bench.report.converge import html_section as converge_section
 from bench.report.strategies import html_section as strategies_section
 

@@ -1,0 +1,182 @@
+"""Mode converge's figures from its records (runners/converge.py writes them): one row per
+configuration and device count (time per epoch, total time, time to target with its interval
+over repeats, final accuracy, speed-up), and the decomposition `explain` gives of time to
+target: epochs x time per epoch + evaluation, and against 1 device, the speed-up per epoch
+times the change in epochs. bench/report/converge.py renders them.
+
+Stdlib only."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from bench.records.grouping import runner_label
+
+
+def converge_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in records if r.get("mode") == "converge"]
+
+
+def _epoch_time(rec: Mapping[str, Any]) -> float | None:
+    """Seconds per training epoch, the median over the epochs after the first (which holds
+    compilation) or the first alone; training only, as the seed's 'each epoch took ~63 s'."""
+    curve = rec.get("curve") or []
+    times = [p.get("train_s") for p in (curve[1:] or curve) if isinstance(p, Mapping)]
+    times = [t for t in times if isinstance(t, (int, float))]
+    return statistics.median(times) if times else None
+
+
+def _median(values: list[Any]) -> float | None:
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return statistics.median(nums) if nums else None
+
+
+RANGE, BOOTSTRAP = "range", "95% bootstrap"
+
+
+def interval(values: list[Any]) -> tuple[float, float, str] | None:
+    """(low, high, kind) of repeats' values: with 2 the range (called so: 2 values make no
+    confidence interval), from 3 on the 95% bootstrap interval of the median
+    (bench.records.trust); None for fewer than 2."""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(nums) < 2:
+        return None
+    if len(nums) < 3:
+        return min(nums), max(nums), RANGE
+    from bench.records.trust import bootstrap_ci
+
+    low, high = bootstrap_ci(nums)
+    return low, high, BOOTSTRAP
+
+
+def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration and device count: the seed-form table. Time per epoch,
+    total time (to the target, else of all epochs), final and best accuracy, epochs, time to
+    target with its interval over repeats, speed-up of the total time over the same
+    configuration's 1-device row."""
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
+    for rec in converge_records(records):
+        key = (runner_label(rec), rec.get("model"), rec.get("precision"),
+               rec.get("batch_size_per_device"), rec.get("num_nodes", 1),
+               rec.get("num_devices"))
+        groups.setdefault(key, []).append(rec)
+    rows = []
+    for (runner, model, precision, batch, nodes, devices), recs in groups.items():
+        ok = [r for r in recs if r.get("status") == "ok"]
+        judged = ok or [r for r in recs if r.get("curve")]
+        reached = [r["time_to_target_s"] for r in ok
+                   if isinstance(r.get("time_to_target_s"), (int, float))]
+        totals = [r.get("time_to_target_s") or r.get("converge_time_s") for r in judged]
+        rows.append({
+            "runner": runner, "model": model, "precision": precision,
+            "batch_size_per_device": batch, "num_nodes": nodes, "num_devices": devices,
+            "global_batch_size": recs[0].get("global_batch_size"),
+            "virtual_devices": recs[0].get("virtual_devices"),
+            "runs": len(recs), "runs_ok": len(ok), "runs_reached": len(reached),
+            "status": "ok" if ok else ",".join(sorted({str(r.get("status")) for r in recs})),
+            "reason": None if ok else next((r.get("reason") for r in recs
+                                            if r.get("reason")), None),
+            "epoch_time_s": _median([_epoch_time(r) for r in judged]),
+            "epochs": _median([r.get("epochs_run") for r in judged]),
+            "total_time_s": _median(totals),
+            "time_to_target_s": _median(reached),
+            "time_to_target_interval": interval(reached),
+            "epochs_to_target": _median([r.get("epochs_to_target") for r in ok]),
+            "final_accuracy": _median([r.get("final_accuracy") for r in judged]),
+            "best_accuracy": _median([r.get("best_accuracy") for r in judged]),
+            "images_per_sec": _median([r.get("images_per_sec") for r in judged]),
+            "target_reason": next((r.get("target_reason") for r in judged
+                                   if r.get("target_reason")), None),
+            "recipe": (recs[0].get("result") or {}).get("converge") or recs[0].get("converge"),
+        })
+    base = {(r["runner"], r["model"], r["precision"], r["batch_size_per_device"]): r
+            for r in rows if r["num_devices"] == 1 and r["num_nodes"] == 1}
+    for row in rows:
+        one = base.get((row["runner"], row["model"], row["precision"],
+                        row["batch_size_per_device"]))
+        row["speedup"] = (one["total_time_s"] / row["total_time_s"]
+                          if one and one["total_time_s"] and row["total_time_s"] else None)
+    rows.sort(key=lambda r: (str(r["model"]), str(r["runner"]), r["num_nodes"],
+                             r["num_devices"] or 0))
+    return rows
+
+
+def clock(seconds: float | None) -> str:
+    """74m10s, as seed 004 writes it; 12.3s under a minute; - for none."""
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _devices_words(row: Mapping[str, Any]) -> str:
+    n, nodes = row.get("num_devices"), row.get("num_nodes") or 1
+    kind = "virtual CPU" if row.get("virtual_devices") else "GPU"
+    return f"{nodes}x{n // nodes} {kind}" if nodes > 1 else f"{n} {kind}"
+
+
+def explain_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """For each converge row, where its time to target went: the epochs times the training
+    time per epoch (the first apart: it holds compilation), plus the evaluations; and against
+    the same configuration on 1 device, the speed-up per epoch and the change in epochs the
+    larger global batch needed, whose ratio is the speed-up to target."""
+    recs = [r for r in converge_records(records) if r.get("status") == "ok" and r.get("curve")]
+    rows = converge_rows(recs)
+    by_key = {(r["runner"], r["model"], r["precision"], r["batch_size_per_device"],
+               r["num_nodes"], r["num_devices"]): r for r in rows}
+    lines = []
+    for row in rows:
+        label = (f"{row['runner']} {row['model']} {row['precision']} "
+                 f"b={row['batch_size_per_device']}/dev, {_devices_words(row)}")
+        mine = [r for r in recs if runner_label(r) == row["runner"]
+                and r.get("model") == row["model"] and r.get("num_devices") == row["num_devices"]
+                and r.get("batch_size_per_device") == row["batch_size_per_device"]
+                and r.get("precision") == row["precision"]]
+        rec = mine[0]
+        curve = rec["curve"]
+        first = curve[0].get("train_s") or 0.0
+        later = [p.get("train_s") or 0.0 for p in curve[1:]]
+        evals = sum(p.get("eval_s") or 0.0 for p in curve)
+        total = rec.get("time_to_target_s") or rec.get("converge_time_s")
+        what = (f"to {row['recipe'].get('target_accuracy', 0):.0%} in {len(curve)} epochs"
+                if rec.get("time_to_target_s") else f"{len(curve)} epochs, target not reached")
+        epoch = statistics.median(later) if later else first
+        parts = [f"{what}, {clock(total)} = training {clock(first + sum(later))} (first epoch "
+                 f"{clock(first)}, then {clock(epoch)} each) + evaluation {clock(evals)}"]
+        one = by_key.get((row["runner"], row["model"], row["precision"],
+                          row["batch_size_per_device"], 1, 1))
+        if row["num_devices"] > 1 and one and one["epoch_time_s"] and row["epoch_time_s"] \
+                and one["epochs"] and row["epochs"] and one["total_time_s"] \
+                and row["total_time_s"]:
+            per_epoch = one["epoch_time_s"] / row["epoch_time_s"]
+            epochs = row["epochs"] / one["epochs"]
+            parts.append(f"vs 1 device: {per_epoch:.2f}x faster per epoch, {epochs:.2f}x the "
+                         f"epochs (global batch {row['global_batch_size']} vs "
+                         f"{one['global_batch_size']}; lr_scaling "
+                         f"{(row['recipe'] or {}).get('lr_scaling')}), so "
+                         f"{one['total_time_s'] / row['total_time_s']:.2f}x to target")
+        lines.append(f"{label}: " + "; ".join(parts))
+    return lines
+
+
+def time_to_target_words(records: list[Mapping[str, Any]]) -> str | None:
+    """One side of a comparison in words: its median time to target with the interval over
+    repeats (range or bootstrap, named), how many runs reached it, the median final accuracy;
+    None for records that are not mode converge."""
+    recs = converge_records(records)
+    if not recs:
+        return None
+    ok = [r for r in recs if r.get("status") == "ok"]
+    reached = [r["time_to_target_s"] for r in ok
+               if isinstance(r.get("time_to_target_s"), (int, float))]
+    spread = interval(reached)
+    final = _median([r.get("final_accuracy") for r in ok])
+    head = (f"to target {clock(_median(reached))}"
+            + (f" ({spread[2]} {clock(spread[0])}-{clock(spread[1])})" if spread else "")
+            if reached else "target not reached")
+    return (f"{head}, {len(reached)}/{len(recs)} runs reached it"
+            + (f", final accuracy {final:.1%}" if final is not None else ""))
