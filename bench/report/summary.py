@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from bench.analysis.converge import converge_rows
 from bench.analysis.published import draw_published
 from bench.analysis.stats import (
     BASELINE,
@@ -405,7 +406,7 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
              render_real_chart(results_dir, rows), render_pipeline_chart(results_dir, pipes),
              allreduce_report.render_allreduce_chart(results_dir, probes, link)]
     charts += [c for c in extra if c]
-    converged = converge_report.converge_rows(records)
+    converged = converge_rows(records)
     if converged:
         converge_report.write_csv(results_dir, converged)
         charts += [c for c in [converge_report.draw_chart(records, results_dir / "charts")]
