@@ -67,15 +67,16 @@ def test_every_run_starts_from_the_recipe_seeds_weights(records: dict) -> None:
     assert len(set(digests.values())) == 1, digests
 
 
-def test_learning_rate_set_before_every_step(records: dict) -> None:
-    """The optimizer's rate after each epoch is the recipe's for the epoch's last step (poly,
-    scaled linearly to the global batch): the callback / loop set it, not the compile."""
+def test_optimizer_runs_at_the_recipes_rate(records: dict) -> None:
+    """The rate read back from the optimizer after each epoch is the recipe's for the epoch's
+    last step (poly, scaled linearly to the global batch): the optimizer starts at 0, so only
+    the rate the callback (Keras fit) or the loop (native) set before the steps can be there."""
     for (runner, n), rec in records.items():
         recipe = Recipe.of(_Spec(rec))
         want = [recipe.lr(p["epoch"] - 1, p["steps"] - 1, p["steps"]) for p in rec["curve"]]
         got = rec["result"]["lr_read_back"]
         assert got == pytest.approx(want, rel=1e-6), (runner, n, got, want)
-        assert recipe.peak_lr == pytest.approx(0.01 * n)
+        assert recipe.peak_lr == pytest.approx(0.01 * n) and min(got) > 0
 
 
 class _Spec:

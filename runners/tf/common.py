@@ -245,12 +245,12 @@ class RecipeSGD(keras.optimizers.SGD):
 
 
 def recipe_optimizer(recipe: Any) -> RecipeSGD:
-    """The recipe's optimizer (runners.converge.Recipe): SGD, its momentum and weight decay,
-    the learning rate of the first step (the loop sets it before every step)."""
+    """The recipe's optimizer (runners.converge.Recipe): SGD, its momentum and weight decay;
+    its learning rate 0 until the loop (or fit's callback) sets the recipe's before every step,
+    so a step it did not set would not train (and the rate read back would say so)."""
     if recipe.optimizer != "sgd":
         raise Unavailable(f"converge optimizer {recipe.optimizer!r}: only sgd is built")
-    return RecipeSGD(l2=recipe.weight_decay, learning_rate=recipe.lr(0, 0, 1),
-                     momentum=recipe.momentum)
+    return RecipeSGD(l2=recipe.weight_decay, learning_rate=0.0, momentum=recipe.momentum)
 
 
 def check_converge_model(spec: Spec, model_spec: ModelSpec, splits: Any) -> None:
