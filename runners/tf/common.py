@@ -6,8 +6,9 @@ Imports TensorFlow and Keras 3: only runner child processes import this module.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -17,7 +18,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
-from models.keras_common import set_canonical_weights  # noqa: E402
+from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
 from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
@@ -218,3 +219,190 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
         **clock.window.summary(spec.global_batch_size, steps * spec.global_batch_size),
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
     }
+
+
+# ---- mode converge (runners/converge.py): what tf_mirrored and tf_native share -------------
+
+class RecipeSGD(keras.optimizers.SGD):
+    """Keras 3 SGD with momentum (its form: m = momentum x m - lr x g; w += m) and the converge
+    recipe's weight_decay as an L2 term added to each gradient before the momentum (torch's
+    SGD weight_decay, the recipe's meaning), where Keras' own weight_decay is decoupled (w -=
+    lr x wd x w beside the update). Applied in update_step, after MirroredStrategy's
+    all-reduce, on each replica's copy of every trainable variable."""
+
+    def __init__(self, l2: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.l2 = float(l2)
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        if self.l2:
+            gradient = tf.cast(gradient, variable.dtype) + tf.cast(self.l2, variable.dtype) \
+                * tf.convert_to_tensor(variable)
+        super().update_step(gradient, variable, learning_rate)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "l2": self.l2}
+
+
+def recipe_optimizer(recipe: Any) -> RecipeSGD:
+    """The recipe's optimizer (runners.converge.Recipe): SGD, its momentum and weight decay;
+    its learning rate 0 until the loop (or fit's callback) sets the recipe's before every step,
+    so a step it did not set would not train (and the rate read back would say so)."""
+    if recipe.optimizer != "sgd":
+        raise Unavailable(f"converge optimizer {recipe.optimizer!r}: only sgd is built")
+    return RecipeSGD(l2=recipe.weight_decay, learning_rate=0.0, momentum=recipe.momentum)
+
+
+def check_converge_model(spec: Spec, model_spec: ModelSpec, splits: Any) -> None:
+    """Unavailable unless the model takes the dataset's images and classes (mode converge
+    trains on its splits: runners/converge.py) and is built to converge here (one node)."""
+    if spec.num_nodes > 1:
+        raise Unavailable("mode converge on several nodes is not built for the TF runners "
+                          "(MultiWorkerMirroredStrategy would shard the recipe's batches)")
+    if model_spec.input_kind == "tokens":
+        raise Unavailable(f"mode converge trains on images; {spec.model} takes tokens")
+    shape = tuple(splits.x_train.shape[1:])
+    if tuple(model_spec.input_shape) != shape:
+        raise Unavailable(f"{spec.model} takes {tuple(model_spec.input_shape)} images; the "
+                          f"dataset's are {shape}")
+    if model_spec.num_classes < splits.classes:
+        raise Unavailable(f"{spec.model} has {model_spec.num_classes} classes; the dataset "
+                          f"has {splits.classes}")
+
+
+def nchw(x: np.ndarray, data_format: str) -> np.ndarray:
+    """Images (B, H, W, C) in the model's layout."""
+    return x if data_format == "channels_last" else np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def epoch_dataset(batches: Sequence[Any], data_format: str) -> tf.data.Dataset:
+    """One epoch's global batches (runners.converge.Batch, in order) as a tf.data dataset
+    yielding those same batches (from_generator: no copy of the split in the graph), each of
+    which a strategy's distributed iterator splits into per-replica slices (auto-shard OFF, as
+    global_batch_dataset); a short kept last batch stays short (split as TF splits it)."""
+    shape = nchw(batches[0].x[:0], data_format).shape[1:] if batches else (None,) * 3
+
+    def generate() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for b in batches:
+            yield nchw(b.x, data_format), b.y
+
+    ds = tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None,), tf.int32)))
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
+
+
+def moving_stat_copies(strategy: tf.distribute.Strategy, model: keras.Model
+                       ) -> list[tuple[str, str, np.ndarray]]:
+    """(variable path, device, values) of every BatchNorm layer's moving mean and variance on
+    every device, read through the strategy (experimental_local_results: under
+    MirroredStrategy Keras 3 makes them MirroredVariables with aggregation NONE, so each
+    replica updates its own copy from its own rows and predicts from it)."""
+    out = []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            for var in (layer.moving_mean, layer.moving_variance):
+                for copy in strategy.experimental_local_results(var.value):
+                    out.append((var.path, copy.device, np.asarray(copy)))
+    return out
+
+
+def moving_stats(strategy: tf.distribute.Strategy, model: keras.Model) -> tuple[bool, str]:
+    """(all finite, detail) over every device's copy of every BatchNorm moving statistic
+    (moving_stat_copies), naming the first that is not finite."""
+    copies = moving_stat_copies(strategy, model)
+    for path, device, values in copies:
+        bad = int(values.size - np.isfinite(values).sum())
+        if bad:
+            return False, f"{path} on {device}: {bad} of {values.size} values not finite"
+    return True, f"{len(copies)} moving statistics (every device's copy) finite"
+
+
+EVAL_ROWS = 1024  # held-out rows per evaluation call, over all replicas
+
+
+class StrategyAccuracy:
+    """Top-1 accuracy of `model` in inference mode (training=False: BatchNorm's moving
+    statistics) on the held-out split, run by every replica on its share (strategy.run in
+    one tf.function; the correct counts summed across replicas). The split is cut once into
+    calls of EVAL_ROWS rows, each call's rows split over the replicas (numpy.array_split) and
+    made on their devices (experimental_distribute_values_from_function), then kept: every
+    later evaluation only runs the forward pass. (Keras' predict builds a distributed
+    iterator per call: 0.5 s per evaluation of digits on CPU, 25x its forward pass.)"""
+
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
+                 data_format: str) -> None:
+        self.strategy, self.model, self.data_format = strategy, model, data_format
+        self.calls: list[tuple[Any, Any]] = []
+        self.rows = 0
+
+        def replica(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            probs = model(x, training=False)
+            hits = tf.equal(tf.argmax(probs, axis=-1, output_type=tf.int32), y)
+            return tf.reduce_sum(tf.cast(hits, tf.int32))
+
+        @tf.function
+        def correct(x: Any, y: Any) -> tf.Tensor:
+            per_replica = strategy.run(replica, args=(x, y))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        self.correct = correct
+
+    def _prepare(self, x: np.ndarray, y: np.ndarray) -> None:
+        n = self.strategy.num_replicas_in_sync
+        images = nchw(x, self.data_format)
+        for start in range(0, len(y), EVAL_ROWS):
+            xc, yc = images[start:start + EVAL_ROWS], y[start:start + EVAL_ROWS]
+            shares = np.array_split(np.arange(len(yc)), n)
+
+            def share(ctx: tf.distribute.experimental.ValueContext, xc: np.ndarray = xc,
+                      yc: np.ndarray = yc, shares: list = shares) -> tuple[Any, Any]:
+                rows = shares[ctx.replica_id_in_sync_group]
+                return tf.constant(xc[rows]), tf.constant(yc[rows].astype(np.int32))
+
+            self.calls.append(self.strategy.experimental_distribute_values_from_function(share))
+        self.rows = len(y)
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> float:
+        if not self.calls:
+            self._prepare(x, y)
+        elif len(y) != self.rows:
+            raise ValueError(f"the held-out split changed: {len(y)} rows, was {self.rows}")
+        hits = sum(int(self.correct(*xy)) for xy in self.calls)
+        return hits / self.rows
+
+
+EVALUATION = ("model(x, training=False) under strategy.run (runners/tf/common.py "
+              "StrategyAccuracy): each replica predicts its share of the held-out split from "
+              "its own copy of the BatchNorm moving statistics; the correct counts summed")
+
+
+def weights_digest(model: keras.Model) -> str:
+    """sha256 of the model's weights (canonical names, in order), to show that two runs start
+    alike."""
+    digest = hashlib.sha256()
+    for name, value in sorted(get_canonical_weights(model).items()):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(value, np.float32).tobytes())
+    return digest.hexdigest()
+
+
+def empty_replica_failure(exc: Exception, batches: Sequence[Any], replicas: int
+                          ) -> Exception | None:
+    """Invalid, saying why, when a step failed on an epoch where a replica got no rows (a
+    short kept last batch of fewer rows than replicas: the distributed iterator gives the last
+    replicas empty slices); None otherwise. TF 2.21's oneDNN Conv2D on CPU returns an empty
+    batch in its input's shape, so the next op fails (with TF_ENABLE_ONEDNN_OPTS=0 the step
+    runs and that replica's BatchNorm moving statistics become NaN: seed 002's trap, which
+    moving_stats reports)."""
+    from runners.common import Invalid, one_line
+
+    short = [b.global_rows for b in batches if b.global_rows < replicas]
+    if not short:
+        return None
+    return Invalid(
+        f"a replica got no rows of the short kept last batch ({short[0]} row(s) over {replicas} "
+        f"replicas) and TensorFlow failed on its empty slice ({one_line(str(exc), 160)}): "
+        "oneDNN's CPU Conv2D gives an empty batch the wrong shape; without oneDNN the "
+        "replica's BatchNorm moving statistics become NaN")

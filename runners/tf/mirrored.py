@@ -46,6 +46,25 @@ data_format, all-reduce) and the same distributed tf.data input of global batche
 test's one batch once, so fit runs exactly one step (with steps_per_execution > 1, inside the
 multi-step while loop, which stops when the iterator is exhausted).
 
+Mode converge (time to accuracy, runners/converge.py; `converge`): the benchmark's strategy,
+model and compile (options, layout, precision) with the recipe's optimizer, initial weights
+seeded by keras.utils.set_random_seed(recipe.seed) (the same at any device count: the record's
+initial_weights_sha256), trained by Keras 3 `fit`, one call per epoch (epochs=epoch + 1,
+initial_epoch=epoch) on that epoch's global batches of runners/converge.py in tf.data, split by
+the distributed iterator as in the benchmark; the callback StepLearningRate sets
+model.optimizer.learning_rate in on_train_batch_begin to the recipe's rate for every step. The
+held-out accuracy: the model in inference mode (training=False) under strategy.run, each
+replica on its share (runners/tf/common.py StrategyAccuracy). BatchNorm's moving statistics
+are MirroredVariables with aggregation NONE, so each replica keeps and predicts from its own
+copy (per-device BatchNorm); every device's copy is read through the strategy after each epoch.
+What differs: the optimizer is Keras 3 SGD (m = momentum x m - lr x g; w += m: torch's form
+differs only while the rate changes), the recipe's weight_decay added to the gradient by
+RecipeSGD (Keras' own weight_decay is decoupled); the train loss is Keras' epoch loss (its mean
+over rows, the mean over steps when the batches are whole); evaluation is not Keras' predict
+(a distributed iterator per call: 0.5 s per evaluation of digits on CPU, 25x the forward
+pass); steps_per_execution > 1 is unavailable (the callback could not set every step's rate);
+one node only. Placement: the partition graphs of fit's first train call, as the benchmark's.
+
 Several nodes (spec.num_nodes > 1, issue 16): Keras 3's fit under
 tf.distribute.MultiWorkerMirroredStrategy (TF 2.21, Keras 3.15), one worker per node as the
 harness starts them through srun, its cluster resolved by TF's own
@@ -85,18 +104,28 @@ from models.keras_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, Unavailable, main, one_line, process_rank
+from runners.converge import Recipe, load_splits, train_to_accuracy
 from runners.memory import model_state_keras
 from runners.tf.common import (
+    EVALUATION,
     POLICIES,
     SHARDING_NOTE,
+    StrategyAccuracy,
+    check_converge_model,
+    empty_replica_failure,
+    epoch_dataset,
     fit_input,
     framework_versions,
     global_batch_dataset,
     local_batch,
+    moving_stat_copies,
+    moving_stats,
+    recipe_optimizer,
     setup_devices,
     shard_across_workers,
     synthetic_tokens,
     timed_fit,
+    weights_digest,
 )
 from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
 from runners.tf.placement import EagerPlacement
@@ -108,6 +137,9 @@ DATA_PLACEMENT = {
               "prefetched to each replica's device",
     "real": "global batches from the input pipeline on the host; Keras' distributed iterator "
             "splits each into per-replica slices and prefetches them to the replicas' devices",
+    "converge": "each epoch's global batches of the recipe (runners/converge.py) in tf.data "
+                "on the host; Keras' distributed iterator splits each into per-replica slices "
+                "and prefetches them to the replicas' devices",
 }
 CROSS_DEVICE_OPS = {
     "auto": None,
@@ -401,5 +433,86 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     return result
 
 
+class StepLearningRate(keras.callbacks.Callback):
+    """Sets the optimizer's learning rate to the recipe's `lr_at(step)` before every step of
+    fit's epoch (Keras 3: model.optimizer.learning_rate, assigned in on_train_batch_begin; its
+    variable is mirrored, so every replica's copy takes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lr_at: Callable[[int], float] = lambda step: 0.0
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self.model.optimizer.learning_rate = self.lr_at(batch)
+
+
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (runners/converge.py): Keras 3 fit, one call per epoch (epochs=epoch + 1,
+    initial_epoch=epoch) on that epoch's global batches, the learning rate set before every
+    step by StepLearningRate; held-out accuracy in inference mode under the strategy
+    (StrategyAccuracy); the BatchNorm moving statistics read from every device's copy."""
+    recipe = Recipe.of(spec)
+    splits = load_splits(spec)
+    model_spec = spec_of(spec)
+    check_converge_model(spec, model_spec, splits)
+    if spec.options["steps_per_execution"] > 1:
+        raise Unavailable(
+            f"steps_per_execution={spec.options['steps_per_execution']} in mode converge: "
+            "fit calls on_train_batch_begin once per call of that many steps, so the "
+            "recipe's learning rate could not be set before every step")
+    keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
+    strategy, devices, _ = make_strategy(spec)
+    keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
+    model, described = build_compiled(spec, strategy, None, lambda: recipe_optimizer(recipe))
+    initial = weights_digest(model)
+    data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
+    placement = EagerPlacement()
+    step_lr = StepLearningRate()
+    lr_read_back: list[float] = []
+
+    def train_epoch(epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
+        step_lr.lr_at = lr_at
+        callbacks: list[keras.callbacks.Callback] = [step_lr]
+        if epoch == 0:  # the train function's partition graphs, made by its first call
+            placement.start()
+            callbacks.append(StopPlacement(placement))
+        try:
+            with known_limits(spec, strategy):
+                history = model.fit(epoch_dataset(batches, data_format), epochs=epoch + 1,
+                                    initial_epoch=epoch, callbacks=callbacks, verbose=0,
+                                    shuffle=False)
+        except tf.errors.InvalidArgumentError as exc:
+            failure = empty_replica_failure(exc, batches, strategy.num_replicas_in_sync)
+            if failure is None:
+                raise
+            raise failure from exc
+        lr_read_back.append(float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)))
+        return float(history.history["loss"][-1])
+
+    result = train_to_accuracy(spec, train_epoch, StrategyAccuracy(strategy, model, data_format),
+                               lambda: moving_stats(strategy, model), splits=splits)
+    return {
+        **result,
+        # read back from the optimizer after each epoch: the rate its last step ran at
+        "lr_read_back": lr_read_back,
+        # every device's copy of every BatchNorm moving statistic, as moving_stats reads them
+        "moving_stat_copies": len(moving_stat_copies(strategy, model)),
+        **compile_info(spec, strategy, devices),
+        **placement.result(),
+        "dtype_policy": POLICIES[spec.precision],
+        "data_placement": DATA_PLACEMENT["converge"],
+        "optimizer": "Keras 3 SGD (m = momentum x m - lr x g; w += m), the recipe's "
+                     "weight_decay added to the gradient (runners/tf/common.py RecipeSGD)",
+        "lr_setting": "StepLearningRate callback: model.optimizer.learning_rate before each step",
+        "train_loss_kind": "Keras' epoch loss: its loss tracker's mean over the epoch's rows "
+                           "(each replica's mean cross-entropy weighted by its rows)",
+        "evaluation": EVALUATION,
+        "initial_weights_sha256": initial,
+        "batchnorm": "per_device",
+        **model_record(model, model_spec, described),
+        **keras_policy(model, spec.precision),
+    }
+
+
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)

@@ -14,7 +14,8 @@ layers (fused=True) and tf_cnn_benchmarks compute it. Keras 3 computes BatchNorm
 ops on every backend; on ResNet-50 that cost tf_native a third of its CPU step and put it at
 0.79 of tf_cnn_benchmarks (docs/PERFORMANCE.md, "tf_native vs tf_cnn_benchmarks").
 fused_batchnorm: false keeps Keras 3's layer. Optimizer: Keras SGD, momentum 0.9, no weight
-decay (tf_cnn_benchmarks: plain SGD plus L2 weight decay on its defaults).
+decay (tf_cnn_benchmarks: plain SGD plus L2 weight decay on its defaults); mode converge
+runs the recipe's (below).
 
 Split: each replica gets its own B/N slice of the global batch. Synthetic data is made once,
 directly on each replica's device (experimental_distribute_values_from_function), so a step
@@ -33,6 +34,21 @@ jit_compiled; on N > 1 virtual CPU devices XLA runs every replica on its one hos
 cannot reach the other replicas' variables ("Trying to access resource ... located in
 device"): the run is invalid with TF's message, never a pass. The equivalence mode runs this
 same path (model path, per-replica input, the same tf.function step, xla) on the probe model.
+
+Mode converge (time to accuracy, runners/converge.py; `converge`): the same loop: the
+benchmark's model path (fused_batchnorm), strategy and tf.function step (xla honoured), the
+recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed) (the
+clone of fused_batchnorm takes the builder's weights, so tf_native starts where tf_mirrored
+does: initial_weights_sha256), one step per global batch of runners/converge.py fed through
+experimental_distribute_dataset, optimizer.learning_rate assigned before every step. Each step
+divides its summed losses by that step's global rows (compute_average_loss), so a short kept
+last batch is a mean over its own rows. The held-out accuracy: the model in inference mode
+(training=False) under strategy.run, each replica on its share (runners/tf/common.py
+StrategyAccuracy); every device's copy of the BatchNorm moving statistics (each replica keeps
+its own: aggregation NONE) is read through the strategy after each epoch. What differs: Keras 3
+SGD's momentum form (m = momentum x m - lr x g; w += m) and the recipe's weight_decay added to
+the gradient (runners/tf/common.py RecipeSGD) where the benchmark runs plain momentum SGD; one
+node only.
 
 Several nodes (spec.num_nodes > 1, issue 16): tf.distribute.MultiWorkerMirroredStrategy (TF
 2.21), one worker per node as the harness starts them through srun, its cluster resolved by
@@ -71,18 +87,28 @@ from models.keras_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, finite, main, process_rank, timed_loop
+from runners.converge import Recipe, load_splits, train_to_accuracy
 from runners.real_data import describe
 from runners.tf import data as tf_data
 from runners.tf.common import (
+    EVALUATION,
     POLICIES,
     SHARDING_NOTE,
+    StrategyAccuracy,
+    check_converge_model,
+    empty_replica_failure,
+    epoch_dataset,
     framework_versions,
     input_shape,
     local_batch,
+    moving_stat_copies,
+    moving_stats,
     open_real,
+    recipe_optimizer,
     replica_slices,
     setup_devices,
     shard_across_workers,
+    weights_digest,
     worker_seed,
 )
 from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
@@ -160,7 +186,9 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
 
     if not any(type(layer) is keras.layers.BatchNormalization for layer in built.layers):
         return built, 0
-    return keras.models.clone_model(built, clone_function=clone), swapped
+    cloned = keras.models.clone_model(built, clone_function=clone)
+    cloned.set_weights(built.get_weights())  # the builder's initial weights, not fresh ones
+    return cloned, swapped
 
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
@@ -222,17 +250,19 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
 
 
 def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
-                    optimizer: keras.optimizers.Optimizer, global_batch: int,
-                    xla: bool = False) -> Callable[[Any, Any], tf.Tensor]:
-    """A tf.function running one synchronous step on every replica; returns the global loss."""
+                    optimizer: keras.optimizers.Optimizer, global_batch: int | None,
+                    xla: bool = False) -> Callable[..., tf.Tensor]:
+    """A tf.function running one synchronous step on every replica; returns the global loss.
+    `global_batch` None: the step takes the global batch's rows as a third argument (an int32
+    tensor: mode converge's short kept last batch divides by its own rows)."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
-    def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    def replica_step(x: tf.Tensor, y: tf.Tensor, rows: Any) -> tf.Tensor:
         with tf.GradientTape() as tape:
             probs = model(x, training=True)
             per_example = keras.losses.sparse_categorical_crossentropy(y, probs)
             loss = tf.nn.compute_average_loss(tf.cast(per_example, tf.float32),
-                                              global_batch_size=global_batch)
+                                              global_batch_size=rows)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             target = optimizer.scale_loss(loss) if scaled else loss
@@ -245,9 +275,17 @@ def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
     replica_step = tf.autograph.experimental.do_not_convert(replica_step)
     inner = tf.function(replica_step, jit_compile=True) if xla else replica_step
 
+    if global_batch is None:
+        @tf.function
+        def rows_step(x: Any, y: Any, rows: tf.Tensor) -> tf.Tensor:
+            per_replica = strategy.run(inner, args=(x, y, rows))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return rows_step
+
     @tf.function
     def train_step(x: Any, y: Any) -> tf.Tensor:
-        per_replica = strategy.run(inner, args=(x, y))
+        per_replica = strategy.run(inner, args=(x, y, global_batch))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     return train_step
@@ -402,5 +440,94 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     return result
 
 
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (runners/converge.py): the benchmark's model, strategy and tf.function
+    step (make_train_step, fused_batchnorm and xla honoured), one step per global batch of
+    the recipe fed through experimental_distribute_dataset, the optimizer's learning rate
+    assigned before every step; each step divides its replicas' summed losses by its own
+    global rows (a short kept last batch included). Held-out accuracy in inference mode under
+    the strategy (StrategyAccuracy); BatchNorm moving statistics read from every device's
+    copy."""
+    opts = spec.options
+    recipe = Recipe.of(spec)
+    splits = load_splits(spec)
+    model_spec = get_spec(spec.model)
+    check_converge_model(spec, model_spec, splits)
+    policy = POLICIES[spec.precision]
+    keras.mixed_precision.set_global_policy(policy)
+    strategy, devices, _ = make_strategy(spec)
+    data_format, xla, fused = opts["data_format"], bool(opts["xla"]), bool(opts["fused_batchnorm"])
+    keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
+    with strategy.scope():
+        model, swapped = build_model(spec.model, model_spec, data_format, fused)
+        optimizer: keras.optimizers.Optimizer = recipe_optimizer(recipe)
+        if spec.precision == "fp16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    initial = weights_digest(model)
+    train_step = make_train_step(strategy, model, optimizer, None, xla)
+    placed: dict[str, Any] = {}
+    lr_read_back: list[float] = []
+
+    def train_epoch(epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
+        inputs = iter(strategy.experimental_distribute_dataset(
+            epoch_dataset(batches, data_format)))
+        losses = []
+        for step, (batch, xy) in enumerate(zip(batches, inputs, strict=False)):
+            optimizer.learning_rate = lr_at(step)
+            rows = tf.constant(batch.global_rows, tf.int32)
+            try:
+                if placed:
+                    losses.append(float(train_step(*xy, rows)))  # a float: the step finished
+                else:  # the first step instantiates the function: its partition graphs
+                    loss, found, _ = first_step(train_step, *xy, rows)
+                    placed.update(found)
+                    losses.append(loss)
+            except tf.errors.InvalidArgumentError as exc:
+                failure = empty_replica_failure(exc, [batch], strategy.num_replicas_in_sync)
+                if failure is None:
+                    raise
+                raise failure from exc
+        if len(losses) != len(batches):
+            raise Invalid(f"the distributed dataset gave {len(losses)} of the epoch's "
+                          f"{len(batches)} batches")
+        lr_read_back.append(float(keras.ops.convert_to_numpy(optimizer.learning_rate)))
+        return float(np.mean(losses)) if losses else float("nan")
+
+    result = train_to_accuracy(spec, train_epoch, StrategyAccuracy(strategy, model, data_format),
+                               lambda: moving_stats(strategy, model), splits=splits)
+    return {
+        **result,
+        # read back from the optimizer after each epoch: the rate its last step ran at
+        "lr_read_back": lr_read_back,
+        # every device's copy of every BatchNorm moving statistic, as moving_stats reads them
+        "moving_stat_copies": len(moving_stat_copies(strategy, model)),
+        "replicas": strategy.num_replicas_in_sync,
+        "framework": framework_versions(),
+        "devices": devices,
+        "layout": data_format,
+        "dtype_policy": policy,
+        "loss_scaling": spec.precision == "fp16",
+        "xla": xla,
+        "batchnorm": "per_device",
+        "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
+                             else "none in this model" if fused
+                             else "Keras 3 BatchNormalization (unfused ops)"),
+        **placed,
+        "data_placement": "each epoch's global batches of the recipe (runners/converge.py) in "
+                          "tf.data on the host, split into per-replica slices and prefetched "
+                          "to each replica's device by experimental_distribute_dataset",
+        "optimizer": "Keras 3 SGD (m = momentum x m - lr x g; w += m), the recipe's "
+                     "weight_decay added to the gradient (runners/tf/common.py RecipeSGD)",
+        "lr_setting": "optimizer.learning_rate assigned before each step",
+        "train_loss_kind": "the mean over the epoch's steps of each step's global mean "
+                           "cross-entropy",
+        "evaluation": EVALUATION,
+        "initial_weights_sha256": initial,
+        "params": count_params_keras(model),
+        "flops_per_sample": count_flops_keras(model),
+    }
+
+
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)
