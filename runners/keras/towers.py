@@ -39,8 +39,25 @@ the compute ops TF placed on each device, its step stats the nodes each device e
 counted by kind (runners/tf/op_kinds.py): `forward_convs_per_device` and
 `backward_convs_per_device` beside `expected_work` (one tower's convolutions per tower device,
 none elsewhere), which the parent checks (bench/records/placement_check.py). The callable is then
-rebuilt without the options, so no timed step is traced. Imports TensorFlow and tf_keras:
-runner child processes only.
+rebuilt without the options, so no timed step is traced.
+
+Mode converge (`converge`, runners/converge.py's recipe and batches): trains as seed 004 did,
+Keras 2 `fit` on the tower model, one fit call per epoch over the epoch's global batches as
+numpy arrays (input feed_dict only: staging and tf_data are unavailable), the whole global
+batch given to the tower model, which slices it as the original does (a short kept last
+batch included: an empty tower is seed 002's trap), the learning rate set before every step by
+a callback (K.set_value on the optimizer's lr), Keras 2's SGD with the recipe's momentum (and
+its weight_decay added to the gradients, g + wd x w, which Keras 2's SGD lacked). The traced
+step is the run's first training step (no extra step). Differs: evaluation runs the template's
+predict on the held-out split (the towers' shared weights and moving statistics, inference
+mode), not fit's validation on the tower model (kuza55's would lose the rows of a batch that
+does not divide); the loss leaves out the labels of rows a tower model dropped
+(converge_loss), where Keras 2's would fail on the shapes. Keras 2's loss clips the softmax
+output to [1e-7, 1 - 1e-7], whose gradient is zero below: a row the model gets confidently
+wrong early stays wrong (at the linear-scaled rate of batch 64 on digits, about a tenth of the
+training rows), which these runners reproduce.
+
+Imports TensorFlow and tf_keras: runner child processes only.
 """
 
 from __future__ import annotations
@@ -287,12 +304,20 @@ def keras2_gradients(loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
 
 
 class Keras2SGD(tf_keras.optimizers.legacy.SGD):
-    """tf_keras' legacy SGD, with the gradients Keras 2.2 took."""
+    """tf_keras' legacy SGD, with the gradients Keras 2.2 took. `weight_decay` (mode
+    converge's recipe; Keras 2's SGD had none, its users added L2 kernel regularisers): the L2
+    penalty added to every trainable variable's gradient, g + wd x w, as torch's SGD does."""
+
+    def __init__(self, *args: Any, weight_decay: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.l2_decay = float(weight_decay)
 
     def get_gradients(self, loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
         grads = keras2_gradients(loss, params)
         if any(g is None for g in grads):
             raise ValueError("a variable has no gradient")
+        if self.l2_decay:
+            grads = [g + self.l2_decay * p for g, p in zip(grads, params, strict=True)]
         return grads
 
 
@@ -453,6 +478,7 @@ class Built:
     stager: Stager | None
     run_metadata: Any
     fields: dict[str, Any]
+    slicing: Recipe | None = None  # how the towers cut a batch (None: the plain model)
 
 
 def compile_model(template: Any, recipe: Recipe | None, device: str, input_mode: str,
@@ -466,7 +492,7 @@ def compile_model(template: Any, recipe: Recipe | None, device: str, input_mode:
         kwargs["fetches"] = stager.puts  # every step puts the next batch
         kwargs["target_tensors"] = [labels]
     model.compile(optimizer=optimizer, loss=LOSS, **kwargs)
-    return Built(model, template, stager, run_metadata, {})
+    return Built(model, template, stager, run_metadata, {}, recipe)
 
 
 def prime(built: Built, x: np.ndarray, y: np.ndarray) -> None:
@@ -523,6 +549,13 @@ def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str],
     each device's executed convolutions from its step stats, then rebuild the step's callable
     without tracing. Invalid if a tower device did no compute."""
     built.model.fit(**fit_args, verbose=0)
+    return traced_placement(built, devices, gradient_copies)
+
+
+def traced_placement(built: Built, devices: list[str], gradient_copies: int = 1
+                     ) -> dict[str, Any]:
+    """placement_step's reading of the traced step that just ran (the compiled FULL_TRACE
+    options), the step's callable then rebuilt without tracing for the steps after."""
     placement = compute_ops_by_device(built.run_metadata)
     fn = built.model.train_function
     fn.run_options, fn.run_metadata = None, None
@@ -626,11 +659,168 @@ def equivalence(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, 
             "devices": devices, "input": input_mode, **placement, **xla, **fields}
 
 
+# -- mode converge ----------------------------------------------------------------------------
+
+
+def converge_loss(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
+    """The 2017 loss (sparse_categorical_crossentropy) on the labels of the rows the towers
+    trained on: a tower model that drops the remainder of a short batch (kuza55's get_slice)
+    outputs fewer rows than it was fed, and Keras 2's loss would fail on the shapes; here the
+    lost rows' labels are left out, as their images were. No-op when the rows match."""
+    rows = tf.shape(y_pred)[0]
+    return sparse_categorical_crossentropy(tf.reshape(y_true, [-1])[:rows], y_pred)
+
+
+class StepLR(tf_keras.callbacks.Callback):
+    """Seed 004's LearningRateScheduler made per step: before train batch `batch` of the
+    epoch, K.set_value(optimizer.lr, lr_at(batch)); keeps each batch's loss (fit's batch
+    logs) and runs `after_first` once, after the first batch (the traced step)."""
+
+    def __init__(self, lr_at: Callable[[int], float],
+                 after_first: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.lr_at, self.after_first = lr_at, after_first
+        self.losses: list[float] = []
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        K.set_value(self.model.optimizer.lr, self.lr_at(batch))
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.losses.append(float((logs or {})["loss"]))
+        if self.after_first is not None:
+            hook, self.after_first = self.after_first, None
+            hook()
+
+
+def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
+    """(all finite, the first that is not) of every BatchNorm moving mean and variance of the
+    model, read from its variables (the towers share the template's)."""
+    variables = [v for layer in template._flatten_layers(include_self=False)
+                 for name in ("moving_mean", "moving_variance")
+                 if (v := getattr(layer, name, None)) is not None]
+    if not variables:
+        return True, "no BatchNorm layers"
+    for v, value in zip(variables, K.batch_get_value(variables), strict=True):
+        bad = int(np.size(value) - np.isfinite(value).sum())
+        if bad:
+            return False, f"{v.name}: {bad} of {np.size(value)} values not finite"
+    return True, f"{len(variables)} BatchNorm moving statistics finite"
+
+
+def tower_rows(slicing: Recipe | None, rows: int) -> list[int]:
+    """The rows of a batch of `rows` each tower trains on (slice_rows' rule)."""
+    if slicing is None:
+        return [rows]
+    n = len(slicing.devices)
+    step = rows // n
+    return [step] * (n - 1) + [rows - (n - 1) * step if slicing.remainder == "last" else step]
+
+
+def converge(spec: Spec, make: Callable[[Spec, list[str], str], tuple[Built, dict[str, Any]]]
+             ) -> dict[str, Any]:
+    """Mode converge (runners/converge.py) as seed 004 trained: Keras 2 `fit` on the tower
+    model, one fit call per epoch (epochs=epoch + 1, initial_epoch=epoch) over the epoch's
+    global batches as numpy arrays (fit(x, y, batch_size=B, shuffle=False) cuts exactly the
+    recipe's batches, a short kept one included), the whole global batch fed to the tower
+    model, which slices it over its towers; the learning rate set before every step by a
+    callback (StepLR), SGD with the recipe's momentum. The first step of the run is the traced
+    one (placement, per-device work), no extra step. Evaluation: the template's predict
+    (inference mode, the towers' shared weights and moving statistics) on the held-out split.
+    Initial weights seeded by tf_keras.utils.set_random_seed(recipe.seed) before the model is
+    built."""
+    from runners.converge import Recipe, load_splits, train_to_accuracy
+
+    names, devices, xla = setup(spec)
+    input_mode = input_option(spec)
+    if input_mode != "feed_dict":
+        raise Unavailable(f"mode converge feeds the recipe's numpy batches to fit (input "
+                          f"feed_dict), not input {input_mode}")
+    recipe = Recipe.of(spec)
+    # tf_keras' initialisers draw their seeds from Python's and tf_keras' seed generators
+    # (stateless ops), TF's graph seed for the rest: set_random_seed sets all of them
+    tf_keras.utils.set_random_seed(recipe.seed)
+    built, fields = make(spec, names, input_mode)
+    options, _ = graph_run_options(full_trace=True)
+    built.model.compile(optimizer=built.model.optimizer, loss=converge_loss, options=options,
+                        run_metadata=built.run_metadata)
+    towers = _tower_devices(fields, names)
+    placement: dict[str, Any] = {}
+    batch = spec.global_batch_size
+
+    def trace() -> None:
+        placement.update(traced_placement(built, towers, fields.get("gradient_copies", 1)))
+
+    def train_epoch(epoch: int, batches: list[Any], lr_at: Callable[[int], float]) -> float:
+        x = np.concatenate([b.x for b in batches])
+        y = np.concatenate([b.y for b in batches])
+        steps = StepLR(lr_at, None if placement else trace)
+        try:
+            built.model.fit(x, y, batch_size=batch, epochs=epoch + 1, initial_epoch=epoch,
+                            shuffle=False, callbacks=[steps], verbose=0)
+        except tf.errors.InvalidArgumentError as exc:
+            rows = len(batches[-1].y)
+            if len(steps.losses) != len(batches) - 1 or rows // len(towers) > 0 \
+                    or not fields.get("wrapped"):
+                raise
+            # oneDNN's CPU Conv2D returns an empty batch with the input's channels, which the
+            # next layer refuses: seed 002's empty tower, failing where a GPU puts NaN in the
+            # BatchNorm statistics (TF_ENABLE_ONEDNN_OPTS=0 shows the NaN on CPU too)
+            lines = [line.strip() for line in str(exc).splitlines()]
+            detail = next((line for line in lines if "INVALID_ARGUMENT" in line), lines[0])
+            raise Invalid(f"the short last batch of epoch {epoch + 1} ({rows} rows over "
+                          f"{len(towers)} towers) left a tower no rows, and TF failed on the "
+                          f"empty batch: {detail}") from exc
+        if len(steps.losses) != len(batches):
+            raise Invalid(f"fit ran {len(steps.losses)} steps of epoch {epoch + 1}, not the "
+                          f"recipe's {len(batches)} batches")
+        return float(np.mean(steps.losses))
+
+    def evaluate(x: np.ndarray, y: np.ndarray) -> float:
+        probs = built.template.predict(x, batch_size=batch, verbose=0)
+        return float(np.mean(np.argmax(probs, axis=-1) == y))
+
+    splits = load_splits(spec)
+    result = train_to_accuracy(spec, train_epoch, evaluate,
+                               lambda: batchnorm_moving_stats(built.template), splits=splits)
+    short = len(splits.y_train) % batch if recipe.last_batch == "keep" else 0
+    return {
+        **result,
+        # rows of a short kept last batch each tower trains on (seed 002's trap: 0 rows)
+        "short_batch_rows_per_tower": tower_rows(built.slicing, short) if short else None,
+        **placement,
+        "placement_step": "the run's first training step, traced",
+        "replicas": len(placement.get("forward_convs_per_device", {})),
+        "loss_kind": "Keras 2 per-batch loss, mean over the epoch's steps",
+        "framework": framework_versions(),
+        "api": "tf_keras (Keras 2) in TF1 graph mode, fit per epoch, LR per step by callback",
+        "devices": devices,
+        "input": input_mode,
+        "layout": DATA_FORMAT,
+        "dtype_policy": "float32",
+        "params": count_params_keras2(built.template),
+        "flops_per_sample": count_flops_keras2(built.template),
+        "variables_device": built.template.weights[0].device,
+        "evaluation": "the template's predict on the held-out split (inference mode)",
+        **xla,
+        **fields,
+        "departs_from_original": departures(spec),
+    }
+
+
 def optimizer(spec: Spec, cls: type[Keras2SGD] = Keras2SGD, **kwargs: Any) -> Keras2SGD:
     """The benchmark's SGD (momentum 0.9), or plain SGD at the equivalence test's rate; `cls`
     a strategy's own Keras2SGD (kwargs its own arguments)."""
     if spec.mode == "equivalence":  # the test's plain SGD at its learning rate
         return cls(learning_rate=float((spec.equivalence or {})["learning_rate"]), **kwargs)
+    if spec.mode == "converge":  # the recipe's SGD; its rate is set before every step
+        from runners.converge import Recipe
+
+        recipe = Recipe.of(spec)
+        if recipe.optimizer != "sgd":
+            raise Unavailable(f"optimizer {recipe.optimizer!r}: the tower runners train with "
+                              "Keras 2's SGD")
+        return cls(learning_rate=recipe.base_lr, momentum=recipe.momentum,
+                   weight_decay=recipe.weight_decay, **kwargs)
     return cls(learning_rate=0.01, momentum=0.9, **kwargs)
 
 

@@ -30,6 +30,12 @@ the variables on /gpu:0. `ps: cpu` (/cpu:0) or `gpu` (the first tower device) ar
 harness's options, and a run with either says so (departs_from_original).
 Differs: kuza55 silently dropped the B mod N rows left over; this runner refuses such a global
 batch (Invalid). Keras 1's merge(mode='concat') is Keras 2's Concatenate.
+
+Mode converge (towers.converge): fit per epoch on the parallel model with the recipe's LR set
+per step by a callback, as seed 004 trained. A short kept last batch is sliced as get_slice
+slices it, B // N rows per tower and the rest lost (their labels left out of the loss, where
+Keras 2's would fail on the shapes): with fewer rows than towers every tower gets none, and
+their BatchNorm puts NaN in the moving statistics (seed 002's trap; the record is invalid).
 """
 
 from __future__ import annotations
@@ -62,5 +68,13 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     return kt.equivalence(spec, make)
 
 
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge: kt.converge (fit per epoch on the tower model, LR per step by callback).
+    The global batch divides (per-device batch x towers); a short kept last batch is sliced as
+    kuza55 sliced it, its remainder rows lost (their labels too: kt.converge_loss)."""
+    kt.require_even_split(spec.global_batch_size, spec.num_devices, RUNNER)
+    return kt.converge(spec, make)
+
+
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)
