@@ -47,8 +47,22 @@ views, data resident on the device (the catalog's gpu_default of each option); o
 fastest there (channels_first, eager, foreach SGD). Each is in the run's options and the
 result says what torch reports back (torch.backends.cudnn.benchmark, the optimizer's
 foreach/fused, DDP's gradient_as_bucket_view, the graphs TorchDynamo captured).
+Converge (mode converge, runners/converge.py): the same model, DDP, compile, memory format,
+autocast and optimizer implementation (ddp_parts), trained by the ranks' own loop over the
+recipe's global batches, each rank its rows of each (runners/torch/dist.py ConvergeLoop): SGD
+with the recipe's momentum and weight decay, the learning rate written into the optimizer's
+param groups before every step, initial weights from torch.manual_seed(recipe.seed) (DDP
+broadcasts rank 0's in any case). Each rank's loss is its summed cross-entropy x world / the
+global batch's rows, so DDP's averaged gradient is the global batch's mean loss's even for a
+short kept batch split unevenly. After every epoch rank 0 evaluates the held-out split with the
+plain module in eval mode (BatchNorm's running statistics; outside DDP, whose broadcast_buffers
+leaves the ranks' statistics differing after the last step) and shares the accuracy with an
+all-reduce, so every rank stops at the same epoch; the running means and variances of every
+rank are checked finite. Placement counts each rank's training rows over all epochs.
 Follows PyTorch 2.13's DDP as its tutorials use it (torchrun, DDP, SGD); what differs:
-synthetic data made on each device once (no DataLoader on synthetic runs).
+synthetic data made on each device once (no DataLoader on synthetic runs); in converge, the
+splits held in memory, each step's rows copied to the device (no DistributedSampler: the
+recipe's batches are every runner's).
 """
 
 from __future__ import annotations
@@ -78,6 +92,7 @@ from runners.torch.dist import (
     model_record,
     probe_equivalence,
     rank_model,
+    rank_shares,
     sgd_step,
     timed_steps,
     torch_bn_stats,
@@ -236,7 +251,7 @@ def converge(spec: Spec) -> dict[str, Any]:
                    **run_fields(spec, ranks, net, model_spec, counter, tracker, scaler,
                                 "after the last epoch's last step"),
                    **cudnn, **reported,
-                   "batch_size_per_rank": spec.global_batch_size // ranks.world,
+                   "batch_size_per_rank": rank_shares(spec.global_batch_size, ranks.world),
                    "loop": "torchrun ranks' own loop over the recipe's batches (this rank's "
                            "rows of each), optimizer.param_groups' lr set before each step",
                    "input": "the dataset's splits (splits.npz) in memory; each rank's rows "

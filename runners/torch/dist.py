@@ -4,7 +4,8 @@ whose collectives are their framework's own. Shared over a DeviceRank: each rank
 synthetic slice, or its share of the real data through runners/torch/data.py), the step
 counter, the timed steps (runners.common.timed_loop), the cross-rank checks and global losses,
 every rank's threads, the placement read back from the ranks (PlacementTracker,
-gather_placement) and the result. Imports torch: child processes only.
+gather_placement) and the result; mode converge's loop over a runner's step parts
+(ConvergeLoop). Imports torch: child processes only.
 """
 
 from __future__ import annotations
@@ -626,6 +627,12 @@ def converge_splits(spec: Spec, model_spec: ModelSpec) -> Any:
         raise Unavailable(f"the dataset has {splits.classes} classes; {model_spec.name} has "
                           f"{model_spec.num_classes} outputs")
     return splits
+
+
+def rank_shares(rows: int, world: int) -> list[int]:
+    """The rows each rank takes of a global batch of `rows` (runners.converge.epoch_batches:
+    numpy.array_split's shares, equal where `world` divides it)."""
+    return [len(s) for s in np.array_split(np.arange(rows), world)]
 
 
 class ConvergeLoop:

@@ -45,6 +45,18 @@ over the process group (runners.torch.dist, as torch_ddp). Equivalence runs the 
 step function (the guide's loop in DDP, the run's data_format, resident-tensor input) on the
 probe, one step of SGD without momentum. Follows the guide as published for Keras 3 (Keras
 3.x on PyTorch 2.13).
+Converge (mode converge, runners/converge.py): the guide's loop as the benchmark runs it
+(training_parts), over each rank's rows of the recipe's global batches (runners/torch/dist.py
+ConvergeLoop): torch SGD with the recipe's momentum and weight decay, its param groups' learning
+rate set before every step; initial weights from keras.utils.set_random_seed(recipe.seed). Rank
+0 evaluates the held-out split with the Keras model called with training=False (its
+BatchNormalization moving statistics, which DDP never broadcasts: they are Keras variables
+held as non-trainable parameters, so each rank's follow its own rows) and shares the accuracy
+with an all-reduce; every rank's moving means and variances are checked finite. What differs
+from the other Keras runners: not model.fit with a learning-rate callback. Keras 3's fit has no
+multi-process data parallelism on the torch backend (keras.distribution is JAX's), so per rank
+it would train an unsynchronised replica; the guide trains by this loop for that reason, and so
+does the benchmark.
 """
 
 from __future__ import annotations
@@ -83,6 +95,7 @@ from runners.torch.dist import (  # noqa: E402
     loss_of,
     per_rank_batch,
     rank_input,
+    rank_shares,
     timed_steps,
     wrap_ddp,
 )
@@ -312,7 +325,7 @@ def converge(spec: Spec) -> dict[str, Any]:
                 "torch.optim.SGD, its param groups' lr set before each step, cross-entropy "
                 "on the float32 logits, model(x, training=True); not fit (see the module's "
                 "docstring)",
-        "batch_size_per_rank": spec.global_batch_size // ranks.world,
+        "batch_size_per_rank": rank_shares(spec.global_batch_size, ranks.world),
         "input": "the dataset's splits (splits.npz) in memory; each rank's rows copied to its "
                  "device per step",
         **model_record(model, model_spec, None),
