@@ -47,34 +47,55 @@ views, data resident on the device (the catalog's gpu_default of each option); o
 fastest there (channels_first, eager, foreach SGD). Each is in the run's options and the
 result says what torch reports back (torch.backends.cudnn.benchmark, the optimizer's
 foreach/fused, DDP's gradient_as_bucket_view, the graphs TorchDynamo captured).
+Converge (mode converge, runners/converge.py): the same model, DDP, compile, memory format,
+autocast and optimizer implementation (ddp_parts), trained by the ranks' own loop over the
+recipe's global batches, each rank its rows of each (runners/torch/dist.py ConvergeLoop): SGD
+with the recipe's momentum and weight decay, the learning rate written into the optimizer's
+param groups before every step, initial weights from torch.manual_seed(recipe.seed) (DDP
+broadcasts rank 0's in any case). Each rank's loss is its summed cross-entropy x world / the
+global batch's rows, so DDP's averaged gradient is the global batch's mean loss's even for a
+short kept batch split unevenly. After every epoch rank 0 evaluates the held-out split with the
+plain module in eval mode (BatchNorm's running statistics; outside DDP, whose broadcast_buffers
+leaves the ranks' statistics differing after the last step) and shares the accuracy with an
+all-reduce, so every rank stops at the same epoch; the running means and variances of every
+rank are checked finite. Placement counts each rank's training rows over all epochs.
 Follows PyTorch 2.13's DDP as its tutorials use it (torchrun, DDP, SGD); what differs:
-synthetic data made on each device once (no DataLoader on synthetic runs).
+synthetic data made on each device once (no DataLoader on synthetic runs); in converge, the
+splits held in memory, each step's rows copied to the device (no DistributedSampler: the
+recipe's batches are every runner's).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from models import ModelSpec, spec_of
 from runners.common import Invalid, Spec, main
 from runners.memory import model_state_torch
 from runners.torch.dist import (
     MEMORY_FORMATS,
+    ConvergeLoop,
     Feed,
     PlacementTracker,
     Ranks,
     Step,
     StepCounter,
+    build_model,
     check_precision,
+    converge_splits,
     framework_versions,
     init_ranks,
     model_record,
     probe_equivalence,
     rank_model,
+    rank_shares,
     sgd_step,
     timed_steps,
+    torch_bn_stats,
     wrap_ddp,
 )
 from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_bytes, torch_precision
@@ -95,14 +116,13 @@ def set_cudnn_benchmark(spec: Spec, ranks: Ranks) -> dict[str, Any]:
                                 **({} if ranks.cuda else {"note": "no-op on CPU (no cuDNN)"})}}
 
 
-def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: float,
-                  momentum: float
-                  ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None,
-                             dict[str, Any]]:
-    """The one step function of both modes: `net` (on the rank's device) in DDP (gradients as
-    bucket views when the run says so), compiled when the run says `compile`, SGD in the run's
-    `optimizer_impl`, the run's autocast (and GradScaler in fp16), the batch from `feed`; it
-    returns this rank's loss (next-token cross-entropy for a token model, loss_of). The last
+def ddp_parts(spec: Spec, ranks: Ranks, net: nn.Module, lr: float, momentum: float,
+              weight_decay: float = 0.0
+              ) -> tuple[nn.Module, StepCounter, PlacementTracker, torch.amp.GradScaler | None,
+                         dict[str, Any]]:
+    """What the step function of every mode is made of: `net` (on the rank's device) in DDP
+    (gradients as bucket views when the run says so), compiled when the run says `compile`;
+    SGD in the run's `optimizer_impl` (counted: StepCounter); the GradScaler of fp16. The last
     item is what DDP and the optimizer report of those settings."""
     ddp = wrap_ddp(net, ranks, spec.options["gradient_as_bucket_view"])
     model: nn.Module = ddp
@@ -110,7 +130,7 @@ def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: floa
         model = torch.compile(model)
     impl = spec.options["optimizer_impl"]
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum,
-                                **OPTIMIZER_IMPLS[impl])
+                                weight_decay=weight_decay, **OPTIMIZER_IMPLS[impl])
     counter = StepCounter(optimizer)
     tracker = PlacementTracker(net)
     scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
@@ -119,8 +139,18 @@ def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: floa
                               "foreach": optimizer.defaults.get("foreach"),
                               "fused": optimizer.defaults.get("fused")},
                 "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view)}
+    return model, counter, tracker, scaler, reported
 
-    step = sgd_step(ranks, spec.precision, model, optimizer, feed, tracker, counter, scaler)
+
+def training_step(spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed, lr: float,
+                  momentum: float
+                  ) -> tuple[Step, StepCounter, PlacementTracker, torch.amp.GradScaler | None,
+                             dict[str, Any]]:
+    """The benchmark's and equivalence's step function (ddp_parts), the batch from `feed`; it
+    returns this rank's loss (next-token cross-entropy for a token model, loss_of)."""
+    model, counter, tracker, scaler, reported = ddp_parts(spec, ranks, net, lr, momentum)
+    step = sgd_step(ranks, spec.precision, model, counter.optimizer, feed, tracker, counter,
+                    scaler)
     return step, counter, tracker, scaler, reported
 
 
@@ -138,6 +168,32 @@ def compile_record(spec: Spec) -> dict[str, Any]:
             "compiled_by": "torch.compile (TorchDynamo, Inductor) of the DDP module"}
 
 
+def run_fields(spec: Spec, ranks: Ranks, net: nn.Module, model_spec: ModelSpec,
+               counter: StepCounter, tracker: PlacementTracker,
+               scaler: torch.amp.GradScaler | None, when: str) -> dict[str, Any]:
+    """What a benchmark and a converge result say of the run alike: versions, layout,
+    precision, compilation, the model, its state (read `when`)."""
+    layout = spec.options["memory_format"]
+    return {
+        "framework": framework_versions(),
+        "layout": layout,
+        "memory_format": str(MEMORY_FORMATS[layout]),
+        "precision_details": {"autocast": {"fp32": None, "tf32": None, "bf16": "bfloat16",
+                                           "fp16": "float16"}[spec.precision],
+                              "grad_scaler": scaler is not None,
+                              "weights": "float32"},
+        **compile_record(spec),
+        "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
+                    "(torchrun); gradients all-reduced in buckets during backward",
+        **model_record(net, model_spec),
+        **model_state_torch(net, counter.optimizer),
+        **state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), when),
+        **torch_precision(spec.precision, tracker, net, grad_dtype(net),
+                          autocast_how(spec.precision, ranks, scaler),
+                          "dynamic" if scaler is not None else None),
+    }
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
     layout = opts["memory_format"]
@@ -147,26 +203,59 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model_spec, feed, net = rank_model(spec, ranks, layout)
     step, counter, tracker, scaler, reported = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, step, counter, tracker, feed)
-    result.update({
-        "framework": framework_versions(),
-        "layout": layout,
-        "memory_format": str(MEMORY_FORMATS[layout]),
-        "precision_details": {"autocast": {"fp32": None, "tf32": None, "bf16": "bfloat16",
-                                           "fp16": "float16"}[spec.precision],
-                              "grad_scaler": scaler is not None,
-                              "weights": "float32"},
-        **compile_record(spec),
-        **cudnn,
-        **reported,
-        "strategy": "torch.nn.parallel.DistributedDataParallel, one process per device "
-                    "(torchrun); gradients all-reduced in buckets during backward",
-        **model_record(net, model_spec),
-        **model_state_torch(net, counter.optimizer),
-        **state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), AFTER_WINDOW),
-        **torch_precision(spec.precision, tracker, net, grad_dtype(net),
-                          autocast_how(spec.precision, ranks, scaler),
-                          "dynamic" if scaler is not None else None),
-    })
+    result.update({**run_fields(spec, ranks, net, model_spec, counter, tracker, scaler,
+                                AFTER_WINDOW), **cudnn, **reported})
+    ranks.close()
+    return result
+
+
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (runners/converge.py): the benchmark's model, DDP and step parts
+    (ddp_parts: compile, memory format, autocast, optimizer implementation, bucket views) in
+    this rank's loop over its share of each of the recipe's global batches, SGD with the
+    recipe's momentum and weight decay, the learning rate set in the optimizer's param groups
+    before every step; initial weights from torch.manual_seed(recipe.seed) (DDP broadcasts
+    rank 0's anyway); held-out accuracy on rank 0 (ConvergeLoop)."""
+    from runners.converge import Recipe, train_to_accuracy
+
+    opts = spec.options
+    layout = opts["memory_format"]
+    recipe = Recipe.of(spec)
+    ranks = init_ranks(spec, opts["backend"])
+    check_precision(spec, ranks)
+    cudnn = set_cudnn_benchmark(spec, ranks)
+    model_spec = spec_of(spec)
+    splits = converge_splits(spec, model_spec)
+    torch.manual_seed(recipe.seed)
+    net = build_model(spec, model_spec, layout, ranks.device)
+    model, counter, tracker, scaler, reported = ddp_parts(
+        spec, ranks, net, recipe.base_lr, recipe.momentum, recipe.weight_decay)
+    memory_format = MEMORY_FORMATS[layout]
+
+    def to_input(x: np.ndarray) -> torch.Tensor:  # NHWC pixels -> NCHW in the memory format
+        t = torch.from_numpy(x).to(ranks.device).permute(0, 3, 1, 2)
+        return t.contiguous(memory_format=memory_format)
+
+    def infer(x: torch.Tensor) -> torch.Tensor:
+        net.eval()
+        try:
+            return net(x)
+        finally:
+            net.train()
+
+    loop = ConvergeLoop(ranks, spec.precision, model, infer, to_input, counter, tracker,
+                        lambda: torch_bn_stats(net), scaler)
+    result = train_to_accuracy(spec, loop.train_epoch, loop.evaluate, loop.moving_stats,
+                               ranks.rank, ranks.world, splits)
+    result.update({**loop.record(result["samples"]),
+                   **run_fields(spec, ranks, net, model_spec, counter, tracker, scaler,
+                                "after the last epoch's last step"),
+                   **cudnn, **reported,
+                   "batch_size_per_rank": rank_shares(spec.global_batch_size, ranks.world),
+                   "loop": "torchrun ranks' own loop over the recipe's batches (this rank's "
+                           "rows of each), optimizer.param_groups' lr set before each step",
+                   "input": "the dataset's splits (splits.npz) in memory; each rank's rows "
+                            "copied to its device per step"})
     ranks.close()
     return result
 
@@ -193,4 +282,4 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)

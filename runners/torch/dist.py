@@ -4,7 +4,8 @@ whose collectives are their framework's own. Shared over a DeviceRank: each rank
 synthetic slice, or its share of the real data through runners/torch/data.py), the step
 counter, the timed steps (runners.common.timed_loop), the cross-rank checks and global losses,
 every rank's threads, the placement read back from the ranks (PlacementTracker,
-gather_placement) and the result. Imports torch: child processes only.
+gather_placement) and the result; mode converge's loop over a runner's step parts
+(ConvergeLoop). Imports torch: child processes only.
 """
 
 from __future__ import annotations
@@ -600,3 +601,156 @@ def equivalence_step(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Ten
     result = {**placement, **ranks.record(), "loss": global_loss, **own}
     ranks.close()
     return result
+
+
+# Mode converge (runners/converge.py) over a DeviceRank: the recipe's batches through a runner's
+# own step, evaluation on rank 0 shared with the others, BatchNorm statistics of every rank.
+
+EVAL_BATCH = 500  # held-out images per inference call
+
+
+def converge_splits(spec: Spec, model_spec: ModelSpec) -> Any:
+    """The run's dataset's splits (runners.converge.load_splits), checked against the model:
+    an image classifier whose input is the dataset's image shape and whose classes cover its
+    labels; Unavailable otherwise (a token model trains on no image dataset)."""
+    from runners.converge import load_splits
+
+    if model_spec.input_kind != "image":
+        raise Unavailable(f"mode converge trains an image classifier on the dataset's splits; "
+                          f"{model_spec.name} takes {model_spec.input_kind}")
+    splits = load_splits(spec)
+    shape = tuple(splits.x_train.shape[1:])
+    if shape != tuple(model_spec.input_shape):
+        raise Unavailable(f"the dataset's images are {shape}; {model_spec.name} takes "
+                          f"{tuple(model_spec.input_shape)}")
+    if splits.classes > model_spec.num_classes:
+        raise Unavailable(f"the dataset has {splits.classes} classes; {model_spec.name} has "
+                          f"{model_spec.num_classes} outputs")
+    return splits
+
+
+def rank_shares(rows: int, world: int) -> list[int]:
+    """The rows each rank takes of a global batch of `rows` (runners.converge.epoch_batches:
+    numpy.array_split's shares, equal where `world` divides it)."""
+    return [len(s) for s in np.array_split(np.arange(rows), world)]
+
+
+class ConvergeLoop:
+    """train_epoch, evaluate and moving_stats (runners.converge.train_to_accuracy's) of a
+    process-per-device runner, over its own training step's parts:
+
+    - `forward(x) -> logits`: the runner's training model (DDP, compiled where it says so) in
+      training mode, given this rank's share of the global batch as `to_input` made it on the
+      rank's device from the Batch's NHWC float32 pixels;
+    - the optimizer (its learning rate set to lr_at(step) in every param group before each
+      step; StepCounter counts the steps applied), `scaler` (fp16's GradScaler) or None, the
+      run's autocast around the forward when `cast`;
+    - `infer(x) -> logits`: the same model in inference mode (BatchNorm's moving statistics),
+      on rank 0 only, outside DDP (no collective), its accuracy shared with every rank through
+      an all-sum (rank 0's figure, zeros elsewhere), so every rank takes the same decision;
+    - `bn_stats() -> [(name, tensor)]`: every BatchNorm moving mean and variance the model
+      holds, read on every rank (DDP's buffers are rank 0's only at each forward's start;
+      Keras' moving statistics are never broadcast) and gathered.
+
+    Loss: each rank's summed cross-entropy (float32 logits) x world / the global batch's rows,
+    so DDP's mean of the ranks' gradients is the gradient of the global batch's mean loss even
+    where the shares are unequal (last_batch keep); equal shares make it the mean over the
+    rank's slice, the benchmark's loss. The epoch's loss is the mean over its steps of the
+    global batches' mean losses (one all-sum per epoch)."""
+
+    def __init__(self, ranks: DeviceRank, precision: str, forward: Callable[[torch.Tensor],
+                 torch.Tensor], infer: Callable[[torch.Tensor], torch.Tensor],
+                 to_input: Callable[[np.ndarray], torch.Tensor], counter: StepCounter,
+                 tracker: PlacementTracker,
+                 bn_stats: Callable[[], list[tuple[str, torch.Tensor]]],
+                 scaler: torch.amp.GradScaler | None = None, cast: bool = True) -> None:
+        self.ranks, self.precision, self.forward, self.infer = ranks, precision, forward, infer
+        self.to_input, self.counter, self.tracker = to_input, counter, tracker
+        self.bn_stats, self.scaler, self.cast = bn_stats, scaler, cast
+        self.optimizer = counter.optimizer
+        self.steps = 0  # the steps this rank took (applied or skipped by the GradScaler)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return autocast(self.ranks, self.precision) if self.cast else contextlib.nullcontext()
+
+    def _labels(self, y: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(y.astype(np.int64)).to(self.ranks.device)
+
+    def train_epoch(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]
+                    ) -> float:
+        ranks, optimizer, scaler = self.ranks, self.optimizer, self.scaler
+        losses = []
+        for i, b in enumerate(batches):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(i)
+            x, y = self.to_input(b.x), self._labels(b.y)
+            optimizer.zero_grad(set_to_none=True)
+            with self._autocast():
+                logits = self.tracker.computed(self.forward(self.tracker.saw(x)))
+            loss = F.cross_entropy(logits.float(), y, reduction="sum") \
+                * (ranks.world / b.global_rows)
+            if scaler is None:
+                loss.backward()
+                optimizer.step()
+            else:
+                scale = scaler.get_scale()
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                self.counter.skipped += scaler.get_scale() < scale
+            losses.append(loss.detach().double())
+            self.steps += 1
+        if not losses:
+            return float("nan")
+        per_step = ranks.all_sum(torch.stack(losses)) / ranks.world  # waits for the steps
+        return float(per_step.mean().item())
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
+        ranks = self.ranks
+        accuracy = torch.zeros((), dtype=torch.float64, device=ranks.device)
+        if ranks.rank == 0:
+            correct = 0
+            with torch.no_grad(), self._autocast():
+                for i in range(0, len(y), EVAL_BATCH):
+                    logits = self.infer(self.to_input(x[i:i + EVAL_BATCH]))
+                    predicted = logits.float().argmax(dim=1).cpu().numpy()
+                    correct += int((predicted == y[i:i + EVAL_BATCH]).sum())
+            accuracy.fill_(correct / len(y))
+        return float(ranks.all_sum(accuracy).item())
+
+    def moving_stats(self) -> tuple[bool, str]:
+        stats = self.bn_stats()
+        bad = next((name for name, t in stats if not bool(torch.isfinite(t).all())), None)
+        rows = self.ranks.gather(bad)
+        worst = [f"rank {r}: {name}" for r, name in enumerate(rows) if name is not None]
+        if worst:
+            return False, "; ".join(worst)
+        return True, (f"{len(stats)} moving means and variances finite on each of "
+                      f"{self.ranks.world} rank(s)")
+
+    def record(self, samples: int) -> dict[str, Any]:
+        """After the last epoch, on every rank: the placement of every training step (each
+        rank's rows over the run, which must add up to the samples the epochs' global batches
+        hold), the steps each rank took (which must agree), the ranks' record."""
+        table = rank_table(self.ranks, [self.steps, self.counter.applied, self.counter.skipped])
+        steps = [s for s, _, _ in table]
+        if len(set(steps)) != 1 or any(a + k != s for s, a, k in table):
+            raise Invalid(f"ranks' steps taken / applied / skipped disagree: {table}")
+        placement = self.ranks.placement(self.tracker)
+        check_rows(placement["placement"], samples)
+        return {**placement, "steps_per_rank": steps,
+                "steps_skipped_by_grad_scaler": min(k for *_, k in table),
+                "loss_kind": "global mean cross-entropy of each step's batch (each rank's "
+                             "summed cross-entropy x world / the global batch's rows; DDP "
+                             "averages the ranks' gradients)",
+                **self.ranks.record()}
+
+
+def torch_bn_stats(net: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every torch BatchNorm layer's running_mean and running_var, named."""
+    out = []
+    for name, module in net.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            out += [(f"{name}.running_mean", module.running_mean),
+                    (f"{name}.running_var", module.running_var)]
+    return out

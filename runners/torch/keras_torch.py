@@ -45,6 +45,18 @@ over the process group (runners.torch.dist, as torch_ddp). Equivalence runs the 
 step function (the guide's loop in DDP, the run's data_format, resident-tensor input) on the
 probe, one step of SGD without momentum. Follows the guide as published for Keras 3 (Keras
 3.x on PyTorch 2.13).
+Converge (mode converge, runners/converge.py): the guide's loop as the benchmark runs it
+(training_parts), over each rank's rows of the recipe's global batches (runners/torch/dist.py
+ConvergeLoop): torch SGD with the recipe's momentum and weight decay, its param groups' learning
+rate set before every step; initial weights from keras.utils.set_random_seed(recipe.seed). Rank
+0 evaluates the held-out split with the Keras model called with training=False (its
+BatchNormalization moving statistics, which DDP never broadcasts: they are Keras variables
+held as non-trainable parameters, so each rank's follow its own rows) and shares the accuracy
+with an all-reduce; every rank's moving means and variances are checked finite. What differs
+from the other Keras runners: not model.fit with a learning-rate callback. Keras 3's fit has no
+multi-process data parallelism on the torch backend (keras.distribution is JAX's), so per rank
+it would train an unsynchronised replica; the guide trains by this loop for that reason, and so
+does the benchmark.
 """
 
 from __future__ import annotations
@@ -72,15 +84,18 @@ from runners.memory import model_state_torch  # noqa: E402
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files  # noqa: E402
 from runners.torch.data import Batch, RealInput, SyntheticInput  # noqa: E402
 from runners.torch.dist import (  # noqa: E402
+    ConvergeLoop,
     PlacementTracker,
     Ranks,
     StepCounter,
+    converge_splits,
     equivalence_input,
     equivalence_step,
     init_ranks,
     loss_of,
     per_rank_batch,
     rank_input,
+    rank_shares,
     timed_steps,
     wrap_ddp,
 )
@@ -165,15 +180,25 @@ def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
                      data, size, len(share))
 
 
+def training_parts(ranks: Ranks, logits: keras.Model, lr: float, momentum: float,
+                   weight_decay: float = 0.0
+                   ) -> tuple[torch.nn.Module, StepCounter, PlacementTracker]:
+    """What the step function of every mode is made of, the guide's: the logits model in DDP,
+    torch SGD over its parameters (counted: StepCounter), the placement tracker."""
+    ddp_model = wrap_ddp(logits, ranks)
+    optimizer = torch.optim.SGD(logits.parameters(), lr=lr, momentum=momentum,
+                                weight_decay=weight_decay)
+    return ddp_model, StepCounter(optimizer), PlacementTracker(logits)
+
+
 def training_step(ranks: Ranks, logits: keras.Model, feed: SyntheticInput | RealInput,
                   lr: float, momentum: float
                   ) -> tuple[Callable[[], torch.Tensor], StepCounter, PlacementTracker]:
-    """The one step function of both modes, the guide's loop: the logits model in DDP,
-    model(x, training=True), CrossEntropyLoss, torch SGD; it returns this rank's loss."""
-    ddp_model = wrap_ddp(logits, ranks)
-    optimizer = torch.optim.SGD(logits.parameters(), lr=lr, momentum=momentum)
-    counter = StepCounter(optimizer)
-    tracker = PlacementTracker(logits)
+    """The one step function of the benchmark and equivalence modes, the guide's loop:
+    model(x, training=True), CrossEntropyLoss, torch SGD (training_parts); it returns this
+    rank's loss."""
+    ddp_model, counter, tracker = training_parts(ranks, logits, lr, momentum)
+    optimizer = counter.optimizer
 
     def step() -> torch.Tensor:
         x, y = feed.next()
@@ -239,6 +264,82 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     return result
 
 
+def keras_bn_stats(model: keras.Model) -> list[tuple[str, torch.Tensor]]:
+    """Every Keras BatchNormalization layer's moving_mean and moving_variance (the Keras
+    variables' torch tensors), named by the variables' paths; nested models walked."""
+    out = []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            out += [(v.path, v.value) for v in (layer.moving_mean, layer.moving_variance)]
+        elif isinstance(layer, keras.Model):
+            out += keras_bn_stats(layer)
+    return out
+
+
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (runners/converge.py): the guide's loop, as the benchmark runs it (the
+    Keras model's logits in DDP, model(x, training=True), torch SGD with the recipe's momentum
+    and weight decay, the learning rate set in its param groups before every step), over this
+    rank's share of each of the recipe's global batches; initial weights from
+    keras.utils.set_random_seed(recipe.seed); held-out accuracy of the Keras model called
+    with training=False (BatchNorm's moving statistics) on rank 0 (ConvergeLoop). Not fit:
+    Keras 3's fit has no multi-process data parallelism on the torch backend (keras.
+    distribution is JAX's), which is why the guide trains by this loop."""
+    from runners.converge import Recipe, train_to_accuracy
+
+    check_backend()
+    policy = dtype_policy(spec)
+    recipe = Recipe.of(spec)
+    if spec.custom_model:
+        raise Unavailable("mode converge trains the built-in CNNs (a user's Keras model's "
+                          "logits are not separated from its output layer here)")
+    data_format = spec.options["data_format"]
+    ranks = init_ranks(spec, "auto")
+    model_spec = spec_of(spec)
+    if model_spec.workload != "cnn":
+        raise Unavailable(f"mode converge trains an image CNN; {spec.model} is a "
+                          f"{model_spec.workload}")
+    splits = converge_splits(spec, model_spec)
+    keras.utils.set_random_seed(recipe.seed)
+    model, logits = build_logits_model(spec.model, data_format, ranks)
+    ddp_model, counter, tracker = training_parts(ranks, logits, recipe.base_lr,
+                                                 recipe.momentum, recipe.weight_decay)
+
+    def to_input(x: np.ndarray) -> torch.Tensor:  # NHWC pixels in the model's data format
+        t = torch.from_numpy(x).to(ranks.device)
+        return t if data_format == "channels_last" else t.permute(0, 3, 1, 2).contiguous()
+
+    loop = ConvergeLoop(ranks, spec.precision, lambda x: ddp_model(x, training=True),
+                        lambda x: logits(x, training=False), to_input, counter, tracker,
+                        lambda: keras_bn_stats(model), cast=False)
+    result = train_to_accuracy(spec, loop.train_epoch, loop.evaluate, loop.moving_stats,
+                               ranks.rank, ranks.world, splits)
+    result.update({
+        **loop.record(result["samples"]),
+        "framework": framework_versions(),
+        "layout": data_format,
+        "dtype_policy": policy,
+        "strategy": "Keras model (torch backend) in torch DistributedDataParallel, one process "
+                    "per device (torchrun), trained by the PyTorch loop of Keras' guide",
+        "loop": "the guide's loop over the recipe's batches (this rank's rows of each): "
+                "torch.optim.SGD, its param groups' lr set before each step, cross-entropy "
+                "on the float32 logits, model(x, training=True); not fit (see the module's "
+                "docstring)",
+        "batch_size_per_rank": rank_shares(spec.global_batch_size, ranks.world),
+        "input": "the dataset's splits (splits.npz) in memory; each rank's rows copied to its "
+                 "device per step",
+        **model_record(model, model_spec, None),
+        **model_state_torch(logits, counter.optimizer),
+        **state_bytes(ranks, logits.parameters(), counter.optimizer.state.values(),
+                      "after the last epoch's last step"),
+        **torch_precision(spec.precision, keras.mixed_precision.global_policy().compute_dtype,
+                          logits, grad_dtype(logits),
+                          f"keras.mixed_precision.set_global_policy({policy!r}); no autocast"),
+    })
+    ranks.close()
+    return result
+
+
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device in the run's layout as the synthetic
@@ -258,4 +359,4 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)
