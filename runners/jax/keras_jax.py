@@ -100,6 +100,31 @@ and `multi_node` (common.close_multihost, plus what DataParallel says of the pro
 only process 0 writes it. What differs from a real cluster: tools/local_slurm.sh's two nodes are
 one 2-core machine (gloo over loopback, shared cores: its images/sec say nothing of a
 cluster's); the GPU path (NCCL between nodes) is untested.
+Mode converge (`converge`, runners/converge.py's recipe and loop), as a Keras user trains: the
+benchmark's model (build_model: the same builder, dtype policy and `batchnorm` swap; weights
+seeded by keras.utils.set_random_seed(recipe.seed) before it is built) under the same
+DataParallel, compiled with keras.optimizers.SGD(momentum) and the benchmark's loss, and trained
+by one model.fit call per epoch (epochs=epoch + 1, initial_epoch=epoch, shuffle=False) on that
+epoch's batches in the recipe's order: with input numpy (default) the batches concatenated into
+host arrays with batch_size = the global batch (Keras slices exactly the recipe's batches, a kept
+short one last, and lays each out over the devices itself); with input preplaced a generator of
+the batches device_put into DataParallel's layout. The learning rate is set per step by a
+callback assigning model.optimizer.learning_rate = lr_at(step) in on_train_batch_begin; on the
+jax backend the callback's `self.model` writes Keras' live jax state back into the variables
+first (jax_state_sync) and the trainer reads the state back from them before the step, so the
+new rate is in the step's state (a Keras 3 user's per-step schedule costs that sync every step).
+The epoch's train loss is fit's history "loss": Keras' mean over the epoch's batches weighted by
+their rows (a kept short batch weighs less than in the other runners' plain mean of steps).
+evaluate is model.predict (training=False: BatchNorm's moving statistics, no dropout) on the
+held-out split padded to equal chunks whose rows divide over the devices, the padding's rows
+dropped, top-1 from the argmax; moving_stats reads every BatchNormalization layer's
+moving_mean and moving_variance variables after fit. The placement is the rows per device of
+every batch Keras' trainer passed its jitted step in the first epoch (its train function
+wrapped, as in the benchmark), which add up to the epoch's training rows. What differs: SGD's
+weight_decay is Keras' own (the variable shrunk by lr x decay x value after each update, not
+added to the gradient before the momentum as in torch.optim.SGD; the recipe's default 0 makes
+them equal); a kept short batch whose rows do not divide over the devices, and runs across
+nodes, are unavailable.
 """
 
 from __future__ import annotations
@@ -746,5 +771,215 @@ def process_index() -> int:
     return jax.process_index()
 
 
+MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
+                       "process (runners/converge.py); a per-process share of them is not fed "
+                       "yet")
+CONVERGE_PLACEMENT_SOURCE = ("rows per device of every batch Keras' trainer passed its jitted "
+                             "train step in the first epoch, from those jax.Arrays' "
+                             "addressable_shards (summed)")
+EVAL_CHUNK = 1024  # held-out rows per predict batch at most (padded to a multiple of N)
+
+
+class EpochRows:
+    """Wraps model.train_function (as BatchPlacement does) to add up, while `active`, the rows
+    per device of every batch Keras passes its jitted step; fit keeps its train function from
+    one call to the next, so install() wraps it once."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}
+        self.active = True
+        self._wrapped: Any = None
+
+    def install(self, model: keras.Model) -> None:
+        if self._wrapped is not None and model.train_function is self._wrapped:
+            return
+        inner = model.train_function
+
+        def observed(state: Any, iterator: Iterator[Any]) -> Any:
+            if self.active:
+                data = next(iterator)
+                for device, rows in placement(data[0]).items():
+                    self.rows[device] = self.rows.get(device, 0) + rows
+                iterator = iter((data,))
+            return inner(state, iterator)
+
+        model.train_function = self._wrapped = observed
+
+
+def converge_callbacks(keras: Any, lr_at: Callable[[int], float], rows: EpochRows) -> list[Any]:
+    """fit's callbacks for one epoch: the learning rate set before every step, the rows probe
+    installed once fit has made its train function."""
+
+    class StepLearningRate(keras.callbacks.Callback):
+        """model.optimizer.learning_rate = lr_at(step) before each step (self.model syncs
+        Keras' jax state into the variables first; the trainer then reads it back)."""
+
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            rows.install(self._model)
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            self.model.optimizer.learning_rate = lr_at(batch)
+
+    return [StepLearningRate()]
+
+
+def keras_moving_stats(keras: Any, model: keras.Model) -> tuple[bool, str]:
+    """(whether every BatchNormalization layer's moving mean and variance is finite, the first
+    that is not / how many were read), from the model's variables."""
+    import numpy as np
+
+    count = 0
+    for layer in model._flatten_layers(include_self=False):
+        if not isinstance(layer, keras.layers.BatchNormalization):
+            continue
+        for variable in (layer.moving_mean, layer.moving_variance):
+            value = np.asarray(variable.numpy())
+            bad = int(value.size - np.isfinite(value).sum())
+            if bad:
+                return False, f"{variable.path}: {bad} of {value.size} not finite"
+            count += 1
+    return True, f"{count} BatchNorm moving statistics finite"
+
+
+def logits_model(keras: Any, model: keras.Model, loss: Any) -> tuple[Any, Any, str]:
+    """(the model fit trains, its loss, what the record says of it): a model whose last layer
+    is a softmax Activation (the built-in CNNs) as a functional model of the same layers up to
+    its input, the logits, with Keras' sparse cross-entropy from logits; any other model (its
+    own logits already) as it is, with `loss`. Keras on TensorFlow computes the softmax
+    model's loss from those logits by itself (the softmax output's _keras_logits); on JAX its
+    sparse cross-entropy takes the probabilities clipped to [1e-7, 1 - 1e-7], whose gradient
+    is 0 for a row predicted confidently wrong (seen on digits: held-out accuracy 0.89 after 10
+    epochs instead of 0.95 after 2)."""
+    last = model.layers[-1]
+    if isinstance(last, keras.layers.Activation) and \
+            getattr(last.activation, "__name__", "") == "softmax":
+        logits = keras.Model(model.inputs, last.input, name=f"{model.name}_logits")
+        return (logits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                "global mean sparse cross-entropy from the logits (the model's softmax input, "
+                "as Keras on TensorFlow takes it)")
+    return model, loss, "global mean sparse cross-entropy (the model's own logits)"
+
+
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (module docstring): train_to_accuracy with the benchmark's model under
+    DataParallel, one fit per epoch, the learning rate set per step by a callback."""
+    from runners.converge import Recipe, load_splits, train_to_accuracy
+
+    if spec.num_nodes > 1:
+        raise Unavailable(MULTI_NODE_CONVERGE)
+    recipe = Recipe.of(spec)
+    if recipe.optimizer != "sgd":
+        raise Unavailable(f"optimizer {recipe.optimizer!r}: keras_jax converges with sgd only")
+    mode = spec.options["input"]
+    if mode not in INPUTS:
+        raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
+    model_spec = spec_of(spec)
+    if model_spec.input_kind == "tokens":
+        raise Unavailable("mode converge trains on images; a token model cannot")
+    splits = load_splits(spec)
+    if tuple(splits.x_train.shape[1:]) != tuple(model_spec.input_shape):
+        raise Unavailable(f"the dataset's images are {list(splits.x_train.shape[1:])}, the "
+                          f"model {spec.model} takes {list(model_spec.input_shape)}")
+    keras, distribution, described = make_distribution(spec)
+    import numpy as np
+
+    from models.keras_common import has_batchnorm, loss_for, model_record
+
+    n, global_batch = distribution.device_mesh.devices.size, spec.global_batch_size
+    spec.split_batch(n)
+    rest = len(splits.y_train) % global_batch
+    if recipe.last_batch == "keep" and rest % n:
+        raise Unavailable(f"last_batch keep: the short last batch of {rest} rows does not "
+                          f"divide over {n} devices (DataParallel lays out even shares only); "
+                          "use drop or pad")
+    policy = POLICIES[spec.precision]
+    keras.mixed_precision.set_global_policy(policy)
+    keras.utils.set_random_seed(recipe.seed)
+    model, batchnorm, counted = build_model(keras, spec, None, data_format="channels_last")
+    trained, loss, loss_kind = logits_model(keras, model, loss_for(model_spec))
+    decay = {"weight_decay": recipe.weight_decay} if recipe.weight_decay else {}
+    trained.compile(optimizer=keras.optimizers.SGD(learning_rate=recipe.base_lr,
+                                                   momentum=recipe.momentum, **decay),
+                    loss=loss)
+    shape = (global_batch, *model_spec.input_shape)
+    shardings = (batch_sharding(distribution, shape),
+                 batch_sharding(distribution, (global_batch,)))
+    rows = EpochRows()
+    rows_fed: list[int] = []
+    lrs: list[float] = []  # the optimizer's learning rate after each epoch's fit
+
+    def train_epoch(epoch: int, batches: list[Any], lr_at: Callable[[int], float]) -> float:
+        rows.active = epoch == 0
+        if epoch == 0:
+            rows_fed.extend(b.global_rows for b in batches)
+        if mode == "numpy":
+            feed = {"x": np.concatenate([b.x for b in batches]),
+                    "y": np.concatenate([b.y for b in batches]),
+                    "batch_size": global_batch, "shuffle": False}
+        else:
+            import jax
+
+            feed = {"x": (jax.device_put((b.x, b.y), shardings) for b in batches),
+                    "steps_per_epoch": len(batches)}
+        history = trained.fit(**feed, epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+                              callbacks=converge_callbacks(keras, lr_at, rows))
+        lrs.append(float(np.asarray(trained.optimizer.learning_rate)))
+        return float(history.history["loss"][-1])
+
+    chunk = min(EVAL_CHUNK, len(splits.y_heldout))
+    chunk += -chunk % n  # a multiple of N: every device gets the same rows
+
+    def evaluate(x: np.ndarray, y: np.ndarray) -> float:
+        padded = np.concatenate([x, np.zeros((-len(x) % chunk, *x.shape[1:]), x.dtype)])
+        out = trained.predict(padded, batch_size=chunk, verbose=0)
+        return float((np.argmax(out[:len(y)], axis=-1) == y).mean())
+
+    read: list[str] = []  # what the last moving_stats() read
+
+    def moving_stats() -> tuple[bool, str]:
+        finite, detail = keras_moving_stats(keras, trained)
+        read[:] = [detail]
+        return finite, detail
+
+    result = train_to_accuracy(spec, train_epoch, evaluate, moving_stats, splits=splits)
+    if sum(rows.rows.values()) != sum(rows_fed):
+        raise Invalid(f"the first epoch fed {sum(rows.rows.values())} rows to the devices, "
+                      f"not its {sum(rows_fed)}")
+    kernel = next((v for v in model.trainable_variables if v.path.endswith("kernel")),
+                  model.trainable_variables[0])
+    extra = {
+        "replicas": n,
+        "framework": framework_versions("keras"),
+        "devices": described,
+        "layout": "channels_last",
+        "dtype_policy": policy,
+        "xla": True,
+        "input": mode,
+        "loss_kind": f"{loss_kind}; per epoch Keras' mean of its batches' losses weighted by "
+                     "rows (fit's history)",
+        "optimizer": ("keras.optimizers.SGD(momentum); learning_rate assigned per step by a "
+                      "callback (on_train_batch_begin)"),
+        "shardings": {**distribution_record(distribution, shardings[0], shape),
+                      "variables": sharding_record(kernel.value.sharding)},
+        "batchnorm": batchnorm if has_batchnorm(model) else "none",
+        "batchnorm_statistics": (BATCHNORM_RECORD[batchnorm] if has_batchnorm(model)
+                                 else NO_BATCHNORM),
+        # per epoch, the rate of its last step, read back from the optimizer's variable
+        "lr_read_back": lrs,
+        "moving_stats_read": read[0] if read else None,
+        "placement": rows.rows,
+        "placement_source": CONVERGE_PLACEMENT_SOURCE,
+        "data_placement": ARRAYS_PLACEMENT if mode == "numpy" else (
+            "the recipe's batches device_put into DataParallel's batch layout by a generator, "
+            "one per step; Keras' device_put of them is a no-op"),
+        **model_record(model, model_spec, counted),
+        **model_state_keras(trained),
+    }
+    clash = sorted(set(extra) & set(result))
+    if clash:
+        raise RuntimeError(f"converge fields {clash} are also runner fields")
+    return {**result, **extra}
+
+
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)

@@ -92,6 +92,26 @@ only process 0 writes it. Real data across nodes is unavailable (MULTI_NODE_REAL
 What differs from a real cluster: tools/local_slurm.sh's two nodes are one 2-core machine, so
 gloo's traffic stays on loopback and the processes share the cores (its images/sec say nothing
 of a cluster's); on GPUs the collectives between nodes would be XLA's NCCL, which is untested.
+Mode converge (`converge`, runners/converge.py's recipe and loop): the benchmark's model (same
+flax builder, compute dtype, seeded from recipe.seed through init's rngs, so 1 and 2 devices
+start alike), mesh, shardings and jitted step (same `batchnorm` mode, compiled ahead of time for
+each batch shape met: one for whole batches, one more for a kept short batch), trained in the
+runner's own loop: each of the recipe's global batches (host numpy) is device_put into the batch
+sharding (B/N rows per device) and stepped once. The optimizer is
+optax.inject_hyperparams over chain(add_decayed_weights(weight_decay), sgd(lr, momentum)), i.e.
+torch.optim.SGD's update (decay added to the gradient, then the momentum trace, then x -lr);
+before each step the learning rate in the optax state (its `hyperparams`) is replaced with
+lr_at(step), a replicated float32, so the compiled step reads it as an argument and nothing
+recompiles. The held-out split is predicted in inference mode (train=False: BatchNorm's
+running statistics, no dropout) by a jitted forward over the same batch sharding, in padded
+chunks of equal size (one compile), the padding's predictions dropped; moving_stats reads every
+leaf of the train state's batch_stats collection (Flax's BatchNorm "mean" and "var", device 0's
+copy: per_device mode keeps the copies equal by pmean, global by construction). The placement is
+the rows per device of the first epoch's training batches (their jax.Arrays'
+addressable_shards, summed), which add up to the epoch's training rows. What differs from the
+benchmark: host batches copied per step (as the real-data path does, without look-ahead),
+a kept short batch whose rows do not divide by N is unavailable (a NamedSharding lays out even
+shares only), and no run across nodes (one process holds the whole batches).
 """
 
 from __future__ import annotations
@@ -171,10 +191,10 @@ def create_state(model: nn.Module, variables: Any, tx: optax.GradientTransformat
 
 
 def init_variables(model: nn.Module, shape: tuple[int, ...], dtype: str = "float32",
-                   call: dict[str, Any] | None = None) -> Any:
-    """The model's initial variables (fixed seed) on the default device, from a batch of one
-    sample of `shape` (H, W, C images; (seq_len,) int32 token ids), the module called with
-    `call` (default train=False; {} for a user's module that takes no `train`)."""
+                   call: dict[str, Any] | None = None, seed: int = 0) -> Any:
+    """The model's initial variables (seeded by `seed`, default 0) on the default device, from
+    a batch of one sample of `shape` (H, W, C images; (seq_len,) int32 token ids), the module
+    called with `call` (default train=False; {} for a user's module that takes no `train`)."""
     import jax
     import jax.numpy as jnp
 
@@ -182,7 +202,7 @@ def init_variables(model: nn.Module, shape: tuple[int, ...], dtype: str = "float
 
     x = jnp.zeros((1, *shape), dtype)
     call = {"train": False} if call is None else call
-    return jax.jit(lambda: model.init(init_rngs(), x, **call))()
+    return jax.jit(lambda: model.init(init_rngs(seed), x, **call))()
 
 
 BATCHNORM_MODES = ("per_device", "global")
@@ -587,5 +607,213 @@ def equivalence(spec: Spec, layout: Layout = DATA_PARALLEL) -> dict[str, Any]:
             **close_multihost(spec)}
 
 
+MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
+                       "process (runners/converge.py); a per-process share fed through "
+                       "make_array_from_process_local_data is not built yet")
+CONVERGE_PLACEMENT_SOURCE = ("rows per device of the first epoch's training batches, from each "
+                             "batch jax.Array's addressable_shards (summed over the epoch)")
+EVAL_CHUNK = 1024  # held-out rows per inference call at most (padded to a multiple of N)
+
+
+def converge_optimizer(momentum: float, weight_decay: float, lr: float
+                       ) -> optax.GradientTransformation:
+    """torch.optim.SGD's update in optax: weight decay added to the gradient, the momentum
+    trace, x -lr; the learning rate a hyperparameter held in the optax state
+    (inject_hyperparams), so that it can be set before every step (with_lr)."""
+    import optax
+
+    def make(learning_rate: float) -> optax.GradientTransformation:
+        return optax.chain(optax.add_decayed_weights(weight_decay),
+                           optax.sgd(learning_rate, momentum=momentum))
+
+    return optax.inject_hyperparams(make)(learning_rate=lr)
+
+
+def with_lr(state: train_state.TrainState, lr: float, sharding: Any) -> train_state.TrainState:
+    """The state with the optax state's learning rate replaced by `lr` (float32, laid out in
+    `sharding`, the state's replicated one)."""
+    import jax
+    import numpy as np
+
+    opt = state.opt_state
+    value = jax.device_put(np.float32(lr), sharding)
+    return state.replace(opt_state=opt._replace(
+        hyperparams={**opt.hyperparams, "learning_rate": value}))
+
+
+def first_non_finite(stats: Any) -> tuple[bool, str]:
+    """(whether every leaf of a batch_stats tree is finite, which is not / how many were
+    read): Flax's BatchNorm keeps "mean" and "var" per layer."""
+    import jax
+    import numpy as np
+    from flax.core import unfreeze
+    from flax.traverse_util import flatten_dict
+
+    flat = flatten_dict(unfreeze(jax.device_get(stats))) if stats else {}
+    for path, leaf in flat.items():
+        bad = int(np.size(leaf) - np.isfinite(leaf).sum())
+        if bad:
+            return False, f"batch_stats/{'/'.join(path)}: {bad} of {np.size(leaf)} not finite"
+    return True, f"{len(flat)} batch_stats arrays finite"
+
+
+def make_predict(model: nn.Module, call: dict[str, Any], cast: Any, replicated: Any,
+                 batch: Any) -> Callable[..., Any]:
+    """The jitted inference forward (params, batch_stats, x) -> argmax class per row, x in the
+    batch sharding (each device its rows), the variables replicated; `cast` as in the step."""
+    import jax
+    import jax.numpy as jnp
+
+    def cast_floats(tree: Any) -> Any:
+        return jax.tree_util.tree_map(
+            lambda a: a.astype(cast) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+    def predict(params: Any, stats: Any, x: jax.Array) -> jax.Array:
+        if cast is not None:
+            params, x = cast_floats(params), cast_floats(x)
+        variables = {"params": params, **({"batch_stats": stats} if stats else {})}
+        return jnp.argmax(model.apply(variables, x, **call), axis=-1)
+
+    return jax.jit(predict, in_shardings=(replicated, replicated, batch), out_shardings=batch)
+
+
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (module docstring): train_to_accuracy with the benchmark's model, mesh and
+    jitted step, the learning rate set per step in the optax state."""
+    from runners.converge import Recipe, load_splits, train_to_accuracy
+
+    if spec.num_nodes > 1:
+        raise Unavailable(MULTI_NODE_CONVERGE)
+    recipe = Recipe.of(spec)
+    if recipe.optimizer != "sgd":
+        raise Unavailable(f"optimizer {recipe.optimizer!r}: jax_native converges with sgd only")
+    model_spec = spec_of(spec)
+    if model_spec.input_kind == "tokens":
+        raise Unavailable("mode converge trains on images; a token model cannot")
+    splits = load_splits(spec)
+    if tuple(splits.x_train.shape[1:]) != tuple(model_spec.input_shape):
+        raise Unavailable(f"the dataset's images are {list(splits.x_train.shape[1:])}, the "
+                          f"model {spec.model} takes {list(model_spec.input_shape)}")
+    devices, described = setup_devices(spec)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from models.flax_common import count_flops_flax, count_params_flax, train_kwargs
+
+    n, global_batch = len(devices), spec.global_batch_size
+    spec.split_batch(n)
+    rest = len(splits.y_train) % global_batch
+    if recipe.last_batch == "keep" and rest % n:
+        raise Unavailable(f"last_batch keep: the short last batch of {rest} rows does not "
+                          f"divide over {n} devices (a NamedSharding lays out even shares "
+                          "only); use drop or pad")
+    dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[spec.precision]
+    model, counted = build_model(spec, model_spec, dtype)
+    cast = dtype if counted is not None else None
+    replicated, batch = make_shardings(devices)
+    infer = train_kwargs(model, False)
+    variables = init_variables(model, model_spec.input_shape, call=infer, seed=recipe.seed)
+    params = count_params_flax(variables)
+    tx = converge_optimizer(recipe.momentum, recipe.weight_decay, recipe.base_lr)
+    state = create_state(model, variables, tx, replicated)
+    del variables
+    batchnorm = DATA_PARALLEL.batchnorm(spec)
+    jitted = make_train_step(replicated, batch, batchnorm, train_kwargs(model, True), cast)
+    compiled: dict[tuple[int, ...], Any] = {}  # the step compiled per batch shape
+    collectives: dict[str, int] = {}
+    hlo: list[str] = []
+    rows: dict[str, int] = {}  # the first epoch's rows per device, read from the arrays
+    rows_fed: list[int] = []  # the first epoch's global batches' rows, as the recipe made them
+    lrs: list[float] = []  # the optax state's learning rate after each epoch's last step
+
+    def train_epoch(epoch: int, batches: list[Any], lr_at: Callable[[int], float]) -> float:
+        nonlocal state
+        losses = []
+        for step, b in enumerate(batches):
+            x, y = jax.device_put((b.x, b.y), batch)
+            if epoch == 0:
+                rows_fed.append(b.global_rows)
+                for device, count in placement(x).items():
+                    rows[device] = rows.get(device, 0) + count
+            state = with_lr(state, lr_at(step), replicated)
+            if x.shape not in compiled:
+                compiled[x.shape], counts = compile_step(jitted, state, x, y)
+                if not hlo:
+                    collectives.update(counts)
+                    hlo.append(compiled[x.shape].as_text())
+            state, loss = compiled[x.shape](state, x, y)
+            losses.append(loss)
+        mean = float(np.mean([float(v) for v in jax.block_until_ready(losses)]))
+        lrs.append(float(state.opt_state.hyperparams["learning_rate"]))
+        return mean
+
+    predict = make_predict(model, infer, cast, replicated, batch)
+    chunk = min(EVAL_CHUNK, len(splits.y_heldout))
+    chunk += -chunk % n  # a multiple of N: every device gets the same rows
+
+    def evaluate(x: np.ndarray, y: np.ndarray) -> float:
+        correct = 0
+        for i in range(0, len(y), chunk):
+            part = x[i:i + chunk]
+            padded = np.concatenate([part, np.zeros((chunk - len(part), *part.shape[1:]),
+                                                    part.dtype)])
+            classes = predict(state.params, state.batch_stats, jax.device_put(padded, batch))
+            correct += int((np.asarray(classes)[:len(part)] == y[i:i + chunk]).sum())
+        return correct / len(y)
+
+    read: list[str] = []  # what the last moving_stats() read
+
+    def moving_stats() -> tuple[bool, str]:
+        finite, detail = first_non_finite(state.batch_stats)
+        read[:] = [detail]
+        return finite, detail
+
+    result = train_to_accuracy(spec, train_epoch, evaluate, moving_stats, splits=splits)
+    epoch_rows = sum(rows_fed)
+    if sum(rows.values()) != epoch_rows:
+        raise Invalid(f"the first epoch fed {sum(rows.values())} rows to the devices, not its "
+                      f"{epoch_rows}")
+    fields = model_fields(model_spec, lambda: params,
+                          lambda: count_flops_flax(model, model_spec.input_shape),
+                          lambda: counted)
+    how = ("flax module dtype=bfloat16 (param_dtype float32), float32 logits for the loss"
+           if dtype is not None else "flax module dtype float32")
+    extra = {
+        "replicas": n,
+        "framework": framework_versions(*VERSIONS),
+        "devices": described,
+        "layout": "channels_last",
+        "dtype": "float32" if dtype is None else "bfloat16 compute, float32 params",
+        "loss_kind": "global mean cross-entropy of each step's batch, averaged over the epoch",
+        "optimizer": ("optax.inject_hyperparams(chain(add_decayed_weights(weight_decay), "
+                      "sgd(lr, momentum))): torch.optim.SGD's update; lr set in the optax "
+                      "state before every step"),
+        "shardings": {"params": sharding_record(replicated), "batch": sharding_record(batch),
+                      "per_device_batch": global_batch // n},
+        "collectives": collectives,
+        "batchnorm": batchnorm if state.batch_stats else "none",
+        "batchnorm_statistics": (BATCHNORM_RECORD[batchnorm] if state.batch_stats else
+                                 "none: the model has no BatchNorm"),
+        # per epoch, the rate of its last step, read back from the optax state after it
+        "lr_read_back": lrs,
+        "moving_stats_read": read[0] if read else None,
+        "placement": rows,
+        "placement_source": CONVERGE_PLACEMENT_SOURCE,
+        "data_placement": "the recipe's host numpy batches (runners/converge.py) device_put "
+                          "into the batch sharding every step",
+        **fields,
+        **model_state_jax(state.params, state.opt_state, state.batch_stats),
+        # the gradients have the params' dtypes (they are taken with respect to them)
+        **precision_record(spec.precision, compute=compute_dtype(cast or getattr(
+            model, "dtype", None)), params=state.params, grads=state.params,
+            hlo=hlo[0] if hlo else None, how=how),
+    }
+    clash = sorted(set(extra) & set(result))
+    if clash:
+        raise RuntimeError(f"converge fields {clash} are also runner fields")
+    return {**result, **extra}
+
+
 if __name__ == "__main__":
-    main(benchmark, equivalence)
+    main(benchmark, equivalence, converge)
