@@ -96,8 +96,12 @@ def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         one = base.get((row["runner"], row["model"], row["precision"],
                         row["batch_size_per_device"]))
-        row["speedup"] = (one["total_time_s"] / row["total_time_s"]
-                          if one and one["total_time_s"] and row["total_time_s"] else None)
+        # to accuracy: both reached the target (or neither had one); a run that stopped at
+        # max_epochs short of it has no time to accuracy to compare
+        comparable = one and one["total_time_s"] and row["total_time_s"] and (
+            (row["time_to_target_s"] and one["time_to_target_s"])
+            or not (row["recipe"] or {}).get("target_accuracy"))
+        row["speedup"] = one["total_time_s"] / row["total_time_s"] if comparable else None
     rows.sort(key=lambda r: (str(r["model"]), str(r["runner"]), r["num_nodes"],
                              r["num_devices"] or 0))
     return rows
@@ -154,11 +158,16 @@ def explain_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
                 and row["total_time_s"]:
             per_epoch = one["epoch_time_s"] / row["epoch_time_s"]
             epochs = row["epochs"] / one["epochs"]
-            parts.append(f"vs 1 device: {per_epoch:.2f}x faster per epoch, {epochs:.2f}x the "
-                         f"epochs (global batch {row['global_batch_size']} vs "
-                         f"{one['global_batch_size']}; lr_scaling "
-                         f"{(row['recipe'] or {}).get('lr_scaling')}), so "
-                         f"{one['total_time_s'] / row['total_time_s']:.2f}x to target")
+            words = (f"vs 1 device: {per_epoch:.2f}x as fast per epoch, {epochs:.2f}x the "
+                     f"epochs (global batch {row['global_batch_size']} vs "
+                     f"{one['global_batch_size']}; lr_scaling "
+                     f"{(row['recipe'] or {}).get('lr_scaling')})")
+            if row["speedup"] is not None:
+                words += (f": {row['speedup']:.2f}x as fast to the target overall (first "
+                          "epochs and evaluations included)")
+            else:
+                words += ": no time to accuracy to compare (the target was not reached)"
+            parts.append(words)
         lines.append(f"{label}: " + "; ".join(parts))
     return lines
 

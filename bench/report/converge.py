@@ -121,9 +121,10 @@ def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 
 
 def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
-    """Held-out accuracy against wall time, one line per run (colour by runner, line style by
-    device count), the target as a dashed line; the published totals marked on the time axis
-    where the model matches."""
+    """Held-out accuracy against wall time, one panel per device count, one line per run
+    (colour and marker: runner; repeats share their runner's label), the target dashed; the
+    y axis from just under the lowest accuracy to 1; the published totals of the same model
+    written under the panels."""
     recs = [r for r in converge_records(records) if r.get("curve")]
     if not recs:
         return None
@@ -132,41 +133,52 @@ def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    counts = sorted({(r.get("num_nodes") or 1, r.get("num_devices") or 0) for r in recs})
     runners = sorted({runner_label(r) for r in recs})
-    counts = sorted({r.get("num_devices") or 0 for r in recs})
-    styles = ["-", "--", ":", "-."]
-    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<"]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for rec in sorted(recs, key=lambda r: (runner_label(r), r.get("num_devices") or 0)):
-        i, j = runners.index(runner_label(rec)), counts.index(rec.get("num_devices") or 0)
-        xs = [p["wall_s"] for p in rec["curve"]]
-        ys = [p["accuracy"] for p in rec["curve"]]
-        ax.plot(xs, ys, linestyle=styles[j % len(styles)], marker=markers[i % len(markers)],
-                color=colours[i % len(colours)], markersize=4,
-                label=f"{runner_label(rec)}, {_devices(rec)}"
-                      + (f" r{rec['repeat']}" if rec.get("repeat") else ""))
-    targets = {r.get("converge", {}).get("target_accuracy") for r in recs
-               if isinstance(r.get("converge"), Mapping)}
-    for target in sorted(t for t in targets if t is not None):
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
-        ax.annotate(f"target {target:.0%}", (0, target), textcoords="offset points",
-                    xytext=(4, 3), fontsize=8, color="grey")
-    for p in published_rows({r.get("model") for r in recs}):
-        ax.annotate(f"published {p['gpus']} GPU: {clock(p['total_time_s'])}",
-                    (0.99, 0.02 + 0.05 * (p["gpus"] > 1)), xycoords="axes fraction",
-                    ha="right", fontsize=8, color="grey")
-    virtual = any(r.get("virtual_devices") for r in recs)
-    ax.set_xlabel("wall time since the first training step (s), evaluations included")
-    ax.set_ylabel("held-out top-1 accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title("Time to accuracy" + (" (virtual CPU devices)" if virtual else "")
-                 + f": {', '.join(sorted({str(r.get('model')) for r in recs}))}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    fig, axes = plt.subplots(1, len(counts), figsize=(4.2 * len(counts) + 2.6, 4.6),
+                             sharey=True, squeeze=False)
+    lowest = min(p["accuracy"] for r in recs for p in r["curve"])
+    bottom = max(0.0, min(0.9, lowest) - 0.05)
+    for ax, (nodes, n) in zip(axes[0], counts, strict=True):
+        mine = [r for r in recs if (r.get("num_nodes") or 1, r.get("num_devices") or 0)
+                == (nodes, n)]
+        labelled: set[str] = set()
+        for rec in sorted(mine, key=lambda r: (runner_label(r), r.get("repeat") or 0)):
+            name = runner_label(rec)
+            i = runners.index(name)
+            ax.plot([p["wall_s"] for p in rec["curve"]], [p["accuracy"] for p in rec["curve"]],
+                    marker=markers[i % len(markers)], color=colours[i % len(colours)],
+                    linestyle="-" if i < len(colours) else "--", markersize=4, linewidth=1.2,
+                    label=None if name in labelled else name)
+            labelled.add(name)
+        targets = {(r.get("converge") or {}).get("target_accuracy") for r in mine}
+        for target in sorted(t for t in targets if isinstance(t, (int, float))):
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        virtual = any(r.get("virtual_devices") for r in mine)
+        kind = "virtual CPU device" if virtual else "GPU"
+        where = f"{nodes} nodes x {n // nodes}" if nodes > 1 else f"{n}"
+        ax.set_title(f"{where} {kind}{'s' if n > 1 else ''}", fontsize=10)
+        ax.set_xlabel("wall time since the first step (s)")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom, 1.0)
+    axes[0][0].set_ylabel("held-out top-1 accuracy (dashed: target)")
+    handles, labels = {}, {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+            labels[lab] = lab
+    fig.legend([handles[k] for k in sorted(handles)], sorted(labels), loc="center right",
+               fontsize=8, frameon=False)
+    models = ", ".join(sorted({str(r.get("model")) for r in recs}))
+    published = [f"published {p['source_short']}: {p['gpus']} GPU {clock(p['total_time_s'])}"
+                 for p in published_rows({r.get("model") for r in recs})]
+    fig.suptitle(f"Time to accuracy: {models}, evaluations included"
+                 + ("\n" + "; ".join(published) if published else ""), fontsize=11)
     charts.mkdir(parents=True, exist_ok=True)
     path = charts / CHART_NAME
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.80 if len(counts) > 1 else 0.72, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
