@@ -352,8 +352,8 @@ def check_threshold(threshold: float) -> float:
 
 
 def load_side(name: str, folder: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    """A folder's benchmark-mode records by configuration; ConfigError naming the argument
-    when it is not a results folder with any."""
+    """A folder's benchmark-mode and converge-mode records by configuration; ConfigError naming
+    the argument when it is not a results folder with any."""
     path = Path(folder)
     if not path.exists():
         raise ConfigError(f"{name}: {folder!r} does not exist; allowed: {ALLOWED_FOLDER}")
@@ -364,11 +364,13 @@ def load_side(name: str, folder: str) -> dict[tuple[Any, ...], list[dict[str, An
         try:
             if mode_of(rec) == "benchmark":
                 by_config[config_key(rec)].append(rec)
+            elif mode_of(rec) == "converge":  # never one configuration with a benchmark's
+                by_config[("converge", *config_key(rec))].append(rec)
         except KeyError:  # a record without the configuration's fields cannot be matched
             continue
     if not by_config:
         raise ConfigError(f"{name}: {folder!r} has no benchmark records in runs/; allowed: "
-                          f"{ALLOWED_FOLDER} of mode benchmark or both")
+                          f"{ALLOWED_FOLDER} of mode benchmark (or both) or converge")
     return by_config
 
 

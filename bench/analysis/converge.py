@@ -108,13 +108,13 @@ def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def clock(seconds: float | None) -> str:
-    """74m10s, as seed 004 writes it; 12.3s under a minute; - for none."""
+    """74m10s, as seed 004 writes it (minutes however many); 12.3s under a minute; - for none."""
     if not isinstance(seconds, (int, float)):
         return "-"
     if seconds < 60:
         return f"{seconds:.1f}s"
     minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{secs:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+    return f"{minutes}m{secs:02d}s"
 
 
 def _devices_words(row: Mapping[str, Any]) -> str:
