@@ -21,8 +21,9 @@ CHART_NAME = "converge_accuracy_vs_time.png"
 def recipe_line(recipe: Mapping[str, Any]) -> str:
     """The recipe in one line, as the dry run, the table and the chart's title show it."""
     target = recipe.get("target_accuracy")
-    stop = (f"target {target:.0%} held-out accuracy or {recipe['max_epochs']} epochs"
-            if target is not None else f"{recipe['max_epochs']} epochs (no target)")
+    epochs = f"{recipe['max_epochs']} epoch{'s' if recipe['max_epochs'] != 1 else ''}"
+    stop = (f"target {target:.0%} held-out accuracy or {epochs}" if target is not None
+            else f"{epochs} (no target)")
     scaling = recipe["lr_scaling"]
     lr = (f"base_lr {recipe['base_lr']:g} for batch {recipe['reference_batch']}"
           + (f" scaled {scaling}" if scaling != "none" else " (not scaled)"))
@@ -86,7 +87,8 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     recipes = {recipe_line(r["recipe"]) for r in rows if r.get("recipe")}
     lines += [f"recipe: {line}" for line in sorted(recipes)]
     reasons = sorted({f"{r['runner']} {_devices(r)}: {r['target_reason']}" for r in rows
-                      if r["target_reason"] and not r["time_to_target_s"]})
+                      if r["target_reason"] and not r["time_to_target_s"]
+                      and (r.get("recipe") or {}).get("target_accuracy") is not None})
     lines += [f"not reached: {line}" for line in reasons]
     return lines
 
