@@ -146,11 +146,15 @@ def explain_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
         later = [p.get("train_s") or 0.0 for p in curve[1:]]
         evals = sum(p.get("eval_s") or 0.0 for p in curve)
         total = rec.get("time_to_target_s") or rec.get("converge_time_s")
-        what = (f"to {row['recipe'].get('target_accuracy', 0):.0%} in {len(curve)} epochs"
-                if rec.get("time_to_target_s") else f"{len(curve)} epochs, target not reached")
+        target = (row["recipe"] or {}).get("target_accuracy")
+        epochs = f"{len(curve)} epoch{'s' if len(curve) != 1 else ''}"
+        what = (f"to {target:.0%} in {epochs}" if rec.get("time_to_target_s")
+                else f"{epochs}, target not reached" if target is not None
+                else f"{epochs} (no target)")
         epoch = statistics.median(later) if later else first
+        then = f", then {clock(epoch)} each" if later else ""
         parts = [f"{what}, {clock(total)} = training {clock(first + sum(later))} (first epoch "
-                 f"{clock(first)}, then {clock(epoch)} each) + evaluation {clock(evals)}"]
+                 f"{clock(first)}{then}) + evaluation {clock(evals)}"]
         one = by_key.get((row["runner"], row["model"], row["precision"],
                           row["batch_size_per_device"], 1, 1))
         if row["num_devices"] > 1 and one and one["epoch_time_s"] and row["epoch_time_s"] \
@@ -163,8 +167,9 @@ def explain_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
                      f"{one['global_batch_size']}; lr_scaling "
                      f"{(row['recipe'] or {}).get('lr_scaling')})")
             if row["speedup"] is not None:
-                words += (f": {row['speedup']:.2f}x as fast to the target overall (first "
-                          "epochs and evaluations included)")
+                goal = "to the target" if target is not None else "over the epochs"
+                words += (f": {row['speedup']:.2f}x as fast {goal} overall (first epochs "
+                          "and evaluations included)")
             else:
                 words += ": no time to accuracy to compare (the target was not reached)"
             parts.append(words)
