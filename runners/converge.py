@@ -104,6 +104,24 @@ def load_splits(spec: Spec) -> Splits:
     return Splits(**arrays, classes=classes, mean=mean)
 
 
+def fitting_splits(spec: Spec, model_spec: Any) -> Splits:
+    """The run's splits (load_splits), checked against its model (a models.ModelSpec): an
+    image classifier whose input is the dataset's image shape and whose outputs cover its
+    classes; Unavailable otherwise (a token model trains on no image dataset)."""
+    if model_spec.input_kind != "image":
+        raise Unavailable(f"mode converge trains an image classifier on the dataset's splits; "
+                          f"{model_spec.name} takes {model_spec.input_kind}")
+    splits = load_splits(spec)
+    shape = tuple(splits.x_train.shape[1:])
+    if shape != tuple(model_spec.input_shape):
+        raise Unavailable(f"the dataset's images are {shape}; {model_spec.name} takes "
+                          f"{tuple(model_spec.input_shape)}")
+    if splits.classes > model_spec.num_classes:
+        raise Unavailable(f"the dataset has {splits.classes} classes; {model_spec.name} has "
+                          f"{model_spec.num_classes} outputs")
+    return splits
+
+
 @dataclass(frozen=True)
 class Recipe:
     """The training recipe of a converge run, resolved for its global batch."""

@@ -154,3 +154,16 @@ def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
     proc = run_cli(*args)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return load_records(out)
+
+
+def assert_stopped_at_target(rec: dict, target: float) -> None:
+    """A converge record that reached `target`: stopped at its first epoch at the target, the
+    time to target that epoch's wall time, evaluations included."""
+    assert rec["best_accuracy"] >= target, rec["curve"]
+    epoch = rec["epochs_to_target"]
+    assert epoch == len(rec["curve"]) and rec["target_reason"] is None  # stopped at the target
+    point = rec["curve"][epoch - 1]
+    assert point["accuracy"] >= target
+    assert all(p["accuracy"] < target for p in rec["curve"][:epoch - 1])
+    assert rec["time_to_target_s"] == point["wall_s"] > 0
+    assert rec["time_to_target_s"] >= rec["train_time_s"] > 0  # evaluations included

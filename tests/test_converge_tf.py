@@ -14,7 +14,7 @@ import pytest
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
 from runners.converge import Recipe
-from tests.conftest import converge_sweep
+from tests.conftest import assert_stopped_at_target, converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 TARGET = 0.9
@@ -43,14 +43,7 @@ def test_mirrored_reaches_90_percent_and_records_time_to_target(records: dict, n
                                                                 ) -> None:
     rec = _ok(records[("tf_mirrored", n)])
     assert check_record(rec) == [] and validate_converge(rec) == []
-    assert rec["best_accuracy"] >= TARGET, rec["curve"]
-    epoch = rec["epochs_to_target"]
-    assert epoch == len(rec["curve"]) and rec["target_reason"] is None  # stopped at the target
-    point = rec["curve"][epoch - 1]
-    assert point["accuracy"] >= TARGET
-    assert all(p["accuracy"] < TARGET for p in rec["curve"][:epoch - 1])
-    assert rec["time_to_target_s"] == point["wall_s"] > 0
-    assert rec["time_to_target_s"] >= rec["train_time_s"] > 0  # evaluations included
+    assert_stopped_at_target(rec, TARGET)
 
 
 def test_native_reaches_sensible_accuracy_at_2_devices(records: dict) -> None:

@@ -863,7 +863,7 @@ def logits_model(keras: Any, model: keras.Model, loss: Any) -> tuple[Any, Any, s
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge (module docstring): train_to_accuracy with the benchmark's model under
     DataParallel, one fit per epoch, the learning rate set per step by a callback."""
-    from runners.converge import Recipe, load_splits, train_to_accuracy
+    from runners.converge import Recipe, fitting_splits, train_to_accuracy
 
     if spec.num_nodes > 1:
         raise Unavailable(MULTI_NODE_CONVERGE)
@@ -874,12 +874,7 @@ def converge(spec: Spec) -> dict[str, Any]:
     if mode not in INPUTS:
         raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
     model_spec = spec_of(spec)
-    if model_spec.input_kind == "tokens":
-        raise Unavailable("mode converge trains on images; a token model cannot")
-    splits = load_splits(spec)
-    if tuple(splits.x_train.shape[1:]) != tuple(model_spec.input_shape):
-        raise Unavailable(f"the dataset's images are {list(splits.x_train.shape[1:])}, the "
-                          f"model {spec.model} takes {list(model_spec.input_shape)}")
+    splits = fitting_splits(spec, model_spec)
     keras, distribution, described = make_distribution(spec)
     import numpy as np
 

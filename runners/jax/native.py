@@ -680,7 +680,7 @@ def make_predict(model: nn.Module, call: dict[str, Any], cast: Any, replicated: 
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge (module docstring): train_to_accuracy with the benchmark's model, mesh and
     jitted step, the learning rate set per step in the optax state."""
-    from runners.converge import Recipe, load_splits, train_to_accuracy
+    from runners.converge import Recipe, fitting_splits, train_to_accuracy
 
     if spec.num_nodes > 1:
         raise Unavailable(MULTI_NODE_CONVERGE)
@@ -688,12 +688,7 @@ def converge(spec: Spec) -> dict[str, Any]:
     if recipe.optimizer != "sgd":
         raise Unavailable(f"optimizer {recipe.optimizer!r}: jax_native converges with sgd only")
     model_spec = spec_of(spec)
-    if model_spec.input_kind == "tokens":
-        raise Unavailable("mode converge trains on images; a token model cannot")
-    splits = load_splits(spec)
-    if tuple(splits.x_train.shape[1:]) != tuple(model_spec.input_shape):
-        raise Unavailable(f"the dataset's images are {list(splits.x_train.shape[1:])}, the "
-                          f"model {spec.model} takes {list(model_spec.input_shape)}")
+    splits = fitting_splits(spec, model_spec)
     devices, described = setup_devices(spec)
     import jax
     import jax.numpy as jnp

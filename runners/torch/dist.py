@@ -610,23 +610,10 @@ EVAL_BATCH = 500  # held-out images per inference call
 
 
 def converge_splits(spec: Spec, model_spec: ModelSpec) -> Any:
-    """The run's dataset's splits (runners.converge.load_splits), checked against the model:
-    an image classifier whose input is the dataset's image shape and whose classes cover its
-    labels; Unavailable otherwise (a token model trains on no image dataset)."""
-    from runners.converge import load_splits
+    """The run's dataset's splits, checked against the model (runners.converge.fitting_splits)."""
+    from runners.converge import fitting_splits
 
-    if model_spec.input_kind != "image":
-        raise Unavailable(f"mode converge trains an image classifier on the dataset's splits; "
-                          f"{model_spec.name} takes {model_spec.input_kind}")
-    splits = load_splits(spec)
-    shape = tuple(splits.x_train.shape[1:])
-    if shape != tuple(model_spec.input_shape):
-        raise Unavailable(f"the dataset's images are {shape}; {model_spec.name} takes "
-                          f"{tuple(model_spec.input_shape)}")
-    if splits.classes > model_spec.num_classes:
-        raise Unavailable(f"the dataset has {splits.classes} classes; {model_spec.name} has "
-                          f"{model_spec.num_classes} outputs")
-    return splits
+    return fitting_splits(spec, model_spec)
 
 
 def rank_shares(rows: int, world: int) -> list[int]:
