@@ -18,6 +18,8 @@ from bench.records.store import (
 
 def full(run_id: str, status: str = "ok", **kw: object) -> dict:
     rec = {k: None for k in REQUIRED}
+    rec.update(runner="r", model="m", device="cpu", num_devices=1, scaling="weak",
+               batch_size_per_device=8, global_batch_size=8, precision="fp32", data="synthetic")
     rec.update(run_id=run_id, status=status, images_per_sec=10.0 if status == "ok" else None,
                reason=None if status == "ok" else "why")
     rec.update(kw)

@@ -6,9 +6,10 @@ import contextlib
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.records import columns
 
@@ -86,23 +87,300 @@ def record_path(results_dir: Path, run_id: str) -> Path:
     return runs_dir(results_dir) / f"{run_id}.json"
 
 
-def load_records(results_dir: Path) -> list[dict[str, Any]]:
-    """Every readable record in a results folder, in run-id order (unreadable ones skipped)."""
-    records = []
-    for path in sorted(runs_dir(results_dir).glob("*.json")):
-        if path.name.endswith((".spec.json", ".result.json")):
-            continue
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(rec, dict) and "run_id" in rec:
+# -- the tolerant reader ---------------------------------------------------------------------
+# Everything a results folder holds is read through here, bounded: a file over MAX_FILE_BYTES is
+# never parsed, nesting past MAX_DEPTH is refused, and a record must pass the record schema
+# (FIELDS) before any reader sees it. A file that fails is a Damaged entry: its path and a
+# one-line reason, which report, compare, predict and --resume show, never a number from it.
+
+MAX_FILE_BYTES = 16 * 2**20
+MAX_DEPTH = 100
+MAX_INT = 2**53  # integers JSON readers agree on; a larger one is no measurement
+DAMAGED_SUFFIX = ".damaged"
+
+
+class Damaged(NamedTuple):
+    """A file of a results folder no reader may use: where it is and why (one line)."""
+
+    path: Path
+    reason: str
+
+    def line(self, base: Path | None = None) -> str:
+        """`damaged: runs/x.json: not JSON (...)`, the path relative to base when under it."""
+        shown = self.path
+        if base is not None:
+            with contextlib.suppress(ValueError):
+                shown = self.path.relative_to(base)
+        return f"damaged: {_printable(str(shown))}: {self.reason}"
+
+
+# The record schema: each field's kind (FIELDS), checked wherever the field is present and not
+# null; the fields of IDENTITY and CONFIGURATION (which run, its status and the configuration
+# it belongs to, bench/records/grouping.py) must be present and hold a value. The rest of the
+# record view (REQUIRED) is not required here: the view grows as metrics are added, and a
+# folder written by an earlier harness must still be read (check_record holds a new record to
+# all of it). A field that no entry names may hold anything JSON allows.
+IDENTITY = ("run_id", "status", "runner", "model", "device", "num_devices")
+# ... and of a run that trains (not an all-reduce probe, which feeds no images):
+CONFIGURATION = ("scaling", "batch_size_per_device", "global_batch_size", "precision", "data")
+_STR = ("run_id", "sweep_id", "runner", "family", "model", "device", "scaling", "precision",
+        "data", "data_label", "mode", "status", "reason", "memory_source", "target_reason",
+        "state_source", "started_at", "finished_at", "log_path", "python", "attempt",
+        "left_running", "launcher", "module")
+_INT = ("schema_version", "num_nodes", "num_devices", "batch_size_per_device",
+        "global_batch_size", "repeat", "warmup_steps", "measure_steps", "model_layers",
+        "epochs_to_target", "epochs_run", "samples", "returncode")
+_BOOL = ("virtual_devices", "moving_stats_finite", "contended")
+_NUM = ("images_per_sec", "tokens_per_sec", "tokens_per_sec_per_device", "samples_per_sec",
+        "tokens_per_sample", "flops_per_token", "final_accuracy", "best_accuracy",
+        "time_to_target_s", "train_time_s", "eval_time_s", "converge_time_s", "first_loss",
+        "last_loss", "window_start", "window_end", "wall_time_s", "timeout_s")
+_DICT = ("options", "dataset", "custom_model", "converge", "memory_per_device",
+         "device_peak_bytes", "memory_baseline", "model_state", "state_bytes_per_device",
+         "state_bytes_global", "state_granularity_bytes", "state_check", "precision_policy",
+         "environment", "result", "telemetry", "placement", "placement_check", "variant",
+         "slurm", "equivalence")
+_LIST = ("curve", "step_times_s")
+FIELDS: dict[str, str] = {
+    **dict.fromkeys(_STR, "str"), **dict.fromkeys(_INT, "int"),
+    **dict.fromkeys(_BOOL, "bool"), **dict.fromkeys(_NUM, "num"),
+    **dict.fromkeys(_DICT, "dict"), **dict.fromkeys(_LIST, "list"),
+}
+KIND_TEXT = {"str": "a string", "int": "an integer", "bool": "true or false",
+             "num": "a finite number", "dict": "an object", "list": "a list"}
+# what each element of a list field must be
+ELEMENTS = {"step_times_s": "num", "curve": "dict"}
+
+
+def is_kind(value: Any, kind: str) -> bool:
+    """Whether a JSON value is of a schema kind (bools are not numbers; integers are bounded)."""
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind == "int":
+        return isinstance(value, int) and abs(value) <= MAX_INT
+    if kind == "num":
+        return (isinstance(value, int) and abs(value) <= MAX_INT) or (
+            isinstance(value, float) and math.isfinite(value))
+    return isinstance(value, {"dict": dict, "list": list}[kind])
+
+
+def _what(value: Any) -> str:
+    """A value's kind in words, for a reason (never the value itself: it may be huge)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer" + (" out of range" if abs(value) > MAX_INT else "")
+    if isinstance(value, float):
+        return "a number" if math.isfinite(value) else "a non-finite number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), "a value")
+
+
+def _short(text: str, limit: int = 40) -> str:
+    text = _printable(text)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _printable(text: str) -> str:
+    """text that any terminal encoding can print: lone surrogates and controls escaped."""
+    return "".join(c if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF
+                   else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
+
+
+def record_problems(rec: Any, name: str | None = None) -> list[str]:
+    """What keeps a parsed file from being a record (empty: it is one): an object holding
+    the fields of IDENTITY, each field of its schema kind (FIELDS), run_id its file's name
+    (name, the file name without .json) and status one of STATUSES."""
+    if not isinstance(rec, dict):
+        return [f"top level is {_what(rec)}, not an object"]
+    needed = IDENTITY if rec.get("mode") == "allreduce" else IDENTITY + CONFIGURATION
+    missing = [k for k in needed if k not in rec]
+    problems = []
+    if missing:
+        problems.append(f"missing field{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    for key, value in rec.items():
+        kind = FIELDS.get(key)
+        if value is None:
+            if key in needed:
+                problems.append(f"field {key!r} is null; allowed: {KIND_TEXT[kind or 'str']}")
+        elif kind and not is_kind(value, kind):
+            problems.append(f"field {key!r} is {_what(value)}; allowed: {KIND_TEXT[kind]}"
+                            f"{'' if key in needed else ' or null'}")
+        elif key in ELEMENTS and not all(is_kind(v, ELEMENTS[key]) for v in value):
+            problems.append(f"field {key!r} holds an element that is not "
+                            f"{KIND_TEXT[ELEMENTS[key]]}")
+    status = rec.get("status")
+    if isinstance(status, str) and status not in STATUSES:
+        problems.append(f"status {_short(status)} is not one of {', '.join(STATUSES)}")
+    run_id = rec.get("run_id")
+    if isinstance(run_id, str) and name is not None and run_id != name:
+        problems.append(f"run_id {_short(run_id)} is not the file's name")
+    env = rec.get("environment")
+    if isinstance(env, dict):
+        gpus, framework = env.get("gpus"), env.get("framework")
+        if gpus is not None and not (isinstance(gpus, list)
+                                     and all(isinstance(g, dict) for g in gpus)):
+            problems.append("field 'environment': gpus is not a list of objects")
+        if framework is not None and not isinstance(framework, dict):
+            problems.append("field 'environment': framework is not an object")
+    return problems
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Any, str | None]:
+    """A JSON file's value, read bounded: (value, None), or (None, a one-line reason) when it
+    is not a regular file, is over max_bytes, not UTF-8, not strict JSON (NaN, Infinity), or
+    nested deeper than MAX_DEPTH."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return None, "not a regular file"
+        if info.st_size > max_bytes:
+            return None, f"{info.st_size:,} bytes; allowed: at most {max_bytes:,}"
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    if len(data) > max_bytes:
+        return None, f"over {max_bytes:,} bytes"
+    if not data.strip():
+        return None, "empty file"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return None, f"nested deeper than {MAX_DEPTH} levels"
+    except ValueError as exc:  # JSONDecodeError included
+        return None, f"not JSON ({_printable(str(exc))[:80]})"
+    problem = _walk_problem(value)
+    return (None, problem) if problem else (value, None)
+
+
+def _walk_problem(value: Any) -> str | None:
+    """Nesting past MAX_DEPTH, or a string no terminal can print (a lone surrogate): the
+    first such problem of a parsed value, found without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if _surrogate(k):
+                    return "a key holds a lone surrogate (not text)"
+                stack.append((v, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, str) and _surrogate(node):
+            return "a string holds a lone surrogate (not text)"
+    return None
+
+
+def _surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def read_record(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """One record file: (record, None) when it passes the schema, else (None, the reason)."""
+    value, reason = read_json(path)
+    if reason:
+        return None, reason
+    problems = record_problems(value, path.name.removesuffix(".json"))
+    if problems:
+        return None, "; ".join(problems[:2]) + (f" (+{len(problems) - 2} more)"
+                                                if len(problems) > 2 else "")
+    return value, None
+
+
+def record_files(results_dir: Path) -> list[Path]:
+    """The record files of a results folder (not a run's .spec.json or .result.json)."""
+    return [p for p in sorted(runs_dir(results_dir).glob("*.json"))
+            if not p.name.endswith((".spec.json", ".result.json"))]
+
+
+def scan_records(results_dir: Path) -> tuple[list[dict[str, Any]], list[Damaged]]:
+    """The tolerant reader of a results folder's records: (every valid record in run-id
+    order, every damaged file with its reason)."""
+    records, damaged = [], []
+    for path in record_files(results_dir):
+        rec, reason = read_record(path)
+        if rec is None:
+            damaged.append(Damaged(path, reason or "unreadable"))
+        else:
             records.append(rec)
-    return records
+    return records, damaged
+
+
+def load_records(results_dir: Path) -> list[dict[str, Any]]:
+    """Every valid record in a results folder, in run-id order; damaged ones are never
+    returned (scan_records names them)."""
+    return scan_records(results_dir)[0]
+
+
+def read_environment(results_dir: Path) -> tuple[dict[str, Any] | None, Damaged | None]:
+    """A results folder's environment.json: (its object, None); (None, None) when there is
+    none; (None, the damage) when it cannot be used."""
+    path = Path(results_dir) / "environment.json"
+    if not path.exists():
+        return None, None
+    value, reason = read_json(path)
+    if reason is None and not isinstance(value, dict):
+        reason = f"top level is {_what(value)}, not an object"
+    if reason is None:
+        gpus = value.get("gpus")
+        if gpus is not None and not (isinstance(gpus, list)
+                                     and all(isinstance(g, dict) for g in gpus)):
+            reason = "gpus is not a list of objects"
+    return (None, Damaged(path, reason)) if reason else (value, None)
+
+
+def folder_damage(results_dir: Path) -> list[Damaged]:
+    """Every damaged file of a results folder a report reads: its records and environment.json."""
+    damaged = scan_records(results_dir)[1]
+    env_damage = read_environment(results_dir)[1]
+    return damaged + ([env_damage] if env_damage else [])
+
+
+def set_aside_damaged(results_dir: Path, run_ids: set[str]) -> list[str]:
+    """Before --resume re-runs them: each damaged record file of a run in run_ids renamed to
+    <name>.json.damaged (beside it; a number added if one is there), so the new record never
+    overwrites it. One line per damaged record file (set aside or not)."""
+    lines = []
+    for item in scan_records(results_dir)[1]:
+        run_id = item.path.name.removesuffix(".json")
+        if run_id not in run_ids:
+            lines.append(f"{item.line(results_dir)} (not a run of this sweep: left as it is)")
+            continue
+        target = item.path.with_name(item.path.name + DAMAGED_SUFFIX)
+        n = 1
+        while target.exists():
+            n += 1
+            target = item.path.with_name(f"{item.path.name}{DAMAGED_SUFFIX}.{n}")
+        os.replace(item.path, target)
+        lines.append(f"{item.line(results_dir)} (kept as {target.name}; the run is run again)")
+    return lines
 
 
 def done_run_ids(results_dir: Path, retry_failed: bool = False) -> set[str]:
-    """Runs that --resume skips: those with a record (but retryable ones if asked)."""
+    """Runs that --resume skips: those with a valid record (but retryable ones if asked); a run
+    whose record is missing, damaged or incomplete is not done."""
     return {
         r["run_id"] for r in load_records(results_dir)
         if r.get("status") != CANCELLED and not (retry_failed and r.get("status") in RETRYABLE)
