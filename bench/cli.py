@@ -17,7 +17,7 @@ from bench.data.labelled import SOURCES
 from bench.plan.config import ConfigError, json_schema, load_config
 from bench.plan.runs import RunSpec, expand
 from bench.records.grouping import runner_label
-from bench.records.store import load_records
+from bench.records.store import folder_damage, load_records
 from bench.report.allreduce import CSV_NAME, allreduce_table
 from bench.report.capacity import CSV_NAME as CAPACITY_CSV
 from bench.report.capacity import capacity_table
@@ -322,6 +322,7 @@ def cmd_report(results_dir: Path) -> int:
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder (nor a "
                           "capacity/ one); "
                           "allowed: a results folder written by a sweep")
+    damaged = folder_damage(results_dir)  # one line each, never a number from them
     rows, pipes, charts = build_report(results_dir)
     records = load_records(results_dir)
     probes = allreduce_table(results_dir, records)
@@ -340,6 +341,8 @@ def cmd_report(results_dir: Path) -> int:
         print(f"capacity:  {results_dir / CAPACITY_CSV}")
     for c in charts:
         print(f"{'report' if c.suffix == '.html' else 'chart'}:   {c}")
+    for item in damaged:
+        print(item.line(), file=sys.stderr)
     return 0
 
 

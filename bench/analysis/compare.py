@@ -79,7 +79,6 @@ argument, the value and what is allowed, exit 2 (bench.plan.config.ConfigError).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -94,7 +93,7 @@ from bench.analysis.converge import time_to_target_words
 from bench.errors import ConfigError
 from bench.plotting import pyplot
 from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of, runner_label
-from bench.records.store import load_records, runs_dir
+from bench.records.store import folder_damage, load_records, read_environment, runs_dir
 from bench.records.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile, ratio_ci
 from bench.text_table import aligned
 
@@ -375,11 +374,14 @@ def load_side(name: str, folder: str) -> dict[tuple[Any, ...], list[dict[str, An
 
 
 def load_environment(folder: str) -> dict[str, Any] | None:
-    try:
-        env = json.loads((Path(folder) / "environment.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return env if isinstance(env, dict) else None
+    """A folder's environment.json, None where it has none or it is damaged (read_environment
+    names the damage; cmd_compare prints it)."""
+    return read_environment(Path(folder))[0]
+
+
+def damage_lines(*folders: str) -> list[str]:
+    """One line per damaged file of each folder (records, environment.json) compare skips."""
+    return [item.line() for folder in folders for item in folder_damage(Path(folder))]
 
 
 # ---------------------------------------------------------------- environments
@@ -647,6 +649,8 @@ def out_folder(out: str | None, new: str) -> Path:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Compare, print, write compare.md and compare.png; 1 on a regression, else 0."""
+    for line in damage_lines(args.base, args.new):
+        print(line, file=sys.stderr)
     cmp = compare(args.base, args.new, args.threshold)
     out = out_folder(args.out, args.new)
     print(format_terminal(cmp))

@@ -59,7 +59,7 @@ def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for rec in converge_records(records):
         key = (runner_label(rec), rec.get("model"), rec.get("precision"),
-               rec.get("batch_size_per_device"), rec.get("num_nodes", 1),
+               rec.get("batch_size_per_device"), rec.get("num_nodes") or 1,
                rec.get("num_devices"))
         groups.setdefault(key, []).append(rec)
     rows = []

@@ -35,7 +35,7 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
     for key in ("host", "os", "cpu_model", "cpu_cores", "memory_bytes", "python",
                 "harness_commit"):
         row[f"env_{key}"] = env.get(key)
-    row["env_gpus"] = ", ".join(g["name"] for g in env.get("gpus") or []) or None
+    row["env_gpus"] = ", ".join(str(g.get("name") or "?") for g in env.get("gpus") or []) or None
     lock = env.get("lock") or {}
     for key in ("file", "sha256", "installer", "locked"):  # which pinned environment ran it
         row[f"env_lock_{key}"] = lock.get(key)
@@ -52,7 +52,8 @@ def load_results(results_dir: str | Path) -> pd.DataFrame:
     environment and options flattened, and the run's speedup and scaling efficiency against
     the 1-device throughput of its configuration: the median over repeats, summary.csv's
     images_per_sec of the row at bench.records.grouping.baseline_key. The median of a
-    configuration's per-run speedups is summary.csv's speedup."""
+    configuration's per-run speedups is summary.csv's speedup. Damaged records (not JSON, of
+    the wrong types, ...) are left out: bench.records.store.scan_records names them."""
     records = load_records(Path(results_dir))
     df = pd.DataFrame([_flatten(r) for r in records])
     if df.empty:

@@ -50,6 +50,7 @@ import argparse
 import csv
 import math
 import statistics
+import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -70,7 +71,7 @@ from bench.records.grouping import (
     variant_of,
 )
 from bench.records.mfu import TRAINING_FLOPS_FACTOR
-from bench.records.store import load_records
+from bench.records.store import folder_damage, load_records, read_environment
 from runners.allreduce import MIB, bus_factor, gradient_bytes
 
 BACKWARD_FRACTION = (TRAINING_FLOPS_FACTOR - 1) / TRAINING_FLOPS_FACTOR
@@ -257,13 +258,8 @@ def probe_bandwidth(probes: list[dict[str, Any]], runner: str, device: str, n: i
 
 def environment_bandwidth(results_dir: Path) -> Bandwidth | None:
     """The nominal link of the box the sweep ran on (environment.json), if it names one."""
-    import json
-
-    try:
-        env = json.loads((Path(results_dir) / "environment.json").read_text())
-    except (OSError, ValueError):
-        return None
-    link = interconnects.nominal_link(env) if isinstance(env, dict) else {}
+    env = read_environment(Path(results_dir))[0]  # None where missing or damaged
+    link = interconnects.nominal_link(env) if env else {}
     if not link.get("nominal_gbps"):
         return None
     kind = "nvlink-p100" if str(link["link"]).startswith("NVLink") else "pcie3"
@@ -596,6 +592,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     with --strategies, the strategies' communication table instead."""
     devices = parse_devices(args.devices)
     results_dir = Path(args.results_dir)
+    for item in folder_damage(results_dir):  # one line each, never a number from them
+        print(item.line(), file=sys.stderr)
     if getattr(args, "strategies", False):
         print(strategies_text(results_dir, devices, getattr(args, "model", None),
                               getattr(args, "precision", "fp32")))

@@ -219,18 +219,56 @@ def record_problems(rec: Any, name: str | None = None) -> list[str]:
     status = rec.get("status")
     if isinstance(status, str) and status not in STATUSES:
         problems.append(f"status {_short(status)} is not one of {', '.join(STATUSES)}")
+    if status == "ok":  # an ok run holds its figure (check_record's rule)
+        figure, value = (("busbw_gbps", _probe_busbw(rec)) if rec.get("mode") == "allreduce"
+                         else ("images_per_sec", rec.get("images_per_sec")))
+        if not (is_kind(value, "num") and value > 0):
+            problems.append(f"an ok record whose {figure} is {_what(value)}; allowed: a "
+                            "number above 0")
     run_id = rec.get("run_id")
     if isinstance(run_id, str) and name is not None and run_id != name:
         problems.append(f"run_id {_short(run_id)} is not the file's name")
     env = rec.get("environment")
     if isinstance(env, dict):
-        gpus, framework = env.get("gpus"), env.get("framework")
-        if gpus is not None and not (isinstance(gpus, list)
-                                     and all(isinstance(g, dict) for g in gpus)):
-            problems.append("field 'environment': gpus is not a list of objects")
-        if framework is not None and not isinstance(framework, dict):
-            problems.append("field 'environment': framework is not an object")
+        problems += [f"field 'environment': {p}" for p in environment_problems(env)]
     return problems
+
+
+# what the readers of an environment capture (environment.json, a record's environment) use
+ENVIRONMENT_FIELDS = {"host": "str", "os": "str", "cpu_model": "str", "cpu_cores": "int",
+                      "memory_bytes": "int", "python": "str", "harness_commit": "str",
+                      "gpus": "list", "framework": "dict", "gpu_topology": "dict",
+                      "lock": "dict"}
+GPU_FIELDS = {"name": "str", "pcie_max_gen": "int", "pcie_max_width": "int"}
+
+
+def environment_problems(env: dict[str, Any]) -> list[str]:
+    """What keeps an environment capture from being read: a field of another kind than its
+    readers use (ENVIRONMENT_FIELDS, and GPU_FIELDS of each GPU)."""
+    problems = [f"{k} is {_what(env[k])}; allowed: {KIND_TEXT[kind]} or null"
+                for k, kind in ENVIRONMENT_FIELDS.items()
+                if env.get(k) is not None and not is_kind(env[k], kind)]
+    for gpu in env.get("gpus") if isinstance(env.get("gpus"), list) else []:
+        if not isinstance(gpu, dict):
+            problems.append(f"a GPU is {_what(gpu)}; allowed: an object")
+            break
+        problems += [f"a GPU's {k} is {_what(gpu[k])}; allowed: {KIND_TEXT[kind]} or null"
+                     for k, kind in GPU_FIELDS.items()
+                     if gpu.get(k) is not None and not is_kind(gpu[k], kind)]
+    framework = env.get("framework")
+    if isinstance(framework, dict) and not all(isinstance(v, str) or v is None
+                                               for v in framework.values()):
+        problems.append("a framework version is not a string")
+    topo = env.get("gpu_topology")
+    if isinstance(topo, dict) and not isinstance(topo.get("nvidia_smi_topo_m") or "", str):
+        problems.append("gpu_topology.nvidia_smi_topo_m is not a string")
+    return problems
+
+
+def _probe_busbw(rec: dict[str, Any]) -> Any:
+    result = rec.get("result")
+    probe = result.get("allreduce") if isinstance(result, dict) else None
+    return probe.get("busbw_gbps") if isinstance(probe, dict) else None
 
 
 def _reject_constant(name: str) -> Any:
@@ -270,8 +308,9 @@ def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Any, str | N
 
 
 def _walk_problem(value: Any) -> str | None:
-    """Nesting past MAX_DEPTH, or a string no terminal can print (a lone surrogate): the
-    first such problem of a parsed value, found without recursion."""
+    """Nesting past MAX_DEPTH, a string no terminal can print (a lone surrogate) or a number
+    that overflowed to infinity (1e400): the first such problem of a parsed value, found
+    without recursion."""
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -286,6 +325,8 @@ def _walk_problem(value: Any) -> str | None:
             stack.extend((v, depth + 1) for v in node)
         elif isinstance(node, str) and _surrogate(node):
             return "a string holds a lone surrogate (not text)"
+        elif isinstance(node, float) and not math.isfinite(node):
+            return "a number too large for a float (a non-finite number)"
     return None
 
 
@@ -343,11 +384,8 @@ def read_environment(results_dir: Path) -> tuple[dict[str, Any] | None, Damaged 
     value, reason = read_json(path)
     if reason is None and not isinstance(value, dict):
         reason = f"top level is {_what(value)}, not an object"
-    if reason is None:
-        gpus = value.get("gpus")
-        if gpus is not None and not (isinstance(gpus, list)
-                                     and all(isinstance(g, dict) for g in gpus)):
-            reason = "gpus is not a list of objects"
+    if reason is None and (problems := environment_problems(value)):
+        reason = "; ".join(problems[:2])
     return (None, Damaged(path, reason)) if reason else (value, None)
 
 
@@ -366,7 +404,7 @@ def set_aside_damaged(results_dir: Path, run_ids: set[str]) -> list[str]:
     for item in scan_records(results_dir)[1]:
         run_id = item.path.name.removesuffix(".json")
         if run_id not in run_ids:
-            lines.append(f"{item.line(results_dir)} (not a run of this sweep: left as it is)")
+            lines.append(f"{item.line()} (not a run of this sweep: left as it is)")
             continue
         target = item.path.with_name(item.path.name + DAMAGED_SUFFIX)
         n = 1
@@ -374,7 +412,7 @@ def set_aside_damaged(results_dir: Path, run_ids: set[str]) -> list[str]:
             n += 1
             target = item.path.with_name(f"{item.path.name}{DAMAGED_SUFFIX}.{n}")
         os.replace(item.path, target)
-        lines.append(f"{item.line(results_dir)} (kept as {target.name}; the run is run again)")
+        lines.append(f"{item.line()} (kept as {target.name}; the run is run again)")
     return lines
 
 

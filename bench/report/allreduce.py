@@ -12,7 +12,6 @@ bench.analysis.interconnects reads from the sweep's environment.json (none on CP
 from __future__ import annotations
 
 import html
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 from bench.analysis import interconnects
 from bench.plotting import pyplot, save
-from bench.records.store import load_records
+from bench.records.store import load_records, read_environment
 from bench.text_table import aligned
 from runners.allreduce import ALL_REDUCE, COLLECTIVES
 
@@ -50,9 +49,8 @@ def _median(values: list[float]) -> float | None:
 def nominal(results_dir: Path, records: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """bench.analysis.interconnects.nominal_link of the sweep's environment.json (else a record's
     environment): {"link", "nominal_gbps", "how"}."""
-    try:
-        env = json.loads((Path(results_dir) / "environment.json").read_text())
-    except (OSError, ValueError):
+    env = read_environment(Path(results_dir))[0]  # None where missing or damaged
+    if env is None:
         env = next((r.get("environment") for r in records or [] if r.get("environment")), {})
     return interconnects.nominal_link(env if isinstance(env, dict) else {})
 

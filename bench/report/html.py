@@ -5,7 +5,6 @@ every run's telemetry chart and log."""
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
 from bench.records import columns
 from bench.records.grouping import runner_label
+from bench.records.store import read_environment
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
@@ -91,9 +91,8 @@ def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str])
 
 
 def _environment(records: list[dict[str, Any]], results_dir: Path) -> str:
-    try:
-        env = json.loads((Path(results_dir) / "environment.json").read_text())
-    except (OSError, ValueError):
+    env = read_environment(Path(results_dir))[0]  # None where missing or damaged
+    if env is None:
         env = (records[0].get("environment") if records else None) or {}
     gpus = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "none seen by NVML"
     topo = env.get("gpu_topology") or {}

@@ -417,9 +417,26 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
 
 
 def cv_target(results_dir: Path) -> float:
-    """The sweep's until_stable.target_cv (from its config.yaml), else stats.CV_TARGET."""
+    """The sweep's until_stable.target_cv (from its config.yaml), else stats.CV_TARGET: read
+    tolerantly (a missing, oversized, unparsable or deeply nested file, or a target that is
+    not a number in (0, 1], gives the default)."""
+    path = Path(results_dir) / "config.yaml"
     try:
-        cfg = yaml.safe_load((Path(results_dir) / "config.yaml").read_text()) or {}
-        return float((cfg.get("until_stable") or {}).get("target_cv", CV_TARGET))
-    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        if not path.is_file():  # never open a FIFO or a device
+            return CV_TARGET
+        with open(path, "rb") as fh:
+            data = fh.read(CONFIG_MAX_BYTES + 1)
+        if len(data) > CONFIG_MAX_BYTES:
+            return CV_TARGET
+        cfg = yaml.safe_load(data.decode("utf-8"))
+        target = cfg["until_stable"]["target_cv"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError, LookupError,
+            TypeError):
         return CV_TARGET
+    if isinstance(target, bool) or not isinstance(target, (int, float)) \
+            or not 0 < target <= 1:  # NaN fails too
+        return CV_TARGET
+    return float(target)
+
+
+CONFIG_MAX_BYTES = 2**20  # a sweep's config.yaml is a few KB

@@ -25,7 +25,7 @@ from bench.errors import ConfigError
 from bench.plan.config import SweepConfig
 from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
 from bench.records.grouping import runner_label
-from bench.records.store import done_run_ids, load_records, write_json_atomic
+from bench.records.store import done_run_ids, load_records, set_aside_damaged, write_json_atomic
 from bench.records.trust import coefficient_of_variation
 from bench.run import capacity, environment, slurm, sweep_lock
 from bench.run.envs import EnvError, ensure_env, python_for
@@ -63,6 +63,12 @@ def run_sweep(cfg: SweepConfig, runs: list[RunSpec], out: Path, *, resume: bool 
     done = (capacity.searches_done(out, cfg.scale, runs, retry_failed) if capacity_mode
             else done_run_ids(out, retry_failed)) if resume else set()
     todo = [r for r in runs if r.run_id not in done]
+    if resume and not capacity_mode:  # a damaged record's run runs again; its file is kept
+        try:
+            for line in set_aside_damaged(out, {r.run_id for r in todo}):
+                print(line, file=sys.stderr, flush=True)
+        except OSError as exc:
+            return SweepEnd(code=cannot_write(out, exc), lock=lock)
     what = "capacity searches" if capacity_mode else "runs"
     print(f"sweep {cfg.name}: {len(runs)} {what}, {len(runs) - len(todo)} already done, "
           f"results in {out}", flush=True)
