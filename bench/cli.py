@@ -27,7 +27,7 @@ from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
-from bench.run.sweep import precheck, results_folder, run_sweep
+from bench.run.sweep import precheck, results_folder, run_sweep, stop_signals_interrupt
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict", "check-model")
@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="skip runs that already have a record (default folder: the newest "
                           "results/<name>-*)")
+    run.add_argument("--new-fingerprint", action="store_true",
+                     help="with --resume, when the settings differ from the folder's (its "
+                          "fingerprint.json: every setting that changes a figure): take the "
+                          "new ones; the earlier results move to DIR/superseded/<time>/ "
+                          "(kept, never reported with the new ones) and every run runs again. "
+                          "Without it such a resume exits 2 naming each changed setting")
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume, run failed, timed-out and OOM runs again")
     run.add_argument("--quiet-setup", action="store_true", help="hide pip's output")
@@ -185,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a folder this user cannot write, a full disk: one line, no trace
+        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; nothing half-written "
+              "is left (every file is written whole or not at all)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 def default_variant() -> str:
@@ -420,19 +433,42 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{cfg.until_stable['max_repeats']} runs each")
         print_plan(runs)
         return 0
+    if args.new_fingerprint and not args.resume:
+        raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
+                          "its own fingerprint)")
     end = run_sweep(cfg, runs, out, resume=args.resume, retry_failed=args.retry_failed,
-                    detach=args.detach, quiet_setup=args.quiet_setup)
+                    detach=args.detach, quiet_setup=args.quiet_setup,
+                    new_fingerprint=args.new_fingerprint)
     if end.code is not None:
         return end.code
     if end.detached:
         return 0
-    if end.signum is not None:
-        print(f"\ninterrupted ({signal.Signals(end.signum).name}): finished records are kept "
+    try:  # a second Ctrl-C (or a SIGTERM) during the report ends quietly: every file is whole
+        with stop_signals_interrupt():
+            return report_end(out, end.signum)
+    except KeyboardInterrupt as exc:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # one line, whatever comes next
+        now = getattr(exc, "signum", signal.SIGINT)
+        print(f"\ninterrupted ({signal.Signals(now).name}) "
+              f"while the report was written: the records are kept in {out}, each report "
+              f"file whole (old or new); `run_bench.py report {out}` writes them again",
+              file=sys.stderr)
+        return 128 + (end.signum or now)
+    except OSError as exc:  # a full disk: the records stay, no half file, no temporary
+        print(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the records are "
+              f"kept in {out}; free space, then `run_bench.py report {out}`", file=sys.stderr)
+        return 1
+
+
+def report_end(out: Path, signum: int | None) -> int:
+    """The end of a sweep that ran here: the report written and shown (after a stop signal:
+    the line saying so, and the report written)."""
+    if signum is not None:
+        print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept "
               f"in {out}; continue with --resume --out {out}", file=sys.stderr)
         build_report(out)
-        if end.lock:
-            end.lock.close()
-        return 128 + end.signum
+        return 128 + signum
     rows, pipes, charts = build_report(out)
     print()
     records = load_records(out)
