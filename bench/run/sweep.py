@@ -177,7 +177,10 @@ def check_fingerprint(cfg: SweepConfig, out: Path, new_fingerprint: bool) -> Non
     if not path.exists():
         return
     try:
-        stored = json.loads(path.read_text(errors="replace")[:1_000_000])["settings"]
+        with open(path, "rb") as fh:  # a bounded read: a fingerprint is a few KB
+            stored = json.loads(fh.read(1 << 20).decode(errors="replace"))["settings"]
+        if not isinstance(stored, dict):
+            raise TypeError("settings: not a mapping")
         changes = fingerprint_changes(stored, fingerprint(cfg))
     except (OSError, ValueError, TypeError, KeyError, RecursionError):
         changes = [("fingerprint.json", "(unreadable)", "(this sweep's)")]
