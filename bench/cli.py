@@ -447,18 +447,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         with stop_signals_interrupt():
             return report_end(out, end.signum)
     except KeyboardInterrupt as exc:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # one line, whatever comes next
-        now = getattr(exc, "signum", signal.SIGINT)
-        print(f"\ninterrupted ({signal.Signals(now).name}) "
-              f"while the report was written: the records are kept in {out}, each report "
-              f"file whole (old or new); `run_bench.py report {out}` writes them again",
-              file=sys.stderr)
-        return 128 + (end.signum or now)
+        return report_interrupted(out, end.signum, exc)
     except OSError as exc:  # a full disk: the records stay, no half file, no temporary
+        if (interrupt := interrupted_by(exc)) is not None:
+            return report_interrupted(out, end.signum, interrupt)
         print(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the records are "
               f"kept in {out}; free space, then `run_bench.py report {out}`", file=sys.stderr)
         return 1
+    except Exception as exc:  # a Ctrl-C inside a C extension's import comes as ImportError
+        if (interrupt := interrupted_by(exc)) is None:
+            raise
+        return report_interrupted(out, end.signum, interrupt)
+
+
+def interrupted_by(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP as Stopped) that caused exc, if any."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def report_interrupted(out: Path, first: int | None, exc: KeyboardInterrupt) -> int:
+    """A stop signal while the report was written: one line; the records and every report
+    file are whole (each written through a temporary name and a rename)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # one line, whatever comes next
+    now = getattr(exc, "signum", signal.SIGINT)
+    print(f"\ninterrupted ({signal.Signals(now).name}) while the report was written: the "
+          f"records are kept in {out}, each report file whole (old or new); "
+          f"`run_bench.py report {out}` writes them again", file=sys.stderr)
+    return 128 + (first or now)
 
 
 def report_end(out: Path, signum: int | None) -> int:
