@@ -51,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                           "results/<name>-*)")
     run.add_argument("--new-fingerprint", action="store_true",
                      help="with --resume, when the settings differ from the folder's (its "
-                          "fingerprint.json: every setting that changes a figure): take the "
-                          "new ones; the earlier results move to DIR/superseded/<time>/ "
+                          "fingerprint.json: every setting that changes a figure; the matrix "
+                          "(runners, devices, batch sizes...) may only grow): take the new ones; "
+                          "the earlier results move to DIR/superseded/<time>/ "
                           "(kept, never reported with the new ones) and every run runs again. "
                           "Without it such a resume exits 2 naming each changed setting")
     run.add_argument("--retry-failed", action="store_true",

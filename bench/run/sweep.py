@@ -34,6 +34,7 @@ from bench.run.launch import launch, record_without_run
 from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
 from bench.run.progress import SweepProgress, outcome_detail
 from models import get_spec
+from runners import settings
 
 
 @dataclass
@@ -142,6 +143,9 @@ SUPERSEDED = "superseded"
 NOT_FINGERPRINTED = frozenset({"name", "description", "timeout_s", "telemetry", "cluster",
                                "repeats", "until_stable"})
 _ABSENT = object()  # a key one side of a comparison does not have
+# the matrix's keys: a value each is its own runs (runners/settings.py's axis keys)
+AXES = frozenset(s.key_name for s in settings.config_settings() if s.key is not None
+                 and s.key.axis)
 
 
 def fingerprint(cfg: SweepConfig) -> dict[str, Any]:
@@ -160,6 +164,18 @@ def fingerprint_changes(old: Any, new: Any, key: str = "") -> list[tuple[str, An
             found += fingerprint_changes(old.get(k, _ABSENT), new.get(k, _ABSENT), sub)
         return found
     return [] if old == new else [(key, old, new)]
+
+
+def matrix_grows(key: str, old: Any, new: Any, stored: dict[str, Any],
+                 current: dict[str, Any]) -> bool:
+    """A change a resume may make: an axis that keeps all its earlier values and adds some
+    (a device count, a runner, a batch size: new runs beside the old, each record's settings
+    the same), or the options of a runner so added. config.yaml then describes every record."""
+    if key in AXES:
+        return isinstance(old, list) and isinstance(new, list) and all(v in new for v in old)
+    runner = key.split(".")[1] if key.startswith("runner_options.") else None
+    return (old is _ABSENT and runner is not None and key.count(".") == 1
+            and runner not in (stored.get("runners") or []) and runner in current["runners"])
 
 
 def _short(value: Any, width: int = 30) -> str:
@@ -181,7 +197,9 @@ def check_fingerprint(cfg: SweepConfig, out: Path, new_fingerprint: bool) -> Non
             stored = json.loads(fh.read(1 << 20).decode(errors="replace"))["settings"]
         if not isinstance(stored, dict):
             raise TypeError("settings: not a mapping")
-        changes = fingerprint_changes(stored, fingerprint(cfg))
+        current = fingerprint(cfg)
+        changes = [c for c in fingerprint_changes(stored, current)
+                   if not matrix_grows(*c, stored, current)]
     except (OSError, ValueError, TypeError, KeyError, RecursionError):
         changes = [("fingerprint.json", "(unreadable)", "(this sweep's)")]
     if not changes:
@@ -191,8 +209,9 @@ def check_fingerprint(cfg: SweepConfig, out: Path, new_fingerprint: bool) -> Non
         more = f"; and {len(changes) - 8} more" if len(changes) > 8 else ""
         raise ConfigError(
             f"--resume: the settings differ from those of the results in {out}: {shown}{more}; "
-            f"allowed: the same settings, a new folder (--out NEW), or --new-fingerprint to "
-            f"take the new ones (the earlier results move to {out}/{SUPERSEDED}/)")
+            "allowed: the same settings (the matrix may grow), a new folder (--out NEW), or "
+            f"--new-fingerprint to take the new ones (the earlier results move to "
+            f"{out}/{SUPERSEDED}/)")
     aside = out / SUPERSEDED / datetime.now().strftime("%Y%m%d-%H%M%S")
     aside.mkdir(parents=True, exist_ok=True)
     moved = 0
