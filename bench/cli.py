@@ -27,7 +27,7 @@ from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
-from bench.run.sweep import precheck, results_folder, run_sweep
+from bench.run.sweep import precheck, results_folder, run_sweep, stop_signals_interrupt
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict", "check-model")
@@ -49,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="skip runs that already have a record (default folder: the newest "
                           "results/<name>-*)")
+    run.add_argument("--new-fingerprint", action="store_true",
+                     help="with --resume, when the settings differ from the folder's (its "
+                          "fingerprint.json: every setting that changes a figure; the matrix "
+                          "(runners, devices, batch sizes...) may only grow): take the new ones; "
+                          "the earlier results move to DIR/superseded/<time>/ "
+                          "(kept, never reported with the new ones) and every run runs again. "
+                          "Without it such a resume exits 2 naming each changed setting")
     run.add_argument("--retry-failed", action="store_true",
                      help="with --resume, run failed, timed-out and OOM runs again")
     run.add_argument("--quiet-setup", action="store_true", help="hide pip's output")
@@ -185,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a folder this user cannot write, a full disk: one line, no trace
+        print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; nothing half-written "
+              "is left (every file is written whole or not at all)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 def default_variant() -> str:
@@ -423,19 +437,65 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{cfg.until_stable['max_repeats']} runs each")
         print_plan(runs)
         return 0
+    if args.new_fingerprint and not args.resume:
+        raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
+                          "its own fingerprint)")
     end = run_sweep(cfg, runs, out, resume=args.resume, retry_failed=args.retry_failed,
-                    detach=args.detach, quiet_setup=args.quiet_setup)
+                    detach=args.detach, quiet_setup=args.quiet_setup,
+                    new_fingerprint=args.new_fingerprint)
     if end.code is not None:
         return end.code
     if end.detached:
         return 0
-    if end.signum is not None:
-        print(f"\ninterrupted ({signal.Signals(end.signum).name}): finished records are kept "
+    try:  # a second Ctrl-C (or a SIGTERM) during the report ends quietly: every file is whole
+        with stop_signals_interrupt():
+            return report_end(out, end.signum)
+    except KeyboardInterrupt as exc:
+        return report_interrupted(out, end.signum, exc)
+    except OSError as exc:  # a full disk: the records stay, no half file, no temporary
+        if (interrupt := interrupted_by(exc)) is not None:
+            return report_interrupted(out, end.signum, interrupt)
+        print(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the records are "
+              f"kept in {out}; free space, then `run_bench.py report {out}`", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a Ctrl-C inside a C extension's import comes as ImportError
+        if (interrupt := interrupted_by(exc)) is None:
+            raise
+        return report_interrupted(out, end.signum, interrupt)
+
+
+def interrupted_by(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (Ctrl-C, or SIGTERM/SIGHUP as Stopped) that caused exc, if any."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def report_interrupted(out: Path, first: int | None, exc: KeyboardInterrupt) -> int:
+    """A stop signal while the report was written: one line; the records and every report
+    file are whole (each written through a temporary name and a rename)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # one line, whatever comes next
+    now = getattr(exc, "signum", signal.SIGINT)
+    print(f"\ninterrupted ({signal.Signals(now).name}) while the report was written: the "
+          f"records are kept in {out}, each report file whole (old or new); "
+          f"`run_bench.py report {out}` writes them again", file=sys.stderr)
+    return 128 + (first or now)
+
+
+def report_end(out: Path, signum: int | None) -> int:
+    """The end of a sweep that ran here: the report written and shown (after a stop signal:
+    the line saying so, and the report written)."""
+    if signum is not None:
+        print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept "
               f"in {out}; continue with --resume --out {out}", file=sys.stderr)
         build_report(out)
-        if end.lock:
-            end.lock.close()
-        return 128 + end.signum
+        return 128 + signum
     rows, pipes, charts = build_report(out)
     print()
     records = load_records(out)

@@ -18,8 +18,19 @@ def pyplot() -> Any:
 
 def save(fig: Any, path: Path, plt: Any) -> Path:
     """Lay the figure out, write it to path (its folder made) at the report's dpi, close it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, 110)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def save_figure(fig: Any, path: Path, dpi: int) -> Path:
+    """fig as an image at path (its format from the suffix), written whole or not at all
+    (bench.records.store.atomic_file: a temporary name, the umask's permissions)."""
+    from bench.records.store import atomic_file
+
+    with atomic_file(path, "wb") as fh:
+        fig.savefig(fh, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png")
     return path

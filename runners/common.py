@@ -17,7 +17,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -254,11 +253,15 @@ def finite(value: Any) -> float:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON through a temporary name and a rename, with the umask's permissions (not
+    mkstemp's 0600: a colleague reads the results folder too)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    text = json.dumps(data, indent=2, default=_plain)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 & ~umask
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, default=_plain)
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:  # a full disk: no half-written temporary left beside the result
         with contextlib.suppress(OSError):

@@ -60,7 +60,7 @@ from bench.analysis import interconnects
 from bench.analysis.stats import summarise
 from bench.catalog.registry import PROBES, RUNNERS
 from bench.errors import ConfigError
-from bench.plotting import pyplot
+from bench.plotting import pyplot, save_figure
 from bench.records.grouping import (
     batch_of,
     config_key,
@@ -71,7 +71,7 @@ from bench.records.grouping import (
     variant_of,
 )
 from bench.records.mfu import TRAINING_FLOPS_FACTOR
-from bench.records.store import folder_damage, load_records, read_environment
+from bench.records.store import atomic_file, folder_damage, load_records, read_environment
 from runners.allreduce import MIB, bus_factor, gradient_bytes
 
 BACKWARD_FRACTION = (TRAINING_FLOPS_FACTOR - 1) / TRAINING_FLOPS_FACTOR
@@ -492,15 +492,13 @@ CSV_FIELDS = (
 
 def write_csv(results_dir: Path, rows: list[dict[str, Any]]) -> Path:
     path = Path(results_dir) / CSV_NAME
-    tmp = path.with_name(f".{CSV_NAME}.tmp")
-    with open(tmp, "w", newline="") as fh:
+    with atomic_file(path, newline="") as fh:  # whole or not at all, umask's permissions
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for r in rows:
             writer.writerow({k: ("" if r.get(k) is None else
                                  round(r[k], 6) if isinstance(r[k], float) else r[k])
                              for k in CSV_FIELDS})
-    tmp.replace(path)
     return path
 
 
@@ -549,10 +547,11 @@ def render_chart(results_dir: Path, forecast: Forecast) -> Path:
                  + ("\nvirtual CPU devices: the measured ones share one host's cores"
                     if virtual else ""), fontsize=11)
     path = Path(results_dir) / "charts" / CHART_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        save_figure(fig, path, 110)
+    finally:
+        plt.close(fig)
     return path
 
 

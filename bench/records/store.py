@@ -6,10 +6,11 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import stat
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from bench.records import columns
 
@@ -27,20 +28,40 @@ REQUIRED = columns.keys("record")
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so a reader (or a killed sweep) never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(json_safe(data), fh, indent=2, sort_keys=True, default=_jsonable,
+    text = json.dumps(json_safe(data), indent=2, sort_keys=True, default=_jsonable,
                       allow_nan=False)
-            fh.write("\n")
+    with atomic_file(path) as fh:
+        fh.write(text + "\n")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """A file to write that appears at path only whole: a temporary name beside it, fsynced
+    and renamed; created with the process umask's permissions (mkstemp's 0600 would hide the
+    results from a colleague). A failed write (a full disk) removes the temporary and leaves
+    the last good file; the OSError names path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 & ~umask
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename in (None, str(tmp), tmp):
+            exc.filename = str(path)  # the file the user knows, not the temporary
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write text through atomic_file: never half a file."""
+    with atomic_file(path) as fh:
+        fh.write(text)
 
 
 def json_safe(value: Any) -> Any:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.converge import clock, converge_records
+from bench.plotting import save_figure
 from bench.records.grouping import runner_label
+from bench.records.store import atomic_file
 
 CSV_NAME = "converge.csv"
 CHART_NAME = "converge_accuracy_vs_time.png"
@@ -107,8 +109,7 @@ def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     fields = [k for k in rows[0] if k not in ("recipe", "time_to_target_interval")]
     fields += ["time_to_target_low_s", "time_to_target_high_s", "time_to_target_interval",
                "recipe"]
-    tmp = path.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as fh:
+    with atomic_file(path, newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in rows:
@@ -118,7 +119,6 @@ def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
                              "time_to_target_high_s": interval[1],
                              "time_to_target_interval": interval[2],
                              "recipe": recipe_line(r["recipe"]) if r.get("recipe") else None})
-    tmp.replace(path)
     return path
 
 
@@ -181,7 +181,7 @@ def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
     charts.mkdir(parents=True, exist_ok=True)
     path = charts / CHART_NAME
     fig.tight_layout(rect=(0, 0, 0.80 if len(counts) > 1 else 0.72, 1))
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, 110)
     plt.close(fig)
     return path
 

@@ -13,7 +13,7 @@ from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
 from bench.records import columns
 from bench.records.grouping import runner_label
-from bench.records.store import read_environment
+from bench.records.store import read_environment, write_text_atomic
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
@@ -158,7 +158,5 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(name)}</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
     path = results_dir / "report.html"
-    tmp = path.with_name(".report.html.tmp")
-    tmp.write_text(page)
-    tmp.replace(path)
+    write_text_atomic(path, page)
     return path

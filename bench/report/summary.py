@@ -22,7 +22,7 @@ from bench.analysis.stats import (
 from bench.plotting import pyplot, save
 from bench.records import columns
 from bench.records.grouping import runner_label
-from bench.records.store import load_records
+from bench.records.store import atomic_file, load_records
 from bench.report import allreduce as allreduce_report
 from bench.report import capacity as capacity_report
 from bench.report import converge as converge_report
@@ -43,13 +43,11 @@ def write_summary(results_dir: Path, rows: list[dict[str, Any]],
     view of bench/records/columns.py)."""
     fields = columns.keys("csv") if fields is None else fields
     path = Path(results_dir) / name
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as fh:
+    with atomic_file(path, newline="") as fh:  # a full disk leaves the last good file
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         for row in rows:
             writer.writerow({k: _fmt(row[k]) for k in fields})
-    tmp.replace(path)
     return path
 
 

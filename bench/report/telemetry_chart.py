@@ -10,7 +10,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from bench.plotting import pyplot
+from bench.plotting import pyplot, save_figure
 from bench.run.telemetry import gpu_indices_of
 
 CHART_DIR = "telemetry"
@@ -65,9 +65,10 @@ def render_run(rec: dict[str, Any], results_dir: Path, plt: Any) -> Path | None:
     fig.suptitle(f"{rec['run_id']} ({rec['status']})" + (f"\n{why}" if why else ""), fontsize=9)
     fig.tight_layout()
     target = Path(results_dir) / "charts" / CHART_DIR / f"{rec['run_id']}.png"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=90)
-    plt.close(fig)
+    try:
+        save_figure(fig, target, 90)  # whole or not at all
+    finally:
+        plt.close(fig)
     return target
 
 

@@ -9,6 +9,13 @@ group, launcher ranks and loader workers included, plus any descendant that left
 re-parented to init, beside the runs a `--resume` starts (issue 14: 97.9 images/sec against
 151.8 on a quiet machine, nothing in the record saying why).
 
+The guard is also the run's child subreaper (Linux prctl PR_SET_CHILD_SUBREAPER): a descendant
+that detaches (a double fork, setsid) is re-parented to the guard, not to init, so it stays in
+the tree the guard walks. When CMD ends, normally too, the guard kills every descendant still
+alive, reaps them, and (given a report FD) tells the parent how many there were and how many had
+left the group, for the record's `left_running`. A cgroup would hold them too; it needs a
+delegated hierarchy that an unprivileged sweep rarely has, and the subreaper needs nothing.
+
 The guard exits as CMD did: with its code, or by the same signal, so the parent's
 classification (SIGKILL: likely the OOM killer) is unchanged. It imports only the standard
 library and starts in milliseconds.
@@ -17,11 +24,13 @@ library and starts in milliseconds.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 _PARENT_PIPE: tuple[int, int] | None = None
@@ -36,11 +45,13 @@ def parent_death_fd() -> int:
     return _PARENT_PIPE[0]
 
 
-def guarded(cmd: list[str]) -> tuple[list[str], int]:
+def guarded(cmd: list[str], report_fd: int | None = None) -> tuple[list[str], int]:
     """(the command run under a guard, the fd to pass it): start it with
-    start_new_session=True and pass_fds=(fd,)."""
+    start_new_session=True and pass_fds=(fd,) (and report_fd, the write end of a pipe the
+    guard writes what it found left running into, as JSON, when given)."""
     fd = parent_death_fd()
-    return [sys.executable, "-m", "bench.run.guard", str(fd), "--", *cmd], fd
+    report = [] if report_fd is None else [str(report_fd)]
+    return [sys.executable, "-m", "bench.run.guard", str(fd), *report, "--", *cmd], fd
 
 
 def cannot_start(program: str | Path) -> str | None:
@@ -52,8 +63,10 @@ def cannot_start(program: str | Path) -> str | None:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid, from the ppid fields of /proc/<pid>/stat."""
+    """Every live descendant of pid (zombies left out: they are dead, only not yet reaped),
+    from the ppid fields of /proc/<pid>/stat."""
     children: dict[int, list[int]] = {}
+    dead: set[int] = set()
     try:
         entries = list(Path("/proc").iterdir())
     except OSError:  # no /proc (macOS): the process group alone is killed
@@ -65,19 +78,61 @@ def descendants(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        children.setdefault(int(ppid), []).append(int(entry.name))
+        if state in ("Z", "X"):
+            dead.add(int(entry.name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
-            found.append(child)
+            if child not in dead:
+                found.append(child)
             todo.append(child)
     return found
 
 
+def become_subreaper() -> bool:
+    """Make this process the child subreaper of its descendants (Linux): orphans, those that
+    detached with setsid included, are re-parented to it. False where it is not available."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def end_left_running(report_fd: int | None) -> None:
+    """After CMD ended: SIGKILL every descendant still alive (the subreaper holds those that
+    left the group), reap them, and write {"left": n, "detached": m} to report_fd."""
+    left = descendants(os.getpid())
+    detached = 0
+    for pid in left:
+        with contextlib.suppress(OSError):
+            detached += os.getpgid(pid) != os.getpgrp()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:  # reap what was re-parented to us
+        try:
+            reaped, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if not reaped:
+            if not descendants(os.getpid()):
+                break
+            time.sleep(0.02)
+    if report_fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(report_fd, json.dumps({"left": len(left), "detached": detached}).encode())
+            os.close(report_fd)
+
+
 def kill_everything(child: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's descendants (even those that left the group), then the group."""
-    for pid in descendants(child.pid):
+    """SIGKILL the guard's descendants (the child's, even those that left the group and were
+    re-parented to the guard), then the group."""
+    for pid in descendants(os.getpid()):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     os.killpg(os.getpgrp(), signal.SIGKILL)  # the guard too: nothing of the run outlives it
@@ -101,8 +156,11 @@ def _default_signals() -> None:
 
 
 def main(argv: list[str]) -> int:
+    report_fd = None
+    if len(argv) >= 4 and argv[1].isdigit() and argv[2] == "--":  # FD REPORT_FD -- CMD
+        report_fd, argv = int(argv[1]), [argv[0], *argv[2:]]
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m bench.run.guard FD -- CMD ...", file=sys.stderr)
+        print("usage: python -m bench.run.guard FD [REPORT_FD] -- CMD ...", file=sys.stderr)
         return 2
     fd, cmd = int(argv[0]), argv[2:]
     # a SIGTERM to the group (the parent's timeout, Ctrl-C) reaches the child directly; the
@@ -110,6 +168,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    become_subreaper()  # before the child starts: all it detaches stays below the guard
     try:
         child = subprocess.Popen(cmd, preexec_fn=_default_signals)
     except OSError as exc:
@@ -117,6 +176,7 @@ def main(argv: list[str]) -> int:
         return 127
     threading.Thread(target=watch, args=(fd, child), daemon=True).start()
     code = child.wait()
+    end_left_running(report_fd)  # nothing of the run outlives it, a normal end included
     if code < 0:  # die by the same signal, so the parent sees what the child saw
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-code, signal.SIG_DFL)

@@ -9,11 +9,14 @@ child wrote; logs are kept for people, never parsed for numbers.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +28,7 @@ from bench.records import columns
 from bench.records.mfu import TRAINING_FLOPS_FACTOR, mfu
 from bench.records.store import SCHEMA_VERSION, json_safe, record_path, runs_dir, write_json_atomic
 from bench.run.environment import lock_for
-from bench.run.guard import cannot_start, guarded
+from bench.run.guard import cannot_start, descendants, guarded
 from bench.run.telemetry import Sampler, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
 from bench.run.verdict import CHILD_FIELDS, _first_line, classify
@@ -138,12 +141,39 @@ def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_pat
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the child's process group, then SIGKILL whatever is left of it."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=KILL_GRACE_S)
-    _signal_group(proc.pid, signal.SIGKILL)  # also what the leader started and left behind
-    proc.wait()
+    """SIGTERM the child's process group, then SIGKILL whatever is left of it and of the
+    guard's tree (descendants that left the group, re-parented to the guard); a second
+    Ctrl-C meanwhile waits until the kill is done."""
+    with signals_deferred():
+        _signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=KILL_GRACE_S)
+        if proc.poll() is None:  # the guard is alive: its tree holds what left the group
+            for pid in descendants(proc.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        _signal_group(proc.pid, signal.SIGKILL)  # also what the leader started and left behind
+        proc.wait()
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held while a run is killed (so the kill is never cut off
+    half-way, leaving the group alive); one that came is delivered again afterwards."""
+    came: list[int] = []
+    try:
+        old = {s: signal.signal(s, lambda signum, _f: came.append(signum))
+               for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    except ValueError:  # not the main thread: signals are not ours to hold
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if came and not isinstance(sys.exc_info()[1], KeyboardInterrupt):  # else it is one
+            os.kill(os.getpid(), came[0])
 
 
 def _group_alive(pgid: int) -> bool:
@@ -229,15 +259,19 @@ def watch(spec: RunSpec, python: str | Path, cmd: list[str], env: dict[str, str]
         if reason:
             seen.cannot_start = f"cannot start interpreter {python}: {reason}"
             return seen
+        report_r, report_w = os.pipe()  # the guard says what it found left running
         try:
             try:
-                guarded_cmd, watch_fd = guarded(cmd)
+                guarded_cmd, watch_fd = guarded(cmd, report_w)
                 proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env, stdout=log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        start_new_session=True, pass_fds=(watch_fd,))
+                                        start_new_session=True, pass_fds=(watch_fd, report_w))
             except OSError as exc:
                 seen.cannot_start = f"cannot start interpreter {python}: {exc.strerror}"
+                os.close(report_r)
                 return seen
+            finally:
+                os.close(report_w)
             if spec.telemetry:
                 try:
                     seen.sampler = Sampler(proc.pid, sampled_gpus(spec, env),
@@ -258,15 +292,38 @@ def watch(spec: RunSpec, python: str | Path, cmd: list[str], env: dict[str, str]
                 _kill_group(proc)
             if seen.sampler:
                 seen.sampler.stop()
+            os.close(report_r)
             raise
     seen.samples = seen.sampler.stop() if seen.sampler else None
     seen.wall_time_s = round(time.monotonic() - t0, 3)
+    left = _guard_report(report_r)
     if proc is not None:
         seen.returncode = proc.returncode
-        if _group_alive(proc.pid):  # what the run started and left running (workers, ranks)
-            seen.left_running = "processes of the run's group outlived it; killed"
+        if left.get("left"):  # what the run started and left running (workers, ranks)
+            detached = left.get("detached") or 0
+            seen.left_running = (f"{left['left']} processes of the run outlived it"
+                                 + (f" ({detached} had left its process group)" if detached
+                                    else "") + "; killed")
+        if _group_alive(proc.pid):
+            seen.left_running = seen.left_running or \
+                "processes of the run's group outlived it; killed"
             _signal_group(proc.pid, signal.SIGKILL)
     return seen
+
+
+def _guard_report(fd: int) -> dict[str, Any]:
+    """What the guard wrote into its report pipe (bench/run/guard.end_left_running), read once
+    it has exited; {} when it wrote nothing (killed, or never started). Closes fd."""
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, 4096)
+        found = json.loads(data) if data else {}
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def window_telemetry(rec: dict[str, Any], spec: RunSpec, seen: Watched, path: Path) -> None:

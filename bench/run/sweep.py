@@ -7,7 +7,7 @@ stopping it cleanly. The cli renders the report of what it leaves in the folder.
 from __future__ import annotations
 
 import contextlib
-import os
+import json
 import signal
 import sys
 import time
@@ -24,6 +24,7 @@ from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
 from bench.errors import ConfigError
 from bench.plan.config import SweepConfig
 from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
+from bench.records import store
 from bench.records.grouping import runner_label
 from bench.records.store import done_run_ids, load_records, set_aside_damaged, write_json_atomic
 from bench.records.trust import coefficient_of_variation
@@ -33,6 +34,7 @@ from bench.run.launch import launch, record_without_run
 from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
 from bench.run.progress import SweepProgress, outcome_detail
 from models import get_spec
+from runners import settings
 
 
 @dataclass
@@ -50,13 +52,18 @@ class SweepEnd:
 
 def run_sweep(cfg: SweepConfig, runs: list[RunSpec], out: Path, *, resume: bool = False,
               retry_failed: bool = False, detach: bool = False,
-              quiet_setup: bool = False) -> SweepEnd:
-    """Run the plan into out (see the module's docstring); what is left is records."""
+              quiet_setup: bool = False, new_fingerprint: bool = False) -> SweepEnd:
+    """Run the plan into out (see the module's docstring); what is left is records. A resume
+    whose settings differ from the folder's fingerprint is refused (ConfigError) before
+    anything is written, unless new_fingerprint (the earlier results set aside)."""
     env = environment.capture()
     try:
         lock = acquire_folder(out)  # held until this process ends (a dead one's is taken over)
+        if resume:
+            check_fingerprint(cfg, out, new_fingerprint)
         write_json_atomic(out / "environment.json", env)
         write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        write_json_atomic(out / FINGERPRINT, {"version": 1, "settings": fingerprint(cfg)})
     except OSError as exc:
         return SweepEnd(code=cannot_write(out, exc))
     capacity_mode = "capacity" in cfg.mode  # alone: each run is a search's first probe
@@ -135,6 +142,94 @@ def acquire_folder(out: Path) -> IO[str]:
         raise ConfigError(str(exc)) from None
 
 
+FINGERPRINT = "fingerprint.json"
+SUPERSEDED = "superseded"
+# keys that change no figure: labels, a time limit, what is sampled beside the run, where it
+# runs, and how many repeats of the same configuration (they add or omit runs, never mix)
+NOT_FINGERPRINTED = frozenset({"name", "description", "timeout_s", "telemetry", "cluster",
+                               "repeats", "until_stable"})
+_ABSENT = object()  # a key one side of a comparison does not have
+# the matrix's keys: a value each is its own runs (runners/settings.py's axis keys)
+AXES = frozenset(s.key_name for s in settings.config_settings() if s.key is not None
+                 and s.key.axis)
+
+
+def fingerprint(cfg: SweepConfig) -> dict[str, Any]:
+    """Every resolved setting that changes a figure (config.yaml's keys less NOT_FINGERPRINTED),
+    as JSON values."""
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in NOT_FINGERPRINTED}
+    return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+
+def fingerprint_changes(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of each difference; a mapping compared key by key."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for k in sorted(set(old) | set(new), key=str):
+            sub = f"{key}.{k}" if key else str(k)
+            found += fingerprint_changes(old.get(k, _ABSENT), new.get(k, _ABSENT), sub)
+        return found
+    return [] if old == new else [(key, old, new)]
+
+
+def matrix_grows(key: str, old: Any, new: Any, stored: dict[str, Any],
+                 current: dict[str, Any]) -> bool:
+    """A change a resume may make: an axis that keeps all its earlier values and adds some
+    (a device count, a runner, a batch size: new runs beside the old, each record's settings
+    the same), or the options of a runner so added. config.yaml then describes every record."""
+    if key in AXES:
+        return isinstance(old, list) and isinstance(new, list) and all(v in new for v in old)
+    runner = key.split(".")[1] if key.startswith("runner_options.") else None
+    return (old is _ABSENT and runner is not None and key.count(".") == 1
+            and runner not in (stored.get("runners") or []) and runner in current["runners"])
+
+
+def _short(value: Any, width: int = 30) -> str:
+    text = "(not set)" if value is _ABSENT else json.dumps(value, default=str)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def check_fingerprint(cfg: SweepConfig, out: Path, new_fingerprint: bool) -> None:
+    """--resume into out: refuse settings that differ from its stored fingerprint (one line,
+    ConfigError) unless new_fingerprint, which moves the earlier results to
+    out/superseded/<time>/ (kept, never reported with the new ones). A folder from before
+    fingerprints (none stored) resumes as it always did; an unreadable fingerprint is treated
+    as a different one."""
+    path = out / FINGERPRINT
+    if not path.exists():
+        return
+    try:
+        with open(path, "rb") as fh:  # a bounded read: a fingerprint is a few KB
+            stored = json.loads(fh.read(1 << 20).decode(errors="replace"))["settings"]
+        if not isinstance(stored, dict):
+            raise TypeError("settings: not a mapping")
+        current = fingerprint(cfg)
+        changes = [c for c in fingerprint_changes(stored, current)
+                   if not matrix_grows(*c, stored, current)]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        changes = [("fingerprint.json", "(unreadable)", "(this sweep's)")]
+    if not changes:
+        return
+    if not new_fingerprint:
+        shown = "; ".join(f"{k}: {_short(a)} -> {_short(b)}" for k, a, b in changes[:8])
+        more = f"; and {len(changes) - 8} more" if len(changes) > 8 else ""
+        raise ConfigError(
+            f"--resume: the settings differ from those of the results in {out}: {shown}{more}; "
+            "allowed: the same settings (the matrix may grow), a new folder (--out NEW), or "
+            f"--new-fingerprint to take the new ones (the earlier results move to "
+            f"{out}/{SUPERSEDED}/)")
+    aside = out / SUPERSEDED / datetime.now().strftime("%Y%m%d-%H%M%S")
+    aside.mkdir(parents=True, exist_ok=True)
+    moved = 0
+    for entry in sorted(out.iterdir()):
+        if entry.name not in (SUPERSEDED, sweep_lock.LOCK_NAME):
+            entry.rename(aside / entry.name)
+            moved += 1
+    print(f"--new-fingerprint: {len(changes)} setting(s) changed; the earlier results "
+          f"({moved} entries) moved to {aside}, kept and never reported with the new ones",
+          flush=True)
+
+
 def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
     if out:
         return Path(out)
@@ -168,15 +263,8 @@ def cannot_write(out: Path, exc: OSError) -> int:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write text through a temporary file and a rename: never half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    """Write text through a temporary file and a rename: never half a file (store's)."""
+    store.write_text_atomic(path, text)
 
 
 def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],

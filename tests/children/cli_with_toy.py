@@ -8,7 +8,8 @@ from bench.cli import main
 RUNNERS["toy"] = RunnerInfo(
     "toy", "tf", "tests.children.toy", "numpy softmax regression (tests only)",
     options={"behaviour": Option(str, "ok"), "pid_file": Option(str, None),
-             "busy_s": Option(float, 0.0), "worker_pid_file": Option(str, None)},
+             "busy_s": Option(float, 0.0), "worker_pid_file": Option(str, None),
+             "detached_pid_file": Option(str, None)},
 )
 
 if __name__ == "__main__":
