@@ -22,7 +22,7 @@ import yaml
 from bench import REPO_ROOT
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
 from bench.errors import ConfigError
-from bench.plan.config import SweepConfig
+from bench.plan.config import SweepConfig, show_value
 from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
 from bench.records.grouping import runner_label
 from bench.records.store import done_run_ids, load_records, write_json_atomic
@@ -129,6 +129,9 @@ def acquire_folder(out: Path) -> IO[str]:
         raise ConfigError(str(exc)) from None
 
 
+NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, tmpfs, NFS)
+
+
 def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
     if out:
         return Path(out)
@@ -137,10 +140,17 @@ def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
         earlier = sorted(p for p in base.glob(f"{cfg.name}-*")
                          if (p / "runs").is_dir() or (p / capacity.CAPACITY_DIR).is_dir())
         if not earlier:
-            raise ConfigError(f"--resume: no earlier results for sweep {cfg.name!r} in {base}; "
-                              "allowed: an existing folder via --out, or run without --resume")
+            raise ConfigError(f"--resume: no earlier results for sweep {show_value(cfg.name)} "
+                              f"in {base}; allowed: an existing folder via --out, or run "
+                              "without --resume")
         return earlier[-1]
-    return base / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    stamp = datetime.now().strftime('%Y%m%d-%H%M%S')
+    most = NAME_MAX - len(stamp) - 1  # the folder's name is one file name: <name>-<stamp>
+    if len(os.fsencode(cfg.name)) > most:
+        raise ConfigError(f"name: {show_value(cfg.name)} is not allowed; allowed: a name of at "
+                          f"most {most} bytes (its results folder, <name>-{stamp}, is one "
+                          f"file name, at most {NAME_MAX} bytes; or give --out)")
+    return base / f"{cfg.name}-{stamp}"
 
 
 def interpreters(runs: list[RunSpec], variant: str, quiet: bool) -> dict[str, Any]:
