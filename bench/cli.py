@@ -359,6 +359,9 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from: {args.from_file!r} is not allowed with --source synthetic; "
                           "allowed: nothing (it is --source cifar10's)")
     validate(out, args.classes, args.images, args.size, args.quality)
+    if not 0 <= args.seed < 2**63:  # numpy's seed: a non-negative integer
+        raise ConfigError(f"--seed: {show_value(args.seed)} is not allowed; allowed: an "
+                          "integer from 0 to 2**63 - 1")
     print(f"make-dataset: {args.images} images, {args.classes} classes, {args.size}x{args.size}, "
           f"seed {args.seed}, quality {args.quality} -> {out}", flush=True)
     manifest = make_dataset(out, args.classes, args.images, args.size, seed=args.seed,

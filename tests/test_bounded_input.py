@@ -187,6 +187,32 @@ def test_predict_devices_out_of_range_is_one_line(tmp_path: Path, devices: str) 
     assert len(line) < 400
 
 
+BIG = str(2**64)
+
+
+@pytest.mark.parametrize("args, key", [
+    (("--classes", "2", "--images", BIG, "--size", "8"), "--images"),
+    (("--classes", BIG, "--images", BIG, "--size", "8"), "--classes"),
+    (("--classes", "2", "--images", "4", "--size", "8", "--seed", "-1"), "--seed"),
+])
+def test_make_dataset_counts_out_of_range_are_one_line(tmp_path: Path, args: tuple[str, ...],
+                                                       key: str) -> None:
+    """--images 2**64 once wrote images until the disk was full; --seed -1 ended in numpy's
+    traceback."""
+    out = tmp_path / "ds"
+    one_line(run_cli("make-dataset", "--out", str(out), *args, timeout=60), f"error: {key}:")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", ["--workers", "--resize"])
+def test_prepare_data_numbers_out_of_range_are_one_line(tmp_path: Path, option: str) -> None:
+    """Past C's int or long they ended in an OverflowError traceback."""
+    src = tmp_path / "src" / "class_0"
+    src.mkdir(parents=True)
+    one_line(run_cli("prepare-data", "--src", str(src.parent), "--out", str(tmp_path / "out"),
+                     option, BIG, timeout=60), f"error: {option}:")
+
+
 # -- messages quote a short prefix -----------------------------------------------------------
 
 @pytest.mark.parametrize("changes, key, run", [
