@@ -229,6 +229,15 @@ def test_a_long_value_is_quoted_by_a_short_prefix_and_its_length(
     assert "characters)" in line or "items)" in line, line
 
 
+@pytest.mark.parametrize("text", ["description: *" + "a" * 100_000,
+                                  "description: !" + "t" * 100_000 + " x"])
+def test_a_yaml_error_quoting_a_long_token_is_cut(tmp_path: Path, text: str) -> None:
+    """PyYAML's own message quotes the alias or tag whole."""
+    line = one_line(run_cli("--config", str(smoke(tmp_path, text + "\n")), "--dry-run",
+                            timeout=60), "--config", "is not valid YAML", "characters)")
+    assert len(line) < 400, line
+
+
 # -- class 6: --out, the name, --detach, runners ---------------------------------------------
 
 def test_out_that_is_a_file_or_under_one_is_refused_naming_out(tmp_path: Path) -> None:

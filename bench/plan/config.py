@@ -1326,6 +1326,8 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
     problem = " ".join(problem.split())  # one line
+    if len(problem) > 2 * SHOW_CHARS:  # it may quote a token: an alias or tag 1 MiB long
+        problem = f"{problem[:2 * SHOW_CHARS]}... ({len(problem)} characters)"
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
