@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ from bench.analysis.converge import converge_rows
 from bench.analysis.explain import text as explain_text
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
-from bench.plan.config import ConfigError, json_schema, load_config
+from bench.plan.config import ConfigError, json_schema, load_config, show_value
 from bench.plan.runs import RunSpec, expand
 from bench.records.grouping import runner_label
 from bench.records.store import folder_damage, load_records
@@ -27,7 +29,7 @@ from bench.report.summary import build_report, format_table
 from bench.run import environment, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
-from bench.run.sweep import precheck, results_folder, run_sweep, stop_signals_interrupt
+from bench.run.sweep import NAME_MAX, precheck, results_folder, run_sweep, stop_signals_interrupt
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict", "check-model")
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "predict":
             from bench.analysis.predict import cmd_predict
+            check_predict_devices(args.devices)
             return cmd_predict(args)
         _parser().print_help()
         return 2
@@ -373,6 +376,9 @@ def cmd_make_dataset(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from: {args.from_file!r} is not allowed with --source synthetic; "
                           "allowed: nothing (it is --source cifar10's)")
     validate(out, args.classes, args.images, args.size, args.quality)
+    if not 0 <= args.seed < 2**63:  # numpy's seed: a non-negative integer
+        raise ConfigError(f"--seed: {show_value(args.seed)} is not allowed; allowed: an "
+                          "integer from 0 to 2**63 - 1")
     print(f"make-dataset: {args.images} images, {args.classes} classes, {args.size}x{args.size}, "
           f"seed {args.seed}, quality {args.quality} -> {out}", flush=True)
     manifest = make_dataset(out, args.classes, args.images, args.size, seed=args.seed,
@@ -419,6 +425,11 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
+    if args.detach and cfg.cluster["backend"] != "slurm":  # before any folder is made
+        raise ConfigError("--detach: allowed only with cluster.backend: slurm (a local sweep "
+                          "runs in this process)")
+    if args.out:
+        check_out(args.out)
     out = results_folder(cfg, args.out, args.resume)
     runs = expand(cfg, out.name)
     if args.dry_run:
@@ -440,6 +451,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.new_fingerprint and not args.resume:
         raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
                           "its own fingerprint)")
+    if args.out:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"--out: {show_value(args.out)} cannot be made "
+                              f"({exc.strerror or exc}); allowed: {OUT_WORDS}") from None
     end = run_sweep(cfg, runs, out, resume=args.resume, retry_failed=args.retry_failed,
                     detach=args.detach, quiet_setup=args.quiet_setup,
                     new_fingerprint=args.new_fingerprint)
@@ -505,6 +522,53 @@ def report_end(out: Path, signum: int | None) -> int:
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
           f"report: {out / 'report.html'}")
     return 0
+
+
+OUT_WORDS = "a folder this user can make or write in (new, or a sweep's results folder)"
+
+
+def check_out(text: str) -> None:
+    """--out, before anything runs or is made (in the dry run too): each name within the
+    filesystem's 255 bytes, not a file nor under one, and writable (or its nearest existing
+    folder, where it is to be made); a ConfigError naming --out otherwise."""
+    shown = show_value(text)
+    path = Path(os.path.abspath(text))
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise ConfigError(f"--out: {shown} is not allowed: a name in it is "
+                              f"{len(os.fsencode(part))} bytes; allowed: {OUT_WORDS}, each "
+                              f"name at most {NAME_MAX} bytes")
+    there = path
+    while not os.path.lexists(there) and there != there.parent:
+        there = there.parent
+    where = "it" if there == path else f"{str(there)!r}"
+    if not there.is_dir():
+        raise ConfigError(f"--out: {shown} is not allowed: {where} is "
+                          f"{'a file' if there.exists() else 'a broken link'}; "
+                          f"allowed: {OUT_WORDS}")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out: {shown} is not allowed: {where} is not writable by this "
+                          f"user; allowed: {OUT_WORDS}")
+
+
+PREDICT_MAX_DEVICES = 1_000_000  # a device count predict takes (one past 64 bits broke numpy)
+PREDICT_MAX_COUNTS = 64  # device counts in one --devices
+
+
+def check_predict_devices(text: str) -> None:
+    """predict --devices, before it is parsed: each count ASCII digits from 1 to
+    PREDICT_MAX_DEVICES, at most PREDICT_MAX_COUNTS of them (parse_devices refuses a count
+    given twice); a one-line ConfigError otherwise."""
+    allowed = (f"comma-separated device counts, integers from 1 to {PREDICT_MAX_DEVICES} "
+               "(e.g. 2,4,8)")
+    parts = str(text).split(",")
+    if len(parts) > PREDICT_MAX_COUNTS:
+        raise ConfigError(f"devices: {show_value(text)} ({len(parts)} counts) is not allowed; "
+                          f"allowed: {allowed}, at most {PREDICT_MAX_COUNTS} of them")
+    for part in (p.strip() for p in parts):
+        if not re.fullmatch(r"[0-9]{1,7}", part) or not 1 <= int(part) <= PREDICT_MAX_DEVICES:
+            raise ConfigError(f"devices: {show_value(part)} (in {show_value(text)}) is not "
+                              f"allowed; allowed: {allowed}")
 
 
 def print_plan(runs: list[RunSpec]) -> None:

@@ -22,13 +22,17 @@ SAME_AS_DEFAULT: Any = _SameAsDefault()
 class Option:
     """One runner option: its type, default, and (optionally) the values allowed.
     `gpu_default` is its default in a run on device gpu, where the fastest setting there is
-    not the CPU's (a value the config gives wins on both)."""
+    not the CPU's (a value the config gives wins on both). A number (int or float) without
+    `allowed` gives its range, `minimum` to `maximum` (bench/plan/config.py checks it and puts
+    it in the JSON Schema; tests/test_bounded_input.py checks every runner's give one)."""
 
     type: type | tuple[type, ...]
     default: Any
     allowed: tuple[Any, ...] | None = None
     help: str = ""
     gpu_default: Any = SAME_AS_DEFAULT
+    minimum: int | float | None = None
+    maximum: int | float | None = None
 
     def default_on(self, device: str) -> Any:
         """The default of a run on `device` ("cpu" | "gpu")."""

@@ -468,7 +468,7 @@ def test_narrowing_runners_with_set_drops_the_files_options_with_a_note(
     ("description: !!timestamp 1", "cannot read '1' as timestamp"),
     ("warmup_steps: " + "1" * 5000, "as int (ValueError: Exceeds the limit"),
     ("warmup_steps: 0x" + "f" * 5000, "warmup_steps: <int too large to show> is not allowed"),
-    ("description: " + "[" * 5000 + "]" * 5000, "allowed: YAML nested less deeply"),
+    ("description: " + "[" * 5000 + "]" * 5000, "allowed: YAML nested at most 32 levels deep"),
     ("scaling: [weak]", "scaling: ['weak'] is not allowed; allowed: one of weak, strong (one "
      "value for the whole sweep)"),
     ("name: \"a\\tb\"", "name: 'a\\tb' is not allowed; allowed: a non-empty string of printable"),

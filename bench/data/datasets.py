@@ -14,6 +14,7 @@ from bench import __version__
 from bench.errors import ConfigError
 
 MIN_SIZE, MAX_SIZE = 8, 4096
+MAX_IMAGES = 10_000_000  # images (and classes) of one synthetic dataset
 MAX_QUALITY = 95  # Pillow: above 95 JPEG gets much bigger for no visible gain
 
 
@@ -31,11 +32,12 @@ def per_class_counts(classes: int, images: int) -> list[int]:
 
 def validate(out: Path, classes: int, images: int, size: int, quality: int) -> None:
     """ConfigError (one line: option, value, what is allowed) for bad make-dataset input."""
-    if classes < 1:
-        raise ConfigError(f"--classes: {classes} is not allowed; allowed: an integer >= 1")
-    if images < classes:
-        raise ConfigError(f"--images: {images} is not allowed; allowed: an integer >= --classes "
-                          f"({classes}), so every class gets an image")
+    if not 1 <= classes <= MAX_IMAGES:
+        raise ConfigError(f"--classes: {classes} is not allowed; allowed: an integer from 1 to "
+                          f"{MAX_IMAGES}")
+    if not classes <= images <= MAX_IMAGES:
+        raise ConfigError(f"--images: {images} is not allowed; allowed: an integer from "
+                          f"--classes ({classes}), so every class gets an image, to {MAX_IMAGES}")
     if not MIN_SIZE <= size <= MAX_SIZE:
         raise ConfigError(f"--size: {size} is not allowed; allowed: an integer from {MIN_SIZE} "
                           f"to {MAX_SIZE}")

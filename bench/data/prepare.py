@@ -220,19 +220,24 @@ class Encoded:
     error: str = ""
 
 
+MAX_RESIZE = 16384  # pixels of the shorter side (an int past C's long broke Pillow)
+MAX_WORKERS = 1024  # decode processes (an int past C's int broke the pool)
+
+
 def validate_options(src: Path, out: Path, resize: int, quality: int, shards: int,
                      workers: int) -> None:
     """ConfigError (one line: option, value, what is allowed) for bad options."""
-    if resize < 0:
+    if not 0 <= resize <= MAX_RESIZE:
         raise ConfigError(f"--resize: {resize} is not allowed; allowed: 0 (keep the size) or "
-                          f"an integer >= 1 (the shorter side)")
+                          f"an integer from 1 to {MAX_RESIZE} (the shorter side)")
     if not 1 <= quality <= MAX_QUALITY:
         raise ConfigError(f"--quality: {quality} is not allowed; allowed: an integer from 1 "
                           f"to {MAX_QUALITY}")
     if shards < 1:
         raise ConfigError(f"--shards: {shards} is not allowed; allowed: an integer >= 1")
-    if workers < 1:
-        raise ConfigError(f"--workers: {workers} is not allowed; allowed: an integer >= 1")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"--workers: {workers} is not allowed; allowed: an integer from 1 to "
+                          f"{MAX_WORKERS}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         what = "a folder that is not empty" if out.is_dir() else "an existing file"
         raise ConfigError(f"--out: {str(out)!r} is {what}; allowed: a new or empty folder")

@@ -17,7 +17,10 @@ import difflib
 import functools
 import json
 import operator
+import os
 import re
+import reprlib
+import stat
 import sys
 import typing
 from collections import Counter
@@ -105,18 +108,58 @@ SweepConfig = make_dataclass(
 
 # --- messages -------------------------------------------------------------------------------
 
+SHOW_CHARS = 60  # a value quoted in a message: at most this many characters of it
+# repr of a part of a value: a few items of a few levels, short strings, so that showing a
+# value costs little however large or deep it is (an alias bomb, a 1 MiB string)
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, SHOW_CHARS, SHOW_CHARS, 40
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxdict = 8
+
+
 def _show(value: Any) -> str:
-    """repr(value) for a message, cut to 200 characters (and never an exception: the repr of
-    an int of more than 4300 digits, which YAML's hex 0xfff... gives, is a ValueError)."""
+    """A short repr of value for a message: at most SHOW_CHARS characters of it, cut with
+    '...' and its length when longer (never an exception: the repr of an int of more than
+    4300 digits, which YAML's hex 0xfff... gives, is a ValueError)."""
+    if isinstance(value, str):
+        keep = SHOW_CHARS  # characters of it: fewer where escapes lengthen their repr
+        while len(repr(value[:keep])) > SHOW_CHARS + 2 and keep > 8:
+            keep //= 2
+        if keep >= len(value):
+            return repr(value)
+        return f"{repr(value[:keep])}... ({len(value)} characters)"
     try:
-        text = repr(value)
+        if isinstance(value, (list, tuple, dict, set, frozenset)):
+            text = _REPR.repr(value)
+        else:
+            text = repr(value)
     except ValueError:
         return f"<{type(value).__name__} too large to show>"
-    return text if len(text) <= 200 else text[:190] + "...(cut)"
+    if len(text) <= SHOW_CHARS and "..." not in text:
+        return text
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        size = f"{type(value).__name__} of {len(value)} items"
+    else:
+        size = f"{len(text)} characters"
+    return f"{text[:SHOW_CHARS]}... ({size})"
+
+
+def _show_path(path: Any) -> str:
+    """A path for a message: whole up to 200 characters (a path the user typed, to find
+    again), else cut as _show cuts a value."""
+    text = str(path)
+    return repr(text) if len(text) <= 200 else f"{repr(text[:SHOW_CHARS])}... " \
+        f"({len(text)} characters)"
+
+
+def show_value(value: Any) -> str:
+    """_show for the other modules' messages (bench/run/sweep.py, bench/cli.py)."""
+    return _show(value)
 
 
 def _hint(item: Any, allowed: tuple[str, ...] | list[str]) -> str:
     """' (did you mean ...?)' with the allowed value closest to item, or ''."""
+    if isinstance(item, str) and len(item) > 100:
+        return ""  # no allowed value is that long (and difflib's cost grows with it)
     close = difflib.get_close_matches(item if isinstance(item, str) else _show(item),
                                       allowed, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -570,7 +613,7 @@ def _option_axis(name: str, says: Says, kind: Any) -> Any:
             if part in seen:
                 raise PydanticCustomError("config", "allowed: {allowed}", {
                     "allowed": f"values whose run id parts differ ({_show(seen[part])} and "
-                    f"this one are both {part!r}: characters but letters, digits, . and - "
+                    f"this one are both {_show(part)}: characters but letters, digits, . and - "
                     "read as _)", "index": i, "item": item})
             seen[part] = item
         return out[0] if len(out) == 1 else out
@@ -595,14 +638,24 @@ def _option(name: str, opt: Option) -> tuple[Any, FieldInfo]:
     option may be named like a BaseModel attribute). A list of values is an option axis
     (_option_axis), but for an option whose own type is a list, and a COMMON option's."""
     types = opt.type if isinstance(opt.type, tuple) else (opt.type,)
-    # what the child gets (JSON, argv, a path) cannot hold a NUL or an integer beyond 64 bits
-    declared = {int: Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)],
+    # what the child gets (JSON, argv, a path) cannot hold a NUL, an integer beyond 64 bits
+    # or a float that is no number; a number is within the option's range where it has one
+    low, high = opt.minimum, opt.maximum
+    declared = {int: Annotated[int, Field(ge=-INT_MAX if low is None else low,
+                                          le=INT_MAX if high is None else high)],
+                float: Annotated[float, Field(ge=low, le=high, allow_inf_nan=False)],
                 str: Annotated[str, Field(pattern=r"^[^\x00]*$")]}
     kind: Any = functools.reduce(operator.or_, (declared.get(t, t) for t in types))
-    says = Says(" or ".join(t.__name__ for t in types), by_error=(
+    words = "an integer of magnitude < 2**63"
+    if low is not None or high is not None:
+        what = "an integer" if float not in types else "a number"
+        words = (f"{what} from {low} to {high}" if low is not None and high is not None else
+                 f"{what} >= {low}" if low is not None else f"{what} <= {high}")
+    says = Says(words if low is not None or high is not None else
+                " or ".join(t.__name__ for t in types), by_error=(
         ("string_pattern_mismatch", "a string without NUL characters"),
-        ("less_than_equal", "an integer of magnitude < 2**63"),
-        ("greater_than_equal", "an integer of magnitude < 2**63")))
+        ("less_than_equal", words), ("greater_than_equal", words),
+        ("finite_number", "a finite number")))
     if opt.allowed is not None:
         kind, says = Literal[opt.allowed], Says(", ".join(map(str, opt.allowed)))
         if not any(isinstance(v, bool) for v in opt.allowed):  # Literal[1] takes True (== 1)
@@ -679,8 +732,10 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
                     raise ConfigError(f"runner_options: {runner!r} is not one of this sweep's "
                                       f"runners; allowed: {sweep} (add {runner} to runners, or "
                                       "remove its options)")
-                print(f"note: runner_options.{runner} not used: --set runners left {runner} "
-                      f"out of this sweep ({sweep})", file=sys.stderr)
+                # said once the whole file is valid (validate): one mistake, one line
+                (info.context or {}).setdefault("notes", []).append(
+                    f"note: runner_options.{runner} not used: --set runners left {runner} "
+                    f"out of this sweep ({sweep})")
             return {r: opts for r, opts in raw.items() if r in runners}
 
         def options_of(self, runner: str) -> dict[str, Any]:
@@ -856,7 +911,7 @@ def _batch_sizes(per_device: list[int] | None, global_batch: list[int] | None,
             if b % n:
                 raise ConfigError(
                     f"global_batch_size: {b} does not divide by {n} devices; allowed: a "
-                    f"multiple of every device count in {devices} (a remainder would be "
+                    f"multiple of every device count in {_show(devices)} (a remainder would be "
                     "dropped or give a short batch)")
     return scaling, global_batch
 
@@ -1080,11 +1135,15 @@ def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = f
         raise ConfigError("config: expected a mapping of keys at the top level, got "
                           f"{_show(raw)}")
     model = sweep_model()
+    context: dict[str, Any] = {"narrowed": narrowed, "notes": []}
     try:
-        sweep = model.model_validate(raw, context={"narrowed": narrowed})
+        sweep = model.model_validate(raw, context=context)
     except ValidationError as exc:
         raise _first_error(exc, model, raw) from None
-    return _resolve(sweep, default_name)
+    resolved = _resolve(sweep, default_name)
+    for note in context["notes"]:
+        print(note, file=sys.stderr)
+    return resolved
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -1096,14 +1155,90 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
                          f"{line})")
 
 
+# What a sweep file (or a --set value) may hold, checked before anything is built from it:
+MAX_CONFIG_BYTES = 2**20  # a sweep file: 1 MiB (read no further)
+MAX_SET_BYTES = 2**16  # one --set value: 64 KiB
+MAX_SET_PARTS = 8  # dotted parts of a --set key (runner_options.<runner>.<option> has 3)
+MAX_YAML_DEPTH = 32  # levels of nesting, aliases expanded
+# nodes plus the characters of the scalars, aliases expanded: an alias bomb (anchors of
+# anchors, each listing the one before ten times) grows tenfold a line; refused here, before
+# Python objects are built, whatever the value is for
+MAX_YAML_SIZE = 4 * MAX_CONFIG_BYTES
+
+
+class YamlTooLarge(yaml.YAMLError):
+    """A YAML document past a bound (MAX_YAML_DEPTH, MAX_YAML_SIZE): what, where, what is
+    allowed."""
+
+    def __init__(self, what: str, allowed: str, mark: Any = None) -> None:
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        self.what, self.allowed = what + where, allowed
+        super().__init__(self.what)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping, at any depth (a second
-    `runners:` line would silently replace the first), and turns a scalar that cannot be
-    built (an int of more than 4300 digits, the 13th month) into a YAMLError with its line."""
+    `runners:` line would silently replace the first), turns a scalar that cannot be
+    built (an int of more than 4300 digits, the 13th month) into a YAMLError with its line,
+    and refuses a document nested more than MAX_YAML_DEPTH levels or larger than
+    MAX_YAML_SIZE once its aliases are expanded (YamlTooLarge), before building it."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._checked: set[int] = set()
+        self._depth = 0
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(node): (size, levels), expanded
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YamlTooLarge(f"nested more than {MAX_YAML_DEPTH} levels deep",
+                                   f"YAML nested at most {MAX_YAML_DEPTH} levels deep",
+                                   self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        self._expanded(node, 1)
+        return node
+
+    def _expanded(self, node: yaml.Node, depth: int) -> tuple[int, int]:
+        """(size, levels) of node with its aliases expanded: its nodes plus its scalars'
+        characters, and the levels it nests; YamlTooLarge past a bound. Each node once (an
+        alias is the node it names), so the cost is the document's, not the expansion's."""
+        known = self._sizes.get(id(node))
+        if known is None:
+            if depth > MAX_YAML_DEPTH:  # an alias of an alias ..., or of its own anchor
+                raise YamlTooLarge(f"nested more than {MAX_YAML_DEPTH} levels deep once its "
+                                   "aliases are expanded",
+                                   f"YAML nested at most {MAX_YAML_DEPTH} levels deep",
+                                   node.start_mark)
+            if isinstance(node, yaml.ScalarNode):
+                known = (1 + len(node.value), 0)
+            else:
+                children = [n for pair in node.value for n in pair] \
+                    if isinstance(node, yaml.MappingNode) else node.value
+                size, levels = 1, 0
+                for child in children:
+                    child_size, child_levels = self._expanded(child, depth + 1)
+                    size, levels = size + child_size, max(levels, child_levels + 1)
+                    if size > MAX_YAML_SIZE:
+                        break
+                known = (size, levels)
+            self._sizes[id(node)] = known
+        if depth + known[1] > MAX_YAML_DEPTH:
+            raise YamlTooLarge(f"nested more than {MAX_YAML_DEPTH} levels deep once its "
+                               "aliases are expanded",
+                               f"YAML nested at most {MAX_YAML_DEPTH} levels deep",
+                               node.start_mark)
+        if known[0] > MAX_YAML_SIZE:
+            raise YamlTooLarge(f"more than {MAX_YAML_SIZE:,} nodes and characters once its "
+                               "aliases are expanded", "YAML whose aliases expand to at most "
+                               f"{MAX_YAML_SIZE:,} nodes and characters", node.start_mark)
+        return known
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
         # Here, before flattening merges the keys of `<<: *anchor` into the node (keys a
@@ -1146,6 +1281,9 @@ def parse_yaml(text: str, where: str) -> Any:
     except DuplicateKeyError as exc:
         raise ConfigError(f"{where}: key {_show(exc.key)} at line {exc.line} appears twice (first "
                           f"at line {exc.first_line}); give each key once") from None
+    except YamlTooLarge as exc:
+        raise ConfigError(f"{where} is not allowed: {exc.what}; allowed: {exc.allowed}"
+                          ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is not valid YAML ({_yaml_reason(exc)})") from None
     except RecursionError:
@@ -1159,9 +1297,18 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
     if not sep or not key:
         raise ConfigError(f"--set: {_show(assignment)} is not allowed; allowed: key=value "
                           "(e.g. devices=[1,2] or runner_options.tf_mirrored.xla=true)")
-    shown = key if re.fullmatch(r"[\w.-]+", key, re.ASCII) else _show(key)
-    value = parse_yaml(text, f"--set {shown}: {_show(text)}")
+    shown = key if re.fullmatch(r"[\w.-]+", key, re.ASCII) and len(key) <= SHOW_CHARS \
+        else _show(key)
     parts = key.split(".")
+    if len(parts) > MAX_SET_PARTS:
+        raise ConfigError(f"--set {shown}: a key of {len(parts)} dotted parts is not allowed; "
+                          f"allowed: at most {MAX_SET_PARTS} (e.g. "
+                          "runner_options.tf_mirrored.xla)")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SET_BYTES:
+        raise ConfigError(f"--set {shown}: {_show(text)} is not allowed; allowed: a value of "
+                          f"at most {MAX_SET_BYTES // 1024} KiB (put a longer one in the "
+                          "config file)")
+    value = parse_yaml(text, f"--set {shown}: {_show(text)}")
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -1179,27 +1326,59 @@ def _yaml_reason(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
     problem = " ".join(problem.split())  # one line
+    if len(problem) > 2 * SHOW_CHARS:  # it may quote a token: an alias or tag 1 MiB long
+        problem = f"{problem[:2 * SHOW_CHARS]}... ({len(problem)} characters)"
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a sweep file: a regular file (a FIFO or a device is refused before it is
+    read: /dev/zero would never end), at most MAX_CONFIG_BYTES of it read, in UTF-8; a
+    ConfigError naming --config otherwise."""
+    shown = _show_path(path)
+    try:
+        # O_NONBLOCK: opening a FIFO waits for no writer (it is refused below, unread)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {shown} does not exist; allowed: a path to a YAML "
+                          "file (e.g. configs/cpu-smoke.yaml)") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"--config: {shown} cannot be read "
+                          f"({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "no regular file")
+            raise ConfigError(f"--config: {shown} is {kind}; allowed: a YAML file")
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"--config: {shown} cannot be read ({exc.strerror or exc})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config: {shown} is larger than {MAX_CONFIG_BYTES // 2**20} MiB; "
+                          f"allowed: a YAML file of at most {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config: {shown} is not UTF-8 text (byte {exc.start}); "
+                          "allowed: a YAML file in UTF-8") from None
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> SweepConfig:
     """Read, override and validate a YAML sweep file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"--config: {str(path)!r} does not exist; allowed: a path to a YAML "
-                          "file (e.g. configs/cpu-smoke.yaml)") from None
-    except OSError as exc:
-        raise ConfigError(f"--config: {str(path)!r} cannot be read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"--config: {str(path)!r} is not UTF-8 text (byte {exc.start}); "
-                          "allowed: a YAML file in UTF-8") from None
-    raw = parse_yaml(text, f"--config: {str(path)!r}")
+    text = read_config_text(path)
+    raw = parse_yaml(text, f"--config: {_show_path(path)}")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"--config: {str(path)!r} holds {type(raw).__name__}; allowed: a "
+        raise ConfigError(f"--config: {_show_path(path)} holds {type(raw).__name__}; allowed: a "
                           "mapping of keys (runners, models, devices, ...)")
     # runners the file runs and gives options to: a --set runners=[...] may drop them
     own = raw.get("runners") if isinstance(raw.get("runners"), list) else [raw.get("runners")]

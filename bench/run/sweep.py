@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ import yaml
 from bench import REPO_ROOT
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
 from bench.errors import ConfigError
-from bench.plan.config import SweepConfig
+from bench.plan.config import SweepConfig, show_value
 from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
 from bench.records import store
 from bench.records.grouping import runner_label
@@ -229,6 +230,8 @@ def check_fingerprint(cfg: SweepConfig, out: Path, new_fingerprint: bool) -> Non
           f"({moved} entries) moved to {aside}, kept and never reported with the new ones",
           flush=True)
 
+NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, tmpfs, NFS)
+
 
 def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
     if out:
@@ -238,10 +241,17 @@ def results_folder(cfg: SweepConfig, out: str | None, resume: bool) -> Path:
         earlier = sorted(p for p in base.glob(f"{cfg.name}-*")
                          if (p / "runs").is_dir() or (p / capacity.CAPACITY_DIR).is_dir())
         if not earlier:
-            raise ConfigError(f"--resume: no earlier results for sweep {cfg.name!r} in {base}; "
-                              "allowed: an existing folder via --out, or run without --resume")
+            raise ConfigError(f"--resume: no earlier results for sweep {show_value(cfg.name)} "
+                              f"in {base}; allowed: an existing folder via --out, or run "
+                              "without --resume")
         return earlier[-1]
-    return base / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    stamp = datetime.now().strftime('%Y%m%d-%H%M%S')
+    most = NAME_MAX - len(stamp) - 1  # the folder's name is one file name: <name>-<stamp>
+    if len(os.fsencode(cfg.name)) > most:
+        raise ConfigError(f"name: {show_value(cfg.name)} is not allowed; allowed: a name of at "
+                          f"most {most} bytes (its results folder, <name>-{stamp}, is one "
+                          f"file name, at most {NAME_MAX} bytes; or give --out)")
+    return base / f"{cfg.name}-{stamp}"
 
 
 def interpreters(runs: list[RunSpec], variant: str, quiet: bool) -> dict[str, Any]:

@@ -40,7 +40,8 @@ RUNNERS: list[RunnerInfo] = [
             "xla": Option(bool, False, help="compile the train step with XLA (jit_compile; "
                           "Keras 3 compiles strategy.run whole, so 2+ replicas are "
                           "unavailable)"),
-            "steps_per_execution": Option(int, 1, help="train steps per tf.function call"),
+            "steps_per_execution": Option(int, 1, help="train steps per tf.function call",
+                                          minimum=1, maximum=10000),
             "data_format": DATA_FORMAT_OPTION,
             "cross_device_ops": Option(
                 str,
