@@ -29,7 +29,7 @@ def save(fig: Any, path: Path, plt: Any) -> Path:
 def save_figure(fig: Any, path: Path, dpi: int) -> Path:
     """fig as an image at path (its format from the suffix), written whole or not at all
     (bench.records.store.atomic_file: a temporary name, the umask's permissions)."""
-    from bench.records.store import atomic_file
+    from bench.atomic import atomic_file
 
     with atomic_file(path, "wb") as fh:
         fig.savefig(fh, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png")

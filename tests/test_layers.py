@@ -23,7 +23,7 @@ ALLOWED = {
     "report": {"records", "catalog", "plan", "run", "analysis"},
     "cli": {"records", "catalog", "plan", "run", "analysis", "report", "data"},
 }
-LEAVES = {"bench", "bench.errors", "bench.plotting", "bench.text_table"}
+LEAVES = {"bench", "bench.atomic", "bench.errors", "bench.plotting", "bench.text_table"}
 
 
 def module_name(path: Path) -> str:
