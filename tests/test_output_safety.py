@@ -70,6 +70,7 @@ def full_disk(size: int):  # noqa: ANN201 - a preexec_fn
     return limit
 
 
+@pytest.mark.slow  # a real sweep end to end: the fast set's budget
 def test_a_full_disk_during_the_end_of_sweep_report_is_one_line(tmp_path: Path) -> None:
     """Room for the records but not for the report's charts: one line naming the file, exit
     1, every record whole, no temporary left anywhere."""
@@ -170,6 +171,7 @@ def test_a_detached_descendant_ends_with_its_run(tmp_path: Path) -> None:
     assert not alive(helper)
 
 
+@pytest.mark.slow  # a real sweep end to end: the fast set's budget
 def test_a_detached_descendant_of_a_hung_run_dies_at_the_timeout(tmp_path: Path) -> None:
     out, pids = tmp_path / "out", tmp_path / "detached.pid"
     cfg = config(tmp_path, "hang", devices=[1], timeout_s=3,
@@ -184,6 +186,7 @@ def test_a_detached_descendant_of_a_hung_run_dies_at_the_timeout(tmp_path: Path)
     assert not alive(int(pids.read_text()))
 
 
+@pytest.mark.slow  # a real sweep end to end: the fast set's budget
 def test_ctrl_c_again_and_again_during_shutdown_and_report_ends_quietly(
         tmp_path: Path) -> None:
     """SIGINT every 50 ms from the first one until the sweep exits: through the kill of the

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bench.records.store import load_records, runs_dir
@@ -45,6 +46,7 @@ def test_a_resume_with_other_settings_is_refused_before_anything_is_written(
     assert snapshot(out) == before  # config.yaml, fingerprint.json, records: untouched
 
 
+@pytest.mark.slow  # a real sweep end to end: the fast set's budget
 def test_a_resume_that_changes_only_labels_and_limits_runs_on(tmp_path: Path) -> None:
     out, cfg = first_sweep(tmp_path)
     proc = toy("--config", str(cfg), "--out", str(out), "--resume", "--set", "timeout_s=30",
@@ -58,6 +60,7 @@ def test_a_resume_that_changes_only_labels_and_limits_runs_on(tmp_path: Path) ->
     assert "1 runs, 1 already done" in proc.stdout
 
 
+@pytest.mark.slow  # a real sweep end to end: the fast set's budget
 def test_new_fingerprint_sets_the_earlier_results_aside(tmp_path: Path) -> None:
     out, cfg = first_sweep(tmp_path)
     [old] = load_records(out)
@@ -89,6 +92,7 @@ def test_new_fingerprint_without_resume_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a real sweep end to end: the fast set's budget
 def test_a_folder_from_before_fingerprints_resumes_and_gets_one(tmp_path: Path) -> None:
     out, cfg = first_sweep(tmp_path)
     (out / "fingerprint.json").unlink()
