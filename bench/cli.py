@@ -19,7 +19,7 @@ from bench.data.labelled import SOURCES
 from bench.plan.config import ConfigError, json_schema, load_config, show_value
 from bench.plan.runs import RunSpec, expand
 from bench.records.grouping import runner_label
-from bench.records.store import folder_damage, load_records
+from bench.records.store import folder_damage, load_records, read_environment
 from bench.report.allreduce import CSV_NAME, allreduce_table
 from bench.report.capacity import CSV_NAME as CAPACITY_CSV
 from bench.report.capacity import capacity_table
@@ -308,8 +308,10 @@ def cmd_status(results_dir: Path) -> int:
                           "the results folder of a sweep with cluster.backend: slurm")
     cfg = load_config(str(results_dir / "config.yaml"), [])
     specs = {r.run_id: r for r in expand(cfg, results_dir.name)}
-    env = json.loads((results_dir / "environment.json").read_text())
-    rows = slurm.status(results_dir, specs, env)
+    env, damage = read_environment(results_dir)
+    if damage is not None:  # the jobs' records then carry no host environment, said here
+        print(damage.line(), file=sys.stderr)
+    rows = slurm.status(results_dir, specs, env or {})
     width = max(len(r[0]) for r in rows) if rows else 0
     for run_id, job_id, state in rows:
         print(f"{run_id.ljust(width)}  job {job_id:>8}  {state}")

@@ -289,6 +289,9 @@ def test_report_names_each_damaged_file_once_and_uses_no_number_of_one(
     assert sorted(lines) == sorted(d.line() for d in bad)
     assert (damaged / "summary.csv").read_text() == (clean / "summary.csv").read_text()
     assert proc.stdout.replace(str(damaged), "X") == ref.stdout.replace(str(clean), "X")
+    page = (damaged / "report.html").read_text()  # a report mailed on names them too
+    assert "<h2>Damaged files</h2>" in page and page.count("<li>damaged: ") == len(bad)
+    assert "<h2>Damaged files</h2>" not in (clean / "report.html").read_text()
 
 
 @pytest.mark.parametrize("mode", ["converge", "benchmark"])

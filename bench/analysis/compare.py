@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.converge import time_to_target_words
+from bench.atomic import write_text_atomic
 from bench.errors import ConfigError
 from bench.plotting import pyplot
 from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of, runner_label
@@ -666,7 +667,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
         md = out / MD_NAME
-        md.write_text(markdown(cmp, args.base, args.new))
+        write_text_atomic(md, markdown(cmp, args.base, args.new))
         png = chart(cmp, out / CHART_NAME)
     except OSError as exc:
         raise ConfigError(f"--out: cannot write in {str(out)!r} ({exc.strerror or exc}); "

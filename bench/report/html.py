@@ -13,7 +13,7 @@ from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
 from bench.records import columns
 from bench.records.grouping import runner_label
-from bench.records.store import read_environment, write_text_atomic
+from bench.records.store import folder_damage, read_environment, write_text_atomic
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
@@ -107,6 +107,17 @@ def _environment(records: list[dict[str, Any]], results_dir: Path) -> str:
     return f"<ul>{''.join(lines)}</ul>{detail}"
 
 
+def _damaged(results_dir: Path) -> str:
+    """The folder's damaged files (bench/records/store.py's tolerant reader), one line each:
+    none of their numbers is in this report."""
+    lines = folder_damage(results_dir)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{_e(d.line(results_dir))}</li>" for d in lines)
+    return ("<h2>Damaged files</h2><p>These files could not be read as records; nothing of "
+            f"them is in this report (`--resume` runs them again).</p><ul>{items}</ul>")
+
+
 def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[str, Any]],
                records: list[dict[str, Any]], charts: list[Path],
                telemetry_charts: list[Path]) -> Path:
@@ -120,6 +131,7 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         f"<h1>Benchmark report: {_e(name)}</h1>",
         "<p><b>Virtual CPU devices:</b> multi-device rows ran on one host's cores; they show "
         "the harness and the strategies work, not GPU scaling.</p>" if virtual else "",
+        _damaged(results_dir),
         "<h2>Machine</h2>", _environment(records, results_dir),
         "<h2>Summary</h2>",
         "<p>img/s is the median over repeats with a 95% bootstrap interval; speedup and "
