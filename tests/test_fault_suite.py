@@ -457,3 +457,19 @@ def test_resume_reruns_damaged_and_incomplete_records_and_keeps_them_beside(
     assert [ln for ln in again.stderr.splitlines() if ln.startswith("damaged: ")] == \
         [f"damaged: {stray}: top level is a list, not an object "
          "(not a run of this sweep: left as it is)"]
+
+
+def test_damaged_capacity_records_are_left_out_and_searched_again(tmp_path: Path) -> None:
+    """Capacity mode's records (capacity/<search>.json) go through the same bounded reader: a
+    deep, non-object or non-JSON one is no row of the table and its search is not done."""
+    from bench.report.capacity import capacity_rows
+    from bench.run.capacity import CAPACITY_DIR, load_capacity
+
+    folder = tmp_path / "cap"
+    (folder / CAPACITY_DIR).mkdir(parents=True)
+    (folder / CAPACITY_DIR / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (folder / CAPACITY_DIR / "list.json").write_text("[1, 2]")
+    (folder / CAPACITY_DIR / "text.json").write_bytes(b"\xff\xfe not json")
+    assert load_capacity(folder) == [] and capacity_rows(folder) == []
+    proc = run_cli("report", str(folder))
+    assert proc.returncode in (0, 2) and "Traceback" not in proc.stdout + proc.stderr

@@ -24,14 +24,13 @@ budget and where the limit comes from; bench/report/capacity.py tabulates them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.plan.runs import RunSpec, capacity_probe, search_id
-from bench.records.store import RETRYABLE, SCHEMA_VERSION, write_json_atomic
+from bench.records.store import RETRYABLE, SCHEMA_VERSION, read_json, write_json_atomic
 from bench.run.launch import now_iso, record_without_run
 
 CAPACITY_DIR, PROBES_DIR = "capacity", "probes"
@@ -172,10 +171,7 @@ def run_search(first: RunSpec, cfg: Any, out: Path,
         earlier = probes_dir / "runs" / f"{spec.run_id}.json"
         rec = None
         if reuse and earlier.is_file():
-            try:
-                rec = json.loads(earlier.read_text())
-            except (OSError, ValueError):
-                rec = None
+            rec = read_json(earlier)[0]  # bounded; a damaged probe record runs again
             if not isinstance(rec, dict) or rec.get("status") not in ("ok", "oom"):
                 rec = None  # a probe that said nothing about memory runs again
         if rec is None:
@@ -225,10 +221,7 @@ def load_capacity(out: Path) -> list[dict[str, Any]]:
     """Every readable capacity record of a results folder, by search id."""
     records = []
     for path in sorted((Path(out) / CAPACITY_DIR).glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+        rec = read_json(path)[0]  # bounded (store.read_json); a damaged one is left out
         if isinstance(rec, dict) and rec.get("mode") == "capacity":
             records.append(rec)
     return records
@@ -240,9 +233,8 @@ def searches_done(out: Path, scale: str, firsts: list[RunSpec], retry_failed: bo
     (but a search that stopped on a retryable status, with --retry-failed)."""
     done = set()
     for first in firsts:
-        try:
-            rec = json.loads(capacity_path(out, search_id(first, scale)).read_text())
-        except (OSError, ValueError):
+        rec = read_json(capacity_path(out, search_id(first, scale)))[0]
+        if not isinstance(rec, dict):  # none, or damaged: the search runs again
             continue
         if not (retry_failed and rec.get("status") in RETRYABLE):
             done.add(first.run_id)
