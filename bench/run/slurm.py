@@ -18,7 +18,6 @@ submits what is missing and does not submit a run whose job is still queued or r
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import subprocess
@@ -29,7 +28,7 @@ from typing import Any
 
 from bench import REPO_ROOT
 from bench.plan.runs import RunSpec
-from bench.records.store import record_path, runs_dir, write_json_atomic
+from bench.records.store import read_json, record_path, runs_dir, write_json_atomic
 from bench.run.envs import python_for
 from bench.run.launch import base_record, finish, now_iso
 from bench.run.slurm_job import job_dir, slurm_fields
@@ -117,10 +116,8 @@ exec {harness} -m bench.run.slurm_job finish {common} --srun-exit "$code"
 # ---- the book of the sweep's jobs ----
 
 def read_book(out: Path) -> dict[str, dict[str, Any]]:
-    try:
-        return json.loads((out / BOOK).read_text())
-    except (OSError, ValueError):
-        return {}
+    book = read_json(out / BOOK)[0]  # bounded; a damaged book is an empty one
+    return book if isinstance(book, dict) else {}
 
 
 def write_book(out: Path, book: dict[str, dict[str, Any]]) -> None:
@@ -195,11 +192,10 @@ def collect(spec: RunSpec, entry: dict[str, Any], out: Path, env: dict[str, Any]
     path = record_path(out, spec.run_id)
     rec = None
     if path.exists():
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            rec = None
-    if rec is not None and (rec.get("slurm") or {}).get("job_id") == job_id:
+        rec = read_json(path)[0]
+        rec = rec if isinstance(rec, dict) else None
+    if rec is not None and isinstance(rec.get("slurm"), dict) \
+            and rec["slurm"].get("job_id") == job_id:
         rec["slurm"].update(state=end["state"], end_reason=end.get("reason"),
                             exit_code=end.get("exit_code"), state_source=end["source"])
         write_json_atomic(path, rec)
@@ -214,10 +210,9 @@ def collect(spec: RunSpec, entry: dict[str, Any], out: Path, env: dict[str, Any]
         fields = {"job_id": job_id}
     nodes = []
     for node_file in sorted(job_dir(out, spec.run_id, job_id).glob("node*.json")):
-        try:
-            nodes.append(json.loads(node_file.read_text()))
-        except (OSError, ValueError):
-            continue
+        node = read_json(node_file)[0]
+        if isinstance(node, dict):
+            nodes.append(node)
     rec["slurm"] = {**fields, "node_list": fields.get("node_list") or end.get("node_list"),
                     "state": end["state"], "end_reason": end.get("reason"),
                     "exit_code": end.get("exit_code"), "state_source": end["source"],
@@ -295,10 +290,8 @@ def run_sweep(todo: list[RunSpec], blocked: dict[str, tuple[str, str]],
 
 
 def _status(out: Path, run_id: str) -> str | None:
-    try:
-        return json.loads(record_path(out, run_id).read_text()).get("status")
-    except (OSError, ValueError):
-        return None
+    rec = read_json(record_path(out, run_id))[0]
+    return rec.get("status") if isinstance(rec, dict) else None
 
 
 def wait(specs: dict[str, RunSpec], book: dict[str, dict[str, Any]], live: set[str],
