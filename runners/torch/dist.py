@@ -448,15 +448,7 @@ def sgd_step(ranks: DeviceRank, precision: str, model: nn.Module,
         optimizer.zero_grad(set_to_none=True)
         with autocast(ranks, precision) if cast else contextlib.nullcontext():
             loss = loss_of(tracker.computed(model(tracker.saw(x))), y)
-        if scaler is None:
-            loss.backward()
-            optimizer.step()
-        else:
-            scale = scaler.get_scale()
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            counter.skipped += scaler.get_scale() < scale  # the scaler backs off after a skip
+        backward_and_step(loss, optimizer, scaler, counter)
         return loss.detach()
 
     return step
@@ -622,6 +614,21 @@ def rank_shares(rows: int, world: int) -> list[int]:
     return [len(s) for s in np.array_split(np.arange(rows), world)]
 
 
+def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
+                      scaler: torch.amp.GradScaler | None, counter: StepCounter) -> None:
+    """Backward and one optimizer step, through fp16's GradScaler when there is one (a step it
+    skips is counted: the scaler backs off after a skip)."""
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+        return
+    scale = scaler.get_scale()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    counter.skipped += scaler.get_scale() < scale
+
+
 class ConvergeLoop:
     """train_epoch, evaluate and moving_stats (runners.converge.train_to_accuracy's) of a
     process-per-device runner, over its own training step's parts:
@@ -676,15 +683,7 @@ class ConvergeLoop:
                 logits = self.tracker.computed(self.forward(self.tracker.saw(x)))
             loss = F.cross_entropy(logits.float(), y, reduction="sum") \
                 * (ranks.world / b.global_rows)
-            if scaler is None:
-                loss.backward()
-                optimizer.step()
-            else:
-                scale = scaler.get_scale()
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                self.counter.skipped += scaler.get_scale() < scale
+            backward_and_step(loss, optimizer, scaler, self.counter)
             losses.append(loss.detach().double())
             self.steps += 1
         if not losses:
