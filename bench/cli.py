@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -202,6 +203,40 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def entry(argv: list[str] | None = None) -> None:
+    """The process's whole life as a command: main, then an exit no late signal can break.
+
+    Once main returns everything is written (each file whole), so stop signals are ignored
+    and the process leaves without the interpreter's finalization: there, a Ctrl-C met a
+    handler with no thread state (a fatal error, SIGABRT) or a handler restored by an
+    interrupted context's clean-up (death by SIGINT instead of exit 130)."""
+    code: object = 130
+    try:
+        try:
+            code = main(argv)
+        except BrokenPipeError:  # output piped into `head` and closed early: not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            code = 0
+        except SystemExit as exc:  # argparse's exits (--help, a usage error) keep their code
+            code = exc.code
+        finally:
+            _ignore_stop_signals()
+    except KeyboardInterrupt:
+        _ignore_stop_signals()
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(code or 0)
 
 
 def default_variant() -> str:

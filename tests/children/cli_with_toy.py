@@ -1,9 +1,7 @@
 """run_bench.py with the toy runner registered: sweeps through the real CLI, in seconds."""
 
-import sys
-
 from bench.catalog.registry import RUNNERS, Option, RunnerInfo
-from bench.cli import main
+from bench.cli import entry
 
 RUNNERS["toy"] = RunnerInfo(
     "toy", "tf", "tests.children.toy", "numpy softmax regression (tests only)",
@@ -13,4 +11,4 @@ RUNNERS["toy"] = RunnerInfo(
 )
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
