@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -36,21 +37,53 @@ COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "n
             "schema", "status", "compare", "predict", "check-model")
 
 
+DESCRIPTION = ("How fast a model trains on 1..N devices, in each framework and strategy: a "
+               "YAML sweep of runners x models x device counts x batch sizes x data x "
+               "precision, every run its own process; records, summary, charts, report.html.")
+# the run options a first user needs; `run --help` has the rest
+COMMON_OPTIONS = ("--config", "--set", "--dry-run", "--out", "--resume")
+
+
+def overview(parser: argparse.ArgumentParser) -> str:
+    """`run_bench.py --help`: the common run options and every command, one line each, read
+    from the parser itself so the two never disagree."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    run = sub.choices["run"]
+    options = [a for a in run._actions if set(a.option_strings) & set(COMMON_OPTIONS)]
+    rest = [a.option_strings[0] for a in run._actions
+            if a.option_strings and a not in options and a.dest != "help"]
+    names = [f"{a.option_strings[0]} {a.metavar or ''}".rstrip() for a in options]
+    width = max(len(n) for n in [*names, *sub.choices]) + 2
+    lines = ["usage: run_bench.py --config FILE [--set KEY=VALUE ...] [--dry-run] [--out DIR] "
+             "[--resume]",
+             "       run_bench.py COMMAND ...     (run_bench.py COMMAND --help: its options)",
+             "", *textwrap.wrap(DESCRIPTION, 96), "",
+             "common options (of run, the default command):"]
+    lines += [f"  {n.ljust(width)}{a.help}" for n, a in zip(names, options, strict=True)]
+    lines += [f"  (run_bench.py run --help: also {', '.join(rest)})", "", "commands:"]
+    lines += [f"  {name.ljust(width)}{c.help}"
+              for name, c in ((a.dest, a) for a in sub._choices_actions)]
+    lines += ["", "first sweep: python run_bench.py --config configs/cpu-smoke.yaml (README.md)",
+              "every config key: docs/CONFIG.md; every command in full: docs/USAGE.md"]
+    return "\n".join(lines) + "\n"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="run_bench.py",
-        description="Cross-framework multi-GPU training benchmark. Commands: run (default), "
-                    "setup, list, report, compare, predict, make-dataset, prepare-data, "
-                    "new-runner, schema, status, check-model.")
-    sub = p.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="run a sweep (the default command)")
-    run.add_argument("--config", required=True, help="YAML sweep file")
+    p = argparse.ArgumentParser(prog="run_bench.py", description=DESCRIPTION)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run a sweep (the default command)",
+                         description="Run a sweep: every run its own process; records, "
+                                     "summary, charts and report.html in the results folder.")
+    run.add_argument("--config", required=True, metavar="FILE",
+                     help="YAML sweep file (a first one: configs/cpu-smoke.yaml)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key; value parsed as YAML; dots reach nested keys")
-    run.add_argument("--dry-run", action="store_true", help="print the planned runs and exit")
-    run.add_argument("--out", help="results folder (default results/<name>-<timestamp>)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the planned runs with what each will do here, and exit")
+    run.add_argument("--out", metavar="DIR",
+                     help="results folder (default results/<name>-<timestamp>)")
     run.add_argument("--resume", action="store_true",
-                     help="skip runs that already have a record (default folder: the newest "
+                     help="run only what has no good record (default folder: the newest "
                           "results/<name>-*)")
     run.add_argument("--new-fingerprint", action="store_true",
                      help="with --resume, when the settings differ from the folder's (its "
@@ -65,17 +98,22 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--detach", action="store_true",
                      help="cluster.backend slurm: submit the jobs and exit (collect them with "
                           "`run_bench.py status DIR` or --resume)")
-    setup = sub.add_parser("setup", help="create framework environments")
+    setup = sub.add_parser("setup", help="build framework environments from their locks",
+                           description="Build framework environments from their locks "
+                                       "(idempotent; a sweep builds what it needs anyway).")
     setup.add_argument("families", nargs="*", help=f"default: all ({', '.join(FAMILIES)})")
     setup.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                        help="which variant (auto: gpu if NVML sees a GPU)")
-    sub.add_parser("list", help="runners, models and families, and whether each is ready")
-    report = sub.add_parser("report", help="re-render summary.csv and charts of a results folder")
+    sub.add_parser("list", help="runners (with their options), models, families; what is ready")
+    report = sub.add_parser("report", help="write a folder's summary, charts, report.html again",
+                            description="Re-read a results folder's records and write "
+                                        "summary.csv, the charts, report.html and results.md.")
     report.add_argument("results_dir")
-    make = sub.add_parser("make-dataset",
-                          help="write a synthetic dataset of real JPEGs (OUT/<class>/<image>.jpg)"
-                               ", or a labelled one with a held-out split for mode converge "
-                               "(--source digits | cifar10)")
+    make = sub.add_parser("make-dataset", help="write a demo or labelled dataset (no download)",
+                          description="Write a synthetic dataset of real JPEGs "
+                                      "(OUT/<class>/<image>.jpg), or a labelled one with a "
+                                      "held-out split for mode converge (--source digits | "
+                                      "cifar10)")
     make.add_argument("--out", required=True, help="new or empty folder to write")
     make.add_argument("--source", choices=SOURCES, default="synthetic",
                       help="synthetic (generated JPEGs; needs --classes, --images, --size), "
@@ -94,9 +132,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="synthetic: S x S RGB pixels, 8..4096")
     make.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     make.add_argument("--quality", type=int, default=90, help="JPEG quality 1..95 (default 90)")
-    prep = sub.add_parser("prepare-data",
-                          help="JPEG class folders -> MXNet RecordIO, TFRecord shards and a "
-                               "JPEG file list, all holding the same re-encoded bytes")
+    prep = sub.add_parser("prepare-data", help="JPEG class folders -> every runner's format",
+                          description="JPEG class folders -> MXNet RecordIO, TFRecord shards "
+                                      "and a JPEG file list, all holding the same re-encoded "
+                                      "bytes")
     prep.add_argument("--src", required=True, help="folder with one sub-folder of JPEGs per class")
     prep.add_argument("--out", required=True, help="new or empty folder to write")
     prep.add_argument("--resize", type=int, default=256, metavar="S",
@@ -107,8 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--workers", type=int, default=2,
                       help="processes that decode, resize and encode (default 2)")
     compare = sub.add_parser(
-        "compare", help="NEW against BASE, configuration by configuration: images/sec ratio "
-                        "with a 95%% bootstrap interval; exit 1 on a significant regression")
+        "compare", help="judge sweep NEW against BASE; exit 1 on a regression",
+        description="NEW against BASE, configuration by configuration: images/sec ratio "
+                    "with a 95%% bootstrap interval; exit 1 on a significant regression")
     compare.add_argument("base", help="results folder of the baseline sweep")
     compare.add_argument("new", help="results folder of the sweep to judge")
     compare.add_argument("--threshold", type=float, default=0.05,
@@ -116,8 +156,9 @@ def _parser() -> argparse.ArgumentParser:
                               "1 +- threshold (default 0.05)")
     compare.add_argument("--out", help="folder for compare.md and the chart (default: NEW)")
     predict = sub.add_parser(
-        "predict", help="step time, images/sec and scaling efficiency at N devices from the "
-                        "1-device step, the gradient bytes and a bus bandwidth (ring all-reduce)")
+        "predict", help="scaling at N devices from the 1-device step and a bandwidth",
+        description="Step time, images/sec and scaling efficiency at N devices from the "
+                    "1-device step, the gradient bytes and a bus bandwidth (ring all-reduce)")
     predict.add_argument("results_dir", help="results folder with 1-device runs")
     predict.add_argument("--devices", default="2,4,8",
                          help="device counts to predict, comma-separated (default 2,4,8)")
@@ -136,17 +177,21 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--precision", default="fp32",
                          help="with --strategies: the harness precision policy whose reduce "
                               "and parameter dtypes set the bytes (default fp32)")
-    status = sub.add_parser("status", help="a SLURM sweep's jobs: collect those that ended "
-                                           "(their records), show the others' states")
+    status = sub.add_parser("status", help="a SLURM sweep: collect ended jobs, show the rest",
+                            description="A SLURM sweep's jobs: collect those that ended "
+                                        "(their records), show the others' states")
     status.add_argument("results_dir")
-    sub.add_parser("schema", help="print the JSON Schema of a sweep config (for editors: "
-                                  "run_bench.py schema > sweep.schema.json)")
-    check = sub.add_parser("check-model", help="build each of your own models (a models: "
-                                               "mapping) once in its framework: parameters, "
-                                               "FLOPs per sample, output shape")
+    sub.add_parser("schema", help="print the sweep config's JSON Schema (editor completion)",
+                   description="Print the JSON Schema of a sweep config (for editors: "
+                               "run_bench.py schema > sweep.schema.json)")
+    check = sub.add_parser("check-model", help="build your own models once: params, FLOPs",
+                           description="Build each of your own models (a models: mapping) "
+                                       "once in its framework: parameters, FLOPs per sample, "
+                                       "output shape")
     check.add_argument("config", help="YAML sweep file")
-    new = sub.add_parser("new-runner", help="a new runner from its family's template, listed "
-                                            "in the family's catalog (docs/DESIGN.md)")
+    new = sub.add_parser("new-runner", help="start a runner from its family's template",
+                         description="A new runner from its family's template, listed in "
+                                     "the family's catalog (docs/DESIGN.md)")
     new.add_argument("name", help="the runner's name, as configs will say it")
     new.add_argument("family", help="its template (runners/templates/): tf, torch, mxnet, "
                                     "jax, or keras (Keras 3, in the jax environment)")
@@ -156,7 +201,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(overview(_parser()), end="", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
         argv.insert(0, "run")
     args = _parser().parse_args(argv)
     try:
@@ -303,7 +351,7 @@ def cmd_list() -> int:
         outputs = f"{'vocab' if s.input_kind == 'tokens' else 'classes'}={s.num_classes}"
         print(f"  {name:<16} {s.workload:<12} input={shape:<12} {outputs:<14} "
               f"params={s.params:,}  GFLOPs/sample={s.flops_per_sample / 1e9:.3f}")
-    print("  (your own model: a models: mapping in the sweep file; README, \"Your own model\")")
+    print("  (your own model: a models: mapping in the sweep file; docs/MODELS.md)")
     return 0
 
 

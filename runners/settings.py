@@ -135,7 +135,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("launcher", str, "python", "How the parent starts the run: python (one process), "
             "torchrun or horovodrun (one per device; bench.catalog.registry.RunnerInfo).",
             record=False),
-    Setting("model", str, help="The model (`models/<name>`).", key=Key("models", axis=True)),
+    Setting("model", str, help="The model (`models/<name>`).",
+            key=Key("models", help="Built-in models by name (`run_bench.py list`) or your own "
+                    "(a mapping: docs/MODELS.md).", axis=True)),
     Setting("num_devices", int, help="The device count N, over all nodes.",
             key=Key("devices", [1], "device counts; required with mode benchmark", axis=True,
                     minimum=1)),
@@ -160,7 +162,8 @@ SETTINGS: tuple[Setting, ...] = (
             key=Key(default=5, minimum=0)),
     Setting("measure_steps", int, help="Timed steps.", key=Key(default=20, minimum=1)),
     Setting("repeat", int, help="The run's repeat number within its configuration, from 0.",
-            key=Key("repeats", 1, minimum=1, maximum=MAX_REPEATS), planned=True),
+            key=Key("repeats", 1, "Runs of each configuration, each a fresh process (the summary "
+                    "takes their median).", minimum=1, maximum=MAX_REPEATS), planned=True),
     Setting("timeout_s", float, help="Seconds the run may take; then its process group is "
             "killed (status timeout).", key=Key(default=600.0), record=False),
     Setting("options", dict[str, Any], {}, "The runner's options, defaults filled (the loader "
