@@ -1,11 +1,11 @@
-"""The one grouping key (bench.records.grouping): the plan, the summary, the loader and the notebook
-group runs the same way, so the notebook's numbers are summary.csv's (issue 14: the loader
-grouped on data, the summary on data_label, and every real-data run lost its speedup)."""
+"""The one grouping key (bench.records.grouping): the plan, the summary and the loader group runs
+the same way, so the loader's numbers are summary.csv's (issue 14: the loader grouped on data,
+the summary on data_label, and every real-data run lost its speedup). The notebook shows
+summarise's rows themselves: tests/test_notebook.py."""
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
@@ -19,7 +19,6 @@ from bench.records.grouping import GROUP_FIELDS, baseline_key, config_key, group
 from bench.records.store import REQUIRED, check_record, record_path, write_json_atomic
 from bench.report.summary import build_report
 from bench.run.launch import base_record
-from tests.conftest import REPO
 
 ENV = {"host": "h", "os": "Linux", "cpu_model": "cpu", "cpu_cores": 2, "memory_bytes": 2**33,
        "python": "3.11", "harness_commit": "abc", "gpus": [], "framework": {"tensorflow": "2"}}
@@ -113,28 +112,6 @@ def test_loader_numbers_equal_summary_csv_including_real_data(results: Path) -> 
     per_config = ok.groupby(["runner", "model", "data_label", "precision",
                              "num_devices"])[list(VALUES)].median()
     assert_same_numbers(per_config.to_dict("index"), summary_csv(results))
-
-
-def test_notebook_per_configuration_table_equals_summary_csv(
-        results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """notebooks/explore_results.ipynb run against the folder: its per-configuration table
-    (per_config) holds summary.csv's numbers, and it draws its chart."""
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    nb = nbformat.read(REPO / "notebooks" / "explore_results.ipynb", as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(
-        'print("PER_CONFIG " + per_config.reset_index().to_json(orient="records"))'))
-    monkeypatch.setenv("MGBENCH_RESULTS", str(results))
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                            resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
-    assert "image/png" in json.dumps(nb)
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
-    line = next(ln for ln in text.splitlines() if ln.startswith("PER_CONFIG "))
-    rows = json.loads(line[len("PER_CONFIG "):])
-    got = {(r["runner"], r["model"], r["data_label"], r["precision"], r["num_devices"]):
-           {v: math.nan if r[v] is None else r[v] for v in VALUES} for r in rows}
-    assert_same_numbers(got, summary_csv(results))
 
 
 def test_runspec_record_and_summary_row_share_one_key(tmp_path: Path) -> None:

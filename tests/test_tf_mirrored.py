@@ -1,13 +1,11 @@
 """tf_mirrored for real on CPU: the smoke sweep end to end (records with the placement TF
-reports, summary, charts, resume, notebook), a real timeout, steps_per_execution and the
+reports, summary, charts, resume), a real timeout, steps_per_execution and the
 all-reduce choices at 2 devices, XLA (one device only: Keras 3 compiles strategy.run whole), and
 channels_first (unavailable on CPU)."""
 
 from __future__ import annotations
 
 import csv
-import json
-import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import pytest
 from bench.analysis.loader import load_results
 from bench.records.store import check_record, load_records
 from bench.report.summary import CHARTS
-from tests.conftest import REPO, run_cli, smoke_sweep
+from tests.conftest import run_cli, smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 SMOKE = ("--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
@@ -101,21 +99,6 @@ def test_resume_skips_done_runs(smoke: Path, tmp_path: Path) -> None:
     one = next(n for n in before if "__n1__" in n and n.count(".") == 1)
     assert after[one] == before[one]  # the finished run was not run again
     assert len(load_records(copy)) == 2
-
-
-def test_notebook_executes_against_the_sweep(smoke: Path) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(REPO / "notebooks" / "explore_results.ipynb", as_version=4)
-    os.environ["MGBENCH_RESULTS"] = str(smoke)
-    try:
-        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                resources={"metadata": {"path": str(REPO / "notebooks")}}
-                                ).execute()
-    finally:
-        del os.environ["MGBENCH_RESULTS"]
-    text = json.dumps(nb)
-    assert "tf_mirrored" in text and "image/png" in text
 
 
 def test_timeout_is_recorded_and_sweep_finishes(tmp_path: Path, tf_python: str) -> None:
