@@ -28,10 +28,10 @@ from bench.report.capacity import capacity_table
 from bench.report.converge import recipe_line, table_lines
 from bench.report.strategies import format_strategies, strategy_rows
 from bench.report.summary import build_report, format_table
-from bench.run import environment, slurm
+from bench.run import environment, forecast, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
-from bench.run.sweep import NAME_MAX, precheck, results_folder, run_sweep, stop_signals_interrupt
+from bench.run.sweep import NAME_MAX, results_folder, run_sweep, stop_signals_interrupt
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict", "check-model")
@@ -531,7 +531,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"until_stable: more repeats of a configuration while its images/sec CV is "
                   f"above {cfg.until_stable['target_cv']:.1%}, up to "
                   f"{cfg.until_stable['max_repeats']} runs each")
-        print_plan(runs)
+        facts = forecast.HostFacts.here(out)
+        predicted = forecast.predict(runs, cfg, facts)
+        print_plan(runs, predicted)
+        for line in forecast.summary_lines(runs, predicted, cfg, facts):
+            print(line)
         return 0
     if args.new_fingerprint and not args.resume:
         raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
@@ -656,26 +660,21 @@ def check_predict_devices(text: str) -> None:
                               f"allowed; allowed: {allowed}")
 
 
-def print_plan(runs: list[RunSpec]) -> None:
-    head = ("#", "run_id", "runner", "model", "devices", "per-dev", "global", "prec", "data")
+def print_plan(runs: list[RunSpec], predicted: list[forecast.Prediction]) -> None:
+    """The plan's table, each run's predicted status (bench/run/forecast.py) in its last
+    column; the reasons follow it (forecast.summary_lines)."""
+    head = ("#", "run_id", "runner", "model", "devices", "per-dev", "global", "prec", "data",
+            "predicted")
     rows = [head] + [
         (str(i), r.run_id, runner_label(r), r.model,
          (f"{r.num_nodes}x{r.devices_per_node}" if r.num_nodes > 1 else str(r.num_devices))
          + f" {'vcpu' if r.virtual_devices else r.device}",
          *((str(r.batch_size_per_device), str(r.global_batch_size), r.precision, r.data_label)
-           if r.mode != "allreduce" else ("-", "-", "fp32", "buffers")))
-        for i, r in enumerate(runs, 1)
+           if r.mode != "allreduce" else ("-", "-", "fp32", "buffers")), p.status)
+        for i, (r, p) in enumerate(zip(runs, predicted, strict=True), 1)
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for j, row in enumerate(rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if j == 0:
             print("  ".join("-" * w for w in widths))
-    # what will be recorded without a launch (the GPU count is the launch's to check)
-    blocked = [(i, r, why) for i, r in enumerate(runs, 1) if (why := precheck(r, None))]
-    if blocked:
-        print(f"\n{len(blocked)} of {len(runs)} runs will be recorded without a launch:")
-        for i, r, (status, reason) in blocked:
-            print(f"  #{i} {r.run_id}: {status}: {reason}")
-
-
