@@ -21,7 +21,7 @@ from bench.data.labelled import SOURCES
 from bench.plan.config import ConfigError, json_schema, load_config, show_value
 from bench.plan.runs import RunSpec, expand
 from bench.records.grouping import runner_label
-from bench.records.store import folder_damage, load_records, read_environment
+from bench.records.store import done_run_ids, folder_damage, load_records, read_environment
 from bench.report.allreduce import CSV_NAME, allreduce_table
 from bench.report.capacity import CSV_NAME as CAPACITY_CSV
 from bench.report.capacity import capacity_table
@@ -533,6 +533,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"{cfg.until_stable['max_repeats']} runs each")
         facts = forecast.HostFacts.here(out)
         predicted = forecast.predict(runs, cfg, facts)
+        if args.resume and out.is_dir():
+            done = done_run_ids(out, retry_failed=args.retry_failed)
+            predicted = forecast.already_recorded(runs, predicted, done, out)
         print_plan(runs, predicted)
         for line in forecast.summary_lines(runs, predicted, cfg, facts):
             print(line)

@@ -297,3 +297,28 @@ def test_the_shipped_results_folder_is_read_as_records(tmp_path: Path) -> None:
     going = [r for r, p in zip(runs, predicted, strict=True) if p.status == WILL_RUN]
     assert est.same_config == sum(r.run_id.rsplit("__r", 1)[0] in ids for r in going) > 0
     assert est.records == len(recs)
+
+
+def test_a_resumed_dry_run_says_which_runs_are_recorded_already(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--resume --dry-run on a folder of 12 records: those runs are `recorded` (skipped), the
+    runs the wider sweep adds are predicted as usual."""
+    out = tmp_path / "out"
+    shutil.copytree(REPO_ROOT / "tests" / "golden" / "converge-results", out)
+    dataset = tmp_path / "digits"
+    dataset.mkdir()
+    (dataset / "manifest.json").write_text(json.dumps({"classes": 10}))
+    (dataset / "splits.npz").write_bytes(b"")
+    monkeypatch.setattr(forecast.HostFacts, "here", classmethod(lambda cls, out: facts()))
+    code = bench_cli.main(["--config", "configs/converge-digits.yaml", "--dry-run", "--resume",
+                           "--out", str(out), "--set", f"dataset.path={dataset}",
+                           "--set", "runners=[torch_ddp, tf_mirrored, keras_tf_kuza55]",
+                           "--set", "repeats=3"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    rows = [ln for ln in lines if re.match(r"^\d+ ", ln)]
+    recorded = [ln.split()[1] for ln in rows if ln.endswith("  recorded")]
+    assert sorted(recorded) == sorted(p.stem for p in (out / "runs").glob("*.json"))
+    assert len(rows) == 18 and sum(ln.endswith("  will run") for ln in rows) == 6
+    assert any(ln.startswith("predicted: 6 will run") and "12 recorded" in ln for ln in lines)

@@ -36,7 +36,8 @@ WILL_RUN = "will run"
 UNAVAILABLE = "unavailable"
 INVALID = "invalid"
 DEPENDS = "depends on the cluster"
-STATUSES = (WILL_RUN, UNAVAILABLE, INVALID, DEPENDS)
+RECORDED = "recorded"  # --resume: a record in the folder already; the run is skipped
+STATUSES = (WILL_RUN, UNAVAILABLE, INVALID, DEPENDS, RECORDED)
 ON_THE_NODES = ("it runs on the cluster's nodes (cluster.backend: slurm), whose devices this "
                 "host cannot see")
 # launched runs leave a duration; these are recorded without a launch (or never ran)
@@ -197,6 +198,14 @@ def predict(runs: list[RunSpec], cfg: SweepConfig, facts: HostFacts) -> list[Pre
             built = state is None or state.ready
             found.append(Prediction(WILL_RUN, builds=None if built else state))
     return found
+
+
+def already_recorded(runs: list[RunSpec], predicted: list[Prediction], done: set[str],
+                     out: Path) -> list[Prediction]:
+    """--resume: a run whose record the folder holds is skipped, whatever it would do."""
+    why = f"a record in {out} already (--resume keeps it)"
+    return [Prediction(RECORDED, why) if spec.run_id in done else p
+            for spec, p in zip(runs, predicted, strict=True)]
 
 
 # ---- the estimate ----
@@ -396,5 +405,5 @@ def summary_lines(runs: list[RunSpec], predicted: list[Prediction], cfg: SweepCo
 
 
 __all__ = ["DEPENDS", "INVALID", "UNAVAILABLE", "WILL_RUN", "EnvState", "Estimate",
-           "HostFacts", "Prediction", "env_state", "estimate", "predict", "run_numbers",
-           "summary_lines"]
+           "HostFacts", "Prediction", "RECORDED", "already_recorded", "env_state", "estimate",
+           "predict", "run_numbers", "summary_lines"]
