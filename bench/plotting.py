@@ -1,9 +1,47 @@
-"""Matplotlib for the report's charts, on the file-only Agg backend (no display needed)."""
+"""Matplotlib for the report's charts, on the file-only Agg backend (no display needed), and
+the style every chart shares: a series is told apart by its marker AND its line style, not
+only its colour, so a greyscale print still separates them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+# Filled markers and solid/dashed/dash-dot lines for measured series: 8 markers x 3 styles
+# give 24 distinct (marker, style) pairs (lcm(8, 3)). Dotted lines and hollow markers are
+# left to the published figures (bench/analysis/published.py), so the two never share a pair.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINESTYLES = ("-", "--", "-.")
+PUBLISHED_MARKERS = ("s", "D", "^", "v", "P", "X", "*", "<", ">", "h", "p", "d", "8", "H")
+# tab10's colours differ in lightness as well as hue; the published points use Dark2.
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+PUBLISHED_COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02",
+                     "#a6761d", "#666666")
+IDEAL = {"color": "0.4", "linestyle": (0, (2, 2)), "linewidth": 1.0}  # short dashes, no marker
+
+
+def series_style(i: int) -> dict[str, Any]:
+    """Keyword arguments of ax.plot for the i-th measured series of a chart."""
+    return {"color": COLOURS[i % len(COLOURS)], "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": LINESTYLES[i % len(LINESTYLES)], "markersize": 5, "linewidth": 1.6,
+            "zorder": 3}  # over the published points
+
+
+def published_style(i: int) -> dict[str, Any]:
+    """Keyword arguments of ax.plot for the i-th published system of a chart: a hollow
+    marker on a dotted line."""
+    return {"color": PUBLISHED_COLOURS[i % len(PUBLISHED_COLOURS)],
+            "marker": PUBLISHED_MARKERS[i % len(PUBLISHED_MARKERS)], "linestyle": ":",
+            "markersize": 7, "markerfacecolor": "none", "linewidth": 0.9}
+
+
+def virtual_note(rows: Iterable[Mapping[str, Any]]) -> str:
+    """The title's words for a chart whose rows ran on virtual CPU devices ('' otherwise):
+    in the title, not only small print, so nobody reads it as GPU scaling."""
+    return (", virtual CPU devices (not GPU scaling)"
+            if any(r.get("virtual_devices") for r in rows) else "")
 
 
 def pyplot() -> Any:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from bench.records.store import check_record, load_records
+from bench.report.charts import CHARTS
 from tests.conftest import REPO, run_cli
 
 
@@ -44,7 +45,7 @@ def test_ok_sweep_writes_records_summary_and_charts(tmp_path: Path) -> None:
     assert f"results: {out}" in proc.stdout
     assert {r["status"] for r in load_records(out)} == {"ok"}
     assert len((out / "summary.csv").read_text().splitlines()) == 3
-    assert len(list((out / "charts").glob("*.png"))) == 3
+    assert {p.name for p in (out / "charts").glob("*.png")} == set(CHARTS)
     assert yaml.safe_load((out / "config.yaml").read_text())["runners"] == ["toy"]
 
 

@@ -14,7 +14,8 @@ import pytest
 from bench.analysis.stats import summarise
 from bench.records import columns
 from bench.records.store import check_record, record_path, write_json_atomic
-from bench.report.summary import MEMORY_CHART, TOKENS_CHART, build_report, format_table
+from bench.report.charts import MEMORY_CHART, TOKENS_CHART
+from bench.report.summary import build_report, format_table
 from bench.run.launch import derive_throughput, run_mfu
 from bench.run.verdict import merge_memory
 from models import get_spec

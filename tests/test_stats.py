@@ -123,7 +123,8 @@ def test_pipeline_rows_are_apart_and_compared_to_the_naive_loop() -> None:
 
 
 def test_table_and_chart_show_real_vs_synthetic(tmp_path) -> None:
-    from bench.report.summary import format_table, render_real_chart
+    from bench.report.charts import render_real_chart
+    from bench.report.summary import format_table
 
     rows = summarise([rec(1, 100.0), rec(2, 200.0), real(1, 95.0), real(2, 120.0)])
     table = format_table(rows)

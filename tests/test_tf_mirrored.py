@@ -13,7 +13,7 @@ import pytest
 
 from bench.analysis.loader import load_results
 from bench.records.store import check_record, load_records
-from bench.report.summary import CHARTS
+from bench.report.charts import CHARTS
 from tests.conftest import run_cli, smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]

@@ -90,7 +90,8 @@ def test_summary_gives_median_intervals_and_flags() -> None:
 
 
 def test_table_and_charts_show_intervals_and_flags(tmp_path) -> None:
-    from bench.report.summary import format_table, render_charts
+    from bench.report.charts import render_charts
+    from bench.report.summary import format_table
 
     recs = [rec(n, v * n, repeat=i, step_times_s=[32 * n / (v * n)] * 20)
             for n in (1, 2) for i, v in enumerate([100.0, 104.0, 96.0])]

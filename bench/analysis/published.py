@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.plotting import published_style
 
 REFERENCE = REPO_ROOT / "reference"
 PUBLISHED = REFERENCE / "published.csv"
@@ -60,8 +61,10 @@ FIELDS = ("source", "source_short", "url", "system", "model", "model_as_publishe
 NUMBERS = ("gpus", "batch_per_gpu", "global_batch", "images_per_sec", "seq_len",
            "tokens_per_sec", "tokens_per_sec_per_gpu", "mfu", "hfu", "tflops_per_gpu",
            "memory_gib_per_gpu", "epochs", "epoch_time_s", "total_time_s", "final_accuracy")
-# Marker of each source on the charts (cycled in the file's order of sources).
-MARKERS = ("s", "D", "^", "v", "P", "X", "*", "<", ">", "h")
+# A published figure more than ROOM x the measured maximum is marked at the axis edge rather
+# than drawn at its value (draw_published).
+ROOM = 3.0
+OFF_AXIS_ENTRIES = 3  # more systems off axis than this share one legend entry
 
 
 def _number(text: str | None) -> float | int | None:
@@ -114,44 +117,125 @@ def label(row: dict[str, Any]) -> str:
     return f"{row['gpu']}, {row['source_short']}{data}"
 
 
+def published_value(row: dict[str, Any], value: str) -> float | None:
+    """A published row's images_per_sec, scaling_efficiency or speedup (efficiency x GPUs)."""
+    if value == "speedup":
+        eff = row["scaling_efficiency"]
+        return None if eff is None else eff * row["gpus"]
+    return row[value]
+
+
+def _amount(v: float, value: str) -> str:
+    """A figure as a chart's text writes it (efficiency already in percent)."""
+    if value == "images_per_sec":
+        return f"{v:,.0f} img/s"
+    return f"{v:.0f}%" if value == "scaling_efficiency" else f"{v:.2f}x"
+
+
 def draw_published(ax: Any, model: str, measured: list[dict[str, Any]],
-                   value: str = "images_per_sec") -> list[dict[str, Any]]:
-    """Draw on a device-count chart of `model` the published figures at the device counts the
-    sweep ran it at (`measured`: the summary's ok rows), `value` images_per_sec or
-    scaling_efficiency: one colour and legend entry per GPU and source, one marker per
-    source, a dotted line through each system's rows of a series (from the series' 1-GPU
-    row). Returns the rows drawn (none: the axes are left as they were)."""
+                   value: str = "images_per_sec", *, scale: float = 1.0,
+                   table: list[dict[str, Any]] | None = None,
+                   room: float = ROOM) -> list[dict[str, Any]]:
+    """Draw on a device-count chart of `model` the published figures (`table`, default
+    reference/published.csv) at the device counts the sweep ran it at (`measured`: the
+    summary's ok rows), `value` images_per_sec, speedup or scaling_efficiency (times
+    `scale`: 100 for percent). Call it after the measured series, on axes fitted to them.
+
+    A figure up to `room` x the measured maximum (and, on a log axis, down to the minimum over
+    `room`) is drawn at its value: a hollow marker on a dotted line through each system's rows
+    of a series, one legend entry "published: <GPU, source>" each. One outside is not drawn at
+    its value, so a 2017 GPU figure cannot squash CPU runs to the bottom of the axis: a hollow
+    triangle on the axis edge at its device count, with the figure in text ("published
+    TF docs 2017: 1,450 img/s ↑"), and a legend entry with the figures. Returns the rows
+    drawn either way (none: the axes are left as they were)."""
     counts = {r["num_devices"] for r in measured if r["model"] == model}
-    rows = [r for r in select(load_published(), [model], counts) if r[value] is not None]
+    table = load_published() if table is None else table
+    rows = [r for r in select(table, [model], counts) if published_value(r, value) is not None]
     if not rows:
         return []
-    sources = list(dict.fromkeys(r["source_short"] for r in load_published()))
-    colours: dict[str, Any] = {}
+    ours = [r[value] * scale for r in measured
+            if r["model"] == model and r.get(value) is not None]
+    log = ax.get_yscale() == "log"
+    high = room * max(ours) if ours else float("inf")
+    low = min((v for v in ours if v > 0), default=0.0) / room if log else float("-inf")
+    names = list(dict.fromkeys(label(r) for r in rows))
+    drawn: set[str] = set()
+    on: list[float] = []
+    off: dict[str, list[dict[str, Any]]] = {}
     for series, system in dict.fromkeys((r["series"], r["system"]) for r in rows):
         pts = [r for r in rows if r["series"] == series and r["system"] == system]
         pts += [r for r in rows if r["series"] == series and r["gpus"] == 1 and r not in pts]
         pts.sort(key=lambda r: r["gpus"])
         name = label(pts[0])
-        marker = MARKERS[sources.index(pts[0]["source_short"]) % len(MARKERS)]
-        line, = ax.plot([r["gpus"] for r in pts], [r[value] for r in pts], linestyle=":",
-                        marker=marker, markersize=7, markerfacecolor="none", alpha=0.85,
-                        color=colours.get(name), label=None if name in colours else
-                        f"published: {name}")
-        colours.setdefault(name, line.get_color())
-    # Our CPU runs are 1-100 images/sec, the published GPU figures 50-25,000: on a linear
-    # axis the measured lines would lie flat on zero. A log axis keeps both readable, and
-    # keeps scaling comparable: a constant efficiency is a constant vertical gap below the
-    # ideal line, whatever the throughput. Efficiency is already scale-free: linear from 0.
-    ax.set_autoscaley_on(True)
-    if value == "images_per_sec":
-        ax.set_yscale("log")
-        ax.set_ylabel("images/sec (log scale: published GPU figures beside)")
-    ax.relim()
-    ax.autoscale_view(scalex=False)
-    if value != "images_per_sec":
-        ax.set_ylim(bottom=0)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        style = published_style(names.index(name))
+        inside = [r for r in pts if low <= published_value(r, value) * scale <= high]
+        off.setdefault(name, [])
+        off[name] += [r for r in pts if r not in inside and r not in off[name]]
+        if inside:
+            ys = [published_value(r, value) * scale for r in inside]
+            ax.plot([r["gpus"] for r in inside], ys, alpha=0.9, **style,
+                    label=None if name in drawn else f"published: {name}")
+            drawn.add(name)
+            on += ys
+    _mark_off_axis(ax, {n: p for n, p in off.items() if p}, names, value, scale, low)
+    bottom, top = ax.get_ylim()
+    if on and max(on) > top:
+        top = max(on) * 1.08
+    if any(p for p in off.values()):
+        top *= 1.12  # room for the off-axis text under the top edge
+    if on and log and min(on) < bottom:
+        bottom = min(on) / 1.08
+    ax.set_ylim(bottom, top)
     return rows
+
+
+def _mark_off_axis(ax: Any, off: dict[str, list[dict[str, Any]]], names: list[str],
+                   value: str, scale: float, low: float) -> None:
+    """The published figures outside the axis: a legend entry per system with its figures,
+    a triangle on the axis edge per device count with the figures in text."""
+    if not off:
+        return
+    from matplotlib.transforms import blended_transform_factory
+
+    edge = blended_transform_factory(ax.transData, ax.transAxes)
+    flat = [r for pts in off.values() for r in pts]
+    if len(off) > OFF_AXIS_ENTRIES:  # one legend line for them all, not a wall of text
+        figures = sorted(published_value(r, value) * scale for r in flat)
+        ax.plot([], [], marker="^", color="black", markerfacecolor="none", linestyle="none",
+                label=f"published, off axis: {len(off)} systems, {_amount(figures[0], value)} "
+                      f"to {_amount(figures[-1], value)} (report.html lists them)")
+        off = {}
+    for name, pts in off.items():
+        figures = sorted((published_value(r, value) * scale, r["gpus"]) for r in pts)
+        text = (", ".join(f"{_amount(v, value)} at {g}" for v, g in figures)
+                if len(figures) <= 2 else
+                f"{_amount(figures[0][0], value)} to {_amount(figures[-1][0], value)}")
+        ax.plot([], [], **{**published_style(names.index(name)), "linestyle": "none"},
+                label=f"published: {name}: {text}, off axis")
+    counts = sorted({r["gpus"] for r in flat})
+    for gpus in counts:
+        for below in (False, True):
+            here = [published_value(r, value) * scale for r in flat if r["gpus"] == gpus
+                    and (published_value(r, value) * scale < low) == below]
+            if not here:
+                continue
+            arrow = "↓" if below else "↑"
+            one = next(r for r in flat if r["gpus"] == gpus
+                       and published_value(r, value) * scale == here[0])
+            text = (f"published {one['source_short']}: {_amount(here[0], value)} {arrow}"
+                    if len(here) == 1 else
+                    f"{len(here)} published: {_amount(min(here), value)} to "
+                    f"{_amount(max(here), value)} {arrow}")
+            y = 0.025 if below else 0.975  # the triangle just inside the edge
+            ax.plot([gpus], [y], transform=edge, marker="v" if below else "^",
+                    markersize=8, color="black", markerfacecolor="none", linestyle="none")
+            left, right = ax.get_xlim()
+            at = (gpus - left) / ((right - left) or 1)
+            ha = "left" if at < 0.3 else "right" if at > 0.7 else "center"
+            ax.annotate(text, (gpus, y), xycoords=edge, xytext=(
+                {"left": -5, "right": 5, "center": 0}[ha], 7 if below else -7),
+                textcoords="offset points", ha=ha, va="bottom" if below else "top",
+                fontsize=7)
 
 
 def _e(value: Any) -> str:

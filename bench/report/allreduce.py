@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis import interconnects
-from bench.plotting import pyplot, save
+from bench.plotting import IDEAL, pyplot, save, series_style
 from bench.records.store import load_records, read_environment
 from bench.text_table import aligned
 from runners.allreduce import ALL_REDUCE, COLLECTIVES
@@ -210,14 +210,13 @@ def render_allreduce_chart(results_dir: Path, rows: list[dict[str, Any]],
         for r in ok:
             if r["model"] == model:
                 series[(r["probe"], r["collective"], r["num_devices"])].append(r)
-        styles = {ALL_REDUCE: "o-", "all_gather": "s--", "reduce_scatter": "^:"}
-        for (probe, name, n), pts in sorted(series.items()):
+        for i, ((probe, name, n), pts) in enumerate(sorted(series.items())):
             pts.sort(key=lambda r: r["bytes"])
             ax.plot([p["mib"] for p in pts], [p["busbw_gbps"] for p in pts],
-                    styles.get(name, "x-"),
+                    **series_style(i),
                     label=f"{probe} n={n}" + ("" if name == ALL_REDUCE else f" {name}"))
         if link.get("nominal_gbps") is not None:
-            ax.axhline(link["nominal_gbps"], color="grey", linestyle="--",
+            ax.axhline(link["nominal_gbps"], **IDEAL,
                        label=f"nominal {link['link']} ({link['nominal_gbps']:g} GB/s)")
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.converge import clock, converge_records
-from bench.plotting import save_figure
+from bench.plotting import save_figure, series_style, virtual_note
 from bench.records.grouping import runner_label
 from bench.records.store import atomic_file
 
@@ -124,9 +124,9 @@ def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 
 def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
     """Held-out accuracy against wall time, one panel per device count, one line per run
-    (colour and marker: runner; repeats share their runner's label), the target dashed; the
-    y axis from just under the lowest accuracy to 1; the published totals of the same model
-    written under the panels."""
+    (colour, marker and line style: runner; repeats share their runner's label), the target
+    dashed; the y axis from just under the lowest accuracy to 1; the published totals of the
+    same model written under the panels."""
     recs = [r for r in converge_records(records) if r.get("curve")]
     if not recs:
         return None
@@ -137,8 +137,6 @@ def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
 
     counts = sorted({(r.get("num_nodes") or 1, r.get("num_devices") or 0) for r in recs})
     runners = sorted({runner_label(r) for r in recs})
-    markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<"]
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, len(counts), figsize=(4.2 * len(counts) + 2.6, 4.6),
                              sharey=True, squeeze=False)
     lowest = min(p["accuracy"] for r in recs for p in r["curve"])
@@ -150,9 +148,9 @@ def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
         for rec in sorted(mine, key=lambda r: (runner_label(r), r.get("repeat") or 0)):
             name = runner_label(rec)
             i = runners.index(name)
+            # marker and line style per runner as well as colour: greyscale reads
             ax.plot([p["wall_s"] for p in rec["curve"]], [p["accuracy"] for p in rec["curve"]],
-                    marker=markers[i % len(markers)], color=colours[i % len(colours)],
-                    linestyle="-" if i < len(colours) else "--", markersize=4, linewidth=1.2,
+                    **{**series_style(i), "markersize": 4, "linewidth": 1.2},
                     label=None if name in labelled else name)
             labelled.add(name)
         targets = {(r.get("converge") or {}).get("target_accuracy") for r in mine}
@@ -176,7 +174,7 @@ def draw_chart(records: list[Mapping[str, Any]], charts: Path) -> Path | None:
     models = ", ".join(sorted({str(r.get("model")) for r in recs}))
     published = [f"published {p['source_short']}: {p['gpus']} GPU {clock(p['total_time_s'])}"
                  for p in published_rows({r.get("model") for r in recs})]
-    fig.suptitle(f"Time to accuracy: {models}, evaluations included"
+    fig.suptitle(f"Time to accuracy: {models}, evaluations included{virtual_note(recs)}"
                  + ("\n" + "; ".join(published) if published else ""), fontsize=11)
     charts.mkdir(parents=True, exist_ok=True)
     path = charts / CHART_NAME
