@@ -148,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     compare = sub.add_parser(
         "compare", help="judge sweep NEW against BASE; exit 1 on a regression",
         description="NEW against BASE, configuration by configuration: images/sec ratio "
-                    "with a 95%% bootstrap interval; exit 1 on a significant regression")
+                    "with its interval (the range with 2 repeats a side, else a 95%% "
+                    "bootstrap CI); exit 1 on a significant regression")
     compare.add_argument("base", help="results folder of the baseline sweep")
     compare.add_argument("new", help="results folder of the sweep to judge")
     compare.add_argument("--threshold", type=float, default=0.05,
@@ -442,7 +443,7 @@ def cmd_report(results_dir: Path) -> int:
     if searches:
         print(f"capacity:  {results_dir / CAPACITY_CSV}")
     for c in charts:
-        print(f"{'report' if c.suffix == '.html' else 'chart'}:   {c}")
+        print(f"{'report' if c.suffix in ('.html', '.md') else 'chart'}:   {c}")
     for item in damaged:
         print(item.line(), file=sys.stderr)
     return 0
@@ -612,7 +613,7 @@ def report_end(out: Path, signum: int | None) -> int:
                        capacity_table(out), converge_text(records)))
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
-          f"report: {out / 'report.html'}")
+          f"report: {out / 'report.html'}   {out / 'results.md'}")
     return 0
 
 

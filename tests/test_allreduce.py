@@ -440,7 +440,7 @@ def test_report_on_cpu_says_no_nominal_link(tmp_path: Path) -> None:
     folder = write_folder(tmp_path, CPU_ENV, "cpu")
     rows, pipes, charts = build_report(folder)
     assert rows == [] and pipes == []
-    assert [c.name for c in charts] == ["allreduce.png", "report.html"]
+    assert [c.name for c in charts] == ["allreduce.png", "report.html", "results.md"]
     with open(folder / "allreduce.csv") as fh:
         table = list(csv.DictReader(fh))
     assert [int(r["bytes"]) for r in table] == allreduce.probe_sizes("minigooglenet")

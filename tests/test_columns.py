@@ -144,24 +144,32 @@ def table_records() -> list[dict]:
     ]
 
 
-# format_table's output for table_records() before the registry (commit e1f71b0)
+# format_table's output for table_records() before the registry (commit e1f71b0), its interval
+# named since issue 30 (2 repeats: a range, not a 95% CI)
 TABLE_BEFORE = (
     'runner       model          devices  placed  BN      batch   prec  data       st'
-    'atus    img/s  95% CI       speedup  effic.  real/syn          MFU    flags\n'
+    'atus    img/s  interval           speedup  effic.  real/syn          MFU    flag'
+    's\n'
     '-----------  -------------  -------  ------  ------  ------  ----  ---------  --'
-    '------  -----  -----------  -------  ------  ----------------  -----  ---------\n'
+    '------  -----  -----------------  -------  ------  ----------------  -----  ----'
+    '-----\n'
     'tf_mirrored  minigooglenet  1 vcpu   -       -       32/dev  fp32  real-w2    ok'
-    '        90.0   -            1.00x    100%    0.88 INPUT-BOUND  -      -\n'
+    '        90.0   -                  1.00x    100%    0.88 INPUT-BOUND  -      -\n'
     'tf_mirrored  minigooglenet  2 vcpu   -       -       32/dev  fp32  real-w2    ok'
-    '        100.0  -            1.11x    56%     0.56 INPUT-BOUND  -      CONTENDED\n'
+    '        100.0  -                  1.11x    56%     0.56 INPUT-BOUND  -      CONT'
+    'ENDED\n'
     'tf_mirrored  minigooglenet  1 vcpu   1       global  32/dev  fp32  synthetic  ok'
-    ' (2/2)  102.0  100.0-104.0  1.00x    100%    -                 30.0%  -\n'
+    ' (2/2)  102.0  range 100.0-104.0  1.00x    100%    -                 30.0%  -\n'
     'tf_mirrored  minigooglenet  2 vcpu   1*      -       32/dev  fp32  synthetic  ok'
-    ' (1/2)  180.0  -            1.76x    88%     -                 -      STARVED\n'
+    ' (1/2)  180.0  -                  1.76x    88%     -                 -      STAR'
+    'VED\n'
     '\n'
     "placed: devices the framework reports the timed steps ran on (the record's place"
     'ment); BN: BatchNorm statistics per device or over the global batch\n'
     '  * tf_mirrored n=2: one device\n'
+    '\n'
+    'interval of img/s over repeats: range (2 repeats): the lowest and highest of two'
+    ' repeats; too few for a confidence interval\n'
     '\n'
     "STARVED: the GPUs' mean utilisation in the timed window was below the threshold "
     "(telemetry.starved_below_pct): input, synchronisation or the host's own per-step"

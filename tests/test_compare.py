@@ -103,10 +103,24 @@ def test_verdicts_from_repeats(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert rows[1].ratio == pytest.approx(0.8)
     assert rows[2].verdict == IMPROVEMENT and rows[2].low > 1.05
     assert rows[4].verdict == NO_CHANGE
-    assert all(r.interval_from == "repeats (5 vs 5)" for r in rows.values())
+    assert all(r.interval_from == "repeats (5 vs 5): 95% bootstrap CI" for r in rows.values())
     code, out, _ = run(capsys, str(base), str(new))
     assert code == 1
     assert "1 regression, 1 improvement" in out
+
+
+def test_two_repeats_a_side_give_the_range_called_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two repeats a side make no confidence interval: the row's interval is the extreme
+    ratios of any two runs, named range, and no output calls it 95%."""
+    base = folder(tmp_path / "base", repeats([100, 110], 1))
+    new = folder(tmp_path / "new", repeats([90, 120], 1))
+    row = rows_by_devices(base, new)[1]
+    assert row.interval_from == "repeats (2 vs 2): range (2 repeats)"
+    assert (row.low, row.high) == (pytest.approx(90 / 110), pytest.approx(120 / 100))
+    _, out, _ = run(capsys, str(base), str(new), "--out", str(tmp_path / "cmp"))
+    assert "range (2 repeats)" in out and "95%" not in out
+    assert "95%" not in (tmp_path / "cmp" / "compare.md").read_text()
 
 
 def test_straddling_or_small_change_is_no_significant_change(
@@ -136,7 +150,7 @@ def test_one_repeat_resamples_the_steps_of_that_run(tmp_path: Path) -> None:
                                     record(None, 2, steps=steps_at(100.0, 64)[::-1])])
     rows = rows_by_devices(base, new)
     one, two = rows[1], rows[2]
-    assert one.interval_from == two.interval_from == "steps of one run (20 vs 20)"
+    assert one.interval_from == two.interval_from == "steps of one run (20 vs 20): 95% bootstrap CI"
     assert one.verdict == REGRESSION and one.low < one.ratio < one.high < 0.95
     assert one.ratio == pytest.approx(75.0 / 100.0, rel=0.01)
     assert two.verdict == NO_CHANGE and two.low < 1 < two.high and two.high - two.low > 0.005
@@ -175,7 +189,7 @@ def test_repeats_on_one_side_and_one_run_on_the_other(tmp_path: Path) -> None:
     base = folder(tmp_path / "base", repeats([100, 101, 99, 100.5, 99.5], 1))
     new = folder(tmp_path / "new", [record(None, 1, steps=steps_at(70.0, 32))])
     row = rows_by_devices(base, new)[1]
-    assert row.interval_from == "BASE 5 repeats, NEW steps of one run (20)"
+    assert row.interval_from == "BASE 5 repeats, NEW steps of one run (20): 95% bootstrap CI"
     assert row.verdict == REGRESSION and row.low < row.ratio < row.high
 
 
@@ -297,7 +311,7 @@ def test_outputs_summary_first_table_and_chart(tmp_path: Path,
     assert row[3] == "0.800" and row[6] == "**regression**"
     assert (out_dir / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (new / "compare.md").exists()
-    assert "1 vcpu" in out and "repeats (5 vs 5)" in out
+    assert "1 vcpu" in out and "repeats (5 vs 5): 95% bootstrap CI" in out
 
 
 @pytest.mark.parametrize(("case", "names"), [
@@ -431,7 +445,7 @@ def test_smoke_sweep_against_itself_passes_and_beside_cpu_hogs_regresses(
     assert sorted(selves) == [1, 2]
     for n, row in selves.items():
         assert row.verdict == NO_CHANGE and row.ratio == 1.0, same.stdout
-        assert row.interval_from == "steps of one run (8 vs 8)"
+        assert row.interval_from == "steps of one run (8 vs 8): 95% bootstrap CI"
         assert row.low <= 1.0 <= row.high, same.stdout
         contended_notes(row, {"BASE": recs[n], "NEW": recs[n]})
 
@@ -451,7 +465,7 @@ def test_smoke_sweep_against_itself_passes_and_beside_cpu_hogs_regresses(
     for n, row in rows.items():
         s, self_row = factors[n], selves[n]
         assert row.verdict == REGRESSION, cmp.stdout
-        assert row.interval_from == "steps of one run (8 vs 8)"
+        assert row.interval_from == "steps of one run (8 vs 8): 95% bootstrap CI"
         assert row.ratio == pytest.approx(1 / s, rel=1e-12)
         assert row.low == pytest.approx(self_row.low / s, rel=1e-9)
         assert row.high == pytest.approx(self_row.high / s, rel=1e-9)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench.analysis.compare import compare
-from bench.analysis.converge import RANGE, converge_rows, explain_lines, interval
+from bench.analysis.converge import converge_rows, explain_lines, interval
+from bench.analysis.stats import BOOTSTRAP_CI, RANGE
 from bench.records.store import load_records
 from bench.report.converge import published_rows, table_lines
 from tests.conftest import REPO, run_cli
@@ -48,8 +49,8 @@ def test_report_prints_the_seed_table_and_writes_its_csv_chart_and_html(folder: 
     chart = folder / "charts" / "converge_accuracy_vs_time.png"
     assert chart.stat().st_size > 10_000
     page = (folder / "report.html").read_text()
-    assert "<h2>Time to accuracy</h2>" in page and 'src="charts/converge_accuracy_vs_time.png"' \
-        in page
+    assert "<h2>Time to accuracy</h2>" in page and 'src="data:image/png;base64,' in page \
+        and 'alt="accuracy vs time"' in page
     # the summary keeps the accuracy beside images/sec
     with (folder / "summary.csv").open() as fh:
         summary = list(csv.DictReader(fh))
@@ -85,7 +86,7 @@ def test_intervals_are_a_range_for_two_and_a_bootstrap_from_three() -> None:
     assert interval([1.0]) is None
     assert interval([2.0, 1.0]) == (1.0, 2.0, RANGE)
     low, high, kind = interval([1.0, 2.0, 3.0, 4.0])
-    assert kind == "95% bootstrap" and 1.0 <= low <= high <= 4.0
+    assert kind == BOOTSTRAP_CI == "95% bootstrap CI" and 1.0 <= low <= high <= 4.0
 
 
 def test_explain_splits_time_to_target_into_epochs_and_time_per_epoch(folder: Path) -> None:

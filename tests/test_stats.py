@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from bench.analysis.stats import efficiency, speedup, summarise
+from bench.analysis.stats import (
+    BOOTSTRAP_CI,
+    NO_INTERVAL,
+    RANGE,
+    efficiency,
+    interval_name,
+    interval_notes,
+    median_interval,
+    ratio_interval,
+    speedup,
+    summarise,
+)
+from bench.records import columns
 
 
 def rec(n: int, ips: float | None, status: str = "ok", repeat: int = 0, **kw: object) -> dict:
@@ -153,3 +165,27 @@ def test_summary_shows_placement_and_batchnorm_from_the_records() -> None:
     assert "cpu(0)" in by[("k", 2)]["placement_collapsed"]
     table = format_table(rows)
     assert "per_device" in table and "keras-mxnet maps cpu(i) to cpu(0)" in table
+
+
+def test_intervals_none_for_one_range_for_two_ci_from_three() -> None:
+    """One rule: 1 repeat has no interval, 2 their range (named so, bounds min and max),
+    3 or more the bootstrap CI, named with its method; the speedup's by the side with fewer."""
+    assert median_interval([100.0]) == (None, None, NO_INTERVAL)
+    assert median_interval([104.0, 96.0]) == (96.0, 104.0, RANGE)
+    low, high, kind = median_interval([96.0, 100.0, 104.0])
+    assert kind == BOOTSTRAP_CI == "95% bootstrap CI" and 96.0 <= low <= high <= 104.0
+    assert interval_name(RANGE) == "range (2 repeats)" and interval_name(NO_INTERVAL) == ""
+    assert "percentile bootstrap" in interval_notes([BOOTSTRAP_CI])[0]
+    assert ratio_interval([180.0, 200.0], [90.0, 100.0]) == (1.8, 200.0 / 90.0, RANGE)
+    assert ratio_interval([180.0, 200.0, 190.0], [100.0, 90.0])[2] == RANGE
+    assert ratio_interval([180.0], [90.0, 100.0]) == (None, None, NO_INTERVAL)
+
+    rows = {r["num_devices"]: r for r in summarise(
+        [rec(1, v, repeat=i) for i, v in enumerate([100.0, 90.0])]
+        + [rec(2, v, repeat=i) for i, v in enumerate([180.0, 200.0, 190.0])]
+        + [rec(4, 300.0)])}
+    assert rows[1]["interval"] == RANGE
+    assert (rows[1]["images_per_sec_ci_low"], rows[1]["images_per_sec_ci_high"]) == (90.0, 100.0)
+    assert rows[2]["interval"] == BOOTSTRAP_CI and rows[2]["speedup_interval"] == RANGE
+    assert rows[4]["interval"] == NO_INTERVAL and rows[4]["images_per_sec_ci_low"] is None
+    assert {"interval", "speedup_interval"} <= set(columns.keys("csv"))

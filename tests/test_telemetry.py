@@ -193,7 +193,8 @@ def test_report_html_lists_flagged_rows_and_telemetry_charts(tmp_path: Path) -> 
     assert (tmp_path / "charts" / "telemetry" / "r__n1__r0.png").stat().st_size > 5000
     page = (tmp_path / "report.html").read_text()
     assert tmp_path / "report.html" in charts
-    assert "<i>starved</i>" in page and 'href="charts/telemetry/r__n1__r0.png"' in page
+    assert "<i>starved</i>" in page and '<summary>telemetry</summary><img src="data:image/png' \
+        ';base64,' in page and 'alt="telemetry r__n1__r0"' in page
     df = load_results(tmp_path)
     assert df.loc[0, "starved"] and df.loc[0, "gpu_util_pct"] == 30.0
     assert df.loc[0, "telemetry_path"] == "runs/r__n1__r0.telemetry.csv"

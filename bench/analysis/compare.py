@@ -8,7 +8,8 @@ What is compared
     rows of summary.csv. A side's figure is the median images/sec of the configuration's ok
     runs (summary.csv's); a row's ratio is NEW / BASE of the two medians.
 
-The interval: a 95% percentile bootstrap of that ratio
+The interval: a 95% percentile bootstrap of that ratio (with 2 repeats a side, called what it
+is: the range, the extreme ratios of any two runs; bench.analysis.stats.ratio_interval)
     BASE and NEW are independent sweeps, so each side is resampled on its own and every draw
     takes the ratio of the two resampled figures (bench.records.trust.BOOTSTRAP_SAMPLES draws,
     seeded:
@@ -90,12 +91,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.converge import time_to_target_words
+from bench.analysis.stats import BOOTSTRAP_CI, interval_kind, interval_name
+from bench.analysis.stats import ratio_interval as stats_ratio_interval
 from bench.atomic import write_text_atomic
 from bench.errors import ConfigError
 from bench.plotting import pyplot
 from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of, runner_label
 from bench.records.store import folder_damage, load_records, read_environment, runs_dir
-from bench.records.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile, ratio_ci
+from bench.records.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile
 from bench.text_table import aligned
 
 REGRESSION, IMPROVEMENT = "regression", "improvement"
@@ -243,10 +246,12 @@ def side_draws(side: Side, seed: int) -> tuple[str, list[float] | None]:
 
 
 def ratio_interval(base: Side, new: Side) -> tuple[tuple[str, str], float | None, float | None]:
-    """The 95% bootstrap interval of NEW/BASE median images/sec and each side's source."""
+    """The interval of NEW/BASE median images/sec and each side's source: from repeats by the
+    summary's rule (bench.analysis.stats.ratio_interval: the range with 2 a side, the 95%
+    bootstrap CI from 3), else the 95% bootstrap CI with a side's steps."""
     if len(base.ok) >= 2 and len(new.ok) >= 2:
-        low, high = ratio_ci([r["images_per_sec"] for r in new.ok],
-                             [r["images_per_sec"] for r in base.ok])
+        low, high, _ = stats_ratio_interval([r["images_per_sec"] for r in new.ok],
+                                            [r["images_per_sec"] for r in base.ok])
         return (REPEATS, REPEATS), low, high
     base_src, base_draws = side_draws(base, BASE_SEED)
     new_src, new_draws = side_draws(new, NEW_SEED)
@@ -258,18 +263,20 @@ def ratio_interval(base: Side, new: Side) -> tuple[tuple[str, str], float | None
 
 
 def describe_sources(sources: tuple[str, str], base: Side, new: Side) -> str:
-    """Where an interval came from, in words: repeats (n vs m), steps of one run (k vs l
-    steps), or each side's own when they differ."""
+    """Where an interval came from and what it is, in words: repeats (n vs m), steps of one
+    run (k vs l steps), or each side's own when they differ; then its name (range (2
+    repeats), 95% bootstrap CI)."""
     def one(src: str, side: Side) -> str:
         return (f"{len(side.ok)} repeats" if src == REPEATS
                 else f"steps of one run ({len(step_observations(side.ok[0]))})")
 
     if sources == (REPEATS, REPEATS):
-        return f"repeats ({len(base.ok)} vs {len(new.ok)})"
+        kind = interval_kind(min(len(base.ok), len(new.ok)))
+        return f"repeats ({len(base.ok)} vs {len(new.ok)}): {interval_name(kind)}"
     if sources == (STEPS, STEPS):
         return (f"steps of one run ({len(step_observations(base.ok[0]))} vs "
-                f"{len(step_observations(new.ok[0]))})")
-    return f"BASE {one(sources[0], base)}, NEW {one(sources[1], new)}"
+                f"{len(step_observations(new.ok[0]))}): {BOOTSTRAP_CI}")
+    return f"BASE {one(sources[0], base)}, NEW {one(sources[1], new)}: {BOOTSTRAP_CI}"
 
 
 # ---------------------------------------------------------------- verdicts
@@ -538,7 +545,7 @@ def details(cmp: Comparison) -> str:
     rest = [f"{cmp.count(v)} {v}" for v in (NO_CHANGE, INCONCLUSIVE, NOT_COMPARED)
             if cmp.count(v)]
     return (f"{len(cmp.rows)} configurations" + "".join(f", {r}" for r in rest)
-            + f"; significant: the 95% interval of NEW/BASE images/sec outside "
+            + f"; significant: the interval of NEW/BASE images/sec outside "
               f"1 +- {cmp.threshold:g}")
 
 
@@ -561,7 +568,7 @@ def table_cells(row: Row) -> tuple[str, ...]:
             row.interval_from, row.verdict, "; ".join(row.notes))
 
 
-HEADER = ("configuration", "BASE img/s", "NEW img/s", "NEW/BASE", "95% interval",
+HEADER = ("configuration", "BASE img/s", "NEW img/s", "NEW/BASE", "interval",
           "interval from", "verdict", "notes")
 
 
@@ -631,8 +638,9 @@ def chart(cmp: Comparison, path: Path) -> Path:
     ax.set_ylim(-0.6, len(rows) - 0.4)
     span = max(xs) - min(xs)
     ax.set_xlim(min(xs) - 0.05 * span, max(xs) + 0.05 * span)
-    ax.set_xlabel(f"NEW / BASE images/sec, 95% bootstrap interval (open marker: from the steps "
-                  f"of one run)\nshaded: 1 \u00b1 {t:g}, no significant change", fontsize=9)
+    ax.set_xlabel(f"NEW / BASE images/sec, interval: range with 2 repeats a side, else "
+                  f"{BOOTSTRAP_CI} (open marker: from the steps of one run)\nshaded: 1 "
+                  f"\u00b1 {t:g}, no significant change", fontsize=9)
     ax.set_title(counts(cmp), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

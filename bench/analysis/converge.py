@@ -33,22 +33,15 @@ def _median(values: list[Any]) -> float | None:
     return statistics.median(nums) if nums else None
 
 
-RANGE, BOOTSTRAP = "range", "95% bootstrap"
-
-
 def interval(values: list[Any]) -> tuple[float, float, str] | None:
-    """(low, high, kind) of repeats' values: with 2 the range (called so: 2 values make no
-    confidence interval), from 3 on the 95% bootstrap interval of the median
-    (bench.records.trust); None for fewer than 2."""
-    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    if len(nums) < 2:
-        return None
-    if len(nums) < 3:
-        return min(nums), max(nums), RANGE
-    from bench.records.trust import bootstrap_ci
+    """(low, high, kind) of repeats' values by the summary's rule
+    (bench.analysis.stats.median_interval: with 2 the range, called so; from 3 on the
+    bootstrap CI of the median); None for fewer than 2."""
+    from bench.analysis.stats import median_interval
 
-    low, high = bootstrap_ci(nums)
-    return low, high, BOOTSTRAP
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    low, high, kind = median_interval(nums)
+    return None if low is None or high is None else (low, high, kind)
 
 
 def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -1,4 +1,6 @@
-"""Summary maths: mean images/sec per configuration, speedup and scaling efficiency."""
+"""Summary maths: median images/sec per configuration, speedup and scaling efficiency, and the
+one rule for the interval over repeats every output shows (`median_interval`, `ratio_interval`,
+named by `interval_kind`)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from bench.records.grouping import (
     variant_of,
 )
 from bench.records.trust import (
+    BOOTSTRAP_SAMPLES,
+    CONFIDENCE,
     bootstrap_ci,
     coefficient_of_variation,
     estimators,
@@ -38,6 +42,57 @@ BASELINE = "pil_loop"
 # Repeats whose images/sec vary more than this (coefficient of variation) are noisy, unless
 # the sweep's until_stable.target_cv says otherwise.
 CV_TARGET = 0.05
+
+# The interval over repeats, one rule for every output (tables, report.html, results.md,
+# compare, converge): 1 value has none; 2 give their range, called so (a bootstrap of 2 values
+# returns exactly their min and max: no confidence interval); from 3 on the percentile
+# bootstrap CI of the median.
+NO_INTERVAL, RANGE, BOOTSTRAP_CI = "none", "range", f"{CONFIDENCE:.0%} bootstrap CI"
+MIN_CI_REPEATS = 3
+INTERVAL_MEANING = {
+    RANGE: "range (2 repeats): the lowest and highest of two repeats; too few for a "
+           "confidence interval",
+    BOOTSTRAP_CI: f"{BOOTSTRAP_CI}: the percentile bootstrap confidence interval of the median "
+                  f"over {MIN_CI_REPEATS} or more repeats ({BOOTSTRAP_SAMPLES} resamples, "
+                  "seeded)",
+}
+
+
+def interval_kind(n: int) -> str:
+    """The interval n repeats give: none (under 2), range (2), else the bootstrap CI."""
+    return NO_INTERVAL if n < 2 else RANGE if n < MIN_CI_REPEATS else BOOTSTRAP_CI
+
+
+def interval_name(kind: str | None) -> str:
+    """An interval's name as the outputs print it: 'range (2 repeats)', '95% bootstrap CI';
+    '' for none."""
+    return {RANGE: "range (2 repeats)", BOOTSTRAP_CI: BOOTSTRAP_CI}.get(kind or "", "")
+
+
+def interval_notes(kinds: Any) -> list[str]:
+    """What each interval kind among `kinds` is, one line each (under a table)."""
+    present = set(kinds)
+    return [meaning for kind, meaning in INTERVAL_MEANING.items() if kind in present]
+
+
+def median_interval(values: list[float]) -> tuple[float | None, float | None, str]:
+    """(low, high, kind) of the median of repeats' values, by interval_kind."""
+    kind = interval_kind(len(values))
+    if kind == RANGE:
+        return min(values), max(values), kind
+    low, high = bootstrap_ci(values) if kind == BOOTSTRAP_CI else (None, None)
+    return low, high, kind
+
+
+def ratio_interval(numerator: list[float], denominator: list[float]
+                   ) -> tuple[float | None, float | None, str]:
+    """(low, high, kind) of median(numerator) / median(denominator) over independent runs:
+    kind by the side with fewer values; a range is the extreme ratios any two runs give."""
+    kind = interval_kind(min(len(numerator), len(denominator)))
+    if kind == RANGE:
+        return (min(numerator) / max(denominator), max(numerator) / min(denominator), kind)
+    low, high = ratio_ci(numerator, denominator) if kind == BOOTSTRAP_CI else (None, None)
+    return low, high, kind
 
 
 def is_pipeline(rec: dict[str, Any]) -> bool:
@@ -81,15 +136,15 @@ def run_flags(recs: list[dict[str, Any]]) -> dict[str, Any]:
 def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
               ) -> list[dict[str, Any]]:
     """One row per configuration and device count: the median images/sec over repeats with
-    its 95% bootstrap interval, spread, the flags of run_flags and noisy, and the columns
-    bench/records/columns.py combines over the runs itself (the configuration's fields, telemetry,
-    energy, MFU, placement: columns.summary_values).
+    its interval (median_interval; `interval` names its kind), spread, the flags of run_flags
+    and noisy, and the columns bench/records/columns.py combines over the runs itself (the
+    configuration's fields, telemetry, energy, MFU, placement: columns.summary_values).
 
     Speedup is the median against the median of the 1-device row of the same configuration
     (bench.records.grouping.baseline_key: runner, model, data label, precision, scaling, batch and
-    device kind) with a bootstrap interval of that ratio; rows without a 1-device baseline
-    get None. A row has the fields its records' key is read from, so config_key(row) is
-    theirs."""
+    device kind) with the interval of that ratio (ratio_interval; `speedup_interval` names
+    its kind); rows without a 1-device baseline get None. A row has the fields its records'
+    key is read from, so config_key(row) is theirs."""
     by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
         if not is_pipeline(rec) and not is_allreduce(rec):
@@ -99,7 +154,7 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
     for key, recs in by_config.items():
         ok_recs = [r for r in recs if r["status"] == "ok"]
         ok = [r["images_per_sec"] for r in ok_recs]
-        low, high = bootstrap_ci(ok)
+        low, high, kind = median_interval(ok)
         first = recs[0]
         statuses = sorted({r["status"] for r in recs})
         oks[key] = ok
@@ -111,7 +166,7 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
             "status": "ok" if ok else "/".join(statuses),
             "runs_ok": len(ok), "runs_total": len(recs),
             "images_per_sec": statistics.median(ok) if ok else None,
-            "images_per_sec_ci_low": low, "images_per_sec_ci_high": high,
+            "images_per_sec_ci_low": low, "images_per_sec_ci_high": high, "interval": kind,
             "images_per_sec_std": statistics.stdev(ok) if len(ok) > 1 else None,
             "images_per_sec_cv": cv,
             **run_flags(ok_recs),
@@ -123,8 +178,8 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
         row["speedup"] = speedup(row["images_per_sec"],
                                  rows[base]["images_per_sec"] if base in rows else None)
         row["scaling_efficiency"] = efficiency(row["speedup"], row["num_devices"])
-        low, high = ratio_ci(oks[key], oks.get(base, []))
-        row["speedup_ci_low"], row["speedup_ci_high"] = low, high
+        low, high, kind = ratio_interval(oks[key], oks.get(base, []))
+        row["speedup_ci_low"], row["speedup_ci_high"], row["speedup_interval"] = low, high, kind
         row["efficiency_ci_low"] = efficiency(low, row["num_devices"])
         row["efficiency_ci_high"] = efficiency(high, row["num_devices"])
     compare_real_to_synthetic(rows)

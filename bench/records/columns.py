@@ -249,10 +249,14 @@ COLUMNS: tuple[Column, ...] = (
     _field("runs_total", "Runs of the configuration (its repeats).", ("csv",), format="int"),
     Column("images_per_sec", "img/s", "1f", "Images per second over the timed window: the "
            "median over the ok runs (per run, its own).", (*SUMMARY_VIEWS, "record", "child")),
-    Column("images_per_sec_ci_low", "95% CI", "ci1", "The low end of the 95% bootstrap "
-           "interval of the median images/sec over repeats (`bench/records/trust.py`).",
-           ("csv", *DISPLAY_VIEWS)),
+    Column("images_per_sec_ci_low", "interval", "ci1", "The low end of the interval of the "
+           "median images/sec over repeats, of the kind `interval` names "
+           "(`bench.analysis.stats.median_interval`).", ("csv", *DISPLAY_VIEWS)),
     _field("images_per_sec_ci_high", "The high end of that interval.", ("csv",), format="1f"),
+    _field("interval", "Which interval images_per_sec_ci_low/high are, by the ok runs: none "
+           "(one run), range (two: their lowest and highest, too few for a confidence "
+           "interval), or 95% bootstrap CI (three or more: the percentile bootstrap of the "
+           "median).", ("csv",)),
     _field("images_per_sec_std", "The standard deviation of the ok runs' images/sec.",
            ("csv",), format="1f"),
     Column("images_per_sec_cv", "CV", "pct1", "The coefficient of variation of the ok runs' "
@@ -263,13 +267,17 @@ COLUMNS: tuple[Column, ...] = (
     Column("speedup", "speedup", "x2", "images/sec over the same configuration's median "
            "images/sec on 1 device (`bench.records.grouping.baseline_key`), the median's or the "
            "run's."),
-    _field("speedup_ci_low", "The low end of the speedup's 95% bootstrap interval.", ("csv",),
-           format="2f"),
+    _field("speedup_ci_low", "The low end of the speedup's interval, of the kind "
+           "speedup_interval names.", ("csv",), format="2f"),
     _field("speedup_ci_high", "The high end of that interval.", ("csv",), format="2f"),
+    _field("speedup_interval", "Which interval the speedup's and the efficiency's are, by the "
+           "side (this row, its 1-device row) with fewer ok runs: none, range (two: the "
+           "extreme ratios of any two runs) or 95% bootstrap CI (three or more: the "
+           "percentile bootstrap of the ratio of medians).", ("csv",)),
     Column("scaling_efficiency", "effic.", "pct0", "The speedup over the ideal (linear) "
            "speedup, the device count."),
-    _field("efficiency_ci_low", "The low end of the efficiency's 95% interval.", ("csv",),
-           format="pct0"),
+    _field("efficiency_ci_low", "The low end of the efficiency's interval (the speedup's "
+           "over the device count).", ("csv",), format="pct0"),
     _field("efficiency_ci_high", "The high end of that interval.", ("csv",), format="pct0"),
     Column("real_vs_synthetic", "real/syn", "real_syn", "A real-data row's images/sec over "
            "the same configuration's on synthetic data at the same device count.",
@@ -550,9 +558,17 @@ def _status(col: Column, row: Mapping[str, Any], view: str) -> str:
     return str(row[col.key]) + (f" ({row['runs_ok']}/{total})" if total > 1 else "")
 
 
+# how an interval's cell names its kind (bench/analysis/stats.py's; the legend under the table
+# says what each is)
+INTERVAL_TAGS = {"range": "range", "95% bootstrap CI": "CI"}
+
+
 def _interval(col: Column, row: Mapping[str, Any], view: str) -> str:
     low, high = row.get(col.key), row.get(col.key.removesuffix("_low") + "_high")
-    return f"{low:.1f}-{high:.1f}" if _numbers([low, high]) == [low, high] else "-"
+    if _numbers([low, high]) != [low, high]:
+        return "-"
+    tag = INTERVAL_TAGS.get(row.get("interval") or "")
+    return (f"{tag} " if tag else "") + f"{low:.1f}-{high:.1f}"
 
 
 def _real_syn(col: Column, row: Mapping[str, Any], view: str) -> str:
@@ -593,7 +609,7 @@ FORMATS: dict[str, Format] = {
     "pct0": Format("a percentage (90%)", _number(".0%")),
     "pct1": Format("a percentage, 1 decimal (31.0%)", _number(".1%")),
     "secs": Format("seconds, 1 decimal, as m:ss from a minute (74:10)", _seconds),
-    "ci1": Format("low-high, 1 decimal", _interval),
+    "ci1": Format("its kind (range, CI: `interval`), then low-high, 1 decimal", _interval),
     "devices": Format("count and kind (2 vcpu: virtual CPU devices, 2 gpu; 2x4 gpu: 2 nodes "
                       "of 4)", _devices),
     "placed": Format("a count, * when the framework collapsed the devices (its note under "

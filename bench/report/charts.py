@@ -240,8 +240,10 @@ def _interval_caption(ax: Any, rows: list[Row], key: str) -> None:
     """A legend line naming what the error bars are ("error bars: 95% bootstrap CI (3
     repeats)"), from the rows' `interval`; none where no row says."""
     kinds: dict[str, set[int]] = defaultdict(set)
+    # a ratio to the 1-device run has the interval of the side with fewer runs
+    field = "speedup_interval" if key in ("speedup", "scaling_efficiency") else "interval"
     for r in rows:
-        kind = INTERVALS.get(r.get("interval") or "")
+        kind = INTERVALS.get(r.get(field) or r.get("interval") or "")
         if kind and r.get(f"{_ci(key)}_low") is not None:
             kinds[kind].add(r.get("runs_ok") or 0)
     if not kinds:

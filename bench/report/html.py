@@ -1,24 +1,44 @@
-"""report.html: one page a person can open from a results folder: the machine, the summary
-with its intervals and flags, the runs that need a second look and why, the charts, and
-every run's telemetry chart and log."""
+"""report.html: one page a person can open from a results folder, on its own (every chart
+inline as a data: URI, the style inline, nothing fetched): when the sweep ran and for how long,
+the machine, every framework's version, the sweep's settings, the summary with its intervals
+and flags, the runs that need a second look and why, memory per device and the placement
+evidence per run, the charts, the published figures beside, and every run's telemetry chart
+and log. The facts at its head (sweep_span, machine, sweep_settings) are results.md's too
+(bench/report/markdown.py)."""
 
 from __future__ import annotations
 
+import base64
 import html
+import re
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from bench.analysis.compare import frameworks
 from bench.analysis.converge import converge_rows
 from bench.analysis.explain import html_section as where_the_time_went
 from bench.analysis.published import published_section
+from bench.analysis.stats import interval_notes
 from bench.records import columns
-from bench.records.grouping import runner_label
+from bench.records.grouping import data_label, mode_of, runner_label
+from bench.records.placement_check import check_work
 from bench.records.store import folder_damage, read_environment, write_text_atomic
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
 from bench.report.converge import html_section as converge_section
 from bench.report.strategies import html_section as strategies_section
+
+VIRTUAL_CAVEAT = ("multi-device rows ran on one host's cores (virtual CPU devices); they show "
+                  "the harness and the strategies work, not GPU scaling.")
+CONFIG_MAX_BYTES = 2**20  # a sweep's config.yaml is a few KB
+MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}
+# every image the sections write refers to a file under charts/; the page inlines them all
+_CHART_SRC = re.compile(r'src="(charts/[^"]+)"')
 
 # The per-run columns the Runs table shows beside the run's id, status and files.
 RUN_CELLS = ("images_per_sec", "tokens_per_sec", "memory_peak_bytes", "gpu_util_pct",
@@ -83,28 +103,256 @@ def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str])
             _e(rec["run_id"]), _e(rec["status"]),
             *(_e(columns.cell(c, {c.key: columns.run_value(c, rec)}, "html")) for c in cells),
             _e(rec.get("reason") or tel.get("note") or ""),
-            (f'<a href="{_e(chart)}">telemetry</a>' if rec["run_id"] in telemetry else "")
+            (f'<details><summary>telemetry</summary><img src="{_e(chart)}" '
+             f'alt="telemetry {_e(rec["run_id"])}"></details>'
+             if rec["run_id"] in telemetry else "")
             + (f' <a href="{_e(log_rel)}">log</a>' if log_rel else ""),
         ])
     return _table(["run", "status", *(c.header for c in cells),
                    "reason / note", "files"], out)
 
 
-def _environment(records: list[dict[str, Any]], results_dir: Path) -> str:
+def sweep_config(results_dir: Path) -> dict[str, Any] | None:
+    """The sweep's config.yaml as a mapping, read tolerantly: None where it is missing,
+    oversized, unparsable, deeply nested or not a mapping (a report never trusts it)."""
+    path = Path(results_dir) / "config.yaml"
+    try:
+        if not path.is_file():  # never open a FIFO or a device
+            return None
+        with open(path, "rb") as fh:
+            data = fh.read(CONFIG_MAX_BYTES + 1)
+        if len(data) > CONFIG_MAX_BYTES:
+            return None
+        cfg = yaml.safe_load(data.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def _when(text: Any) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def sweep_span(records: list[dict[str, Any]]) -> str:
+    """When the sweep ran: the first run's start to the last run's finish (UTC), and how long
+    that is; "no runs" without records."""
+    starts = [w for w in (_when(r.get("started_at")) for r in records) if w]
+    ends = [w for w in (_when(r.get("finished_at")) for r in records) if w]
+    if not starts or not ends:
+        return "no runs" if not records else "not recorded"
+    first, last = min(starts), max(ends)
+    end = last.strftime("%H:%M:%S" if last.date() == first.date() else "%Y-%m-%d %H:%M:%S")
+    return (f"{first:%Y-%m-%d %H:%M:%S} to {end} UTC "
+            f"({_duration((last - first).total_seconds())})")
+
+
+def _environment_of(records: list[dict[str, Any]], results_dir: Path) -> dict[str, Any]:
     env = read_environment(Path(results_dir))[0]  # None where missing or damaged
     if env is None:
-        env = (records[0].get("environment") if records else None) or {}
-    gpus = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "none seen by NVML"
-    topo = env.get("gpu_topology") or {}
-    lines = [f"<li>host {_e(env.get('host'))}, {_e(env.get('os'))}</li>",
-             f"<li>CPU {_e(env.get('cpu_model'))} x {_e(env.get('cpu_cores'))}, memory "
-             f"{_num((env.get('memory_bytes') or 0) / 2**30, '.1f')} GiB</li>",
-             f"<li>GPUs: {_e(gpus)}</li>",
-             f"<li>harness commit {_e(env.get('harness_commit'))}</li>"]
+        env = records[0].get("environment") if records else None
+    return env if isinstance(env, dict) else {}
+
+
+def gpus_line(env: Mapping[str, Any], records: list[dict[str, Any]]) -> str:
+    """The GPUs as "2 x NVIDIA H100 (driver 550.54)", or that there is none."""
+    if "gpus" not in env:
+        return "not recorded"
+    gpus = [g for g in env.get("gpus") or [] if isinstance(g, Mapping)]
+    if not gpus:
+        return ("no GPU: virtual CPU devices" if any(r.get("virtual_devices") for r in records)
+                else "none seen by NVML")
+    names = {}
+    for g in gpus:
+        names[str(g.get("name", "?"))] = names.get(str(g.get("name", "?")), 0) + 1
+    drivers = sorted({str(g["driver_version"]) for g in gpus if g.get("driver_version")})
+    return ", ".join(f"{n} x {name}" for name, n in names.items()) + (
+        f" (driver {', '.join(drivers)})" if drivers else "")
+
+
+def machine(records: list[dict[str, Any]], results_dir: Path) -> list[tuple[str, str]]:
+    """The machine in (what, value) pairs: host and OS, CPU, memory, GPUs, Python, harness
+    commit; from environment.json, else the first record's environment."""
+    env = _environment_of(records, results_dir)
+    memory = env.get("memory_bytes")
+    return [("host", f"{env.get('host') or '?'} ({env.get('os') or '?'})"),
+            ("CPU", f"{env.get('cpu_model') or '?'} x {env.get('cpu_cores') or '?'} cores"),
+            ("memory", f"{memory / 2**30:.1f} GiB" if isinstance(memory, int) else "?"),
+            ("GPUs", gpus_line(env, records)),
+            ("Python", str(env.get("python") or "?")),
+            ("harness commit", str(env.get("harness_commit") or "?"))]
+
+
+def _distinct(values: Iterable[Any], sep: str = ", ") -> str:
+    """The distinct values shown, numbers in order, joined by sep; - when none."""
+    seen = list(dict.fromkeys(v for v in values if v is not None and v != ""))
+    seen.sort(key=lambda v: (0, v, "") if isinstance(v, (int, float)) and not isinstance(
+        v, bool) else (1, 0, str(v)))
+    return sep.join(str(v) for v in seen) or "-"
+
+
+def _dataset(rec: Mapping[str, Any]) -> str | None:
+    ds = rec.get("dataset")
+    if rec.get("data") != "real" or not isinstance(ds, Mapping):
+        return None
+    return ", ".join(f"{k} {ds[k]}" for k in ("path", "augmentation", "workers")
+                     if ds.get(k) is not None) or None
+
+
+def _config(config: Mapping[str, Any] | None, *path: str) -> Any:
+    node: Any = config
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
+
+
+SCALING = {"weak": "weak scaling: the batch per device is fixed, the global batch grows with "
+                   "the devices",
+           "strong": "strong scaling: the global batch is fixed, split over the devices"}
+
+
+def sweep_settings(records: list[dict[str, Any]], rows: list[dict[str, Any]],
+                   config: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The sweep's settings in (what, value) pairs, from its records (config.yaml only for
+    what no record holds: the timeout, the repeats asked for); none without records."""
+    if not records:
+        return []
+
+    def of(read: Callable[[Mapping[str, Any]], Any], sep: str = ", ") -> str:
+        return _distinct((read(r) for r in records), sep)
+
+    policy = columns.column("precision_policy_summary")
+    asked = [f"repeats {_config(config, 'repeats')}"] if _config(config, "repeats") else []
+    stable = _config(config, "until_stable")
+    if isinstance(stable, Mapping):
+        asked.append(f"until_stable: target_cv {stable.get('target_cv')}, up to "
+                     f"{stable.get('max_repeats')}")
+    repeats = (_distinct(r.get("runs_total") for r in rows) + " per configuration"
+               + (f" (config.yaml: {'; '.join(asked)})" if asked else ""))
+    timeout = _config(config, "timeout_s")
+    return [
+        ("mode", of(mode_of)),
+        ("warm-up steps", of(lambda r: r.get("warmup_steps"))),
+        ("timed steps", of(lambda r: r.get("measure_steps"))),
+        ("repeats", repeats),
+        ("precision", of(lambda r: r.get("precision"))),
+        ("precision policy", of(lambda r: columns.run_value(policy, r), " / ")),
+        ("data", of(lambda r: data_label(r) if r.get("data") else None)),
+        ("dataset", of(_dataset)),
+        ("batch semantics", of(lambda r: SCALING.get(r.get("scaling") or "", r.get("scaling")))),
+        ("batch per device", of(lambda r: r.get("batch_size_per_device"))),
+        ("global batch", of(lambda r: r.get("global_batch_size"))),
+        ("devices", of(lambda r: r.get("num_devices")) + " (" + of(
+            lambda r: "virtual CPU devices" if r.get("virtual_devices") else r.get("device"))
+         + ")"),
+        ("timeout", f"{timeout:g} s per run (config.yaml)"
+         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+         else "not known (no readable config.yaml)"),
+    ]
+
+
+def _pairs(pairs: list[tuple[str, str]]) -> str:
+    """(what, value) pairs as a two-column table, the names as row headers."""
+    return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
+                               for k, v in pairs) + "</table>"
+
+
+def _header(records: list[dict[str, Any]], rows: list[dict[str, Any]], results_dir: Path,
+            config: Mapping[str, Any] | None) -> str:
+    """Date, machine, framework versions, GPU topology and the settings."""
+    env = _environment_of(records, results_dir)
+    topo = env.get("gpu_topology")
+    topo = topo if isinstance(topo, Mapping) else {}
     matrix = topo.get("nvidia_smi_topo_m")
     detail = (f"<pre>{_e(matrix)}</pre>" if matrix else
               f"<p>GPU topology: {_e(topo.get('reason') or 'not captured')}</p>")
-    return f"<ul>{''.join(lines)}</ul>{detail}"
+    versions = [[_e(fam), _e(pkg), _e(ver)] for fam, pkgs in sorted(frameworks(records).items())
+                for pkg, ver in sorted(pkgs.items())]
+    return "".join([
+        "<h2>Machine</h2>", _pairs([("date", sweep_span(records)),
+                                    *machine(records, results_dir)]),
+        detail,
+        "<h3>Framework versions</h3>",
+        _table(["family", "package", "version"], versions) if versions else
+        "<p>No run reported its framework's version.</p>",
+        "<h2>Settings</h2>", _pairs(sweep_settings(records, rows, config)) if records
+        else "<p>No runs.</p>",
+    ])
+
+
+def _memory(records: list[dict[str, Any]]) -> str:
+    """Each run's memory per device where it recorded one, with what was read."""
+    show = columns.column("memory_peak_bytes")
+    body = []
+    for rec in sorted(records, key=lambda r: r["run_id"]):
+        per = rec.get("memory_per_device")
+        if isinstance(per, Mapping) and per:
+            body.append([_e(rec["run_id"]), _e(", ".join(
+                f"{dev} {columns.cell(show, {show.key: v}, 'html')}" for dev, v in per.items())),
+                _e(rec.get("memory_source") or "")])
+    if body:
+        return _table(["run", "memory per device (peak in the timed window)", "source"], body)
+    sources = _distinct((r.get("memory_source") for r in records), "; ")
+    return (f"<p>No run recorded memory per device (memory_source: {_e(sources)}).</p>"
+            if records else "<p>No runs.</p>")
+
+
+def placement_words(rec: Mapping[str, Any]) -> str:
+    """A run's placement evidence in a line (its placement_check): the distinct devices the
+    framework named against the devices asked, each work count checked and whether it is the
+    expected one."""
+    check = rec.get("placement_check")
+    if not isinstance(check, Mapping) or not check:
+        return "none read back from the framework"
+    devices = [str(d) for d in check.get("devices") or []]
+    words = f"{len(devices)} of {rec.get('num_devices')} devices: {', '.join(devices) or '-'}"
+    collapsed = (rec.get("result") or {}).get("placement_collapsed") \
+        if isinstance(rec.get("result"), Mapping) else None
+    if collapsed:
+        words += f" (the framework collapsed them: {collapsed})"
+    work = check.get("work")
+    if isinstance(work, Mapping) and work:
+        result = {"expected_work": {f: v.get("expected") for f, v in work.items()
+                                    if isinstance(v, Mapping)},
+                  **{f: v.get("measured") for f, v in work.items() if isinstance(v, Mapping)}}
+        problems = check_work(result)[1]
+        words += "; " + ("; ".join(problems) if problems else
+                         f"{', '.join(work)}: each device's count as expected")
+    return words
+
+
+def _placement(records: list[dict[str, Any]]) -> str:
+    body = [[_e(r["run_id"]), _e(r["status"]), _e(placement_words(r))]
+            for r in sorted(records, key=lambda r: r["run_id"])
+            if mode_of(r) not in ("pipeline", "allreduce")]
+    return (_table(["run", "status", "devices the framework named (placement_check)"], body)
+            if body else "<p>No training runs.</p>")
+
+
+def inline_images(page: str, results_dir: Path) -> str:
+    """The page with every charts/ image inlined as a data: URI (the page stands alone); an
+    image whose file is missing or outside charts/ keeps only its alt text."""
+    charts = (Path(results_dir) / "charts").resolve()
+
+    def data(match: re.Match[str]) -> str:
+        path = (Path(results_dir) / html.unescape(match.group(1))).resolve()
+        try:
+            if charts not in path.parents or not path.is_file():
+                return 'src=""'
+            payload = base64.b64encode(path.read_bytes()).decode("ascii")
+        except OSError:
+            return 'src=""'
+        return f'src="data:{MIME.get(path.suffix, "image/png")};base64,{payload}"'
+    return _CHART_SRC.sub(data, page)
 
 
 def _damaged(results_dir: Path) -> str:
@@ -127,14 +375,16 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
     imgs = "".join(f'<p><img src="charts/{_e(c.name)}" alt="{_e(c.name)}"></p>'
                    for c in charts if c.suffix == ".png" and c.name != CONVERGE_CHART)
     virtual = any(r["virtual_devices"] for r in rows)
+    intervals = interval_notes(r.get("interval") for r in rows)
     parts = [
         f"<h1>Benchmark report: {_e(name)}</h1>",
-        "<p><b>Virtual CPU devices:</b> multi-device rows ran on one host's cores; they show "
-        "the harness and the strategies work, not GPU scaling.</p>" if virtual else "",
+        f"<p><b>Virtual CPU devices:</b> {VIRTUAL_CAVEAT}</p>" if virtual else "",
         _damaged(results_dir),
-        "<h2>Machine</h2>", _environment(records, results_dir),
+        _header(records, rows, results_dir, sweep_config(results_dir)),
         "<h2>Summary</h2>",
-        "<p>img/s is the median over repeats with a 95% bootstrap interval; speedup and "
+        "<p>img/s is the median over repeats with its interval over repeats: "
+        + ("; ".join(_e(n) for n in intervals) if intervals else "none (one run each)")
+        + ". Speedup and "
         "efficiency are against the same configuration on 1 device. MFU is training FLOPs "
         "(3 x the model's forward FLOPs per image) x img/s over the device's measured matmul "
         "peak at the run's precision. mem/dev is the most memory one device held in the "
@@ -152,6 +402,9 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
                          next((c for c in charts if c.name == CONVERGE_CHART), None)),
         "<h2>Charts</h2>", imgs,
         published_section([*rows, *pipes, *records]),
+        "<h2>Memory per device</h2>", _memory(records),
+        "<h2>Placement</h2>", "<p>Where each run's work ran, as its framework reported it, "
+        "checked by the parent (bench/records/placement_check.py).</p>", _placement(records),
         "<h2>Runs</h2>", _runs(results_dir, records, {p.stem for p in telemetry_charts}),
     ]
     if pipes:
@@ -170,5 +423,5 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(name)}</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
     path = results_dir / "report.html"
-    write_text_atomic(path, page)
+    write_text_atomic(path, inline_images(page, results_dir))
     return path

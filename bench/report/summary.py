@@ -6,13 +6,12 @@ import csv
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.analysis.converge import converge_rows
 from bench.analysis.stats import (
     BASELINE,
     CV_TARGET,
     PIPELINE_FIELDS,
+    interval_notes,
     summarise,
     summarise_pipelines,
 )
@@ -30,7 +29,8 @@ from bench.report.charts import (
     render_real_chart,
     render_tokens_chart,
 )
-from bench.report.html import write_html
+from bench.report.html import sweep_config, write_html
+from bench.report.markdown import write_markdown
 from bench.report.telemetry_chart import render_telemetry_charts
 from bench.text_table import aligned
 
@@ -104,6 +104,9 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if r.get("placement_collapsed"):
             out.append(f"  * {runner_label(r)} n={r['num_devices']}: {r['placement_collapsed']}")
+    notes = interval_notes(r.get("interval") for r in rows)
+    if notes:
+        out += ["", "interval of img/s over repeats: " + "; ".join(notes)]
     for flag in columns.flags():
         if any(r.get(flag.key) for r in rows):
             out += ["", f"{flag.header}: {flag.meaning}"]
@@ -115,8 +118,9 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
 def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                              list[Path]]:
     """Re-read a results folder's records; write summary.csv (and pipelines.csv,
-    strategies.csv, allreduce.csv and capacity.csv) and the charts. Returns the benchmark rows,
-    the pipeline rows and the chart paths."""
+    strategies.csv, allreduce.csv and capacity.csv), the charts, report.html and results.md.
+    Returns the benchmark rows, the pipeline rows and the paths of the charts and the two
+    reports."""
     records = load_records(results_dir)
     rows, pipes = summarise(records, cv_target(results_dir)), summarise_pipelines(records)
     write_summary(results_dir, rows)
@@ -146,30 +150,17 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
                    if c]
     telemetry = render_telemetry_charts(results_dir, records)
     charts.append(write_html(results_dir, rows, pipes, records, charts, telemetry))
+    charts.append(write_markdown(results_dir, rows, records))
     return rows, pipes, charts
 
 
 def cv_target(results_dir: Path) -> float:
-    """The sweep's until_stable.target_cv (from its config.yaml), else stats.CV_TARGET: read
-    tolerantly (a missing, oversized, unparsable or deeply nested file, or a target that is
-    not a number in (0, 1], gives the default)."""
-    path = Path(results_dir) / "config.yaml"
-    try:
-        if not path.is_file():  # never open a FIFO or a device
-            return CV_TARGET
-        with open(path, "rb") as fh:
-            data = fh.read(CONFIG_MAX_BYTES + 1)
-        if len(data) > CONFIG_MAX_BYTES:
-            return CV_TARGET
-        cfg = yaml.safe_load(data.decode("utf-8"))
-        target = cfg["until_stable"]["target_cv"]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError, LookupError,
-            TypeError):
-        return CV_TARGET
+    """The sweep's until_stable.target_cv (from its config.yaml, read tolerantly:
+    bench.report.html.sweep_config), else stats.CV_TARGET: a missing or unreadable file, or a
+    target that is not a number in (0, 1], gives the default."""
+    stable = (sweep_config(results_dir) or {}).get("until_stable")
+    target = stable.get("target_cv") if isinstance(stable, dict) else None
     if isinstance(target, bool) or not isinstance(target, (int, float)) \
             or not 0 < target <= 1:  # NaN fails too
         return CV_TARGET
     return float(target)
-
-
-CONFIG_MAX_BYTES = 2**20  # a sweep's config.yaml is a few KB
