@@ -148,11 +148,15 @@ def test_error_bars_are_named_from_the_rows_interval(golden_rows) -> None:
         _close(fig)
         return [t for t in labels if t.startswith("error bars")]
 
-    assert legend(golden_rows) == []  # rows without `interval`: no caption
+    # the golden sweep has 2 repeats a configuration: summarise names their range
+    assert {r["interval"] for r in golden_rows} == {"range"}
+    assert legend(golden_rows) == ["error bars: min-max range (2 repeats)"]
     rows = copy.deepcopy(golden_rows)
     for r in rows:
+        r.pop("interval")
+    assert legend(rows) == []  # rows without `interval`: no caption
+    for r in rows:
         r["interval"] = "range"
-    assert legend(rows) == ["error bars: min-max range (2 repeats)"]
     rows[0]["interval"] = "95% bootstrap CI"
     assert legend(rows) == ["error bars: 95% bootstrap CI (2 repeats); "
                             "min-max range (2 repeats)"]
