@@ -1,7 +1,8 @@
 """The harness's own overhead: one run launched by the harness (telemetry on) against the same
 run started by hand (the runner module with the same spec, nothing watching), and launched by
 the harness with telemetry off (to tell the sampler's cost from the launcher's), rotated so
-drift hits all three alike. Prints the medians and the ratios with 95% bootstrap intervals.
+drift hits all three alike. Prints the medians and the ratios with their intervals
+(bench/analysis/stats.py's rule: the range with 2 pairs, the 95% bootstrap CI from 3).
 
     python -m tools.harness_overhead --config configs/cpu-smoke.yaml --pairs 5 \
         --set devices=1 --set measure_steps=30
@@ -20,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from bench import REPO_ROOT
+from bench.analysis.stats import interval_name, ratio_interval
 from bench.plan.config import load_config
 from bench.plan.runs import RunSpec, expand
-from bench.records.trust import ratio_ci
 from bench.run import environment
 from bench.run.envs import ensure_env
 from bench.run.launch import launch
@@ -81,8 +82,8 @@ def main() -> int:
           f"{spec.measure_steps} timed steps, telemetry every {spec.telemetry['interval_s']} s")
     print("medians: " + ", ".join(f"{k} {v:.2f} img/s" for k, v in med.items()))
     for num, den in (("harness", "hand"), ("no_telemetry", "hand"), ("harness", "no_telemetry")):
-        low, high = ratio_ci(arms[num], arms[den])
-        ci = f" (95% CI {low:.3f}-{high:.3f})" if low is not None else ""
+        low, high, kind = ratio_interval(arms[num], arms[den])
+        ci = f" ({interval_name(kind)} {low:.3f}-{high:.3f})" if low is not None else ""
         print(f"{num} / {den} = {med[num] / med[den]:.3f}{ci}"
               + ("; target >= 0.98" if (num, den) == ("harness", "hand") else ""))
     return 0

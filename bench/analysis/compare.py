@@ -115,8 +115,8 @@ STEPS_CAVEAT = ("an interval from the steps of one run holds that run's own step
 CONTENDED_CAVEAT = ("contended: other processes used the machine during a run's timed window "
                     "(the record's contended); a change beside it may be the machine's, not "
                     "the change's")
-FEW_REPEATS_CAVEAT = ("with fewer than 5 repeats a side the bootstrap interval tends to be "
-                      "too narrow")
+FEW_REPEATS_CAVEAT = ("with fewer than 5 repeats a side the interval (a range with 2, a "
+                      "bootstrap CI from 3) tends to be too narrow")
 
 
 @dataclass
