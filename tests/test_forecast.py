@@ -322,3 +322,24 @@ def test_a_resumed_dry_run_says_which_runs_are_recorded_already(
     assert sorted(recorded) == sorted(p.stem for p in (out / "runs").glob("*.json"))
     assert len(rows) == 18 and sum(ln.endswith("  will run") for ln in rows) == 6
     assert any(ln.startswith("predicted: 6 will run") and "12 recorded" in ln for ln in lines)
+
+
+def test_a_users_interpreter_that_does_not_exist_is_unavailable_before_and_in_the_sweep(
+        tmp_path: Path) -> None:
+    """runner_options.<runner>.python naming no file: the dry run predicts `unavailable`
+    naming the key and the path, and the sweep records exactly that, launching nothing."""
+    from bench.records.store import load_records
+    from tests.test_reliability import config, toy
+
+    missing = tmp_path / "no-such-env" / "bin" / "python"
+    cfg, runs = plan("cpu-smoke.yaml", f"runner_options.tf_mirrored.python={missing}")
+    [p1, p2] = predict(runs, cfg, facts())
+    assert p1 == p2 and p1.status == UNAVAILABLE
+    assert p1.reason == f"runner_options.tf_mirrored.python: {missing} does not exist on this " \
+                        "machine"
+    sweep = config(tmp_path, devices=[1], options={"python": str(missing)})
+    proc = toy("--config", str(sweep), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    [rec] = load_records(tmp_path / "out")
+    assert (rec["status"], rec["reason"]) == (
+        UNAVAILABLE, f"runner_options.toy.python: {missing} does not exist on this machine")

@@ -416,7 +416,25 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
                            "on CPU float32 is always IEEE: use fp32")
     if spec.device == "gpu" and visible_gpus is not None and spec.num_devices > visible_gpus:
         return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
+    if spec.python and visible_gpus is not None and (why := interpreter_problem(spec.python)):
+        return "unavailable", f"runner_options.{spec.runner}.python: {why}"
     return None
+
+
+def interpreter_problem(python: str) -> str | None:
+    """Why a user's interpreter cannot start a run on this machine (None if it can). Not
+    asked of SLURM runs: their nodes' filesystem is theirs to check."""
+    path = Path(python).expanduser()
+    if not path.exists():
+        return f"{show_path(path)} does not exist on this machine"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return f"{show_path(path)} is not an executable file"
+    return None
+
+
+def show_path(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:117]}..."
 
 
 def model_unavailable(spec: RunSpec, info: RunnerInfo) -> str | None:
