@@ -33,9 +33,10 @@ def config(tmp_path: Path, behaviour: str = "ok", **extra: object) -> Path:
     return path
 
 
-def toy(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def toy(*args: str, timeout: float = 180, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*TOY, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def start_toy(*args: str) -> subprocess.Popen[str]:

@@ -6,6 +6,8 @@ before anything is written, naming each change, unless `--new-fingerprint` takes
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +135,37 @@ def test_the_fingerprint_leaves_out_only_what_changes_no_figure() -> None:
                 "runner_options", "dataset", "mode", "converge", "capacity",
                 "pipeline_steps", "probes"):
         assert key in fingerprint(cfg), key
+
+
+@pytest.mark.slurm
+def test_new_fingerprint_waits_for_the_earlier_sweeps_slurm_jobs(
+        tmp_path: Path, local_slurm: dict[str, str]) -> None:
+    """--new-fingerprint on a folder whose book holds a job SLURM still runs: exit 2 naming
+    the job, nothing moved; once the job has ended the new settings are taken. A real job on
+    the local cluster stands for the earlier sweep's run."""
+    out, cfg = first_sweep(tmp_path)
+    job = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 120"], env=local_slurm,
+                         capture_output=True, text=True, timeout=60, check=True
+                         ).stdout.strip().split(";")[0]
+    book = {"earlier__run": {"job_id": job, "collected": False}}
+    (out / "slurm_jobs.json").write_text(json.dumps(book))
+    before = snapshot(out)
+    try:
+        proc = toy("--config", str(cfg), "--out", str(out), "--resume", "--new-fingerprint",
+                   "--set", "measure_steps=5", env=local_slurm)
+        assert proc.returncode == 2, proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith("error: --new-fingerprint: 1 SLURM job(s) of the earlier sweep")
+        assert f"still queued or running: {job};" in line and "scancel" in line, line
+        assert snapshot(out) == before and not (out / "superseded").exists()
+    finally:
+        subprocess.run(["scancel", job], env=local_slurm, capture_output=True, timeout=60)
+    deadline = time.monotonic() + 60
+    while job in subprocess.run(["squeue", "-h", "-o", "%i"], env=local_slurm,
+                                capture_output=True, text=True, timeout=60).stdout.split():
+        assert time.monotonic() < deadline, "scancel did not end the job"
+        time.sleep(0.5)
+    proc = toy("--config", str(cfg), "--out", str(out), "--resume", "--new-fingerprint",
+               "--set", "measure_steps=5", env=local_slurm)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "superseded").is_dir()

@@ -219,6 +219,7 @@ def check_fingerprint(cfg: SweepConfig, out: Path, new_fingerprint: bool) -> Non
             "allowed: the same settings (the matrix may grow), a new folder (--out NEW), or "
             f"--new-fingerprint to take the new ones (the earlier results move to "
             f"{out}/{SUPERSEDED}/)")
+    refuse_while_jobs_run(out)
     aside = out / SUPERSEDED / datetime.now().strftime("%Y%m%d-%H%M%S")
     aside.mkdir(parents=True, exist_ok=True)
     moved = 0
@@ -229,6 +230,30 @@ def check_fingerprint(cfg: SweepConfig, out: Path, new_fingerprint: bool) -> Non
     print(f"--new-fingerprint: {len(changes)} setting(s) changed; the earlier results "
           f"({moved} entries) moved to {aside}, kept and never reported with the new ones",
           flush=True)
+
+def refuse_while_jobs_run(out: Path) -> None:
+    """--new-fingerprint moves the earlier results aside: not while SLURM jobs of the earlier
+    sweep are queued or running, which would write their records into the new runs/ (one
+    line, ConfigError). Jobs SLURM cannot be asked about count as running."""
+    book = slurm.read_book(out)
+    live = [e.get("job_id") for e in book.values()
+            if isinstance(e, dict) and not e.get("collected") and isinstance(e.get("job_id"), str)]
+    if not live:
+        return
+    try:
+        running = sorted(slurm.queued(live))
+        why = ""
+    except slurm.SlurmError as exc:
+        running, why = sorted(live), f" (SLURM could not be asked: {exc})"
+    if running:
+        shown = ", ".join(running[:8]) + (f" and {len(running) - 8} more" if len(running) > 8
+                                          else "")
+        raise ConfigError(
+            f"--new-fingerprint: {len(running)} SLURM job(s) of the earlier sweep in {out} are "
+            f"still queued or running{why}: {shown}; they would write into the new results; "
+            f"allowed once they have ended (`run_bench.py status {out}` collects them) or are "
+            "cancelled (scancel), or a new folder (--out NEW)")
+
 
 NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, tmpfs, NFS)
 
