@@ -232,15 +232,16 @@ def test_the_estimate_is_the_median_of_earlier_records_of_this_host(tmp_path: Pa
                 if ln.startswith("estimated"))
     assert line == ("estimated: ~45 s for 2 of 4 runs that will run (from earlier records on "
                     "this host: 1 of the same configuration, 1 of the same runner and model); "
-                    "2 have no earlier record")
+                    "2 have no earlier record, at most 10 min by their timeouts")
 
 
-def test_without_earlier_records_the_estimate_is_unknown(tmp_path: Path) -> None:
-    cfg, runs = plan("cpu-smoke.yaml")
+def test_without_earlier_records_the_estimate_is_unknown_but_bounded(tmp_path: Path) -> None:
+    """No history: no figure is invented, but the runs' timeouts bound what they may take."""
+    cfg, runs = plan("cpu-smoke.yaml", "timeout_s=90")
     host = facts(roots=(tmp_path / "none",))
     line = summary_lines(runs, predict(runs, cfg, host), cfg, host)[-1]
     assert line == ("estimated: unknown for the 2 runs that will run (no earlier record of them "
-                    "on this host)")
+                    "on this host, at most 3 min by their timeouts)")
 
 
 def test_the_records_read_are_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

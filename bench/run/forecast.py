@@ -95,6 +95,7 @@ class Estimate:
     same_config: int = 0
     same_model: int = 0
     unknown: int = 0
+    unknown_limit_s: float = 0.0  # the unknown runs' timeouts summed: what they may take
     records: int = 0  # launched records of this host read
     files: int = 0  # record files read
     capped: bool = False  # a MAX_* bound stopped the reading
@@ -228,6 +229,7 @@ def estimate(runs: list[RunSpec], predicted: list[Prediction], facts: HostFacts)
             est.same_model += 1
         else:
             est.unknown += 1
+            est.unknown_limit_s += spec.timeout_s
     return est
 
 
@@ -359,9 +361,11 @@ def duration_text(seconds: float) -> str:
 
 
 def estimate_line(est: Estimate, going: int) -> str:
+    bound = (f", at most {duration_text(est.unknown_limit_s).lstrip('~')} by their timeouts"
+             if est.unknown_limit_s else "")
     if est.known == 0:
         return (f"estimated: unknown for the {going} run{'s' if going > 1 else ''} that will "
-                "run (no earlier record of them on this host)")
+                f"run (no earlier record of them on this host{bound})")
     size = duration_text(est.seconds)
     where = "from earlier records on this host"
     if est.same_model:
@@ -371,7 +375,8 @@ def estimate_line(est: Estimate, going: int) -> str:
         where += f"; the newest {est.files} record files read, no more"
     line = f"estimated: {size} for {est.known} of {going} runs that will run ({where})"
     if est.unknown:
-        line += f"; {est.unknown} {'have' if est.unknown > 1 else 'has'} no earlier record"
+        line += (f"; {est.unknown} {'have' if est.unknown > 1 else 'has'} no earlier record"
+                 f"{bound}")
     return line
 
 
