@@ -199,8 +199,10 @@ def test_kill_9_of_the_parent_kills_the_run_and_resume_finishes(tmp_path: Path) 
     resume_finishes(out, cfg)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
-                                       (signal.SIGHUP, 129)])
+# SIGINT in the fast set; SIGTERM and SIGHUP go the same way (the fast set's budget)
+@pytest.mark.parametrize("sig, code", [
+    (signal.SIGINT, 130), pytest.param(signal.SIGTERM, 143, marks=pytest.mark.slow),
+    pytest.param(signal.SIGHUP, 129, marks=pytest.mark.slow)])
 def test_a_stop_signal_keeps_finished_records_and_resume_finishes(
         tmp_path: Path, sig: signal.Signals, code: int) -> None:
     proc, out, pids, cfg = run_until_second_run(tmp_path)
