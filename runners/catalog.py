@@ -110,6 +110,10 @@ class RunnerInfo:
     # does not, `no_converge` says why (the dry run shows it, the run is planned unavailable).
     converges: bool = False
     no_converge: str = ""
+    # What the parent can check before a launch on this host, without a framework (a
+    # checkout the runner needs, a model it cannot map): called with the run's spec, it
+    # returns why the run cannot go (planned unavailable, in the dry run too) or None.
+    launch_check: Any = None
 
 
 def expected_shards(info: RunnerInfo, options: dict[str, Any]) -> tuple[str, ...]:

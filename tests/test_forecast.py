@@ -84,12 +84,17 @@ def test_dgx1_without_gpus_names_the_gpu_count_of_every_gpu_run_and_counts_add_u
     assert len(gpu_lines) == 1 and "needs 1, 2, 4 or 8 GPUs; NVML sees 0" in gpu_lines[0]
 
 
-def test_dgx1_with_two_gpus_runs_what_fits_and_counts_per_status_sum_to_the_plan() -> None:
+def test_dgx1_with_two_gpus_runs_what_fits_and_counts_per_status_sum_to_the_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TF_CNN_BENCHMARKS_DIR", raising=False)
     cfg, runs = plan("dgx1.yaml")
     predicted = predict(runs, cfg, facts(gpus=2))
     for spec, p in zip(runs, predicted, strict=True):
         if spec.runner == "keras_cntk":
             assert p.status == UNAVAILABLE
+        elif spec.runner == "tf_cnn_benchmarks" and spec.num_devices <= 2:
+            assert p.status == UNAVAILABLE and p.reason.startswith(
+                "no tensorflow/benchmarks checkout"), p
         elif spec.num_devices > 2:
             assert (p.status, p.reason) == (UNAVAILABLE, f"needs {spec.num_devices} GPUs; "
                                                          "NVML sees 2")
@@ -344,3 +349,26 @@ def test_a_users_interpreter_that_does_not_exist_is_unavailable_before_and_in_th
     [rec] = load_records(tmp_path / "out")
     assert (rec["status"], rec["reason"]) == (
         UNAVAILABLE, f"runner_options.toy.python: {missing} does not exist on this machine")
+
+
+def test_tf_cnn_benchmarks_is_predicted_by_its_own_checks_of_the_checkout_and_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's checks of its checkout and model, asked by the parent before a launch:
+    no checkout -> unavailable saying how to get one; a checkout -> resnet50 will run and
+    minigooglenet (no tf_cnn_benchmarks twin) is unavailable in the runner's own words."""
+    monkeypatch.delenv("TF_CNN_BENCHMARKS_DIR", raising=False)
+    cfg, runs = plan("tf-baseline.yaml", "runners=[tf_cnn_benchmarks]",
+                     "models=[resnet50, minigooglenet]", "repeats=1")
+    assert {p.reason.split(":")[0] for p in predict(runs, cfg, facts())} == {
+        "no tensorflow/benchmarks checkout"}
+    scripts = tmp_path / "benchmarks" / "scripts" / "tf_cnn_benchmarks"
+    (scripts / "models").mkdir(parents=True)
+    (scripts / "tf_cnn_benchmarks.py").write_text("# stand-in: only its presence is checked\n")
+    (scripts / "models" / "model_config.py").write_text("'resnet50_v1.5': ...\n")
+    monkeypatch.setenv("TF_CNN_BENCHMARKS_DIR", str(tmp_path / "benchmarks"))
+    for spec, p in zip(runs, predict(runs, cfg, facts()), strict=True):
+        if spec.model == "resnet50":
+            assert p == forecast.Prediction(WILL_RUN), p
+        else:
+            assert p.status == UNAVAILABLE
+            assert p.reason.startswith("tf_cnn_benchmarks cannot run minigooglenet"), p

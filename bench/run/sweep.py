@@ -443,6 +443,9 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
         return "unavailable", f"needs {spec.num_devices} GPUs; NVML sees {visible_gpus}"
     if spec.python and visible_gpus is not None and (why := interpreter_problem(spec.python)):
         return "unavailable", f"runner_options.{spec.runner}.python: {why}"
+    if info.launch_check is not None and visible_gpus is not None \
+            and (why := info.launch_check(spec)):
+        return "unavailable", why
     return None
 
 

@@ -6,6 +6,8 @@ is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from runners.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
 
 KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data"),
@@ -222,8 +224,25 @@ RUNNERS: list[RunnerInfo] = [
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
         no_converge=("tf_cnn_benchmarks trains a fixed number of batches and evaluates only in "
                      "a separate --eval run, never per epoch to a target"),
+        launch_check=lambda spec: _cnn_benchmarks_problem(spec),
     ),
 ]
+
+
+def _cnn_benchmarks_problem(spec: Any) -> str | None:
+    """The child's own checks of its checkout and model, asked before the launch: the same
+    words the run would record (runners/tf/cnn_benchmarks.py imports no TensorFlow)."""
+    from runners.common import Unavailable
+    from runners.tf.cnn_benchmarks import check_model_in_checkout, find_script, script_model
+
+    try:
+        script = find_script(spec.options)  # in the child's order: its checkout first
+        if spec.mode == "benchmark":
+            check_model_in_checkout(script, spec.options.get("script_model")
+                                    or script_model(spec.model))
+    except Unavailable as exc:
+        return str(exc)
+    return None
 
 PIPELINES: list[RunnerInfo] = [
     RunnerInfo("tf_data", "tf", "runners.tf.pipeline",
