@@ -215,6 +215,7 @@ def test_a_stop_signal_keeps_finished_records_and_resume_finishes(
     resume_finishes(out, cfg)
 
 
+@pytest.mark.slow  # a sweep, its kill and a resume: the fast set's budget
 def test_two_sweeps_on_one_folder_the_second_is_refused(tmp_path: Path) -> None:
     proc, out, _, cfg = run_until_second_run(tmp_path)
     try:
@@ -229,6 +230,7 @@ def test_two_sweeps_on_one_folder_the_second_is_refused(tmp_path: Path) -> None:
     resume_finishes(out, cfg)
 
 
+@pytest.mark.slow  # a sweep, its kill and a resume: the fast set's budget
 def test_a_lock_left_by_a_killed_sweep_is_taken_over(tmp_path: Path) -> None:
     proc, out, pids, cfg = run_until_second_run(tmp_path)
     os.kill(proc.pid, signal.SIGKILL)
