@@ -117,19 +117,20 @@ def lock_problem(requirements: Path) -> str | None:
     """Why a requirements file's lock is missing or stale; None if it is current, or if it
     is missing because the requirements name another index (other_index)."""
     lock = lock_path(requirements)
-    rel = _rel(requirements)
+    rel = repo_relative(requirements)
     if not lock.exists():
         if other_index(requirements):
             return None
-        return f"{_rel(lock)} is missing (python tools/lock_envs.py {requirements.stem})"
+        return f"{repo_relative(lock)} is missing (python tools/lock_envs.py {requirements.stem})"
     recorded = lock_header(lock).get("requirements-sha256")
     if recorded != requirements_digest(requirements):
-        return (f"{_rel(lock)} is stale: {rel} changed since it was locked "
+        return (f"{repo_relative(lock)} is stale: {rel} changed since it was locked "
                 f"(python tools/lock_envs.py {requirements.stem})")
     return None
 
 
-def _rel(path: Path) -> str:
+def repo_relative(path: Path) -> str:
+    """A path for a message: relative to the repository where it lies inside it."""
     try:
         return str(path.resolve().relative_to(REPO_ROOT))
     except ValueError:
@@ -219,7 +220,7 @@ class FamilyEnv:
         """What a record says of the environment's lock: its file and hash, whether it was a
         lock at all, and (once built) the installer that built it."""
         info: dict[str, Any] = {
-            "file": _rel(self.source),
+            "file": repo_relative(self.source),
             "sha256": hashlib.sha256(self.source.read_bytes()).hexdigest(),
             "locked": self.lock is not None,
             "env_key": self.key,
@@ -276,6 +277,20 @@ def install_commands(env: FamilyEnv, tool: str, uv: Path | None) -> list[list[st
              "-r", str(env.source)]]
 
 
+def cached_failure(env: FamilyEnv, family: str) -> str | None:
+    """The reason a post-install build failed, kept in the environment folder (FAILED) so that
+    sweeps say it at once instead of rebuilding for minutes; None when there is none."""
+    failed = env.path / FAILED
+    try:
+        if not failed.is_file():
+            return None
+        with open(failed, "rb") as fh:  # a reason is a few lines: read a bounded prefix
+            said = fh.read(2000).decode(errors="replace").strip()
+    except OSError:
+        return None
+    return f"{said} (cached; `run_bench.py setup {family}` retries)"
+
+
 def ensure_env(family: str, variant: str, *, quiet: bool = False,
                retry: bool = False) -> FamilyEnv:
     """Create the environment if it is missing or stale; return it ready to use.
@@ -290,10 +305,8 @@ def ensure_env(family: str, variant: str, *, quiet: bool = False,
     with _locked(env.path.with_suffix(".lock")):
         if env.ready:  # another process built it while we waited
             return env
-        failed = env.path / FAILED
-        if failed.exists() and not retry:
-            raise EnvError(f"{failed.read_text().strip()} (cached; `run_bench.py setup "
-                           f"{family}` retries)")
+        if not retry and (why := cached_failure(env, family)):
+            raise EnvError(why)
         tool, uv = installer()
         name = f"{family}-{variant}"
         packages = locked_packages(env.lock) if env.lock else None
@@ -302,8 +315,9 @@ def ensure_env(family: str, variant: str, *, quiet: bool = False,
         with BuildDisplay(name, log_path, quiet=quiet, packages=packages) as show:
             show.installer = tool
             show.say(f"[setup] {name}: creating {env.path}")
-            what = _rel(env.source) + ("" if env.lock else " (no lock for this variant and "
-                                       f"Python {_python()}: unpinned dependencies)")
+            what = repo_relative(env.source) + (
+                "" if env.lock else " (no lock for this variant and "
+                f"Python {_python()}: unpinned dependencies)")
             show.say(f"[setup] {name}: installing {what} with {tool} "
                      "(first time only; framework wheels are large)")
             if env.path.exists():
@@ -321,11 +335,11 @@ def ensure_env(family: str, variant: str, *, quiet: bool = False,
                     _run([str(env.python), str(REPO_ROOT / post), variant], show,
                          all_lines=True)
                 except EnvError as exc:
-                    failed.write_text(str(exc) + "\n")
+                    (env.path / FAILED).write_text(str(exc) + "\n")
                     raise
             show.step("done")
             (env.path / BUILD_INFO).write_text(json.dumps({
-                "installer": _installer_version(tool, uv, env), "source": _rel(env.source),
+                "installer": _installer_version(tool, uv, env), "source": repo_relative(env.source),
                 "sha256": hashlib.sha256(env.source.read_bytes()).hexdigest(),
                 "seconds": round(time.monotonic() - t0, 1)}, indent=1) + "\n")
             (env.path / STAMP).write_text(env.key + "\n")

@@ -29,7 +29,15 @@ from bench.plan.config import SweepConfig
 from bench.plan.runs import RunSpec, config_id
 from bench.records.store import read_environment, read_record, record_files, runs_dir
 from bench.run import environment
-from bench.run.envs import FAILED, EnvError, family_env, lock_header, lock_problem, other_index
+from bench.run.envs import (
+    EnvError,
+    cached_failure,
+    family_env,
+    lock_header,
+    lock_problem,
+    other_index,
+    repo_relative,
+)
 from bench.run.sweep import precheck
 
 WILL_RUN = "will run"
@@ -120,13 +128,8 @@ def env_state(family: str, variant: str, machine: str | None = None,
         return EnvState(name, problem=f"no environment is declared for family {family!r}")
     if env.ready:
         return EnvState(name, ready=True)
-    failed = env.path / FAILED
-    with contextlib.suppress(OSError):
-        if failed.is_file():  # ensure_env raises it again rather than rebuild (minutes)
-            with open(failed, "rb") as fh:
-                said = fh.read(2000).decode(errors="replace").strip()
-            return EnvState(name, problem=f"{said} (cached; `run_bench.py setup {family}` "
-                                          "retries)")
+    if why := cached_failure(env, family):  # ensure_env raises it again rather than rebuild
+        return EnvState(name, problem=why)
     if env.lock is not None and (why := foreign_lock(env.lock, machine, glibc)):
         return EnvState(name, problem=why)
     return EnvState(name, how=build_text(env.requirements, env.lock))
@@ -144,13 +147,13 @@ def foreign_lock(lock: Path, machine: str | None = None, glibc: str | None = Non
         lib, version = platform.libc_ver()
         glibc = version if lib == "glibc" else ""
     if machine != m.group(1):
-        return (f"{_rel(lock)} pins the wheels of {m.group(1)} Linux; this machine is "
+        return (f"{repo_relative(lock)} pins the wheels of {m.group(1)} Linux; this machine is "
                 f"{machine}: its hash-checked install would find none")
     need = (int(m.group(2)), int(m.group(3)))
     have = tuple(int(p) for p in glibc.split(".")[:2] if p.isdigit())
     if len(have) == 2 and have < need:
-        return (f"{_rel(lock)} pins wheels that need glibc {need[0]}.{need[1]}; this machine "
-                f"has {glibc}")
+        return (f"{repo_relative(lock)} pins wheels that need glibc {need[0]}.{need[1]}; this "
+                f"machine has {glibc}")
     return None
 
 
@@ -158,17 +161,11 @@ def build_text(requirements: Path, lock: Path | None) -> str:
     """How an environment would be built: from its lock, or from its requirements (why)."""
     if lock is not None:
         stale = lock_problem(requirements)
-        return f"from {_rel(lock)}" + (f" ({stale})" if stale else "")
+        return f"from {repo_relative(lock)}" + (f" ({stale})" if stale else "")
     if other_index(requirements):
-        return f"from {_rel(requirements)} (its package index is not locked)"
-    return (f"from {_rel(requirements)}, unpinned (no lock for Python "
+        return f"from {repo_relative(requirements)} (its package index is not locked)"
+    return (f"from {repo_relative(requirements)}, unpinned (no lock for Python "
             f"{platform.python_version()})")
-
-
-def _rel(path: Path) -> str:
-    with contextlib.suppress(ValueError):
-        return str(path.relative_to(REPO_ROOT))
-    return str(path)
 
 
 # ---- the statuses ----
