@@ -20,86 +20,20 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from runners import math_mode, memory, precision_policy, settings
+from contract import precision_policy
+from contract.launch_env import side_file
+
+# the contract's spec and refusals, re-exported: a runner imports what it uses from here
+from contract.spec import Invalid, Spec, Unavailable, rows_per_device, spec_for  # noqa: F401
+from runners import math_mode, memory
 from runners.threads import observed as observed_threads
 
 OOM_NAMES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
-
-
-class Unavailable(RuntimeError):
-    """This run cannot happen here (missing GPU, package, checkout); the message says why."""
-
-
-class Invalid(RuntimeError):
-    """The run happened but its numbers cannot be trusted; the message says why."""
-
-
-class _SpecMethods:
-    """What a Spec does (its fields: runners/settings.py)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @property
-    def devices_per_node(self) -> int:
-        """The devices each node drives (config key devices); num_devices is over all nodes."""
-        return self.num_devices // self.num_nodes
-
-    def split_batch(self, n: int, over: str = "devices", rows: int | None = None) -> int:
-        """The rows each of n devices (ranks, contexts, replicas: `over`) gets of the global
-        batch, or of `rows` (the equivalence batch); Invalid when they cannot all get the
-        same."""
-        if rows is None:
-            return rows_per_device(self.global_batch_size, n, over)
-        return rows_per_device(rows, n, over, "equivalence batch")
-
-    def equivalence_inputs(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
-                                          float]:
-        """The equivalence test's initial weights (canonical names), batch x, labels y, lr."""
-        eq = self.equivalence or {}
-        with np.load(eq["inputs"]) as data:
-            weights = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
-            return weights, data["x"], data["y"], float(eq["learning_rate"])
-
-    def save_equivalence_output(self, weights: dict[str, np.ndarray]) -> None:
-        """Write the weights after the equivalence step, under their canonical names."""
-        np.savez((self.equivalence or {})["output"],
-                 **{f"w:{k}": np.asarray(v) for k, v in weights.items()})
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Spec:
-        """The spec the parent wrote; a key it does not know is the parent's bug, said so."""
-        known = {f.name for f in fields(Spec)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise TypeError(f"spec has keys the runner contract does not know: {unknown}")
-        return Spec(**data)
-
-
-# A frozen dataclass whose fields are the spec settings of runners/settings.py (their names,
-# types and defaults, in the spec JSON's order); bench.plan.runs.RunSpec subclasses it.
-Spec = make_dataclass(
-    "Spec", [s.dataclass_field() for s in settings.spec_settings()], bases=(_SpecMethods,),
-    frozen=True, namespace={"__module__": __name__, "__doc__": "Everything one run needs, as "
-                            "the parent resolved it; the child reads it from JSON."})
-
-
-def spec_for(**fields: Any) -> Spec:
-    """A Spec with placeholder identity and matrix fields under `fields`: for checks and tools
-    that call a runner's functions outside a sweep (a sweep's specs come from bench.plan.runs)."""
-    base: dict[str, Any] = {
-        "run_id": "check", "sweep_id": "check", "runner": "check", "family": "check",
-        "module": "check", "model": "minigooglenet", "num_devices": 1, "device": "cpu",
-        "virtual_devices": True, "scaling": "weak", "batch_size_per_device": 8,
-        "global_batch_size": 8, "data": "synthetic", "precision": "fp32", "warmup_steps": 1,
-        "measure_steps": 1, "repeat": 0, "timeout_s": 600.0}
-    return Spec.from_dict({**base, **fields})
 
 
 class StepTimer:
@@ -223,15 +157,6 @@ def timed_loop(step: Callable[[], Any], sync: Callable[[Any], float | None], war
         window.step_begin()
         window.step_done(sync(step()))
     return window
-
-
-def rows_per_device(batch: int, n: int, over: str = "devices", kind: str = "global batch"
-                    ) -> int:
-    """The rows each of n devices (ranks, contexts, replicas: `over`) gets of a batch;
-    Invalid when they cannot all get the same."""
-    if batch % n:
-        raise Invalid(f"{kind} {batch} does not divide by {n} {over}")
-    return batch // n
 
 
 def synthetic_fp32_only(spec: Spec, loader: str) -> None:
@@ -368,7 +293,7 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
         write_json_atomic(args.result, result)
     else:  # but memory is each rank's own: beside the result, merged by the parent
         with contextlib.suppress(OSError):
-            write_json_atomic(memory.side_file(args.result, rank), {"rank": rank, **measured})
+            write_json_atomic(side_file(args.result, rank), {"rank": rank, **measured})
     print(f"{tag} status={result['status']}"
           + (f" images_per_sec={result['images_per_sec']:.2f}"
              if result.get("images_per_sec") else "")

@@ -20,7 +20,7 @@ what they were fed. A runner supplies three functions:
   variance, read from the model, is finite, and which is not (seed 002's trap: a tower that
   got no rows of a short last batch puts NaN there, unseen until prediction).
 
-The recipe (runners/settings.py `converge`, defaults filled by the parent):
+The recipe (contract/settings.py `converge`, defaults filled by the parent):
   optimizer sgd with `momentum` and `weight_decay`; `base_lr` for `reference_batch` images,
   scaled to the run's global batch by `lr_scaling` (linear: x B/ref, sqrt: x sqrt(B/ref),
   none; Goyal et al. 2017); `warmup_epochs` of linear warm-up per step from base_lr to the

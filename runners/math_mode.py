@@ -23,32 +23,11 @@ import os
 import sys
 from typing import Any
 
-STRICT, TF32 = "ieee", "tf32"
+from contract.launch_env import STRICT, TF32, _want, math_env  # noqa: F401  (re-exported)
 
 
 class MathModeUnavailable(RuntimeError):
     """tf32 asked for where there are no TF32 tensor cores."""
-
-
-def _want(precision: str) -> str | None:
-    return {"fp32": STRICT, "tf32": TF32}.get(precision)
-
-
-def math_env(precision: str, device: str, environ: dict[str, str]) -> dict[str, str]:
-    """The environment a GPU run at this precision needs (no framework imported): the library
-    switch, and JAX's default precision (JAX may be imported after runners.common.main starts,
-    and reads its config from the environment when it is)."""
-    if device != "gpu":
-        return dict(environ)
-    env = dict(environ)
-    if precision == "tf32":
-        env.pop("NVIDIA_TF32_OVERRIDE", None)
-    else:
-        env["NVIDIA_TF32_OVERRIDE"] = "0"
-    want = _want(precision)
-    if want is not None:
-        env["JAX_DEFAULT_MATMUL_PRECISION"] = "tensorfloat32" if want == TF32 else "highest"
-    return env
 
 
 def apply(precision: str, device: str) -> None:

@@ -323,11 +323,6 @@ def for_result(spec: Any, rank: int) -> dict[str, Any]:
             "memory_baseline": None if _baseline is None else {key: _baseline}}
 
 
-def side_file(result: str | Path, rank: int) -> Path:
-    """Where a rank other than 0 writes its memory (beside the result rank 0 writes)."""
-    return Path(f"{result}.memory.rank{rank}.json")
-
-
 # -- the model state -------------------------------------------------------------------------
 
 def _itemsize(dtype: Any) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.plan.runs import RunSpec
-from runners.common import spec_for
+from contract.spec import spec_for
 
 
 def run_spec(**fields: Any) -> RunSpec:

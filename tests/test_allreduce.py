@@ -21,7 +21,7 @@ from bench.records.store import check_record, load_records
 from bench.report import allreduce as allreduce_report
 from bench.run.sweep import precheck
 from bench.run.verdict import classify, validate_result
-from runners import allreduce
+from contract import collectives as allreduce
 from tests.conftest import run_cli
 from tests.specs import run_spec
 
@@ -168,7 +168,7 @@ def test_until_stable_leaves_the_probe_runs_at_their_repeats(tmp_path: Path) -> 
         f"{r.run_id}.json" for r in runs)
 
 
-# --- the figures and the timed loop (runners/allreduce.py) -----------------------------------
+# --- the figures and the timed loop (contract/collectives.py) -----------------------------------
 
 def test_bus_bandwidth_is_nccl_tests_factor_of_the_algorithm_bandwidth() -> None:
     size = allreduce.gradient_bytes("resnet50")

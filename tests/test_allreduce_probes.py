@@ -14,7 +14,7 @@ import pytest
 
 from bench.records.store import check_record, load_records
 from bench.run.envs import ensure_env
-from runners.allreduce import bus_factor, check_collectives, probe_sizes
+from contract.collectives import bus_factor, check_collectives, probe_sizes
 from tests.conftest import run_cli
 
 CONFIG = """\

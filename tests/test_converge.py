@@ -16,8 +16,8 @@ from bench.plan.config import load_config
 from bench.plan.runs import expand
 from bench.run.sweep import precheck
 from bench.run.verdict import validate_converge
+from contract.spec import spec_for
 from runners import converge as cv
-from runners.common import spec_for
 from tests.conftest import run_cli
 
 RECIPE = dict(target_accuracy=0.9, max_epochs=10, optimizer="sgd", momentum=0.9,

@@ -14,7 +14,7 @@ import pytest
 
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
-from runners.common import spec_for
+from contract.spec import spec_for
 from runners.converge import Recipe
 from tests.conftest import assert_stopped_at_target, converge_sweep
 

@@ -13,8 +13,8 @@ import pytest
 
 from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record, load_records
+from contract.catalog import expected_shards
 from models import get_spec
-from runners.catalog import expected_shards
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]

@@ -13,7 +13,7 @@ from bench.analysis.predict import communication, probe_bandwidth
 from bench.analysis.stats import summarise
 from bench.records.store import load_records
 from bench.report.html import write_html
-from runners.allreduce import gradient_bytes
+from contract.collectives import gradient_bytes
 from tests.test_predict import _probe, record, write_folder
 
 RESNET = gradient_bytes("resnet50")

@@ -42,8 +42,8 @@ from bench.run.launch import NodePlace, child_command, child_env
 from bench.run.slurm import batch_script, sbatch_command
 from bench.run.slurm_job import job_dir, master_port
 from bench.run.sweep import precheck
-from runners import threads
-from runners.common import Spec
+from contract import launch_env
+from contract.spec import Spec
 
 GOLDEN = REPO_ROOT / "tests" / "golden"
 # the shipped configs, then the test's own: plans no shipped config makes (option axes)
@@ -51,7 +51,7 @@ CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml")) + sorted(
     (GOLDEN / "configs").glob("*.yaml"))
 UPDATE = "python -m pytest tests/test_golden_plans.py --update-golden"
 SWEEP_ID = "golden"
-CORES = 16  # the host's physical cores, as runners.threads.physical_cores would say
+CORES = 16  # the host's physical cores, as contract.launch_env.physical_cores would say
 INHERITED = {"HOME": "/home/user", "PATH": "/usr/local/bin:/usr/bin:/bin"}  # the parent's env
 OUT = Path("/mgbench-golden/results")  # the sweep's results folder: only ever named, not made
 JOB_ID = "4242"  # the SLURM job of the 2-node run, as node 0 sees it
@@ -293,7 +293,7 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_plan_matches_its_golden_file(config: Path, tmp_path: Path, update_golden: bool,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(threads, "physical_cores", lambda: CORES)
+    monkeypatch.setattr(launch_env, "physical_cores", lambda: CORES)
     with mock.patch.dict(os.environ, INHERITED, clear=True):
         actual = golden_text(config, tmp_path)
     path = golden_path(config)

@@ -1,4 +1,4 @@
-"""A runner option's GPU default (runners/catalog.py Option.gpu_default): a run on device gpu
+"""A runner option's GPU default (contract/catalog.py Option.gpu_default): a run on device gpu
 takes it where the sweep file left the option unset; a value the file gives wins on every
 device, and CPU runs keep the plain default. Fast: no framework."""
 
@@ -11,7 +11,7 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.plan.config import validate
 from bench.plan.runs import RunSpec, expand
-from runners.catalog import Option
+from contract.catalog import Option
 
 BASE = {"runners": ["torch_ddp"], "models": ["probe"], "devices": [1],
         "batch_size_per_device": 8}

@@ -32,7 +32,7 @@ BN_CHECK = r"""
 import json
 import sys
 import numpy as np
-from runners.common import Spec
+from contract.spec import Spec
 from runners.jax.keras_jax import (BatchPlacement, make_clock, make_distribution,
                                    per_device_batchnorm)
 
@@ -222,7 +222,7 @@ EPOCH_CHECK = r"""
 import json
 import sys
 import runners.jax.keras_jax as kj
-from runners.common import Spec
+from contract.spec import Spec
 kj.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
 r = kj.benchmark(Spec.from_dict(json.loads(sys.argv[1])))
 print("RESULT " + json.dumps({k: r.get(k) for k in (

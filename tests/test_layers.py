@@ -108,3 +108,25 @@ def test_each_stage_package_says_what_it_owns_and_may_import() -> None:
         doc = ast.get_docstring(ast.parse((BENCH / pkg / "__init__.py").read_text()))
         assert doc and "import" in doc.lower(), \
             f"bench/{pkg}/__init__.py has no docstring saying what it may import"
+
+
+def _top_imports(path: Path) -> set[str]:
+    """The top-level packages path imports (module-level or inside functions)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_contract_imports_neither_side_and_the_parent_no_runner() -> None:
+    contract = sorted((REPO / "contract").rglob("*.py"))
+    assert len(contract) >= 8, "contract/ holds the settings, spec, catalogs, policy, collectives"
+    wrong = [f"{p.relative_to(REPO)} imports {sorted(bad)}" for p in contract
+             if (bad := _top_imports(p) & {"bench", "runners"})]
+    parent = sorted(BENCH.rglob("*.py")) + [REPO / "run_bench.py"]
+    wrong += [f"{p.relative_to(REPO)} imports runners" for p in parent
+              if "runners" in _top_imports(p)]
+    assert not wrong, "\n".join(wrong)

@@ -11,7 +11,7 @@ import pytest
 from bench.plan.config import ConfigError, load_config
 from bench.plan.runs import expand
 from bench.run.sweep import precheck
-from runners.math_mode import math_env
+from contract.launch_env import math_env
 from tests.conftest import REPO, run_check_script, run_cli
 
 

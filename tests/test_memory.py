@@ -18,6 +18,7 @@ from bench.report.charts import MEMORY_CHART, TOKENS_CHART
 from bench.report.summary import build_report, format_table
 from bench.run.launch import derive_throughput, run_mfu
 from bench.run.verdict import merge_memory
+from contract import launch_env
 from models import get_spec
 from runners import memory
 from tests.test_columns import record
@@ -132,7 +133,7 @@ def test_model_state_of_keras_variables() -> None:
 def test_ranks_memory_files_are_merged_and_a_missing_one_is_said(tmp_path: Path) -> None:
     result = tmp_path / "run.abcd.result.json"
     rec = {"memory_per_device": {"rank0:cpu": 400 * MB}, "memory_source": "VmHWM"}
-    write_json_atomic(memory.side_file(result, 1),
+    write_json_atomic(launch_env.side_file(result, 1),
                       {"rank": 1, "memory_per_device": {"rank1:cpu": 410 * MB},
                        "memory_source": "VmHWM"})
     merge_memory(rec, result, spec(launcher="torchrun", num_devices=3))

@@ -15,7 +15,7 @@ import pytest
 
 from bench.catalog.new_runner import render, template, templates
 from bench.records.store import check_record, load_records
-from runners.catalog import RunnerInfo
+from contract.catalog import RunnerInfo
 from tests.conftest import REPO, run_cli
 
 TEMPLATES = ("jax", "keras", "mxnet", "tf", "torch")
@@ -67,7 +67,7 @@ def test_generated_module_compiles_and_its_catalog_entry_parses(name: str) -> No
     compile(module, f"runners/{kind.package}/my_runner.py", "exec")
     assert module.startswith(f'"""my_runner: {DESCRIPTION}\n')
     assert "def benchmark(spec: Spec)" in module and "main(benchmark, equivalence)" in module
-    catalog = REPO / "runners" / kind.package / "catalog.py"
+    catalog = REPO / "contract" / "catalogs" / f"{kind.package}.py"
     compile(catalog.read_text() + entry, str(catalog), "exec")  # appended, the file parses
     listed: list[RunnerInfo] = []
     exec(entry, {"RUNNERS": listed, "RunnerInfo": RunnerInfo})

@@ -1,11 +1,11 @@
 """The harness's precision policy and the record of a run's resolved one
-(runners/precision_policy.py)."""
+(contract/precision_policy.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from runners.precision_policy import declared, dtype_name, harness_policy, resolve, summary
+from contract.precision_policy import declared, dtype_name, harness_policy, resolve, summary
 
 
 def test_bf16_keeps_float32_params_and_reduce() -> None:

@@ -31,7 +31,7 @@ from bench.analysis.predict import (
 )
 from bench.analysis.published import load_published
 from bench.cli import main
-from runners.allreduce import MIB, gradient_bytes
+from contract.collectives import MIB, gradient_bytes
 from tests.conftest import REPO
 from tools import validate_predictor
 
@@ -390,7 +390,7 @@ def _collective_probe(runner: str, family: str, n: int, busbw: dict[str, float]
                       ) -> dict[str, Any]:
     """A probe record with the all-reduce at busbw["all_reduce"] and, for each other
     collective in busbw, a measured section at that busbw (nccl-tests' figures)."""
-    from runners.allreduce import collective_bytes, figures
+    from contract.collectives import collective_bytes, figures
 
     rec = _probe(runner, family, n, busbw["all_reduce"])
     rec["result"]["collectives"] = {}

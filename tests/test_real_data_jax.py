@@ -15,7 +15,7 @@ import pytest
 
 from bench.catalog.registry import PIPELINES
 from bench.records.store import check_record
-from runners.common import spec_for
+from contract.spec import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("jax")]
@@ -38,7 +38,7 @@ PARITY = r"""
 import json, sys
 import numpy as np
 from runners.jax.common import setup_devices
-from runners.common import spec_for
+from contract.spec import spec_for
 from runners.real_data import load_batch, open_dataset
 
 

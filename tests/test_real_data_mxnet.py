@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.records.store import check_record
-from runners.common import spec_for
+from contract.spec import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
@@ -83,7 +83,7 @@ PARITY = r"""
 import json, sys
 import numpy as np
 from runners import real_data
-from runners.common import spec_for
+from contract.spec import spec_for
 from runners.mxnet.data import numpy_batches, record_iter, stream
 
 def read(path, augmentation, batch, batches):
@@ -187,7 +187,7 @@ import json, sys
 from pathlib import Path
 from runners.common import Unavailable
 from runners.mxnet.data import record_iter, resize_for
-from runners.common import spec_for
+from contract.spec import spec_for
 from runners.real_data import RealData, open_dataset
 
 root = Path(sys.argv[1])

@@ -13,7 +13,7 @@ import pytest
 
 from bench.plan.runs import RunSpec
 from bench.records.store import check_record
-from runners.common import spec_for
+from contract.spec import spec_for
 from runners.tf.cnn_benchmarks import ENV_VAR, build_flags
 from tests.conftest import REPO, real_sweep, run_check_script
 
@@ -114,7 +114,7 @@ PARITY = r"""
 import json, sys
 import numpy as np
 from runners.tf import data as tf_data
-from runners.common import spec_for
+from contract.spec import spec_for
 from runners.real_data import load_batch, open_dataset
 
 path = sys.argv[1]

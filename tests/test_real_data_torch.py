@@ -14,7 +14,7 @@ import pytest
 
 from bench.records.store import check_record
 from bench.run.envs import ensure_env
-from runners.common import spec_for
+from contract.spec import spec_for
 from tests.conftest import REPO, real_sweep, run_check_script
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,7 @@ def test_horovod_on_real_data(tmp_path: Path, real_dataset: Path, horovod_python
 LOADER_SCRIPT = """
 import json, sys
 import numpy as np
-from runners.common import spec_for
+from contract.spec import spec_for
 from runners.real_data import open_dataset
 from runners.torch.data import make_dataloader, epochs
 

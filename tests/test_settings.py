@@ -1,4 +1,4 @@
-"""The run settings are declared once (runners/settings.py): the config's keys, its model and
+"""The run settings are declared once (contract/settings.py): the config's keys, its model and
 JSON Schema, SweepConfig, the child's Spec, what the plan copies into every run and the
 record's spec fields are all derived from the declaration, so adding a setting is one entry
 there (plus the code that reads it)."""
@@ -16,9 +16,9 @@ from pathlib import Path
 from bench.plan.config import BATCH_KEYS, KEYS, SweepConfig, json_schema, sweep_model, validate
 from bench.plan.runs import RunSpec, expand
 from bench.records import columns
-from runners import settings
-from runners.common import Spec
-from runners.settings import REQUIRED, SETTINGS
+from contract import settings
+from contract.settings import REQUIRED, SETTINGS
+from contract.spec import Spec
 from tests.conftest import REPO
 
 BASE = {"runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],
@@ -109,8 +109,8 @@ def test_every_run_takes_the_copied_settings_from_the_config(tmp_path) -> None:
 
 TOY = """
 import json, sys
-from runners import settings
-from runners.settings import Key, Setting
+from contract import settings
+from contract.settings import Key, Setting
 
 settings.SETTINGS += (
     Setting("toy_steps", int, 3, "Toy steps each run takes.", Key(help="toy steps",
@@ -127,7 +127,7 @@ from bench.plan.config import ConfigError, KEYS, SweepConfig, json_schema, valid
 from bench.plan.runs import expand
 from bench.records import columns
 from bench.run.launch import base_record
-from runners.common import Spec, spec_for
+from contract.spec import Spec, spec_for
 
 base = {"runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],
         "batch_size_per_device": 8}

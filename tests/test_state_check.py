@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.records.state_check import check_state_split
-from runners.catalog import Option, RunnerInfo, expected_shards
+from contract.catalog import Option, RunnerInfo, expected_shards
 
 MB = 2**20
 WHOLE = {"params": 40 * MB, "grads": 40 * MB, "optimizer": 40 * MB}

@@ -15,7 +15,7 @@ from bench.records import columns
 from bench.records.store import REQUIRED, record_path, write_json_atomic
 from bench.report import strategies as st
 from bench.report.summary import build_report
-from runners.precision_policy import resolve
+from contract.precision_policy import resolve
 
 ENV = {"host": "h", "os": "Linux", "cpu_model": "cpu", "cpu_cores": 2, "memory_bytes": 2**33,
        "python": "3.11", "harness_commit": "abc", "gpus": [], "framework": {"torch": "2"}}

@@ -14,7 +14,7 @@ import json
 import tensorflow as tf
 from runners.tf.devices import setup_devices
 from runners.tf.placement import eager_placement, graph_placement, graph_run_options
-from runners.common import spec_for
+from contract.spec import spec_for
 setup_devices(spec_for(num_devices=2))
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 with strategy.scope():

@@ -13,8 +13,9 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.run.launch import child_env
-from runners import threads
-from runners.threads import POLICY_VAR, observed, thread_env
+from contract import launch_env
+from contract.launch_env import POLICY_VAR, thread_env
+from runners.threads import observed
 from tests.conftest import smoke_sweep
 
 
@@ -81,7 +82,7 @@ def test_policy_off_leaves_bare_defaults(value: str) -> None:
 def test_child_env_applies_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(POLICY_VAR, raising=False)
-    monkeypatch.setattr(threads, "physical_cores", lambda: 6)
+    monkeypatch.setattr(launch_env, "physical_cores", lambda: 6)
     assert child_env(run_spec("mxnet_native", 2))["OMP_NUM_THREADS"] == "3"
     assert child_env(run_spec("torch_ddp", 3))["OMP_NUM_THREADS"] == "2"
     assert "OMP_NUM_THREADS" not in child_env(run_spec("tf_mirrored", 2))
@@ -94,10 +95,10 @@ def test_child_env_applies_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cpu_lists_and_physical_cores() -> None:
-    assert threads._count_cpu_list("0\n") == 1
-    assert threads._count_cpu_list("0,64") == 2
-    assert threads._count_cpu_list("0-3,8") == 5
-    assert 1 <= threads.physical_cores() <= (os.cpu_count() or 1)
+    assert launch_env._count_cpu_list("0\n") == 1
+    assert launch_env._count_cpu_list("0,64") == 2
+    assert launch_env._count_cpu_list("0-3,8") == 5
+    assert 1 <= launch_env.physical_cores() <= (os.cpu_count() or 1)
 
 
 def test_observed_reads_the_environment_and_imports_nothing(
@@ -132,7 +133,7 @@ def test_mxnet_with_the_policy_computes_on_more_than_one_core(
     process takes the cores, so that is asserted only when the host had them to give."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(POLICY_VAR, raising=False)
-    cores = threads.physical_cores()
+    cores = launch_env.physical_cores()
     if cores < 2:
         pytest.skip(f"{cores} physical core: nothing to spread over")
     sets = ("runners=[mxnet_native]", "devices=[1]", "batch_size_per_device=32",
@@ -157,7 +158,7 @@ def test_mxnet_with_the_policy_computes_on_more_than_one_core(
     bare = default["result"]["threads"]
     assert "OMP_NUM_THREADS" not in bare["env"] and bare["policy"] == "off"
     siblings = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")
-    if siblings.exists() and threads._count_cpu_list(siblings.read_text()) == 1:
+    if siblings.exists() and launch_env._count_cpu_list(siblings.read_text()) == 1:
         # no SMT: MXNet's halving leaves half the cores without an OpenMP thread
         assert bare["mxnet"]["openmp_max_threads"] == len(os.sched_getaffinity(0)) // 2
         if cores == 2:

@@ -32,7 +32,7 @@ from typing import Any
 from bench.analysis import interconnects
 from bench.analysis.predict import Bandwidth, implied_busbw, predict
 from bench.analysis.published import PUBLISHED, load_published
-from runners.allreduce import gradient_bytes
+from contract.collectives import gradient_bytes
 
 # The published tables validated: their sources' short names in reference/published.csv.
 SOURCES = ("TF docs 2017", "rossumai 2017")

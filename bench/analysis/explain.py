@@ -32,7 +32,7 @@ from typing import Any
 from bench.analysis.converge import explain_lines
 from bench.analysis.predict import communication, probe_bandwidth, probe_records
 from bench.records.grouping import baseline_key, config_key, mode_of, runner_label, synthetic_key
-from runners.allreduce import gradient_bytes
+from contract.collectives import gradient_bytes
 
 HEADING = "Where the time went"
 

@@ -15,7 +15,7 @@ The model, term by term (docs/PERFORMANCE.md validates it against published tabl
   T_1 x (B/N)/B = T_1/N: an upper bound on its efficiency, since a small per-device batch
   runs a device below its efficient size and per-step overheads do not shrink.
 - **Communication**: a ring all-reduce of S gradient bytes (trainable parameters x 4,
-  runners/allreduce.py) over N devices moves 2(N-1)/N x S bytes through every device's link
+  contract/collectives.py) over N devices moves 2(N-1)/N x S bytes through every device's link
   (nccl-tests' bus bandwidth definition), so it takes 2(N-1)/N x S / busbw, plus a latency
   term of 2(N-1) steps x the link's per-message latency for every message. The gradients go
   in buckets of BUCKET_BYTES (PyTorch DDP's default bucket_cap_mb, 25 MiB), so ResNet-50's
@@ -72,7 +72,7 @@ from bench.records.grouping import (
 )
 from bench.records.mfu import TRAINING_FLOPS_FACTOR
 from bench.records.store import atomic_file, folder_damage, load_records, read_environment
-from runners.allreduce import MIB, bus_factor, gradient_bytes
+from contract.collectives import MIB, bus_factor, gradient_bytes
 
 BACKWARD_FRACTION = (TRAINING_FLOPS_FACTOR - 1) / TRAINING_FLOPS_FACTOR
 BUCKET_BYTES = 25 * MIB
@@ -560,8 +560,8 @@ def strategies_text(results_dir: Path, devices: list[int], model: str | None = N
     """`predict --strategies`: bench/analysis/strategies.py's forecast on the folder's probe
     records (ConfigError without any ok probe, or for an unknown model or precision)."""
     from bench.analysis import strategies
+    from contract.precision_policy import harness_policy
     from models import get_spec
-    from runners.precision_policy import harness_policy
 
     if not (Path(results_dir) / "runs").is_dir():
         raise ConfigError(f"results_dir: {str(results_dir)!r} has no runs/ folder; allowed: "

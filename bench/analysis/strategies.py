@@ -4,7 +4,7 @@ names and the option that changes the communication, so the catalog does not nee
 
 The volume per step, for a model of P trainable parameters over N devices, in nccl-tests'
 terms: a collective of S bytes takes S x factor / busbw, factor 2(N-1)/N for an all-reduce and
-(N-1)/N for an all-gather or a reduce-scatter (runners/allreduce.bus_factor; S the whole buffer,
+(N-1)/N for an all-gather or a reduce-scatter (contract/collectives.bus_factor; S the whole buffer,
 N x one rank's part). G = P x the reduce dtype's bytes (the gradients), W = P x the gather
 dtype's bytes (the parameters as they are gathered).
 
@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from runners.allreduce import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, bus_factor
+from contract.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, bus_factor
 
 DTYPE_BYTES = {"float32": 4, "tf32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 ALL_REDUCE_RUNNERS = ("torch_ddp", "horovod", "tf_mirrored", "jax_native", "keras_jax")

@@ -1,6 +1,6 @@
 """`run_bench.py new-runner NAME TEMPLATE`: a new runner from a template
 (runners/templates/<template>.py.tmpl), written as runners/<package>/<name>.py and listed in
-runners/<package>/catalog.py, ready to run and to edit (docs/DESIGN.md, "Add a runner"). A
+contract/catalogs/<package>.py, ready to run and to edit (docs/DESIGN.md, "Add a runner"). A
 template is named after its framework family (tf, torch, mxnet, jax) or, for keras, after the
 multi-backend Keras 3 runners of runners/keras/, which run in the jax environment (TEMPLATES)."""
 
@@ -90,7 +90,7 @@ def new_runner(name: str, template_name: str, description: str = "",
     description = description or f"a new {template_name} runner (from the template)"
     text, entry = render(name, template_name, description, root)
     module.write_text(text)
-    catalog = package / "catalog.py"
+    catalog = root / "contract" / "catalogs" / f"{template(template_name).package}.py"
     with catalog.open("a") as fh:
         fh.write(entry)
     return [module, catalog]

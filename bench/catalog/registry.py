@@ -1,18 +1,18 @@
 """Runners and framework families the harness knows, described without importing them: each
-family's runners come from its runners/<family>/catalog.py (framework-free), collected here in
+family's runners come from its contract/catalogs/<family>.py (framework-free), collected here in
 one order; the families' environments are declared here."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from runners import catalog
-from runners.catalog import Family, Option, RunnerInfo
-from runners.jax import catalog as jax_catalog
-from runners.keras import catalog as keras_catalog
-from runners.mxnet import catalog as mxnet_catalog
-from runners.tf import catalog as tf_catalog
-from runners.torch import catalog as torch_catalog
+from contract import catalog
+from contract.catalog import Family, Option, RunnerInfo
+from contract.catalogs import jax as jax_catalog
+from contract.catalogs import keras as keras_catalog
+from contract.catalogs import mxnet as mxnet_catalog
+from contract.catalogs import tf as tf_catalog
+from contract.catalogs import torch as torch_catalog
 
 __all__ = ["BASELINE_PIPELINE", "COMMON_OPTIONS", "FAMILIES", "PIPELINES", "PROBES", "RUNNERS",
            "Family", "Option", "RunnerInfo", "resolved_options", "runner_options"]
@@ -51,7 +51,7 @@ def _collect(kind: str) -> dict[str, RunnerInfo]:
     names = [i.name for i in infos]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:  # two catalogs naming one runner: a newcomer's slip, caught at import
-        raise ValueError(f"runner names listed twice in runners/*/catalog.py: {repeated}")
+        raise ValueError(f"runner names listed twice in contract/catalogs/*.py: {repeated}")
     order = {f: i for i, f in enumerate(("harness", *FAMILY_ORDER))}
     return {i.name: i for i in sorted(infos, key=lambda i: order.get(i.family, len(order)))}
 

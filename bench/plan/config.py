@@ -1,6 +1,6 @@
 """Sweep configuration: YAML in, a validated SweepConfig out, or a one-line ConfigError.
 
-The file's keys are declared once, in runners/settings.py (name, type, default, bounds or
+The file's keys are declared once, in contract/settings.py (name, type, default, bounds or
 allowed values, description); `sweep_model()` builds the pydantic model from them, with the
 registry and models/ (so every runner's options are declared too) and, for the keys whose
 validation is their own (`_own_types`), their types here; `run_bench.py schema` prints it as
@@ -56,10 +56,10 @@ from bench.catalog.registry import (
 )
 from bench.errors import ConfigError  # noqa: F401 (raised here, imported from here)
 from bench.records.grouping import variant_part
+from contract import settings
+from contract.settings import DEVICES, MAX_REPEATS, REQUIRED, SCALING, Setting
 from models import available_models, get_spec
 from models.custom import FRAMEWORKS
-from runners import settings
-from runners.settings import DEVICES, MAX_REPEATS, REQUIRED, SCALING, Setting
 
 PRECISIONS = settings.PRECISIONS
 AUGMENTATIONS = ("none", "crop-flip")
@@ -69,7 +69,7 @@ INT_MAX = 2**63 - 1  # integers beyond are no count of anything (and may not eve
 BACKENDS = ("local", "slurm")
 # both batch keys resolve to one SweepConfig field, batch_sizes (scaling says which it holds)
 BATCH_KEYS = ("batch_size_per_device", "global_batch_size")
-# SweepConfig's fields (config.yaml's keys) in the order they had before runners/settings.py
+# SweepConfig's fields (config.yaml's keys) in the order they had before contract/settings.py
 # declared them; a key not named here follows them, in declaration order
 _SWEEP_ORDER = (
     "name", "runners", "models", "devices", "scaling", "batch_sizes", "data", "precision",
@@ -99,7 +99,7 @@ def _sweep_fields() -> list[tuple[str, Any]]:
 
 
 # A validated sweep: the matrix and the settings shared by every run, one field per key of
-# runners/settings.py's SETTINGS (what each holds: its Setting's help), resolved by _resolve.
+# contract/settings.py's SETTINGS (what each holds: its Setting's help), resolved by _resolve.
 SweepConfig = make_dataclass(
     "SweepConfig", _sweep_fields(),
     namespace={"__module__": __name__, "to_dict": _to_dict, "__doc__": "A validated sweep: "
@@ -740,7 +740,7 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
 
         def options_of(self, runner: str) -> dict[str, Any]:
             """The runner's options over its defaults: on device gpu, an option the file left
-            unset takes its gpu_default (runners/catalog.py Option.default_on)."""
+            unset takes its gpu_default (contract/catalog.py Option.default_on)."""
             given = getattr(self.runner_options, f"runner_{runner_names.index(runner)}")
             model = given or per_runner[runner]()
             unset = {f.alias for name, f in type(model).model_fields.items()
@@ -758,13 +758,13 @@ def _sweep_model(runner_ids: tuple[tuple[str, int], ...], model_names: tuple[str
             for s in settings.config_settings()}
     stale = sorted((set(own) | set(choices)) - set(keys))
     if stale:  # a key the declaration no longer has
-        raise ValueError(f"bench/plan/config.py types keys runners/settings.py lacks: {stale}")
+        raise ValueError(f"bench/plan/config.py types keys contract/settings.py lacks: {stale}")
     return create_model("Sweep", __base__=Sweep, __doc__=Sweep.__doc__, **keys)
 
 
 def _own_types(options: type[BaseModel], model_names: tuple[str, ...]) -> dict[str, Any]:
     """The keys whose validation is their own (words of their own, a nested mapping): their
-    type, by key; the declaration (runners/settings.py) gives their default and description."""
+    type, by key; the declaration (contract/settings.py) gives their default and description."""
     return {
         "models": _models_key(model_names),
         "name": Annotated[str | None, Field(min_length=1, pattern=r"^[^/\\ ]+$"), Says(

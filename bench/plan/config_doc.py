@@ -2,7 +2,7 @@
 (bench.plan.config.json_schema), so that every key, type, default and bound in it is the one
 the harness validates with. `python -m bench.plan.config_doc` rewrites the file;
 tests/test_front_door.py fails while it is out of date. Imports: bench.plan.config and the
-declaration of the keys (runners/settings.py), whose words fill what the schema leaves out."""
+declaration of the keys (contract/settings.py), whose words fill what the schema leaves out."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from bench import REPO_ROOT
 from bench.plan.config import json_schema
-from runners import settings
+from contract import settings
 
 DOC = REPO_ROOT / "docs" / "CONFIG.md"
 COMMAND = "python -m bench.plan.config_doc"

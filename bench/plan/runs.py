@@ -15,8 +15,8 @@ from bench.catalog.registry import (
     resolved_options,
 )
 from bench.records import grouping
-from runners import settings
-from runners.common import Spec
+from contract import settings
+from contract.spec import Spec
 
 if TYPE_CHECKING:
     from bench.plan.config import SweepConfig
@@ -53,7 +53,7 @@ class RunSpec(Spec):
 def run_options(runner: str, device: str, given: dict[str, Any]) -> dict[str, Any]:
     """A run's options: `given` (the config's, every option of the runner once the config
     resolved them) over the runner's defaults on the run's device (an Option's gpu_default on
-    device gpu, runners/catalog.py): a value given always wins."""
+    device gpu, contract/catalog.py): a value given always wins."""
     options = resolved_options(runner, given)
     info = RUNNERS.get(runner)
     if info is not None:
@@ -300,7 +300,7 @@ def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str | di
 
 def _run(cfg: SweepConfig, **fields: Any) -> RunSpec:
     """A run of the sweep: `fields` over the settings every run takes from the config as it
-    gives them (runners/settings.py: device, scaling, warmup_steps, ...) and its telemetry."""
+    gives them (contract/settings.py: device, scaling, warmup_steps, ...) and its telemetry."""
     copied = {s.name: getattr(cfg, s.key_name) for s in settings.copied()}
     return RunSpec(**{**copied, "telemetry": _telemetry(cfg), **fields})
 

@@ -14,7 +14,7 @@ aggregate, and then summary.csv, the terminal table, report.html, the loader and
 results/README.md (`python -m bench.records.columns --markdown`) all have it. Every view reads
 COLUMNS when it renders, never a copy taken at import.
 
-A run setting's column (`_setting`) takes its meaning from runners/settings.py, where the
+A run setting's column (`_setting`) takes its meaning from contract/settings.py, where the
 setting says whether the record holds it (view `spec`: copied from the run's spec); a setting
 the record holds that no entry lists is added at the end, per run.
 
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from bench import REPO_ROOT
 from bench.records.grouping import data_label, runner_label, variant_of
 from bench.records.placement_check import distinct_devices
-from runners import settings
+from contract import settings
 
 VIEWS: dict[str, str] = {
     "csv": "summary.csv: one row per configuration and device count",
@@ -139,7 +139,7 @@ def _state_per_device(rec: Mapping[str, Any]) -> int | None:
 
 
 def _policy_summary(rec: Mapping[str, Any]) -> str | None:
-    from runners.precision_policy import summary
+    from contract.precision_policy import summary
 
     policy = rec.get("precision_policy")
     return summary(policy) or None if isinstance(policy, Mapping) else None
@@ -191,7 +191,7 @@ def _field(key: str, meaning: str, views: tuple[str, ...] = RUN_VIEWS,
 
 def _setting(key: str, views: tuple[str, ...] = (), header: str = "", format: str = "text",
              run: Reader | None = None, over_runs: str | None = None) -> Column:
-    """The column of a run setting (runners/settings.py): its meaning is the setting's help,
+    """The column of a run setting (contract/settings.py): its meaning is the setting's help,
     and the record holds it, copied from the run's spec (view spec), when the setting says."""
     setting = settings.setting(key)
     views = (*views, "spec") if setting.recorded else views
@@ -334,7 +334,7 @@ COLUMNS: tuple[Column, ...] = (
            "1/N shows here), the median over ok runs; - where the runner does not report it.",
            ("csv", "table", "html", "loader"), _state_per_device, "median", optional=True),
     Column("precision_policy_summary", "policy", "text", "The precision policy the run "
-           "followed in a few words (runners/precision_policy.summary of its "
+           "followed in a few words (contract/precision_policy.summary of its "
            "precision_policy: compute, params, reduce dtypes, master weights, loss scaling; "
            "'(differs)' where it is not the harness's, '(declared)' where not read back).",
            ("csv", "html", "loader"), _policy_summary, "first", optional=True),
@@ -443,7 +443,7 @@ COLUMNS: tuple[Column, ...] = (
     _field("precision_policy", "The precision policy the run followed, read back from the "
            "framework: compute, params (storage), master and reduce dtypes, loss scaling, the "
            "knobs used (how), and whether it is the harness's policy for its precision "
-           "(follows; differs names each part that is not; runners/precision_policy.py).",
+           "(follows; differs names each part that is not; contract/precision_policy.py).",
            ("record", "child")),
     _field("samples", "Images in the timed window: measure_steps x the global batch.",
            (*RUN_VIEWS, "child")),

@@ -4,7 +4,7 @@ A runner reports `state_bytes_per_device` ({device: {"params", "grads", "optimiz
 and `state_bytes_global` (each part's logical, unsharded size), both read from the framework's
 own shards (DTensor local shards, ZeroRedundancyOptimizer's partition, DeepSpeed's partitioned
 groups, jax arrays' addressable_shards). What its strategy shards is the catalog's
-(runners.catalog.expected_shards: ZeRO-1 the optimizer state, ZeRO-2 also the gradients,
+(contract.catalog.expected_shards: ZeRO-1 the optimizer state, ZeRO-2 also the gradients,
 ZeRO-3/FSDP all three, plain data parallelism nothing). On 2+ devices a sharded part must be
 held as at most its 1/N share on every device (with slack for the padding frameworks add and
 the small leaves some leave replicated: SLACK_SHARE of the share plus SLACK_GLOBAL of the

@@ -1,7 +1,7 @@
 """The communication probe's outputs (mode: allreduce): allreduce.csv, the terminal table, the
 busbw chart and report.html's "All-reduce probe" section, from the sweep's allreduce records.
 
-A probe record (bench/run/launch.py validates it; runners/allreduce.py says what it holds) keeps
+A probe record (bench/run/launch.py validates it; contract/collectives.py says what it holds) keeps
 its figures under record["result"]["allreduce"]: `sizes` (one row per buffer size: bytes,
 time_s, algbw_gbps, busbw_gbps, correct), and `busbw_gbps`, `algbw_gbps`, `time_s` at the
 model's gradient size. Bandwidths are nccl-tests' (GB/s = 1e9 bytes/s; busbw = algbw x
@@ -21,7 +21,7 @@ from bench.analysis import interconnects
 from bench.plotting import IDEAL, pyplot, save, series_style
 from bench.records.store import load_records, read_environment
 from bench.text_table import aligned
-from runners.allreduce import ALL_REDUCE, COLLECTIVES
+from contract.collectives import ALL_REDUCE, COLLECTIVES
 
 CSV_NAME, CHART_NAME = "allreduce.csv", "allreduce.png"
 NO_GPU = "no GPU: nominal link n/a"

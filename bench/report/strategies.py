@@ -3,7 +3,7 @@ runner with different options: deepspeed stage 1/2/3, torch_fsdp2's reshard_afte
 one model, a table per model and device count: each strategy's throughput, the most memory one
 device held, the most model state one device held with its split (params / grads / optimizer,
 from the record's state_bytes_per_device, read from the framework's shards), MFU, the precision
-policy it followed (runners/precision_policy.summary) and its status; with the published rows
+policy it followed (contract/precision_policy.summary) and its status; with the published rows
 of that model that name a strategy (reference/published.csv: torchtitan, llm-foundry,
 DeepSpeed) under it. Written to strategies.csv, report.html's "Strategies" section and the
 terminal. Records from runners that do not report state or policy show blanks there.
@@ -92,7 +92,7 @@ def strategy_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _policy(policy: dict[str, Any]) -> str | None:
-    from runners.precision_policy import summary
+    from contract.precision_policy import summary
 
     return summary(policy) or None
 

@@ -32,9 +32,8 @@ from bench.run.guard import cannot_start, descendants, guarded
 from bench.run.telemetry import Sampler, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
 from bench.run.verdict import CHILD_FIELDS, _first_line, classify
+from contract.launch_env import math_env, thread_env
 from models import spec_of
-from runners.math_mode import math_env
-from runners.threads import thread_env
 
 KILL_GRACE_S = 5.0
 # what complete derives from the child's result for every record (None where it does not apply)

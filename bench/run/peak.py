@@ -23,8 +23,7 @@ from bench import REPO_ROOT
 from bench.records.store import write_json_atomic
 from bench.run.envs import env_root
 from bench.run.guard import cannot_start, guarded
-from runners.math_mode import math_env
-from runners.threads import POLICY_VAR, thread_env
+from contract.launch_env import POLICY_VAR, math_env, thread_env
 
 FAMILY_FRAMEWORK = {"tf": "tf", "mxnet": "mxnet", "torch": "torch", "jax": "jax",
                     "horovod": "torch"}  # horovod's environment has torch

@@ -34,8 +34,8 @@ from bench.run.envs import EnvError, ensure_env, python_for
 from bench.run.launch import launch, record_without_run
 from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
 from bench.run.progress import SweepProgress, outcome_detail
+from contract import settings
 from models import get_spec
-from runners import settings
 
 
 @dataclass
@@ -150,7 +150,7 @@ SUPERSEDED = "superseded"
 NOT_FINGERPRINTED = frozenset({"name", "description", "timeout_s", "telemetry", "cluster",
                                "repeats", "until_stable"})
 _ABSENT = object()  # a key one side of a comparison does not have
-# the matrix's keys: a value each is its own runs (runners/settings.py's axis keys)
+# the matrix's keys: a value each is its own runs (contract/settings.py's axis keys)
 AXES = frozenset(s.key_name for s in settings.config_settings() if s.key is not None
                  and s.key.axis)
 

@@ -18,9 +18,9 @@ from bench.plan.runs import RunSpec
 from bench.records import columns
 from bench.records.placement_check import check_placement
 from bench.records.state_check import check_state_split
-from runners.allreduce import bus_factor, check_collectives, gradient_bytes, probe_sizes
-from runners.catalog import expected_shards
-from runners.memory import side_file
+from contract.catalog import expected_shards
+from contract.collectives import bus_factor, check_collectives, gradient_bytes, probe_sizes
+from contract.launch_env import side_file
 
 OOM_PATTERNS = re.compile(
     r"ResourceExhaustedError|OOM when allocating|out of memory|MemoryError|"
@@ -87,7 +87,7 @@ def process_count(spec: RunSpec) -> int:
 
 def merge_memory(rec: dict[str, Any], result_path: Path, spec: RunSpec) -> None:
     """Merge the memory of the ranks other than 0 (each wrote its own beside the result:
-    runners.memory.side_file) into rec's memory_per_device, rank 0's from its result; a rank
+    contract.launch_env.side_file) into rec's memory_per_device, rank 0's from its result; a rank
     whose file is missing or unreadable is said so in memory_source, never guessed; their
     device_peak_bytes and memory_baseline likewise. The side files are removed once read (the
     record holds them)."""
@@ -235,7 +235,7 @@ def _positive(value: Any) -> bool:
 
 
 def validate_allreduce(result: dict[str, Any], spec: RunSpec) -> list[str]:
-    """What is wrong with an ok all-reduce probe result (runners/allreduce.py says what it
+    """What is wrong with an ok all-reduce probe result (contract/collectives.py says what it
     holds): a row for every size of the model's probe_sizes, each checked correct, with a
     positive time and nccl-tests' algbw and busbw for the run's device count; the figure at
     the gradient size; and the framework's own word that the collective spanned

@@ -10,16 +10,16 @@ Every buffer is a global float32 array sharded over the mesh axis (PartitionSpec
 device holds its own replica's buffer; each collective is a jitted shard_map whose per-device
 function is the collective alone, its output laid out the same way (one block per device: each
 device's own result, read back shard by shard for the check).
-- all-reduce: psum(b, "x") of each device's buffer of S bytes (runners.allreduce.probe_sizes),
+- all-reduce: psum(b, "x") of each device's buffer of S bytes (contract.collectives.probe_sizes),
   what a data-parallel jit step's gradient sum compiles to (an XLA all-reduce).
 - all-gather: all_gather(b, "x", tiled=True) of each device's part of S/n bytes into an S-byte
   result on every device (how FSDP-style sharded parameters are gathered: jax_fsdp's weights).
 - reduce-scatter: psum_scatter(b, "x", tiled=True) of an S-byte input into each device's
   S/n-byte part (a sharded gradient's reduction).
-S is nccl-tests' (runners/allreduce.collective_bytes). The timed inputs hold zeros and are
+S is nccl-tests' (contract/collectives.collective_bytes). The timed inputs hold zeros and are
 not changed by the collectives (JAX's outputs are new arrays, as a step's reduced gradients
 are), so every call moves the same values.
-Timing: runners/allreduce.measure_size, as nccl-tests times it: `warmup` untimed calls, then
+Timing: contract/collectives.measure_size, as nccl-tests times it: `warmup` untimed calls, then
 the timed calls dispatched back to back (JAX dispatches asynchronously) and the clock stopped
 once jax.block_until_ready has returned for the output of every call issued since the last
 sync (not only the last one's: on CPU the runtime may run independent executions
@@ -46,8 +46,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import runners.allreduce as ar
-from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+import contract.collectives as ar
+from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, Unavailable, main
 from runners.jax.common import framework_versions, setup_devices
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from contract.precision_policy import resolve
 from runners.jax.common import allgather_json
-from runners.precision_policy import resolve
 
 PARTS = ("params", "grads", "optimizer")
 HLO_TYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}

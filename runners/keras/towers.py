@@ -837,7 +837,7 @@ def departures(spec: Spec) -> list[str]:
     """The options of this run that differ from the original's own usage (the catalog's
     defaults are the originals', each cited in its runner's docstring), "name=value"; the
     real-data loader is the harness's, not the original's, and is left out."""
-    from runners.tf.catalog import RUNNERS as TF_RUNNERS
+    from contract.catalogs.tf import RUNNERS as TF_RUNNERS
 
     info = next(r for r in TF_RUNNERS if r.name == spec.runner)
     return [f"{name}={spec.options[name]}" for name, opt in info.options.items()

@@ -15,7 +15,7 @@ pull (the stored sum broadcast to the N outputs). The key is initialised once, a
 does, with kv.init on the first context's array. The inputs are separate from the outputs, so
 every iteration sums the same values (Gluon sums in place, into the gradients; the next
 backward overwrites them).
-Timing: runners/allreduce.measure_size: iterations pushed back to back (MXNet's engine is
+Timing: contract/collectives.measure_size: iterations pushed back to back (MXNet's engine is
 asynchronous), the clock stopped once every output of the last one is readable
 (NDArray.wait_to_read on each). One process times every context at once.
 Evidence (read back from MXNet): replicas and world_size = kv.num_workers x the distinct
@@ -41,8 +41,8 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-import runners.allreduce as ar
-from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+import contract.collectives as ar
+from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, Unavailable, main
 from runners.mxnet.common import contexts, framework_versions
 

@@ -15,7 +15,7 @@ mode. Each replica's buffer is a float32 vector made under tf.device of its repl
 (experimental_distribute_values_from_function, which leaves placement to the caller under
 MirroredStrategy); the inputs are not changed by the all-reduce (its outputs are new tensors,
 as the reduced gradients are), so every iteration sums the same values.
-Timing: runners/allreduce.measure_size, iterations issued back to back, the clock stopped
+Timing: contract/collectives.measure_size, iterations issued back to back, the clock stopped
 once every replica's last result has been read back (a sync of every device). One process
 times every replica at once (no mean across ranks to take).
 Evidence (read back from TensorFlow): replicas and world_size = strategy.num_replicas_in_sync,
@@ -26,7 +26,7 @@ the instantiated function, with their communication_hint (ring, nccl).
 
 All-gather and reduce-scatter (issue 27): the replica context's `all_gather(part, axis=0)`
 inside strategy.run (CollectiveAllReduce.batch_all_gather: one CollectiveGatherV2 per replica)
-over each replica's S/n-byte part, S as nccl-tests defines it (runners/allreduce.
+over each replica's S/n-byte part, S as nccl-tests defines it (contract/collectives.
 collective_bytes), checked by replica r's part (r + 1) at position r in every replica's
 result. tf.distribute has no reduce-scatter (ReplicaContext has all_reduce and all_gather
 only; the probe looks for the method and records the collective unavailable when it is not
@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-import runners.allreduce as ar
-from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+import contract.collectives as ar
+from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, Unavailable, main
 from runners.tf.devices import setup_devices
 from runners.tf.placement import device_key, eager_placement, partition_graphs

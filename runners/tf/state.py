@@ -65,7 +65,7 @@ def keras_policy(model: Any, precision: str) -> dict[str, Any]:
     dtype policy's compute and variable dtypes, the variables' own dtype, loss scaling when
     compile wrapped the optimizer in a LossScaleOptimizer; gradients are reduced in the
     trainable variables' dtype (Keras differentiates the loss w.r.t. them)."""
-    from runners.precision_policy import resolve
+    from contract.precision_policy import resolve
 
     policy = model.dtype_policy
     optimizer = getattr(model, "optimizer", None)

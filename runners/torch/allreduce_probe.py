@@ -1,15 +1,15 @@
 """The all-reduce probe of PyTorch (mode: allreduce, probe torch_allreduce): torch.distributed's
 own all_reduce (sum, float32, in place) over the torchrun process group, one process per
 device: NCCL on GPUs, gloo on CPU (runners/torch/dist.py's init_ranks and choose_backend, as
-torch_ddp). Each buffer size of runners.allreduce.probe_sizes is timed as nccl-tests times it
-(runners/allreduce.py): warm-up, dist.barrier(), the timed all_reduce calls back to back, one
+torch_ddp). Each buffer size of contract.collectives.probe_sizes is timed as nccl-tests times it
+(contract/collectives.py): warm-up, dist.barrier(), the timed all_reduce calls back to back, one
 device synchronisation, each rank's mean time averaged over the ranks with an all_reduce.
 The check of a size fills a buffer of it with rank + 1 and expects n(n+1)/2 in every element,
 on every rank (the ranks' verdicts combined with a MIN all_reduce). The evidence is the
 process group's own word: get_world_size(), get_backend(), and each rank's buffer device
 gathered with all_gather_object.
 All-gather and reduce-scatter (issue 27), over the same process group and sizes, S as
-nccl-tests defines it (runners/allreduce.collective_bytes): `dist.all_gather_into_tensor(out,
+nccl-tests defines it (contract/collectives.collective_bytes): `dist.all_gather_into_tensor(out,
 part)` of each rank's part of S/n bytes into an S-byte output (the call FSDP2 and ZeRO-3 gather
 parameters with), checked by rank r's part being r + 1 at position r on every rank; and
 `dist.reduce_scatter_tensor(out, inp)` of an S-byte input into each rank's S/n-byte part (the
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import runners.allreduce as ar
-from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+import contract.collectives as ar
+from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, main
 from runners.torch.dist import (
     THREADS_NOTE,

@@ -80,9 +80,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from contract.precision_policy import resolve
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
-from runners.precision_policy import resolve
 from runners.torch.data import SyntheticInput
 from runners.torch.dist import (
     Feed,

@@ -15,7 +15,7 @@ of a size, as a gradient's is at every step, so Horovod's response cache answers
 negotiation as it does in training. hvd.allreduce_ is synchronous (allreduce_async_ +
 synchronize): a call returns once this rank's result is complete. The timed buffer holds
 zeros, so the repeated in-place sums stay 0.
-Timing: runners/allreduce.measure_size: warm-up calls, hvd.barrier() so the ranks start the
+Timing: contract/collectives.measure_size: warm-up calls, hvd.barrier() so the ranks start the
 clock together, iterations back to back, then torch.cuda.synchronize on GPUs; each rank times
 its own mean and the figure is the mean over the ranks (nccl-tests' default, -a 1:
 hvd.allreduce of the time with op Average), so every rank has the same and rank 0 writes it.
@@ -29,7 +29,7 @@ hvd.local_size(), the controller (hvd.gloo_enabled() / hvd.mpi_enabled()), what 
 GLOO_ALLREDUCE on CPU, NCCL_ALLREDUCE on GPUs).
 
 All-gather and reduce-scatter (issue 27), same sizes, S as nccl-tests defines it
-(runners/allreduce.collective_bytes): `hvd.allgather(part, name=...)` concatenates every
+(contract/collectives.collective_bytes): `hvd.allgather(part, name=...)` concatenates every
 rank's S/n-byte part along the first dimension (checked: rank r's part, r + 1, at position r on
 every rank), and `hvd.reducescatter(buffer, op=hvd.Sum, name=...)` sums the ranks' S-byte
 inputs and gives each rank its S/n part (checked: n(n+1)/2). Both return new tensors (Horovod
@@ -58,8 +58,8 @@ from typing import Any
 
 import torch
 
-import runners.allreduce as ar
-from runners.allreduce import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+import contract.collectives as ar
+from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.torch.dist import threads_record
 from runners.torch.horovod import THREADS_NOTE, controller, framework_versions, horovod, init_ranks

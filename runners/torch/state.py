@@ -14,7 +14,7 @@ a part each rank holds a disjoint partition of in plain tensors (ZeroRedundancyO
 optimizer state: `partitioned`), the sum of the ranks' partitions. Buffers (BatchNorm's running
 statistics) are not parameters: no strategy here shards them, and they are not counted.
 
-`torch_precision` gives a record's `precision_policy` (runners/precision_policy.resolve): the
+`torch_precision` gives a record's `precision_policy` (contract/precision_policy.resolve): the
 compute dtype the forward gave its logits in (PlacementTracker.computed), the dtype the
 parameters are stored in (read from module.parameters()), the gradient-reduction dtype as the
 strategy reads it back, and the loss scaling.
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from contract.precision_policy import resolve
 from runners.common import Invalid
-from runners.precision_policy import resolve
 from runners.torch.dist import DeviceRank, PlacementTracker
 
 PARTS = ("params", "grads", "optimizer")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runners.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
+from contract.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
 
 KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data"),
                              "Keras 2 tower runners: numpy batches fed by session.run's "
@@ -231,9 +231,9 @@ RUNNERS: list[RunnerInfo] = [
 
 def _cnn_benchmarks_problem(spec: Any) -> str | None:
     """The child's own checks of its checkout and model, asked before the launch: the same
-    words the run would record (runners/tf/cnn_benchmarks.py imports no TensorFlow)."""
-    from runners.common import Unavailable
-    from runners.tf.cnn_benchmarks import check_model_in_checkout, find_script, script_model
+    words the run would record (contract/tf_cnn_checkout.py)."""
+    from contract.spec import Unavailable
+    from contract.tf_cnn_checkout import check_model_in_checkout, find_script, script_model
 
     try:
         script = find_script(spec.options)  # in the child's order: its checkout first
@@ -252,7 +252,7 @@ PIPELINES: list[RunnerInfo] = [
 ]
 
 # The communication probe (mode: allreduce): the family's own all-reduce alone, no model, over
-# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+# buffers from 1 MiB to the model's gradient size (contract/collectives.py).
 PROBES: list[RunnerInfo] = [
     RunnerInfo("tf_allreduce", "tf", "runners.tf.allreduce_probe",
                "tf.distribute's collective all-reduce (MirroredStrategy, CollectiveAllReduce: "

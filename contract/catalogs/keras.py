@@ -5,7 +5,7 @@ this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
 
 from __future__ import annotations
 
-from runners.catalog import RunnerInfo
+from contract.catalog import RunnerInfo
 
 RUNNERS: list[RunnerInfo] = [
     RunnerInfo(

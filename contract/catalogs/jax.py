@@ -5,7 +5,7 @@ runner of this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."
 
 from __future__ import annotations
 
-from runners.catalog import LOADER_OPTION, Option, RunnerInfo
+from contract.catalog import LOADER_OPTION, Option, RunnerInfo
 
 JAX_BATCHNORM_OPTION = Option(str, "per_device", ("per_device", "global"),
                               "per_device: each device's BatchNorm normalises its own B/N rows "
@@ -95,7 +95,7 @@ PIPELINES: list[RunnerInfo] = [
 ]
 
 # The communication probe (mode: allreduce): the family's own collectives alone, no model, over
-# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+# buffers from 1 MiB to the model's gradient size (contract/collectives.py).
 PROBES: list[RunnerInfo] = [
     RunnerInfo("jax_allreduce", "jax", "runners.jax.allreduce_probe",
                "jax.lax.psum / all_gather / psum_scatter under a jitted jax.shard_map over N "

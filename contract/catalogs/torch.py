@@ -5,7 +5,7 @@ DataLoader pipeline, as the parent knows them: names, modules, options. Framewor
 
 from __future__ import annotations
 
-from runners.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
+from contract.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
 
 DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
                             "real data: NVIDIA DALI on GPUs when it is installed (auto), or "
@@ -187,7 +187,7 @@ PIPELINES: list[RunnerInfo] = [
 ]
 
 # The communication probe (mode: allreduce): the family's own all-reduce alone, no model, over
-# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+# buffers from 1 MiB to the model's gradient size (contract/collectives.py).
 PROBES: list[RunnerInfo] = [
     RunnerInfo("torch_allreduce", "torch", "runners.torch.allreduce_probe",
                "torch.distributed.all_reduce, one process per device (torchrun): NCCL on "

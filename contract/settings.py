@@ -184,14 +184,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("equivalence", dict[str, Any] | None, None, "The equivalence mode's probe inputs "
             "and output (runners.common.Spec.equivalence_inputs).", record=False),
     Setting("pipelines", str, None, "The input pipelines a sweep with mode pipeline times "
-            "(runners/*/catalog.py PIPELINES); none named: all.",
+            "(contract/catalogs/*.py PIPELINES); none named: all.",
             Key(help="with mode pipeline; default: all", axis=True, empty_ok=True),
             spec=False),
     Setting("pipeline_steps", int, 200, "Timed batches of a pipeline run: many, so buffers "
             "that fill during warm-up (MXNet runs up to 16 batches ahead) are a small share of "
             "the window.", Key(minimum=1), spec=False),
     Setting("probes", str, None, "The all-reduce probes a sweep with mode allreduce times "
-            "(runners/*/catalog.py PROBES) at every device count of 2 or more, over buffers "
+            "(contract/catalogs/*.py PROBES) at every device count of 2 or more, over buffers "
             "from 1 MiB to each model's gradient size (warmup_steps and measure_steps: the "
             "untimed and timed iterations per size); none named: all.",
             Key(help="with mode allreduce: the all-reduce probes (`run_bench.py list`); "

@@ -5,7 +5,7 @@ runner")."""
 
 from __future__ import annotations
 
-from runners.catalog import LOADER_OPTION, Option, RunnerInfo
+from contract.catalog import LOADER_OPTION, Option, RunnerInfo
 
 RUNNERS: list[RunnerInfo] = [
     RunnerInfo(
@@ -51,7 +51,7 @@ PIPELINES: list[RunnerInfo] = [
 ]
 
 # The communication probe (mode: allreduce): the family's own all-reduce alone, no model, over
-# buffers from 1 MiB to the model's gradient size (runners/allreduce.py).
+# buffers from 1 MiB to the model's gradient size (contract/collectives.py).
 PROBES: list[RunnerInfo] = [
     RunnerInfo("mxnet_allreduce", "mxnet", "runners.mxnet.allreduce_probe",
                "MXNet kvstore 'device' pushpull (sum) over N contexts in one process, as "

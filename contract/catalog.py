@@ -1,6 +1,6 @@
 """How a runner is described to the parent, without importing it: Option, RunnerInfo, Family,
 the options several families share, and the harness's own pipeline. Each family's runners are
-listed in runners/<family>/catalog.py; bench.catalog.registry collects them."""
+listed in contract/catalogs/<family>.py; bench.catalog.registry collects them."""
 
 from __future__ import annotations
 
