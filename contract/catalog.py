@@ -130,7 +130,7 @@ DATA_FORMAT_OPTION = Option(str, "channels_last", ("channels_last", "channels_fi
                             "tensor layout")
 LOADER_OPTION = Option(str, "framework", ("framework", "keras"),
                        "real data: the framework's fast pipeline, or the Keras-idiomatic "
-                       "Sequence/PyDataset a Keras user writes (runners/keras/data.py)")
+                       "Sequence/PyDataset a Keras user writes (runners/keras_data.py)")
 
 # Input pipelines measured on their own (mode: pipeline): decode, augment, batch; no model.
 # Family "harness" is the harness's own interpreter (numpy and Pillow, no framework).

@@ -1,9 +1,9 @@
 """Keras 2 helpers (keras-mxnet 2.2 for the keras_mxnet runner and the MXNet parity test; tf_keras
-for the Keras 2 tower runners, runners/keras/towers.py): parameter counts, FLOPs and the
+for the Keras 2 tower runners, runners/tf/towers.py): parameter counts, FLOPs and the
 probe's canonical weights, as models.keras_common has them.
 
 Imports keras lazily, inside the functions: callers make a Keras 2 the `keras` module first
-(runners.mxnet.common.import_keras_mxnet, runners.keras.towers), never the parent process.
+(runners.mxnet.common.import_keras_mxnet, runners.tf.towers), never the parent process.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The 2017 Keras tower runners on Keras 2 (keras_tf_kuza55, keras_tf_multi_gpu_model,
-keras_tf_avolkov1; runners/keras/towers.py): what the generic equivalence, real-data and CLI
+keras_tf_avolkov1; runners/tf/towers.py): what the generic equivalence, real-data and CLI
 tests do not cover. Where each strategy's ops ran is read from TensorFlow's partition graphs,
 never from the device names the runner asked for. Run for real on virtual CPU devices in the
 TF environment."""
@@ -60,7 +60,7 @@ SLICES = """
 import json
 import numpy as np
 import tensorflow as tf
-from runners.keras import towers as kt
+from runners.tf import towers as kt
 from runners.tf import keras_avolkov1 as keras_tf_avolkov1
 from runners.tf import keras_kuza55 as keras_tf_kuza55
 from runners.tf import keras_multi_gpu_model as keras_tf_multi_gpu_model
@@ -154,7 +154,7 @@ WORK = """
 import json, os
 import numpy as np
 from bench.records.placement_check import check_work
-from runners.keras import towers as kt
+from runners.tf import towers as kt
 from runners.tf import keras_avolkov1, keras_kuza55, keras_multi_gpu_model
 from runners.tf.placement import partition_graphs
 from tests.specs import run_spec
@@ -219,7 +219,7 @@ def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
 
 NCCL = """
 import json
-from runners.keras import towers as kt
+from runners.tf import towers as kt
 from runners.tf import keras_avolkov1
 from tests.specs import run_spec
 
@@ -285,7 +285,7 @@ def test_multi_gpu_model_saves_its_template(options: dict, tmp_path: Path,
 STAGING = """
 import json, sys
 import numpy as np
-from runners.keras import towers as kt
+from runners.tf import towers as kt
 from runners.tf import keras_avolkov1 as keras_tf_avolkov1
 from models.keras2_common import get_canonical_weights, set_canonical_weights
 

@@ -2,7 +2,8 @@
 (runners/templates/<template>.py.tmpl), written as runners/<package>/<name>.py and listed in
 contract/catalogs/<package>.py, ready to run and to edit (docs/DESIGN.md, "Add a runner"). A
 template is named after its framework family (tf, torch, mxnet, jax) or, for keras, after the
-multi-backend Keras 3 runners of runners/keras/, which run in the jax environment (TEMPLATES)."""
+multi-backend Keras 3 runners, written to runners/jax/: they run in the jax environment
+(TEMPLATES)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class Template:
 
 # A template not listed here writes to runners/<template>/ and runs in the family <template>.
 TEMPLATES: dict[str, Template] = {
-    "keras": Template("keras", "jax"),  # Keras 3 on the jax backend, as keras_jax
+    "keras": Template("jax", "jax"),  # Keras 3 on the jax backend, as keras_jax
     "torch": Template("torch", "torch", "torchrun"),  # one process per device
 }
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from contract import catalog
 from contract.catalog import Family, Option, RunnerInfo
+from contract.catalogs import cntk as cntk_catalog
 from contract.catalogs import jax as jax_catalog
-from contract.catalogs import keras as keras_catalog
 from contract.catalogs import mxnet as mxnet_catalog
 from contract.catalogs import tf as tf_catalog
 from contract.catalogs import torch as torch_catalog
@@ -43,7 +43,7 @@ FAMILIES: dict[str, Family] = {
 
 # the order `list`, plans and tables show: by family, then as each catalog lists them
 FAMILY_ORDER = ("tf", "mxnet", "torch", "jax", "horovod", "cntk")
-CATALOGS = (catalog, tf_catalog, mxnet_catalog, torch_catalog, jax_catalog, keras_catalog)
+CATALOGS = (catalog, tf_catalog, mxnet_catalog, torch_catalog, jax_catalog, cntk_catalog)
 
 
 def _collect(kind: str) -> dict[str, RunnerInfo]:

@@ -92,6 +92,9 @@ PIPELINES: list[RunnerInfo] = [
     RunnerInfo("grain", "jax", "runners.jax.pipeline",
                "Grain (the JAX ecosystem's loader) over the JPEG file list: Pillow decode "
                "in workers processes", equivalence=False),
+    RunnerInfo("keras_pydataset", "jax", "runners.jax.keras_pipeline",
+               "Keras 3 PyDataset over the JPEG file list (the Keras-idiomatic path): "
+               "Pillow decode in workers processes", equivalence=False),
 ]
 
 # The communication probe (mode: allreduce): the family's own collectives alone, no model, over

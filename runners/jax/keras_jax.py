@@ -371,7 +371,7 @@ MULTI_NODE_PREPLACED = (
     "on every process's devices cannot pass through fit unchanged; use input: numpy")
 MULTI_NODE_REAL_DATA = (
     "data: real across nodes: the Grain pipeline and the PyDataset make whole global batches "
-    "(runners/jax/data.py, runners/keras/data.py), so every process would decode all of each "
+    "(runners/jax/data.py, runners/keras_data.py), so every process would decode all of each "
     "batch; a per-process shard of the file stream is not built yet")
 GRAIN_PLACEMENT = ("Grain's batches device_put into DataParallel's batch layout one batch "
                    "ahead, yielded by a generator; Keras' device_put of them is a no-op")
@@ -487,7 +487,7 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
         if mode == "preplaced":
             raise Invalid("input: preplaced needs synthetic data or loader: framework (the "
                           "PyDataset yields numpy batches)")
-        from runners.keras.data import describe_keras, jpeg_sequence
+        from runners.keras_data import describe_keras, jpeg_sequence
 
         return {"x": jpeg_sequence(data, size, global_batch, steps)}, {
             **record, "input_pipeline": describe_keras(data),

@@ -19,7 +19,7 @@ Real data (data: real), option `loader`: `framework` (default) is that generator
 ImageRecordIter (runners/mxnet/data.py: C++ decode and augmentation in the run's loader
 workers threads, running ahead), each batch copied to numpy for Keras; `keras` is the
 Keras-idiomatic path seed 000 measured as "Keras' generator": a keras.utils.Sequence over the
-JPEG files (Pillow decode, runners/keras/data.py) given to fit_generator with workers and
+JPEG files (Pillow decode, runners/keras_data.py) given to fit_generator with workers and
 use_multiprocessing. `input: arrays` with real data is unavailable: fit on arrays decoded
 before the timed window would leave the input pipeline out of a run whose point is to time
 it. `loader` has no effect on synthetic data.
@@ -103,7 +103,7 @@ def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: i
     """What fit_generator reads for a real-data run: (generator or Sequence, its worker
     arguments, the record's input_pipeline line)."""
     if spec.options["loader"] == "keras":
-        from runners.keras.data import describe_keras, fit_worker_kwargs, jpeg_sequence
+        from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
         labels.extend(data.files[i][1] for i in batch_at(len(data.files), global_batch, 0))
         kwargs = {**fit_worker_kwargs(data), "shuffle": False}  # the Sequence shuffles itself

@@ -160,7 +160,7 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
     Synthetic: one random global batch, repeated (no fields added). Real: the `loader`
     option's pipeline over the run's dataset, giving global batches: "framework" is tf.data
     over the TFRecord shards (runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG
-    file list (runners/keras/data.py, `steps` batches long)."""
+    file list (runners/keras_data.py, `steps` batches long)."""
     batch = spec.global_batch_size
     if spec.data == "synthetic":
         return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
@@ -169,7 +169,7 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
     loader = spec.options["loader"]
     if loader == "keras":
-        from runners.keras.data import describe_keras, jpeg_sequence
+        from runners.keras_data import describe_keras, jpeg_sequence
 
         source: Any = jpeg_sequence(data, size, batch, steps, channels_first)
         info = {"input_pipeline": describe_keras(data),

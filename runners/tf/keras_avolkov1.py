@@ -1,6 +1,6 @@
 """avolkov1's make_parallel (keras_experiments, keras_exp/multigpu/_multigpu.py and
 optimizers.py at 99cd231, Dec 2017) on Keras 2 (tf_keras in a TF1 graph), trained by fit
-(runners/keras/towers.py: stack, input).
+(runners/tf/towers.py: stack, input).
 
 Follows the original (ModelMGPU._init_make_dataparallel, _multigpu.py lines 237-344): for each
 device i a Lambda under the parameter device (`ps`, its ps_device) cuts rows [i*B//N,
@@ -9,7 +9,7 @@ slice under `tf.device(device i)` and name scope tower_i, and the outputs are co
 the parameter device. One loss over the merged output.
 `input: staging` is its `enqueue` option made to work: each slice is put into a StagingArea on
 its tower's device and the tower reads the put of the step before (the original put and got in
-the same step and warned that it did not work; runners/keras/towers.py primes the areas).
+the same step and warned that it did not work; runners/tf/towers.py primes the areas).
 `average_gradients` is its multi-GPU optimizer (SGD_MGPU, `syncopt`; optimizers.py lines
 172-209 and 36-60): for every device, under `tf.device(device)` and name scope tower_i,
 tf.gradients of the MERGED loss (colocated with the forward ops), i.e. N backward passes over
@@ -54,7 +54,7 @@ import tensorflow as tf
 import tf_keras
 
 from runners.common import Invalid, Spec, Unavailable, main
-from runners.keras import towers as kt
+from runners.tf import towers as kt
 
 ORIGINAL = "avolkov1's make_parallel (returns the serial model below 2 GPUs)"
 

@@ -1,5 +1,5 @@
 """kuza55's make_parallel (keras-extras utils/multi_gpu.py, Oct 2016) on Keras 2 (tf_keras in a
-TF1 graph), trained by fit as its users trained it (runners/keras/towers.py: stack, input).
+TF1 graph), trained by fit as its users trained it (runners/tf/towers.py: stack, input).
 
 Follows the original (utils/multi_gpu.py at 23fb548): for each device i, under
 `tf.device('/gpu:%d' % i)` and name scope tower_i (lines 21-22), a Lambda slices the whole
@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Any
 
 from runners.common import Spec, main
-from runners.keras import towers as kt
+from runners.tf import towers as kt
 
 RUNNER = "keras_tf_kuza55"
 

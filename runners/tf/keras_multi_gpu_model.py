@@ -1,6 +1,6 @@
 """Keras 2's `keras.utils.multi_gpu_model` (keras-team/keras 2.1.6 .. 2.2.5,
 keras/utils/multi_gpu_utils.py) on Keras 2 (tf_keras in a TF1 graph), trained by fit
-(runners/keras/towers.py: stack, input).
+(runners/tf/towers.py: stack, input).
 
 Follows the original: for each device i, under `tf.device(device i)` and name scope
 replica_i, a Lambda takes rows [i*B//N, (i+1)*B//N) of the input batch, the last replica also
@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from runners.common import Invalid, Spec, main
-from runners.keras import towers as kt
+from runners.tf import towers as kt
 
 ORIGINAL = "Keras 2.2 multi_gpu_model (refuses gpus < 2)"
 SLICING = {"2.1": None, "2.2": "input"}

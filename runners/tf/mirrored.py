@@ -10,7 +10,7 @@ same summed update in the same step, so the replicas never diverge (synchronous 
 Synthetic data: one random global batch made once in the tf.data pipeline and prefetched to
 each replica's device by the distributed iterator (no decoding, no host-side work per step).
 Real data (option `loader`): "framework" is tf.data over the TFRecord shards
-(runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras/data.py,
+(runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras_data.py,
 worker processes); either gives global batches that the distributed iterator splits.
 
 Models (issue 26): the run's model is models.build_for(spec, "keras") made under the

@@ -33,7 +33,7 @@ spec), a user's model's FlopCounterMode count (describe), a CNN's Conv2D and Den
 Real data: with loader `framework` each rank reads its DistributedSampler share of the JPEG
 file list through a torch DataLoader (as the guide's loop does; runners/torch/data.py), in
 the Keras model's layout. With loader `keras` each rank reads its share (files rank, rank + N,
-...) through runners/keras/data.py's JpegSequence, a Keras 3 PyDataset with `workers`
+...) through runners/keras_data.py's JpegSequence, a Keras 3 PyDataset with `workers`
 processes, iterated by the adapter Keras' own fit uses on the torch backend (the public
 PyDataset iterates serially; its workers only run inside that adapter).
 Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute);
@@ -153,7 +153,7 @@ def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
     with `workers` processes, iterated as Keras' fit does on the torch backend."""
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
-    from runners.keras.data import JpegSequence
+    from runners.keras_data import JpegSequence
 
     data = open_dataset(spec)
     check_classes(data, model_spec.num_classes, spec.model)

@@ -1,5 +1,5 @@
 """Pipeline mode for `keras_pydataset`: the Keras-idiomatic real-data input on its own, no
-model. runners/keras/data.py's JpegSequence (a Keras 3 PyDataset: Pillow decode and numpy
+model. runners/keras_data.py's JpegSequence (a Keras 3 PyDataset: Pillow decode and numpy
 crop/flip, `workers` processes when workers > 0) read the way model.fit reads it on the jax
 backend: through the PyDataset data adapter fit builds (its OrderedEnqueuer runs the workers
 and keeps the batches in order), each numpy batch then jax.device_put to the device as the jax
@@ -28,12 +28,12 @@ def fit_adapter(sequence: Any) -> Any:
     except ImportError as exc:
         raise RuntimeError(f"keras {keras.__version__} no longer has the private "
                            f"keras.src.trainers.data_adapters fit uses ({exc}); update "
-                           "runners/keras/pipeline.py") from exc
+                           "runners/jax/keras_pipeline.py") from exc
     adapter = get_data_adapter(sequence, shuffle=False)
     if not isinstance(adapter, PyDatasetAdapter):
         raise RuntimeError(f"keras {keras.__version__} adapts a PyDataset with "
                            f"{type(adapter).__name__}, not PyDatasetAdapter; update "
-                           "runners/keras/pipeline.py")
+                           "runners/jax/keras_pipeline.py")
     return adapter
 
 
@@ -44,7 +44,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     from runners.jax.keras_jax import import_keras
 
     keras = import_keras()
-    from runners.keras.data import describe_keras, jpeg_sequence
+    from runners.keras_data import describe_keras, jpeg_sequence
 
     data = open_dataset(spec)
     model_spec = get_spec(spec.model)

@@ -27,7 +27,8 @@ from typing import Any
 from runners.common import Spec, Unavailable, main
 
 REASON = ("CNTK 2.7 has wheels only for Python 2.7/3.5/3.6 (none for this Python); keras_cntk "
-          "needs a Python 3.6 env with cntk 2.7, keras 2.2.4 and MPI (see runners/keras/cntk.py)")
+          "needs a Python 3.6 env with cntk 2.7, keras 2.2.4 and MPI (see "
+          "runners/cntk/keras_cntk.py)")
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:

@@ -3,7 +3,7 @@ TF1 graph (eager execution off), trained by Keras 2's `fit`.
 
 Stack. `tf_keras` is Keras 2 (the `keras` of 2017, kept alive for TF 2); this module makes it
 the `keras` that the models' Keras builders (models/<name>/keras_builder.py) and the Keras
-Sequence of runners/keras/data.py import, so the same builder code builds a Keras 2 model
+Sequence of runners/keras_data.py import, so the same builder code builds a Keras 2 model
 here, as it builds keras-mxnet's. Eager execution is disabled before anything is built: every
 layer call adds ops to one tf.compat.v1 graph, `tf.device` scopes around those calls are the
 placement (as in 2017), and `fit` runs one `session.run` per step through a Keras backend
@@ -405,7 +405,7 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
             + ", passed to fit (iterator get_next in the graph)",
             "labels_first_batch": _first_labels_graph(first)})
     if loader == "keras":
-        from runners.keras.data import describe_keras, fit_worker_kwargs, jpeg_sequence
+        from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
         seq = jpeg_sequence(data, size, batch, steps)
         return Source(lambda n, staged: ({"x": seq, "steps_per_epoch": n, "epochs": 1,
