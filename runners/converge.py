@@ -239,6 +239,22 @@ def epoch_batches(recipe: Recipe, splits: Splits, epoch: int, rank: int = 0,
 TrainEpoch = Callable[[int, list[Batch], Callable[[int], float]], float]
 Evaluate = Callable[[np.ndarray, np.ndarray], float]
 MovingStats = Callable[[], tuple[bool, str]]
+TrainStep = Callable[[Batch, float, int], Any]
+
+
+def stepwise(step: TrainStep, mean_loss: Callable[[list[Any]], float] | None = None
+             ) -> TrainEpoch:
+    """The epoch loop of a runner with its own step function: `step(batch, lr, epoch)` sets the
+    rate and launches one step on one batch, returning its loss (a device value is fine);
+    `mean_loss(losses)` waits for them and gives the epoch's mean (default: float each)."""
+
+    def train_epoch(epoch: int, batches: list[Batch], lr_at: Callable[[int], float]) -> float:
+        losses = [step(b, lr_at(i), epoch) for i, b in enumerate(batches)]
+        if mean_loss is not None:
+            return float(mean_loss(losses))
+        return float(np.mean([float(v) for v in losses])) if losses else float("nan")
+
+    return train_epoch
 
 
 def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
