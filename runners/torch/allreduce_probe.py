@@ -1,26 +1,17 @@
-"""The all-reduce probe of PyTorch (mode: allreduce, probe torch_allreduce): torch.distributed's
-own all_reduce (sum, float32, in place) over the torchrun process group, one process per
-device: NCCL on GPUs, gloo on CPU (runners/torch/dist.py's init_ranks and choose_backend, as
-torch_ddp). Each buffer size of contract.collectives.probe_sizes is timed as nccl-tests times it
-(contract/collectives.py): warm-up, dist.barrier(), the timed all_reduce calls back to back, one
-device synchronisation, each rank's mean time averaged over the ranks with an all_reduce.
-The check of a size fills a buffer of it with rank + 1 and expects n(n+1)/2 in every element,
-on every rank (the ranks' verdicts combined with a MIN all_reduce). The evidence is the
-process group's own word: get_world_size(), get_backend(), and each rank's buffer device
-gathered with all_gather_object.
-All-gather and reduce-scatter (issue 27), over the same process group and sizes, S as
-nccl-tests defines it (contract/collectives.collective_bytes): `dist.all_gather_into_tensor(out,
-part)` of each rank's part of S/n bytes into an S-byte output (the call FSDP2 and ZeRO-3 gather
-parameters with), checked by rank r's part being r + 1 at position r on every rank; and
-`dist.reduce_scatter_tensor(out, inp)` of an S-byte input into each rank's S/n-byte part (the
-call FSDP2 reduces gradients with), checked like the all-reduce (n(n+1)/2). A backend that
-refuses one (an older gloo had no reduce_scatter) makes that collective unavailable with
-torch's own message. Imports torch: child processes only.
+"""torch_allreduce: torch.distributed's own all_reduce (sum, float32, in place) over the torchrun
+process group, one process per device (NCCL on GPUs, gloo on CPU; dist.py's init_ranks), and
+all_gather_into_tensor and reduce_scatter_tensor (what FSDP2 and ZeRO-3 call) over the same
+sizes. Each size is timed as nccl-tests times it (contract/collectives.py): warm-up, a
+barrier, the calls back to back, one synchronisation, each rank's mean averaged over the
+ranks; each is checked (rank r gives r + 1: n(n+1)/2 everywhere, or rank r's part at position
+r), the ranks' verdicts combined with a MIN all_reduce. A backend that refuses a collective
+makes it unavailable with torch's message. docs/runners/torch_allreduce.md has more.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +22,7 @@ from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_
 from runners.common import Spec, main
 from runners.torch.dist import (
     THREADS_NOTE,
+    Ranks,
     framework_versions,
     init_ranks,
     synchronize,
@@ -38,54 +30,66 @@ from runners.torch.dist import (
 )
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    ranks = init_ranks(spec, "auto")  # nccl on GPUs, gloo on CPU
-    device = ranks.device
-    world, backend = dist.get_world_size(), dist.get_backend()
+class Collectives:
+    """The probe's calls over this rank's process group: one row of contract.collectives'
+    measure_size per size and collective, with the barrier, the mean over the ranks and the
+    check they share."""
 
-    def mean_over_ranks(seconds: float) -> float:
-        t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    def __init__(self, spec: Spec, ranks: Ranks) -> None:
+        self.spec, self.ranks, self.device = spec, ranks, ranks.device
+        self.world = dist.get_world_size()
+
+    def mean_over_ranks(self, seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
-        return float(t.item()) / world
+        return float(t.item()) / self.world
 
-    def barrier() -> None:
-        if ranks.cuda:
-            dist.barrier(device_ids=[device.index])
+    def barrier(self) -> None:
+        if self.ranks.cuda:
+            dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
 
-    def all_ranks_agree(ok: bool) -> bool:
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    def all_ranks_agree(self, ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
-    rows = []
-    start = time.time()
-    for nbytes in probe_sizes(spec.model):
+    def mine(self, elements: int) -> torch.Tensor:
+        """A check's input: rank + 1 in every element."""
+        return torch.full((elements,), float(self.ranks.rank + 1), dtype=torch.float32,
+                          device=self.device)
+
+    def measure(self, nbytes: int, call: Callable[[], torch.Tensor],
+                check: Callable[[], bool], collective: str = ar.ALL_REDUCE) -> dict[str, Any]:
+        return measure_size(nbytes, self.world, call, lambda _: synchronize(self.ranks),
+                            self.spec.warmup_steps, self.spec.measure_steps,
+                            across_ranks=self.mean_over_ranks, check=check,
+                            barrier=self.barrier, collective=collective)
+
+    def allreduce(self, nbytes: int) -> dict[str, Any]:
+        """One row of the in-place all_reduce (the timed buffer holds zeros: sums stay 0)."""
         elements = nbytes // DTYPE_BYTES
-        buf = torch.zeros(elements, dtype=torch.float32, device=device)  # sums stay 0
+        buf = torch.zeros(elements, dtype=torch.float32, device=self.device)
 
-        def check(elements: int = elements) -> bool:
-            t = torch.full((elements,), float(ranks.rank + 1), dtype=torch.float32,
-                           device=device)
+        def check() -> bool:
+            t = self.mine(elements)
             dist.all_reduce(t)
-            synchronize(ranks)
-            ok = bool(torch.all(t == expected_sum(world)).item())
+            synchronize(self.ranks)
+            ok = bool(torch.all(t == expected_sum(self.world)).item())
             del t
-            return all_ranks_agree(ok)
+            return self.all_ranks_agree(ok)
 
-        def allreduce(buf: torch.Tensor = buf) -> torch.Tensor:
+        def allreduce() -> torch.Tensor:
             dist.all_reduce(buf)
             return buf
 
-        rows.append(measure_size(nbytes, world, allreduce, lambda _: synchronize(ranks),
-                                 spec.warmup_steps, spec.measure_steps,
-                                 across_ranks=mean_over_ranks, check=check, barrier=barrier))
-        del buf
+        return self.measure(nbytes, allreduce, check)
 
-    def measure_sharded(nbytes: int, name: str) -> dict[str, Any]:
+    def sharded(self, nbytes: int, name: str) -> dict[str, Any]:
         """One row of all_gather_into_tensor (a part in, S out) or reduce_scatter_tensor (S in,
         a part out); the check's input is rank + 1 everywhere."""
+        world, device = self.world, self.device
         part = nbytes // DTYPE_BYTES // world
         gather = name == ar.ALL_GATHER
         size_in, size_out = (part, part * world) if gather else (part * world, part)
@@ -98,29 +102,33 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
         def check() -> bool:
             got = torch.empty_like(out)
-            call(got, torch.full((size_in,), float(ranks.rank + 1), dtype=torch.float32,
-                                 device=device))
-            synchronize(ranks)
-            return all_ranks_agree(bool(torch.equal(got, want)))
+            call(got, self.mine(size_in))
+            synchronize(self.ranks)
+            return self.all_ranks_agree(bool(torch.equal(got, want)))
 
         def collective() -> torch.Tensor:
             call(out, src)
             return out
 
-        return measure_size(nbytes, world, collective, lambda _: synchronize(ranks),
-                            spec.warmup_steps, spec.measure_steps, across_ranks=mean_over_ranks,
-                            check=check, barrier=barrier, collective=name)
+        return self.measure(nbytes, collective, check, name)
 
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    ranks = init_ranks(spec, "auto")  # nccl on GPUs, gloo on CPU
+    probe = Collectives(spec, ranks)
+    world, backend = probe.world, dist.get_backend()
+    start = time.time()
+    rows = [probe.allreduce(nbytes) for nbytes in probe_sizes(spec.model)]
     collectives = {
         name: ar.measure_collective(name, spec.model, world,
-                                    lambda nbytes, name=name: measure_sharded(nbytes, name),
+                                    lambda nbytes, name=name: probe.sharded(nbytes, name),
                                     f"torch.distributed.{call} ({backend})")
         for name, call in ((ar.ALL_GATHER, "all_gather_into_tensor"),
                            (ar.REDUCE_SCATTER, "reduce_scatter_tensor"))
     }
     end = time.time()
     devices: list[Any] = [None] * world
-    dist.all_gather_object(devices, f"rank{dist.get_rank()}:{device}")
+    dist.all_gather_object(devices, f"rank{dist.get_rank()}:{ranks.device}")
     evidence = {
         "replicas": world, "backend": backend, "devices": devices,
         "source": f"torch.distributed process group (get_world_size()={world}, "

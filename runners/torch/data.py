@@ -1,19 +1,14 @@
-"""Real data for the PyTorch runners (torch_ddp, keras_torch, horovod) and the torch_dataloader
-pipeline: the input a PyTorch user writes, with runners.real_data's preprocessing.
+"""The PyTorch runners' input: each rank's synthetic slice made on its device once, or its share
+of the prepared JPEGs (runners.real_data's preprocessing) through the input a PyTorch user
+writes, and the torch_dataloader pipeline's loader.
 
-DataLoader (every device): a map-style Dataset over the prepared JPEG file list (files.csv)
-that decodes with Pillow and crops/flips/scales with numpy (real_data.preprocess); a
-DistributedSampler gives each rank a disjoint share of every epoch (shuffled with the epoch,
-the remainder dropped so no image is read twice in an epoch); the DataLoader batches it in
-`workers` processes (persistent, 2 batches prefetched each), pins host memory on GPUs, and the
-batch is copied to the device with non_blocking=True. The stream is endless: set_epoch, then
-the next pass. Each image's random crop and flip come from a generator seeded by (epoch,
-image), so worker processes draw different numbers and a rerun reads the same pixels.
-
-DALI (GPUs, when nvidia.dali imports): fn.readers.file over the same list, sharded by rank;
-fn.decoders.image on "mixed" (nvJPEG); the shorter side brought up to S; crop_mirror_normalize.
-Written from DALI's documentation and untested: the machines this was developed on have no
-GPU and no DALI. Records name the loader that ran (`loader`).
+DataLoader: a map-style Dataset over files.csv (Pillow decode, numpy crop/flip/scale), a
+DistributedSampler share per rank reshuffled each epoch (remainder dropped), `workers`
+persistent processes, pinned memory and a non_blocking copy on GPUs; an endless stream. Each
+image's crop and flip come from a generator seeded by (epoch, image), so reruns read the same
+pixels. DALI (GPUs, when nvidia.dali imports): fn.readers.file sharded by rank, nvJPEG decode,
+crop_mirror_normalize; written from DALI's documentation, untested here (no GPU, no DALI).
+Records name the loader that ran (`loader`).
 """
 
 from __future__ import annotations
@@ -23,14 +18,16 @@ import itertools
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from runners.common import Spec, Unavailable
-from runners.real_data import RealData, describe, preprocess
+from models import ModelSpec
+from runners.common import Spec, Unavailable, rows_per_device
+from runners.real_data import RealData, check_classes, describe, open_dataset, preprocess
 
 LOADERS = ("auto", "dataloader", "dali")  # runner option `data_loader` (auto: DALI on GPUs
 # when installed, else the DataLoader)
@@ -73,19 +70,38 @@ class EpochSampler(DistributedSampler):
         return ((epoch, int(i)) for i in super().__iter__())
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a rank's input goes: rank `rank` of `world`, on `device`."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How a rank's batches reach its model: NCHW or NHWC, the memory format, the start method
+    of the DataLoader's workers (None: the platform's), pinned host memory."""
+
+    channels_first: bool = True
+    memory_format: torch.memory_format = torch.contiguous_format
+    context: str | None = None
+    pin_memory: bool = False
+
+
 def make_dataloader(data: RealData, size: int, batch: int, rank: int, world: int,
-                    pin_memory: bool = False, channels_first: bool = True, seed: int = 0,
-                    context: str | None = None) -> DataLoader:
+                    config: LoaderConfig = LoaderConfig(), seed: int = 0) -> DataLoader:
     """The DataLoader of one rank: its DistributedSampler share, `data.workers` processes."""
-    dataset = JpegDataset(data.files, size, data.augmentation, channels_first, seed)
+    dataset = JpegDataset(data.files, size, data.augmentation, config.channels_first, seed)
     sampler = EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed,
                            drop_last=True)
     workers = max(0, data.workers)
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
-                        pin_memory=pin_memory, drop_last=True,
+                        pin_memory=config.pin_memory, drop_last=True,
                         persistent_workers=workers > 0,
                         prefetch_factor=PREFETCH_FACTOR if workers else None,
-                        multiprocessing_context=context if workers else None)
+                        multiprocessing_context=config.context if workers else None)
     if len(loader) == 0:
         raise Unavailable(f"dataset has {data.images} images: each of the {world} ranks' "
                           f"share ({len(sampler)} per epoch) is smaller than its batch of "
@@ -175,17 +191,16 @@ class RealInput:
                                   "window"}
 
 
-def dataloader_description(data: RealData, pinned: bool, channels_first: bool,
-                           memory_format: torch.memory_format) -> str:
-    layout = "NCHW" if channels_first else "NHWC"
-    if memory_format == torch.channels_last:
+def dataloader_description(data: RealData, config: LoaderConfig) -> str:
+    layout = "NCHW" if config.channels_first else "NHWC"
+    if config.memory_format == torch.channels_last:
         layout += " (channels_last memory format)"
     workers = (f"{data.workers} worker process(es), {PREFETCH_FACTOR} batches prefetched "
                "each" if data.workers else "the main process (workers 0)")
     return (f"torch DataLoader over the JPEG file list: DistributedSampler share per rank, "
             f"Pillow decode + numpy {data.augmentation} in {workers}, float32 {layout} "
-            "batches, " + ("pinned memory, non_blocking copy to the GPU" if pinned else
-                           "host memory (CPU device)"))
+            "batches, " + ("pinned memory, non_blocking copy to the GPU" if config.pin_memory
+                           else "host memory (CPU device)"))
 
 
 def dali_importable() -> bool:
@@ -213,40 +228,33 @@ def choose_loader(spec: Spec, device: torch.device) -> str:
     return wanted
 
 
-def open_input(spec: Spec, data: RealData, size: int, batch: int, rank: int, world: int,
-               device: torch.device, channels_first: bool = True,
-               memory_format: torch.memory_format = torch.contiguous_format,
-               context: str | None = None) -> RealInput:
+def open_input(spec: Spec, data: RealData, size: int, batch: int, place: Place,
+               config: LoaderConfig = LoaderConfig()) -> RealInput:
     """One rank's input: the DataLoader (or DALI on GPUs), started before the model is built
     so its worker processes fork from a small process."""
-    kind = choose_loader(spec, device)
-    if kind == "dali":
-        return dali_input(data, size, batch, rank, world, device, channels_first,
-                          memory_format)
-    pinned = device.type == "cuda"
-    loader = make_dataloader(data, size, batch, rank, world, pinned, channels_first,
-                             context=context)
-    batches = epochs(loader)
-    description = dataloader_description(data, pinned, channels_first, memory_format)
-    return RealInput("dataloader", description,
-                     batches, device, memory_format, data, size,
+    if choose_loader(spec, place.device) == "dali":
+        return dali_input(data, size, batch, place, config)
+    config = replace(config, pin_memory=place.device.type == "cuda")
+    loader = make_dataloader(data, size, batch, place.rank, place.world, config)
+    return RealInput("dataloader", dataloader_description(data, config), epochs(loader),
+                     place.device, config.memory_format, data, size,
                      len(loader.sampler))  # type: ignore[arg-type]
 
 
-def dali_input(data: RealData, size: int, batch: int, rank: int, world: int,
-               device: torch.device, channels_first: bool,
-               memory_format: torch.memory_format) -> RealInput:
+def dali_input(data: RealData, size: int, batch: int, place: Place, config: LoaderConfig
+               ) -> RealInput:
     """DALI on this rank's GPU (untested here: written from DALI's documentation)."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali import math as dmath
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+    rank, world, channels_first = place.rank, place.world, config.channels_first
     fd, list_file = tempfile.mkstemp(prefix="mgbench-dali-", suffix=".txt")
     with os.fdopen(fd, "w") as fh:  # fn.readers.file's file_list: "<path> <label>" lines
         fh.writelines(f"{os.path.relpath(p, data.path)} {label}\n" for p, label in data.files)
     crop_flip = data.augmentation == "crop-flip"
 
-    @pipeline_def(batch_size=batch, num_threads=max(1, data.workers), device_id=device.index,
+    @pipeline_def(batch_size=batch, num_threads=max(1, data.workers), device_id=place.device.index,
                   seed=1234 + rank)
     def pipeline() -> Any:
         jpegs, labels = fn.readers.file(file_root=str(data.path), file_list=list_file,
@@ -279,5 +287,61 @@ def dali_input(data: RealData, size: int, batch: int, rank: int, world: int,
                    f"{rank} of {world}), nvJPEG decode (mixed), shorter side up to {size}, "
                    f"crop_mirror_normalize ({data.augmentation}), float32 {layout}, "
                    f"{max(1, data.workers)} CPU threads")
-    return RealInput("dali", description, batches(), device, memory_format, data, size,
-                     len(data.files) // world)
+    return RealInput("dali", description, batches(), place.device, config.memory_format, data,
+                     size, len(data.files) // world)
+
+
+def synthetic_slice(place: Place, shape: tuple[int, ...], classes: int, batch: int,
+                    memory_format: torch.memory_format = torch.contiguous_format
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's random (images, labels) slice, generated on its device once, seeded by rank."""
+    gen = torch.Generator(device=place.device).manual_seed(1234 + place.rank)
+    x = torch.randn((batch, *shape), generator=gen, device=place.device)
+    y = torch.randint(0, classes, (batch,), generator=gen, device=place.device)
+    return x.contiguous(memory_format=memory_format), y
+
+
+def synthetic_tokens(place: Place, seq_len: int, vocab: int, batch: int,
+                     dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's random token slice, made on its device once, seeded by rank: ids in [0,
+    vocab) of shape (batch, seq_len + 1), as (inputs ids[:, :-1], targets ids[:, 1:])."""
+    gen = torch.Generator(device=place.device).manual_seed(1234 + place.rank)
+    ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen, device=place.device)
+    ids = ids.to(dtype)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
+               "tokens")
+
+
+def rank_input(spec: Spec, place: Place, model_spec: ModelSpec, shape: tuple[int, ...],
+               config: LoaderConfig = LoaderConfig(), token_dtype: torch.dtype = torch.int64
+               ) -> SyntheticInput | RealInput:
+    """This rank's B/N samples per step: an image model's (of `shape`) synthetic slice, or on
+    real data its share through open_input; a token model's synthetic ids of `token_dtype`
+    (real data is Unavailable)."""
+    batch = spec.split_batch(place.world, "ranks")
+    if model_spec.input_kind == "tokens":
+        if spec.data == "real":
+            raise Unavailable(TOKENS_REAL)
+        return SyntheticInput(*synthetic_tokens(place, model_spec.input_shape[0],
+                                                model_spec.num_classes, batch, token_dtype))
+    if spec.data != "real":
+        return SyntheticInput(*synthetic_slice(place, shape, model_spec.num_classes, batch,
+                                               config.memory_format))
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec.model)
+    return open_input(spec, data, model_spec.input_shape[0], batch, place, config)
+
+
+def equivalence_input(x: np.ndarray, y: np.ndarray, place: Place,
+                      config: LoaderConfig = LoaderConfig()) -> SyntheticInput:
+    """This rank's slice of the equivalence batch (given NHWC) as the benchmark's synthetic
+    input: resident on the rank's device, in the run's layout and memory format."""
+    per = rows_per_device(len(x), place.world, "ranks", "equivalence batch")
+    part = slice(place.rank * per, (place.rank + 1) * per)
+    images = x[part].transpose(0, 3, 1, 2) if config.channels_first else x[part]
+    xs = torch.from_numpy(np.ascontiguousarray(images)).to(place.device)
+    ys = torch.from_numpy(y[part].astype(np.int64)).to(place.device)
+    return SyntheticInput(xs.contiguous(memory_format=config.memory_format), ys)

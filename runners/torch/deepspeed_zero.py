@@ -1,72 +1,16 @@
-"""DeepSpeed ZeRO (stage 1, 2 or 3, option `stage`): one process (rank) per device, started by
-torchrun, the model and a torch optimizer handed to deepspeed.initialize.
-
-Processes: the parent starts `torch.distributed.run --standalone --nproc-per-node=N` (across
-nodes, the harness's torchrun/SLURM path); each rank joins the torch.distributed process group
-(NCCL between GPUs, gloo on CPUs: what DeepSpeed's accelerator picks itself, CUDA_Accelerator
-nccl, CPU_Accelerator gloo when oneccl_bindings_for_pytorch is absent, as here; both read back
-and checked) and deepspeed.init_distributed adopts that group. DS_ACCELERATOR is set to the
-run's device (cpu or cuda) before deepspeed is imported. This differs from DeepSpeed's own
-`deepspeed` launcher, which spawns the same one process per device with RANK, LOCAL_RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT (deepspeed/launcher/launch.py) -- what torchrun sets
-and init_distributed reads -- plus CROSS_RANK/CROSS_SIZE (set here from torchrun's GROUP_RANK
-and node count, for parity) and LOCAL_SIZE (not set: on a CPU it would switch on DeepSpeed's
-shared-memory all-reduce, a kernel only inference_all_reduce uses, whose 66 MB /dev/shm segment
-per rank is never unlinked; training collectives go through torch.distributed either way). The
-torchrun launch is the one DeepSpeed documents for torch.distributed-launched jobs, and it
-keeps the harness's multi-node SLURM path. A CPU run has no --bind_cores_to_rank numactl
-pinning (DeepSpeed's launcher's CPU option); each rank has the intra-op threads
-OMP_NUM_THREADS gives it, as torch_ddp's.
-Split: every rank holds its own B/N slice of the global batch (train_micro_batch_size_per_gpu
-= B/N, gradient_accumulation_steps 1), made once on its device as torch_ddp's.
-Parameters: stage 1 and 2 keep a full replica of the module on every rank, flattened into one
-buffer per parameter group (bit16_groups_flat, in the compute dtype), and give each rank a
-1/N partition of it for its optimizer (single_partition_of_fp32_groups: an fp32 copy, the
-master weights, even at fp32); stage 3 partitions the module's parameters themselves (each
-parameter's ds_tensor is this rank's 1/N, ds_numel its size) and all-gathers each one in
-forward and backward. Initial weights: seeded alike on every rank, rank 0's broadcast by
-DeepSpeed at initialize.
-Optimizer: torch.optim.SGD (lr 0.01, momentum 0.9; plain SGD in equivalence), handed to
-deepspeed.initialize as the client optimizer ("zero_allow_untested_optimizer": true: DeepSpeed
-tests ZeRO with its own Adam family), so nothing is compiled for it; ZeRO points its param
-groups at this rank's fp32 partition, so its momentum is partitioned too.
-Reduce: engine.backward(loss) runs backward, and ZeRO reduces the gradients (averaged over the
-N ranks) in buckets into each rank's partition, in communication_data_type float32 (set in the
-config: the harness reduces in fp32): stage 1 at the end of backward, stage 2 and 3 as buckets
-fill during it; each rank keeps only its partition (averaged_gradients) and drops the rest.
-engine.step() updates the rank's partition and (stage 1/2) all-gathers the updated partitions
-into every rank's module; stage 3 keeps only the partition. One device: the same engine, a
-world of 1.
-Synchronise: the collectives are blocking; on GPUs torch.cuda.synchronize() ends each timed
-step, and reading the loss waits for it.
-Count: the client SGD's own step hooks count applied steps (ZeRO calls its step()); a step
-DeepSpeed skips on fp16 overflow is counted from engine.skipped_steps.
-Placement: as torch_ddp's (runners/torch/dist.py): rows and devices read from the tensors each
-rank stepped on, gathered over the process group.
-State: after the timed window, one more step (untimed, same batch) runs engine.backward and
-stops before engine.step(), where ZeRO holds its gradient partitions; every rank reads from
-DeepSpeed's objects the parameters its module holds (stage 3: ds_tensor), its gradient
-partition (optimizer.averaged_gradients), its fp32 master partition and the SGD state of it
-(optimizer.state), gathered with all_gather_object: state_bytes_per_device, with the global
-sizes DeepSpeed states (the numel of the parameters in its groups: stage 1/2 bit16_groups,
-stage 3 ds_numel; a rank's partition may carry the flat buffer's few elements of padding).
-Precision: fp32, or bf16 through the config's {"bf16": {"enabled": true}} (fp16 on GPUs:
-{"fp16": {"enabled": true}}, dynamic loss scaling): the module is cast to bfloat16 (its stored
-parameters and its compute; its buffers too, through data_types.buffer_dtype: DeepSpeed
-casts only the parameters by default, and a BatchNorm's bf16 weight beside fp32 running
-statistics fails in torch), the optimizer updates fp32 master partitions, gradients are
-reduced in float32 (communication_data_type). All read back (engine.bfloat16_enabled(), the
-module's parameter dtype, the master partition's dtype and whether it is a copy of the
-parameters, engine.communication_data_type) into precision_policy: not the harness's policy
-(params bf16 where the harness stores fp32, and fp32 master copies), said in `differs`.
-Float image inputs are cast once to the module's dtype, as DeepSpeed's examples do.
-Equivalence: the benchmark's step function (engine forward, engine.backward, engine.step) on
-the probe, one step of plain SGD, every stage; stage 3's parameters gathered afterwards
-(deepspeed.zero.GatheredParameters) for the saved weights.
-Follows DeepSpeed 0.19's ZeRO as its tutorials use it (deepspeed.initialize with a config,
-engine.backward, engine.step); what differs: torchrun instead of the `deepspeed` launcher (see
-Processes), a torch optimizer instead of DeepSpeed's fused Adam, synthetic data made on each
-device once.
+"""deepspeed: DeepSpeed 0.19 ZeRO stage 1, 2 or 3 (option `stage`), the model and a torch SGD
+handed to deepspeed.initialize (client optimizer, zero_allow_untested_optimizer), one process
+per device. Stage 1/2 keep a full replica of the module and give each rank a 1/N fp32 master
+partition for its optimizer; stage 3 partitions the parameters themselves. engine.backward
+reduces the gradients (in fp32: communication_data_type) into each rank's partition,
+engine.step updates it. bf16/fp16 are DeepSpeed's config sections (buffers cast too, through
+data_types.buffer_dtype). State and precision are read back from ZeRO's own structures in one
+extra untimed step stopped between engine.backward and engine.step.
+What differs from DeepSpeed's tutorials: torchrun in place of the `deepspeed` launcher (the
+process group DeepSpeed's accelerator would pick is checked and adopted; CROSS_RANK/CROSS_SIZE
+set for parity; LOCAL_SIZE not, which would switch on a shared-memory kernel on CPUs), a
+torch optimizer in place of DeepSpeed's fused Adam, synthetic data made on each device once.
+docs/runners/deepspeed.md has more.
 """
 
 from __future__ import annotations
@@ -81,17 +25,16 @@ import torch.distributed as dist
 from torch import nn
 
 from contract.precision_policy import resolve
+from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
-from runners.torch.data import SyntheticInput
+from runners.torch.data import SyntheticInput, equivalence_input
 from runners.torch.dist import (
     Feed,
     PlacementTracker,
     Ranks,
     StepCounter,
     check_precision,
-    equivalence_input,
-    equivalence_step,
     framework_versions,
     init_ranks,
     loss_of,
@@ -100,6 +43,7 @@ from runners.torch.dist import (
     rank_model,
     timed_steps,
 )
+from runners.torch.equivalence import equivalence_step
 
 
 def extensions_dir() -> Path:
@@ -315,10 +259,10 @@ class Engine:
                   "bit16_groups, without the flat buffers' alignment padding; stage 3: "
                   "ds_numel) times each tensor's itemsize; gathered with all_gather_object")
         local = mine["local"]
-        return {"state_bytes_per_device": per_device, "state_bytes_global": rows[0]["global"],
-                "state_source": source,
-                **_state(local["params"], local["grads"], local["optimizer"],
-                         "deepspeed: this rank's share as state_bytes_per_device reads it")}
+        return join({"state_bytes_per_device": per_device,
+                     "state_bytes_global": rows[0]["global"], "state_source": source},
+                    _state(local["params"], local["grads"], local["optimizer"],
+                           "deepspeed: this rank's share as state_bytes_per_device reads it"))
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -328,17 +272,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model = model_record(net, model_spec)  # before ZeRO-3 partitions the parameters away
     engine = Engine(deepspeed, spec, ranks, net, feed, 0.01, 0.9)
     result = timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
-    result.update({
+    result = join(result, {
         "framework": {**framework_versions(), "deepspeed": deepspeed.__version__},
         "precision_policy": engine.precision_policy(),
-        **engine.reported(),
         "strategy": f"DeepSpeed ZeRO stage {engine.stage}, one process per device (torchrun); "
                     + {1: "optimizer state partitioned",
                        2: "optimizer state and gradients partitioned",
                        3: "parameters, gradients and optimizer state partitioned"}[engine.stage],
-        **model,
-        **engine.state_record(),
-    })
+    }, engine.reported(), model, engine.state_record())
     ranks.close()
     return result
 
@@ -353,7 +294,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     deepspeed, ranks = init_deepspeed(spec)
     check_precision(spec, ranks)
     weights, x, y, lr = spec.equivalence_inputs()
-    feed = equivalence_input(x, y, ranks, True)
+    feed = equivalence_input(x, y, ranks.place)
     net = load_builder("probe", "torch")(get_spec("probe"), data_format="channels_first")
     set_canonical_weights(net, weights)
     engine = Engine(deepspeed, spec, ranks, net.to(ranks.device), feed, lr, 0.0)

@@ -1,51 +1,17 @@
 """horovodrun's gloo launch across the nodes of a SLURM job, with srun in place of ssh.
 
-Run once per node by the harness (bench/run/launch.py child_command, launcher horovodrun, a
-multi-node run; bench/run/slurm_job.py starts it through srun, one task per node) with the horovod
-environment's python:
+Run once per node (bench/run/launch.py child_command; bench/run/slurm_job.py starts it through
+srun, one task per node) with the horovod environment's python:
 
   python -m runners.torch.horovod_launch -np N --slots-per-node K --nodes M --node-rank R
       --rendezvous ADDR:PORT  PYTHON -m runners.torch.horovod --spec S --result OUT
 
-Follows horovodrun 0.28.1's static gloo launch (horovod/runner/launch.py _run_static ->
-gloo_run.py launch_gloo), using Horovod's own pieces:
-- hosts: the job's nodes as SLURM names them (`scontrol show hostnames` of the step's node
-  list, which is node-rank order), K slots each, as `horovodrun -H node1:K,node2:K`; the
-  host assignment plan is hosts.get_host_assignments(hosts, N), Horovod's own, computed
-  alike on every node;
-- node rank 0 runs Horovod's RendezvousServer (http_server.py: the RendezvousHTTPServer and
-  RendezvousHandler the ranks' gloo contexts talk to), initialised with that plan
-  (rendezvous.init(host_alloc_plan)), as launch_gloo does;
-- each node starts its own slots of the plan, `-np` ranks in all, each with the environment
-  gloo_run gives a slot: create_run_env_vars (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT,
-  HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo, HOROVOD_GLOO_IFACE,
-  NCCL_SOCKET_IFNAME) and create_slot_env_vars (HOROVOD_HOSTNAME, HOROVOD_RANK, HOROVOD_SIZE,
-  HOROVOD_LOCAL_RANK/SIZE, HOROVOD_CROSS_RANK/SIZE), plus PYTHONUNBUFFERED=1, over the node's
-  own environment;
-- a rank that fails ends the node's other ranks (gloo_run's terminate_all_event for a
-  non-elastic run); SIGTERM or SIGINT ends them all (register_shutdown_event).
-
-What differs from horovodrun, and why:
-- the ranks of every node are started by that node's srun task instead of by one horovodrun
-  over ssh (no sshd on a SLURM cluster's compute nodes is assumed, and this Horovod has no
-  MPI); a failing node's exit status makes srun (--kill-on-bad-exit) end the other nodes, in
-  place of horovodrun's one terminate-all event;
-- the rendezvous server listens on the port the job was given (the first node's reserved
-  port + 1, bench/run/slurm_job.py) instead of a random free one (network.find_port), since the
-  other nodes must know it before it starts; it is bound and initialised with the plan before
-  it serves;
-- horovodrun starts the server before any rank; here the nodes start at once, so the other
-  nodes first wait for the server to answer an HTTP request (HOROVOD_START_TIMEOUT, horovodrun's
-  variable; 120 s when unset, not its 30, for a loaded first node);
-- no interface discovery across hosts (horovodrun's driver/task services, over ssh): each node
-  uses the interface that holds its own address (its SLURM name resolved, else slurm.conf's
-  NodeAddr) as HOROVOD_GLOO_IFACE; the rendezvous address is the first node's address resolved
-  to IPv4, as horovodrun gives its own interface's address;
-- the first node keeps the server up until its own ranks end (horovodrun: until every rank
-  has). The ranks use it only inside hvd.init() (gloo's HTTP store: each context's full-mesh
-  connect, then a DELETE), and rank 0 cannot finish a step before every rank is past init;
-- the node's exit status is that of its first rank to fail (horovodrun exits 1).
-Ranks print straight to the node's log, without horovodrun's `[rank]<stdout>:` prefixes.
+Follows horovodrun 0.28.1's static gloo launch with Horovod's own pieces: the host assignment
+plan of the job's nodes (K slots each), node 0 running Horovod's RendezvousServer with it, each
+node starting its slots with gloo_run's run and slot environment; a failing rank ends the
+node's others. What differs: each node's srun task starts its ranks (no ssh, no MPI), the
+server listens on the job's port and the other nodes wait for it, each node's interface is the
+one holding its own address, no rank-prefixed output. docs/runners/horovod.md has more.
 """
 
 from __future__ import annotations
@@ -186,7 +152,7 @@ def run_ranks(procs: dict[int, subprocess.Popen[bytes]]) -> int:
     return 0 if first is None else exit_status(first[1])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m runners.torch.horovod_launch",
                                 description=__doc__.splitlines()[0])
     p.add_argument("-np", "--num-proc", type=int, required=True, help="ranks in all")
@@ -198,9 +164,51 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.command:
         p.error("no command for the ranks")
+    return args
 
-    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
+
+def launch(args: argparse.Namespace, plan: list[Any], me: str, rendezvous: tuple[str, int],
+           iface: str) -> tuple[int, list[int]]:
+    """Node 0 serves the rendezvous (the others wait for it); this node's slots of `plan`
+    started with gloo_run's environments and waited for. The exit status and the ranks."""
     from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+
+    server_ip, port = rendezvous
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    server = None
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        if args.node_rank == 0:
+            server = start_rendezvous(port, plan)
+            say(f"RendezvousServer listening on port {port}, initialised with "
+                f"{len(plan)} slots")
+        else:
+            wait_for_rendezvous(server_ip, port,
+                                float(os.environ.get("HOROVOD_START_TIMEOUT", "120")))
+        run_env = {k: str(v) for k, v in
+                   create_run_env_vars(server_ip, [iface], port).items()}
+        for slot in (s for s in plan if s.hostname == me):
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **run_env,
+                   **create_slot_env_vars(slot)}
+            procs[slot.rank] = subprocess.Popen(args.command, env=env)
+        code = run_ranks(procs)
+    except Stopped as exc:
+        say(f"{exc}: ending this node's ranks")
+        end_ranks(procs)
+        code = 128 + signal.Signals[str(exc)].value
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if server is not None:
+            server.stop()
+            server._httpd.server_close()
+    return code, sorted(procs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
     hosts = slurm_hosts()
     me = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -218,37 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{','.join(f'{h}:{args.slots_per_node}' for h in hosts)}, ranks "
         f"{[s.rank for s in mine]} of {args.num_proc}, rendezvous {server_ip}:{port}, "
         f"iface {iface}")
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    server = None
-    procs: dict[int, subprocess.Popen[bytes]] = {}
-    try:
-        if args.node_rank == 0:
-            server = start_rendezvous(port, plan)
-            say(f"RendezvousServer listening on port {port}, initialised with "
-                f"{len(plan)} slots")
-        else:
-            wait_for_rendezvous(server_ip, port,
-                                float(os.environ.get("HOROVOD_START_TIMEOUT", "120")))
-        run_env = {k: str(v) for k, v in
-                   create_run_env_vars(server_ip, [iface], port).items()}
-        for slot in mine:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **run_env,
-                   **create_slot_env_vars(slot)}
-            procs[slot.rank] = subprocess.Popen(args.command, env=env)
-        code = run_ranks(procs)
-    except Stopped as exc:
-        say(f"{exc}: ending this node's ranks")
-        end_ranks(procs)
-        code = 128 + signal.Signals[str(exc)].value
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        if server is not None:
-            server.stop()
-            server._httpd.server_close()
-    say(f"node {args.node_rank} ({me}): ranks {sorted(procs)} ended, exit status {code}")
+    code, ranks = launch(args, plan, me, (server_ip, port), iface)
+    say(f"node {args.node_rank} ({me}): ranks {ranks} ended, exit status {code}")
     return code
 
 

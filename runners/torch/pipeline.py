@@ -14,7 +14,7 @@ import torch
 from models import get_spec
 from runners.common import Spec, Unavailable, main
 from runners.real_data import check_classes, open_dataset, time_pipeline
-from runners.torch.data import open_input
+from runners.torch.data import Place, open_input
 
 
 def device_of(spec: Spec) -> torch.device:
@@ -32,7 +32,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     size = model_spec.input_shape[0]
     batch = spec.global_batch_size
     device = device_of(spec)
-    feed = open_input(spec, data, size, batch, 0, 1, device)
+    feed = open_input(spec, data, size, batch, Place(device=device))
 
     def batches() -> Any:
         while True:

@@ -1,0 +1,154 @@
+"""Horovod's ranks for the horovod runner and the Horovod all-reduce probe: hvd.init() (gloo's
+rendezvous under horovodrun, or horovod_launch's slot environment across nodes), each rank's
+device (cuda:hvd.local_rank() on GPUs; on CPUs a share of the cores, since horovodrun leaves
+thread pools alone), and HorovodRanks: a DeviceRank whose collectives are Horovod's own
+(hvd.allreduce, hvd.allgather_object). Imports horovod.torch inside functions, so a broken
+install becomes a record.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from contract.result import join
+from runners.common import Invalid, Spec, Unavailable, node_identity
+from runners.real_data import cores
+from runners.torch.dist import (
+    DeviceRank,
+    PlacementTracker,
+    gather_placement,
+    group_nodes,
+    multi_node,
+    threads_record,
+    use_gpu,
+)
+from runners.torch.dist import framework_versions as torch_versions
+
+THREADS_NOTE = ("horovodrun leaves thread pools alone; the harness sets OMP_NUM_THREADS to "
+                "cores // N (or, unset, each rank sets torch threads to cores // ranks), so N "
+                "ranks share the cores one process would use")
+
+
+@functools.cache
+def horovod() -> Any:
+    """horovod.torch, imported inside main() so that a broken install becomes a record."""
+    import horovod.torch as hvd
+
+    if not hasattr(hvd, "init"):  # the package imports without its extension, half empty
+        raise Unavailable("horovod.torch has no compiled extension in this environment "
+                          "(rebuild it: `run_bench.py setup horovod`)")
+    return hvd
+
+
+@dataclass(frozen=True)
+class HorovodRanks(DeviceRank):
+    """A rank among the ranks horovodrun started, its collectives Horovod's."""
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        hvd = horovod()
+        return hvd.allreduce(t, op=hvd.Sum)
+
+    def gather(self, obj: Any) -> list[Any]:
+        return list(horovod().allgather_object(obj))
+
+    def placement(self, tracker: PlacementTracker) -> dict[str, Any]:
+        """gather_placement over Horovod's ranks: hvd.rank() and hvd.size() as Horovod counts
+        them, the rows gathered with hvd.allgather_object."""
+        hvd = horovod()
+        source = (f"Horovod (hvd.size()={hvd.size()}, controller {controller()}); each rank's "
+                  "input-batch rows and device and its parameters' device, read from the "
+                  "tensors it stepped on and gathered with hvd.allgather_object")
+        return gather_placement(tracker, hvd.rank(), hvd.size(), self.gather, source)
+
+    def record(self) -> dict[str, Any]:
+        out = {"replicas": horovod().size(), "devices": self.devices,
+               "controller": controller(), "rank_threads": threads_record(self, THREADS_NOTE)}
+        return join(out, multi_node_record()) if multi_node() else out
+
+    def close(self) -> None:
+        horovod().shutdown()
+
+
+MECHANISM = ("horovodrun's gloo rendezvous (RendezvousServer + slot environment), ranks "
+             "started by srun instead of ssh (runners/torch/horovod_launch.py)")
+RENDEZVOUS_ENV = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
+                  "HOROVOD_GLOO_IFACE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
+SLOT_ENV = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+            "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+
+
+def multi_node_record() -> dict[str, Any]:
+    """Where each rank of a multi-node run ran, gathered through Horovod itself
+    (hvd.allgather_object of every rank's node_identity with hvd.rank(), local_rank(),
+    cross_rank()), and what Horovod says of the ranks: `nodes` (one entry per node, its
+    ranks) and `multi_node`. Invalid when Horovod's view is not the run's nodes x
+    devices_per_node, or a rank's numbers are not the slot horovod_launch gave it."""
+    hvd = horovod()
+    rows = hvd.allgather_object({
+        **node_identity(), "rank": hvd.rank(), "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "process_rank": os.environ.get("MGBENCH_PROCESS_RANK"),
+        "slot_env": {k: os.environ.get(k) for k in SLOT_ENV}})
+    nodes = group_nodes(rows)
+    num_nodes = int(os.environ["MGBENCH_NUM_NODES"])
+    if len(nodes) != num_nodes or hvd.cross_size() != num_nodes or \
+            hvd.size() != num_nodes * hvd.local_size():
+        names = sorted(node["node"] for node in nodes)
+        raise Invalid(f"Horovod's ranks are {hvd.size()} on {names} (cross_size "
+                      f"{hvd.cross_size()}, local_size {hvd.local_size()}) for a run on "
+                      f"{num_nodes} nodes")
+    for row in rows:
+        given = {k: row["slot_env"][f"HOROVOD_{k.upper()}"] for k in (
+            "rank", "local_rank", "local_size", "cross_rank", "cross_size")}
+        if any(str(row[k]) != v for k, v in given.items()):
+            raise Invalid(f"rank {row['rank']} on {row['node']}: Horovod reports "
+                          f"{ {k: row[k] for k in given} }, its slot was {given}")
+    return {"nodes": nodes, "multi_node": {
+        "mechanism": MECHANISM,
+        "rendezvous": {k: os.environ.get(k) for k in RENDEZVOUS_ENV},
+        "world_size": hvd.size(), "size": hvd.size(), "cross_size": hvd.cross_size(),
+        "local_size": hvd.local_size(), "controller": controller(),
+        "gloo_built": hvd.gloo_built(), "gloo_enabled": hvd.gloo_enabled(),
+        "mpi_built": hvd.mpi_built(), "mpi_enabled": hvd.mpi_enabled(),
+        "ranks": rows}}
+
+
+def controller() -> str:
+    return "gloo" if horovod().gloo_enabled() else "mpi"
+
+
+def framework_versions() -> dict[str, str]:
+    import horovod as hvd_package
+
+    return {**torch_versions(), "horovod": hvd_package.__version__}
+
+
+def init_ranks(spec: Spec) -> HorovodRanks:
+    """hvd.init(), pick this rank's device, and check horovodrun started one rank per device."""
+    hvd = horovod()
+    n = spec.num_devices
+    gpu = spec.device == "gpu"
+    if gpu and not hvd.nccl_built():
+        raise Unavailable("device gpu: this Horovod build has no NCCL operations (built from "
+                          "envs/horovod-cpu.txt; the GPU variant sets HOROVOD_GPU_OPERATIONS)")
+    hvd.init()
+    world = hvd.size()
+    if world != n:
+        raise Invalid(f"horovodrun started {world} ranks for a {n}-device run (is the "
+                      "launcher horovodrun -np N?)")
+    if gpu:
+        device = use_gpu(hvd.local_rank(), hvd.local_size(), "envs/horovod-gpu.txt")
+        me = {"name": torch.cuda.get_device_name(device), "kind": "GPU"}
+    else:
+        device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, cores() // hvd.local_size()))
+        me = {"name": f"cpu (rank {hvd.rank()})", "kind": "virtual CPU device (gloo process)"}
+    devices = hvd.allgather_object({**me, "rank": hvd.rank()})
+    return HorovodRanks(hvd.rank(), hvd.local_rank(), world, device, devices)
