@@ -156,6 +156,11 @@ def framework_versions() -> dict[str, str]:
     return {"torch": torch.__version__, "numpy": np.__version__}
 
 
+def nchw_fields(strategy: str) -> dict[str, Any]:
+    """The versions, layout and strategy of a runner on channels_first torch models."""
+    return {"framework": framework_versions(), "layout": "channels_first", "strategy": strategy}
+
+
 def choose_backend(spec: Spec, requested: str) -> str:
     """The process group backend for the run's devices; Unavailable if it cannot work here."""
     gpu = spec.device == "gpu"
@@ -196,8 +201,7 @@ def init_ranks(spec: Spec, backend: str) -> Ranks:
 
 
 def use_gpu(index: int, needed: int, gpu_env: str) -> torch.device:
-    """GPU `index` as this rank's device, convolutions autotuned (the warm-up pays for it);
-    Unavailable unless torch sees `needed` GPUs (`gpu_env`: the environment with CUDA)."""
+    """GPU `index`, convolutions autotuned; Unavailable unless torch sees `needed` GPUs."""
     if not torch.cuda.is_available():
         raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU"
                           + ("" if torch.version.cuda else
@@ -293,8 +297,7 @@ class StepCounter:
 
 
 def rank_table(ranks: DeviceRank, row: list[int]) -> list[list[int]]:
-    """Every rank's `row` of ints (as long on every rank), in rank order: each rank writes its
-    row into its own line of a table of zeros, and the ranks sum the table."""
+    """Every rank's `row` of ints in rank order (each writes its line of zeros; all-summed)."""
     table = torch.zeros((ranks.world, len(row)), dtype=torch.int64, device=ranks.device)
     table[ranks.rank] = torch.tensor(row, dtype=torch.int64)
     return [[int(v) for v in line] for line in ranks.all_sum(table).tolist()]
@@ -400,8 +403,7 @@ def train_on(ranks: DeviceRank, precision: str, parts: StepParts, x: torch.Tenso
 
 
 def sgd_step(ranks: DeviceRank, precision: str, parts: StepParts, feed: Feed) -> Step:
-    """One training step of the torchrun runners (train_on) on the batch from `feed`, its loss
-    loss_of; it returns this rank's loss."""
+    """One training step (train_on) on the batch from `feed`; it returns this rank's loss."""
 
     def step() -> torch.Tensor:
         x, y = feed.next()
@@ -435,8 +437,7 @@ def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
 
 
 def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy on float32 logits: over the batch for class logits (batch, classes),
-    over every position for next-token logits (batch, seq, vocab) and targets (batch, seq)."""
+    """Mean cross-entropy on float32 logits, over every position of next-token logits."""
     if logits.dim() == 3:
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long())
     return F.cross_entropy(logits.float(), targets)
@@ -484,8 +485,7 @@ def rank_model(spec: Spec, ranks: DeviceRank, layout: str = "channels_first",
 
 def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
                       scaler: torch.amp.GradScaler | None, counter: StepCounter) -> None:
-    """Backward and one optimizer step, through fp16's GradScaler when there is one (a step it
-    skips is counted: the scaler backs off after a skip)."""
+    """Backward and one optimizer step, through fp16's GradScaler if any (a skip counted)."""
     if scaler is None:
         loss.backward()
         optimizer.step()

@@ -147,12 +147,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     fields = td.model_record(net, model_spec)  # counted on the whole model, before sharding
     step, parts, mesh = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
-    result = join(result, {
-        "framework": td.framework_versions(),
-        "layout": "channels_first",
-        "strategy": STRATEGY,
-        "reshard_after_forward": spec.options["reshard_after_forward"],
-    }, fsdp_record(net, mesh),
+    result = join(result, td.nchw_fields(STRATEGY),
+                  {"reshard_after_forward": spec.options["reshard_after_forward"]},
+                  fsdp_record(net, mesh),
         state_bytes(ranks, net.parameters(), parts.optimizer.state.values(),
                     "after the timed window (the last timed step's backward and "
                     "optimizer.step() done; the gradient shards are kept until the next "

@@ -1,23 +1,12 @@
 """What each torch rank holds of the model state, and the precision a torch run trained in, both
-read back from the framework's own objects (torch runners only; imports torch).
+read back from the framework's objects (imports torch).
 
-`state_bytes` gives a record's `state_bytes_per_device` ({"rank<r>:<device>": {"params",
-"grads", "optimizer": bytes}}), `state_bytes_global` and `state_source`: each rank sums the
-bytes of its parameters (module.parameters(): a DTensor's local shard, `to_local()`, under
-FSDP2; the whole tensor under DDP/Horovod), of the gradients they hold (`.grad`, a DTensor's
-local shard likewise) and of its optimizer's state tensors (the state dicts it is given: the
-optimizer's `state`, or ZeroRedundancyOptimizer's local `optim.state`); the rows are gathered
-over the ranks' own collective (DeviceRank.gather: dist.all_gather_object, hvd.allgather_object).
-The global (logical, unsharded) size of a part is what its tensors state: a DTensor's global
-shape times its itemsize, a plain tensor's own size (the same on every rank, checked), or, for
-a part each rank holds a disjoint partition of in plain tensors (ZeroRedundancyOptimizer's
-optimizer state: `partitioned`), the sum of the ranks' partitions. Buffers (BatchNorm's running
-statistics) are not parameters: no strategy here shards them, and they are not counted.
-
-`torch_precision` gives a record's `precision_policy` (contract/precision_policy.resolve): the
-compute dtype the forward gave its logits in (PlacementTracker.computed), the dtype the
-parameters are stored in (read from module.parameters()), the gradient-reduction dtype as the
-strategy reads it back, and the loss scaling.
+`state_bytes`: each rank's bytes of its parameters, their .grad and its optimizer's state
+tensors (a DTensor's local shard under FSDP2, whole tensors under DDP/Horovod), gathered over
+the ranks' own collective; a part's global size is what its tensors state (a DTensor's global
+shape; a plain tensor's own size, the same on every rank; the ranks' sum for a `partitioned`
+part). Buffers are not counted. `torch_precision`: the record's precision_policy (compute,
+parameter and reduction dtypes, loss scaling). docs/runners/torch_zero1.md has more.
 """
 
 from __future__ import annotations

@@ -90,10 +90,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model_spec, feed, net = td.rank_model(spec, ranks)
     step, parts, zero = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
-    result = join(result, {
-        "framework": td.framework_versions(),
-        "layout": "channels_first",
-        "strategy": STRATEGY,
+    result = join(result, td.nchw_fields(STRATEGY), {
         "optimizer": {"class": "torch.distributed.optim.ZeroRedundancyOptimizer",
                       "optimizer_class": type(zero.optim).__name__},
     }, partition_record(zero, ranks),
