@@ -43,20 +43,16 @@ def expect(family: str | None) -> None:
 
 # -- the frameworks' allocators --------------------------------------------------------------
 
-def _torch_devices() -> list[Any] | None:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+# A start function gets the imported framework module and returns the devices to read at the
+# end (None: none); window_start calls it only when the module is imported, an error is None.
+
+def _torch_start(torch: Any) -> Any:
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
-    return [i for i in range(torch.cuda.device_count())
-            if torch.cuda.memory_allocated(i) > 0 or torch.cuda.max_memory_allocated(i) > 0]
-
-
-def _torch_start() -> Any:
-    devices = _torch_devices()
-    if devices:
-        torch = sys.modules["torch"]
-        for i in devices:
-            torch.cuda.reset_peak_memory_stats(i)
+    devices = [i for i in range(torch.cuda.device_count())
+               if torch.cuda.memory_allocated(i) > 0 or torch.cuda.max_memory_allocated(i) > 0]
+    for i in devices:
+        torch.cuda.reset_peak_memory_stats(i)
     return devices
 
 
@@ -71,19 +67,14 @@ _TORCH = ("torch", _torch_start, _torch_end,
           "torch.cuda.reset_peak_memory_stats)")
 
 
-def _jax_gpus() -> list[Any] | None:
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return None
-    try:  # never initialise a backend the run did not (it would take GPU memory)
-        from jax._src import xla_bridge
+def _jax_gpus(jax: Any) -> list[Any] | None:
+    # never initialise a backend the run did not (it would take GPU memory)
+    from jax._src import xla_bridge
 
-        ready = getattr(xla_bridge, "backends_are_initialized", None)
-        if ready is not None and not ready():
-            return None
-        return [d for d in jax.local_devices() if d.platform != "cpu"]
-    except Exception:
+    ready = getattr(xla_bridge, "backends_are_initialized", None)
+    if ready is not None and not ready():
         return None
+    return [d for d in jax.local_devices() if d.platform != "cpu"]
 
 
 def _jax_end(devices: Any) -> dict[str, int]:
@@ -100,24 +91,14 @@ _JAX = ("jax", _jax_gpus, _jax_end,
         "(XLA cannot reset it), not the window's alone")
 
 
-def _tf_gpus() -> list[str] | None:
-    tf = sys.modules.get("tensorflow")
-    if tf is None:
+def _tf_start(tf: Any) -> Any:
+    from tensorflow.python.eager import context
+
+    # only a runtime the run started (listing devices would start one)
+    if getattr(context.context(), "_context_handle", None) is None:
         return None
-    try:  # only a runtime the run started (listing devices would start one)
-        from tensorflow.python.eager import context
-
-        if getattr(context.context(), "_context_handle", None) is None:
-            return None
-        return [d.name.split("device:")[-1] for d in tf.config.list_logical_devices("GPU")]
-    except Exception:
-        return None
-
-
-def _tf_start() -> Any:
-    gpus = _tf_gpus()
-    tf = sys.modules.get("tensorflow")
-    for name in gpus or ():
+    gpus = [d.name.split("device:")[-1] for d in tf.config.list_logical_devices("GPU")]
+    for name in gpus:
         with contextlib.suppress(Exception):
             tf.config.experimental.reset_memory_stats(name)
     return gpus
@@ -139,14 +120,8 @@ _TENSORFLOW = ("tf", _tf_start, _tf_end,
                "(reset at its start by reset_memory_stats)")
 
 
-def _mxnet_gpus() -> list[int] | None:
-    mx = sys.modules.get("mxnet")
-    if mx is None:
-        return None
-    try:
-        n = mx.context.num_gpus()
-    except Exception:
-        return None
+def _mxnet_gpus(mx: Any) -> list[int] | None:
+    n = mx.context.num_gpus()
     return list(range(n)) if n else None
 
 
@@ -221,7 +196,7 @@ def window_start() -> None:
     for name in _order():
         if name in sys.modules:
             try:
-                devices = ALLOCATORS[name][1]()
+                devices = ALLOCATORS[name][1](sys.modules[name])
             except Exception:
                 devices = None
             if devices:
