@@ -1,9 +1,7 @@
 """The Keras-idiomatic real-data path: a Sequence (Keras 2) / PyDataset (Keras 3) that reads
-the prepared JPEG file list with Pillow, as a Keras user writes it, fed to fit with workers.
-
-This is the path seed 000 measured as "Keras' generator" (1,332 images/sec next to MXNet's
-3,767). Preprocessing is runners.real_data's reference (decode, crop/flip, scale).
-Imports whichever `keras` the runner's environment has: only runner children import it.
+the prepared JPEG file list with Pillow (runners.real_data's preprocessing), as a Keras user
+writes it, fed to fit with workers (seed 000's "Keras' generator"). Imports whichever `keras`
+the runner's environment has: only runner children import it.
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ def fit_worker_kwargs(data: RealData) -> dict[str, Any]:
     PyDataset instead)."""
     if KERAS3:
         return {}
-    # workers=0: Keras 2 runs the Sequence on the main thread (no enqueuer), as Keras 3 does
-    # with workers=1 and no multiprocessing
+    # workers=0: the main thread (no enqueuer), as Keras 3 with workers=1
     return {"workers": data.workers, "use_multiprocessing": data.workers > 0,
             "max_queue_size": max(10, 2 * data.workers)}
 

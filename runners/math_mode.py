@@ -1,20 +1,12 @@
 """What "fp32" means on a GPU: IEEE float32 math, or TF32 tensor cores (precision `tf32`).
 
-Since Ampere, cuDNN and cuBLAS can run float32 convolutions and matmuls on TF32 tensor cores
-(10-bit mantissa), and the frameworks differ in what they do by default: PyTorch uses TF32 for
-convolutions but not matmuls, TensorFlow (2.4+) and JAX/XLA for both. Left alone, an "fp32"
-ResNet-50 is partly TF32 in one framework and wholly in another, and measured against a
-float32 matmul peak it shows an MFU above 100% (seen on an H100: jax_native 107%). So the
-harness names the math: precision `fp32` is IEEE float32 in every framework (TF32 off), and
-`tf32` is float32 storage with TF32 convolutions and matmuls (GPU only, compute capability 8.0
-or newer). The peak probe uses the same switch, so each is measured against its own peak.
-
-`apply(precision, device)` sets each framework the process has imported (runners import theirs
-at module top, before runners.common.main calls this); `read_back()` reads the settings back
-from those frameworks for the record. bf16 and fp16 runs are left at the framework's default
-and read back all the same. The launcher also sets NVIDIA_TF32_OVERRIDE=0 for every GPU run
-except tf32 ones (bench/launch.child_env): cuBLAS and cuDNN then refuse TF32 whatever a script
-asks, which covers code that sets its own math (tf_cnn_benchmarks, MXNet).
+The frameworks' defaults differ (PyTorch: TF32 convolutions only; TensorFlow and JAX: both),
+so the harness names the math: `fp32` is IEEE float32 in every framework (TF32 off), `tf32`
+is float32 storage with TF32 convolutions and matmuls (GPU only, compute capability 8.0+).
+`apply(precision, device)` sets each framework the process has imported (before the runner's
+benchmark); `read_back()` reads the settings back for the record (bf16 and fp16 runs keep the
+defaults, read back all the same). The launcher also sets NVIDIA_TF32_OVERRIDE=0 for every
+GPU run but tf32 ones, which covers code that sets its own math. Why: docs/runners/shared.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,16 @@
 """Memory per device over the timed window, and the model state a run holds (child side).
 
-runners.common's timed loop (timed_loop, TimedWindow) calls `window_start()` just before its
-clock starts and `window_end()` right after its last clock reading, so every runner is
-measured without code of its own; runners.common.main turns the reading into the result's
-`memory_per_device` ({device: bytes}) and `memory_source` (`for_result`), and a rank other
-than 0 writes its own to a side file beside the result (`side_file`) that the parent merges
-(bench/run/verdict.py).
-
-What is read, by what the process has imported and initialised (this module imports no
-framework: it looks in sys.modules):
-- torch with CUDA initialised: torch.cuda.max_memory_allocated of each device the process
-  allocated on, its peak reset at the window's start;
-- JAX on GPU: each local device's memory_stats()["peak_bytes_in_use"] (XLA cannot reset it:
-  the peak since the process started);
-- TensorFlow on GPU: tf.config.experimental.get_memory_info(device)["peak"], reset at the
-  window's start (reset_memory_stats);
-- MXNet on GPU: mx.context.gpu_memory_info (free, total): the device's used memory at the
-  window's end (the driver's view of the whole device), not a peak;
-- otherwise (CPU, no accelerator allocator): the process's peak resident memory over the
-  window, VmHWM of /proc/self/status reset at the window's start by writing 5 to
-  /proc/self/clear_refs (Linux >= 4.0); where that file cannot be written, getrusage's
-  ru_maxrss (the peak since the process started), said so. The rank's own process only:
-  DataLoader or Grain workers are processes of their own.
-
-The device's peak (`device_peak_bytes`, what capacity mode checks a budget against): on an
-accelerator the allocator's peak above; on CPU, where no framework allocator keeps statistics,
-the window's peak resident memory less the process's resident memory just before the runner
-built its model (`baseline()`, called by runners.common.main before the runner's benchmark;
-VmRSS, recorded as `memory_baseline`): the memory the run's model, optimizer, data and
-activations took, without the interpreter and the framework's own libraries. A process that
-drives N virtual CPU devices (JAX, TensorFlow) gives each its share, the figure / N.
-
-`model_state_torch`, `model_state_jax` and `model_state_keras` give the result's
-`model_state`: the bytes of the parameters, gradients and optimizer state, read from the
-framework's objects.
+runners.common's timed loop calls `window_start()` before its clock starts and `window_end()`
+after its last reading; runners.common.main turns the reading into the result's
+`memory_per_device`, `memory_source`, `device_peak_bytes` and `memory_baseline`
+(`for_result`). What is read depends on what the process has imported and initialised (no
+framework is imported here): the allocator's peak of torch, JAX, TensorFlow (reset at the
+window's start where the framework can) or MXNet's used GPU memory; on CPU the process's peak
+resident memory over the window (VmHWM reset through /proc/self/clear_refs, else getrusage's
+peak since start), whose device peak is counted above the resident memory before the model was
+built (`baseline()`) and shared by a process's N virtual devices. `model_state_torch`,
+`model_state_jax` and `model_state_keras` give the bytes of parameters, gradients and optimizer
+state. Details: docs/runners/shared.md.
 """
 
 from __future__ import annotations
@@ -66,20 +43,16 @@ def expect(family: str | None) -> None:
 
 # -- the frameworks' allocators --------------------------------------------------------------
 
-def _torch_devices() -> list[Any] | None:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+# A start function gets the imported framework module and returns the devices to read at the
+# end (None: none); window_start calls it only when the module is imported, an error is None.
+
+def _torch_start(torch: Any) -> Any:
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
-    return [i for i in range(torch.cuda.device_count())
-            if torch.cuda.memory_allocated(i) > 0 or torch.cuda.max_memory_allocated(i) > 0]
-
-
-def _torch_start() -> Any:
-    devices = _torch_devices()
-    if devices:
-        torch = sys.modules["torch"]
-        for i in devices:
-            torch.cuda.reset_peak_memory_stats(i)
+    devices = [i for i in range(torch.cuda.device_count())
+               if torch.cuda.memory_allocated(i) > 0 or torch.cuda.max_memory_allocated(i) > 0]
+    for i in devices:
+        torch.cuda.reset_peak_memory_stats(i)
     return devices
 
 
@@ -89,19 +62,19 @@ def _torch_end(devices: Any) -> dict[str, int]:
             for i in devices or ()}
 
 
-def _jax_gpus() -> list[Any] | None:
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return None
-    try:  # never initialise a backend the run did not (it would take GPU memory)
-        from jax._src import xla_bridge
+_TORCH = ("torch", _torch_start, _torch_end,
+          "torch.cuda.max_memory_allocated over the timed window (peak reset at its start by "
+          "torch.cuda.reset_peak_memory_stats)")
 
-        ready = getattr(xla_bridge, "backends_are_initialized", None)
-        if ready is not None and not ready():
-            return None
-        return [d for d in jax.local_devices() if d.platform != "cpu"]
-    except Exception:
+
+def _jax_gpus(jax: Any) -> list[Any] | None:
+    # never initialise a backend the run did not (it would take GPU memory)
+    from jax._src import xla_bridge
+
+    ready = getattr(xla_bridge, "backends_are_initialized", None)
+    if ready is not None and not ready():
         return None
+    return [d for d in jax.local_devices() if d.platform != "cpu"]
 
 
 def _jax_end(devices: Any) -> dict[str, int]:
@@ -113,24 +86,19 @@ def _jax_end(devices: Any) -> dict[str, int]:
     return out
 
 
-def _tf_gpus() -> list[str] | None:
-    tf = sys.modules.get("tensorflow")
-    if tf is None:
+_JAX = ("jax", _jax_gpus, _jax_end,
+        "jax Device.memory_stats()['peak_bytes_in_use']: the peak since the process started "
+        "(XLA cannot reset it), not the window's alone")
+
+
+def _tf_start(tf: Any) -> Any:
+    from tensorflow.python.eager import context
+
+    # only a runtime the run started (listing devices would start one)
+    if getattr(context.context(), "_context_handle", None) is None:
         return None
-    try:  # only a runtime the run started (listing devices would start one)
-        from tensorflow.python.eager import context
-
-        if getattr(context.context(), "_context_handle", None) is None:
-            return None
-        return [d.name.split("device:")[-1] for d in tf.config.list_logical_devices("GPU")]
-    except Exception:
-        return None
-
-
-def _tf_start() -> Any:
-    gpus = _tf_gpus()
-    tf = sys.modules.get("tensorflow")
-    for name in gpus or ():
+    gpus = [d.name.split("device:")[-1] for d in tf.config.list_logical_devices("GPU")]
+    for name in gpus:
         with contextlib.suppress(Exception):
             tf.config.experimental.reset_memory_stats(name)
     return gpus
@@ -147,14 +115,13 @@ def _tf_end(devices: Any) -> dict[str, int]:
     return out
 
 
-def _mxnet_gpus() -> list[int] | None:
-    mx = sys.modules.get("mxnet")
-    if mx is None:
-        return None
-    try:
-        n = mx.context.num_gpus()
-    except Exception:
-        return None
+_TENSORFLOW = ("tf", _tf_start, _tf_end,
+               "tf.config.experimental.get_memory_info(device)['peak'] over the timed window "
+               "(reset at its start by reset_memory_stats)")
+
+
+def _mxnet_gpus(mx: Any) -> list[int] | None:
+    n = mx.context.num_gpus()
     return list(range(n)) if n else None
 
 
@@ -167,21 +134,14 @@ def _mxnet_end(devices: Any) -> dict[str, int]:
     return out
 
 
+_MXNET = ("mxnet", _mxnet_gpus, _mxnet_end,
+          "mx.context.gpu_memory_info: the device's used memory (total - free, as the driver "
+          "sees the whole device) at the window's end, not a peak")
+
+
 # name: (family, devices at the start (reset there), the bytes at the end, what it is)
 ALLOCATORS: dict[str, tuple[str, Any, Any, str]] = {
-    "torch": ("torch", _torch_start, _torch_end,
-              "torch.cuda.max_memory_allocated over the timed window (peak reset at its start "
-              "by torch.cuda.reset_peak_memory_stats)"),
-    "jax": ("jax", _jax_gpus, _jax_end,
-            "jax Device.memory_stats()['peak_bytes_in_use']: the peak since the process "
-            "started (XLA cannot reset it), not the window's alone"),
-    "tensorflow": ("tf", _tf_start, _tf_end,
-                   "tf.config.experimental.get_memory_info(device)['peak'] over the timed "
-                   "window (reset at its start by reset_memory_stats)"),
-    "mxnet": ("mxnet", _mxnet_gpus, _mxnet_end,
-              "mx.context.gpu_memory_info: the device's used memory (total - free, as the "
-              "driver sees the whole device) at the window's end, not a peak"),
-}
+    "torch": _TORCH, "jax": _JAX, "tensorflow": _TENSORFLOW, "mxnet": _MXNET}
 
 
 def _order() -> list[str]:
@@ -200,20 +160,10 @@ def _status_kb(field: str) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def _vm_hwm() -> int | None:
-    return _status_kb("VmHWM")
-
-
-def _vm_rss() -> int | None:
-    return _status_kb("VmRSS")
-
-
 def baseline() -> None:
-    """Before the runner builds its model (runners.common.main, before the runner's
-    benchmark): the process's resident memory now, which its CPU device peak is counted
-    above."""
+    """Before the runner builds its model: the resident memory its CPU device peak is above."""
     global _baseline
-    _baseline = _vm_rss()
+    _baseline = _status_kb("VmRSS")
 
 
 def _reset_hwm() -> bool:
@@ -227,7 +177,7 @@ def _reset_hwm() -> bool:
 
 
 def _cpu_end(reset: bool) -> tuple[int | None, str]:
-    hwm = _vm_hwm() if reset else None
+    hwm = _status_kb("VmHWM") if reset else None
     if hwm is not None:
         return hwm, ("peak resident memory over the timed window (VmHWM of /proc/self/status, "
                      f"reset at its start through /proc/self/clear_refs) of {WORKERS_NOTE}")
@@ -246,7 +196,7 @@ def window_start() -> None:
     for name in _order():
         if name in sys.modules:
             try:
-                devices = ALLOCATORS[name][1]()
+                devices = ALLOCATORS[name][1](sys.modules[name])
             except Exception:
                 devices = None
             if devices:
@@ -255,9 +205,9 @@ def window_start() -> None:
 
 
 def window_end() -> dict[str, Any] | None:
-    """Right after the window's last clock reading: the peaks, kept in `last` and returned as
-    {"devices": {device as the framework names it: bytes} or {} on CPU, "cpu": bytes of the
-    process when no accelerator allocator was read, "source": what was read}."""
+    """After the window's last clock reading: the peaks, kept in `last` and returned as
+    {"devices": {framework's device name: bytes} or {}, "cpu": the process's bytes when no
+    accelerator allocator was read, "source": what was read}."""
     global last, _start
     if _start is None:
         return None
@@ -284,12 +234,9 @@ def window_end() -> dict[str, Any] | None:
 
 
 def for_result(spec: Any, rank: int) -> dict[str, Any]:
-    """The result's memory_per_device and memory_source from the latest window's reading: its
-    devices keyed rank<r>:<device> for a process that drives one device (torchrun,
-    horovodrun ranks), process<r>:<device> for one that drives several; on CPU the process's
-    one figure (N virtual devices share it: said once, not per device). With them the
-    device_peak_bytes (module docstring) under the same keys, and on CPU the memory_baseline
-    it is counted above."""
+    """The result's memory_per_device, memory_source, device_peak_bytes and memory_baseline
+    from the latest reading, keyed rank<r>:<device> for a process that drives one device,
+    process<r>:<device> for one that drives several; on CPU the process's one figure."""
     if last is None:
         return {"memory_per_device": None,
                 "memory_source": "no timed window ran in this process (an external program's, "
@@ -365,10 +312,8 @@ def model_state_torch(module: Any, optimizer: Any = None) -> dict[str, Any]:
 
 def model_state_jax(params: Any, opt_state: Any, model_state: Any = None) -> dict[str, Any]:
     """{"model_state": ...} of a params tree, an optax state and the model's other state
-    (BatchNorm's batch_stats, counted with the params as torch's buffers and Keras'
-    non-trainable weights are): each array's nbytes (a replicated array's one copy: every
-    device holds it); the gradients are a tree of the params' shapes, made inside the jitted
-    step."""
+    (batch_stats, counted with the params): each array's nbytes (one copy of a replicated
+    array); the gradients are the params' shapes, made inside the jitted step."""
     import jax
 
     def nbytes(tree: Any) -> int:
@@ -382,9 +327,8 @@ def model_state_jax(params: Any, opt_state: Any, model_state: Any = None) -> dic
 
 
 def model_state_keras(model: Any, optimizer: Any = None) -> dict[str, Any]:
-    """{"model_state": ...} of a Keras model (model.weights: trainable and not) and its
-    optimizer (optimizer.variables, default model.optimizer); the gradients are the trainable
-    weights' shapes, as Keras computes them each step."""
+    """{"model_state": ...} of a Keras model (model.weights) and its optimizer's variables
+    (default model.optimizer); the gradients are the trainable weights' shapes."""
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
 
     def nbytes(variables: Any) -> int:

@@ -1,8 +1,6 @@
 """Pipeline mode, the naive baseline: one Python process decodes (Pillow), crops and flips
-(numpy) and stacks every image of every batch in turn, with no workers and no prefetch.
-
-This is the loop seed 000 measured at 257 images/sec on a DGX-1 against MXNet's 3,767. It runs
-in the harness's own interpreter (numpy and Pillow, no framework); the plan gives it 0 workers.
+(numpy) and stacks every image of every batch in turn, with no workers and no prefetch (the
+loop seed 000 measured against MXNet's; docs/runners/shared.md). Needs no framework.
 """
 
 from __future__ import annotations

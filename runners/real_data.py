@@ -1,17 +1,13 @@
 """Child-side real-data pieces every family shares: the prepared dataset, the preprocessing
 every pipeline must reproduce, the naive PIL loop, and the timing of a pipeline on its own.
 
-The preprocessing is defined once, here, and each framework's pipeline implements the same
-steps with its own ops:
-  1. decode the JPEG to RGB uint8;
-  2. if the shorter side is below the model's input size S, resize it to S (bilinear);
-  3. crop S x S: at a uniformly random position (`crop-flip`) or at the centre (`none`);
-  4. `crop-flip` only: flip left-right with probability 1/2;
-  5. float32 = pixel / 127.5 - 1, labels int.
-Batches are whole (drop the remainder), the order is shuffled every epoch, and the data
-repeats forever. Multi-process runners give rank r the files r, r + world, ... (disjoint).
-
-Imports numpy and Pillow only (every family's environment has both).
+The preprocessing, defined here once and implemented by each framework's pipeline with its own
+ops: decode the JPEG to RGB uint8; bring a shorter side below the model's input size S up to S
+(bilinear); crop S x S at a random position (`crop-flip`) or the centre (`none`); `crop-flip`
+only: flip left-right with probability 1/2; float32 = pixel / 127.5 - 1, labels int. Batches
+are whole, the order is shuffled every epoch, the data repeats forever; rank r of a
+multi-process runner reads files r, r + world, ... Imports numpy and Pillow only (every
+family's environment has both). Details: docs/runners/shared.md.
 """
 
 from __future__ import annotations
@@ -98,6 +94,13 @@ def check_classes(data: RealData, num_classes: int, model: str) -> None:
                           f"{num_classes} outputs")
 
 
+def open_for_model(spec: Spec, model_spec: Any) -> RealData:
+    """open_dataset, checked against the model's outputs (check_classes)."""
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec.model)
+    return data
+
+
 def rank_files(files: list[tuple[str, int]], rank: int, world: int) -> list[tuple[str, int]]:
     """The disjoint share of one rank: files rank, rank + world, ..."""
     share = files[rank::world]
@@ -158,9 +161,8 @@ def epoch_order(n: int, epoch: int, seed: int = 0) -> np.ndarray:
 
 
 def batch_at(n: int, batch: int, i: int, seed: int = 0) -> np.ndarray:
-    """The indices of batch i of the endless stream of shuffled epochs (random access, so
-    loaders with worker processes can compute any batch). Each epoch's remainder is dropped;
-    when the share is smaller than one batch, batches run across epoch boundaries instead."""
+    """The indices of batch i of the endless stream of shuffled epochs (random access, for
+    loader workers): each epoch's remainder dropped, or across epochs when n < batch."""
     if n >= batch:
         epoch, j = divmod(i, n // batch)
         return epoch_order(n, epoch, seed)[j * batch:(j + 1) * batch]
@@ -201,9 +203,8 @@ def cores() -> int:
 
 
 def tree_cpu_seconds(root: int | None = None) -> float | None:
-    """CPU seconds (user + system, threads included) used so far by a process and all its
-    live descendants plus the ones they reaped: a pipeline's worker processes count too.
-    None where there is no /proc (not Linux)."""
+    """CPU seconds (user + system, threads included) used so far by a process, its live
+    descendants and the ones they reaped (a pipeline's workers); None without /proc."""
     root = root or os.getpid()
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
@@ -235,15 +236,10 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
 
 def time_pipeline(spec: Spec, batches: Iterator[Any], batch: int,
                   count: Any = None) -> dict[str, Any]:
-    """Pipeline mode: the timed loop over batches: pull warmup_steps batches, then time
-    measure_steps batches.
-
-    `count(b)` returns how many images batch b holds (default: len(b[0])) and must touch the
-    data so that lazy pipelines finish producing it (warm-up batches too, so the clock starts
-    once the last warm-up batch is produced); every batch must be whole. Images per
-    core divide the images by the CPU seconds the process tree spent in the window (threads
-    and worker processes alike), so a pipeline that quietly uses every core is not credited
-    with its worker count."""
+    """Pipeline mode: pull warmup_steps batches, then time measure_steps batches. `count(b)`
+    gives batch b's images (default len(b[0])), touching the data so a lazy pipeline finishes
+    it; every batch must be whole. Images per core are over the process tree's CPU seconds in
+    the window (threads and worker processes alike)."""
     count = count or (lambda b: len(b[0]))
     seen, cpu0 = 0, None  # images in the window; the tree's CPU seconds when it opens
 

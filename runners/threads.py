@@ -1,33 +1,14 @@
-"""Thread settings: the policy the parent applies to every run, and what a run actually used.
+"""Thread settings: what a run actually used (child side); the policy itself is
+contract/launch_env.py's, re-exported here.
 
-Every framework is given the thread settings its own documentation tells its users to set, the
-same way, so that no row compares one busy core against two (issue 13, "Every framework on
-equal footing"). A variable the user exported is never overridden; MGBENCH_THREAD_POLICY=off
-leaves every framework on its bare defaults.
-
-Policy (CPU runs; GPU runs keep the frameworks' defaults):
-- MXNet: OMP_NUM_THREADS = physical cores / concurrent CPU contexts. MXNet's perf guide
-  (docs/faq/perf.md, "Intel CPU") says to set OMP_NUM_THREADS to `vCPUs / 2`, one OpenMP thread
-  per physical core of a 2-way hyper-threaded Xeon, and env_var.md says to leave
-  MXNET_CPU_WORKER_NTHREADS at 1 and parallelise operators through OMP_NUM_THREADS. Without it,
-  MXNet 1.9 (src/engine/openmp.cc) takes omp_get_num_procs() / 2 on any x86 CPU, assuming two
-  hyper-threads per core: on a host without SMT it uses half the cores. MXNet's threaded engine
-  runs one worker (with its own OpenMP team) per CPU context, so N contexts share the cores;
-  keras-mxnet binds every cpu(i) to cpu(0), one context whatever N is.
-  KMP_AFFINITY (the guide's other variable) is Intel OpenMP's; the pip wheel links GNU libgomp,
-  which ignores it, and OMP_PLACES slows that wheel down (apache/mxnet#14087): neither is set.
-- PyTorch and Horovod, one process per device (torchrun, horovodrun): OMP_NUM_THREADS =
-  physical cores / ranks per process. torchrun sets 1 when the variable is unset and tells the
-  user to tune it; a single process's default (torch.get_num_threads()) is the physical cores,
-  so each rank gets its share of them.
-- TensorFlow: its defaults (intra- and inter-op parallelism 0: TensorFlow sizes both pools to
-  the host), as tf.config.threading documents; recorded, not set.
-- JAX: XLA's defaults (one Eigen pool over every core, shared by all host-platform devices);
-  XLA_FLAGS recorded, not set.
-
-`observed()` runs in the child after the benchmark (runners/common.main): the thread variables
-in its environment, what each framework already imported reports, and the CPU seconds of the
-process's busiest threads. It imports no framework and never raises.
+The parent gives every framework the thread settings its own documentation tells its users to
+set (CPU runs: MXNet and the one-process-per-device launchers OMP_NUM_THREADS from the
+physical cores; TensorFlow and JAX their defaults, recorded), never overriding a variable the
+user exported; MGBENCH_THREAD_POLICY=off leaves the bare defaults. `observed()` runs in the
+child after the benchmark (runners/common.main): the thread variables in its environment,
+what each framework already imported reports, and the CPU seconds of the process's busiest
+threads. It imports no framework and never raises. The policy's reasons:
+docs/runners/shared.md.
 """
 
 from __future__ import annotations
@@ -41,7 +22,6 @@ from typing import Any
 
 from contract.launch_env import POLICY_VAR, THREAD_VARS, physical_cores, thread_env  # noqa: F401
 
-# ---- child side: what the run used ----
 
 def _tensorflow(tf: Any) -> dict[str, Any]:
     threading = tf.config.threading
@@ -76,17 +56,14 @@ def _jax(jax: Any) -> dict[str, Any]:
     return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "version": jax.__version__}
 
 
-PROBES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
-    "tensorflow": ("tensorflow", _tensorflow),
-    "torch": ("torch", _torch),
-    "mxnet": ("mxnet", _mxnet),
-    "jax": ("jax", _jax),
-}
+# each imported framework's own answer, by module name (the record's key)
+PROBES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "tensorflow": _tensorflow, "torch": _torch, "mxnet": _mxnet, "jax": _jax}
 
 
 def openmp_max_threads() -> int | None:
-    """omp_get_max_threads() of the GNU OpenMP runtime this process already loaded (None if it
-    loaded none: loading one here would answer for a runtime nobody uses)."""
+    """omp_get_max_threads() of the GNU OpenMP runtime this process already loaded (None if
+    none is loaded)."""
     try:
         with open("/proc/self/maps") as fh:
             paths = {line.split()[-1] for line in fh if "libgomp" in line}
@@ -100,8 +77,7 @@ def openmp_max_threads() -> int | None:
 
 def busiest_threads(top: int = 4) -> list[float]:
     """CPU seconds (user + system) of this process's busiest threads so far, most first (Linux
-    /proc; empty elsewhere). Unlike busy cores over wall time, how the CPU time splits between
-    threads does not change when other processes share the cores."""
+    /proc; empty elsewhere)."""
     ticks = os.sysconf("SC_CLK_TCK")
     times = []
     try:
@@ -127,10 +103,10 @@ def observed() -> dict[str, Any]:
         with contextlib.suppress(AttributeError, OSError):
             out["cpus_allowed"] = len(os.sched_getaffinity(0))
         out["busiest_threads_cpu_s"] = busiest_threads()
-        for name, (module, probe) in PROBES.items():
-            if module in sys.modules:
+        for name, probe in PROBES.items():
+            if name in sys.modules:
                 try:
-                    out[name] = probe(sys.modules[module])
+                    out[name] = probe(sys.modules[name])
                 except Exception as exc:  # evidence, never a reason to lose a run
                     out[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
     except Exception as exc:

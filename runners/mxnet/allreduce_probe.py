@@ -1,36 +1,14 @@
-"""The MXNet all-reduce probe (mode allreduce, issue 17): the kvstore's sum over one machine's
-contexts, as Gluon's Trainer and the Module API reduce gradients in MXNet 1.9.1.
+"""The MXNet all-reduce probe (mode allreduce): the kvstore's sum over one machine's contexts,
+as Gluon's Trainer and the Module API reduce gradients in MXNet 1.9.1.
 
-Contexts: one process driving spec.num_devices contexts (runners/mxnet/common.contexts):
-mx.gpu(0..N-1) on GPUs, mx.cpu(0..N-1) on CPU, distinct contexts that share the host (MXNet
-keeps one copy of every array per context and reduces them through the kvstore as between
-GPUs; what mxnet_native trains on). Kvstore: mx.kv.create('device'), mxnet_native's default
-(KVStoreLocal with CommDevice: the pushed copies are summed on the devices, peer to peer
-between GPUs, then the sum is copied back to every context).
-One all-reduce: `kv.pushpull(key, inputs, out=outputs)` of the key's N per-context arrays,
-the call Gluon's Trainer._allreduce_grads (update_on_kvstore False) and Module's
-_update_params make for each dense gradient in 1.9.1; KVStoreLocal runs it as a push (the N
-arrays summed; with no optimizer set on the kvstore the sum replaces the stored value) then a
-pull (the stored sum broadcast to the N outputs). The key is initialised once, as the Trainer
-does, with kv.init on the first context's array. The inputs are separate from the outputs, so
-every iteration sums the same values (Gluon sums in place, into the gradients; the next
-backward overwrites them).
-Timing: contract/collectives.measure_size: iterations pushed back to back (MXNet's engine is
-asynchronous), the clock stopped once every output of the last one is readable
-(NDArray.wait_to_read on each). One process times every context at once.
-Evidence (read back from MXNet): replicas and world_size = kv.num_workers x the distinct
-contexts the arrays were pushed from, devices = each pushed array's NDArray.context, kv.type,
-kv.num_workers, kv.rank, the contexts of the pulled outputs.
-
-Follows MXNet 1.9.1's KVStore API as its Gluon Trainer and Module use it on one machine.
-Differs from what a user ran: one key per call instead of one per parameter (a Trainer
-pushpulls every parameter's gradient under its own key with priority -index, so the engine
-overlaps the keys; MXNet has no fusion buffer), no optimizer on the kvstore (a Module with
-update_on_kvstore, the single-machine default there, also runs the update on the summed value
-before the pull), and the probe's buffer sizes. Multi-node (dist_sync kvstores) is not built.
-All-gather and reduce-scatter (issue 27): MXNet 1.9.1's KVStore has push, pull, pushpull,
-broadcast and row_sparse_pull, no all-gather or reduce-scatter (the probe asks the kvstore
-object for allgather / reducescatter methods); both are recorded unavailable with that reason.
+One process drives N contexts (mx.cpu(i) or mx.gpu(i), as mxnet_native); each all-reduce is
+`kv.pushpull(key, inputs, out=outputs)` of the key's N per-context arrays on a 'device'
+kvstore (mxnet_native's default), the key initialised once with kv.init as the Trainer does.
+Iterations run back to back; the clock stops once every output of the last is readable.
+Evidence read back from MXNet: kv.type, num_workers, rank and the arrays' contexts.
+Differs from a Trainer: one key per call instead of one per parameter (with priorities), no
+optimizer on the kvstore, the probe's sizes; one machine only. MXNet's KVStore has no
+all-gather or reduce-scatter: both are recorded unavailable. See docs/runners/mxnet_native.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
-"""MXNet-family child code shared by mxnet_native and keras_mxnet: contexts, versions, and the
-import of keras-mxnet on a modern Python.
-
-Imports MXNet: only runner child processes (and the MXNet parity test) import this module.
-"""
+"""MXNet-family child code shared by mxnet_native, keras_mxnet and the probes: contexts, the
+timed context steps, synthetic batches, versions, and the import of keras-mxnet on a modern
+Python. Imports MXNet: only runner children (and the MXNet parity test) import it."""
 
 from __future__ import annotations
 
 import collections
 import collections.abc
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 # MXNet's OpenMP pool is sized to the machine; quiet its start-up chatter.
@@ -26,13 +24,9 @@ DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 
 def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
-    """The run's N MXNet contexts: mx.cpu(0..N-1) (device: cpu) or mx.gpu(0..N-1) (device: gpu).
-    N is the devices of one node (spec.devices_per_node): all of the run's on one node, this
-    worker's on a multi-node run.
-
-    On a CPU, mx.cpu(i) are distinct contexts that share the host's cores and memory: MXNet
-    keeps a separate copy of every parameter and gradient per context and reduces them through
-    the kvstore exactly as it does between GPUs, which is what makes them virtual devices."""
+    """This node's N = spec.devices_per_node contexts, mx.cpu(i) or mx.gpu(i), and their device
+    records. CPU contexts share the host but keep their own parameter copies, reduced through
+    the kvstore as between GPUs: virtual devices."""
     n = spec.devices_per_node
     if spec.device == "cpu":
         ctxs = [mx.cpu(i) for i in range(n)]
@@ -49,10 +43,9 @@ def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
 
 def gluon_model(name: str, ctxs: list[mx.Context], weights: dict[str, np.ndarray] | None = None,
                 inputs: Sequence[Any] = ()) -> mx.gluon.HybridBlock:
-    """The Gluon model `name` from models/ with a copy of its parameters on every context,
-    hybridised with static memory and shapes (as MXNet's docs advise for speed): Xavier
-    initialised, or at the canonical `weights`, set once a forward pass on each of `inputs`
-    (one slice per context, no gradient) has completed Gluon's deferred shape inference."""
+    """The Gluon model `name` with a parameter copy on every context, hybridised (static memory
+    and shapes): Xavier initialised, or at the canonical `weights`, set once a forward pass on
+    each of `inputs` (one slice per context) has completed Gluon's shape inference."""
     net = load_builder(name, "gluon")(get_spec(name))
     net.initialize(mx.init.Zero() if weights is not None else
                    mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
@@ -64,14 +57,19 @@ def gluon_model(name: str, ctxs: list[mx.Context], weights: dict[str, np.ndarray
     return net
 
 
+def forever(x: Any, y: Any) -> Iterator[tuple[Any, Any]]:
+    """The same batch (or per-context slices) every step."""
+    while True:
+        yield x, y
+
+
 def mean_loss(losses: list[Any], global_batch: int) -> float:
     """The global mean loss of a step (reading it waits for the forward pass)."""
     return finite(sum(float(l.sum().asscalar()) for l in losses) / global_batch)  # noqa: E741
 
 
 class StepLoss:
-    """A step's global mean loss, computed when float() reads it: the timed loop reads it after
-    the step's clock reading, so the reduction of the loss arrays is not timed with the step."""
+    """A step's global mean loss, reduced when float() reads it (after the clock reading)."""
 
     def __init__(self, losses: list[Any], global_batch: int) -> None:
         self.losses, self.global_batch = losses, global_batch
@@ -82,11 +80,9 @@ class StepLoss:
 
 def timed_context_steps(spec: Spec, step: Callable[[], list[Any]], trainer: mx.gluon.Trainer,
                         global_batch: int) -> tuple[TimedWindow, int, list[Any]]:
-    """runners.common.timed_loop over `step` (one step over every context; it returns each
-    context's loss array), each step ended by mx.nd.waitall() (MXNet's engine is asynchronous:
-    the update has then landed on every context). Returns the window, the steps the trainer's
-    optimizer applied in it (its num_update) and the loss arrays of the last step (where it
-    ran)."""
+    """runners.common.timed_loop over `step` (returning each context's loss array), each step
+    ended by mx.nd.waitall() (MXNet's engine is asynchronous). Returns the window, the steps
+    the optimizer applied in it (num_update) and the last step's loss arrays."""
     optimizer = trainer._optimizer  # its num_update counts applied steps
     start = 0  # num_update when the clock starts
     last: list[Any] = []
@@ -121,12 +117,9 @@ def synthetic_arrays(model_spec: ModelSpec, batch: int, seed: int = 0
 
 
 def import_keras_mxnet() -> Any:
-    """Import keras-mxnet 2.2.4.3 with the MXNet backend and return the keras module.
-
-    keras-mxnet (last released 2019) still does `from collections import Iterable` in
-    keras/callbacks.py; Python 3.10 removed those aliases of collections.abc. Rather than patch
-    site-packages, put the aliases back on the collections module in this process only, before
-    Keras is imported; nothing else in the child depends on their absence."""
+    """Import keras-mxnet 2.2.4.3 with the MXNet backend (channels_first) and return keras.
+    keras-mxnet imports collections.Iterable and the like, gone since Python 3.10: the aliases
+    are put back on collections in this process only (docs/runners/keras_mxnet.md)."""
     for name in ("Iterable", "Mapping", "MutableMapping", "Sequence", "Callable"):
         if not hasattr(collections, name):
             setattr(collections, name, getattr(collections.abc, name))

@@ -1,17 +1,13 @@
 """MXNet's real-data pipeline, shared by mxnet_native, keras_mxnet and pipeline mode: the C++
 mx.io.ImageRecordIter over the prepared train.rec, as MXNet's own ImageNet scripts feed it.
 
-The iterator implements runners.real_data's preprocessing with its own ops: OpenCV decodes the
-JPEG (BGR, handed out as RGB) in `preprocess_threads` threads (the run's loader workers, at
-least 1); `resize` brings the shorter side to S only when some image is smaller than S (the
-manifest's resize option says so, or the image headers when prepare-data kept the sizes);
-`rand_crop`/`rand_mirror` give crop-flip, a centre crop otherwise; (pixel - 127.5) / 127.5
-gives [-1, 1]. It reshuffles every epoch (shuffle through the index file); round_batch wraps the
-last batch of an epoch into the next, so every batch is whole; the stream below resets the
-iterator at each epoch's end, forever. Batches are NCHW float32 (MXNet's layout), labels
-float32 holding the integer class (what MXNet's losses take).
-
-Imports MXNet: only MXNet-family children import this module.
+It implements runners.real_data's preprocessing with its own ops: OpenCV decode in the run's
+loader workers' threads, `resize` of the shorter side to S only when some image is smaller,
+rand_crop/rand_mirror for crop-flip (a centre crop otherwise), (pixel - 127.5) / 127.5. It
+reshuffles every epoch and round_batch keeps every batch whole; `stream` resets it at each
+epoch's end, forever. Batches are NCHW float32, labels float32 class ids. Differs from the
+reference: MXNet's resize scales larger images down too when the sizes are mixed (said in the
+record). Details: docs/runners/mxnet_native.md. Imports MXNet: only MXNet-family children.
 """
 
 from __future__ import annotations
@@ -26,18 +22,15 @@ import numpy as np
 from runners.common import Invalid, Unavailable
 from runners.real_data import RealData, cores
 
-# MXNet's defaults, named for the record: the producer thread runs up to READ_AHEAD batches
-# ahead (kMaxPrefetchBuffer in iter_image_recordio_2.cc); PREFETCH batches already handed out
-# are held before their buffers are reused, so the engine can still be reading them.
+# MXNet's defaults, named for the record: batches the producer runs ahead (kMaxPrefetchBuffer),
+# and batches handed out that are held before their buffers are reused
 READ_AHEAD, PREFETCH = 16, 4
 _SIDES: dict[Path, tuple[int, int]] = {}  # the header scan, once per dataset
 
 
 def shorter_sides(data: RealData) -> tuple[int, int]:
-    """The smallest and largest shorter side of the dataset's images.
-
-    From the manifest when prepare-data resized every shorter side to one value, else from the
-    JPEG headers (Pillow reads only the header)."""
+    """The smallest and largest shorter side of the dataset's images: the manifest's resize,
+    else read from the JPEG headers."""
     resize = int(data.manifest.get("options", {}).get("resize", 0))
     if resize > 0:
         return resize, resize
@@ -53,11 +46,8 @@ def shorter_sides(data: RealData) -> tuple[int, int]:
 
 
 def resize_for(data: RealData, size: int) -> tuple[int, str]:
-    """ImageRecordIter's `resize` for input size S (-1: none) and what it does, in words.
-
-    MXNet's resize scales every image's shorter side to S, larger ones down as well; the
-    reference only scales smaller ones up. With a mix of both, the larger images are scaled
-    down too, and the description says so."""
+    """ImageRecordIter's `resize` for input size S (-1: none) and what it does, in words (MXNet
+    scales larger shorter sides down too, where the reference only scales smaller ones up)."""
     low, high = shorter_sides(data)
     if low >= size:
         return -1, "no resize (every shorter side >= S)"
@@ -70,24 +60,18 @@ def resize_for(data: RealData, size: int) -> tuple[int, str]:
 def record_iter(data: RealData, size: int, batch: int, device: str = "cpu",
                 shuffle: bool = True, seed: int = 0, part_index: int = 0,
                 num_parts: int = 1) -> mx.io.ImageRecordIter:
-    """The ImageRecordIter over train.rec giving `batch` images of S x S per batch.
-
-    part_index of num_parts reads a disjoint share (one process per device; the runners here
-    are single-process and read it all)."""
+    """The ImageRecordIter over train.rec giving `batch` images of S x S per batch; part_index
+    of num_parts reads a disjoint share (a multi-node worker's)."""
     share = len(data.files[part_index::num_parts])
     if share < batch:
-        # ImageRecordIter wraps a short epoch only once: it aborts the process (a C++ CHECK)
-        # when one batch needs more images than the whole share holds
+        # ImageRecordIter aborts the process (a C++ CHECK) when a batch outgrows the share
         raise Unavailable(f"dataset share of {share} images is smaller than the batch of "
                           f"{batch}; ImageRecordIter cannot fill a batch")
     rec, idx = data.recordio
     resize, _ = resize_for(data, size)
     flip = data.augmentation == "crop-flip"
-    # ctx "gpu" picks MXNet's prefetching ImageRecordIter2 (a producer thread keeps batches
-    # ready while the model trains); ctx "cpu" would pick ImageRecordIter2CPU, which decodes
-    # inside next() with no prefetch. device_id -1 fills plain host memory (CPU runs), a GPU
-    # id fills pinned memory for the copies to the GPUs. seed_aug is not set: MXNet reseeds
-    # with it by position in the batch, which repeats the same crops and flips every batch.
+    # ctx "gpu": the prefetching ImageRecordIter2 (device_id -1: plain host memory, a GPU id:
+    # pinned); seed_aug unset, as it repeats the same crops every batch (see the docs page)
     return mx.io.ImageRecordIter(
         path_imgrec=str(rec), path_imgidx=str(idx), data_shape=(3, size, size),
         batch_size=batch, label_width=1, shuffle=shuffle, seed=seed, round_batch=True,
@@ -125,8 +109,8 @@ def nd_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[Any, Any]]:
 
 
 def decode_threads(data: RealData) -> tuple[int, str]:
-    """The decode threads MXNet runs, and how they came from the run's workers: at least 1,
-    and at most the cores this process may use (MXNet caps preprocess_threads there)."""
+    """The decode threads MXNet runs (the run's workers, at least 1, capped at the cores this
+    process may use, as MXNet caps them) and a note when capped."""
     asked = max(1, data.workers)
     threads = min(asked, cores())
     note = (f" (workers {data.workers} capped at the {cores()} cores, as MXNet does)"

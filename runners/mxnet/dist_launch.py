@@ -1,53 +1,17 @@
-"""ps-lite's roles for a multi-node mxnet_native run (issue 16): the scheduler and the servers
-of MXNet's `dist_sync` kvstore, started beside the worker by the worker itself.
+"""ps-lite's roles for a multi-node mxnet_native run: the scheduler and the servers of MXNet's
+`dist_sync` kvstore, started beside the worker by the worker itself; and the multi-node record.
 
-MXNet 1.9.1's distributed training is a parameter server (ps-lite, 3rdparty/ps-lite): every
-process has a role read from DMLC_ROLE. One scheduler (at DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT)
-registers the others and assigns their ids; DMLC_NUM_SERVER servers hold the keys; the
-DMLC_NUM_WORKER workers push and pull them. MXNet's own launcher (tools/launch.py, through
-dmlc-core's tracker: its local, ssh, mpi and slurm modes) starts the scheduler in the launching
-process's tracker and the same training command once per worker and once per server, each with
-its DMLC_ROLE; `import mxnet` in a server or scheduler runs that role
-(mxnet/kvstore/kvstore_server.py: create('dist'), KVStoreServer.run()) and exits the process
-when the job ends, so the training script never gets past its import there.
-
-Here the harness starts one process per node through srun (bench/run/slurm_job.py), and that
-process brings up the roles of its node as child processes of the same interpreter
-(`python -m runners.mxnet.dist_launch ROLE`, whose `import mxnet` runs the role): on node rank
-0 the scheduler (DMLC_PS_ROOT_URI = MGBENCH_MASTER_ADDR resolved to its address, as ps-lite
-binds its sockets to the announced address and ZeroMQ binds no host names; DMLC_PS_ROOT_PORT =
-MGBENCH_MASTER_PORT), on every node one server, and the process itself is that node's worker
-(DMLC_ROLE=worker, DMLC_NUM_WORKER = DMLC_NUM_SERVER = the number of nodes). Each server and
-worker announces DMLC_NODE_HOST, its node's address (SLURMD_NODENAME resolved), and binds the
-port ps-lite reads from PORT: scheduler MGBENCH_MASTER_PORT, server of node r +1+r, worker of
-node r +1+N+r (N <= 4 nodes fit the job's 10 ports; beyond that ps-lite picks free ports).
-ps-lite's scheduler sorts the registered nodes by host, then port, before it assigns ranks, so
-with one host for every node (this machine) the ports make kv.rank equal the harness's node
-rank; on hosts with distinct addresses the order is the hosts' (descending), and the record
-says when the two differ.
-
-Ending: PsLite.close() frees the worker's kvstore (MXKVStoreFree), whose destructor is MXNet's
-own end of a job: a barrier of the workers, worker 0 sends kStopServer to the servers, then
-ps::Finalize's barrier of every node, after which the servers and the scheduler return from
-their run and exit by themselves; close() waits for that (STOP_WAIT_S), and kills whatever is
-left. When the run failed, nothing is waited for (the other workers may be stuck in a push):
-the roles are killed at once. ps-lite notices no dead node, so a watcher thread ends the
-worker (exit 1, no result) when one of its roles exits during the run, and srun's
---kill-on-bad-exit then ends the other nodes instead of leaving them waiting. A worker killed
-outright takes its roles with it (PR_SET_PDEATHSIG), and they stay in its process group, which
-the harness kills at the end too. runners.common.main ends with os._exit, so all of this
-happens inside the runner's benchmark().
-
-Evidence for the record: allgather() moves every worker's JSON through the kvstore itself
-(dist_sync sums the workers' pushes; keys from GATHER_KEY), and the scheduler's own log
-(PS_VERBOSE=1, relayed to stderr) names every server and worker it registered.
-What differs from a real cluster here: both "nodes" are one machine (127.0.0.1), so the
-servers and workers differ only by port. On a real cluster a node name that resolves to a
-loopback address (127.0.1.1 in some /etc/hosts) must be overridden with DMLC_NODE_HOST or
-DMLC_INTERFACE, which are honoured, as must MGBENCH_MASTER_ADDR resolve to the first node's
-reachable address.
-
-Imports MXNet only inside functions (a role process imports it as its role's last act).
+MXNet's own launcher (tools/launch.py, dmlc-core's tracker) starts every role as a process
+whose `import mxnet` runs it (DMLC_ROLE). Here the harness starts one process per node
+(srun); that process starts its node's roles as children (`python -m runners.mxnet.dist_launch
+ROLE`: the scheduler on node rank 0, one server per node) and is the node's worker. Ports:
+scheduler MGBENCH_MASTER_PORT, server of node r +1+r, worker +1+N+r. PsLite.close() ends the
+job MXNet's way (freeing the kvstore), or kills the roles after a failure; a watcher ends the
+worker when a role dies during the run. allgather() moves each worker's JSON through the
+kvstore itself, and the scheduler's PS_VERBOSE log names the nodes it registered.
+Differs from a cluster here: both "nodes" are one machine, differing only by port. Details:
+docs/runners/mxnet_native.md. Imports MXNet only inside functions (a role process imports it
+as its role's last act).
 """
 
 from __future__ import annotations
@@ -63,12 +27,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runners.common import Invalid, Unavailable, node_identity
+from runners.common import Invalid, Spec, Unavailable, finite, node_identity
 
 MODULE = "runners.mxnet.dist_launch"
 MECHANISM = ("MXNet dist_sync kvstore over ps-lite: a scheduler on node rank 0 and a server "
@@ -77,9 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 PORTS = 10  # MGBENCH_MASTER_PORT .. +9 are the job's (bench/run/slurm_job.py)
 STOP_WAIT_S = 60.0  # how long close() waits for the kvstore's end, then for the roles' exits
 KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
-# The record's gathers use kvstore keys far above the Trainer's 0..P-1 (one per parameter),
-# yet small: MXNet 1.9.1 picks a small key's server as (key * 9973) % servers in a C int
-# (kvstore_dist.h EncodeDefaultKey), which overflows from key 215,326 on
+# the gathers' kvstore keys: above the Trainer's, below MXNet's int overflow at 215,326
 GATHER_KEY = 1 << 16
 DMLC_VARS = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
              "DMLC_NUM_SERVER", "DMLC_NODE_HOST", "PORT", "DMLC_INTERFACE", "PS_VERBOSE")
@@ -89,17 +51,15 @@ CONNECTED = re.compile(r"the scheduler is connected to (\d+) workers and (\d+) s
 
 
 def say(message: str, stream: Any = None) -> None:
-    """One log line in one write: ps-lite's C++ threads write to the same stderr piecemeal,
-    and under PYTHONUNBUFFERED print() writes a line and its newline apart."""
+    """One log line in one write (ps-lite's C++ threads share stderr)."""
     stream = stream or sys.stdout
     stream.write(message + "\n")
     stream.flush()
 
 
 def _death_signal() -> Any:
-    """A preexec_fn for a role's process: have the kernel SIGKILL it when the worker that
-    started it dies (Linux prctl PR_SET_PDEATHSIG), so a killed worker leaves no role behind.
-    libc is loaded here, in the worker, so that the forked child only makes the call."""
+    """A preexec_fn for a role's process: the kernel SIGKILLs it when the worker that started
+    it dies (Linux prctl PR_SET_PDEATHSIG); libc is loaded here, in the worker."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: the process group is all there is
@@ -115,9 +75,8 @@ def _death_signal() -> Any:
 
 
 def resolved(name: str) -> str:
-    """A host name as its IPv4 address: ps-lite binds its sockets to the address a node
-    announces (ZeroMQ binds no host names), so DMLC_PS_ROOT_URI and DMLC_NODE_HOST are
-    addresses; the name itself when it does not resolve."""
+    """A host name as its IPv4 address (ZeroMQ binds no host names); the name itself when it
+    does not resolve."""
     try:
         return socket.gethostbyname(name)
     except OSError:
@@ -125,9 +84,8 @@ def resolved(name: str) -> str:
 
 
 def node_address() -> str:
-    """The address this node's server and worker announce (DMLC_NODE_HOST): the user's
-    DMLC_NODE_HOST, else the SLURM node name (the host name outside SLURM) resolved; "" when
-    the user named DMLC_INTERFACE instead (ps-lite then announces that interface's address)."""
+    """The address this node's server and worker announce (DMLC_NODE_HOST): the user's, else
+    the SLURM node name (or host name) resolved; "" when the user named DMLC_INTERFACE."""
     if os.environ.get("DMLC_NODE_HOST"):
         return os.environ["DMLC_NODE_HOST"]
     if os.environ.get("DMLC_INTERFACE"):
@@ -163,8 +121,7 @@ class Place:
         return place
 
     def port(self, role: str) -> int | None:
-        """The port of this node's server or worker within the job's ports; None (ps-lite
-        picks a free one) when 1 + 2 x nodes do not fit."""
+        """This node's server or worker port; None (ps-lite picks one) past the job's ports."""
         if 1 + 2 * self.count > PORTS:
             return None
         return self.root_port + 1 + self.rank + (self.count if role == "worker" else 0)
@@ -207,9 +164,8 @@ class Role:
 
 
 def ps_lite_log(lines: list[str]) -> dict[str, Any]:
-    """What ps-lite's scheduler said of the nodes it registered (its PS_VERBOSE=1 log): the id
-    it assigned each server and worker, with the host and port each announced, and its count
-    of connected workers and servers."""
+    """What ps-lite's scheduler log (PS_VERBOSE=1) says: the id, host and port of each node it
+    registered, and its count of connected workers and servers."""
     assigned = [{"id": int(m[1]), "role": m[2], "host": m[3], "port": int(m[4])}
                 for m in (ASSIGNED.search(ln) for ln in lines) if m]
     connected = next((m for m in (CONNECTED.search(ln) for ln in lines) if m), None)
@@ -246,9 +202,8 @@ class PsLite:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
-        """A role that exits before close() leaves the workers waiting forever in ps-lite
-        (which notices no dead node): say so, kill the other roles and end this process, so
-        that srun (--kill-on-bad-exit) ends the run's other nodes."""
+        """A role that exits before close() would leave the workers waiting forever: kill the
+        other roles and end this process (srun --kill-on-bad-exit ends the other nodes)."""
         while not self._closing.wait(1.0):
             gone = [r for r in self.roles if r.proc.poll() is not None]
             if gone and not self._closing.is_set():
@@ -282,8 +237,8 @@ class PsLite:
             f"{item.record()['address']})")
 
     def kvstore(self, kind: str) -> Any:
-        """Start the roles, then this worker's kvstore of type `kind` (dist_sync...): MXNet's
-        ps-lite worker, which returns once the scheduler has registered every node."""
+        """Start the roles, then this worker's kvstore of type `kind` (dist_sync...), which
+        returns once the scheduler has registered every node."""
         import mxnet as mx
 
         self.start()
@@ -300,12 +255,9 @@ class PsLite:
                                    f"with {role.proc.returncode} before the run ended")
 
     def allgather(self, obj: Any) -> list[Any]:
-        """Every worker's `obj` (JSON-able), in kv.rank order, gathered through the kvstore
-        itself: each worker pushes its encoded bytes in its own row of a zero array (first
-        their lengths, then the bytes padded to the longest); dist_sync's servers sum the
-        workers' pushes of a key before answering any pull, so each pull returns every row.
-        Only while the servers run no optimizer (the Trainer's update_on_kvstore=False). A
-        collective: every worker must call it, in the same order."""
+        """Every worker's `obj` (JSON-able), in kv.rank order: each pushes its bytes in its own
+        row of a zero array and dist_sync's sum gives every row (no optimizer on the servers).
+        A collective: every worker calls it, in the same order."""
         import mxnet as mx
         import numpy as np
 
@@ -331,10 +283,9 @@ class PsLite:
                                                                               strict=True)]
 
     def close(self, ok: bool) -> None:
-        """End the ps-lite job: after a good run free the kvstore (MXNet's end of a job: the
-        servers and the scheduler then exit by themselves) and wait for the roles; after a
-        failure, or when they do not exit in STOP_WAIT_S, kill them. Restores this process's
-        DMLC settings."""
+        """End the ps-lite job: after a good run free the kvstore (the roles then exit by
+        themselves) and wait for them; after a failure, or past STOP_WAIT_S, kill them.
+        Restores this process's DMLC settings."""
         self._closing.set()
         try:
             if ok and self.kv is not None:
@@ -388,9 +339,8 @@ class PsLite:
                 f"{role.ended}, exit status {role.proc.returncode}")
 
     def finish_record(self, multi_node: dict[str, Any]) -> None:
-        """Complete a multi_node record after close() with how this node's roles ended: the
-        scheduler's full record (ps-lite's log of the nodes it registered, its exit status)
-        and this node's server's exit status."""
+        """Complete a multi_node record after close() with how this node's roles ended (the
+        scheduler's log and exit status, this node's server's exit status)."""
         here = node_identity()["node"]
         for role in self.roles:
             rec = {"node": here, **role.record()}
@@ -402,8 +352,8 @@ class PsLite:
                     server.update(rec)
 
     def worker_record(self) -> dict[str, Any]:
-        """This worker as it is gathered into the record: where it runs, what MXNet's
-        kvstore says of it, its DMLC settings and the roles it started."""
+        """This worker as gathered into the record: where it runs, its kvstore's view, its
+        DMLC settings and the roles it started."""
         return {**node_identity(), "kv_rank": self.kv.rank, "process_rank": self.place.rank,
                 "kv_num_workers": self.kv.num_workers, "kv_type": self.kv.type,
                 "dmlc": {k: os.environ[k] for k in DMLC_VARS if k in os.environ},
@@ -422,8 +372,7 @@ def _relay(proc: subprocess.Popen[bytes], log: list[str], role: str) -> None:
 
 @contextlib.contextmanager
 def session(num_nodes: int) -> Iterator[PsLite]:
-    """This node's ps-lite roles for the duration of the block: started by its kvstore()
-    call, ended on exit (after a good run the MXNet way, after an exception by killing them)."""
+    """This node's ps-lite roles for the block: started by kvstore(), ended on exit."""
     ps = PsLite(Place.from_env(num_nodes))
     ok = False
     try:
@@ -433,9 +382,83 @@ def session(num_nodes: int) -> Iterator[PsLite]:
         ps.close(ok)
 
 
+# -- the worker's side of a run (runners/mxnet/native.py) ---------------------------------
+
+def kvstore_type(spec: Spec) -> str:
+    """A multi-node run's kvstore: dist_sync_device for kvstore device on GPUs, dist_sync
+    otherwise; MXNet 1.9 has no NCCL kvstore across machines."""
+    kvstore = spec.options["kvstore"]
+    if kvstore == "nccl":
+        raise Unavailable("kvstore nccl: MXNet 1.9's NCCL kvstore is single-machine; across "
+                          "nodes use device (dist_sync_device) or local (dist_sync)")
+    return "dist_sync_device" if kvstore == "device" and spec.device == "gpu" else "dist_sync"
+
+
+def across_nodes(spec: Spec, run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """run(spec) on one node; on several, run(spec, ps) within this node's ps-lite roles
+    (session), then how the roles ended added to `multi_node`."""
+    if spec.num_nodes == 1:
+        return run(spec)
+    with session(spec.num_nodes) as ps:
+        result = run(spec, ps)
+    ps.finish_record(result["multi_node"])  # how the roles ended, known only now
+    return result
+
+
+def gather_workers(ps: PsLite, trainer: Any, local: dict[str, Any],
+                   step_losses: list[float], labels: list[int]
+                   ) -> tuple[dict[str, Any], list[float]]:
+    """A multi-node record's view of every worker, gathered through the kvstore after the
+    steps: identity, placement and parameter copies (keys "worker<kv.rank>:<context>"),
+    devices, first labels; and each step's global mean loss (the sum of the workers' shares)."""
+    kv = trainer._kvstore
+    rows = ps.allgather({"worker": ps.worker_record(), "placement": local["placement"],
+                         "parameter_copies": local["parameter_copies"],
+                         "devices": local["devices"], "step_losses": step_losses,
+                         "labels": labels})
+    if [r["worker"]["kv_rank"] for r in rows] != list(range(kv.num_workers)):
+        raise Invalid(f"gathered kv ranks {[r['worker']['kv_rank'] for r in rows]} of "
+                      f"{kv.num_workers} workers")
+
+    def merged(key: str) -> dict[str, int]:
+        return {f"worker{i}:{ctx}": count for i, r in enumerate(rows)
+                for ctx, count in r[key].items()}
+
+    losses = [sum(r["step_losses"][i] for r in rows) for i in range(len(step_losses))]
+    workers = [{k: v for k, v in r["worker"].items() if k != "roles"} for r in rows]
+    roles = [{"node": r["worker"]["node"], "started_by_kv_rank": r["worker"]["kv_rank"], **role}
+             for r in rows for role in r["worker"]["roles"]]
+    out: dict[str, Any] = {
+        "placement": merged("placement"), "parameter_copies": merged("parameter_copies"),
+        "placement_source": "each worker's own read (NDArray.context and rows of each slice's "
+                            "loss array of the last timed step; parameter_copies: contexts of "
+                            "each Parameter's data()), gathered through the dist kvstore "
+                            "(push/pull of the encoded JSON); keys worker<kv.rank>:<context>",
+        "devices": [{**d, "name": f"worker{i}:{d['name']}", "node": r["worker"]["node"]}
+                    for i, r in enumerate(rows) for d in r["devices"]],
+        "nodes": [{k: w[k] for k in ("node", "host", "slurm_procid", "slurm_job_id", "pid",
+                                     "kv_rank", "process_rank")} for w in workers],
+        "multi_node": {
+            "mechanism": MECHANISM,
+            "kv_type": kv.type, "kv_num_workers": kv.num_workers, "kv_rank": kv.rank,
+            "update_on_kvstore": trainer._update_on_kvstore,
+            "kv_rank_is_node_rank": all(w["kv_rank"] == w["process_rank"] for w in workers),
+            "dmlc": workers[kv.rank]["dmlc"],
+            "workers": workers,
+            "scheduler": next((r for r in roles if r["role"] == "scheduler"), None),
+            "servers": [r for r in roles if r["role"] == "server"],
+            "source": "kv.type, kv.num_workers, kv.rank of each worker's kvstore "
+                      "(mx.kv.create), gathered through the kvstore with each worker's DMLC "
+                      "settings and the roles it started; scheduler: ps-lite's own log of "
+                      "the nodes it registered (PS_VERBOSE=1) and its exit status; servers: "
+                      "running at the gather, and the exit status of node rank 0's"}}
+    if labels:
+        out["first_batch_labels"] = [v for r in rows for v in r["labels"]]
+    return out, [finite(v) for v in losses]
+
+
 def run_role(argv: list[str]) -> None:
-    """A role process: DMLC_ROLE (server or scheduler) is already in its environment, and
-    importing MXNet runs the role until the job ends, then exits."""
+    """A role process: DMLC_ROLE is set, and importing MXNet runs the role, then exits."""
     import argparse
 
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")

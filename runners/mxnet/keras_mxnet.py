@@ -1,42 +1,18 @@
 """Keras 2.2 on MXNet (keras-mxnet 2.2.4.3): the model compiled with a context list, the
-multi-GPU API seed 000 describes (`model.compile(..., context=["gpu(0)", ..., "gpu(N-1)"])`),
-and trained with `fit` as a user would call it.
+multi-GPU API seed 000 describes (`compile(..., context=["gpu(0)", ..., "gpu(N-1)"])`), trained
+with fit_generator (input generator) or fit on arrays (input arrays), as a user calls them.
 
-Split: Keras hands each step one global batch B; keras-mxnet binds an MXNet Module over the
-context list, which slices the batch into N equal parts, one per context (data parallelism
-inside MXNet's executor group; the Keras graph itself is unchanged). Parameters: one copy per
-context. Reduce: each context's gradients go through MXNet's kvstore (keras-mxnet's default
-`device`: summed on the devices) and every context applies the same update: synchronous SGD.
-Scale (found by this harness's equivalence test): each executor's loss is the mean over its
-own slice and the kvstore sums the N gradients with rescale_grad 1.0, so keras-mxnet applies N
-times the gradient of the global mean loss, i.e. N times the learning rate of one device.
-Option `gradient_reduce: mean` (default) divides the learning rate by N so a step equals one
-device's step on the same global batch; `sum` keeps keras-mxnet's behaviour.
-Feed (option `input`): `generator` calls fit_generator on a Python generator of global
-batches, as seed 000's script fed Keras from an MXNet iterator (Keras' default queue and one
-worker thread); `arrays` calls fit on in-memory numpy arrays of warmup+measure batches.
-Real data (data: real), option `loader`: `framework` (default) is that generator over MXNet's
-ImageRecordIter (runners/mxnet/data.py: C++ decode and augmentation in the run's loader
-workers threads, running ahead), each batch copied to numpy for Keras; `keras` is the
-Keras-idiomatic path seed 000 measured as "Keras' generator": a keras.utils.Sequence over the
-JPEG files (Pillow decode, runners/keras_data.py) given to fit_generator with workers and
-use_multiprocessing. `input: arrays` with real data is unavailable: fit on arrays decoded
-before the timed window would leave the input pipeline out of a run whose point is to time
-it. `loader` has no effect on synthetic data.
-Synchronise: the callback that reads the clock calls mx.nd.waitall() first, so each reading
-follows a step whose update has landed (Keras only waits for the loss).
-Placement: the context and rows of the data array bound to each executor of the Module
-keras-mxnet trained with. keras-mxnet maps every "cpu(i)" of the context list to mx.cpu(), so
-on a CPU the N executors (one slice each) all run on cpu(0): the record shows {"cpu(0)": B}
-with placement_collapsed saying why; gpu(i) stay distinct.
-Equivalence: the benchmark's compile(context=...) and its fit_generator or fit (option input),
-on the probe model, one plain SGD step.
-Threads: on CPU the parent sets OMP_NUM_THREADS to the physical cores (one MXNet context, so
-one engine worker, whatever N is; runners/threads.py).
+keras-mxnet binds an MXNet Module over the contexts, which slices each global batch into N
+parts (one parameter copy per context) and sums the gradients through the kvstore (`device`).
+Each executor's loss is its slice's mean, so it steps N times as far as one device: option
+gradient_reduce mean (default) divides the learning rate by N, sum keeps keras-mxnet's step.
+Real data: a generator over MXNet's ImageRecordIter (loader framework) or a keras.utils.Sequence
+over the JPEGs (loader keras, runners/keras_data.py). The clock's callback calls
+mx.nd.waitall() first. Placement: each executor's bound data array; keras-mxnet maps every
+cpu(i) to cpu(0), which the record says (placement_collapsed).
 
-Follows keras-mxnet 2.2.4.3 (awslabs/keras-apache-mxnet, its last release) on MXNet 1.9.1.
-Differs from seed 000 (NVIDIA's fork of dmlc Keras 1.2 on MXNet 0.10.1): the Keras 2.2 API;
-the multi-device API, compile(context=[...]), is the same.
+Differs from seed 000 (NVIDIA's fork of dmlc Keras 1.2 on MXNet 0.10.1): the Keras 2.2 API; the
+multi-device API is the same. See docs/runners/keras_mxnet.md.
 """
 
 from __future__ import annotations
@@ -48,6 +24,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from contract.result import join
 from models import get_spec, load_builder
 from models.keras2_common import (
     count_flops_keras2,
@@ -56,17 +33,22 @@ from models.keras2_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite, main
-from runners.mxnet.common import contexts, framework_versions, import_keras_mxnet, synthetic_arrays
+from runners.mxnet.common import (
+    contexts,
+    forever,
+    framework_versions,
+    import_keras_mxnet,
+    synthetic_arrays,
+)
 from runners.mxnet.data import describe_pipeline, numpy_batches, record_iter, stream
-from runners.real_data import RealData, batch_at, check_classes, describe, open_dataset
+from runners.real_data import RealData, batch_at, describe, open_for_model
 
 keras = import_keras_mxnet()
 
 
 class StepClock(keras.callbacks.Callback):
-    """Marks the timed window of fit (its TimedWindow, `window`): starts after the warm-up
-    batches, ticks after each batch once MXNet's engine has finished everything queued (the
-    update included)."""
+    """The timed window of fit (`window`): started after the warm-up batches, ticked after
+    each batch once MXNet's engine has finished everything queued (the update included)."""
 
     def __init__(self, warmup: int, measure: int) -> None:
         super().__init__()
@@ -82,16 +64,10 @@ class StepClock(keras.callbacks.Callback):
         self.window.step_done((logs or {})["loss"])
 
 
-def batches(x: np.ndarray, y: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The same global batch forever, as a data iterator would hand it to fit_generator."""
-    while True:
-        yield x, y
-
-
 def keras_batches(batches: Iterator[tuple[np.ndarray, np.ndarray]], labels: list[int]
                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Host batches with labels as the (B, 1) column sparse_categorical_crossentropy takes; the
-    first batch's labels are appended to `labels` (the record's evidence of what trained)."""
+    """Host batches, labels as the (B, 1) column the loss takes; the first batch's labels are
+    appended to `labels` (the record's evidence of what trained)."""
     for x, y in batches:
         if not labels:
             labels.extend(int(v) for v in y)
@@ -125,27 +101,25 @@ def check_memory(nbytes: int) -> None:
 
 
 def learning_rate(spec: Spec, lr: float, n: int) -> float:
-    """The lr to give keras-mxnet so its N-context step is the 1-device step (see docstring)."""
+    """The lr to give keras-mxnet: / N for gradient_reduce mean (see the docstring)."""
     return lr / n if spec.options["gradient_reduce"] == "mean" else lr
 
 
 def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
                   ) -> list[dict[str, Any]]:
-    """compile with the MXNet backend's context list (keras-mxnet's multi-device API); returns
+    """compile with the context list (keras-mxnet's multi-device API); the device records of
     the contexts keras-mxnet resolved them to."""
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   context=[str(c) for c in ctxs])
-    # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu(): on a CPU the N
-    # executors share context cpu(0) (each still has its own parameter copy and batch slice)
+    # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu()
     kind = ("executor on a shared CPU context (keras-mxnet maps cpu(i) to cpu(0))"
             if spec.device == "cpu" else "GPU")
     return [{"name": str(c), "kind": kind} for c in model._context]
 
 
 def read_placement(model: Any, n: int) -> dict[str, Any]:
-    """Where the training steps ran, read from the MXNet Module keras-mxnet trained with: the
-    context and rows of the data array bound to each executor of its train executor group.
-    Fewer contexts than the N asked for is keras-mxnet's own doing (placement_collapsed)."""
+    """Where the steps ran: the context and rows of the data array bound to each executor of
+    the keras-mxnet Module's train executor group; fewer than N is placement_collapsed."""
     group = model._module._buckets["train"]._exec_group
     data_name = group.data_names[0]
     executors = [(str(e.arg_dict[data_name].context), int(e.arg_dict[data_name].shape[0]))
@@ -195,8 +169,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
             raise Unavailable("input=arrays with real data: fit on arrays decoded before the "
                               "timed window leaves out the input pipeline a real-data run "
                               "times; use input=generator (loader framework or keras)")
-        data = open_dataset(spec)
-        check_classes(data, model_spec.num_classes, spec.model)
+        data = open_for_model(spec, model_spec)
         size = model_spec.input_shape[0]
         source, fit_kwargs, pipeline = real_feed(spec, data, size, global_batch,
                                                  warmup + measure, labels)
@@ -208,29 +181,23 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if not real:
         x, y = synthetic_arrays(model_spec, global_batch)
         arrays = (x, y.reshape(-1, 1))
-        source, fit_kwargs = batches(*arrays), {}
+        source, fit_kwargs = forever(*arrays), {}
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
     train(model, spec, source, fit_kwargs, warmup + measure, clock, arrays)
     if not clock.window.losses:
         raise Invalid("no measured step reported a loss")
     updates = model.optimizer.num_update - start - warmup  # the warm-up's updates are not timed
-    return {
-        **clock.window.summary(global_batch, updates * global_batch),
+    return join(clock.window.summary(global_batch, updates * global_batch), {
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
-        "replicas": n,
-        "framework": framework_versions(),
-        "devices": devices,
-        "layout": keras.backend.image_data_format(),
-        "input": feed,
+        "replicas": n, "framework": framework_versions(), "devices": devices,
+        "layout": keras.backend.image_data_format(), "input": feed,
         "gradient_reduce": opts["gradient_reduce"],
         "kvstore": model._kvstore,  # keras-mxnet's default; Model(..., kvstore=) would change it
-        **read_placement(model, n),
-        "params": count_params_keras2(model),
-        "flops_per_sample": count_flops_keras2(model),
-        **({**describe(data, size), "loader": opts["loader"],
-            "first_batch_labels": labels, "input_pipeline": pipeline} if real else {}),
-    }
+        "params": count_params_keras2(model), "flops_per_sample": count_flops_keras2(model)},
+        read_placement(model, n),
+        {**describe(data, size), "loader": opts["loader"], "first_batch_labels": labels,
+         "input_pipeline": pipeline} if real else {})
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -246,7 +213,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
                             ctxs)
     arrays = (x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
     clock = StepClock(0, 1)
-    train(model, spec, batches(*arrays), {}, 1, clock, arrays)
+    train(model, spec, forever(*arrays), {}, 1, clock, arrays)
     mx.nd.waitall()
     spec.save_equivalence_output(get_canonical_weights(model))
     return {"replicas": n, "framework": framework_versions(), "devices": devices,

@@ -1,92 +1,33 @@
-"""Native MXNet: a hybridised Gluon network, one context per device, gradients reduced through
-a kvstore (the native baseline seed 000 measured Keras-MXNet against).
+"""Native MXNet (mxnet_native): Gluon data parallelism over N contexts of one process.
 
-Split: the global batch B is split into N equal slices, one per context (mx.cpu(i) here,
-mx.gpu(i) on GPUs); the synthetic slices are copied to their contexts once, before the timed
-window, so a step copies nothing from the host. Real data (data: real): every step takes the
-next global batch from MXNet's ImageRecordIter over train.rec (runners/mxnet/data.py; decode
-and augmentation in its own threads, running ahead of training) and copies its N slices to
-the contexts (split_and_load) inside the timed step. Parameters: one copy per context,
-initialised identically. Forward and backward run per context under autograd.record(); each
-context's per-example losses are summed, not averaged, so its gradients are the sum over its
-slice.
-Reduce: gluon.Trainer pushes every context's gradient to the kvstore (`device`: summed on the
-devices, peer to peer between GPUs; `local`: summed on the CPU; `nccl`: NCCL all-reduce) and
-pulls the sum back; trainer.step(B) scales it by 1/B, so every context applies the gradient
-of the global mean loss: synchronous SGD, identical to one device with batch B.
-Synchronise: mx.nd.waitall() after every step, so each clock reading follows a finished step
-(MXNet's engine is asynchronous; without it the clock would time the dispatch).
-Placement: the context and rows of each slice's loss array of the last timed step (and the
-contexts of every parameter's copies), read from the NDArrays.
-Equivalence: the same hybridize(static_alloc, static_shape), Trainer and kvstore and resident
-slices, on the probe model, one plain SGD step.
-Threads: on CPU the parent sets OMP_NUM_THREADS to the physical cores shared by the N contexts
-(MXNet's perf guide; MXNet's own default halves the logical CPUs, see runners/threads.py).
+A hybridised Gluon network keeps one parameter copy per context (mx.cpu(i) or mx.gpu(i)); each
+global batch B is split over the contexts (split_and_load), every context runs forward and
+backward on its slice under autograd.record() (per-example losses summed), and a gluon.Trainer
+sums the gradients through a kvstore (option kvstore: device, local, nccl) and steps with
+1/B: synchronous SGD, as one device with batch B. Synthetic slices are copied to the contexts
+once, before timing; real data comes from MXNet's ImageRecordIter (runners/mxnet/data.py) and
+is split inside the timed step. mx.nd.waitall() ends every step. Placement: the context and
+rows of each slice's loss array. Across nodes: a dist_sync kvstore over ps-lite, whose roles
+runners/mxnet/dist_launch.py starts. Mode converge: the Gluon examples' loop over the batches
+of runners/converge.py.
 
-Follows MXNet 1.9.1's Gluon data parallelism (split_and_load, Trainer over a kvstore, hybridize
-with static memory). Differs from seed 000's native reference (MXNet 0.10.1, Symbol/Module
-API, train_imagenet.py): Gluon's CachedOp instead of a bound Module; the kvstore reduction and
-the per-context executors are the same engine's.
-
-Multi-node (spec.num_nodes = N > 1, issue 16; MXNet 1.9.1): MXNet's own distributed training,
-a `dist_sync` kvstore over ps-lite. The harness starts one process per node through srun
-(bench/run/slurm_job.py); each brings up its node's ps-lite roles beside itself
-(runners/mxnet/dist_launch.py: the scheduler on node rank 0, one server per node, as MXNet's
-tools/launch.py and dmlc-core's tracker do) and is that node's worker, driving
-spec.devices_per_node contexts. The kvstore is dist_sync (CPU contexts, or kvstore local) or
-dist_sync_device (kvstore device on GPUs); kvstore nccl is unavailable across nodes. Worker r
-(kv.rank) takes rows r x B/N .. (r+1) x B/N of the synthetic global batch (real data: share r
-of N of the records, B/N per batch), split over its contexts. The Trainer broadcasts worker
-0's initial weights (kvstore init + pull). Each step every worker pushes its contexts' summed
-gradients; the servers add the N workers' pushes of a key before answering any pull
-(dist_sync), so every worker pulls the gradient summed over the global batch, and
-trainer.step(B) scales it by 1/B: every worker applies the gradient of the global mean loss,
-as on one node. update_on_kvstore=False: the servers only sum and each worker runs SGD itself
-(MXNet's Gluon default for dist kvstores is True, the servers running the optimizer; with it
-trainer.step(B) scales the same, rescale_grad = 1/B being pickled to the servers at the first
-step). False keeps the optimizer's step counter on the worker, which counts the samples as
-on one node, and the kvstore a plain sum, through which each worker's identity, placement
-(keys "worker<kv.rank>:<context>"), devices and loss shares are gathered after the timed
-steps (`nodes`, `multi_node`, the global first and last loss). Process rank 0 writes the
-result. The roles end MXNet's way when the kvstore is freed; see dist_launch.
-What differs here: tools/local_slurm.sh's two nodes are this one machine (127.0.0.1), so the
-servers and workers of both nodes differ only by port (MGBENCH_MASTER_PORT + 1..4), and the
-pushes and pulls never leave it; the GPU path (dist_sync_device) is written but untested.
-
-Mode converge (runners/converge.py, issue 28; one node): MXNet's own loop as its Gluon examples
-write it (example/gluon/image_classification.py): each of the recipe's global batches split
-over the contexts by split_and_load (even_split=False: a short kept last batch splits as
-numpy.array_split does), per-example losses under autograd.record() on every context,
-backward, trainer.set_learning_rate(lr_at(step)), then trainer.step(rows of the global batch):
-the kvstore sums the contexts' gradients and 1/rows makes them the gradient of the global mean
-loss. The benchmark's model, initialiser, hybridize, kvstore and dtype; SGD with the recipe's
-momentum and weight decay (MXNet's wd, added to every parameter's gradient, BatchNorm's gamma
-and beta included, as torch's weight_decay; MXNet's momentum buffer holds lr x gradient, as
-Keras', where torch's holds the gradient: the two differ only while the rate changes). Initial
-weights: mx.random.seed(recipe.seed), drawn once on the CPU and copied to every context, so 1
-and N contexts start alike (the record's initial_weights). BatchNorm: each context normalises
-its slice by the slice's statistics and updates its own copy of running_mean and running_var
-(Gluon parameters without a gradient, which the kvstore does not reduce): no synchronised
-BatchNorm, as in MXNet. Evaluation in inference mode (no autograd.record): the held-out split
-over the contexts, as the examples' test() does, each context predicting its share with its
-own moving statistics; moving_stats reads every context's copy. Placement: the rows per
-context of the last epoch's steps (its training rows). What differs from the examples: the
-batches come from runners/converge.py (the shared recipe's order, preprocessing and
-augmentation) instead of an mx.io iterator or DataLoader, and the rate is set per step from
-the recipe instead of by an lr_scheduler on the optimizer (the same rates).
+Follows MXNet 1.9.1's Gluon API; seed 000's native reference (MXNet 0.10.1) used the Symbol
+and Module API (a bound Module instead of Gluon's CachedOp). See docs/runners/mxnet_native.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from models import get_spec, load_builder
+from contract.result import join
+from models import ModelSpec, get_spec, load_builder
 from models.gluon_common import (
     count_flops_gluon,
     count_params_gluon,
@@ -94,11 +35,12 @@ from models.gluon_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, Unavailable, finite, main
-from runners.converge import Batch, Recipe, Splits, load_splits, train_to_accuracy
+from runners.converge import Batch, Recipe, Splits, load_splits, stepwise, train_to_accuracy
 from runners.mxnet import dist_launch
 from runners.mxnet.common import (
     DTYPES,
     contexts,
+    forever,
     framework_versions,
     input_shape_nchw,
     mean_loss,
@@ -106,14 +48,13 @@ from runners.mxnet.common import (
     timed_context_steps,
 )
 from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, stream
-from runners.real_data import check_classes, describe, open_dataset
+from runners.real_data import RealData, describe, open_for_model
 
 
 def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer: str,
                  params: dict[str, Any], dist_kv: Any = None) -> gluon.Trainer:
-    """A gluon.Trainer over the net's parameters with the kvstore the config chose; on several
-    nodes over the worker's distributed kvstore `dist_kv`, the servers only summing (see the
-    module docstring)."""
+    """A gluon.Trainer with the configured kvstore; on several nodes over the worker's
+    dist kvstore `dist_kv`, the servers only summing (update_on_kvstore=False)."""
     if dist_kv is not None:
         return gluon.Trainer(net.collect_params(), optimizer, params, kvstore=dist_kv,
                              update_on_kvstore=False)
@@ -126,35 +67,15 @@ def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer
 
 
 def broadcast_before_first_push(trainer: gluon.Trainer, kv: Any) -> None:
-    """On several nodes: worker 0's initial weights in every worker's arrays before any worker
-    pushes a gradient. The Trainer's first step broadcasts them (kvstore init, then a pull into
-    the weight arrays) and pushes the gradients under the same keys, and nothing orders the
-    two (they touch different arrays): a worker whose pull reaches the servers after both
-    workers' gradients merged starts from the merged sum instead of the weights (the 2-node
-    equivalence test failed 1 run in 4 that way). Broadcast now, wait for it, then meet the
-    other workers at a barrier. Needs every parameter's shape (after a forward pass). The
-    equivalence step's (exact weights); the benchmark's first step is a warm-up step, and
-    there the same early broadcast of MiniGoogLeNet's parameters made a server abort ("init
-    K first", kvstore_dist_server.h), not understood yet, so the benchmark keeps the
-    Trainer's own order."""
+    """On several nodes (equivalence step): worker 0's initial weights in every worker's arrays
+    before any worker pushes a gradient, then a barrier; the Trainer's first step does not
+    order the two (docs/runners/mxnet_native.md). Needs the parameters' shapes."""
     if kv is None:
         return
     trainer._init_kvstore()  # what Trainer.step does first, done before the step
     trainer._init_params()
     mx.nd.waitall()
     kv._barrier()
-
-
-def dist_kvstore_type(spec: Spec) -> str:
-    """The distributed kvstore of a multi-node run for the config's kvstore option: device on
-    GPUs is dist_sync_device (each worker sums its GPUs' gradients on a GPU before the push),
-    anything else on CPU contexts dist_sync (summed on the CPU, as both local kvstores do on
-    CPU contexts); MXNet 1.9 has no NCCL kvstore across machines."""
-    kvstore = spec.options["kvstore"]
-    if kvstore == "nccl":
-        raise Unavailable("kvstore nccl: MXNet 1.9's NCCL kvstore is single-machine; across "
-                          "nodes use device (dist_sync_device) or local (dist_sync)")
-    return "dist_sync_device" if kvstore == "device" and spec.device == "gpu" else "dist_sync"
 
 
 def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32") -> list[Any]:
@@ -175,32 +96,30 @@ def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype:
         yield xs, gluon.utils.split_and_load(y, ctxs, even_split=True)
 
 
-def synthetic_feed(xs: list[Any], ys: list[Any]) -> Iterator[tuple[list[Any], list[Any]]]:
-    """The same resident slices every step."""
-    while True:
-        yield xs, ys
-
-
 def hybridize_as_configured(net: gluon.HybridBlock, spec: Spec) -> bool:
-    """hybridize (default): compile the net to a static graph with static memory and shapes,
-    as the MXNet docs advise for speed; false keeps the imperative Gluon net."""
+    """Option hybridize: a static graph with static memory and shapes (as MXNet's docs advise
+    for speed), or the imperative Gluon net."""
     hybridize = bool(spec.options["hybridize"])
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     return hybridize
 
 
+def add_rows(rows: dict[str, int], losses: list[Any]) -> dict[str, int]:
+    """`rows` plus the rows of each loss array, keyed by its context."""
+    for loss in losses:
+        rows[str(loss.context)] = rows.get(str(loss.context), 0) + int(loss.shape[0])
+    return rows
+
+
 def read_placement(losses: list[Any], net: gluon.Block) -> dict[str, Any]:
     """Where a step ran, read from MXNet's arrays: the context of each slice's loss (computed
     by the forward on that slice) with its rows, and the parameter copies per context."""
-    rows: dict[str, int] = {}
-    for loss in losses:
-        rows[str(loss.context)] = rows.get(str(loss.context), 0) + int(loss.shape[0])
     copies: dict[str, int] = {}
     for param in net.collect_params().values():
         for data in param.list_data():
             copies[str(data.context)] = copies.get(str(data.context), 0) + 1
-    return {"placement": rows, "parameter_copies": copies,
+    return {"placement": add_rows({}, losses), "parameter_copies": copies,
             "placement_source": "NDArray.context and rows of each slice's loss array of the "
                                 "step; parameter_copies: contexts of each Parameter's data()"}
 
@@ -215,168 +134,142 @@ def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Los
     return losses
 
 
+@dataclass
+class GluonRun:
+    """What the benchmark and converge build alike: the contexts, the dtype, the model, and
+    once built the net and its Trainer."""
+
+    spec: Spec
+    ctxs: list[mx.Context]
+    devices: list[dict[str, Any]]
+    dtype: str
+    model_spec: ModelSpec
+    net: Any = None
+    trainer: Any = None
+    hybridize: bool = False
+    loss_fn: Any = None
+
+    @classmethod
+    def open(cls, spec: Spec) -> GluonRun:
+        """This node's contexts, the global batch split over the run's, and the dtype."""
+        ctxs, devices = contexts(spec)
+        nodes, n = spec.num_nodes, len(ctxs)
+        if n * nodes != spec.num_devices:
+            raise Invalid(f"{spec.num_devices} devices do not divide over {nodes} nodes")
+        spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers")
+        dtype = DTYPES[spec.precision]
+        if dtype == "float16" and spec.device == "cpu":
+            raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
+                              "kernels for the CPU; run fp16 on GPUs")
+        return cls(spec, ctxs, devices, dtype, get_spec(spec.model))
+
+    def build(self) -> gluon.HybridBlock:
+        """The model, Xavier initialised on every context (cast for fp16)."""
+        self.net = load_builder(self.spec.model, "gluon")(self.model_spec)
+        self.net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2),
+                            ctx=self.ctxs)
+        if self.dtype == "float16":
+            self.net.cast("float16")  # fp32 master weights are kept by multi_precision below
+        return self.net
+
+    def compile(self, sgd: dict[str, Any], dist_kv: Any = None) -> None:
+        """hybridize as configured, then the SGD Trainer over the kvstore and the loss."""
+        self.hybridize = hybridize_as_configured(self.net, self.spec)
+        self.trainer = make_trainer(self.spec, self.net, self.ctxs, "sgd", {
+            **sgd, "multi_precision": self.dtype == "float16"}, dist_kv=dist_kv)
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step(self, xs: list[Any], ys: list[Any], rows: int) -> list[Any]:
+        return train_step(self.net, self.trainer, self.loss_fn, xs, ys, rows)
+
+    def fields(self, replicas: int) -> dict[str, Any]:
+        """The record's fields of the model and its Trainer, read after the steps."""
+        kv = self.trainer._kvstore
+        return {"replicas": replicas, "framework": framework_versions(),
+                "devices": self.devices, "layout": "channels_first", "dtype": self.dtype,
+                "api": "gluon", "hybridize": self.hybridize,
+                "kvstore": kv.type if kv is not None else
+                f"none (kvstore {self.spec.options['kvstore']!r} skipped: one context)",
+                "params": count_params_gluon(self.net),
+                "flops_per_sample": count_flops_gluon(self.net,
+                                                      input_shape_nchw(self.model_spec))}
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
-    return across_nodes(spec, train)
+    return dist_launch.across_nodes(spec, train)
 
 
-def across_nodes(spec: Spec, run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """run(spec) on one node; on several, run(spec, ps) within this node's ps-lite roles
-    (runners/mxnet/dist_launch.py), then how the roles ended added to `multi_node`."""
-    if spec.num_nodes == 1:
-        return run(spec)
-    with dist_launch.session(spec.num_nodes) as ps:
-        result = run(spec, ps)
-    ps.finish_record(result["multi_node"])  # how the roles ended, known only now
-    return result
+class BenchmarkInput:
+    """The benchmark's batches on one worker (rank of the run's nodes): its rows of the
+    synthetic global batch, resident on the contexts, or its share of the records through the
+    ImageRecordIter (opened at once); and what the record says of them."""
+
+    def __init__(self, run: GluonRun, data: RealData | None, rank: int) -> None:
+        spec = run.spec
+        self.run, self.data, self.rank, self.nodes = run, data, rank, spec.num_nodes
+        self.local = spec.global_batch_size // self.nodes  # this worker's rows of each batch
+        self.size = run.model_spec.input_shape[0]
+        self.labels: list[int] = []
+        self.it = None if data is None else record_iter(
+            data, self.size, self.local, spec.device, part_index=rank, num_parts=self.nodes)
+
+    def feed(self) -> Iterator[tuple[list[Any], list[Any]]]:
+        run = self.run
+        if self.it is not None:
+            return real_feed(nd_batches(stream(self.it)), run.ctxs, run.dtype, self.labels)
+        x, y = synthetic_arrays(run.model_spec, run.spec.global_batch_size)
+        rows = slice(self.rank * self.local, (self.rank + 1) * self.local)
+        return forever(split_to_contexts(x[rows], run.ctxs, run.dtype),
+                       split_to_contexts(y[rows], run.ctxs))
+
+    def record(self) -> dict[str, Any]:
+        if self.data is None:
+            return {"data_placement": "one synthetic slice per context, copied once before "
+                                      "timing" if self.nodes == 1 else
+                    "worker r's rows r x B/N .. (r+1) x B/N of the synthetic global batch, one "
+                    "slice per context, copied once before timing"}
+        placement = ("each global batch from the ImageRecordIter split over the contexts "
+                     "(split_and_load) inside the timed step" if self.nodes == 1 else
+                     "each worker's batch from its own share of the records (ImageRecordIter "
+                     "part_index kv.rank of num_parts nodes) split over its contexts "
+                     "(split_and_load) inside the timed step")
+        pipeline = describe_pipeline(self.data, self.size, self.run.spec.device)
+        return {"data_placement": placement, **describe(self.data, self.size),
+                "first_batch_labels": self.labels, "input_pipeline": f"{pipeline}; {placement}"}
 
 
 def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
     """The benchmark; `ps`: this node's ps-lite roles on a multi-node run (this process is one
     of its workers, driving spec.devices_per_node contexts)."""
-    opts = spec.options
-    ctxs, devices = contexts(spec)
-    nodes, global_batch = spec.num_nodes, spec.global_batch_size
-    n = len(ctxs)
-    if n * nodes != spec.num_devices:
-        raise Invalid(f"{spec.num_devices} devices do not divide over {nodes} nodes")
-    spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers")
-    local_batch = global_batch // nodes  # this worker's rows of each global batch
-    dtype = DTYPES[spec.precision]
-    if dtype == "float16" and spec.device == "cpu":
-        raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
-                          "kernels for the CPU; run fp16 on GPUs")
-    model_spec = get_spec(spec.model)
-    real = spec.data == "real"
-    if real:  # open the dataset first: a bad folder is unavailable before the net is built
-        data = open_dataset(spec)
-        check_classes(data, model_spec.num_classes, spec.model)
-        size = model_spec.input_shape[0]
+    run = GluonRun.open(spec)
+    global_batch = spec.global_batch_size
+    # a real-data run opens its dataset first: a bad folder is unavailable before the net
+    data = open_for_model(spec, run.model_spec) if spec.data == "real" else None
     # the workers meet in the kvstore: from here on every worker must reach each collective
-    kv = ps.kvstore(dist_kvstore_type(spec)) if ps is not None else None
-    rank = kv.rank if kv is not None else 0
-    if real:  # this worker's share of the records (all of them on one node)
-        it = record_iter(data, size, local_batch, spec.device, part_index=rank,
-                         num_parts=nodes)
-    net = load_builder(spec.model, "gluon")(model_spec)
-    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
-    if dtype == "float16":
-        net.cast("float16")  # fp32 master weights are kept by multi_precision below
-    hybridize = hybridize_as_configured(net, spec)
-    trainer = make_trainer(spec, net, ctxs, "sgd", {
-        "learning_rate": 0.01, "momentum": 0.9, "multi_precision": dtype == "float16"},
-        dist_kv=kv)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    labels: list[int] = []
-    if real:
-        feed = real_feed(nd_batches(stream(it)), ctxs, dtype, labels)
-    else:  # the same global batch as one node; each worker steps on its rows of it
-        x, y = synthetic_arrays(model_spec, global_batch)
-        rows = slice(rank * local_batch, (rank + 1) * local_batch)
-        feed = synthetic_feed(split_to_contexts(x[rows], ctxs, dtype),
-                              split_to_contexts(y[rows], ctxs))
-
+    kv = ps.kvstore(dist_launch.kvstore_type(spec)) if ps is not None else None
+    source = BenchmarkInput(run, data, kv.rank if kv is not None else 0)
+    run.build()
+    run.compile({"learning_rate": 0.01, "momentum": 0.9}, dist_kv=kv)
+    feed = source.feed()
     # on N nodes each step's loss is this worker's share of the global mean
     window, steps, last = timed_context_steps(
-        spec, lambda: train_step(net, trainer, loss_fn, *next(feed), global_batch), trainer,
-        global_batch)
-    if real:
-        placement = ("each global batch from the ImageRecordIter split over the contexts "
-                     "(split_and_load) inside the timed step")
-        if nodes > 1:
-            placement = ("each worker's batch from its own share of the records "
-                         "(ImageRecordIter part_index kv.rank of num_parts nodes) split over "
-                         "its contexts (split_and_load) inside the timed step")
-        extra = {**describe(data, size), "first_batch_labels": labels,
-                 "input_pipeline": f"{describe_pipeline(data, size, spec.device)}; "
-                                   f"{placement}"}
-    else:
-        placement, extra = "one synthetic slice per context, copied once before timing", {}
-        if nodes > 1:
-            placement = ("worker r's rows r x B/N .. (r+1) x B/N of the synthetic global "
-                         "batch, one slice per context, copied once before timing")
-    out = {
-        **window.summary(global_batch, steps * global_batch),
-        "loss_kind": "global mean cross-entropy of each step's batch",
-        "replicas": n * nodes,
-        "framework": framework_versions(),
-        "devices": devices,
-        "layout": "channels_first",
-        "dtype": dtype,
-        "api": "gluon",
-        "hybridize": hybridize,
-        "kvstore": trainer._kvstore.type if trainer._kvstore is not None else
-        f"none (kvstore {opts['kvstore']!r} skipped: one context)",
-        "data_placement": placement,
-        **read_placement(last, net),
-        "params": count_params_gluon(net),
-        "flops_per_sample": count_flops_gluon(net, input_shape_nchw(model_spec)),
-        **extra,
-    }
+        spec, lambda: run.step(*next(feed), global_batch), run.trainer, global_batch)
+    out = join(window.summary(global_batch, steps * global_batch),
+               {"loss_kind": "global mean cross-entropy of each step's batch"},
+               run.fields(len(run.ctxs) * spec.num_nodes), read_placement(last, run.net),
+               source.record())
     if ps is not None:
-        gathered, losses = gather_workers(ps, trainer, out, window.losses, labels)
+        gathered, losses = dist_launch.gather_workers(ps, run.trainer, out, window.losses,
+                                                      source.labels)
         out.update(gathered, first_loss=finite(losses[0]), last_loss=finite(losses[-1]))
     return out
-
-
-def gather_workers(ps: dist_launch.PsLite, trainer: gluon.Trainer, local: dict[str, Any],
-                   step_losses: list[float], labels: list[int]
-                   ) -> tuple[dict[str, Any], list[float]]:
-    """What a multi-node record says of every worker, gathered through the kvstore after the
-    steps: each worker's identity, placement and parameter copies (read from its own
-    NDArrays), its devices, its share of each step's mean loss and its first labels. The
-    placement keys are "worker<kv.rank>:<context>". Also each step's global mean loss: the
-    sum of the workers' shares, as on one node."""
-    kv = trainer._kvstore
-    rows = ps.allgather({"worker": ps.worker_record(), "placement": local["placement"],
-                         "parameter_copies": local["parameter_copies"],
-                         "devices": local["devices"], "step_losses": step_losses,
-                         "labels": labels})
-    if [r["worker"]["kv_rank"] for r in rows] != list(range(kv.num_workers)):
-        raise Invalid(f"gathered kv ranks {[r['worker']['kv_rank'] for r in rows]} of "
-                      f"{kv.num_workers} workers")
-
-    def merged(key: str) -> dict[str, int]:
-        return {f"worker{i}:{ctx}": count for i, r in enumerate(rows)
-                for ctx, count in r[key].items()}
-
-    losses = [sum(r["step_losses"][i] for r in rows) for i in range(len(step_losses))]
-    workers = [{k: v for k, v in r["worker"].items() if k != "roles"} for r in rows]
-    roles = [{"node": r["worker"]["node"], "started_by_kv_rank": r["worker"]["kv_rank"], **role}
-             for r in rows for role in r["worker"]["roles"]]
-    out: dict[str, Any] = {
-        "placement": merged("placement"), "parameter_copies": merged("parameter_copies"),
-        "placement_source": "each worker's own read (NDArray.context and rows of each slice's "
-                            "loss array of the last timed step; parameter_copies: contexts of "
-                            "each Parameter's data()), gathered through the dist kvstore "
-                            "(push/pull of the encoded JSON); keys worker<kv.rank>:<context>",
-        "devices": [{**d, "name": f"worker{i}:{d['name']}", "node": r["worker"]["node"]}
-                    for i, r in enumerate(rows) for d in r["devices"]],
-        "nodes": [{k: w[k] for k in ("node", "host", "slurm_procid", "slurm_job_id", "pid",
-                                     "kv_rank", "process_rank")} for w in workers],
-        "multi_node": {
-            "mechanism": dist_launch.MECHANISM,
-            "kv_type": kv.type, "kv_num_workers": kv.num_workers, "kv_rank": kv.rank,
-            "update_on_kvstore": trainer._update_on_kvstore,
-            "kv_rank_is_node_rank": all(w["kv_rank"] == w["process_rank"] for w in workers),
-            "dmlc": workers[kv.rank]["dmlc"],
-            "workers": workers,
-            "scheduler": next((r for r in roles if r["role"] == "scheduler"), None),
-            "servers": [r for r in roles if r["role"] == "server"],
-            "source": "kv.type, kv.num_workers, kv.rank of each worker's kvstore "
-                      "(mx.kv.create), gathered through the kvstore with each worker's DMLC "
-                      "settings and the roles it started; scheduler: ps-lite's own log of "
-                      "the nodes it registered (PS_VERBOSE=1) and its exit status; servers: "
-                      "running at the gather, and the exit status of node rank 0's"}}
-    if labels:
-        out["first_batch_labels"] = [v for r in rows for v in r["labels"]]
-    return out, [finite(v) for v in losses]
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model through the benchmark's path (its hybridize,
     Trainer and kvstore, the synthetic slices resident on the contexts); weights saved. On
     several nodes each worker steps on its rows of the batch through the dist kvstore."""
-    return across_nodes(spec, equivalence_step)
+    return dist_launch.across_nodes(spec, equivalence_step)
 
 
 def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
@@ -385,7 +278,7 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     n, nodes = len(ctxs), spec.num_nodes
     spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers",
                      rows=len(x))
-    kv = ps.kvstore(dist_kvstore_type(spec)) if ps is not None else None
+    kv = ps.kvstore(dist_launch.kvstore_type(spec)) if ps is not None else None
     local = len(x) // nodes
     rows = slice(kv.rank * local, (kv.rank + 1) * local) if kv is not None else slice(None)
     net = load_builder("probe", "gluon")(get_spec("probe"))
@@ -398,8 +291,7 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     set_canonical_weights(net, weights)
     trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr}, dist_kv=kv)
     broadcast_before_first_push(trainer, kv)
-    feed = synthetic_feed(xs, ys)
-    losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), *next(feed), len(x))
+    losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys, len(x))
     loss = mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
     mx.nd.waitall()
     if ps is None or ps.place.rank == 0:  # every worker holds the same weights
@@ -408,116 +300,113 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
            "loss": loss, "hybridize": hybridize, **read_placement(losses, net),
            "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}
     if ps is not None:
-        gathered, (out["loss"],) = gather_workers(ps, trainer, out, [loss], [])
+        gathered, (out["loss"],) = dist_launch.gather_workers(ps, trainer, out, [loss], [])
         out.update(gathered)
     return out
 
 
+class ConvergeSteps:
+    """mxnet_native's converge adapter over a built GluonRun: the step (split_and_load with
+    even_split=False, the rate set, one Trainer step over the batch's global rows), the
+    evaluation and the BatchNorm read; it keeps each context's rows of the latest epoch, the
+    last step's losses and the rate applied at each epoch's first step."""
+
+    def __init__(self, run: GluonRun) -> None:
+        self.run = run
+        self.rows: dict[str, int] = {}
+        self.last: list[Any] = []
+        self.applied: list[float] = []
+        self.first = True
+        self.epoch_steps = stepwise(self.step, self.mean_loss)
+
+    def split(self, array: np.ndarray, dtype: str) -> list[Any]:
+        return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), self.run.ctxs,
+                                          even_split=False)
+
+    def train_epoch(self, epoch: int, batches: list[Batch], lr_at: Callable[[int], float]
+                    ) -> float:
+        self.rows.clear()
+        self.first = True
+        return self.epoch_steps(epoch, batches, lr_at)
+
+    def step(self, b: Batch, lr: float, epoch: int) -> Any:
+        run = self.run
+        xs = self.split(b.x.transpose(0, 3, 1, 2), run.dtype)
+        ys = self.split(b.y, "float32")
+        run.trainer.set_learning_rate(lr)
+        if self.first:
+            self.applied.append(float(run.trainer.learning_rate))
+            self.first = False
+        losses = run.step(xs, ys, b.global_rows)
+        loss = mx.nd.add_n(*[part.sum().astype("float32").as_in_context(run.ctxs[0])
+                             for part in losses]) / b.global_rows
+        add_rows(self.rows, losses)
+        self.last = losses
+        return loss
+
+    @staticmethod
+    def mean_loss(losses: list[Any]) -> float:
+        mx.nd.waitall()  # the epoch's steps have run (MXNet's engine is asynchronous)
+        return float(np.mean([s.asscalar() for s in losses]))
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Inference mode (BatchNorm's moving statistics): the held-out split over the
+        contexts, each predicting its share with its own parameters, as Gluon's test()."""
+        xs = self.split(x.transpose(0, 3, 1, 2), self.run.dtype)
+        predicted = [self.run.net(s).argmax(axis=1).asnumpy() for s in xs]
+        return float((np.concatenate(predicted).astype(np.int64) == y).mean())
+
+    def moving_stats(self) -> tuple[bool, str]:
+        return read_moving_stats(self.run.net)
+
+    def record(self) -> dict[str, Any]:
+        """The converge record's evidence of the steps, read after training."""
+        opt = self.run.trainer._optimizer
+        return {
+            "loss_kind": "mean sparse cross-entropy over each global batch (contexts' summed "
+                         "losses, trainer.step(global rows))",
+            "data_placement": "each global batch split over the contexts by split_and_load "
+                              "(even_split=False: a short kept batch as numpy.array_split)",
+            "placement": dict(self.rows),
+            "parameter_copies": read_placement(self.last, self.run.net)["parameter_copies"],
+            "placement_source": "NDArray.context and rows of each slice's loss array, summed "
+                                "over the last epoch's steps (its training rows); "
+                                "parameter_copies: contexts of each Parameter's data()",
+            "moving_stats_source": "every context's copy of each BatchNorm running_mean and "
+                                   "running_var Parameter (Parameter.list_data())",
+            "evaluation": "inference mode, the held-out split over the contexts "
+                          "(split_and_load), each context's own moving statistics, as MXNet's "
+                          "Gluon examples' test()",
+            "optimizer": {"name": type(opt).__name__.lower(), "momentum": opt.momentum,
+                          "wd": opt.wd, "steps": opt.num_update,
+                          "epoch_start_lr": self.applied,
+                          "source": "the Trainer's optimizer: its momentum, wd, num_update "
+                                    "(steps applied) and learning_rate read after "
+                                    "set_learning_rate at each epoch's first step"}}
+
+
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py): train the model on the dataset's training split to
-    the recipe's held-out accuracy with this runner's own Gluon loop (see the module
-    docstring's last paragraph)."""
+    """Mode converge (runners/converge.py, one node): the benchmark's model, kvstore and
+    dtype trained with the recipe's SGD (momentum, wd) to its held-out accuracy; the initial
+    weights drawn once from the recipe's seed on the CPU and copied to every context."""
     if spec.num_nodes > 1:
         raise Unavailable("mode converge runs on one node (one process over N contexts); "
                           "the dist_sync kvstore path trains synthetic batches only")
     recipe = Recipe.of(spec)
     if recipe.optimizer != "sgd":
         raise Unavailable(f"optimizer {recipe.optimizer!r}: mxnet_native trains with SGD")
-    ctxs, devices = contexts(spec)
-    n = len(ctxs)
-    spec.split_batch(n, "contexts")
-    dtype = DTYPES[spec.precision]
-    if dtype == "float16" and spec.device == "cpu":
-        raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
-                          "kernels for the CPU; run fp16 on GPUs")
-    model_spec = get_spec(spec.model)
+    run = GluonRun.open(spec)
     splits = load_splits(spec)
-    check_splits(splits, model_spec, recipe, n)
-
-    mx.random.seed(recipe.seed)  # the initial weights: drawn once on the CPU, copied to each
-    net = load_builder(spec.model, "gluon")(model_spec)
-    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
-    if dtype == "float16":
-        net.cast("float16")
-    initial = weights_digest(net)
-    hybridize = hybridize_as_configured(net, spec)
-    trainer = make_trainer(spec, net, ctxs, "sgd", {
-        "learning_rate": recipe.lr(0, 0, 1), "momentum": recipe.momentum,
-        "wd": recipe.weight_decay, "multi_precision": dtype == "float16"})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rows: dict[str, int] = {}  # rows per context of the latest epoch, read from the losses
-    last: list[Any] = []
-    applied: list[float] = []  # the optimizer's learning rate at each epoch's first step
-
-    def train_epoch(epoch: int, batches: list[Batch], lr_at: Callable[[int], float]) -> float:
-        rows.clear()
-        step_losses = []
-        for step, b in enumerate(batches):
-            xs = gluon.utils.split_and_load(mx.nd.array(b.x.transpose(0, 3, 1, 2),
-                                                        dtype=dtype), ctxs, even_split=False)
-            ys = gluon.utils.split_and_load(mx.nd.array(b.y, dtype="float32"), ctxs,
-                                            even_split=False)
-            trainer.set_learning_rate(lr_at(step))
-            if step == 0:
-                applied.append(float(trainer.learning_rate))
-            losses = train_step(net, trainer, loss_fn, xs, ys, b.global_rows)
-            step_losses.append(mx.nd.add_n(*[part.sum().astype("float32").as_in_context(ctxs[0])
-                                             for part in losses]) / b.global_rows)
-            for loss in losses:
-                rows[str(loss.context)] = rows.get(str(loss.context), 0) + int(loss.shape[0])
-            last[:] = losses
-        mx.nd.waitall()  # the epoch's steps have run (MXNet's engine is asynchronous)
-        return float(np.mean([s.asscalar() for s in step_losses]))
-
-    def evaluate(x: np.ndarray, y: np.ndarray) -> float:
-        """Inference mode (no autograd.record: BatchNorm's moving statistics), the held-out
-        split over the contexts as MXNet's Gluon examples' test() does, each context
-        predicting its share with its own copy of the parameters and moving statistics."""
-        xs = gluon.utils.split_and_load(mx.nd.array(x.transpose(0, 3, 1, 2), dtype=dtype), ctxs,
-                                        even_split=False)
-        predicted = [net(s).argmax(axis=1).asnumpy() for s in xs]
-        return float((np.concatenate(predicted).astype(np.int64) == y).mean())
-
-    def moving_stats() -> tuple[bool, str]:
-        return read_moving_stats(net)
-
-    result = train_to_accuracy(spec, train_epoch, evaluate, moving_stats, splits=splits)
-    copies = read_placement(last, net)
-    return {
-        **result,
-        "loss_kind": "mean sparse cross-entropy over each global batch (contexts' summed "
-                     "losses, trainer.step(global rows))",
-        "replicas": n,
-        "framework": framework_versions(),
-        "devices": devices,
-        "layout": "channels_first",
-        "dtype": dtype,
-        "api": "gluon",
-        "hybridize": hybridize,
-        "kvstore": trainer._kvstore.type if trainer._kvstore is not None else
-        f"none (kvstore {spec.options['kvstore']!r} skipped: one context)",
-        "data_placement": "each global batch split over the contexts by split_and_load "
-                          "(even_split=False: a short kept batch as numpy.array_split)",
-        "placement": dict(rows),
-        "parameter_copies": copies["parameter_copies"],
-        "placement_source": "NDArray.context and rows of each slice's loss array, summed over "
-                            "the last epoch's steps (its training rows); parameter_copies: "
-                            "contexts of each Parameter's data()",
-        "moving_stats_source": "every context's copy of each BatchNorm running_mean and "
-                               "running_var Parameter (Parameter.list_data())",
-        "evaluation": "inference mode, the held-out split over the contexts (split_and_load), "
-                      "each context's own moving statistics, as MXNet's Gluon examples' test()",
-        "optimizer": {"name": type(trainer._optimizer).__name__.lower(),
-                      "momentum": trainer._optimizer.momentum, "wd": trainer._optimizer.wd,
-                      "steps": trainer._optimizer.num_update,
-                      "epoch_start_lr": applied,
-                      "source": "the Trainer's optimizer: its momentum, wd, num_update (steps "
-                                "applied) and learning_rate read after set_learning_rate at "
-                                "each epoch's first step"},
-        "initial_weights": initial,
-        "params": count_params_gluon(net),
-        "flops_per_sample": count_flops_gluon(net, input_shape_nchw(model_spec)),
-    }
+    check_splits(splits, run.model_spec, recipe, len(run.ctxs))
+    mx.random.seed(recipe.seed)
+    initial = weights_digest(run.build())
+    run.compile({"learning_rate": recipe.lr(0, 0, 1), "momentum": recipe.momentum,
+                 "wd": recipe.weight_decay})
+    steps = ConvergeSteps(run)
+    result = train_to_accuracy(spec, steps.train_epoch, steps.evaluate, steps.moving_stats,
+                               splits=splits)
+    return join(result, steps.record(), run.fields(len(run.ctxs)),
+                {"initial_weights": initial})
 
 
 def weights_digest(net: gluon.Block) -> dict[str, Any]:
@@ -535,9 +424,7 @@ def weights_digest(net: gluon.Block) -> dict[str, Any]:
 
 def check_splits(splits: Splits, model_spec: Any, recipe: Recipe, n: int) -> None:
     """Unavailable when the dataset does not fit the model, or a kept short last batch has
-    fewer rows than contexts: split_and_load would hand a context an empty slice, and MXNet
-    1.9 cannot copy one to a context (_copyto's shape inference fails on a 0-row array), so
-    seed 002's empty tower cannot arise here."""
+    fewer rows than contexts (MXNet 1.9 cannot copy an empty slice to a context)."""
     shape = tuple(splits.x_train.shape[1:])
     if shape != tuple(model_spec.input_shape) or splits.classes > model_spec.num_classes:
         raise Unavailable(f"the dataset's images {shape} and {splits.classes} classes do not "
