@@ -78,8 +78,8 @@ class Spec:
 
     def save_equivalence_output(self, weights: dict[str, np.ndarray]) -> None:
         """Write the weights after the equivalence step, under their canonical names."""
-        np.savez((self.equivalence or {})["output"],
-                 **{f"w:{k}": np.asarray(v) for k, v in weights.items()})
+        arrays: dict[str, Any] = {f"w:{k}": np.asarray(v) for k, v in weights.items()}
+        np.savez((self.equivalence or {})["output"], **arrays)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Spec":

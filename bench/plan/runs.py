@@ -321,6 +321,7 @@ def _run(cfg: SweepConfig, **fields: Any) -> RunSpec:
 
 
 def _telemetry(cfg: SweepConfig) -> dict[str, Any] | None:
+    assert cfg.telemetry is not None  # the config's mapping (its default: {})
     return dict(cfg.telemetry) if cfg.telemetry.get("enabled", True) else None
 
 

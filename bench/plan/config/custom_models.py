@@ -60,7 +60,7 @@ def _models_key(builtin: tuple[str, ...]) -> Any:
         _unique([model_name(m) for m in out])
         return out
 
-    one = Literal[builtin] | CustomModel  # for the JSON Schema
+    one: Any = Literal[builtin] | CustomModel  # for the JSON Schema
     return Annotated[list[Any], BeforeValidator(
         check, json_schema_input_type=one | Annotated[list[one], Field(min_length=1)]),
         Says("a model name, your own model (a mapping) or a list of them")]

@@ -78,8 +78,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"--config: {_show_path(path)} holds {type(raw).__name__}; allowed: a "
                           "mapping of keys (runners, models, devices, ...)")
     # runners the file runs and gives options to: a --set runners=[...] may drop them
-    own = raw.get("runners") if isinstance(raw.get("runners"), list) else [raw.get("runners")]
-    opts = raw.get("runner_options") if isinstance(raw.get("runner_options"), dict) else {}
+    runners, options = raw.get("runners"), raw.get("runner_options")
+    own = runners if isinstance(runners, list) else [runners]
+    opts = options if isinstance(options, dict) else {}
     given = frozenset(r for r in opts if isinstance(r, str) and r in own)
     for assignment in overrides:
         apply_override(raw, assignment)

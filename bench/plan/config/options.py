@@ -29,7 +29,8 @@ class _Options(_Section):
 
     @classmethod
     def unknown_key(cls, path: str, key: Any, value: Any) -> ConfigError:
-        return _unknown(f"{path} option", key, sorted(f.alias for f in cls.model_fields.values()))
+        return _unknown(f"{path} option", key, sorted(f.alias for f in cls.model_fields.values()
+                                                          if f.alias))
 
 
 def _not_bool(allowed: str) -> Any:
@@ -130,6 +131,6 @@ def _option(name: str, opt: Option) -> tuple[Any, FieldInfo]:
 
 
 def _options_model(runner: str) -> type[_Options]:
-    fields = {f"option_{i}": _option(name, opt)
+    fields: dict[str, Any] = {f"option_{i}": _option(name, opt)
               for i, (name, opt) in enumerate(runner_options(runner).items())}
     return create_model(f"{runner}_options", __base__=_Options, **fields)

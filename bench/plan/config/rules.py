@@ -209,7 +209,7 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
     runners = s.runners or []
     # every key as the file gave it (a mapping as a dict), but those resolved here
     given = {key: getattr(s, key) for key in KEYS if key not in BATCH_KEYS}
-    return SweepConfig(**{
+    resolved: dict[str, Any] = {
         **{k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in given.items()},
         "name": name, "runners": runners, "scaling": scaling, "batch_sizes": batch_sizes,
         **({"data": ["real"]} if "converge" in s.mode else {}),
@@ -219,7 +219,8 @@ def _resolve(s: Any, default_name: str) -> SweepConfig:
         "pipelines": s.pipelines or (list(PIPELINES) if "pipeline" in s.mode else []),
         # every probe unless named (named ones are checked whatever the mode, as pipelines)
         "probes": s.probes or (list(PROBES) if "allreduce" in s.mode else []),
-    })
+    }
+    return SweepConfig(**resolved)
 
 
 def _check_modes(s: Any) -> None:

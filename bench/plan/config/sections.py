@@ -2,17 +2,44 @@
 capacity, converge, and a user's model (models: entries, with their input)."""
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, Field
 
-from bench.plan.config.declared import INT_MAX, _axis, _count, _refuse, _Section
-from bench.plan.config.messages import Says
+from bench.plan.config.declared import INT_MAX, _axis, _count, _Section
+from bench.plan.config.messages import Says, _refuse
 from contract.settings import MAX_REPEATS
 from models.custom import FRAMEWORKS
 
-AUGMENTATIONS = ("none", "crop-flip")
-BACKENDS = ("local", "slurm")
+Augmentation = Literal["none", "crop-flip"]
+Backend = Literal["local", "slurm"]
+LrScaling = Literal["linear", "sqrt", "none"]
+Schedule = Literal["constant", "poly", "cosine", "step"]
+LastBatch = Literal["drop", "pad", "keep"]
+ConvergeAugmentation = Literal["none", "shift-flip"]
+AUGMENTATIONS: tuple[str, ...] = get_args(Augmentation)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+LR_SCALINGS: tuple[str, ...] = get_args(LrScaling)
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+LAST_BATCH: tuple[str, ...] = get_args(LastBatch)
+CONVERGE_AUGMENTATIONS: tuple[str, ...] = get_args(ConvergeAugmentation)
+
+# Counts with their bounds and words (declared._count); a type checker sees an int
+if TYPE_CHECKING:
+    Count0 = int
+    Count1 = int
+    Count2 = int
+    Repeats = int
+    Epochs = int
+    Seed = int
+    Workers = list[int]
+    Framework = str
+else:
+    Count0, Count1, Count2 = _count(0), _count(1), _count(2)
+    Repeats, Epochs, Seed = _count(1, MAX_REPEATS), _count(1, 100000), _count(0, 2**32 - 1)
+    Workers = _axis(Count0, Says("an integer >= 0 or a list of them (parallel decode workers "
+                                 "of the loader)"))
+    Framework = Literal[FRAMEWORKS]
 
 
 def _prepared(path: str) -> str:
@@ -35,11 +62,9 @@ class Dataset(_Section):
     path: Annotated[str, Field(min_length=1, description="a folder written by `run_bench.py "
                                "prepare-data`"), AfterValidator(_prepared),
                     Says("a folder written by `run_bench.py prepare-data`")]
-    augmentation: Annotated[Literal[AUGMENTATIONS], Says(", ".join(AUGMENTATIONS))] = "crop-flip"
-    workers: Annotated[_axis(_count(0), Says("an integer >= 0 or a list of them (parallel "
-                                             "decode workers of the loader)")),
-                       Field(description="parallel decode workers of the loader; a list is "
-                             "an axis")] = [4]
+    augmentation: Annotated[Augmentation, Says(", ".join(AUGMENTATIONS))] = "crop-flip"
+    workers: Annotated[Workers, Field(description="parallel decode workers of the loader; a "
+                                      "list is an axis")] = [4]
 
 
 class UntilStable(_Section):
@@ -48,7 +73,7 @@ class UntilStable(_Section):
 
     target_cv: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False),
                          Says("a number between 0 and 1 (0.02 = 2%)")] = 0.02
-    max_repeats: _count(1, MAX_REPEATS) = 10
+    max_repeats: Repeats = 10
 
 
 class Telemetry(_Section):
@@ -64,7 +89,7 @@ class Telemetry(_Section):
 class Cluster(_Section):
     """Where the runs execute: here (backend local), or each as its own SLURM job (slurm)."""
 
-    backend: Annotated[Literal[BACKENDS], Says("local, slurm", choices=BACKENDS)] = "local"
+    backend: Annotated[Backend, Says("local, slurm", choices=BACKENDS)] = "local"
     partition: Annotated[str | None, Field(min_length=1, description="sbatch --partition "
                                            "(default: the cluster's default partition)"),
                          Says("a partition name")] = None
@@ -92,17 +117,11 @@ class CapacitySearch(_Section):
     not fit or `max` is reached, then bisection between the largest fit and the first misfit
     until they are `resolution` apart."""
 
-    start: Annotated[_count(1), Field(description="the first value probed (a batch per device "
+    start: Annotated[Count1, Field(description="the first value probed (a batch per device "
                                       "or a layer count)")] = 1
-    max: Annotated[_count(1), Field(description="the largest value probed")] = 4096
-    resolution: Annotated[_count(1), Field(description="bisection stops once the first misfit "
+    max: Annotated[Count1, Field(description="the largest value probed")] = 4096
+    resolution: Annotated[Count1, Field(description="bisection stops once the first misfit "
                                            "is within this of the largest fit (1: exact)")] = 1
-
-
-LR_SCALINGS = ("linear", "sqrt", "none")
-SCHEDULES = ("constant", "poly", "cosine", "step")
-LAST_BATCH = ("drop", "pad", "keep")
-CONVERGE_AUGMENTATIONS = ("none", "shift-flip")
 
 
 class Converge(_Section):
@@ -113,7 +132,7 @@ class Converge(_Section):
                                description="held-out top-1 accuracy at which a run stops "
                                "(0.9 = 90%); null: train max_epochs"),
                                Says("a number in (0, 1] or null")] = None
-    max_epochs: Annotated[_count(1, 100000), Field(description="epochs at most; the "
+    max_epochs: Annotated[Epochs, Field(description="epochs at most; the "
                           "schedules' horizon")] = 10
     optimizer: Annotated[Literal["sgd"], Field(description="SGD with momentum (the seeds' "
                          "and Goyal et al.'s; the one every runner implements alike)"),
@@ -126,30 +145,30 @@ class Converge(_Section):
     base_lr: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False, description="the "
                        "learning rate for reference_batch images per step"),
                        Says("a number in (0, 100]")] = 0.01
-    reference_batch: Annotated[_count(1), Field(description="the global batch base_lr is "
+    reference_batch: Annotated[Count1, Field(description="the global batch base_lr is "
                                "for (lr_scaling scales it to each run's)")] = 64
-    lr_scaling: Annotated[Literal[LR_SCALINGS], Field(description="linear (x B/ref, Goyal et "
+    lr_scaling: Annotated[LrScaling, Field(description="linear (x B/ref, Goyal et "
                           "al. 2017), sqrt (x sqrt(B/ref)) or none"),
                           Says(", ".join(LR_SCALINGS))] = "none"
     warmup_epochs: Annotated[float, Field(ge=0, le=100000, allow_inf_nan=False,
                              description="linear warm-up per step from base_lr to the scaled "
                              "rate"), Says("a number of epochs >= 0")] = 0.0
-    schedule: Annotated[Literal[SCHEDULES], Field(description="constant, poly (seed 004's "
+    schedule: Annotated[Schedule, Field(description="constant, poly (seed 004's "
                         "polynomial decay), cosine or step, set at each epoch's start"),
                         Says(", ".join(SCHEDULES))] = "poly"
     poly_power: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False),
                           Says("a number in (0, 100]")] = 1.0
-    step_epochs: Annotated[_count(1, 100000), Field(description="schedule step: epochs "
+    step_epochs: Annotated[Epochs, Field(description="schedule step: epochs "
                            "between decays")] = 30
     step_gamma: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False, description="schedule "
                           "step: the factor of each decay"), Says("a number in (0, 1]")] = 0.1
-    last_batch: Annotated[Literal[LAST_BATCH], Field(description="a short last batch: drop "
+    last_batch: Annotated[LastBatch, Field(description="a short last batch: drop "
                           "it (seed 002's advice), pad it from the epoch's first images, or "
                           "keep it short"), Says(", ".join(LAST_BATCH))] = "drop"
-    augmentation: Annotated[Literal[CONVERGE_AUGMENTATIONS], Field(description="none, or "
+    augmentation: Annotated[ConvergeAugmentation, Field(description="none, or "
                             "shift-flip (seed 004's shifts up to 10% and horizontal flips)"),
                             Says(", ".join(CONVERGE_AUGMENTATIONS))] = "none"
-    seed: Annotated[_count(0, 2**32 - 1), Field(description="the batches' order and "
+    seed: Annotated[Seed, Field(description="the batches' order and "
                     "augmentation, and the model's initial weights")] = 0
 
 
@@ -159,14 +178,14 @@ class ModelInput(_Section):
 
     kind: Annotated[Literal["image", "tokens"], Says("image, tokens", choices=("image",
                                                                            "tokens"))]
-    shape: Annotated[list[_count(1)] | None, Field(min_length=1, max_length=3, description=(
+    shape: Annotated[list[Count1] | None, Field(min_length=1, max_length=3, description=(
         "image: one sample's shape as the framework takes it (C, H, W for torch and mxnet; "
         "H, W, C for jax, keras, tf)")), Says("a list of 1 to 3 integers >= 1")] = None
-    classes: Annotated[_count(2) | None, Field(description="image: the classes the model's "
+    classes: Annotated[Count2 | None, Field(description="image: the classes the model's "
                                                "logits score")] = None
-    seq_len: Annotated[_count(1) | None, Field(description="tokens: the sequence length")
+    seq_len: Annotated[Count1 | None, Field(description="tokens: the sequence length")
                        ] = None
-    vocab: Annotated[_count(2) | None, Field(description="tokens: the vocabulary (the "
+    vocab: Annotated[Count2 | None, Field(description="tokens: the vocabulary (the "
                                              "next-token logits' size)")] = None
 
 
@@ -189,7 +208,7 @@ class CustomModel(_Section):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the "
                     "model's name in run ids and tables"), Says(
         "a name of letters, digits, _ . - (it goes into run ids)")]
-    framework: Annotated[Literal[FRAMEWORKS], Says(", ".join(FRAMEWORKS), choices=FRAMEWORKS)]
+    framework: Annotated[Framework, Says(", ".join(FRAMEWORKS), choices=FRAMEWORKS)]
     build: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", description=(
         "module:function, the function returning the framework's model object")), Says(
         "module:function (e.g. mynets:make_model)")]

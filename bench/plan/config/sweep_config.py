@@ -3,6 +3,7 @@ list), both batch keys as batch_sizes. `sweep_fields()` derives the same fields 
 contract/settings.py; tests/test_settings.py holds the two equal. Stdlib and contract only."""
 
 from dataclasses import asdict, dataclass
+from types import GenericAlias
 from typing import Any
 
 from contract import settings
@@ -24,8 +25,9 @@ SWEEP_ORDER = (
 def sweep_fields() -> list[tuple[str, Any]]:
     """SweepConfig's fields as the declaration gives them, (name, type) in order: one per key
     of the sweep file (an axis: a list), the batch keys as batch_sizes."""
-    types: dict[str, Any] = {s.key_name: list[s.type] if s.key and s.key.axis else s.type
-                             for s in settings.config_settings() if s.key_name not in BATCH_KEYS}
+    types: dict[str, Any] = {
+        s.key_name: GenericAlias(list, s.type) if s.key and s.key.axis else s.type
+        for s in settings.config_settings() if s.key_name not in BATCH_KEYS}
     types["batch_sizes"] = list[int]  # per device (weak) or global (strong)
     return [(name, types[name]) for name in settings.in_order(list(types), SWEEP_ORDER)]
 

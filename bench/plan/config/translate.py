@@ -15,7 +15,9 @@ def _translate(err: Any, model: type[BaseModel], raw: dict[str, Any]) -> ConfigE
     if isinstance(ctx.get("error"), ConfigError):
         return ctx["error"]  # a validator's own message
     # walk the error's location down the models: the key path, its field, the mapping
-    loc, path, info, section, node = list(err["loc"]), "", None, model, raw
+    loc, path, info = list(err["loc"]), "", None
+    section: Any = model  # a _Section (its unknown_key), None below the models
+    node: Any = raw  # the mapping at path, as the file gave it
     while loc and section is not None:
         fields = {f.alias or name: f for name, f in section.model_fields.items()}
         if loc[0] not in fields:

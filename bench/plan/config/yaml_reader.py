@@ -69,7 +69,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def compose_document(self) -> Any:
-        node = super().compose_document()
+        node: Any = super().compose_document()  # a node: a document was checked for
         self._expanded(node, 1)
         return node
 
