@@ -11,6 +11,7 @@ policy records follows=False and what differs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 PARTS = ("compute", "params", "master", "reduce", "loss_scaling")
@@ -69,7 +70,7 @@ def declared(precision: str) -> dict[str, Any]:
             "follows": None, "differs": None}
 
 
-def summary(policy: dict[str, Any] | None) -> str:
+def summary(policy: Mapping[str, Any] | None) -> str:
     """One short line for a table or a chart: 'bf16 compute, fp32 params, fp32 reduce'."""
     if not policy:
         return ""

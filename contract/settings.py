@@ -14,13 +14,15 @@ and where it goes:
   setting with a one-value key and not planned is copied to every run as the sweep gives it
   (device, warmup_steps, ...).
 
-Derived from SETTINGS: the sweep file's keys, their pydantic model, JSON Schema and SweepConfig
-(bench/plan/config.py; a key whose validation is its own, a nested mapping say, has its type
-there, named by key), the child's Spec (runners/common.py), what the plan copies into every run
-(bench/plan/runs.py) and the record's spec fields (bench/records/columns.py). Adding a setting
-is one Setting here plus the code that reads it (docs/DESIGN.md, "Add a setting").
+Derived from SETTINGS: the sweep file's keys, their pydantic model and JSON Schema
+(bench/plan/config/model.py; a key whose validation is its own, a nested mapping say, has its
+type there, named by key), what the plan copies into every run (bench/plan/runs.py) and the
+record's spec fields (bench/records/columns.py). Written out, and held equal to SETTINGS by
+tests/test_settings.py: SweepConfig (bench/plan/config/sweep_config.py) and the child's Spec
+(contract/spec.py). Adding a setting is one Setting here, its field in those two, plus the
+code that reads it (docs/DESIGN.md, "Add a setting").
 
-Stdlib only: runners.common builds the Spec from this module inside framework environments.
+Stdlib only: framework environments read this module (the child's contract).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""The run's spec as both sides read it: the frozen `Spec` (fields from contract/settings.py),
-the two refusals a runner raises (`Unavailable`, `Invalid`) and the batch split. Stdlib and
-numpy only: the parent's RunSpec subclasses Spec, the child reads it from JSON."""
+"""The run's spec as both sides read it: the frozen `Spec`, the two refusals a runner raises
+(`Unavailable`, `Invalid`) and the batch split. Stdlib and numpy only: the parent's RunSpec
+subclasses Spec, the child reads it from JSON."""
 
-from __future__ import annotations
-
-from dataclasses import asdict, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
-
-from contract import settings
 
 
 class Unavailable(RuntimeError):
@@ -20,8 +16,41 @@ class Invalid(RuntimeError):
     """The run happened but its numbers cannot be trusted; the message says why."""
 
 
-class _SpecMethods:
-    """What a Spec does (its fields: contract/settings.py)."""
+@dataclass(frozen=True)
+class Spec:
+    """Everything one run needs, as the parent resolved it; the child reads it from JSON.
+    Its fields are the spec settings of contract/settings.py (names, types, defaults) in the
+    spec JSON's order (settings.spec_settings()); tests/test_settings.py holds them equal."""
+
+    run_id: str
+    sweep_id: str
+    runner: str
+    family: str
+    module: str
+    model: str
+    num_devices: int
+    device: str
+    virtual_devices: bool
+    scaling: str
+    batch_size_per_device: int
+    global_batch_size: int
+    data: str
+    precision: str
+    warmup_steps: int
+    measure_steps: int
+    repeat: int
+    timeout_s: float
+    options: dict[str, Any] = field(default_factory=dict)
+    python: str | None = None
+    mode: str = "benchmark"
+    launcher: str = "python"
+    dataset: dict[str, Any] | None = None
+    equivalence: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None
+    num_nodes: int = 1
+    custom_model: dict[str, Any] | None = None
+    model_layers: int | None = None
+    converge: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,25 +78,17 @@ class _SpecMethods:
 
     def save_equivalence_output(self, weights: dict[str, np.ndarray]) -> None:
         """Write the weights after the equivalence step, under their canonical names."""
-        np.savez((self.equivalence or {})["output"],
-                 **{f"w:{k}": np.asarray(v) for k, v in weights.items()})
+        arrays: dict[str, Any] = {f"w:{k}": np.asarray(v) for k, v in weights.items()}
+        np.savez((self.equivalence or {})["output"], **arrays)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Spec:
+    def from_dict(cls, data: dict[str, Any]) -> "Spec":
         """The spec the parent wrote; a key it does not know is the parent's bug, said so."""
         known = {f.name for f in fields(Spec)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise TypeError(f"spec has keys the runner contract does not know: {unknown}")
         return Spec(**data)
-
-
-# A frozen dataclass whose fields are the spec settings of contract/settings.py (their names,
-# types and defaults, in the spec JSON's order); bench.plan.runs.RunSpec subclasses it.
-Spec = make_dataclass(
-    "Spec", [s.dataclass_field() for s in settings.spec_settings()], bases=(_SpecMethods,),
-    frozen=True, namespace={"__module__": __name__, "__doc__": "Everything one run needs, as "
-                            "the parent resolved it; the child reads it from JSON."})
 
 
 def spec_for(**fields: Any) -> Spec:

@@ -9,15 +9,18 @@ import ast
 import json
 import subprocess
 import sys
-import textwrap
 from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from bench.plan.config import BATCH_KEYS, KEYS, SweepConfig, json_schema, sweep_model, validate
+from bench.plan.config.sweep_config import sweep_fields
 from bench.plan.runs import RunSpec, expand
 from bench.records import columns
 from contract import settings
-from contract.settings import REQUIRED, SETTINGS
+from contract.settings import REQUIRED, SETTINGS, Key, Setting
 from contract.spec import Spec
 from tests.conftest import REPO
 
@@ -47,21 +50,66 @@ def test_the_declaration_is_well_formed() -> None:
             assert set(given) <= set(s.key.choices), s.name
 
 
-def test_the_spec_is_the_declared_spec_settings_in_the_spec_json_s_order() -> None:
-    declared = settings.spec_settings()
-    assert [f.name for f in fields(Spec)] == [s.name for s in declared]
-    assert {f.name for f in fields(Spec)} == {s.name for s in SETTINGS if s.spec}
+def differences(cls: type, declared: list[tuple[str, Any, Any]]) -> list[str]:
+    """What differs between a written dataclass's fields and the declared ones, (name, type,
+    default: REQUIRED for none) in order: a line per field, naming it; [] when equal."""
+    def default(f: Any) -> Any:
+        if f.default_factory is not MISSING:
+            return f.default_factory()
+        return REQUIRED if f.default is MISSING else f.default
+    written = {f.name: (f.type, default(f)) for f in fields(cls)}
+    wanted = {name: (kind, value) for name, kind, value in declared}
+    out = [f"{cls.__name__}.{n}: declared in contract/settings.py, not written in the class"
+           for n in wanted if n not in written]
+    out += [f"{cls.__name__}.{n}: written in the class, not declared in contract/settings.py"
+            for n in written if n not in wanted]
+    for name in [n for n in wanted if n in written]:
+        (kind, value), (want_kind, want_value) = written[name], wanted[name]
+        if kind != want_kind:
+            out.append(f"{cls.__name__}.{name}: type {kind}, declared {want_kind}")
+        if value is not want_value and value != want_value:
+            out.append(f"{cls.__name__}.{name}: default {value!r}, declared {want_value!r}")
+    if not out and list(written) != list(wanted):
+        out.append(f"{cls.__name__}: fields in the order {list(written)}, declared "
+                   f"{list(wanted)}")
+    return out
+
+
+def declared_spec() -> list[tuple[str, Any, Any]]:
+    """The Spec's fields as contract/settings.py declares them, in the spec JSON's order."""
+    return [(s.name, s.type, s.default) for s in settings.spec_settings()]
+
+
+def declared_sweep() -> list[tuple[str, Any, Any]]:
+    """SweepConfig's fields as contract/settings.py declares them (none has a default)."""
+    return [(name, kind, REQUIRED) for name, kind in sweep_fields()]
+
+
+def test_the_written_spec_and_sweepconfig_are_the_declared_settings() -> None:
+    """Spec and SweepConfig are written out (so editors and mypy see their fields); each is
+    what contract/settings.py declares: names, order, types and defaults."""
+    assert not differences(Spec, declared_spec()), "\n".join(differences(Spec, declared_spec()))
+    assert not differences(SweepConfig, declared_sweep()), \
+        "\n".join(differences(SweepConfig, declared_sweep()))
     # the spec JSON's keys keep their order
     assert [f.name for f in fields(Spec)] == list(settings.SPEC_ORDER)
-    for f, s in zip(fields(Spec), declared, strict=True):
-        assert f.type == s.type, s.name
-        if s.default is REQUIRED:
-            assert f.default is MISSING and f.default_factory is MISSING, s.name
-        elif f.default_factory is not MISSING:
-            assert f.default_factory() == s.default, s.name
-        else:
-            assert f.default == s.default, s.name
+    assert {f.name for f in fields(Spec)} == {s.name for s in SETTINGS if s.spec}
     assert [f.name for f in fields(RunSpec)] == [f.name for f in fields(Spec)]
+
+
+def test_a_setting_declared_and_not_written_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting added to the declaration alone fails the check above, naming its field; a
+    field whose type or default drifts is named too."""
+    drifted = [(n, float if n == "num_nodes" else k, 2 if n == "mode" else v)
+               for n, k, v in declared_spec()]
+    assert differences(Spec, drifted) == ["Spec.mode: default 'benchmark', declared 2",
+                                          f"Spec.num_nodes: type {int}, declared {float}"]
+    monkeypatch.setattr(settings, "SETTINGS", SETTINGS + (
+        Setting("toy_steps", int, 3, "Toy steps.", Key(minimum=0)),))
+    assert differences(Spec, declared_spec()) == [
+        "Spec.toy_steps: declared in contract/settings.py, not written in the class"]
+    assert differences(SweepConfig, declared_sweep()) == [
+        "SweepConfig.toy_steps: declared in contract/settings.py, not written in the class"]
 
 
 def test_the_config_model_schema_and_sweepconfig_are_the_declared_keys() -> None:
@@ -107,67 +155,12 @@ def test_every_run_takes_the_copied_settings_from_the_config(tmp_path) -> None:
             assert getattr(run, name) == want.get(name, getattr(cfg, name)), (run.mode, name)
 
 
-TOY = """
-import json, sys
-from contract import settings
-from contract.settings import Key, Setting
-
-settings.SETTINGS += (
-    Setting("toy_steps", int, 3, "Toy steps each run takes.", Key(help="toy steps",
-            minimum=0)),
-    Setting("toy_ratio", float, 0.5, "A toy ratio.", Key(minimum=0.0, maximum=1.0),
-            record=False),
-    Setting("toy_kind", str, "a", "A toy kind.", Key(choices=("a", "b"))),
-    Setting("toy_flag", bool, False, "A sweep-only toy flag.", Key(), spec=False),
-)
-
-from dataclasses import fields
-from pathlib import Path
-from bench.plan.config import ConfigError, KEYS, SweepConfig, json_schema, validate
-from bench.plan.runs import expand
-from bench.records import columns
-from bench.run.launch import base_record
-from contract.spec import Spec, spec_for
-
-base = {"runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],
-        "batch_size_per_device": 8}
-errors = {}
-for key, value in [("toy_steps", -1), ("toy_ratio", 2.5), ("toy_kind", "c"),
-                   ("toy_flag", "yes"), ("toy_stesp", 1)]:
-    try:
-        validate({**base, key: value})
-    except ConfigError as exc:
-        errors[key] = str(exc)
-cfg = validate({**base, "toy_steps": 7, "toy_ratio": 0.25, "toy_kind": "b",
-                "toy_flag": True})
-runs = expand(cfg, "s")
-schema = json_schema()
-print(json.dumps({
-    "keys": list(KEYS),
-    "schema": {k: schema["properties"][k] for k in KEYS if k.startswith("toy_")},
-    "sweep_fields": [f.name for f in fields(SweepConfig)],
-    "config": {k: getattr(cfg, k) for k in ("toy_steps", "toy_ratio", "toy_kind",
-                                            "toy_flag")},
-    "spec_fields": [f.name for f in fields(Spec)],
-    "spec_defaults": {k: getattr(spec_for(), k) for k in ("toy_steps", "toy_ratio",
-                                                          "toy_kind")},
-    "runs": [{k: getattr(r, k) for k in ("toy_steps", "toy_ratio", "toy_kind")}
-             for r in runs],
-    "spec_json": json.loads(json.dumps(runs[0].to_dict())),
-    "record": {k: v for k, v in base_record(runs[0], {}, Path("x.log")).items()
-               if k.startswith("toy_")},
-    "spec_view": [k for k in columns.keys("spec") if k.startswith("toy_")],
-    "markdown": [line for line in columns.markdown().splitlines() if "toy_" in line],
-    "errors": errors,
-}))
-"""
-
-
 def test_a_setting_declared_once_reaches_the_model_schema_spec_plan_and_record() -> None:
-    """A toy setting added to SETTINGS alone (in a fresh interpreter, before anything reads
-    it) is a key of the config with its type, default and words, a field of SweepConfig and
-    of the Spec, copied into every run and, where recorded, into the record."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(TOY)], cwd=REPO,
+    """A toy setting declared in SETTINGS and written in SweepConfig and the Spec (in a fresh
+    interpreter, before anything reads them: tests/children/toy_setting.py) is a key of the
+    config with its type, default and words, copied into every run and, where recorded, into
+    the record."""
+    proc = subprocess.run([sys.executable, "-m", "tests.children.toy_setting"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)

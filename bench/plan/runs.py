@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from bench.catalog.registry import (
@@ -62,24 +62,46 @@ def run_options(runner: str, device: str, given: dict[str, Any]) -> dict[str, An
     return options
 
 
-def make_run_id(runner: str, model: str, n: int, scaling: str, batch: int, data: str,
-                precision: str, repeat: int, mode: str = "benchmark", nodes: int = 1,
-                variant: dict[str, Any] | None = None) -> str:
+@dataclass(frozen=True)
+class Cell:
+    """One run's place in the plan's matrix: a runner with one combination of its options, a
+    model, data, precision, batch, device count and repeat; its run id names them."""
+
+    runner: str
+    model: str | dict[str, Any]  # a built-in's name, or a user's entry (config validated it)
+    devices: int  # over all nodes
+    batch: int  # as the sweep gives it: per device (weak scaling) or global (strong)
+    precision: str = "fp32"
+    repeat: int = 0
+    data: str = "synthetic"
+    dataset: dict[str, Any] | None = None  # real data: the prepared dataset, its worker count
+    nodes: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+    variant: dict[str, Any] = field(default_factory=dict)  # the options of an option axis
+
+    @property
+    def label(self) -> str:
+        """The data as the run id names it: synthetic, or real-w<loader workers>."""
+        return f"real-w{self.dataset['workers']}" if self.dataset else self.data
+
+
+def make_run_id(cell: Cell, scaling: str = "weak", mode: str = "benchmark") -> str:
     """A stable, readable id: the same run gets the same id in every sweep (for --resume).
-    n counts the devices of all nodes; a multi-node run says nodes x devices per node. The
-    options of an option axis (variant) follow the precision as <option>-<value>
+    The cell's devices count those of all nodes; a multi-node run says nodes x devices per
+    node. The options of an option axis (variant) follow the precision as <option>-<value>
     (grouping.variant_part; RunSpec.variant reads them back); none without one."""
+    model, n, batch, repeat = _model(cell.model)[0], cell.devices, cell.batch, cell.repeat
     if mode == "pipeline":
-        return f"pipeline__{runner}__{model}__b{batch}__{data}__r{repeat}"
+        return f"pipeline__{cell.runner}__{model}__b{batch}__{cell.label}__r{repeat}"
     if mode == "allreduce":
-        return f"allreduce__{runner}__{model}__n{n}__r{repeat}"
+        return f"allreduce__{cell.runner}__{model}__n{n}__r{repeat}"
     if mode == "converge":
-        return CONVERGE_PREFIX + make_run_id(runner, model, n, scaling, batch, data, precision,
-                                             repeat, nodes=nodes, variant=variant)
+        return CONVERGE_PREFIX + make_run_id(cell, scaling)
     b = f"b{batch}" if scaling == "weak" else f"gb{batch}"
-    where = f"n{n}" if nodes == 1 else f"{nodes}x{n // nodes}"
-    varies = "".join(f"__{grouping.variant_part(k, v)}" for k, v in (variant or {}).items())
-    return f"{runner}__{model}__{where}__{b}__{data}__{precision}{varies}__r{repeat}"
+    where = f"n{n}" if cell.nodes == 1 else f"{cell.nodes}x{n // cell.nodes}"
+    varies = "".join(f"__{grouping.variant_part(k, v)}" for k, v in cell.variant.items())
+    return f"{cell.runner}__{model}__{where}__{b}__{cell.label}__{cell.precision}{varies}" \
+        f"__r{repeat}"
 
 
 def option_variants(runner: str, given: dict[str, Any]) -> list[tuple[dict[str, Any],
@@ -123,20 +145,21 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
         runs += expand_probes(cfg, sweep_id)
     if "benchmark" not in cfg.mode:
         return runs
-    strategies = [(runner, opts, variant) for runner in cfg.runners
-                  for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
     for repeat, (runner, opts, variant), model, data, precision, batch, nodes, per_node in \
-            itertools.product(range(cfg.repeats), strategies, cfg.models, cfg.data,
+            itertools.product(range(cfg.repeats), _strategies(cfg), cfg.models, cfg.data,
                               cfg.precision, cfg.batch_sizes, cfg.nodes, cfg.devices):
-        n = nodes * per_node
-        python = cfg.runner_options.get(runner, {}).get("python")
-        per_device = batch if cfg.scaling == "weak" else batch // n
         for dataset in _datasets(cfg, data):
-            label = f"real-w{dataset['workers']}" if dataset else data
-            runs.append(_benchmark_run(cfg, sweep_id, runner, model, label, data, precision,
-                                       batch, per_device, n, repeat, opts, python, dataset,
-                                       nodes, variant))
+            runs.append(_benchmark_run(cfg, sweep_id, Cell(
+                runner, model, nodes * per_node, batch, precision=precision, repeat=repeat,
+                data=data, dataset=dataset, nodes=nodes, options=opts, variant=variant)))
     return runs
+
+
+def _strategies(cfg: SweepConfig) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(runner, its options, their variant): each runner of the sweep with each combination
+    of its options (option_variants)."""
+    return [(runner, opts, variant) for runner in cfg.runners
+            for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
 
 
 def _model(model: str | dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
@@ -155,15 +178,16 @@ def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     ):
         info = PIPELINES[name]
         for workers in [0] if name == BASELINE_PIPELINE else cfg.dataset["workers"]:
+            dataset = {**cfg.dataset, "workers": workers}
+            cell = Cell(name, model, 1, batch, repeat=repeat, data="real", dataset=dataset)
             runs.append(_run(
                 cfg,
-                run_id=make_run_id(name, model, 1, "weak", batch, f"real-w{workers}", "fp32",
-                                   repeat, mode="pipeline"),
+                run_id=make_run_id(cell, mode="pipeline"),
                 sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
                 model=model, num_devices=1, virtual_devices=False, scaling="weak",
                 batch_size_per_device=batch, global_batch_size=batch, data="real",
                 precision="fp32", measure_steps=cfg.pipeline_steps, repeat=repeat,
-                mode="pipeline", dataset={**cfg.dataset, "workers": workers},
+                mode="pipeline", dataset=dataset,
             ))
     return runs
 
@@ -180,8 +204,7 @@ def expand_probes(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
         info = PROBES[name]
         runs.append(_run(
             cfg,
-            run_id=make_run_id(name, model, n, "weak", 0, "synthetic", "fp32", repeat,
-                               mode="allreduce"),
+            run_id=make_run_id(Cell(name, model, n, 0, repeat=repeat), mode="allreduce"),
             sweep_id=sweep_id, runner=name, family=info.family, module=info.module,
             model=model, num_devices=n, virtual_devices=cfg.device == "cpu", scaling="weak",
             batch_size_per_device=0, global_batch_size=0, data="synthetic", precision="fp32",
@@ -198,13 +221,11 @@ def expand_capacity(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     depth, model_layers)."""
     runs = []
     batches = cfg.batch_sizes if cfg.scale == "depth" else [cfg.capacity["start"]]
-    strategies = [(runner, opts, variant) for runner in cfg.runners
-                  for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
     for (runner, opts, variant), model, precision, batch, n in itertools.product(
-            strategies, cfg.models, cfg.precision, batches, cfg.devices):
-        python = cfg.runner_options.get(runner, {}).get("python")
-        run = _benchmark_run(cfg, sweep_id, runner, model, "synthetic", "synthetic", precision,
-                             batch, batch, n, 0, opts, python, None, variant=variant)
+            _strategies(cfg), cfg.models, cfg.precision, batches, cfg.devices):
+        # weak scaling (config's rule for mode capacity): the batch is per device
+        run = _benchmark_run(cfg, sweep_id, Cell(runner, model, n, batch, precision=precision,
+                                                 options=opts, variant=variant))
         runs.append(capacity_probe(run, cfg.scale, cfg.capacity["start"]))
     return runs
 
@@ -220,21 +241,16 @@ def expand_converge(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     assert cfg.dataset is not None  # config validation requires it in converge mode
     # the splits in memory: no loader workers; converge.augmentation is the one applied
     dataset = {"path": cfg.dataset["path"], "augmentation": "none", "workers": 0}
-    strategies = [(runner, opts, variant) for runner in cfg.runners
-                  for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
+    assert cfg.converge is not None  # mode converge's recipe (config fills every key)
     runs = []
     for repeat, (runner, opts, variant), model, precision, batch, nodes, per_node in \
-            itertools.product(range(cfg.repeats), strategies, cfg.models, cfg.precision,
+            itertools.product(range(cfg.repeats), _strategies(cfg), cfg.models, cfg.precision,
                               cfg.batch_sizes, cfg.nodes, cfg.devices):
-        n = nodes * per_node
-        python = cfg.runner_options.get(runner, {}).get("python")
-        per_device = batch if cfg.scaling == "weak" else batch // n
-        run = _benchmark_run(cfg, sweep_id, runner, model, "real-w0", "real", precision, batch,
-                             per_device, n, repeat, opts, python, dataset, nodes, variant)
-        name, _ = _model(model)
-        runs.append(replace(run, mode="converge", converge=dict(cfg.converge), run_id=(
-            make_run_id(runner, name, n, cfg.scaling, batch, "real-w0", precision, repeat,
-                        mode="converge", nodes=nodes, variant=variant))))
+        cell = Cell(runner, model, nodes * per_node, batch, precision=precision, repeat=repeat,
+                    data="real", dataset=dataset, nodes=nodes, options=opts, variant=variant)
+        run = _benchmark_run(cfg, sweep_id, cell)
+        runs.append(replace(run, mode="converge", converge=dict(cfg.converge),
+                            run_id=make_run_id(cell, cfg.scaling, mode="converge")))
     return runs
 
 
@@ -266,19 +282,18 @@ def capacity_probe(run: RunSpec, scale: str, value: int) -> RunSpec:
     return replace(probe, run_id=f"{search_id(probe, scale)}{value}")
 
 
-def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str | dict[str, Any],
-                   label: str, data: str, precision: str, batch: int, per_device: int, n: int,
-                   repeat: int, opts: dict[str, Any], python: str | None,
-                   dataset: dict[str, Any] | None, nodes: int = 1,
-                   variant: dict[str, Any] | None = None) -> RunSpec:
-    info = RUNNERS[runner]
-    model, custom = _model(model)
+def _benchmark_run(cfg: SweepConfig, sweep_id: str, cell: Cell) -> RunSpec:
+    """The benchmark run of a cell of the matrix (also a capacity probe's and a converge run's
+    first form): its batch per device from the sweep's scaling."""
+    info = RUNNERS[cell.runner]
+    model, custom = _model(cell.model)
+    n = cell.devices
+    per_device = cell.batch if cfg.scaling == "weak" else cell.batch // n
     return _run(
         cfg,
-        run_id=make_run_id(runner, model, n, cfg.scaling, batch, label, precision, repeat,
-                           nodes=nodes, variant=variant),
+        run_id=make_run_id(cell, cfg.scaling),
         sweep_id=sweep_id,
-        runner=runner,
+        runner=cell.runner,
         family=info.family,
         module=info.module,
         model=model,
@@ -286,14 +301,14 @@ def _benchmark_run(cfg: SweepConfig, sweep_id: str, runner: str, model: str | di
         virtual_devices=cfg.device == "cpu",
         batch_size_per_device=per_device,
         global_batch_size=per_device * n,
-        data=data,
-        precision=precision,
-        repeat=repeat,
-        options=opts,
-        python=python,
+        data=cell.data,
+        precision=cell.precision,
+        repeat=cell.repeat,
+        options=cell.options,
+        python=cfg.runner_options.get(cell.runner, {}).get("python"),
         launcher=info.launcher,
-        dataset=dataset,
-        num_nodes=nodes,
+        dataset=cell.dataset,
+        num_nodes=cell.nodes,
         custom_model=custom,
     )
 
@@ -306,6 +321,7 @@ def _run(cfg: SweepConfig, **fields: Any) -> RunSpec:
 
 
 def _telemetry(cfg: SweepConfig) -> dict[str, Any] | None:
+    assert cfg.telemetry is not None  # the config's mapping (its default: {})
     return dict(cfg.telemetry) if cfg.telemetry.get("enabled", True) else None
 
 

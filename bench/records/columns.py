@@ -104,7 +104,7 @@ def _gpu_mem_peak(rec: Mapping[str, Any]) -> int | None:
     return max((g.get("mem_used_peak_bytes") or 0 for g in gpus), default=None)
 
 
-def _memory_peak(rec: Mapping[str, Any]) -> int | None:
+def _memory_peak(rec: Mapping[str, Any]) -> float | None:
     """The most memory any one device (or process) of the run held: None where the record
     has no memory_per_device (an older record, or nothing measured), never 0."""
     per_device = rec.get("memory_per_device")
@@ -126,7 +126,8 @@ def state_split(rec: Mapping[str, Any]) -> dict[str, int] | None:
     for device, parts in per_device.items():
         if not isinstance(parts, Mapping):
             continue
-        split = {k: parts.get(k) if isinstance(parts.get(k), int) else 0 for k in STATE_PARTS}
+        split: dict[str, Any] = {k: parts.get(k) if isinstance(parts.get(k), int) else 0
+                                 for k in STATE_PARTS}
         total = sum(split.values())
         if best is None or total > best["total"]:
             best = {**split, "total": total, "device": device}
@@ -579,14 +580,14 @@ def _real_syn(col: Column, row: Mapping[str, Any], view: str) -> str:
 
 
 def _bytes(col: Column, row: Mapping[str, Any], view: str) -> str:
-    value = row.get(col.key)
+    value: Any = row.get(col.key)
     if not _numbers([value]):
         return "-"
     return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
 
 
 def _seconds(col: Column, row: Mapping[str, Any], view: str) -> str:
-    value = row.get(col.key)
+    value: Any = row.get(col.key)
     if not _numbers([value]):
         return "-"
     return f"{value:.1f} s" if value < 60 else f"{int(value // 60)}:{int(value % 60):02d}"

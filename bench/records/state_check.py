@@ -60,8 +60,8 @@ def check_state_split(result: Mapping[str, Any], shards: tuple[str, ...], num_de
     granularity = granularity if isinstance(granularity, Mapping) else {}
     for part in PARTS:
         g = _int(whole.get(part))
-        held = {d: _int(v.get(part)) if isinstance(v, Mapping) else None
-                for d, v in per_device.items()}
+        held: dict[Any, Any] = {d: _int(v.get(part)) if isinstance(v, Mapping) else None
+                                for d, v in per_device.items()}
         bad = sorted(d for d, b in held.items() if b is None)
         if g is None or bad:
             problems.append(f"{part}: not a byte count (global {whole.get(part)!r}, devices "

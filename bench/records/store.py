@@ -169,7 +169,8 @@ def _what(value: Any) -> str:
         return "an integer" + (" out of range" if abs(value) > MAX_INT else "")
     if isinstance(value, float):
         return "a number" if math.isfinite(value) else "a non-finite number"
-    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), "a value")
+    kinds: dict[type, str] = {str: "a string", list: "a list", dict: "an object"}
+    return kinds.get(type(value), "a value")
 
 
 def _short(text: str, limit: int = 40) -> str:
@@ -213,7 +214,7 @@ def record_problems(rec: Any, name: str | None = None) -> list[str]:
     if status == "ok":  # an ok run holds its figure (check_record's rule)
         figure, value = (("busbw_gbps", _probe_busbw(rec)) if rec.get("mode") == "allreduce"
                          else ("images_per_sec", rec.get("images_per_sec")))
-        if not (is_kind(value, "num") and value > 0):
+        if not (is_kind(value, "num") and value is not None and value > 0):
             problems.append(f"an ok record whose {figure} is {_what(value)}; allowed: a "
                             "number above 0")
     run_id = rec.get("run_id")
@@ -239,7 +240,8 @@ def environment_problems(env: dict[str, Any]) -> list[str]:
     problems = [f"{k} is {_what(env[k])}; allowed: {KIND_TEXT[kind]} or null"
                 for k, kind in ENVIRONMENT_FIELDS.items()
                 if env.get(k) is not None and not is_kind(env[k], kind)]
-    for gpu in env.get("gpus") if isinstance(env.get("gpus"), list) else []:
+    gpus = env.get("gpus")
+    for gpu in gpus if isinstance(gpus, list) else []:
         if not isinstance(gpu, dict):
             problems.append(f"a GPU is {_what(gpu)}; allowed: an object")
             break
