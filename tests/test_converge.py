@@ -18,7 +18,7 @@ from bench.run.sweep import precheck
 from bench.run.verdict import validate_converge
 from contract.spec import spec_for
 from runners import converge as cv
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 RECIPE = dict(target_accuracy=0.9, max_epochs=10, optimizer="sgd", momentum=0.9,
               weight_decay=0.0, base_lr=0.01, reference_batch=32, lr_scaling="none",

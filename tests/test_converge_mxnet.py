@@ -11,7 +11,7 @@ import pytest
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
 from models import get_spec
-from tests.conftest import converge_sweep
+from tests.helpers.sweeps import converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 TARGET = 0.9

@@ -18,7 +18,7 @@ from bench.analysis.converge import converge_rows, explain_lines, interval
 from bench.analysis.stats import BOOTSTRAP_CI, RANGE
 from bench.records.store import load_records
 from bench.report.converge import published_rows, table_lines
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 GOLDEN = REPO / "tests" / "golden" / "converge-results"
 

@@ -13,7 +13,7 @@ import pytest
 
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
-from tests.conftest import converge_sweep
+from tests.helpers.sweeps import converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 

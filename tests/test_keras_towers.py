@@ -16,8 +16,8 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.run.launch import launch
-from tests.conftest import REPO
-from tests.test_equivalence import make_inputs
+from tests.helpers.cli import REPO
+from tests.helpers.equivalence import make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"

@@ -14,7 +14,7 @@ import pytest
 
 from bench.records.store import check_record, load_records
 from models import get_spec
-from tests.conftest import run_check_script, run_cli
+from tests.helpers.cli import run_check_script, run_cli
 
 pytestmark = pytest.mark.slow
 BATCH, MEASURE = 4, 3

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import STATE_DIR
+from tests.helpers.slurm import STATE_DIR
 
 pytestmark = pytest.mark.slurm
 

@@ -178,7 +178,7 @@ def test_sweep_records_carry_mfu_against_the_cached_peak(tmp_path: Path, tf_pyth
     import csv
 
     from models import get_spec
-    from tests.conftest import smoke_sweep
+    from tests.helpers.sweeps import smoke_sweep
 
     records = smoke_sweep(tmp_path)
     peaks = json.loads((tmp_path / "peaks.json").read_text())

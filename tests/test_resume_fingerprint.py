@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bench.records.store import load_records, runs_dir
-from tests.test_reliability import config, toy
+from tests.helpers.toy import config, toy
 
 
 def first_sweep(tmp_path: Path, **extra: object) -> tuple[Path, Path]:

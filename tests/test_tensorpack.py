@@ -17,8 +17,8 @@ from bench.plan.runs import RunSpec
 from bench.records.store import check_record, load_records
 from bench.run.launch import launch
 from models import get_spec
-from tests.conftest import run_check_script, run_cli
-from tests.test_equivalence import BATCH, LR, RTOL, make_inputs
+from tests.helpers.cli import run_check_script, run_cli
+from tests.helpers.equivalence import BATCH, LR, RTOL, make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 

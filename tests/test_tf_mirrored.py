@@ -14,7 +14,8 @@ import pytest
 from bench.analysis.loader import load_results
 from bench.records.store import check_record, load_records
 from bench.report.charts import CHARTS
-from tests.conftest import run_cli, smoke_sweep
+from tests.helpers.cli import run_cli
+from tests.helpers.sweeps import smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 SMOKE = ("--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",

@@ -10,7 +10,7 @@ import pytest
 
 from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record, load_records
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 TF_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "tf" and n != "tf_mirrored")
@@ -96,7 +96,7 @@ def test_tf_native_fused_batchnorm_is_keras_batchnorm(tf_python: str) -> None:
     and moving statistics (training and inference), in both layouts; the swapped ResNet-50 has
     the spec's parameters under the same canonical names."""
     from models import get_spec
-    from tests.conftest import run_check_script
+    from tests.helpers.cli import run_check_script
 
     out = run_check_script(tf_python, FUSED_BN_CHECK)
     for fmt, diffs in out["diffs"].items():

@@ -16,8 +16,9 @@ from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from bench.run.launch import launch
 from models import get_spec
-from tests.conftest import run_cli, smoke_sweep
-from tests.test_equivalence import make_inputs, step
+from tests.helpers.cli import run_cli
+from tests.helpers.equivalence import make_inputs, step
+from tests.helpers.sweeps import smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 # the data-parallel ones; the sharded torch_zero1 and torch_fsdp2: tests/test_torch_sharded.py
