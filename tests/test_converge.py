@@ -95,6 +95,7 @@ def test_ranks_share_each_global_batch_and_a_short_kept_one_leaves_a_rank_empty(
     recipe = cv.Recipe.of(spec(batch=4, last_batch="keep"))
     whole = cv.epoch_batches(recipe, splits, 0)
     ranks = [cv.epoch_batches(recipe, splits, 0, rank=r, world=2) for r in (0, 1)]
+    assert len(whole) == len(ranks[0]) == len(ranks[1]) == 3
     for step, batch in enumerate(whole):
         joined = np.concatenate([ranks[0][step].x, ranks[1][step].x])
         assert np.array_equal(joined, batch.x)
