@@ -114,6 +114,7 @@ def test_eight_towers_hierarchical_equals_one_device(tmp_path: Path, tf_python: 
     assert rec["result"]["allreduce"] == "hierarchical"
     assert rec["result"]["gradient_packer"].startswith("skipped")
     assert short(rec["placement"]) == {f"CPU:{k}" for k in range(8)}
+    assert one, "the step wrote no weights"
     for name in one:
         np.testing.assert_allclose(eight[name], one[name], rtol=RTOL, atol=1e-6, err_msg=name)
 

@@ -29,6 +29,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory, tf_python: str) -> Path:
     proc = run_cli(*SMOKE, "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"results: {out}" in proc.stdout
+    assert sorted(r["num_devices"] for r in load_records(out)) == [1, 2]
     return out
 
 

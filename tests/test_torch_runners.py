@@ -114,6 +114,7 @@ def test_torch_ddp_channels_last_step_equals_one_device(tmp_path: Path,
     one = step("torch_ddp", 1, tmp_path / "inputs.npz", tmp_path, torch_python)
     two = step("torch_ddp", 2, tmp_path / "inputs.npz", tmp_path, torch_python,
                {"memory_format": "channels_last"})
+    assert one, "the step wrote no weights"
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
