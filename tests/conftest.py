@@ -1,8 +1,9 @@
-"""Shared fixtures: framework interpreters (built on first use, cached outside the repo)."""
+"""Fixtures and pytest hooks only: framework interpreters (built on first use, cached outside
+the repo), the local SLURM cluster, the real-data and digits datasets. What test modules share
+besides fixtures lives in tests/helpers/."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.helpers.cli import run_cli
+from tests.helpers.slurm import SLURM_TOOL, STATE_DIR
 
 
 def _family_python(family: str) -> str:
@@ -53,10 +56,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "comparing the plans with it")
 
 
-SLURM_TOOL = REPO / "tools" / "local_slurm.sh"
-STATE_DIR = Path(os.environ.get("MGBENCH_SLURM_DIR", "/tmp/mgbench-slurm"))
-
-
 @pytest.fixture(scope="session")
 def local_slurm() -> dict[str, str]:
     """The environment for SLURM's commands (SLURM_CONF) with the local 2-node cluster up
@@ -78,41 +77,6 @@ def local_slurm() -> dict[str, str]:
         subprocess.run([tool, "down"], capture_output=True, timeout=120, env=env)
 
 
-
-def run_cli(*args: str, timeout: float = 900, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
-    """Run `python run_bench.py ARGS` as a user would, from the repo root."""
-    return subprocess.run([sys.executable, str(REPO / "run_bench.py"), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
-
-
-def run_check_script(python: str, script: str, *args: str, env: dict[str, str] | None = None,
-                     timeout: float = 900) -> dict:
-    """Run a check script in a framework interpreter from the repo root; the JSON of its one
-    "RESULT <json>" output line (the test process itself never imports the framework)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    proc = subprocess.run([python, "-c", script, *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
-
-
-def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
-    """The CPU smoke config through the CLI, shortened (2 warm-up + 3 timed steps, 8 images
-    per device) and with `--set` overrides; its records by device count."""
-    from bench.records.store import load_records
-
-    args = ["--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
-            "--set", "measure_steps=3", "--set", "batch_size_per_device=8", "--out", str(out)]
-    for s in sets:
-        args += ["--set", s]
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {r["num_devices"]: r for r in load_records(out)}
-
-
 @pytest.fixture(scope="session")
 def real_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small prepared dataset for real-data runs: 10 classes, 48 JPEGs of 40 x 40 (so
@@ -126,12 +90,6 @@ def real_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "prepared"
 
 
-def real_sweep(out: Path, dataset: Path, *sets: str) -> dict[int, dict]:
-    """smoke_sweep on real data from `dataset` (augmentation crop-flip, 1 loader worker unless
-    a --set says otherwise); its records by device count."""
-    return smoke_sweep(out, "data=real", f"dataset.path={dataset}", "dataset.workers=1", *sets)
-
-
 @pytest.fixture(scope="session")
 def digits_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scikit-learn's digits written by `make-dataset --source digits` (mode converge's
@@ -140,30 +98,3 @@ def digits_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = run_cli("make-dataset", "--source", "digits", "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
-
-
-def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
-    """configs/converge-digits.yaml through the CLI on `dataset` with `sets` (KEY=VALUE);
-    its records (mode converge: runners/converge.py)."""
-    from bench.records.store import load_records
-
-    args = ["--config", "configs/converge-digits.yaml", "--out", str(out),
-            "--set", f"dataset.path={dataset}"]
-    for s in sets:
-        args += ["--set", s]
-    proc = run_cli(*args)
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    return load_records(out)
-
-
-def assert_stopped_at_target(rec: dict, target: float) -> None:
-    """A converge record that reached `target`: stopped at its first epoch at the target, the
-    time to target that epoch's wall time, evaluations included."""
-    assert rec["best_accuracy"] >= target, rec["curve"]
-    epoch = rec["epochs_to_target"]
-    assert epoch == len(rec["curve"]) and rec["target_reason"] is None  # stopped at the target
-    point = rec["curve"][epoch - 1]
-    assert point["accuracy"] >= target
-    assert all(p["accuracy"] < target for p in rec["curve"][:epoch - 1])
-    assert rec["time_to_target_s"] == point["wall_s"] > 0
-    assert rec["time_to_target_s"] >= rec["train_time_s"] > 0  # evaluations included

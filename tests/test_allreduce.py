@@ -22,7 +22,7 @@ from bench.report import allreduce as allreduce_report
 from bench.run.sweep import precheck
 from bench.run.verdict import classify, validate_result
 from contract import collectives as allreduce
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 from tests.specs import run_spec
 
 PROBE = {"mode": "allreduce", "models": ["minigooglenet"], "devices": [2]}

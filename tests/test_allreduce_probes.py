@@ -15,7 +15,7 @@ import pytest
 from bench.records.store import check_record, load_records
 from bench.run.envs import ensure_env
 from contract.collectives import bus_factor, check_collectives, probe_sizes
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 CONFIG = """\
 name: probe-{probe}

@@ -4,7 +4,7 @@ seconds and without growing the parent: config files read to 1 MiB (a FIFO or a 
 refused unread), YAML depth and alias expansion within a budget, --set keys and values
 bounded, every numeric runner option in its range, predict's device counts in range, messages
 quoting a short prefix of a value; and --out, the sweep's name, --detach and an emptied
-`runners` refused before anything is made. Each case runs the real CLI (tests.conftest)."""
+`runners` refused before anything is made. Each case runs the real CLI (tests/helpers/cli.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import yaml
 
 from bench.catalog.registry import COMMON_OPTIONS, PIPELINES, PROBES, RUNNERS
 from bench.plan.config import MAX_YAML_DEPTH, ConfigError, json_schema, load_config
-from tests.conftest import REPO, run_cli
-from tests.test_predict import record, write_folder
+from tests.helpers.cli import REPO, run_cli
+from tests.helpers.records import gpu_record, write_folder
 
 SMOKE = {"name": "bounded", "runners": ["tf_mirrored"], "models": ["minigooglenet"],
          "devices": [1, 2], "batch_size_per_device": 8, "device": "cpu"}
@@ -181,7 +181,7 @@ def test_steps_per_execution_out_of_range_fails_validation(tmp_path: Path, value
 @pytest.mark.parametrize("devices", ["18446744073709551616", "1000001", "0", "2,\u0967\u0968",
                                      ",".join(map(str, range(1, 100)))])
 def test_predict_devices_out_of_range_is_one_line(tmp_path: Path, devices: str) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0), record(2, 380.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0), gpu_record(2, 380.0)])
     line = one_line(run_cli("predict", str(folder), "--devices", devices, "--busbw", "10",
                             timeout=120), "error: devices:", "from 1 to 1000000")
     assert len(line) < 400

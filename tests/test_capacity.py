@@ -305,6 +305,7 @@ def check_search(out: Path, rec: dict[str, Any], budget: int, devices: int) -> N
     lie below the misfits, and the search ended bracketed within its resolution."""
     assert rec["status"] == "ok" and rec["end"] == "bracketed", rec
     assert rec["first_misfit"] - rec["largest_fit"] <= rec["resolution"]
+    assert rec["probes"], rec
     for probe in rec["probes"]:
         run = json.loads((out / probe["record"]).read_text())
         assert run["status"] == "ok", run["reason"]

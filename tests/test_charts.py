@@ -18,8 +18,8 @@ from bench.analysis.stats import summarise
 from bench.plotting import pyplot
 from bench.records.store import load_records
 from bench.report import charts
-from tests.conftest import REPO
-from tests.test_published import record
+from tests.helpers.cli import REPO
+from tests.helpers.records import model_record
 
 GOLDEN = REPO / "tests" / "golden" / "converge-results"
 
@@ -50,7 +50,7 @@ def test_throughput_axis_fits_the_measured_data_and_marks_a_far_published_figure
     """A published figure 100x the measured maximum is not drawn at its value: the y axis
     stays within a small factor of the measured data, a triangle on the top edge carries
     the figure in text; one within 3x is drawn at its value as a hollow marker."""
-    rows = summarise([record("resnet50", 1, 10.0), record("resnet50", 2, 18.0)])
+    rows = summarise([model_record("resnet50", 1, 10.0), model_record("resnet50", 2, 18.0)])
     table = [_published(1, 1800.0), _published(2, 30.0, "Near 2019")]
     fig = charts.throughput_figure(rows, table)
     ax = fig.axes[0]
@@ -77,7 +77,7 @@ def test_no_published_figure_leaves_the_axis_on_the_measured_data(golden_rows) -
 
 
 def test_values_spanning_decades_get_a_log_axis() -> None:
-    rows = summarise([record("resnet50", 1, 2.0), record("resnet50", 2, 3.0)])
+    rows = summarise([model_record("resnet50", 1, 2.0), model_record("resnet50", 2, 3.0)])
     gpu = copy.deepcopy(rows)
     for r in gpu:
         r.update(runner="other", images_per_sec=r["images_per_sec"] * 500)
@@ -132,8 +132,8 @@ def test_every_series_has_its_own_marker_and_line_style(golden_rows) -> None:
         assert len(pairs) >= 24 and len(set(pairs)) == len(pairs), (build.__name__, pairs)
         _close(fig)
     # measured beside published.csv's resnet50 systems at 1, 2 and 8 GPUs, drawn at value
-    gpu = summarise([record("resnet50", 1, 200.0), record("resnet50", 2, 390.0),
-                     record("resnet50", 8, 1500.0)])
+    gpu = summarise([model_record("resnet50", 1, 200.0), model_record("resnet50", 2, 390.0),
+                     model_record("resnet50", 8, 1500.0)])
     for build in (charts.throughput_figure, charts.efficiency_figure):
         fig = build(gpu)
         pairs = _series(fig.axes[0])

@@ -16,7 +16,7 @@ import yaml
 
 from bench.records.store import check_record, load_records
 from bench.report.charts import CHARTS
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 
 def toy_config(tmp_path: Path, behaviour: str, **extra: object) -> Path:

@@ -20,30 +20,12 @@ from bench.plan.runs import RunSpec, expand
 from bench.records import columns
 from bench.records import store as records
 from bench.records.columns import Column
-from bench.records.store import check_record, record_path, write_json_atomic
+from bench.records.store import record_path, write_json_atomic
 from bench.report.summary import build_report, format_table
 from bench.run.launch import base_record
 from bench.run.verdict import CHILD_FIELDS
-from tests.conftest import REPO
-
-ENV = {"host": "h", "os": "Linux", "cpu_model": "cpu", "cpu_cores": 2, "memory_bytes": 2**33,
-       "python": "3.11", "harness_commit": "abc", "gpus": [], "framework": {"tensorflow": "2"}}
-
-
-def record(n: int, repeat: int, ips: float, first_loss: float = 2.5,
-           last_loss: float = 2.25) -> dict:
-    """A schema-valid ok record of one configuration on n virtual CPU devices."""
-    rec = {k: None for k in records.REQUIRED}
-    rec.update(
-        schema_version=1, sweep_id="s", runner="tf_mirrored", family="tf",
-        model="minigooglenet", num_devices=n, virtual_devices=True, device="cpu",
-        scaling="weak", batch_size_per_device=32, global_batch_size=32 * n, data="synthetic",
-        data_label="synthetic", mode="benchmark", precision="fp32", repeat=repeat,
-        status="ok", images_per_sec=ips, step_times_s=[32 * n / ips] * 10, environment=ENV,
-        options={}, first_loss=first_loss, last_loss=last_loss,
-        run_id=f"tf_mirrored__minigooglenet__n{n}__b32__synthetic__fp32__r{repeat}")
-    assert check_record(rec) == []
-    return rec
+from tests.helpers.cli import REPO
+from tests.helpers.records import ENV, run_record
 
 
 def write(out: Path, recs: list[dict]) -> Path:
@@ -114,7 +96,7 @@ def test_record_fields_are_the_registry_s_and_launch_writes_them(tmp_path: Path)
 
 
 def test_every_view_follows_the_registry(tmp_path: Path) -> None:
-    out = write(tmp_path / "sweep", [record(1, 0, 100.0), record(2, 0, 180.0)])
+    out = write(tmp_path / "sweep", [run_record(1, 0, 100.0), run_record(2, 0, 180.0)])
     rows, _, _ = build_report(out)
     fields, _ = csv_rows(out / "summary.csv")
     assert tuple(fields) == columns.keys("csv")
@@ -132,15 +114,15 @@ def table_records() -> list[dict]:
     repeat, placement, BatchNorm, MFU and three flags."""
     real = {"data": "real", "dataset": {"workers": 2}, "data_label": "real-w2"}
     return [
-        {**record(1, 0, 100.0), "placement": {"c0": 1}, "result": {"batchnorm": "global"},
+        {**run_record(1, 0, 100.0), "placement": {"c0": 1}, "result": {"batchnorm": "global"},
          "mfu": {"mfu": 0.3}},
-        record(1, 1, 104.0),
-        {**record(2, 0, 180.0), "placement": {"c0": 2},
+        run_record(1, 1, 104.0),
+        {**run_record(2, 0, 180.0), "placement": {"c0": 2},
          "result": {"placement_collapsed": "one device"}, "telemetry": {"starved": True}},
-        {**record(2, 1, 1.0), "status": "oom", "reason": "out of memory",
+        {**run_record(2, 1, 1.0), "status": "oom", "reason": "out of memory",
          "images_per_sec": None, "step_times_s": None},
-        {**record(1, 0, 90.0), **real},
-        {**record(2, 0, 100.0), **real, "contended": True},
+        {**run_record(1, 0, 90.0), **real},
+        {**run_record(2, 0, 100.0), **real, "contended": True},
     ]
 
 
@@ -208,9 +190,9 @@ def test_adding_a_metric_is_one_registry_entry(tmp_path: Path,
     extra = (*columns.COLUMNS[:at], LOSS_DROP, *columns.COLUMNS[at:], DIVERGED)
     monkeypatch.setattr(columns, "COLUMNS", extra)
     out = write(tmp_path / "sweep", [
-        record(1, 0, 100.0, 2.5, 2.25), record(1, 1, 102.0, 2.5, 2.0),
-        record(1, 2, 98.0, 2.5, 2.125),  # drops 0.25, 0.5, 0.375: median 0.375
-        record(2, 0, 180.0, 2.0, 2.5)])  # rose: diverged
+        run_record(1, 0, 100.0, 2.5, 2.25), run_record(1, 1, 102.0, 2.5, 2.0),
+        run_record(1, 2, 98.0, 2.5, 2.125),  # drops 0.25, 0.5, 0.375: median 0.375
+        run_record(2, 0, 180.0, 2.0, 2.5)])  # rose: diverged
     rows, _, _ = build_report(out)
 
     fields, csv_data = csv_rows(out / "summary.csv")
@@ -243,11 +225,11 @@ def test_adding_a_metric_is_one_registry_entry(tmp_path: Path,
 def test_summary_combines_runs_as_the_registry_says() -> None:
     """over_runs: the configuration's own value, the median, any, min and first of the ok
     runs; a failed run's telemetry is left out."""
-    a = {**record(2, 0, 100.0), "telemetry": {"gpu_util_mean_pct": 50.0, "starved": False},
+    a = {**run_record(2, 0, 100.0), "telemetry": {"gpu_util_mean_pct": 50.0, "starved": False},
          "placement": {"d0": 1, "d1": 1}, "result": {"batchnorm": "global"}}
-    b = {**record(2, 1, 110.0), "telemetry": {"gpu_util_mean_pct": 70.0, "starved": True},
+    b = {**run_record(2, 1, 110.0), "telemetry": {"gpu_util_mean_pct": 70.0, "starved": True},
          "placement": {"d0": 1}, "result": {}}
-    bad = {**record(2, 2, 1.0), "status": "failed", "reason": "boom", "images_per_sec": None,
+    bad = {**run_record(2, 2, 1.0), "status": "failed", "reason": "boom", "images_per_sec": None,
            "telemetry": {"gpu_util_mean_pct": 1000.0, "starved": False}}
     row = summarise([a, b, bad])[0]
     assert row["runner"] == "tf_mirrored" and row["num_devices"] == 2
@@ -258,7 +240,7 @@ def test_summary_combines_runs_as_the_registry_says() -> None:
 
 
 def test_loader_reads_runs_with_the_registry_s_readers(tmp_path: Path) -> None:
-    rec = {**record(1, 0, 100.0), "placement": {"cpu:0": 3}, "contended": True,
+    rec = {**run_record(1, 0, 100.0), "placement": {"cpu:0": 3}, "contended": True,
            "telemetry": {"gpu_util_mean_pct": 42.0, "energy_j": 9.0,
                          "gpus": [{"mem_used_peak_bytes": 7}, {"mem_used_peak_bytes": 9}]},
            "mfu": {"mfu": 0.25, "peak_flops": 1e12}}

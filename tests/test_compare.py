@@ -26,7 +26,7 @@ from bench.analysis.compare import (
 )
 from bench.cli import main
 from bench.records.store import check_record, load_records, write_json_atomic
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 ENV = {"host": "box-a", "os": "Linux", "python": "3.11.7", "cpu_model": "AMD EPYC 7742",
        "cpu_cores": 64, "gpus": [], "harness_commit": "aaaa"}

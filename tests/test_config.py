@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from bench.plan.config import KEYS, ConfigError, apply_override, load_config, parse_yaml, validate
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 BASE = {
     "runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from bench.catalog.registry import PIPELINES, RUNNERS, runner_options
 from bench.plan.config import KEYS, ConfigError, SweepConfig, load_config, validate
 from bench.plan.runs import expand
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 SMOKE = REPO / "configs" / "cpu-smoke.yaml"
 SMOKE_TEXT = SMOKE.read_text(encoding="utf-8")

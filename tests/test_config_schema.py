@@ -16,7 +16,7 @@ import yaml
 from bench.catalog.registry import PIPELINES, RUNNERS, runner_options
 from bench.plan.config import KEYS, ConfigError, json_schema, validate
 from models import available_models
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 BASE = {"runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],
         "batch_size_per_device": 32}

@@ -18,7 +18,7 @@ from bench.run.sweep import precheck
 from bench.run.verdict import validate_converge
 from contract.spec import spec_for
 from runners import converge as cv
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 RECIPE = dict(target_accuracy=0.9, max_epochs=10, optimizer="sgd", momentum=0.9,
               weight_decay=0.0, base_lr=0.01, reference_batch=32, lr_scaling="none",
@@ -95,6 +95,7 @@ def test_ranks_share_each_global_batch_and_a_short_kept_one_leaves_a_rank_empty(
     recipe = cv.Recipe.of(spec(batch=4, last_batch="keep"))
     whole = cv.epoch_batches(recipe, splits, 0)
     ranks = [cv.epoch_batches(recipe, splits, 0, rank=r, world=2) for r in (0, 1)]
+    assert len(whole) == len(ranks[0]) == len(ranks[1]) == 3
     for step, batch in enumerate(whole):
         joined = np.concatenate([ranks[0][step].x, ranks[1][step].x])
         assert np.array_equal(joined, batch.x)

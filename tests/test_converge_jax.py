@@ -16,7 +16,7 @@ from bench.records.store import check_record
 from bench.run.verdict import validate_converge
 from contract.spec import spec_for
 from runners.converge import Recipe
-from tests.conftest import assert_stopped_at_target, converge_sweep
+from tests.helpers.sweeps import assert_stopped_at_target, converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("jax")]
 TARGET = 0.9

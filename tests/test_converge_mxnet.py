@@ -11,7 +11,7 @@ import pytest
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
 from models import get_spec
-from tests.conftest import converge_sweep
+from tests.helpers.sweeps import converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 TARGET = 0.9
@@ -24,7 +24,9 @@ def records(tmp_path_factory: pytest.TempPathFactory, digits_dataset: Path,
     out = tmp_path_factory.mktemp("converge-mxnet")
     recs = converge_sweep(out, digits_dataset, "runners=[mxnet_native]",
                           f"converge.target_accuracy={TARGET}")
-    return {r["num_devices"]: r for r in recs}
+    by_n = {r["num_devices"]: r for r in recs}
+    assert sorted(by_n) == [1, 2], sorted(by_n)
+    return by_n
 
 
 def _ok(rec: dict) -> dict:

@@ -18,7 +18,7 @@ from bench.analysis.converge import converge_rows, explain_lines, interval
 from bench.analysis.stats import BOOTSTRAP_CI, RANGE
 from bench.records.store import load_records
 from bench.report.converge import published_rows, table_lines
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 GOLDEN = REPO / "tests" / "golden" / "converge-results"
 
@@ -60,6 +60,7 @@ def test_report_prints_the_seed_table_and_writes_its_csv_chart_and_html(folder: 
 def test_the_table_reads_the_curves(folder: Path) -> None:
     records = load_records(folder)
     rows = rows_by(records)
+    assert rows
     for (runner, n), row in rows.items():
         mine = [r for r in records if r["runner"] == runner and r["num_devices"] == n]
         assert row["runs"] == 2 and row["runs_ok"] == 2
@@ -131,7 +132,9 @@ def test_seed_004s_published_times_stand_beside_minigooglenet(folder: Path) -> N
 
 
 def test_the_records_hold_the_recipe_and_curve(folder: Path) -> None:
-    for rec in load_records(folder):
+    records = load_records(folder)
+    assert records
+    for rec in records:
         assert rec["mode"] == "converge" and rec["converge"]["lr_scaling"] == "linear"
         recipe = rec["result"]["converge"]
         assert recipe["peak_lr"] == pytest.approx(0.01 * rec["global_batch_size"] / 32)

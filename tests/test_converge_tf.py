@@ -14,7 +14,7 @@ import pytest
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
 from runners.converge import Recipe
-from tests.conftest import assert_stopped_at_target, converge_sweep
+from tests.helpers.sweeps import assert_stopped_at_target, converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 TARGET = 0.9

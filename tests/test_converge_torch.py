@@ -13,7 +13,7 @@ import pytest
 
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
-from tests.conftest import converge_sweep
+from tests.helpers.sweeps import converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 
@@ -38,7 +38,10 @@ def to_target(tmp_path_factory: pytest.TempPathFactory, digits_dataset: Path,
     for runner, devices in (("torch_ddp", "[1,2]"), ("keras_torch", "[2]")):
         records += converge_sweep(out / runner, digits_dataset, f"runners=[{runner}]",
                                   f"devices={devices}", f"converge.target_accuracy={TARGET}")
-    return by_key(records)
+    by_run = by_key(records)
+    assert sorted(by_run) == [("keras_torch", 2), ("torch_ddp", 1), ("torch_ddp", 2)], \
+        sorted(by_run)
+    return by_run
 
 
 def trap_sweep(tmp_path_factory: pytest.TempPathFactory, dataset: Path, name: str,

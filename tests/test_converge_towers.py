@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import converge_sweep
+from tests.helpers.sweeps import converge_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 

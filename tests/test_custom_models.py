@@ -15,7 +15,7 @@ from bench.catalog.registry import RUNNERS
 from bench.plan.config import ConfigError, validate
 from bench.plan.runs import expand
 from bench.run.sweep import precheck
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 TORCH_NET = textwrap.dedent('''
     import torch

@@ -11,7 +11,7 @@ from PIL import Image
 
 from bench.data.datasets import make_dataset, per_class_counts
 from bench.plan.config import ConfigError
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 
 def jpegs(folder: Path) -> list[Path]:

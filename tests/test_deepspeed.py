@@ -15,7 +15,7 @@ from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record, load_records
 from contract.catalog import expected_shards
 from models import get_spec
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 PARTS = ("params", "grads", "optimizer")

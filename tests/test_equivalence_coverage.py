@@ -34,6 +34,7 @@ def test_every_case_sets_real_options_to_allowed_values(name: str) -> None:
 
 def test_gpu_only_cases_are_not_run_here() -> None:
     here = cov.cases_run_here()
+    assert any(info.equivalence_gpu_only for info in RUNNERS.values())
     for name, info in RUNNERS.items():
         for options, _ in info.equivalence_gpu_only:
             assert (name, options) not in here

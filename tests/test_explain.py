@@ -14,7 +14,7 @@ from bench.analysis.stats import summarise
 from bench.records.store import load_records
 from bench.report.html import write_html
 from contract.collectives import gradient_bytes
-from tests.test_predict import _probe, record, write_folder
+from tests.helpers.records import gpu_record, probe_record, write_folder
 
 RESNET = gradient_bytes("resnet50")
 
@@ -35,12 +35,12 @@ def lines_of(folder: Path) -> dict[tuple[str, int], str]:
 
 
 def test_a_row_splits_its_step_into_compute_communication_and_the_rest(tmp_path: Path) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0), record(2, 360.0),
-                                           _probe("torch_allreduce", "torch", 2, 5.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0), gpu_record(2, 360.0),
+                                           probe_record("torch_allreduce", "torch", 2, 5.0)])
     line = lines_of(folder)[("synthetic", 2)]
     step, compute = 128 / 360.0, 64 / 200.0
     comm = communication(RESNET, 2, probe_bandwidth(
-        [_probe("torch_allreduce", "torch", 2, 5.0)], "torch_ddp", "gpu", 2, RESNET))[0]
+        [probe_record("torch_allreduce", "torch", 2, 5.0)], "torch_ddp", "gpu", 2, RESNET))[0]
     assert _ms(line, "step") == pytest.approx(step * 1e3, rel=1e-2)
     assert _ms(line, "compute") == pytest.approx(compute * 1e3, rel=1e-2)
     assert _ms(line, "communication") == pytest.approx(comm * 1e3, rel=1e-2)
@@ -52,7 +52,7 @@ def test_a_row_splits_its_step_into_compute_communication_and_the_rest(tmp_path:
 
 def test_without_a_probe_the_line_says_so_and_leaves_communication_in_the_rest(
         tmp_path: Path) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0), record(2, 360.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0), gpu_record(2, 360.0)])
     line = lines_of(folder)[("synthetic", 2)]
     assert "no probe in this sweep" in line
     assert _ms(line, "unexplained") == pytest.approx((128 / 360 - 64 / 200) * 1e3, rel=2e-2)
@@ -61,7 +61,7 @@ def test_without_a_probe_the_line_says_so_and_leaves_communication_in_the_rest(
 def test_real_data_costs_its_time_beyond_the_synthetic_twin(tmp_path: Path) -> None:
     real = {"data": "real", "dataset": {"path": "/d", "augmentation": "none", "workers": 2}}
     folder = write_folder(tmp_path / "r", [
-        record(1, 200.0), record(1, 150.0, **real)])
+        gpu_record(1, 200.0), gpu_record(1, 150.0, **real)])
     line = lines_of(folder)[("real-w2", 1)]
     step = 64 / 150.0
     assert _ms(line, "input") == pytest.approx(step * (1 - 150 / 200) * 1e3, rel=1e-2)
@@ -72,21 +72,21 @@ def test_real_data_costs_its_time_beyond_the_synthetic_twin(tmp_path: Path) -> N
 
 
 def test_a_row_without_an_ok_run_says_why(tmp_path: Path) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0), record(2, None)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0), gpu_record(2, None)])
     assert "not measured (failed: boom)" in lines_of(folder)[("synthetic", 2)]
 
 
 def test_cpu_rows_give_busy_cores_instead_of_gpu_idle(tmp_path: Path) -> None:
     cpu = {"device": "cpu", "virtual_devices": True,
            "telemetry": {"gpu_util_mean_pct": None, "host": {"run_cpu_cores_mean": 1.5}}}
-    folder = write_folder(tmp_path / "r", [record(1, 20.0, **cpu), record(2, 12.0, **cpu)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 20.0, **cpu), gpu_record(2, 12.0, **cpu)])
     line = lines_of(folder)[("synthetic", 2)]
     assert "kept 1.5 CPU cores busy" in line and "GPUs idle" not in line
     assert "virtual devices share the host's cores" in line
 
 
 def test_report_html_has_the_section(tmp_path: Path) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0), record(2, 360.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0), gpu_record(2, 360.0)])
     records = load_records(folder)
     rows = summarise(records)
     page = write_html(folder, rows, [], records, [], []).read_text()

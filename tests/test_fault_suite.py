@@ -33,7 +33,7 @@ from bench.records.store import (
     record_problems,
     scan_records,
 )
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 GOLDEN = REPO / "tests" / "golden" / "converge-results"
 GOLDEN_RUNS = sorted((GOLDEN / "runs").glob("*.json"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from models import available_models, get_spec
-from tests.conftest import run_check_script
+from tests.helpers.cli import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
 # The image CNNs (BatchNorm, our own FLOP counter); the transformers have their own checks below.

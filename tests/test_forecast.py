@@ -335,7 +335,7 @@ def test_a_users_interpreter_that_does_not_exist_is_unavailable_before_and_in_th
     """runner_options.<runner>.python naming no file: the dry run predicts `unavailable`
     naming the key and the path, and the sweep records exactly that, launching nothing."""
     from bench.records.store import load_records
-    from tests.test_reliability import config, toy
+    from tests.helpers.toy import config, toy
 
     missing = tmp_path / "no-such-env" / "bin" / "python"
     cfg, runs = plan("cpu-smoke.yaml", f"runner_options.tf_mirrored.python={missing}")

@@ -67,7 +67,9 @@ def test_gpu_default_is_the_default_unless_given() -> None:
 
 
 def test_every_gpu_default_is_an_allowed_value() -> None:
-    for name, info in RUNNERS.items():
-        for key, opt in info.options.items():
-            if opt.has_gpu_default and opt.allowed is not None:
-                assert opt.gpu_default in opt.allowed, (name, key)
+    chosen = [(name, key, opt) for name, info in RUNNERS.items()
+              for key, opt in info.options.items()
+              if opt.has_gpu_default and opt.allowed is not None]
+    assert chosen, "no runner option has a GPU default among allowed values"
+    for name, key, opt in chosen:
+        assert opt.gpu_default in opt.allowed, (name, key)

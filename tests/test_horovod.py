@@ -12,8 +12,9 @@ import pytest
 
 from bench.records.store import check_record
 from bench.run.envs import ensure_env
-from tests.conftest import REPO, smoke_sweep
-from tests.test_equivalence import make_inputs, step
+from tests.helpers.cli import REPO
+from tests.helpers.equivalence import make_inputs, step
+from tests.helpers.sweeps import smoke_sweep
 
 
 def load_build_script() -> ModuleType:

@@ -18,8 +18,9 @@ from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from runners.jax.common import CPU_KIND, _with_device_count
-from tests.conftest import run_check_script, smoke_sweep
-from tests.test_jax_sharded import assert_replicas
+from tests.helpers.cli import run_check_script
+from tests.helpers.sharding import assert_replicas
+from tests.helpers.sweeps import smoke_sweep
 
 JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
 

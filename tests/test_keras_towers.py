@@ -16,8 +16,8 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.run.launch import launch
-from tests.conftest import REPO
-from tests.test_equivalence import make_inputs
+from tests.helpers.cli import REPO
+from tests.helpers.equivalence import make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
@@ -202,6 +202,7 @@ def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
     out = run_tf(tf_python, WORK)
     one_tower = {CPU.format(0): 19, CPU.format(1): 19}
+    assert out, "the check script counted no strategy"
     for name, o in out.items():
         assert o["onednn_ops"] is (onednn == "1"), (name, "the setting did not reach TF")
         assert o["convs_per_tower"] == 19, name

@@ -14,7 +14,7 @@ import pytest
 
 from bench.records.store import check_record, load_records
 from models import get_spec
-from tests.conftest import run_check_script, run_cli
+from tests.helpers.cli import run_check_script, run_cli
 
 pytestmark = pytest.mark.slow
 BATCH, MEASURE = 4, 3
@@ -65,6 +65,7 @@ def test_keras_builders_match_the_spec(jax_python: str) -> None:
     out = run_check_script(jax_python, PARITY)
     assert out["params"] == {n: get_spec(n).params
                              for n in ("gpt2", "gpt2_tiny", "vit_b16", "vit_tiny")}
+    assert out["described"], "the check script described no model"
     for name, described in out["described"].items():
         spec = get_spec(name)
         assert described["params"] == described["trainable_params"] == spec.params

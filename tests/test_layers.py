@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 BENCH = REPO / "bench"
 # each stage and the stages it may import (leaves: any stage may import them)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import STATE_DIR
+from tests.helpers.slurm import STATE_DIR
 
 pytestmark = pytest.mark.slurm
 
@@ -24,7 +24,10 @@ FINAL_STATES = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PRE
 
 
 def slurm(env: dict[str, str], *args: str, timeout: float = 60) -> str:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env)
+    """SLURM's command ARGS run from the cluster's state folder (a job given no --output
+    writes its slurm-<id>.out there, not into the repository); its stdout."""
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=STATE_DIR)
     assert proc.returncode == 0, f"{args}: rc {proc.returncode}\n{proc.stdout}{proc.stderr}"
     return proc.stdout
 

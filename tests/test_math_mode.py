@@ -12,7 +12,7 @@ from bench.plan.config import ConfigError, load_config
 from bench.plan.runs import expand
 from bench.run.sweep import precheck
 from contract.launch_env import math_env
-from tests.conftest import REPO, run_check_script, run_cli
+from tests.helpers.cli import REPO, run_check_script, run_cli
 
 
 def test_gpu_fp32_runs_get_tf32_switched_off_in_the_libraries() -> None:

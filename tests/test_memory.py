@@ -21,7 +21,7 @@ from bench.run.verdict import merge_memory
 from contract import launch_env
 from models import get_spec
 from runners import memory
-from tests.test_columns import record
+from tests.helpers.records import run_record
 
 MB = 2**20
 
@@ -183,7 +183,7 @@ def test_mfu_of_a_user_s_model_uses_the_run_s_own_count() -> None:
 # -- what a person reads ---------------------------------------------------------------------
 
 def token_record(n: int, ips: float, mem: dict | None) -> dict:
-    rec = record(n, 0, ips)
+    rec = run_record(n, 0, ips)
     tokens = get_spec("gpt2_tiny").tokens_per_sample
     rec.update(model="gpt2_tiny", run_id=rec["run_id"].replace("minigooglenet", "gpt2_tiny"),
                tokens_per_sample=tokens, samples_per_sec=ips, tokens_per_sec=ips * tokens,
@@ -199,8 +199,8 @@ def test_a_record_without_memory_shows_none_not_zero(tmp_path: Path) -> None:
     sweep's table gains no token or memory column."""
     recs = [token_record(1, 4.0, {"process0:cpu": 300 * MB}),
             token_record(2, 6.0, {"process0:cpu (2 virtual devices)": 2 * 2**30}),
-            {**record(1, 0, 100.0), "memory_per_device": None},
-            {**record(2, 0, 150.0), "memory_per_device": {}}]
+            {**run_record(1, 0, 100.0), "memory_per_device": None},
+            {**run_record(2, 0, 150.0), "memory_per_device": {}}]
     assert all(check_record(r) == [] for r in recs)
     out = tmp_path / "sweep"
     for rec in recs:
@@ -219,7 +219,7 @@ def test_a_record_without_memory_shows_none_not_zero(tmp_path: Path) -> None:
     assert "300.0 MiB" in table and "2.00 GiB" in table
     cnn_line = next(ln for ln in table.splitlines() if "minigooglenet  2" in ln)
     assert " 0.0 MiB" not in cnn_line
-    cnn_only = format_table(summarise([record(1, 0, 100.0)])).splitlines()[0]
+    cnn_only = format_table(summarise([run_record(1, 0, 100.0)])).splitlines()[0]
     assert "mem/dev" not in cnn_only and "tok/s" not in cnn_only
     csv_text = (out / "summary.csv").read_text()
     assert "memory_peak_bytes" in csv_text.splitlines()[0]
@@ -236,7 +236,7 @@ def test_a_record_without_memory_shows_none_not_zero(tmp_path: Path) -> None:
 def test_two_torch_ranks_each_measure_their_own(tmp_path: Path, torch_python: str) -> None:
     """A real 2-rank torch_ddp run: each rank's process measured (rank 1's through its side
     file), the model state read from the module and the optimizer."""
-    from tests.conftest import smoke_sweep
+    from tests.helpers.sweeps import smoke_sweep
 
     rec = smoke_sweep(tmp_path / "torch", "runners=[torch_ddp]", "devices=[2]")[2]
     assert rec["status"] == "ok", rec["reason"]

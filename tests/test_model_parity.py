@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from models import available_models, get_spec
-from tests.conftest import run_check_script
+from tests.helpers.cli import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
 # The CNNs: checked here in both data formats with count_flops_keras (conv and dense layers);

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.framework("horovod")]
 

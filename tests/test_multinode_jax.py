@@ -34,10 +34,10 @@ import pytest
 
 from bench.plan.runs import RunSpec
 from bench.run.verdict import validate_result
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
+from tests.helpers.equivalence import equivalence_spec, load_weights, make_inputs
+from tests.helpers.sharding import assert_split
 from tests.specs import run_spec
-from tests.test_equivalence import equivalence_spec, load_weights, make_inputs
-from tests.test_jax_sharded import assert_split
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.framework("jax")]
 

@@ -43,9 +43,9 @@ import pytest
 
 from bench.plan.runs import RunSpec
 from bench.run.verdict import validate_result
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
+from tests.helpers.equivalence import equivalence_spec, load_weights, make_inputs
 from tests.specs import run_spec
-from tests.test_equivalence import equivalence_spec, load_weights, make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 slurm = pytest.mark.slurm

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from models import available_models, get_spec
-from tests.conftest import run_check_script
+from tests.helpers.cli import run_check_script
 
 REPO = Path(__file__).resolve().parents[1]
 # MXNet builds the 2017 CNNs only (its runners' era; docs/MODELS.md)

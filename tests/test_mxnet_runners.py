@@ -10,8 +10,8 @@ import pytest
 
 from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record
-from tests.conftest import smoke_sweep
-from tests.test_equivalence import make_inputs, step
+from tests.helpers.equivalence import make_inputs, step
+from tests.helpers.sweeps import smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 MXNET_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "mxnet")

@@ -16,7 +16,7 @@ import pytest
 from bench.catalog.new_runner import render, template, templates
 from bench.records.store import check_record, load_records
 from contract.catalog import RunnerInfo
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 TEMPLATES = ("jax", "keras", "mxnet", "tf", "torch")
 DESCRIPTION = "a test runner, 'quoted' \"twice\""

@@ -17,7 +17,7 @@ import pytest
 
 from bench.analysis.stats import summarise
 from bench.records.store import load_records, record_files
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 NOTEBOOK = REPO / "notebooks" / "explore_results.ipynb"
 GOLDEN = REPO / "tests" / "golden" / "converge-results"

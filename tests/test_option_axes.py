@@ -24,7 +24,7 @@ from bench.records.grouping import config_key, group_key, runner_label, variant_
 from bench.records.store import record_path, write_json_atomic
 from bench.report.summary import build_report, format_table
 from bench.run.launch import base_record
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 BASE = {"runners": ["deepspeed", "torch_ddp"], "models": ["gpt2_tiny"], "devices": [1, 2],
         "batch_size_per_device": 4}

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from bench.records.store import load_records, runs_dir
-from tests.conftest import REPO
-from tests.test_reliability import TOY, alive, config, nothing_left, run_until_second_run, toy
+from tests.helpers.cli import REPO
+from tests.helpers.toy import TOY, alive, config, nothing_left, run_until_second_run, toy
 
 GOLDEN = REPO / "tests" / "golden" / "converge-results"
 CLI = [sys.executable, str(REPO / "run_bench.py")]

@@ -178,9 +178,10 @@ def test_sweep_records_carry_mfu_against_the_cached_peak(tmp_path: Path, tf_pyth
     import csv
 
     from models import get_spec
-    from tests.conftest import smoke_sweep
+    from tests.helpers.sweeps import smoke_sweep
 
     records = smoke_sweep(tmp_path)
+    assert sorted(records) == [1, 2]
     peaks = json.loads((tmp_path / "peaks.json").read_text())
     assert [(p["family"], p["precision"], p["status"]) for p in peaks] == [("tf", "fp32", "ok")]
     forward = get_spec("minigooglenet").flops_per_sample

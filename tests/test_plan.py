@@ -23,6 +23,7 @@ def test_matrix_size_and_uniqueness() -> None:
 
 def test_weak_scaling_multiplies_batch() -> None:
     runs = expand(cfg(), "s")
+    assert {r.num_devices for r in runs} == {1, 2, 4}
     for r in runs:
         assert r.global_batch_size == r.batch_size_per_device * r.num_devices
         assert r.scaling == "weak" and r.virtual_devices and r.device == "cpu"
@@ -30,6 +31,7 @@ def test_weak_scaling_multiplies_batch() -> None:
 
 def test_strong_scaling_splits_batch() -> None:
     runs = expand(cfg(batch_size_per_device=None, global_batch_size=64, scaling="strong"), "s")
+    assert {r.num_devices for r in runs} == {1, 2, 4}
     for r in runs:
         assert r.global_batch_size == 64
         assert r.batch_size_per_device == 64 // r.num_devices

@@ -6,7 +6,6 @@ computed from reference/published.csv."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 import subprocess
 import sys
@@ -32,7 +31,8 @@ from bench.analysis.predict import (
 from bench.analysis.published import load_published
 from bench.cli import main
 from contract.collectives import MIB, gradient_bytes
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
+from tests.helpers.records import gpu_record, probe_record, write_folder
 from tools import validate_predictor
 
 RESNET = gradient_bytes("resnet50")
@@ -110,26 +110,9 @@ def test_probe_latency_is_the_intercept_of_time_against_size_per_ring_step() -> 
     assert probe_latency(sizes, 3) == pytest.approx(4e-4 / 4)
 
 
-def _probe(runner: str, family: str, n: int, busbw: float, device: str = "gpu",
-           run_id: str | None = None, fixed_s: float = 0.0) -> dict[str, Any]:
-    """A probe record whose all-reduces take fixed_s + 2(n-1)/n x bytes / busbw; each size's
-    busbw figure from its time, as nccl-tests defines it (busbw itself when fixed_s is 0)."""
-    factor = 2 * (n - 1) / n
-    sizes = []
-    for b in (MIB, 16 * MIB, RESNET):
-        t = fixed_s + factor * b / (busbw * 1e9)
-        sizes.append({"bytes": b, "time_s": t, "busbw_gbps": factor * b / t / 1e9})
-    return {"run_id": run_id or f"{runner}-n{n}", "runner": runner, "family": family,
-            "model": "resnet50", "mode": "allreduce", "status": "ok", "num_devices": n,
-            "num_nodes": 1, "device": device, "virtual_devices": device == "cpu",
-            "images_per_sec": None, "reason": None, "repeat": 0,
-            "result": {"allreduce": {"busbw_gbps": sizes[-1]["busbw_gbps"],
-                                     "gradient_bytes": RESNET,
-                                     "sizes": sizes}}}
-
-
 def test_probe_of_the_runners_family_is_taken_else_the_fastest() -> None:
-    probes = [_probe("torch_allreduce", "torch", 2, 3.0), _probe("tf_allreduce", "tf", 2, 9.0)]
+    probes = [probe_record("torch_allreduce", "torch", 2, 3.0),
+              probe_record("tf_allreduce", "tf", 2, 9.0)]
     mine = probe_bandwidth(probes, "torch_ddp", "gpu", 2, RESNET)
     assert mine and mine.busbw_gbps == 3.0 and "torch_allreduce" in mine.source
     other = probe_bandwidth(probes, "mxnet_native", "gpu", 2, RESNET)
@@ -138,8 +121,8 @@ def test_probe_of_the_runners_family_is_taken_else_the_fastest() -> None:
 
 
 def test_probe_at_the_device_count_else_the_nearest() -> None:
-    probes = [_probe("torch_allreduce", "torch", 2, 3.0), _probe("torch_allreduce", "torch",
-                                                                 4, 5.0)]
+    probes = [probe_record("torch_allreduce", "torch", 2, 3.0),
+              probe_record("torch_allreduce", "torch", 4, 5.0)]
     assert probe_bandwidth(probes, "torch_ddp", "gpu", 2, RESNET).busbw_gbps == 3.0
     eight = probe_bandwidth(probes, "torch_ddp", "gpu", 8, RESNET)
     assert eight.busbw_gbps == 5.0 and "at 4 devices, used for 8" in eight.source
@@ -164,35 +147,12 @@ def test_any_pcie_link_is_named_by_generation_and_width() -> None:
 
 # -- a hand-written results folder -----------------------------------------------------------
 
-def record(n: int, ips: float | None, run_id: str | None = None, **kw: Any) -> dict[str, Any]:
-    """A benchmark record as the harness writes it, with the fields the summary reads."""
-    batch = kw.pop("batch_size_per_device", 64)
-    rec = {"run_id": run_id or f"torch_ddp-resnet50-n{n}-{kw.get('data', 'synthetic')}",
-           "runner": "torch_ddp", "family": "torch", "model": "resnet50",
-           "data": "synthetic", "precision": "fp32", "scaling": "weak",
-           "batch_size_per_device": batch, "global_batch_size": batch * n, "device": "gpu",
-           "virtual_devices": False, "num_devices": n, "num_nodes": 1,
-           "status": "ok" if ips else "failed", "images_per_sec": ips,
-           "reason": None if ips else "boom", "repeat": 0, "mode": "benchmark",
-           "step_times_s": [batch * n / ips] * 10 if ips else [],
-           "telemetry": {"gpu_util_mean_pct": 80.0}}
-    rec.update(kw)
-    return rec
-
-
-def write_folder(root: Path, records: list[dict[str, Any]]) -> Path:
-    (root / "runs").mkdir(parents=True, exist_ok=True)
-    for rec in records:
-        (root / "runs" / f"{rec['run_id']}.json").write_text(json.dumps(rec))
-    return root
-
-
 def predict_cli(*args: str) -> int:
     return main(["predict", *map(str, args)])
 
 
 def test_predict_prints_2_4_8_and_writes_csv_and_chart(tmp_path: Path, capsys) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0), record(2, 380.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0), gpu_record(2, 380.0)])
     assert predict_cli(folder, "--devices", "2,4,8", "--busbw", "10") == 0
     out = capsys.readouterr().out
     t1 = 64 / 200.0
@@ -220,8 +180,8 @@ def test_predict_prints_2_4_8_and_writes_csv_and_chart(tmp_path: Path, capsys) -
 
 def test_one_device_step_is_the_median_over_repeats(tmp_path: Path, capsys) -> None:
     folder = write_folder(tmp_path / "r", [
-        record(1, 100.0, run_id="a"), record(1, 200.0, run_id="b"),
-        record(1, 400.0, run_id="c")])
+        gpu_record(1, 100.0, run_id="a"), gpu_record(1, 200.0, run_id="b"),
+        gpu_record(1, 400.0, run_id="c")])
     assert predict_cli(folder, "--devices", "2", "--busbw", "10") == 0
     row = next(csv.DictReader((folder / "predict.csv").open()))
     assert float(row["t1_s"]) == pytest.approx(64 / 200.0)
@@ -229,8 +189,8 @@ def test_one_device_step_is_the_median_over_repeats(tmp_path: Path, capsys) -> N
 
 
 def test_the_folders_probe_is_the_default_bandwidth(tmp_path: Path, capsys) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0),
-                                           _probe("torch_allreduce", "torch", 2, 4.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0),
+                                           probe_record("torch_allreduce", "torch", 2, 4.0)])
     assert predict_cli(folder, "--devices", "2,4") == 0
     out = capsys.readouterr().out
     assert "probe torch_allreduce at 2 devices" in out
@@ -241,7 +201,7 @@ def test_the_folders_probe_is_the_default_bandwidth(tmp_path: Path, capsys) -> N
 
 def test_a_named_interconnect_gives_its_nominal_figure_and_latency(tmp_path: Path,
                                                                    capsys) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0)])
     assert predict_cli(folder, "--devices", "8", "--interconnect", "nvlink-v100") == 0
     row = next(csv.DictReader((folder / "predict.csv").open()))
     ic = interconnects.get("nvlink-v100")
@@ -265,7 +225,7 @@ def _error(capsys) -> str:
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys, args: tuple[str, ...],
                                           says: str) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, 200.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0)])
     assert predict_cli(folder, *args) == 2
     err = _error(capsys)
     assert says in err
@@ -279,7 +239,7 @@ def test_without_any_bandwidth_source_it_predicts_on_a_stated_assumption(tmp_pat
                                                                          capsys) -> None:
     """No --busbw, --interconnect, probe or GPU link: still efficiencies for 2, 4 and 8
     devices, each row and the notes saying the link was assumed (PCIe 4.0 x16)."""
-    folder = write_folder(tmp_path / "r", [record(1, 200.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, 200.0)])
     assert predict_cli(folder) == 0
     out = capsys.readouterr().out
     assert "ASSUMED pcie4" in out and "mode: allreduce" in out
@@ -291,13 +251,13 @@ def test_without_any_bandwidth_source_it_predicts_on_a_stated_assumption(tmp_pat
 
 def test_a_folder_without_an_ok_one_device_run_is_one_line_and_exit_2(tmp_path: Path,
                                                                         capsys) -> None:
-    folder = write_folder(tmp_path / "r", [record(1, None), record(2, 380.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(1, None), gpu_record(2, 380.0)])
     assert predict_cli(folder, "--busbw", "10") == 2
     assert "no ok 1-device benchmark run" in _error(capsys)
 
 
 def test_the_command_line_exits_2_with_one_line(tmp_path: Path) -> None:
-    folder = write_folder(tmp_path / "r", [record(2, 380.0)])
+    folder = write_folder(tmp_path / "r", [gpu_record(2, 380.0)])
     proc = subprocess.run([sys.executable, str(REPO / "run_bench.py"), "predict", str(folder),
                            "--devices", "2,4,8", "--busbw", "10"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
@@ -355,9 +315,10 @@ def test_every_published_point_of_the_validated_tables_is_in_the_table(published
 
 
 def test_implied_bus_bandwidth_reproduces_each_published_point(published) -> None:
-    for r in validate_predictor.validate(published):
-        if r["implied_busbw_gbps"] is None:
-            continue
+    points = [r for r in validate_predictor.validate(published)
+              if r["implied_busbw_gbps"] is not None]
+    assert len(points) > 20, points
+    for r in points:
         again = predict(r["t1_s"], r["batch"], r["scaling"], r["gpus"], r["gradient_bytes"],
                         Bandwidth(r["implied_busbw_gbps"], r["latency_s"], "implied"))
         assert again.efficiency_no_overlap == pytest.approx(r["published_efficiency"])
@@ -374,7 +335,7 @@ def test_the_tool_prints_the_markdown_table() -> None:
 def test_a_probes_figure_is_not_charged_its_latency_twice() -> None:
     # at the probe's own device count, one message of the gradient size takes the time the
     # probe measured for it, fixed cost and all
-    probe = _probe("torch_allreduce", "torch", 4, 2.0, fixed_s=1e-3)
+    probe = probe_record("torch_allreduce", "torch", 4, 2.0, fixed_s=1e-3)
     bw = probe_bandwidth([probe], "torch_ddp", "gpu", 4, RESNET)
     assert bw.latency_s == pytest.approx(1e-3 / 6) and bw.latency_included == 1
     measured = next(s["time_s"] for s in probe["result"]["allreduce"]["sizes"]
@@ -392,7 +353,7 @@ def _collective_probe(runner: str, family: str, n: int, busbw: dict[str, float]
     collective in busbw, a measured section at that busbw (nccl-tests' figures)."""
     from contract.collectives import collective_bytes, figures
 
-    rec = _probe(runner, family, n, busbw["all_reduce"])
+    rec = probe_record(runner, family, n, busbw["all_reduce"])
     rec["result"]["collectives"] = {}
     for name in ("all_gather", "reduce_scatter"):
         if name not in busbw:

@@ -25,7 +25,7 @@ from bench.data.prepare import (
     tfrecord_frame,
     unpack_record,
 )
-from tests.conftest import run_check_script, run_cli
+from tests.helpers.cli import run_check_script, run_cli
 
 SHARDS = [f"train-{i:05d}-of-00004" for i in range(4)]
 

@@ -18,7 +18,7 @@ import yaml
 from bench.records.store import load_records
 from bench.run import progress
 from bench.run.progress import BuildDisplay, InstallState, SweepClock, SweepProgress
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 PIP_LINES = """\
 Looking in indexes: https://pypi.org/simple

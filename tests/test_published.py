@@ -12,35 +12,19 @@ import pytest
 from bench.analysis import published as pub
 from bench.analysis.stats import summarise
 from bench.plan.config import PRECISIONS
-from bench.records.store import REQUIRED, check_record, record_path, write_json_atomic
+from bench.records.store import record_path, write_json_atomic
 from bench.report.summary import build_report
 from models import available_models, get_spec
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
+from tests.helpers.records import model_record
 
 SHARED = REPO.parent / "shared" / "reference" / "published.csv"
-ENV = {"host": "h", "os": "Linux", "cpu_model": "cpu", "cpu_cores": 2, "memory_bytes": 2**33,
-       "python": "3.11", "harness_commit": "abc", "gpus": [], "framework": {"tensorflow": "2"}}
 TF_URL = pub.load_published()[0]["url"]
-
-
-def record(model: str, n: int, ips: float, nodes: int = 1) -> dict:
-    """A schema-valid ok record of tf_mirrored on `n` virtual CPU devices."""
-    rec = {k: None for k in REQUIRED}
-    rec.update(
-        schema_version=1, sweep_id="s", runner="tf_mirrored", family="tf", model=model,
-        num_nodes=nodes, num_devices=n, virtual_devices=True, device="cpu", scaling="weak",
-        batch_size_per_device=32, global_batch_size=32 * n, data="synthetic",
-        data_label="synthetic", mode="benchmark", dataset=None, precision="fp32", repeat=0,
-        status="ok", reason=None, images_per_sec=ips, step_times_s=[32 * n / ips] * 10,
-        environment=ENV, options={},
-        run_id=f"tf_mirrored__{model}__n{n}__N{nodes}__b32__synthetic__fp32__r0")
-    assert check_record(rec) == [], check_record(rec)
-    return rec
 
 
 def sweep(out: Path, runs: list[tuple[str, int, float]]) -> Path:
     for model, n, ips in runs:
-        rec = record(model, n, ips)
+        rec = model_record(model, n, ips)
         write_json_atomic(record_path(out, rec["run_id"]), rec)
     return out
 
@@ -150,8 +134,8 @@ def test_chart_draws_published_points_where_model_and_devices_match() -> None:
     from bench.plotting import pyplot
 
     plt = pyplot()
-    measured = summarise([record("resnet50", 1, 150.0), record("resnet50", 2, 290.0),
-                          record("minigooglenet", 2, 40.0)])
+    measured = summarise([model_record("resnet50", 1, 150.0), model_record("resnet50", 2, 290.0),
+                          model_record("minigooglenet", 2, 40.0)])
     fig, ax = plt.subplots()
     ax.set_ylim(0, 300)
     drawn = pub.draw_published(ax, "resnet50", measured)
@@ -223,7 +207,7 @@ def test_report_html_always_has_the_published_section(tmp_path: Path) -> None:
 
 
 def test_multi_node_sweep_shows_the_multi_node_figures() -> None:
-    html = pub.published_section([record("resnet50", 4, 10.0, nodes=2)])
+    html = pub.published_section([model_record("resnet50", 4, 10.0, nodes=2)])
     assert "Across nodes (reference/multi_node.csv)</h3>" in html
     assert "https://arxiv.org/abs/1706.02677" in html and "90% vs 8 GPUs" in html
     assert "1802.05799" not in html  # Horovod's rows are ResNet-101, Inception V3, VGG-16

@@ -16,7 +16,8 @@ import pytest
 from bench.catalog.registry import PIPELINES
 from bench.records.store import check_record
 from contract.spec import spec_for
-from tests.conftest import REPO, real_sweep, run_check_script
+from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.sweeps import real_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("jax")]
 

@@ -15,7 +15,8 @@ from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from contract.spec import spec_for
 from runners.tf.cnn_benchmarks import ENV_VAR, build_flags
-from tests.conftest import REPO, real_sweep, run_check_script
+from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.sweeps import real_sweep
 
 RUNNERS = ["tf_mirrored", "tf_native", "keras_tf_kuza55", "keras_tf_multi_gpu_model",
            "keras_tf_avolkov1", "tensorpack"]

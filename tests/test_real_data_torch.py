@@ -15,7 +15,8 @@ import pytest
 from bench.records.store import check_record
 from bench.run.envs import ensure_env
 from contract.spec import spec_for
-from tests.conftest import REPO, real_sweep, run_check_script
+from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.sweeps import real_sweep
 
 pytestmark = pytest.mark.slow
 

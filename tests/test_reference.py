@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 
 def test_multi_node_anchors_name_their_source_and_add_up() -> None:

@@ -17,7 +17,7 @@ from bench.records.store import load_records
 from bench.report.html import gpus_line, sweep_span
 from bench.report.markdown import NAME as RESULTS_MD
 from bench.report.summary import build_report, format_table
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 GOLDEN = REPO / "tests" / "golden" / "converge-results"
 MEMORY = {"rank0:cpu": 3 * 2**30 // 2, "rank1:cpu": 2**30}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from bench.records.store import load_records, runs_dir
-from tests.test_reliability import config, toy
+from tests.helpers.toy import config, toy
 
 
 def first_sweep(tmp_path: Path, **extra: object) -> tuple[Path, Path]:
@@ -145,7 +145,7 @@ def test_new_fingerprint_waits_for_the_earlier_sweeps_slurm_jobs(
     the local cluster stands for the earlier sweep's run."""
     out, cfg = first_sweep(tmp_path)
     job = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/job-%j.out",
-                          "--wrap", "sleep 120"], env=local_slurm,
+                          "--wrap", "sleep 120"], env=local_slurm, cwd=tmp_path,
                          capture_output=True, text=True, timeout=60, check=True
                          ).stdout.strip().split(";")[0]
     book = {"earlier__run": {"job_id": job, "collected": False}}

@@ -22,7 +22,7 @@ from bench.records import columns
 from contract import settings
 from contract.settings import REQUIRED, SETTINGS, Key, Setting
 from contract.spec import Spec
-from tests.conftest import REPO
+from tests.helpers.cli import REPO
 
 BASE = {"runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],
         "batch_size_per_device": 8}

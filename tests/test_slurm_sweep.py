@@ -22,7 +22,7 @@ from bench.plan.config import validate
 from bench.plan.runs import expand
 from bench.run.slurm import batch_script, sbatch_command, time_limit_minutes
 from bench.run.sweep import precheck
-from tests.conftest import REPO, run_cli
+from tests.helpers.cli import REPO, run_cli
 
 SMOKE = {"runners": ["torch_ddp"], "models": ["minigooglenet"], "nodes": [2], "devices": [1],
          "batch_size_per_device": 8, "warmup_steps": 1, "measure_steps": 3, "timeout_s": 300,

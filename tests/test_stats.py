@@ -17,16 +17,7 @@ from bench.analysis.stats import (
     summarise,
 )
 from bench.records import columns
-
-
-def rec(n: int, ips: float | None, status: str = "ok", repeat: int = 0, **kw: object) -> dict:
-    base = {"runner": "r", "model": "m", "data": "synthetic", "precision": "fp32",
-            "scaling": "weak", "batch_size_per_device": 32, "global_batch_size": 32 * n,
-            "device": "cpu", "virtual_devices": True, "num_devices": n, "status": status,
-            "images_per_sec": ips, "reason": None if status == "ok" else "boom",
-            "repeat": repeat}
-    base.update(kw)
-    return base
+from tests.helpers.records import summary_row
 
 
 def test_speedup_and_efficiency() -> None:
@@ -37,7 +28,7 @@ def test_speedup_and_efficiency() -> None:
 
 
 def test_summary_against_one_device_baseline() -> None:
-    rows = summarise([rec(1, 100.0), rec(2, 180.0), rec(4, 300.0)])
+    rows = summarise([summary_row(1, 100.0), summary_row(2, 180.0), summary_row(4, 300.0)])
     by_n = {r["num_devices"]: r for r in rows}
     assert by_n[1]["speedup"] == 1.0 and by_n[1]["scaling_efficiency"] == 1.0
     assert by_n[2]["speedup"] == pytest.approx(1.8)
@@ -46,8 +37,8 @@ def test_summary_against_one_device_baseline() -> None:
 
 
 def test_repeats_are_averaged_and_failures_counted() -> None:
-    rows = summarise([rec(1, 100.0), rec(1, 120.0, repeat=1), rec(2, 200.0),
-                      rec(2, None, status="timeout", repeat=1)])
+    rows = summarise([summary_row(1, 100.0), summary_row(1, 120.0, repeat=1), summary_row(2, 200.0),
+                      summary_row(2, None, status="timeout", repeat=1)])
     by_n = {r["num_devices"]: r for r in rows}
     assert by_n[1]["images_per_sec"] == pytest.approx(110.0)
     assert by_n[1]["images_per_sec_std"] == pytest.approx(14.1421, rel=1e-4)
@@ -56,8 +47,10 @@ def test_repeats_are_averaged_and_failures_counted() -> None:
 
 
 def test_groups_do_not_mix() -> None:
-    rows = summarise([rec(1, 100.0), rec(2, 150.0), rec(1, 50.0, precision="bf16"),
-                      rec(2, 100.0, precision="bf16"), rec(2, 10.0, model="other")])
+    rows = summarise([summary_row(1, 100.0), summary_row(2, 150.0),
+                      summary_row(1, 50.0, precision="bf16"),
+                      summary_row(2, 100.0, precision="bf16"),
+                      summary_row(2, 10.0, model="other")])
     got = {(r["precision"], r["model"], r["num_devices"]): r["speedup"] for r in rows}
     assert got[("fp32", "m", 2)] == pytest.approx(1.5)
     assert got[("bf16", "m", 2)] == pytest.approx(2.0)
@@ -65,28 +58,29 @@ def test_groups_do_not_mix() -> None:
 
 
 def test_failed_baseline_gives_no_speedup() -> None:
-    rows = summarise([rec(1, None, status="failed"), rec(2, 100.0)])
+    rows = summarise([summary_row(1, None, status="failed"), summary_row(2, 100.0)])
     assert all(r["speedup"] is None for r in rows)
     assert rows[0]["status"] == "failed" and rows[0]["reason"] == "boom"
 
 
 def test_strong_scaling_groups_by_global_batch() -> None:
-    rows = summarise([rec(1, 100.0, scaling="strong", global_batch_size=64),
-                      rec(2, 160.0, scaling="strong", global_batch_size=64,
-                          batch_size_per_device=32)])
+    rows = summarise([summary_row(1, 100.0, scaling="strong", global_batch_size=64),
+                      summary_row(2, 160.0, scaling="strong", global_batch_size=64,
+                                  batch_size_per_device=32)])
     assert rows[1]["speedup"] == pytest.approx(1.6)
 
 
 def real(n: int, ips: float | None, workers: int = 4, **kw: object) -> dict:
-    return rec(n, ips, data="real", dataset={"path": "/d", "augmentation": "crop-flip",
-                                             "workers": workers}, **kw)
+    return summary_row(n, ips, data="real",
+                       dataset={"path": "/d", "augmentation": "crop-flip", "workers": workers},
+                       **kw)
 
 
 def test_real_rows_compare_to_synthetic_and_flag_input_bound() -> None:
     from bench.analysis.stats import summarise as s
 
-    rows = s([rec(1, 100.0), rec(2, 200.0), real(1, 95.0), real(2, 120.0),
-              real(2, 190.0, workers=8), rec(1, 50.0, precision="bf16")])
+    rows = s([summary_row(1, 100.0), summary_row(2, 200.0), real(1, 95.0), real(2, 120.0),
+              real(2, 190.0, workers=8), summary_row(1, 50.0, precision="bf16")])
     by = {(r["data_label"], r["num_devices"], r["precision"]): r for r in rows}
     assert by[("real-w4", 1, "fp32")]["real_vs_synthetic"] == pytest.approx(0.95)
     assert by[("real-w4", 1, "fp32")]["input_bound"] is False
@@ -102,7 +96,7 @@ def test_real_rows_compare_to_synthetic_and_flag_input_bound() -> None:
 
 
 def test_real_row_without_a_synthetic_twin_is_not_flagged() -> None:
-    rows = summarise([real(1, 10.0), rec(1, 100.0, precision="bf16")])
+    rows = summarise([real(1, 10.0), summary_row(1, 100.0, precision="bf16")])
     row = next(r for r in rows if r["data"] == "real")
     assert row["real_vs_synthetic"] is None and row["input_bound"] is None
 
@@ -110,9 +104,9 @@ def test_real_row_without_a_synthetic_twin_is_not_flagged() -> None:
 def pipe(name: str, workers: int, ips: float | None, status: str = "ok", **kw: object) -> dict:
     result = {"images_per_sec_per_core": ips / max(1, workers) if ips else None,
               "image_size": 32, "cores": 2}
-    return rec(1, ips, status=status, runner=name, mode="pipeline", data="real",
-               dataset={"path": "/d", "augmentation": "crop-flip", "workers": workers},
-               result=result, **kw)
+    return summary_row(1, ips, status=status, runner=name, mode="pipeline", data="real",
+                       dataset={"path": "/d", "augmentation": "crop-flip", "workers": workers},
+                       result=result, **kw)
 
 
 def test_pipeline_rows_are_apart_and_compared_to_the_naive_loop() -> None:
@@ -120,7 +114,7 @@ def test_pipeline_rows_are_apart_and_compared_to_the_naive_loop() -> None:
 
     records = [pipe("pil_loop", 0, 100.0), pipe("tf_data", 1, 150.0), pipe("tf_data", 2, 280.0),
                pipe("tf_data", 2, 320.0, repeat=1), pipe("grain", 2, None, status="failed"),
-               rec(1, 50.0)]
+               summary_row(1, 50.0)]
     assert [r["runner"] for r in summarise(records)] == ["r"]  # pipelines stay out
     rows = summarise_pipelines(records)
     assert [(r["pipeline"], r["loader_workers"]) for r in rows] == [
@@ -138,13 +132,13 @@ def test_table_and_chart_show_real_vs_synthetic(tmp_path) -> None:
     from bench.report.charts import render_real_chart
     from bench.report.summary import format_table
 
-    rows = summarise([rec(1, 100.0), rec(2, 200.0), real(1, 95.0), real(2, 120.0)])
+    rows = summarise([summary_row(1, 100.0), summary_row(2, 200.0), real(1, 95.0), real(2, 120.0)])
     table = format_table(rows)
     assert "real-w4" in table and "0.95" in table and "0.60 INPUT-BOUND" in table
     assert "INPUT-BOUND: real data below 90%" in table
     chart = render_real_chart(tmp_path, rows)
     assert chart is not None and chart.stat().st_size > 0
-    assert render_real_chart(tmp_path, summarise([rec(1, 100.0)])) is None
+    assert render_real_chart(tmp_path, summarise([summary_row(1, 100.0)])) is None
 
 
 def test_summary_shows_placement_and_batchnorm_from_the_records() -> None:
@@ -156,8 +150,9 @@ def test_summary_shows_placement_and_batchnorm_from_the_records() -> None:
               "result": {"batchnorm": "per_device"}}
     collapsed = {"placement": {"cpu(0)": 2},
                  "result": {"placement_collapsed": "keras-mxnet maps cpu(i) to cpu(0)"}}
-    rows = summarise([rec(1, 100.0, placement={"rank0:cpu": 8}), rec(2, 180.0, **spread),
-                      rec(2, 170.0, runner="k", **collapsed)])
+    rows = summarise([summary_row(1, 100.0, placement={"rank0:cpu": 8}),
+                      summary_row(2, 180.0, **spread),
+                      summary_row(2, 170.0, runner="k", **collapsed)])
     by = {(r["runner"], r["num_devices"]): r for r in rows}
     assert by[("r", 1)]["placed_devices"] == 1 and by[("r", 2)]["placed_devices"] == 2
     assert by[("r", 2)]["batchnorm"] == "per_device" and by[("r", 1)]["batchnorm"] is None
@@ -181,9 +176,9 @@ def test_intervals_none_for_one_range_for_two_ci_from_three() -> None:
     assert ratio_interval([180.0], [90.0, 100.0]) == (None, None, NO_INTERVAL)
 
     rows = {r["num_devices"]: r for r in summarise(
-        [rec(1, v, repeat=i) for i, v in enumerate([100.0, 90.0])]
-        + [rec(2, v, repeat=i) for i, v in enumerate([180.0, 200.0, 190.0])]
-        + [rec(4, 300.0)])}
+        [summary_row(1, v, repeat=i) for i, v in enumerate([100.0, 90.0])]
+        + [summary_row(2, v, repeat=i) for i, v in enumerate([180.0, 200.0, 190.0])]
+        + [summary_row(4, 300.0)])}
     assert rows[1]["interval"] == RANGE
     assert (rows[1]["images_per_sec_ci_low"], rows[1]["images_per_sec_ci_high"]) == (90.0, 100.0)
     assert rows[2]["interval"] == BOOTSTRAP_CI and rows[2]["speedup_interval"] == RANGE

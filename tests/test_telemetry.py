@@ -205,7 +205,7 @@ def test_nvml_telemetry_of_a_real_gpu_run(tmp_path: Path) -> None:
     """On a GPU machine: a real GPU training run's record carries NVML telemetry."""
     if not environment.gpus():
         pytest.skip("no GPU seen by NVML")
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
 
     cfg = tmp_path / "gpu.yaml"
     cfg.write_text("name: gpu-telemetry\nrunners: [torch_ddp]\nmodels: [minigooglenet]\n"

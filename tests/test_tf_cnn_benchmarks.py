@@ -36,7 +36,7 @@ from runners.tf.op_kinds import (
     count_kinds,
     op_kind,
 )
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 DATA = Path(__file__).resolve().parent / "data" / "tf_cnn_benchmarks"
 

@@ -14,7 +14,8 @@ import pytest
 from bench.analysis.loader import load_results
 from bench.records.store import check_record, load_records
 from bench.report.charts import CHARTS
-from tests.conftest import run_cli, smoke_sweep
+from tests.helpers.cli import run_cli
+from tests.helpers.sweeps import smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 SMOKE = ("--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
@@ -28,6 +29,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory, tf_python: str) -> Path:
     proc = run_cli(*SMOKE, "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"results: {out}" in proc.stdout
+    assert sorted(r["num_devices"] for r in load_records(out)) == [1, 2]
     return out
 
 

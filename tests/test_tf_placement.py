@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import run_check_script
+from tests.helpers.cli import run_check_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 

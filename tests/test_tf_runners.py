@@ -10,7 +10,7 @@ import pytest
 
 from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record, load_records
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 TF_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "tf" and n != "tf_mirrored")
@@ -96,9 +96,10 @@ def test_tf_native_fused_batchnorm_is_keras_batchnorm(tf_python: str) -> None:
     and moving statistics (training and inference), in both layouts; the swapped ResNet-50 has
     the spec's parameters under the same canonical names."""
     from models import get_spec
-    from tests.conftest import run_check_script
+    from tests.helpers.cli import run_check_script
 
     out = run_check_script(tf_python, FUSED_BN_CHECK)
+    assert out["diffs"], out
     for fmt, diffs in out["diffs"].items():
         assert max(diffs) < 1e-5, (fmt, diffs)
     assert out["swapped"] == out["fused_layers"] == 53
@@ -160,6 +161,7 @@ def test_tf_native_xla(onednn: str, tmp_path: Path, tf_python: str,
     assert any(op.startswith("_Mkl") for op in by_type) is (onednn == "1"), by_type
     kinds = count_kinds(by_type)
     assert kinds[CONV_FORWARD] == 1 and kinds[CONV_BACKPROP_FILTER] == 1, by_type
+    assert plain["weights"], plain
     for name, value in plain["weights"].items():
         np.testing.assert_allclose(xla["weights"][name], value, rtol=1e-5, atol=1e-6)
     two = _tf_native_equivalence(tmp_path, tf_python, 2, {"xla": True})

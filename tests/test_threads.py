@@ -16,7 +16,7 @@ from bench.run.launch import child_env
 from contract import launch_env
 from contract.launch_env import POLICY_VAR, thread_env
 from runners.threads import observed
-from tests.conftest import smoke_sweep
+from tests.helpers.sweeps import smoke_sweep
 
 
 def env_for(runner: str, n: int, device: str = "cpu", environ: dict | None = None,

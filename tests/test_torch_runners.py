@@ -16,8 +16,9 @@ from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from bench.run.launch import launch
 from models import get_spec
-from tests.conftest import run_cli, smoke_sweep
-from tests.test_equivalence import make_inputs, step
+from tests.helpers.cli import run_cli
+from tests.helpers.equivalence import make_inputs, step
+from tests.helpers.sweeps import smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 # the data-parallel ones; the sharded torch_zero1 and torch_fsdp2: tests/test_torch_sharded.py
@@ -113,6 +114,7 @@ def test_torch_ddp_channels_last_step_equals_one_device(tmp_path: Path,
     one = step("torch_ddp", 1, tmp_path / "inputs.npz", tmp_path, torch_python)
     two = step("torch_ddp", 2, tmp_path / "inputs.npz", tmp_path, torch_python,
                {"memory_format": "channels_last"})
+    assert one, "the step wrote no weights"
     for name in one:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
 

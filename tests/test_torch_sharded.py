@@ -14,7 +14,7 @@ from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record, load_records
 from models import get_spec
 from models.gpt2_tiny.spec import SHAPE as GPT2_TINY
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 SHARDED = ("torch_zero1", "torch_fsdp2")

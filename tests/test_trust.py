@@ -14,7 +14,7 @@ from bench.records.trust import (
     ratio_ci,
     warmup_not_steady,
 )
-from tests.test_stats import rec
+from tests.helpers.records import summary_row
 
 
 def test_bootstrap_interval_holds_the_median_and_narrows_with_agreement() -> None:
@@ -67,11 +67,11 @@ def test_warmup_not_steady_when_the_first_slice_is_slow() -> None:
 
 
 def test_summary_gives_median_intervals_and_flags() -> None:
-    ones = [rec(1, v, repeat=i, step_times_s=[32 / v] * 20)
+    ones = [summary_row(1, v, repeat=i, step_times_s=[32 / v] * 20)
             for i, v in enumerate([100.0, 104.0, 96.0, 101.0, 99.0])]
-    twos = [rec(2, v, repeat=i, step_times_s=[64 / v] * 20)
+    twos = [summary_row(2, v, repeat=i, step_times_s=[64 / v] * 20)
             for i, v in enumerate([180.0, 190.0, 170.0, 185.0, 175.0])]
-    stalled = rec(2, 150.0, repeat=5, step_times_s=[0.3] * 19 + [2.0])
+    stalled = summary_row(2, 150.0, repeat=5, step_times_s=[0.3] * 19 + [2.0])
     rows = {r["num_devices"]: r for r in summarise(ones + twos + [stalled])}
     one, two = rows[1], rows[2]
     assert one["images_per_sec"] == 100.0  # the median, not the mean
@@ -83,7 +83,7 @@ def test_summary_gives_median_intervals_and_flags() -> None:
     assert two["speedup"] == pytest.approx(177.5 / 100.0)
     assert two["speedup_ci_low"] <= two["speedup"] <= two["speedup_ci_high"]
     assert two["efficiency_ci_low"] == pytest.approx(two["speedup_ci_low"] / 2)
-    single = summarise([rec(1, 100.0), rec(2, 150.0)])
+    single = summarise([summary_row(1, 100.0), summary_row(2, 150.0)])
     assert all(r["speedup_ci_low"] is None and r["images_per_sec_ci_low"] is None
                for r in single)
     assert all(r["unstable"] is None for r in single)  # no step times to tell
@@ -93,9 +93,9 @@ def test_table_and_charts_show_intervals_and_flags(tmp_path) -> None:
     from bench.report.charts import render_charts
     from bench.report.summary import format_table
 
-    recs = [rec(n, v * n, repeat=i, step_times_s=[32 * n / (v * n)] * 20)
+    recs = [summary_row(n, v * n, repeat=i, step_times_s=[32 * n / (v * n)] * 20)
             for n in (1, 2) for i, v in enumerate([100.0, 104.0, 96.0])]
-    recs.append(rec(2, 150.0, repeat=3, step_times_s=[0.6] * 4 + [0.3] * 16))
+    recs.append(summary_row(2, 150.0, repeat=3, step_times_s=[0.6] * 4 + [0.3] * 16))
     rows = summarise(recs)
     table = format_table(rows)
     assert "95% bootstrap CI: the percentile bootstrap" in table  # 3 repeats: a CI, named

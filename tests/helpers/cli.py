@@ -1,0 +1,32 @@
+"""The repository and its command line, run as a user would (the test process never imports a
+framework: framework code runs in a child interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, timeout: float = 900, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Run `python run_bench.py ARGS` as a user would, from the repo root."""
+    return subprocess.run([sys.executable, str(REPO / "run_bench.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def run_check_script(python: str, script: str, *args: str, env: dict[str, str] | None = None,
+                     timeout: float = 900) -> dict:
+    """Run a check script in a framework interpreter from the repo root; the JSON of its one
+    "RESULT <json>" output line (the test process itself never imports the framework)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.run([python, "-c", script, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])

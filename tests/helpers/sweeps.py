@@ -1,0 +1,52 @@
+"""Whole sweeps through the CLI on CPU (the smoke config shortened, real data, converge on
+digits), their records, and what a converge record that reached its target shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.records.store import load_records
+from tests.helpers.cli import run_cli
+
+
+def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
+    """The CPU smoke config through the CLI, shortened (2 warm-up + 3 timed steps, 8 images
+    per device) and with `--set` overrides; its records by device count."""
+    args = ["--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
+            "--set", "measure_steps=3", "--set", "batch_size_per_device=8", "--out", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {r["num_devices"]: r for r in load_records(out)}
+
+
+def real_sweep(out: Path, dataset: Path, *sets: str) -> dict[int, dict]:
+    """smoke_sweep on real data from `dataset` (augmentation crop-flip, 1 loader worker unless
+    a --set says otherwise); its records by device count."""
+    return smoke_sweep(out, "data=real", f"dataset.path={dataset}", "dataset.workers=1", *sets)
+
+
+def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
+    """configs/converge-digits.yaml through the CLI on `dataset` with `sets` (KEY=VALUE);
+    its records (mode converge: runners/converge.py)."""
+    args = ["--config", "configs/converge-digits.yaml", "--out", str(out),
+            "--set", f"dataset.path={dataset}"]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_cli(*args)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return load_records(out)
+
+
+def assert_stopped_at_target(rec: dict, target: float) -> None:
+    """A converge record that reached `target`: stopped at its first epoch at the target, the
+    time to target that epoch's wall time, evaluations included."""
+    assert rec["best_accuracy"] >= target, rec["curve"]
+    epoch = rec["epochs_to_target"]
+    assert epoch == len(rec["curve"]) and rec["target_reason"] is None  # stopped at the target
+    point = rec["curve"][epoch - 1]
+    assert point["accuracy"] >= target
+    assert all(p["accuracy"] < target for p in rec["curve"][:epoch - 1])
+    assert rec["time_to_target_s"] == point["wall_s"] > 0
+    assert rec["time_to_target_s"] >= rec["train_time_s"] > 0  # evaluations included
