@@ -71,6 +71,13 @@ def overview(parser: argparse.ArgumentParser) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run_bench.py", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_run, _add_setup_list_report, _add_data_commands, _add_compare_predict,
+                _add_tools):
+        add(sub)
+    return p
+
+
+def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="run a sweep (the default command)",
                          description="Run a sweep: every run its own process; records, "
                                      "summary, charts and report.html in the results folder.")
@@ -98,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--detach", action="store_true",
                      help="cluster.backend slurm: submit the jobs and exit (collect them with "
                           "`run_bench.py status DIR` or --resume)")
+
+
+def _add_setup_list_report(sub: Any) -> None:
     setup = sub.add_parser("setup", help="build framework environments from their locks",
                            description="Build framework environments from their locks "
                                        "(idempotent; a sweep builds what it needs anyway).")
@@ -109,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
                             description="Re-read a results folder's records and write "
                                         "summary.csv, the charts, report.html and results.md.")
     report.add_argument("results_dir")
+
+
+def _add_data_commands(sub: Any) -> None:
     make = sub.add_parser("make-dataset", help="write a demo or labelled dataset (no download)",
                           description="Write a synthetic dataset of real JPEGs "
                                       "(OUT/<class>/<image>.jpg), or a labelled one with a "
@@ -145,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--shards", type=int, default=4, help="TFRecord shards (default 4)")
     prep.add_argument("--workers", type=int, default=2,
                       help="processes that decode, resize and encode (default 2)")
+
+
+def _add_compare_predict(sub: Any) -> None:
     compare = sub.add_parser(
         "compare", help="judge sweep NEW against BASE; exit 1 on a regression",
         description="NEW against BASE, configuration by configuration: images/sec ratio "
@@ -178,6 +194,9 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--precision", default="fp32",
                          help="with --strategies: the harness precision policy whose reduce "
                               "and parameter dtypes set the bytes (default fp32)")
+
+
+def _add_tools(sub: Any) -> None:
     status = sub.add_parser("status", help="a SLURM sweep: collect ended jobs, show the rest",
                             description="A SLURM sweep's jobs: collect those that ended "
                                         "(their records), show the others' states")
@@ -197,7 +216,6 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("family", help="its template (runners/templates/): tf, torch, mxnet, "
                                     "jax, or keras (Keras 3, in the jax environment)")
     new.add_argument("--description", default="", help="one line for `list`")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -519,28 +537,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = results_folder(cfg, args.out, args.resume)
     runs = expand(cfg, out.name)
     if args.dry_run:
-        if "capacity" in cfg.mode:
-            print(f"sweep {cfg.name}: {len(runs)} capacity searches ({cfg.scale}: start "
-                  f"{cfg.capacity['start']}, max {cfg.capacity['max']}, resolution "
-                  f"{cfg.capacity['resolution']}) -> {out}; each search's first probe below, "
-                  "the others follow from the probes' results")
-        else:
-            print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
-        if "converge" in cfg.mode:
-            print(f"recipe: {recipe_line(cfg.converge)}")
-        if cfg.until_stable:
-            print(f"until_stable: more repeats of a configuration while its images/sec CV is "
-                  f"above {cfg.until_stable['target_cv']:.1%}, up to "
-                  f"{cfg.until_stable['max_repeats']} runs each")
-        facts = forecast.HostFacts.here(out)
-        predicted = forecast.predict(runs, cfg, facts)
-        if args.resume and out.is_dir():
-            done = done_run_ids(out, retry_failed=args.retry_failed)
-            predicted = forecast.already_recorded(runs, predicted, done, out)
-        print_plan(runs, predicted)
-        for line in forecast.summary_lines(runs, predicted, cfg, facts):
-            print(line)
-        return 0
+        return _dry_run(args, cfg, runs, out)
     if args.new_fingerprint and not args.resume:
         raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
                           "its own fingerprint)")
@@ -557,21 +554,52 @@ def cmd_run(args: argparse.Namespace) -> int:
         return end.code
     if end.detached:
         return 0
+    return _report_sweep(out, end.signum)
+
+
+def _dry_run(args: argparse.Namespace, cfg: Any, runs: list[Any], out: Path) -> int:
+    """`run --dry-run`: the planned runs with what each will do here, and the forecast."""
+    if "capacity" in cfg.mode:
+        print(f"sweep {cfg.name}: {len(runs)} capacity searches ({cfg.scale}: start "
+              f"{cfg.capacity['start']}, max {cfg.capacity['max']}, resolution "
+              f"{cfg.capacity['resolution']}) -> {out}; each search's first probe below, "
+              "the others follow from the probes' results")
+    else:
+        print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
+    if "converge" in cfg.mode:
+        print(f"recipe: {recipe_line(cfg.converge)}")
+    if cfg.until_stable:
+        print(f"until_stable: more repeats of a configuration while its images/sec CV is "
+              f"above {cfg.until_stable['target_cv']:.1%}, up to "
+              f"{cfg.until_stable['max_repeats']} runs each")
+    facts = forecast.HostFacts.here(out)
+    predicted = forecast.predict(runs, cfg, facts)
+    if args.resume and out.is_dir():
+        done = done_run_ids(out, retry_failed=args.retry_failed)
+        predicted = forecast.already_recorded(runs, predicted, done, out)
+    print_plan(runs, predicted)
+    for line in forecast.summary_lines(runs, predicted, cfg, facts):
+        print(line)
+    return 0
+
+
+def _report_sweep(out: Path, signum: int | None) -> int:
+    """The report of an ended sweep; a second Ctrl-C, or a full disk, ends it cleanly."""
     try:  # a second Ctrl-C (or a SIGTERM) during the report ends quietly: every file is whole
         with stop_signals_interrupt():
-            return report_end(out, end.signum)
+            return report_end(out, signum)
     except KeyboardInterrupt as exc:
-        return report_interrupted(out, end.signum, exc)
+        return report_interrupted(out, signum, exc)
     except OSError as exc:  # a full disk: the records stay, no half file, no temporary
         if (interrupt := interrupted_by(exc)) is not None:
-            return report_interrupted(out, end.signum, interrupt)
+            return report_interrupted(out, signum, interrupt)
         print(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the records are "
               f"kept in {out}; free space, then `run_bench.py report {out}`", file=sys.stderr)
         return 1
     except Exception as exc:  # a Ctrl-C inside a C extension's import comes as ImportError
         if (interrupt := interrupted_by(exc)) is None:
             raise
-        return report_interrupted(out, end.signum, interrupt)
+        return report_interrupted(out, signum, interrupt)
 
 
 def interrupted_by(exc: BaseException) -> KeyboardInterrupt | None:
