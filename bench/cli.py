@@ -68,19 +68,60 @@ def overview(parser: argparse.ArgumentParser) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Each command: its one line in the overview (help) and its own --help's description.
+COMMANDS: dict[str, tuple[str, str | None]] = {
+    "run": ("run a sweep (the default command)",
+            "Run a sweep: every run its own process; records, summary, charts and report.html "
+            "in the results folder."),
+    "setup": ("build framework environments from their locks",
+              "Build framework environments from their locks (idempotent; a sweep builds what "
+              "it needs anyway)."),
+    "list": ("runners (with their options), models, families; what is ready", None),
+    "report": ("write a folder's summary, charts, report.html again",
+               "Re-read a results folder's records and write summary.csv, the charts, "
+               "report.html and results.md."),
+    "make-dataset": ("write a demo or labelled dataset (no download)",
+                     "Write a synthetic dataset of real JPEGs (OUT/<class>/<image>.jpg), or a "
+                     "labelled one with a held-out split for mode converge (--source digits | "
+                     "cifar10)"),
+    "prepare-data": ("JPEG class folders -> every runner's format",
+                     "JPEG class folders -> MXNet RecordIO, TFRecord shards and a JPEG file "
+                     "list, all holding the same re-encoded bytes"),
+    "compare": ("judge sweep NEW against BASE; exit 1 on a regression",
+                "NEW against BASE, configuration by configuration: images/sec ratio with its "
+                "interval (the range with 2 repeats a side, else a 95%% bootstrap CI); exit 1 "
+                "on a significant regression"),
+    "predict": ("scaling at N devices from the 1-device step and a bandwidth",
+                "Step time, images/sec and scaling efficiency at N devices from the 1-device "
+                "step, the gradient bytes and a bus bandwidth (ring all-reduce)"),
+    "status": ("a SLURM sweep: collect ended jobs, show the rest",
+               "A SLURM sweep's jobs: collect those that ended (their records), show the "
+               "others' states"),
+    "schema": ("print the sweep config's JSON Schema (editor completion)",
+               "Print the JSON Schema of a sweep config (for editors: run_bench.py schema > "
+               "sweep.schema.json)"),
+    "check-model": ("build your own models once: params, FLOPs",
+                    "Build each of your own models (a models: mapping) once in its framework: "
+                    "parameters, FLOPs per sample, output shape"),
+    "new-runner": ("start a runner from its family's template",
+                   "A new runner from its family's template, listed in the family's catalog "
+                   "(docs/DESIGN.md)"),
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run_bench.py", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_run, _add_setup_list_report, _add_data_commands, _add_compare_predict,
-                _add_tools):
-        add(sub)
+    parsers = {name: sub.add_parser(name, help=help_, description=description)
+               for name, (help_, description) in COMMANDS.items()}
+    for add in (_run_arguments, _setup_report_arguments, _data_arguments,
+                _compare_predict_arguments, _tool_arguments):
+        add(parsers)
     return p
 
 
-def _add_run(sub: Any) -> None:
-    run = sub.add_parser("run", help="run a sweep (the default command)",
-                         description="Run a sweep: every run its own process; records, "
-                                     "summary, charts and report.html in the results folder.")
+def _run_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    run = parsers["run"]
     run.add_argument("--config", required=True, metavar="FILE",
                      help="YAML sweep file (a first one: configs/cpu-smoke.yaml)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -107,26 +148,17 @@ def _add_run(sub: Any) -> None:
                           "`run_bench.py status DIR` or --resume)")
 
 
-def _add_setup_list_report(sub: Any) -> None:
-    setup = sub.add_parser("setup", help="build framework environments from their locks",
-                           description="Build framework environments from their locks "
-                                       "(idempotent; a sweep builds what it needs anyway).")
+def _setup_report_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    setup = parsers["setup"]
     setup.add_argument("families", nargs="*", help=f"default: all ({', '.join(FAMILIES)})")
     setup.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                        help="which variant (auto: gpu if NVML sees a GPU)")
-    sub.add_parser("list", help="runners (with their options), models, families; what is ready")
-    report = sub.add_parser("report", help="write a folder's summary, charts, report.html again",
-                            description="Re-read a results folder's records and write "
-                                        "summary.csv, the charts, report.html and results.md.")
+    report = parsers["report"]
     report.add_argument("results_dir")
 
 
-def _add_data_commands(sub: Any) -> None:
-    make = sub.add_parser("make-dataset", help="write a demo or labelled dataset (no download)",
-                          description="Write a synthetic dataset of real JPEGs "
-                                      "(OUT/<class>/<image>.jpg), or a labelled one with a "
-                                      "held-out split for mode converge (--source digits | "
-                                      "cifar10)")
+def _data_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    make = parsers["make-dataset"]
     make.add_argument("--out", required=True, help="new or empty folder to write")
     make.add_argument("--source", choices=SOURCES, default="synthetic",
                       help="synthetic (generated JPEGs; needs --classes, --images, --size), "
@@ -145,10 +177,7 @@ def _add_data_commands(sub: Any) -> None:
                       help="synthetic: S x S RGB pixels, 8..4096")
     make.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     make.add_argument("--quality", type=int, default=90, help="JPEG quality 1..95 (default 90)")
-    prep = sub.add_parser("prepare-data", help="JPEG class folders -> every runner's format",
-                          description="JPEG class folders -> MXNet RecordIO, TFRecord shards "
-                                      "and a JPEG file list, all holding the same re-encoded "
-                                      "bytes")
+    prep = parsers["prepare-data"]
     prep.add_argument("--src", required=True, help="folder with one sub-folder of JPEGs per class")
     prep.add_argument("--out", required=True, help="new or empty folder to write")
     prep.add_argument("--resize", type=int, default=256, metavar="S",
@@ -160,22 +189,15 @@ def _add_data_commands(sub: Any) -> None:
                       help="processes that decode, resize and encode (default 2)")
 
 
-def _add_compare_predict(sub: Any) -> None:
-    compare = sub.add_parser(
-        "compare", help="judge sweep NEW against BASE; exit 1 on a regression",
-        description="NEW against BASE, configuration by configuration: images/sec ratio "
-                    "with its interval (the range with 2 repeats a side, else a 95%% "
-                    "bootstrap CI); exit 1 on a significant regression")
+def _compare_predict_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    compare = parsers["compare"]
     compare.add_argument("base", help="results folder of the baseline sweep")
     compare.add_argument("new", help="results folder of the sweep to judge")
     compare.add_argument("--threshold", type=float, default=0.05,
                          help="a change is significant when its interval excludes "
                               "1 +- threshold (default 0.05)")
     compare.add_argument("--out", help="folder for compare.md and the chart (default: NEW)")
-    predict = sub.add_parser(
-        "predict", help="scaling at N devices from the 1-device step and a bandwidth",
-        description="Step time, images/sec and scaling efficiency at N devices from the "
-                    "1-device step, the gradient bytes and a bus bandwidth (ring all-reduce)")
+    predict = parsers["predict"]
     predict.add_argument("results_dir", help="results folder with 1-device runs")
     predict.add_argument("--devices", default="2,4,8",
                          help="device counts to predict, comma-separated (default 2,4,8)")
@@ -196,22 +218,12 @@ def _add_compare_predict(sub: Any) -> None:
                               "and parameter dtypes set the bytes (default fp32)")
 
 
-def _add_tools(sub: Any) -> None:
-    status = sub.add_parser("status", help="a SLURM sweep: collect ended jobs, show the rest",
-                            description="A SLURM sweep's jobs: collect those that ended "
-                                        "(their records), show the others' states")
+def _tool_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    status = parsers["status"]
     status.add_argument("results_dir")
-    sub.add_parser("schema", help="print the sweep config's JSON Schema (editor completion)",
-                   description="Print the JSON Schema of a sweep config (for editors: "
-                               "run_bench.py schema > sweep.schema.json)")
-    check = sub.add_parser("check-model", help="build your own models once: params, FLOPs",
-                           description="Build each of your own models (a models: mapping) "
-                                       "once in its framework: parameters, FLOPs per sample, "
-                                       "output shape")
+    check = parsers["check-model"]
     check.add_argument("config", help="YAML sweep file")
-    new = sub.add_parser("new-runner", help="start a runner from its family's template",
-                         description="A new runner from its family's template, listed in "
-                                     "the family's catalog (docs/DESIGN.md)")
+    new = parsers["new-runner"]
     new.add_argument("name", help="the runner's name, as configs will say it")
     new.add_argument("family", help="its template (runners/templates/): tf, torch, mxnet, "
                                     "jax, or keras (Keras 3, in the jax environment)")
