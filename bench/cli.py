@@ -68,12 +68,60 @@ def overview(parser: argparse.ArgumentParser) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Each command: its one line in the overview (help) and its own --help's description.
+COMMANDS: dict[str, tuple[str, str | None]] = {
+    "run": ("run a sweep (the default command)",
+            "Run a sweep: every run its own process; records, summary, charts and report.html "
+            "in the results folder."),
+    "setup": ("build framework environments from their locks",
+              "Build framework environments from their locks (idempotent; a sweep builds what "
+              "it needs anyway)."),
+    "list": ("runners (with their options), models, families; what is ready", None),
+    "report": ("write a folder's summary, charts, report.html again",
+               "Re-read a results folder's records and write summary.csv, the charts, "
+               "report.html and results.md."),
+    "make-dataset": ("write a demo or labelled dataset (no download)",
+                     "Write a synthetic dataset of real JPEGs (OUT/<class>/<image>.jpg), or a "
+                     "labelled one with a held-out split for mode converge (--source digits | "
+                     "cifar10)"),
+    "prepare-data": ("JPEG class folders -> every runner's format",
+                     "JPEG class folders -> MXNet RecordIO, TFRecord shards and a JPEG file "
+                     "list, all holding the same re-encoded bytes"),
+    "compare": ("judge sweep NEW against BASE; exit 1 on a regression",
+                "NEW against BASE, configuration by configuration: images/sec ratio with its "
+                "interval (the range with 2 repeats a side, else a 95%% bootstrap CI); exit 1 "
+                "on a significant regression"),
+    "predict": ("scaling at N devices from the 1-device step and a bandwidth",
+                "Step time, images/sec and scaling efficiency at N devices from the 1-device "
+                "step, the gradient bytes and a bus bandwidth (ring all-reduce)"),
+    "status": ("a SLURM sweep: collect ended jobs, show the rest",
+               "A SLURM sweep's jobs: collect those that ended (their records), show the "
+               "others' states"),
+    "schema": ("print the sweep config's JSON Schema (editor completion)",
+               "Print the JSON Schema of a sweep config (for editors: run_bench.py schema > "
+               "sweep.schema.json)"),
+    "check-model": ("build your own models once: params, FLOPs",
+                    "Build each of your own models (a models: mapping) once in its framework: "
+                    "parameters, FLOPs per sample, output shape"),
+    "new-runner": ("start a runner from its family's template",
+                   "A new runner from its family's template, listed in the family's catalog "
+                   "(docs/DESIGN.md)"),
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run_bench.py", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="run a sweep (the default command)",
-                         description="Run a sweep: every run its own process; records, "
-                                     "summary, charts and report.html in the results folder.")
+    parsers = {name: sub.add_parser(name, help=help_, description=description)
+               for name, (help_, description) in COMMANDS.items()}
+    for add in (_run_arguments, _setup_report_arguments, _data_arguments,
+                _compare_predict_arguments, _tool_arguments):
+        add(parsers)
+    return p
+
+
+def _run_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    run = parsers["run"]
     run.add_argument("--config", required=True, metavar="FILE",
                      help="YAML sweep file (a first one: configs/cpu-smoke.yaml)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -98,22 +146,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--detach", action="store_true",
                      help="cluster.backend slurm: submit the jobs and exit (collect them with "
                           "`run_bench.py status DIR` or --resume)")
-    setup = sub.add_parser("setup", help="build framework environments from their locks",
-                           description="Build framework environments from their locks "
-                                       "(idempotent; a sweep builds what it needs anyway).")
+
+
+def _setup_report_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    setup = parsers["setup"]
     setup.add_argument("families", nargs="*", help=f"default: all ({', '.join(FAMILIES)})")
     setup.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                        help="which variant (auto: gpu if NVML sees a GPU)")
-    sub.add_parser("list", help="runners (with their options), models, families; what is ready")
-    report = sub.add_parser("report", help="write a folder's summary, charts, report.html again",
-                            description="Re-read a results folder's records and write "
-                                        "summary.csv, the charts, report.html and results.md.")
+    report = parsers["report"]
     report.add_argument("results_dir")
-    make = sub.add_parser("make-dataset", help="write a demo or labelled dataset (no download)",
-                          description="Write a synthetic dataset of real JPEGs "
-                                      "(OUT/<class>/<image>.jpg), or a labelled one with a "
-                                      "held-out split for mode converge (--source digits | "
-                                      "cifar10)")
+
+
+def _data_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    make = parsers["make-dataset"]
     make.add_argument("--out", required=True, help="new or empty folder to write")
     make.add_argument("--source", choices=SOURCES, default="synthetic",
                       help="synthetic (generated JPEGs; needs --classes, --images, --size), "
@@ -132,10 +177,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="synthetic: S x S RGB pixels, 8..4096")
     make.add_argument("--seed", type=int, default=0, help="same seed, same bytes (default 0)")
     make.add_argument("--quality", type=int, default=90, help="JPEG quality 1..95 (default 90)")
-    prep = sub.add_parser("prepare-data", help="JPEG class folders -> every runner's format",
-                          description="JPEG class folders -> MXNet RecordIO, TFRecord shards "
-                                      "and a JPEG file list, all holding the same re-encoded "
-                                      "bytes")
+    prep = parsers["prepare-data"]
     prep.add_argument("--src", required=True, help="folder with one sub-folder of JPEGs per class")
     prep.add_argument("--out", required=True, help="new or empty folder to write")
     prep.add_argument("--resize", type=int, default=256, metavar="S",
@@ -145,21 +187,17 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--shards", type=int, default=4, help="TFRecord shards (default 4)")
     prep.add_argument("--workers", type=int, default=2,
                       help="processes that decode, resize and encode (default 2)")
-    compare = sub.add_parser(
-        "compare", help="judge sweep NEW against BASE; exit 1 on a regression",
-        description="NEW against BASE, configuration by configuration: images/sec ratio "
-                    "with its interval (the range with 2 repeats a side, else a 95%% "
-                    "bootstrap CI); exit 1 on a significant regression")
+
+
+def _compare_predict_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    compare = parsers["compare"]
     compare.add_argument("base", help="results folder of the baseline sweep")
     compare.add_argument("new", help="results folder of the sweep to judge")
     compare.add_argument("--threshold", type=float, default=0.05,
                          help="a change is significant when its interval excludes "
                               "1 +- threshold (default 0.05)")
     compare.add_argument("--out", help="folder for compare.md and the chart (default: NEW)")
-    predict = sub.add_parser(
-        "predict", help="scaling at N devices from the 1-device step and a bandwidth",
-        description="Step time, images/sec and scaling efficiency at N devices from the "
-                    "1-device step, the gradient bytes and a bus bandwidth (ring all-reduce)")
+    predict = parsers["predict"]
     predict.add_argument("results_dir", help="results folder with 1-device runs")
     predict.add_argument("--devices", default="2,4,8",
                          help="device counts to predict, comma-separated (default 2,4,8)")
@@ -178,26 +216,18 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--precision", default="fp32",
                          help="with --strategies: the harness precision policy whose reduce "
                               "and parameter dtypes set the bytes (default fp32)")
-    status = sub.add_parser("status", help="a SLURM sweep: collect ended jobs, show the rest",
-                            description="A SLURM sweep's jobs: collect those that ended "
-                                        "(their records), show the others' states")
+
+
+def _tool_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
+    status = parsers["status"]
     status.add_argument("results_dir")
-    sub.add_parser("schema", help="print the sweep config's JSON Schema (editor completion)",
-                   description="Print the JSON Schema of a sweep config (for editors: "
-                               "run_bench.py schema > sweep.schema.json)")
-    check = sub.add_parser("check-model", help="build your own models once: params, FLOPs",
-                           description="Build each of your own models (a models: mapping) "
-                                       "once in its framework: parameters, FLOPs per sample, "
-                                       "output shape")
+    check = parsers["check-model"]
     check.add_argument("config", help="YAML sweep file")
-    new = sub.add_parser("new-runner", help="start a runner from its family's template",
-                         description="A new runner from its family's template, listed in "
-                                     "the family's catalog (docs/DESIGN.md)")
+    new = parsers["new-runner"]
     new.add_argument("name", help="the runner's name, as configs will say it")
     new.add_argument("family", help="its template (runners/templates/): tf, torch, mxnet, "
                                     "jax, or keras (Keras 3, in the jax environment)")
     new.add_argument("--description", default="", help="one line for `list`")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -519,28 +549,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = results_folder(cfg, args.out, args.resume)
     runs = expand(cfg, out.name)
     if args.dry_run:
-        if "capacity" in cfg.mode:
-            print(f"sweep {cfg.name}: {len(runs)} capacity searches ({cfg.scale}: start "
-                  f"{cfg.capacity['start']}, max {cfg.capacity['max']}, resolution "
-                  f"{cfg.capacity['resolution']}) -> {out}; each search's first probe below, "
-                  "the others follow from the probes' results")
-        else:
-            print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
-        if "converge" in cfg.mode:
-            print(f"recipe: {recipe_line(cfg.converge)}")
-        if cfg.until_stable:
-            print(f"until_stable: more repeats of a configuration while its images/sec CV is "
-                  f"above {cfg.until_stable['target_cv']:.1%}, up to "
-                  f"{cfg.until_stable['max_repeats']} runs each")
-        facts = forecast.HostFacts.here(out)
-        predicted = forecast.predict(runs, cfg, facts)
-        if args.resume and out.is_dir():
-            done = done_run_ids(out, retry_failed=args.retry_failed)
-            predicted = forecast.already_recorded(runs, predicted, done, out)
-        print_plan(runs, predicted)
-        for line in forecast.summary_lines(runs, predicted, cfg, facts):
-            print(line)
-        return 0
+        return _dry_run(args, cfg, runs, out)
     if args.new_fingerprint and not args.resume:
         raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
                           "its own fingerprint)")
@@ -557,21 +566,52 @@ def cmd_run(args: argparse.Namespace) -> int:
         return end.code
     if end.detached:
         return 0
+    return _report_sweep(out, end.signum)
+
+
+def _dry_run(args: argparse.Namespace, cfg: Any, runs: list[Any], out: Path) -> int:
+    """`run --dry-run`: the planned runs with what each will do here, and the forecast."""
+    if "capacity" in cfg.mode:
+        print(f"sweep {cfg.name}: {len(runs)} capacity searches ({cfg.scale}: start "
+              f"{cfg.capacity['start']}, max {cfg.capacity['max']}, resolution "
+              f"{cfg.capacity['resolution']}) -> {out}; each search's first probe below, "
+              "the others follow from the probes' results")
+    else:
+        print(f"sweep {cfg.name}: {len(runs)} runs -> {out}")
+    if "converge" in cfg.mode:
+        print(f"recipe: {recipe_line(cfg.converge)}")
+    if cfg.until_stable:
+        print(f"until_stable: more repeats of a configuration while its images/sec CV is "
+              f"above {cfg.until_stable['target_cv']:.1%}, up to "
+              f"{cfg.until_stable['max_repeats']} runs each")
+    facts = forecast.HostFacts.here(out)
+    predicted = forecast.predict(runs, cfg, facts)
+    if args.resume and out.is_dir():
+        done = done_run_ids(out, retry_failed=args.retry_failed)
+        predicted = forecast.already_recorded(runs, predicted, done, out)
+    print_plan(runs, predicted)
+    for line in forecast.summary_lines(runs, predicted, cfg, facts):
+        print(line)
+    return 0
+
+
+def _report_sweep(out: Path, signum: int | None) -> int:
+    """The report of an ended sweep; a second Ctrl-C, or a full disk, ends it cleanly."""
     try:  # a second Ctrl-C (or a SIGTERM) during the report ends quietly: every file is whole
         with stop_signals_interrupt():
-            return report_end(out, end.signum)
+            return report_end(out, signum)
     except KeyboardInterrupt as exc:
-        return report_interrupted(out, end.signum, exc)
+        return report_interrupted(out, signum, exc)
     except OSError as exc:  # a full disk: the records stay, no half file, no temporary
         if (interrupt := interrupted_by(exc)) is not None:
-            return report_interrupted(out, end.signum, interrupt)
+            return report_interrupted(out, signum, interrupt)
         print(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the records are "
               f"kept in {out}; free space, then `run_bench.py report {out}`", file=sys.stderr)
         return 1
     except Exception as exc:  # a Ctrl-C inside a C extension's import comes as ImportError
         if (interrupt := interrupted_by(exc)) is None:
             raise
-        return report_interrupted(out, end.signum, interrupt)
+        return report_interrupted(out, signum, interrupt)
 
 
 def interrupted_by(exc: BaseException) -> KeyboardInterrupt | None:

@@ -106,6 +106,13 @@ class RunnerInfo:
     # record's state_bytes_per_device (read from the framework's shards) to it
     # (bench/run/verdict.py); expected_shards gives it for a run's options.
     shards: Any = ()
+    # Its strategy's collectives per step (contract/communication.StepCollectives), or, as in
+    # `shards`, ones an option decides: {"option": name, "values": {value: StepCollectives}}.
+    # bench/analysis/strategies.py prices them (predict --strategies); None: not priced there.
+    collectives: Any = None
+    # The probe (a PROBES name, mode allreduce) measuring the collectives it runs: the forecast
+    # prices its collectives on that probe's links.
+    probe: str | None = None
     # Whether it trains to a held-out accuracy (mode converge, runners/converge.py); where it
     # does not, `no_converge` says why (the dry run shows it, the run is planned unavailable).
     converges: bool = False
@@ -116,15 +123,33 @@ class RunnerInfo:
     launch_check: Any = None
 
 
+def deciding_option(info: RunnerInfo, declared: Any,
+                    options: dict[str, Any]) -> tuple[str, Any] | None:
+    """The option (name, value) that decides a declaration of `info` (its `shards`, its
+    `collectives`: {"option": name, "values": {...}}) in a run with these options, the
+    value its default where not given; None where no option decides it."""
+    if not isinstance(declared, dict):
+        return None
+    name = declared["option"]
+    return name, options.get(name, info.options[name].default if name in info.options else None)
+
+
+def for_options(info: RunnerInfo, declared: Any, options: dict[str, Any]) -> Any:
+    """What `info` declares for a run with these options: the declaration itself, or the
+    entry of the deciding option's value (None for a value not listed)."""
+    option = deciding_option(info, declared, options)
+    return declared if option is None else declared["values"].get(option[1])
+
+
 def expected_shards(info: RunnerInfo, options: dict[str, Any]) -> tuple[str, ...]:
     """The parts of the model state `info`'s strategy shards in a run with these options."""
-    shards = info.shards
-    if isinstance(shards, dict):
-        name = shards["option"]
-        value = options.get(name, info.options[name].default if name in info.options else None)
-        return tuple(shards["values"].get(value, ()))
-    return tuple(shards)
+    return tuple(for_options(info, info.shards, options) or ())
 
+
+# Why a sharded strategy (ZeRO, FSDP) is not run in mode converge
+SHARDED_NO_CONVERGE = ("a sharded strategy, not wired to the converge recipe: its updates are "
+                       "data parallelism's (the same global-batch gradient), so time to "
+                       "accuracy is torch_ddp's or jax_native's figure plus its own step time")
 
 DATA_FORMAT_OPTION = Option(str, "channels_last", ("channels_last", "channels_first"),
                             "tensor layout")

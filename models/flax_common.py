@@ -31,6 +31,15 @@ def check_data_format(data_format: str) -> None:
                          f"picks the physical layout): {data_format!r}")
 
 
+def flatten_dense(x: jax.Array, num_classes: int, dtype: Any, name: str = "fc") -> jax.Array:
+    """x flattened per sample (NHWC order, as Keras' Flatten) into a Dense of num_classes
+    logits with Keras' initialisers (glorot_uniform kernel, zero bias); called inside a
+    module's compact method, it is that module's submodule `name`."""
+    x = x.reshape((x.shape[0], -1))
+    return nn.Dense(num_classes, kernel_init=nn.initializers.glorot_uniform(), dtype=dtype,
+                    name=name)(x)
+
+
 def _size(tree: Any) -> int:
     """Number of scalars in a pytree of arrays."""
     return int(sum(np.prod(np.shape(leaf)) for leaf in jax.tree_util.tree_leaves(tree)))

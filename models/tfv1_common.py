@@ -32,3 +32,21 @@ def batch_norm(x: tf.Tensor, name: str, *, data_format: str, training: bool,
                tfv1.assign(var, var * momentum + batch_var * (1 - momentum))]
     with tf.control_dependencies(updates):
         return tf.identity(y)
+
+
+def flatten_nhwc(x: tf.Tensor, nhwc: bool) -> tf.Tensor:
+    """x (batch, ...) as (batch, features) in NHWC flatten order (an NCHW x transposed first),
+    the row order of a Keras Flatten -> Dense kernel."""
+    if not nhwc:
+        x = tf.transpose(x, [0, 2, 3, 1])
+    return tf.reshape(x, [-1, int(x.shape[1]) * int(x.shape[2]) * int(x.shape[3])])
+
+
+def dense(x: tf.Tensor, units: int, name: str) -> tf.Tensor:
+    """x @ kernel + bias with Keras' variables and initialisers (name/kernel glorot uniform,
+    name/bias zeros)."""
+    with tfv1.variable_scope(name):
+        w = tfv1.get_variable("kernel", [int(x.shape[1]), units],
+                              initializer=tfv1.glorot_uniform_initializer())
+        b = tfv1.get_variable("bias", [units], initializer=tfv1.zeros_initializer())
+    return tf.matmul(x, w) + b

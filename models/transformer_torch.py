@@ -72,18 +72,27 @@ def init_weights(model: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
+def check_kind(shape: TransformerShape, kind: str, model: str) -> None:
+    """ValueError unless shape is of `kind` ("gpt" | "vit"), the one `model` builds."""
+    if shape.kind != kind:
+        raise ValueError(f"{model} needs a {kind} TransformerShape, not {shape.kind!r}")
+
+
+def blocks_of(shape: TransformerShape, causal: bool, eps: float, gelu: str) -> nn.ModuleList:
+    """shape.layers pre-LayerNorm blocks."""
+    return nn.ModuleList(Block(shape, causal, eps, gelu) for _ in range(shape.layers))
+
+
 class GPT(nn.Module):
     """GPT-2: token ids (batch, seq) in, next-token logits (batch, seq, vocab) out."""
 
     def __init__(self, shape: TransformerShape) -> None:
         super().__init__()
-        if shape.kind != "gpt":
-            raise ValueError(f"GPT needs a gpt TransformerShape, not {shape.kind!r}")
+        check_kind(shape, "gpt", "GPT")
         d = shape.d_model
         self.wte = nn.Embedding(shape.vocab, d)
         self.wpe = nn.Embedding(shape.seq_len, d)
-        self.blocks = nn.ModuleList(Block(shape, True, 1e-5, "tanh")
-                                    for _ in range(shape.layers))
+        self.blocks = blocks_of(shape, True, 1e-5, "tanh")
         self.ln_f = nn.LayerNorm(d, eps=1e-5)
         self.register_buffer("positions", torch.arange(shape.seq_len), persistent=False)
         init_weights(self)
@@ -100,14 +109,12 @@ class ViT(nn.Module):
 
     def __init__(self, shape: TransformerShape) -> None:
         super().__init__()
-        if shape.kind != "vit":
-            raise ValueError(f"ViT needs a vit TransformerShape, not {shape.kind!r}")
+        check_kind(shape, "vit", "ViT")
         d = shape.d_model
         self.patch_embed = nn.Conv2d(shape.channels, d, shape.patch, stride=shape.patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos_embed = nn.Parameter(torch.zeros(1, shape.sequence, d))
-        self.blocks = nn.ModuleList(Block(shape, False, 1e-6, "none")
-                                    for _ in range(shape.layers))
+        self.blocks = blocks_of(shape, False, 1e-6, "none")
         self.norm = nn.LayerNorm(d, eps=1e-6)
         self.head = nn.Linear(d, shape.classes)
         init_weights(self)

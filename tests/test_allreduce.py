@@ -153,7 +153,7 @@ def test_precheck_of_a_probe_counts_gpus() -> None:
 def test_until_stable_leaves_the_probe_runs_at_their_repeats(tmp_path: Path) -> None:
     """until_stable watches images/sec, which a probe has none of: its two ok records (None
     images/sec each) are neither a crash of the CV nor a reason for a third run."""
-    from bench.run.sweep import repeat_until_stable
+    from bench.run.sweep import RunContext, repeat_until_stable
 
     cfg = validate({**PROBE, "probes": ["torch_allreduce"], "repeats": 2,
                     "until_stable": {"target_cv": 0.01, "max_repeats": 5}})
@@ -163,7 +163,7 @@ def test_until_stable_leaves_the_probe_runs_at_their_repeats(tmp_path: Path) -> 
         rec = {"run_id": spec.run_id, "repeat": spec.repeat, "mode": "allreduce",
                "status": "ok", "images_per_sec": None}
         (tmp_path / "runs" / f"{spec.run_id}.json").write_text(json.dumps(rec))
-    repeat_until_stable(cfg.until_stable, runs, {}, {}, tmp_path, CPU_ENV, {})
+    repeat_until_stable(cfg.until_stable, runs, RunContext({}, CPU_ENV), tmp_path)
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(
         f"{r.run_id}.json" for r in runs)
 

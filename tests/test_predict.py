@@ -396,6 +396,39 @@ def test_each_strategys_volume_is_the_papers() -> None:
     assert st.strategy("no_such_runner") is None
 
 
+def test_the_strategies_are_the_catalogs_and_their_modules_name_no_runner() -> None:
+    """Every runner whose catalog entry declares `collectives` is priced, one strategy per
+    value of the option deciding them, on a probe the registry knows; a new entry joins the
+    forecast with no line in bench/; the strategy modules name no runner, pipeline or probe."""
+    import re
+
+    from bench.analysis import strategies as st
+    from bench.catalog.registry import PIPELINES, PROBES, RUNNERS
+    from contract.catalog import RunnerInfo
+    from contract.communication import DATA_PARALLEL, ZERO_3
+
+    declaring = [i for i in RUNNERS.values() if i.collectives is not None]
+    assert len(declaring) >= 10
+    for info in declaring:
+        assert info.probe in PROBES, info.name
+        mine = [s for s in st.STRATEGIES if s.runner == info.name]
+        if isinstance(info.collectives, dict):
+            option = info.options[info.collectives["option"]]
+            assert set(info.collectives["values"]) == set(option.allowed or (True, False))
+            assert len(mine) == len(info.collectives["values"]), info.name
+        else:
+            assert len(mine) == 1, info.name
+    toy = {"toy_zero3": RunnerInfo("toy_zero3", "torch", "x", "", collectives=ZERO_3,
+                                   shards=("params", "grads", "optimizer")),
+           "toy_dp": RunnerInfo("toy_dp", "torch", "x", "", collectives=DATA_PARALLEL)}
+    assert [s.key for s in st.declared(toy)] == ["toy_dp", "toy_zero3"]  # least sharded first
+    names = {*RUNNERS, *PROBES, *PIPELINES}
+    for module in ("bench/analysis/strategies.py", "bench/report/strategies.py"):
+        text = (REPO / module).read_text()
+        named = sorted(n for n in names if re.search(rf"\b{re.escape(n)}\b", text))
+        assert not named, f"{module} names {named}: declare it in the runner's catalog entry"
+
+
 def test_the_winner_follows_the_measured_links() -> None:
     from bench.analysis import strategies as st
 

@@ -18,7 +18,7 @@ from bench.report.summary import build_report, format_table
 from bench.report.telemetry_chart import read_series
 from bench.run import environment
 from bench.run.launch import launch
-from bench.run.telemetry import Sampler, in_window, open_nvml, write_series
+from bench.run.telemetry import Sampler, Sampling, in_window, open_nvml, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
 
 TELEMETRY = {"enabled": True, "interval_s": 0.05, "starved_below_pct": 50.0}
@@ -62,8 +62,9 @@ def test_no_nvml_is_stated_and_cpu_telemetry_still_works() -> None:
     assert reason.startswith("no NVML")
     summary = summarise_telemetry([{"t": 1.0, "host_cpu_pct": 50.0, "host_mem_used_bytes": 1,
                                     "run_cpu_cores": 1.0, "run_rss_bytes": 2}],
-                                  0.5, 1.5, 10, starved_below_pct=50, interval_s=0.25,
-                                  nvml_reason=reason, sampled_gpus=False)
+                                  0.5, 1.5, 10, starved_below_pct=50,
+                                  sampling=Sampling(0.25, nvml_reason=reason,
+                                                    sampled_gpus=False))
     assert summary["nvml"] == {"available": False, "reason": reason}
     assert summary["host"]["run_cpu_cores_mean"] == 1.0
     assert summary["starved"] is None and summary["joules_per_image"] is None
@@ -124,7 +125,7 @@ def test_summary_arithmetic_energy_and_starved() -> None:
     # samples at 100.0 .. 104.5; window [101.0, 104.0]: spans with middles 101.25 .. 103.75
     samples = gpu_samples([0, 90, 90, 30, 20, 30, 20, 30, 20, 0], power=200.0)
     tel = summarise_telemetry(samples, 101.0, 104.0, images=600, starved_below_pct=50,
-                              interval_s=0.5)
+                              sampling=Sampling(0.5))
     assert tel["samples_in_window"] == 6  # t = 101.5 .. 104.0
     g0 = tel["gpus"][0]
     assert g0["util_mean_pct"] == pytest.approx(25.0) and g0["util_min_pct"] == 20
@@ -136,7 +137,7 @@ def test_summary_arithmetic_energy_and_starved() -> None:
     assert tel["gpu_util_mean_pct"] == pytest.approx(25.0)
     assert tel["starved"] is True
     fed = summarise_telemetry(samples, 101.0, 104.0, images=600, starved_below_pct=20,
-                              interval_s=0.5)
+                              sampling=Sampling(0.5))
     assert fed["starved"] is False
 
 

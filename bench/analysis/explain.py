@@ -70,71 +70,82 @@ def explain_row(row: dict[str, Any], rows_by_key: dict[tuple[Any, ...], dict[str
     step = _step(row)
     if step is None:
         return f"{label}: not measured ({row.get('status')}: {row.get('reason') or '-'})"
-    n = row["num_devices"]
-    parts: list[str] = []
-    known = 0.0
-    # compute: the 1-device step on synthetic data (no input pipeline in it), else this
-    # configuration's own 1-device step
-    synthetic = rows_by_key.get((*synthetic_key(row)[:-2], 1, 1))
-    own = rows_by_key.get(baseline_key(row))
-    base = synthetic if synthetic and _step(synthetic) else own
-    base_step = _step(base) if base else None
-    if base_step is None:
-        parts.append("compute: no 1-device run of this configuration")
-    else:
-        compute = base_step * row["batch_size_per_device"] / base["batch_size_per_device"]
-        known += compute
-        how = ("the 1-device step" + (" on synthetic data" if base is not own else "")
-               + ("" if row["scaling"] == "weak" else
-                  f" x {row['batch_size_per_device']}/{base['batch_size_per_device']} of "
-                  "the batch"))
-        if row["data"] == "real" and base is own:
-            how += ", real data: its input is in it"
-        if n > 1 and row.get("virtual_devices"):
-            how += "; N virtual devices share the host's cores, so the rest is mostly that"
-        parts.append(f"compute {_ms(compute)} ({_share(compute, step)}, {how})")
-    if n == 1:
-        parts.append("communication 0 (1 device)")
-    else:
-        try:
-            nbytes = gradient_bytes(row["model"])
-        except KeyError:
-            nbytes = None
-        bw = probe_bandwidth(probes, row["runner"], row["device"], n, nbytes) if (
-            nbytes and probes) else None
-        if bw is None:
-            why = ("no probe in this sweep: run mode: allreduce" if nbytes else
-                   f"no gradient size for model {row['model']!r}")
-            parts.append(f"communication ? ({why}; it is in the rest)")
-        else:
-            comm = communication(nbytes, n, bw)[0]
-            known += comm
-            parts.append(f"communication up to {_ms(comm)} ({_share(comm, step)}; ring "
-                         f"all-reduce of {nbytes / 1e6:.3g} MB, {bw.source})")
-    ratio = row.get("real_vs_synthetic")
-    if row["data"] != "real":
-        parts.append("input 0 (synthetic data)")
-    elif ratio is None:
-        parts.append("input: no synthetic twin to compare with")
-    else:
-        spent = max(0.0, step * (1 - ratio))
-        known += spent
-        parts.append(f"input {_ms(spent)} ({_share(spent, step)}; real data at "
-                     f"{ratio:.0%} of synthetic)")
-    rest = step - known
+    terms = [_compute(row, rows_by_key, step), _communication(row, probes, step),
+             _input(row, step)]
+    parts = [text for text, _ in terms]
+    rest = step - sum(seconds for _, seconds in terms)
     rest = 0.0 if abs(rest) < 1e-9 * step else rest  # the 1-device row's own step
     parts.append(f"unexplained {_ms(rest)} ({_share(rest, step)}"
                  + ("; the terms overlap: communication or input hidden behind compute"
                     if rest < 0 else "") + ")")
+    return f"{label}: step {_ms(step)} = " + " + ".join(parts) + f"; {_idle(row, step)}"
+
+
+def _compute(row: dict[str, Any], rows_by_key: dict[tuple[Any, ...], dict[str, Any]],
+             step: float) -> tuple[str, float]:
+    """The compute term and its seconds: the 1-device step on synthetic data (no input
+    pipeline in it), else this configuration's own 1-device step."""
+    synthetic = rows_by_key.get((*synthetic_key(row)[:-2], 1, 1))
+    own = rows_by_key.get(baseline_key(row))
+    base = synthetic if synthetic and _step(synthetic) else own
+    base_step = _step(base) if base else None
+    if base is None or base_step is None:
+        return "compute: no 1-device run of this configuration", 0.0
+    compute = base_step * row["batch_size_per_device"] / base["batch_size_per_device"]
+    how = ("the 1-device step" + (" on synthetic data" if base is not own else "")
+           + ("" if row["scaling"] == "weak" else
+              f" x {row['batch_size_per_device']}/{base['batch_size_per_device']} of "
+              "the batch"))
+    if row["data"] == "real" and base is own:
+        how += ", real data: its input is in it"
+    if row["num_devices"] > 1 and row.get("virtual_devices"):
+        how += "; N virtual devices share the host's cores, so the rest is mostly that"
+    return f"compute {_ms(compute)} ({_share(compute, step)}, {how})", compute
+
+
+def _communication(row: dict[str, Any], probes: list[dict[str, Any]],
+                   step: float) -> tuple[str, float]:
+    """The communication term and its seconds: the gradients' ring all-reduce on the
+    sweep's probed links (0 on one device; unknown without a probe or a gradient size)."""
+    n = row["num_devices"]
+    if n == 1:
+        return "communication 0 (1 device)", 0.0
+    try:
+        nbytes = gradient_bytes(row["model"])
+    except KeyError:
+        nbytes = None
+    bw = probe_bandwidth(probes, row["runner"], row["device"], n, nbytes) if (
+        nbytes and probes) else None
+    if nbytes is None or bw is None:
+        why = ("no probe in this sweep: run mode: allreduce" if nbytes else
+               f"no gradient size for model {row['model']!r}")
+        return f"communication ? ({why}; it is in the rest)", 0.0
+    comm = communication(nbytes, n, bw)[0]
+    return (f"communication up to {_ms(comm)} ({_share(comm, step)}; ring "
+            f"all-reduce of {nbytes / 1e6:.3g} MB, {bw.source})"), comm
+
+
+def _input(row: dict[str, Any], step: float) -> tuple[str, float]:
+    """The input term and its seconds: real data's loss against its synthetic twin."""
+    ratio = row.get("real_vs_synthetic")
+    if row["data"] != "real":
+        return "input 0 (synthetic data)", 0.0
+    if ratio is None:
+        return "input: no synthetic twin to compare with", 0.0
+    spent = max(0.0, step * (1 - ratio))
+    return (f"input {_ms(spent)} ({_share(spent, step)}; real data at "
+            f"{ratio:.0%} of synthetic)"), spent
+
+
+def _idle(row: dict[str, Any], step: float) -> str:
+    """What the devices did beside: the GPUs' idle share, else the CPU cores kept busy."""
     util = row.get("gpu_util_pct")
     if util is not None:
         idle = max(0.0, 1 - util / 100)
-        side = f"GPUs idle {idle:.0%} of the window (~{_ms(idle * step)} a step)"
-    elif row.get("run_cpu_cores") is not None:
-        side = f"no GPU telemetry; the run kept {row['run_cpu_cores']:.2g} CPU cores busy"
-    else:
-        side = "no utilisation telemetry"
-    return f"{label}: step {_ms(step)} = " + " + ".join(parts) + f"; {side}"
+        return f"GPUs idle {idle:.0%} of the window (~{_ms(idle * step)} a step)"
+    if row.get("run_cpu_cores") is not None:
+        return f"no GPU telemetry; the run kept {row['run_cpu_cores']:.2g} CPU cores busy"
+    return "no utilisation telemetry"
 
 
 def explain(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:

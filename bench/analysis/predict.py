@@ -60,7 +60,7 @@ from bench.analysis import interconnects
 from bench.analysis.stats import summarise
 from bench.catalog.registry import PROBES, RUNNERS
 from bench.errors import ConfigError
-from bench.plotting import pyplot, save_figure
+from bench.plotting import pyplot, save
 from bench.records.grouping import (
     batch_of,
     config_key,
@@ -546,13 +546,7 @@ def render_chart(results_dir: Path, forecast: Forecast) -> Path:
     fig.suptitle("Predicted scaling efficiency (ring all-reduce) and measured points"
                  + ("\nvirtual CPU devices: the measured ones share one host's cores"
                     if virtual else ""), fontsize=11)
-    path = Path(results_dir) / "charts" / CHART_NAME
-    fig.tight_layout()
-    try:
-        save_figure(fig, path, 110)
-    finally:
-        plt.close(fig)
-    return path
+    return save(fig, Path(results_dir) / "charts" / CHART_NAME, plt)
 
 
 def strategies_text(results_dir: Path, devices: list[int], model: str | None = None,

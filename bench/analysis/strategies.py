@@ -1,47 +1,16 @@
 """Each training strategy's communication per step, and which should win on measured links
-(`run_bench.py predict RESULTS_DIR --strategies`). Framework-free; keyed by the harness's runner
-names and the option that changes the communication, so the catalog does not need it.
+(`run_bench.py predict RESULTS_DIR --strategies`). Framework-free. The strategies are the
+catalog's: every runner whose entry declares `collectives` (contract/communication.py), one
+strategy per option value where an option decides them, priced on the links its entry's
+`probe` measured.
 
 The volume per step, for a model of P trainable parameters over N devices, in nccl-tests'
 terms: a collective of S bytes takes S x factor / busbw, factor 2(N-1)/N for an all-reduce and
-(N-1)/N for an all-gather or a reduce-scatter (contract/collectives.bus_factor; S the whole buffer,
-N x one rank's part). G = P x the reduce dtype's bytes (the gradients), W = P x the gather
-dtype's bytes (the parameters as they are gathered).
-
-- All-reduce data parallelism (torch_ddp, horovod, tf_mirrored, jax_native, keras_jax): one
-  all-reduce of the gradients, 2(N-1)/N x G through every device's link.
-- ZeRO-1 and ZeRO-2 (deepspeed stage 1 and 2): a reduce-scatter of the gradients (each rank
-  keeps the part its optimizer shard updates) and an all-gather of the updated parameters,
-  (N-1)/N x G + (N-1)/N x W: the same 2 x Psi as data parallelism (Rajbhandari et al., "ZeRO:
-  Memory Optimizations Toward Training Trillion Parameter Models", SC 2020, sec. 7.2.1: "P_os
-  and P_g ... incur no additional communication").
-- torch_zero1 (DDP + torch.distributed.optim.ZeroRedundancyOptimizer): DDP's all-reduce of the
-  gradients, then each rank broadcasts the parameters its optimizer shard updated (ZeRO's
-  `_sync_params`): 2(N-1)/N x G + the broadcasts, counted here as one all-gather of W (N
-  broadcasts of W/N each; the assumption is stated on its row): 3 x Psi, more than DDP.
-- ZeRO-3 (deepspeed stage 3) and FSDP (torch_fsdp2 with reshard_after_forward true): the
-  parameters are all-gathered layer by layer in the forward pass, freed, all-gathered again in
-  the backward pass, and the gradients reduce-scattered: 2 x (N-1)/N x W + (N-1)/N x G, 3 x Psi
-  (ZeRO paper sec. 7.2.2: "a total communication volume of 3 Psi, compared to 2 Psi in the
-  baseline, ... a 1.5x"; Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data
-  Parallel", VLDB 2023, sec. 3.1 and 3.2: the forward and backward AllGather and the backward
-  ReduceScatter of FULL_SHARD).
-- torch_fsdp2 with reshard_after_forward false (SHARD_GRAD_OP, ZeRO-2-like): the parameters
-  stay gathered from the forward pass to the backward: one all-gather and the reduce-scatter,
-  2 x Psi.
-- jax_fsdp: as ZeRO-3 (parameters sharded over the data axis and gathered per layer inside the
-  step, as MaxText's fsdp axis does; the assumption: XLA gathers them again in the backward
-  pass, as under rematerialisation; where it keeps the forward's gathered weights it is one
-  all-gather less, as FSDP2 with reshard_after_forward false).
-- keras_model_parallel: treated as weight-sharded over all devices like FSDP (the LayoutMap
-  shards each weight over the one mesh axis the batch is also split on; the assumption: XLA's
-  SPMD partitioner gathers each weight for its use in the forward and again in the backward,
-  and reduce-scatters its gradient) - the same 3 x Psi.
-
-Compute overlap is not modelled: the times are each strategy's collectives run one after
-another with nothing beside them. Every strategy here can overlap some of them (DDP's buckets
-with the backward pass, FSDP2's and ZeRO-3's prefetched all-gathers with the previous layer's
-compute), so the ranking says what the links cost, not the step time.
+(N-1)/N for an all-gather or a reduce-scatter (contract/collectives.bus_factor; S the whole
+buffer). G = P x the reduce dtype's bytes (the gradients), W = P x the gather dtype's bytes.
+docs/STRATEGIES.md ("Why one should win") gives each strategy's volume and its source.
+Compute overlap is not modelled: the times are each strategy's collectives one after another,
+so the ranking says what the links cost, not the step time.
 """
 
 from __future__ import annotations
@@ -50,14 +19,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from contract.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, bus_factor
+from bench.catalog.registry import RUNNERS
+from contract.catalog import RunnerInfo, deciding_option, expected_shards
+from contract.collectives import ALL_REDUCE, bus_factor
+from contract.communication import FSDP_PAPER, ZERO_PAPER, Phase, StepCollectives
 
 DTYPE_BYTES = {"float32": 4, "tf32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-ALL_REDUCE_RUNNERS = ("torch_ddp", "horovod", "tf_mirrored", "jax_native", "keras_jax")
-ZERO_PAPER = ("Rajbhandari et al., ZeRO: Memory Optimizations Toward Training Trillion "
-              "Parameter Models, SC 2020, sec. 7")
-FSDP_PAPER = ("Zhao et al., PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel, "
-              "VLDB 2023, sec. 3")
 NOT_MODELLED = ("compute overlap is not modelled: each strategy's collectives are timed one "
                 "after another with nothing beside them (DDP overlaps its buckets with the "
                 "backward pass, FSDP2 and ZeRO-3 prefetch the next layer's all-gather), so "
@@ -65,24 +32,17 @@ NOT_MODELLED = ("compute overlap is not modelled: each strategy's collectives ar
 
 
 @dataclass(frozen=True)
-class Phase:
-    """One collective of a step: what it moves ("gradients" or "parameters") and when."""
-
-    collective: str
-    moves: str
-    when: str
-
-
-@dataclass(frozen=True)
 class Strategy:
-    """A runner (and the option value that changes its communication) and its step's
-    collectives, with where the volume comes from and any assumption made."""
+    """A runner (and the option value that changes its communication), its step's
+    collectives, where the volume comes from, any assumption made, and the probe that
+    measures its framework's links."""
 
     runner: str
     option: tuple[str, Any] | None
     phases: tuple[Phase, ...]
     source: str
     assumption: str | None = None
+    probe: str | None = None
 
     @property
     def key(self) -> str:
@@ -93,47 +53,44 @@ class Strategy:
         return f"{self.runner}[{name}={str(value).lower()}]"
 
 
-GRAD_AR = Phase(ALL_REDUCE, "gradients", "backward")
-GRAD_RS = Phase(REDUCE_SCATTER, "gradients", "backward")
-PARAM_AG_STEP = Phase(ALL_GATHER, "parameters", "after the optimizer step")
-PARAM_AG_FWD = Phase(ALL_GATHER, "parameters", "forward")
-PARAM_AG_BWD = Phase(ALL_GATHER, "parameters", "backward")
-ZERO3 = (PARAM_AG_FWD, PARAM_AG_BWD, GRAD_RS)
+def _variants(info: RunnerInfo) -> list[Strategy]:
+    """The strategies of one catalog entry: one, or one per value of the option deciding."""
+    declared = info.collectives
+    pairs: list[tuple[tuple[str, Any] | None, StepCollectives]] = (
+        [((declared["option"], v), c) for v, c in declared["values"].items()]
+        if isinstance(declared, dict) else [(None, declared)])
+    return [Strategy(info.name, option, c.phases, c.source, c.assumption, info.probe)
+            for option, c in pairs]
 
-STRATEGIES: tuple[Strategy, ...] = (
-    *(Strategy(r, None, (GRAD_AR,), "a ring all-reduce of the gradients (nccl-tests' 2(N-1)/N)")
-      for r in ALL_REDUCE_RUNNERS),
-    Strategy("torch_zero1", None, (GRAD_AR, PARAM_AG_STEP),
-             "DDP's all-reduce, then ZeroRedundancyOptimizer broadcasts each rank's updated "
-             "parameters", "the owners' broadcasts counted as one all-gather of the "
-             "parameters (N broadcasts of 1/N each; measured as the all-gather's busbw)"),
-    Strategy("deepspeed", ("stage", 1), (GRAD_RS, PARAM_AG_STEP), f"{ZERO_PAPER}.2.1"),
-    Strategy("deepspeed", ("stage", 2), (GRAD_RS, PARAM_AG_STEP), f"{ZERO_PAPER}.2.1"),
-    Strategy("deepspeed", ("stage", 3), ZERO3, f"{ZERO_PAPER}.2.2"),
-    Strategy("torch_fsdp2", ("reshard_after_forward", True), ZERO3, f"{FSDP_PAPER} (FULL_SHARD)"),
-    Strategy("torch_fsdp2", ("reshard_after_forward", False), (PARAM_AG_FWD, GRAD_RS),
-             f"{FSDP_PAPER} (SHARD_GRAD_OP: no re-gather in backward)"),
-    Strategy("jax_fsdp", None, ZERO3, f"as ZeRO-3, {ZERO_PAPER}.2.2",
-             "XLA gathers the weights again in the backward pass (as under remat); if it keeps "
-             "the forward's gathered weights, one all-gather less"),
-    Strategy("keras_model_parallel", None, ZERO3, f"as FSDP, {FSDP_PAPER}",
-             "treated as weight-sharded over all devices like FSDP (the LayoutMap shards each "
-             "weight over the mesh axis the batch is split on; XLA's SPMD partitioner gathers "
-             "it in forward and backward and reduce-scatters its gradient)"),
-)
-BY_KEY = {s.key: s for s in STRATEGIES}
+
+def _fewest_shards(info: RunnerInfo) -> int:
+    """How few of the model state's parts the runner shards, over its option values."""
+    declared = info.collectives
+    values = list(declared["values"]) if isinstance(declared, dict) else [None]
+    option = declared["option"] if isinstance(declared, dict) else ""
+    return min(len(expected_shards(info, {option: v} if option else {})) for v in values)
+
+
+def declared(runners: dict[str, RunnerInfo]) -> tuple[Strategy, ...]:
+    """Every strategy the catalog declares, the least sharded first (data parallelism, then
+    ZeRO-1, ZeRO-2, ZeRO-3 and FSDP), a runner's variants together, else in the registry's
+    order."""
+    infos = sorted((i for i in runners.values() if i.collectives is not None),
+                   key=_fewest_shards)
+    return tuple(s for info in infos for s in _variants(info))
+
+
+STRATEGIES: tuple[Strategy, ...] = declared(RUNNERS)
 
 
 def strategy(runner: str, options: dict[str, Any] | None = None) -> Strategy | None:
-    """The strategy of a runner and its options (deepspeed's stage, torch_fsdp2's
-    reshard_after_forward, default true); None for a runner not in the table."""
-    options = options or {}
-    if runner == "deepspeed":
-        return BY_KEY.get(f"deepspeed[stage={options.get('stage', 2)}]")
-    if runner == "torch_fsdp2":
-        flag = options.get("reshard_after_forward", True)
-        return BY_KEY.get(f"torch_fsdp2[reshard_after_forward={str(bool(flag)).lower()}]")
-    return BY_KEY.get(runner)
+    """The strategy of a runner and its options (an option the catalog says decides it at
+    its default where not given); None for a runner, or an option value, not declared."""
+    info = RUNNERS.get(runner)
+    if info is None or info.collectives is None:
+        return None
+    option = deciding_option(info, info.collectives, options or {})
+    return next((s for s in _variants(info) if s.option == option), None)
 
 
 def dtype_bytes(name: str | None) -> int:
@@ -184,12 +141,9 @@ def communication(strat: Strategy, params: int, n: int, busbw: dict[str, float],
             "source": strat.source, "notes": notes}
 
 
-def rank(params: int, n: int, busbw: dict[str, float], reduce_dtype: str = "float32",
-         gather_dtype: str = "float32",
-         strategies: tuple[Strategy, ...] = STRATEGIES) -> list[dict[str, Any]]:
-    """Every strategy's communication on the given links, fastest first (ties keep the
-    table's order); the first row's `wins` is True, and so is that of every row as fast."""
-    rows = [communication(s, params, n, busbw, reduce_dtype, gather_dtype) for s in strategies]
+def _by_speed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows fastest first (ties keep their order), `wins` on every row as fast as the
+    first."""
     rows.sort(key=lambda r: (r["seconds"] is None, r["seconds"] or 0.0))
     best = rows[0]["seconds"] if rows else None
     for r in rows:
@@ -198,18 +152,19 @@ def rank(params: int, n: int, busbw: dict[str, float], reduce_dtype: str = "floa
     return rows
 
 
+def rank(params: int, n: int, busbw: dict[str, float], reduce_dtype: str = "float32",
+         gather_dtype: str = "float32",
+         strategies: tuple[Strategy, ...] = STRATEGIES) -> list[dict[str, Any]]:
+    """Every strategy's communication on the given links, fastest first (ties keep the
+    table's order); the first row's `wins` is True, and so is that of every row as fast."""
+    return _by_speed([communication(s, params, n, busbw, reduce_dtype, gather_dtype)
+                      for s in strategies])
+
+
 # -- on a results folder's measured links ------------------------------------------------------
-
-# The probe of the framework each strategy's collectives run in (mode: allreduce probes); where
-# the folder has none of it (or it measured no figure for a collective) the strategy is priced on
-# the fastest probe measured, said so. JAX's strategies (jit, Keras on JAX, FSDP, ModelParallel)
-# all run XLA's collectives, which jax_allreduce measures.
-PROBE_OF = {"torch_ddp": "torch_allreduce", "torch_zero1": "torch_allreduce",
-            "deepspeed": "torch_allreduce", "torch_fsdp2": "torch_allreduce",
-            "horovod": "horovod_allreduce", "tf_mirrored": "tf_allreduce",
-            "jax_native": "jax_allreduce", "keras_jax": "jax_allreduce",
-            "jax_fsdp": "jax_allreduce", "keras_model_parallel": "jax_allreduce"}
-
+# Each strategy is priced on the links of its catalog entry's `probe` (the framework its
+# collectives run in); where the folder has none of it (or it measured no figure for a
+# collective), on the fastest probe measured, said so.
 
 def probe_rows(rec: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """A probe record's measured rows per collective (all_reduce from its `allreduce`
@@ -257,41 +212,39 @@ def _median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+def _priced(strat: Strategy, probes: list[dict[str, Any]], params: int, n: int,
+            dtypes: tuple[str, str]) -> dict[str, Any]:
+    """One strategy's row at n devices on its probe's measured links (`dtypes`: the reduce
+    and the gather dtype), saying which probe gave each figure and where it fell back."""
+    sizes = {ph["collective"]: ph["bytes"] for ph in volume(strat, params, n, *dtypes)}
+    mine = strat.probe
+    bw = measured_busbw(probes, n, sizes, mine)
+    row = communication(strat, params, n, {k: v["busbw_gbps"] for k, v in bw.items()}, *dtypes)
+    row["devices"] = n
+    row["bandwidth"] = "; ".join(
+        f"{k} {v['busbw_gbps']:.3g} GB/s ({v['probe']} at {v['devices']} devices)"
+        for k, v in bw.items()) or "no probe measured"
+    if bw and mine and not any(p.get("runner") == mine for p in probes):
+        row["notes"].append(f"no {mine} probe in this folder: the fastest probe's figures")
+    elif bw and mine and any(v["probe"] != mine for v in bw.values()):
+        row["notes"].append(f"{mine} gave no figure for some collective here: the fastest "
+                            "probe's figure used")
+    elif bw and not mine:
+        row["notes"].append("no probe of this framework: the fastest probe's figures")
+    return row
+
+
 def forecast(probes: list[dict[str, Any]], params: int, devices: list[int],
              reduce_dtype: str = "float32", gather_dtype: str = "float32",
              strategies: tuple[Strategy, ...] = STRATEGIES) -> list[dict[str, Any]]:
     """Every strategy's communication per step at each device count, on the bus bandwidths
-    its framework's probe measured (runner's PROBE_OF, else the fastest probe), fastest first
-    per count, with `wins` on the fastest; `bandwidth` says which probe gave each figure."""
+    its framework's probe measured (its catalog entry's `probe`, else the fastest probe),
+    fastest first per count, with `wins` on the fastest; `bandwidth` says which probe gave
+    each figure."""
     out = []
     for n in devices:
-        rows = []
-        for strat in strategies:
-            sizes = {ph["collective"]: ph["bytes"]
-                     for ph in volume(strat, params, n, reduce_dtype, gather_dtype)}
-            bw = measured_busbw(probes, n, sizes, PROBE_OF.get(strat.runner))
-            row = communication(strat, params, n, {k: v["busbw_gbps"] for k, v in bw.items()},
-                                reduce_dtype, gather_dtype)
-            row["devices"] = n
-            row["bandwidth"] = "; ".join(
-                f"{k} {v['busbw_gbps']:.3g} GB/s ({v['probe']} at {v['devices']} devices)"
-                for k, v in bw.items()) or "no probe measured"
-            mine = PROBE_OF.get(strat.runner)
-            if bw and mine and not any(p.get("runner") == mine for p in probes):
-                row["notes"].append(f"no {mine} probe in this folder: the fastest probe's "
-                                    "figures")
-            elif bw and mine and any(v["probe"] != mine for v in bw.values()):
-                row["notes"].append(f"{mine} gave no figure for some collective here: the fastest "
-                                    "probe's figure used")
-            elif bw and not mine:
-                row["notes"].append("no probe of this framework: the fastest probe's figures")
-            rows.append(row)
-        rows.sort(key=lambda r: (r["seconds"] is None, r["seconds"] or 0.0))
-        best = rows[0]["seconds"] if rows else None
-        for r in rows:
-            r["wins"] = best is not None and r["seconds"] is not None and \
-                math.isclose(r["seconds"], best, rel_tol=1e-9)
-        out.extend(rows)
+        out.extend(_by_speed([_priced(s, probes, params, n, (reduce_dtype, gather_dtype))
+                              for s in strategies]))
     return out
 
 

@@ -11,11 +11,11 @@ import numpy as np
 from PIL import Image
 
 from bench import __version__
+from bench.data.checks import MAX_QUALITY, integer_in, new_folder
 from bench.errors import ConfigError
 
 MIN_SIZE, MAX_SIZE = 8, 4096
 MAX_IMAGES = 10_000_000  # images (and classes) of one synthetic dataset
-MAX_QUALITY = 95  # Pillow: above 95 JPEG gets much bigger for no visible gain
 
 
 def class_names(classes: int) -> list[str]:
@@ -32,21 +32,13 @@ def per_class_counts(classes: int, images: int) -> list[int]:
 
 def validate(out: Path, classes: int, images: int, size: int, quality: int) -> None:
     """ConfigError (one line: option, value, what is allowed) for bad make-dataset input."""
-    if not 1 <= classes <= MAX_IMAGES:
-        raise ConfigError(f"--classes: {classes} is not allowed; allowed: an integer from 1 to "
-                          f"{MAX_IMAGES}")
+    integer_in("--classes", classes, 1, MAX_IMAGES)
     if not classes <= images <= MAX_IMAGES:
         raise ConfigError(f"--images: {images} is not allowed; allowed: an integer from "
                           f"--classes ({classes}), so every class gets an image, to {MAX_IMAGES}")
-    if not MIN_SIZE <= size <= MAX_SIZE:
-        raise ConfigError(f"--size: {size} is not allowed; allowed: an integer from {MIN_SIZE} "
-                          f"to {MAX_SIZE}")
-    if not 1 <= quality <= MAX_QUALITY:
-        raise ConfigError(f"--quality: {quality} is not allowed; allowed: an integer from 1 "
-                          f"to {MAX_QUALITY}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        what = "a folder that is not empty" if out.is_dir() else "an existing file"
-        raise ConfigError(f"--out: {str(out)!r} is {what}; allowed: a new or empty folder")
+    integer_in("--size", size, MIN_SIZE, MAX_SIZE)
+    integer_in("--quality", quality, 1, MAX_QUALITY)
+    new_folder(out)
 
 
 def class_style(seed: int, k: int, classes: int) -> tuple[float, float, np.ndarray]:

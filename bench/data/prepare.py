@@ -15,17 +15,17 @@ import json
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
 from bench import __version__
+from bench.data.checks import MAX_QUALITY, integer_in, new_folder
 from bench.errors import ConfigError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg")
-MAX_QUALITY = 95
 LAYOUT_HINT = "a folder with one sub-folder of JPEGs per class"
 
 # --- CRC32C (Castagnoli) and TFRecord framing -----------------------------------------------
@@ -230,17 +230,11 @@ def validate_options(src: Path, out: Path, resize: int, quality: int, shards: in
     if not 0 <= resize <= MAX_RESIZE:
         raise ConfigError(f"--resize: {resize} is not allowed; allowed: 0 (keep the size) or "
                           f"an integer from 1 to {MAX_RESIZE} (the shorter side)")
-    if not 1 <= quality <= MAX_QUALITY:
-        raise ConfigError(f"--quality: {quality} is not allowed; allowed: an integer from 1 "
-                          f"to {MAX_QUALITY}")
+    integer_in("--quality", quality, 1, MAX_QUALITY)
     if shards < 1:
         raise ConfigError(f"--shards: {shards} is not allowed; allowed: an integer >= 1")
-    if not 1 <= workers <= MAX_WORKERS:
-        raise ConfigError(f"--workers: {workers} is not allowed; allowed: an integer from 1 to "
-                          f"{MAX_WORKERS}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        what = "a folder that is not empty" if out.is_dir() else "an existing file"
-        raise ConfigError(f"--out: {str(out)!r} is {what}; allowed: a new or empty folder")
+    integer_in("--workers", workers, 1, MAX_WORKERS)
+    new_folder(out)
     if src.is_dir() and out.resolve().is_relative_to(src.resolve()):
         raise ConfigError(f"--out: {str(out)!r} is inside --src; allowed: a folder outside it")
 
@@ -322,6 +316,28 @@ def shard_name(i: int, shards: int) -> str:
     return f"train-{i:05d}-of-{shards:05d}"
 
 
+@dataclass
+class Tally:
+    """What prepare_data wrote so far: images per class and per shard, the bad files, bytes."""
+
+    counts: dict[str, int]
+    shard_counts: list[int]
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    total_bytes: int = 0
+    written: int = 0
+
+
+@dataclass
+class Sinks:
+    """The open files one image goes to: RecordIO (.rec, .idx, .lst), files.csv, the shards."""
+
+    rec: Any
+    idx: Any
+    lst: Any
+    files_csv: Any
+    shards: list[Any]
+
+
 def prepare_data(src: Path, out: Path, resize: int = 256, quality: int = 95, shards: int = 4,
                  workers: int = 2, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write every format and manifest.json into out; returns the manifest.
@@ -339,68 +355,79 @@ def prepare_data(src: Path, out: Path, resize: int = 256, quality: int = 95, sha
     for name in classes:
         (out / "jpeg" / name).mkdir(parents=True)
     names = [shard_name(i, shards) for i in range(shards)]
-    shard_counts = [0] * shards
-    counts = dict.fromkeys(classes, 0)
-    bad: list[tuple[str, str]] = []
-    total_bytes = written = done = 0
+    tally = Tally(dict.fromkeys(classes, 0), [0] * shards)
     step = max(1, len(items) // 10)
     shard_files = [(out / "tfrecord" / n).open("wb") for n in names]
     try:
         with (out / "train.rec").open("wb") as rec, (out / "train.idx").open("w") as idx, \
                 (out / "train.lst").open("w") as lst, \
                 (out / "files.csv").open("w", newline="") as csv_file:
-            files_csv = csv.writer(csv_file)
-            for enc in encoded_stream(items, resize, quality, workers):
-                done += 1
+            sinks = Sinks(rec, idx, lst, csv.writer(csv_file), shard_files)
+            for done, enc in enumerate(encoded_stream(items, resize, quality, workers), 1):
                 if enc.error:
-                    bad.append((str(src / enc.rel), enc.error))
+                    tally.bad.append((str(src / enc.rel), enc.error))
                 else:
-                    image_id = written
-                    (out / "jpeg" / enc.rel).write_bytes(enc.jpeg)
-                    idx.write(f"{image_id}\t{rec.tell()}\n")
-                    rec.write(recordio_frame(irheader(float(enc.label), image_id) + enc.jpeg))
-                    # im2rec's list format: index, label(s) as %f, path under the image root.
-                    lst.write(f"{image_id}\t{float(enc.label):f}\t{enc.rel}\n")
-                    shard_files[image_id % shards].write(enc.tfrecord)
-                    shard_counts[image_id % shards] += 1
-                    files_csv.writerow([f"jpeg/{enc.rel}", enc.label])
-                    counts[classes[enc.label]] += 1
-                    total_bytes += len(enc.jpeg)
-                    written += 1
+                    _write_image(enc, out, sinks, classes, tally)
                 if log and (done % step == 0 or done == len(items)):
-                    log(f"  {done}/{len(items)} images ({total_bytes:,} JPEG bytes"
-                        f"{f', {len(bad)} bad' if bad else ''})")
+                    log(f"  {done}/{len(items)} images ({tally.total_bytes:,} JPEG bytes"
+                        f"{f', {len(tally.bad)} bad' if tally.bad else ''})")
     finally:
         for f in shard_files:
             f.close()
     (out / "classes.json").write_text(
         json.dumps({str(k): name for k, name in enumerate(classes)}, indent=2) + "\n")
-    manifest: dict[str, Any] = {
+    options = {"resize": resize, "quality": quality, "shards": shards, "workers": workers}
+    manifest = _manifest(src, classes, tally, names, options)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if tally.bad:
+        bad = tally.bad
+        listed = ", ".join(f"{p!r} ({e})" for p, e in bad)
+        raise ConfigError(f"--src: {len(bad)} file{'s are' if len(bad) > 1 else ' is'} not a "
+                          f"decodable image: {listed}; the other {tally.written} images were "
+                          f"written to {str(out)!r}; allowed: JPEG files only")
+    return manifest
+
+
+def _write_image(enc: Encoded, out: Path, sinks: Sinks, classes: list[str],
+                 tally: Tally) -> None:
+    """One good image into every format: its JPEG file, a RecordIO record with its .idx and
+    .lst lines, a TFRecord in shard id mod shards, a files.csv row."""
+    image_id, shards = tally.written, len(sinks.shards)
+    (out / "jpeg" / enc.rel).write_bytes(enc.jpeg)
+    sinks.idx.write(f"{image_id}\t{sinks.rec.tell()}\n")
+    sinks.rec.write(recordio_frame(irheader(float(enc.label), image_id) + enc.jpeg))
+    # im2rec's list format: index, label(s) as %f, path under the image root.
+    sinks.lst.write(f"{image_id}\t{float(enc.label):f}\t{enc.rel}\n")
+    sinks.shards[image_id % shards].write(enc.tfrecord)
+    tally.shard_counts[image_id % shards] += 1
+    sinks.files_csv.writerow([f"jpeg/{enc.rel}", enc.label])
+    tally.counts[classes[enc.label]] += 1
+    tally.total_bytes += len(enc.jpeg)
+    tally.written += 1
+
+
+def _manifest(src: Path, classes: list[str], tally: Tally, names: list[str],
+              options: dict[str, int]) -> dict[str, Any]:
+    """manifest.json: what was written, in which formats, with which options."""
+    return {
         "tool": "mgbench prepare-data",
         "version": __version__,
         "src": str(src),
-        "images": written,
+        "images": tally.written,
         "classes": len(classes),
-        "counts": counts,
-        "options": {"resize": resize, "quality": quality, "shards": shards, "workers": workers},
-        "total_jpeg_bytes": total_bytes,
+        "counts": tally.counts,
+        "options": options,
+        "total_jpeg_bytes": tally.total_bytes,
         "formats": {
             "jpeg": {"layout": "jpeg/<class>/<image>", "list": "files.csv",
                      "list_format": "path relative to this folder,label (no header)"},
             "recordio": {"rec": "train.rec", "idx": "train.idx", "lst": "train.lst",
                          "lst_root": "jpeg", "header": "IRHeader(flag=0, label, id, id2=0)"},
-            "tfrecord": {"shards": {f"tfrecord/{n}": c for n, c in zip(names, shard_counts,
+            "tfrecord": {"shards": {f"tfrecord/{n}": c for n, c in zip(names, tally.shard_counts,
                                                                           strict=True)},
                          "features": ["image/encoded", "image/class/label", "image/height",
                                       "image/width"]},
         },
         "classes_file": "classes.json",
-        "bad_files": [{"path": p, "error": e} for p, e in bad],
+        "bad_files": [{"path": p, "error": e} for p, e in tally.bad],
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if bad:
-        listed = ", ".join(f"{p!r} ({e})" for p, e in bad)
-        raise ConfigError(f"--src: {len(bad)} file{'s are' if len(bad) > 1 else ' is'} not a "
-                          f"decodable image: {listed}; the other {written} images were written "
-                          f"to {str(out)!r}; allowed: JPEG files only")
-    return manifest

@@ -88,60 +88,75 @@ def summarise_allreduce(records: list[dict[str, Any]],
         if is_allreduce(rec):
             groups[(rec["runner"], rec["model"], rec["device"], rec["num_devices"])].append(rec)
     rows = []
-    for (probe, model, device, n), recs in groups.items():
+    for key, recs in groups.items():
         ok = [r for r in recs if r["status"] == "ok"]
-        first = (ok or recs)[0]
-        base = {
-            "probe": probe, "collective": ALL_REDUCE, "family": first.get("family"),
-            "model": model, "device": device,
-            "num_devices": n, "virtual_devices": first.get("virtual_devices"),
-            "implementation": None,
-            "status": "ok" if ok else "/".join(sorted({r["status"] for r in recs})),
-            "runs_ok": len(ok), "runs_total": len(recs),
-            # other processes shared some ok run's window (bench/run/telemetry.py's contention)
-            "contended": any(bool(r.get("contended")) for r in ok),
-            # a link between GPUs is nothing to hold CPU devices' figures against
-            "nominal_link": link.get("link") if device == "gpu" else None,
-            "nominal_gbps": link.get("nominal_gbps") if device == "gpu" else None,
-            "reason": next((r["reason"] for r in recs if r.get("reason")), None),
-        }
+        base = _configuration(key, recs, ok, link)
         if not ok:
-            rows.append({**base, **{k: None for k in ALLREDUCE_FIELDS if k not in base}})
+            rows.append(_blank(base))
             continue
-        names = [c for c in COLLECTIVES if any(c in sections(r) for r in ok)]
-        for name in names:
-            secs = [sections(r).get(name) or {} for r in ok]
-            measured_secs = [x for x in secs if x.get("sizes")]
-            crow = {**base, "collective": name,
-                    "implementation": next((x.get("implementation") for x in measured_secs),
-                                           None)}
-            if not measured_secs:
-                crow.update(status=next((x.get("status") for x in secs if x.get("status")),
-                                        "missing"),
-                            reason=next((x.get("reason") for x in secs if x.get("reason")),
-                                        None))
-                rows.append({**crow, **{k: None for k in ALLREDUCE_FIELDS if k not in crow}})
-                continue
-            by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
-            top = None
-            for sec in measured_secs:
-                top = sec.get("gradient_bytes", top)
-                for row in sec["sizes"]:
-                    by_size[row["bytes"]].append(row)
-            for size, measured in sorted(by_size.items()):
-                bus = [m["busbw_gbps"] for m in measured]
-                busbw = _median(bus)
-                nom = base["nominal_gbps"]
-                rows.append({
-                    **crow, "bytes": size, "mib": size / 2**20, "gradient_size": size == top,
-                    "time_us": _median([m["time_s"] * 1e6 for m in measured]),
-                    "algbw_gbps": _median([m["algbw_gbps"] for m in measured]),
-                    "busbw_gbps": busbw, "busbw_gbps_min": min(bus), "busbw_gbps_max": max(bus),
-                    "busbw_of_nominal": busbw / nom if nom and busbw is not None else None,
-                })
+        for name in [c for c in COLLECTIVES if any(c in sections(r) for r in ok)]:
+            rows.extend(_collective_rows(base, name, [sections(r).get(name) or {} for r in ok]))
     order = {c: i for i, c in enumerate(COLLECTIVES)}
     rows.sort(key=lambda r: (r["model"], r["probe"], r["num_devices"],
                              order.get(r["collective"], 9), r["bytes"] or 0))
+    return rows
+
+
+def _blank(row: dict[str, Any]) -> dict[str, Any]:
+    """row with every other ALLREDUCE_FIELDS None (a row without measured sizes)."""
+    return {**row, **{k: None for k in ALLREDUCE_FIELDS if k not in row}}
+
+
+def _configuration(key: tuple[Any, ...], recs: list[dict[str, Any]], ok: list[dict[str, Any]],
+                   link: dict[str, Any]) -> dict[str, Any]:
+    """What every row of one probe configuration (probe, model, device, count) says."""
+    probe, model, device, n = key
+    first = (ok or recs)[0]
+    return {
+        "probe": probe, "collective": ALL_REDUCE, "family": first.get("family"),
+        "model": model, "device": device,
+        "num_devices": n, "virtual_devices": first.get("virtual_devices"),
+        "implementation": None,
+        "status": "ok" if ok else "/".join(sorted({r["status"] for r in recs})),
+        "runs_ok": len(ok), "runs_total": len(recs),
+        # other processes shared some ok run's window (bench/run/telemetry.py's contention)
+        "contended": any(bool(r.get("contended")) for r in ok),
+        # a link between GPUs is nothing to hold CPU devices' figures against
+        "nominal_link": link.get("link") if device == "gpu" else None,
+        "nominal_gbps": link.get("nominal_gbps") if device == "gpu" else None,
+        "reason": next((r["reason"] for r in recs if r.get("reason")), None),
+    }
+
+
+def _collective_rows(base: dict[str, Any], name: str,
+                     secs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One collective's rows over the ok repeats' sections `secs`: a row per buffer size with
+    the medians, or one row with the status and reason where none measured it."""
+    measured_secs = [x for x in secs if x.get("sizes")]
+    crow = {**base, "collective": name,
+            "implementation": next((x.get("implementation") for x in measured_secs), None)}
+    if not measured_secs:
+        crow.update(status=next((x.get("status") for x in secs if x.get("status")), "missing"),
+                    reason=next((x.get("reason") for x in secs if x.get("reason")), None))
+        return [_blank(crow)]
+    by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    top = None
+    for sec in measured_secs:
+        top = sec.get("gradient_bytes", top)
+        for row in sec["sizes"]:
+            by_size[row["bytes"]].append(row)
+    rows = []
+    for size, measured in sorted(by_size.items()):
+        bus = [m["busbw_gbps"] for m in measured]
+        busbw = _median(bus)
+        nom = base["nominal_gbps"]
+        rows.append({
+            **crow, "bytes": size, "mib": size / 2**20, "gradient_size": size == top,
+            "time_us": _median([m["time_s"] * 1e6 for m in measured]),
+            "algbw_gbps": _median([m["algbw_gbps"] for m in measured]),
+            "busbw_gbps": busbw, "busbw_gbps_min": min(bus), "busbw_gbps_max": max(bus),
+            "busbw_of_nominal": busbw / nom if nom and busbw is not None else None,
+        })
     return rows
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +80,44 @@ def _render(results_dir: Path, name: str, fig: Any) -> Path | None:
     return None if fig is None else save(fig, Path(results_dir) / "charts" / name, pyplot())
 
 
+@dataclass(frozen=True)
+class DeviceChart:
+    """What a chart against the device count draws: the row `key` (times `scale`), its
+    labels, `ideal` "series" (each series' 1-device figure x devices), "diagonal" (y =
+    devices) or "flat" (100%), `published` the published value drawn beside, `state` the
+    model state per device hollow beside each series."""
+
+    key: str
+    ylabel: str
+    title: str
+    ideal: str | None = None
+    published: str | None = None
+    scale: float = 1.0
+    state: bool = False
+    subtitle: str = ""
+
+
 def throughput_figure(rows: list[Row], table: list[Row] | None = None) -> Any:
     """Images/sec against the device count, a panel per model, each series' ideal dashed
     and the published figures (`table`, default reference/published.csv) beside."""
-    return _device_figure(rows, "images_per_sec", "images/sec", "Throughput vs device count",
-                          ideal="series", published="images_per_sec", table=table)
+    return _device_figure(rows, DeviceChart("images_per_sec", "images/sec",
+                                            "Throughput vs device count", ideal="series",
+                                            published="images_per_sec"), table)
 
 
 def speedup_figure(rows: list[Row], table: list[Row] | None = None) -> Any:
     """Speedup over the same configuration's 1-device run, ideal y = x."""
-    return _device_figure(rows, "speedup", "speedup over 1 device (x)",
-                          "Speedup vs 1 device", ideal="diagonal", published="speedup",
-                          table=table)
+    return _device_figure(rows, DeviceChart("speedup", "speedup over 1 device (x)",
+                                            "Speedup vs 1 device", ideal="diagonal",
+                                            published="speedup"), table)
 
 
 def efficiency_figure(rows: list[Row], table: list[Row] | None = None) -> Any:
     """Scaling efficiency (speedup / devices) in percent, ideal 100%."""
-    return _device_figure(rows, "scaling_efficiency", "scaling efficiency (%)",
-                          "Scaling efficiency (speedup / devices)", ideal="flat",
-                          published="scaling_efficiency", scale=100.0, table=table)
+    return _device_figure(rows, DeviceChart("scaling_efficiency", "scaling efficiency (%)",
+                                            "Scaling efficiency (speedup / devices)",
+                                            ideal="flat", published="scaling_efficiency",
+                                            scale=100.0), table)
 
 
 def tokens_figure(rows: list[Row]) -> Any:
@@ -106,9 +126,9 @@ def tokens_figure(rows: list[Row]) -> Any:
     ok = [r for r in rows if r.get("tokens_per_sec") is not None]
     if not ok:
         return None
-    return _device_figure(ok, "tokens_per_sec", "tokens/sec",
-                          "Token throughput vs device count", ideal="series",
-                          subtitle="tokens/sec = samples/sec x sequence length")
+    return _device_figure(ok, DeviceChart("tokens_per_sec", "tokens/sec",
+                                          "Token throughput vs device count", ideal="series",
+                                          subtitle="tokens/sec = samples/sec x sequence length"))
 
 
 def memory_figure(rows: list[Row]) -> Any:
@@ -120,21 +140,17 @@ def memory_figure(rows: list[Row]) -> Any:
     if not have:
         return None
     virtual = any(r["virtual_devices"] for r in have)
-    return _device_figure(
-        have, "memory_peak_bytes", "GiB per device", "Memory per device vs device count",
+    return _device_figure(have, DeviceChart(
+        "memory_peak_bytes", "GiB per device", "Memory per device vs device count",
         scale=1 / 2**30, state=True,
         subtitle="framework allocator's peak in the timed window; on CPU the process's peak "
-                 "resident memory" + (", shared by its virtual devices" if virtual else ""))
+                 "resident memory" + (", shared by its virtual devices" if virtual else "")))
 
 
-def _device_figure(rows: list[Row], key: str, ylabel: str, title: str, *,
-                   ideal: str | None = None, published: str | None = None,
-                   scale: float = 1.0, state: bool = False, subtitle: str = "",
-                   table: list[Row] | None = None) -> Any:
-    """A panel per model of `key` (x scale) against the device count, a line per series
-    with its interval as error bars; `ideal` "series" (each series' 1-device figure x
-    devices), "diagonal" (y = devices) or "flat" (100%); `published` the value of the
-    published figures to draw beside."""
+def _device_figure(rows: list[Row], chart: DeviceChart, table: list[Row] | None = None) -> Any:
+    """A panel per model of chart.key (x scale) against the device count, a line per series
+    with its interval as error bars, the chart's ideal and published figures (`table`)."""
+    key, scale, ideal = chart.key, chart.scale, chart.ideal
     plt = pyplot()
     ok = [r for r in rows if r.get(key) is not None]
     models = sorted({r["model"] for r in ok}) or ["(no ok runs)"]
@@ -163,17 +179,18 @@ def _device_figure(rows: list[Row], key: str, ylabel: str, title: str, *,
         elif ideal == "flat":
             ax.axhline(100.0, **IDEAL, label="ideal (100%)")
             highs.append(100.0)
-        if state:
+        if chart.state:
             highs += _draw_state(ax, drawn, scale)
         _fit_y(ax, values, highs)
-        if published:
-            draw_published(ax, model, ok, published, scale=scale, table=table)
+        if chart.published:
+            draw_published(ax, model, ok, chart.published, scale=scale, table=table)
         _interval_caption(ax, mine, key)
-        _axes(ax, model, _devices_label(mine), ylabel)
+        _axes(ax, model, _devices_label(mine), chart.ylabel)
         if counts:
             ax.set_xticks(counts)
-    fig.suptitle(title + virtual_note(ok)
-                 + (f"\n{textwrap.fill(subtitle, 80 * len(models))}" if subtitle else ""))
+    fig.suptitle(chart.title + virtual_note(ok)
+                 + (f"\n{textwrap.fill(chart.subtitle, 80 * len(models))}" if chart.subtitle
+                    else ""))
     return fig
 
 

@@ -1,5 +1,5 @@
 """The strategy table (issue 27): for a sweep that ran two or more strategies (runners, or one
-runner with different options: deepspeed stage 1/2/3, torch_fsdp2's reshard_after_forward) on
+runner with different options: DeepSpeed's ZeRO stage, FSDP2's reshard_after_forward) on
 one model, a table per model and device count: each strategy's throughput, the most memory one
 device held, the most model state one device held with its split (params / grads / optimizer,
 from the record's state_bytes_per_device, read from the framework's shards), MFU, the precision
@@ -11,7 +11,7 @@ terminal. Records from runners that do not report state or policy show blanks th
 Configurations are compared like with like: the same model, device kind, device and node count,
 precision, data, scaling and batch; each strategy's figures are medians over its ok runs. A
 strategy is a runner and the options its runs vary in (an option axis), named as every table
-names it (bench.records.grouping.runner_label: `deepspeed stage=3`).
+names it (bench.records.grouping.runner_label: `<runner> stage=3`).
 """
 
 from __future__ import annotations

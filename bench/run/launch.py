@@ -272,11 +272,7 @@ def watch(spec: RunSpec, python: str | Path, cmd: list[str], env: dict[str, str]
             finally:
                 os.close(report_w)
             if spec.telemetry:
-                try:
-                    seen.sampler = Sampler(proc.pid, sampled_gpus(spec, env),
-                                           spec.telemetry["interval_s"]).start()
-                except Exception as exc:  # telemetry is evidence, never a reason to lose a run
-                    seen.telemetry_note = f"sampler did not start: {_first_line(str(exc))}"
+                _start_sampler(seen, spec, proc.pid, env)
             try:
                 proc.wait(timeout=spec.timeout_s)
             except subprocess.TimeoutExpired:
@@ -298,16 +294,32 @@ def watch(spec: RunSpec, python: str | Path, cmd: list[str], env: dict[str, str]
     left = _guard_report(report_r)
     if proc is not None:
         seen.returncode = proc.returncode
-        if left.get("left"):  # what the run started and left running (workers, ranks)
-            detached = left.get("detached") or 0
-            seen.left_running = (f"{left['left']} processes of the run outlived it"
-                                 + (f" ({detached} had left its process group)" if detached
-                                    else "") + "; killed")
-        if _group_alive(proc.pid):
-            seen.left_running = seen.left_running or \
-                "processes of the run's group outlived it; killed"
-            _signal_group(proc.pid, signal.SIGKILL)
+        _end_left_running(seen, proc.pid, left)
     return seen
+
+
+def _start_sampler(seen: Watched, spec: RunSpec, pid: int, env: dict[str, str]) -> None:
+    """Start the telemetry sampler of process pid into seen (a failure is a note: telemetry
+    is evidence, never a reason to lose a run)."""
+    try:
+        seen.sampler = Sampler(pid, sampled_gpus(spec, env),
+                               spec.telemetry["interval_s"]).start()
+    except Exception as exc:
+        seen.telemetry_note = f"sampler did not start: {_first_line(str(exc))}"
+
+
+def _end_left_running(seen: Watched, pid: int, left: dict[str, Any]) -> None:
+    """Say in seen what the run left running (the guard's report `left`, workers or ranks,
+    or anything still in its process group), and kill what is still in the group."""
+    if left.get("left"):
+        detached = left.get("detached") or 0
+        seen.left_running = (f"{left['left']} processes of the run outlived it"
+                             + (f" ({detached} had left its process group)" if detached
+                                else "") + "; killed")
+    if _group_alive(pid):
+        seen.left_running = seen.left_running or \
+            "processes of the run's group outlived it; killed"
+        _signal_group(pid, signal.SIGKILL)
 
 
 def _guard_report(fd: int) -> dict[str, Any]:
@@ -452,9 +464,6 @@ def add_telemetry(rec: dict[str, Any], spec: RunSpec, sampler: Sampler,
     write_series(path, samples, start, end)
     rec["telemetry"] = summarise_telemetry(
         samples, start, end, rec.get("samples"),
-        starved_below_pct=spec.telemetry["starved_below_pct"], interval_s=sampler.interval_s,
-        nvml_reason=sampler.nvml_reason, sampled_gpus=bool(sampler.handles),
-        logical_cpus=sampler.logical_cpus, top_others=sampler.top_others,
-        gpu_holders=list(sampler.others.gpu_holders.values()))
+        starved_below_pct=spec.telemetry["starved_below_pct"], sampling=sampler.sampling())
     rec["contended"] = rec["telemetry"]["contention"]["contended"]
     rec["telemetry"]["path"] = f"{path.parent.name}/{path.name}"  # within the results folder

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +36,18 @@ from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
 from bench.run.progress import SweepProgress, outcome_detail
 from contract import settings
 from models import get_spec
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every run of a sweep launches with: the families' interpreters, the captured
+    environment, the measured peaks (empty: none), the runs that cannot be launched here
+    with their (status, reason)."""
+
+    pythons: dict[str, Any]
+    env: dict[str, Any]
+    peaks: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    blocked: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -95,17 +107,16 @@ def run_sweep(cfg: SweepConfig, runs: list[RunSpec], out: Path, *, resume: bool 
                 slurm.run_sweep(todo, blocked, pythons, out, env, cfg.cluster, detach)
                 return SweepEnd(detached=detach, lock=lock)
             if capacity_mode:
-                run_capacity(cfg, todo, blocked, pythons, out, env, resume)
+                run_capacity(cfg, todo, RunContext(pythons, env, blocked=blocked), out, resume)
                 return SweepEnd(lock=lock)
             peaks = measure_peaks([r for r in runs if r.run_id not in blocked], pythons, env,
                                   out)
+            ctx = RunContext(pythons, env, peaks, blocked)
             with SweepProgress([r.run_id not in blocked for r in todo]) as show:
                 for i, spec in enumerate(todo, 1):
-                    run_and_print(spec, f"[{i}/{len(todo)}]", blocked, pythons, out, env, peaks,
-                                  show)
+                    run_and_print(spec, f"[{i}/{len(todo)}]", ctx, out, show)
                 if cfg.until_stable:
-                    repeat_until_stable(cfg.until_stable, runs, blocked, pythons, out, env,
-                                        peaks, show)
+                    repeat_until_stable(cfg.until_stable, runs, ctx, out, show)
     except OSError as exc:  # a full disk, a folder gone: what is written stays whole
         return SweepEnd(code=cannot_write(out, exc), lock=lock)
     except KeyboardInterrupt as exc:
@@ -327,9 +338,7 @@ def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, A
     return {key: against_machine_best(own, key[1], owns) for key, own in peaks.items()}
 
 
-def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
-                  pythons: dict[str, Any], out: Path, env: dict[str, Any],
-                  peaks: dict[tuple[str, str], dict[str, Any]],
+def run_and_print(spec: RunSpec, tag: str, ctx: RunContext, out: Path,
                   show: SweepProgress | None = None, counted: bool = True) -> dict[str, Any]:
     """Run (or record as blocked) one spec, with its progress (a line when it starts and ends,
     or the live display; the sweep's elapsed time and estimate of what is left for a counted
@@ -346,22 +355,22 @@ def run_and_print(spec: RunSpec, tag: str, blocked: dict[str, tuple[str, str]],
     show = show or SweepProgress([True], live=False)
     show.started(label)
     t0 = time.monotonic()
-    if spec.run_id in blocked:
-        rec = record_without_run(spec, out, env, *blocked[spec.run_id])
+    if spec.run_id in ctx.blocked:
+        rec = record_without_run(spec, out, ctx.env, *ctx.blocked[spec.run_id])
     else:
-        rec = run_one(spec, pythons, out, env, peaks)
+        rec = run_one(spec, ctx.pythons, out, ctx.env, ctx.peaks)
     took = time.monotonic() - t0
     show.finished(label, f"{rec['status']} ({took:.1f}s) {outcome_detail(rec)}", took, counted)
     return rec
 
 
-def run_capacity(cfg: SweepConfig, firsts: list[RunSpec], blocked: dict[str, tuple[str, str]],
-                 pythons: dict[str, Any], out: Path, env: dict[str, Any],
+def run_capacity(cfg: SweepConfig, firsts: list[RunSpec], ctx: RunContext, out: Path,
                  resume: bool = False) -> list[dict[str, Any]]:
     """Capacity mode (bench/run/capacity.py): each search from its first probe, every probe
     launched as run_one launches a run (its record under out/probes/), a line per probe and
     one per search's end; the capacity records written and returned."""
     found = []
+    probing = RunContext(ctx.pythons, ctx.env)  # a probe is never blocked, measures no peak
     for i, first in enumerate(firsts, 1):
         sid = search_id(first, cfg.scale)
         tag = f"[{i}/{len(firsts)}]"
@@ -370,19 +379,16 @@ def run_capacity(cfg: SweepConfig, firsts: list[RunSpec], blocked: dict[str, tup
               f"{capacity.limit_text(cfg.device, cfg.device_memory)})", flush=True)
 
         def launch_probe(spec: RunSpec, probes: Path, tag: str = tag) -> dict[str, Any]:
-            return run_and_print(spec, f"{tag}   probe", {}, pythons, probes, env, {},
-                                 counted=False)
+            return run_and_print(spec, f"{tag}   probe", probing, probes, counted=False)
 
-        rec = capacity.run_search(first, cfg, out, launch_probe, blocked.get(first.run_id),
-                                  reuse=resume)
+        rec = capacity.run_search(first, cfg, out, launch_probe,
+                                  ctx.blocked.get(first.run_id), reuse=resume)
         print(f"{tag} {sid}: {capacity.outcome_text(rec)}", flush=True)
         found.append(rec)
     return found
 
 
-def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
-                        blocked: dict[str, tuple[str, str]], pythons: dict[str, Any], out: Path,
-                        env: dict[str, Any], peaks: dict[tuple[str, str], dict[str, Any]],
+def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec], ctx: RunContext, out: Path,
                         show: SweepProgress | None = None) -> None:
     """Extra repeats, one per unsettled configuration per round (so slow drift spreads over
     all of them), until each one's CV of images/sec is at most target_cv or it has
@@ -401,7 +407,7 @@ def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
             recs = by_config.get(cid, [])
             ok = [r["images_per_sec"] for r in recs if r["status"] == "ok"]
             cv = coefficient_of_variation(ok)
-            if spec.run_id in blocked or cv is None or cv <= rule["target_cv"] \
+            if spec.run_id in ctx.blocked or cv is None or cv <= rule["target_cv"] \
                     or len(recs) >= rule["max_repeats"]:
                 continue
             todo.append((another_repeat(spec, max(r["repeat"] for r in recs) + 1), cv))
@@ -410,7 +416,7 @@ def repeat_until_stable(rule: dict[str, Any], runs: list[RunSpec],
         for spec, cv in todo:
             run_and_print(spec, f"[until_stable: cv {cv:.1%} > {rule['target_cv']:.1%}, "
                                 f"repeat {spec.repeat + 1}/{rule['max_repeats']}]",
-                          blocked, pythons, out, env, peaks, show, counted=False)
+                          ctx, out, show, counted=False)
 
 
 def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:

@@ -16,6 +16,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,20 @@ class OtherProcesses:
         return sorted(used, key=lambda u: -u["cpu_s"])[:TOP_OTHERS]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How samples were taken: every interval_s, why NVML was not read (None: it was),
+    whether any GPU was sampled, the host's logical CPUs, and the other processes seen (the
+    most CPU time; those holding a sampled GPU)."""
+
+    interval_s: float
+    nvml_reason: str | None = None
+    sampled_gpus: bool = True
+    logical_cpus: int | None = None
+    top_others: Sequence[dict[str, Any]] = ()
+    gpu_holders: Sequence[dict[str, Any]] = ()
+
+
 class Sampler:
     """A background thread that samples every interval_s until stop()."""
 
@@ -163,6 +178,12 @@ class Sampler:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
         return self.samples
+
+    def sampling(self) -> Sampling:
+        """How this sampler sampled (after stop(): with the other processes it saw)."""
+        return Sampling(self.interval_s, self.nvml_reason, bool(self.handles),
+                        self.logical_cpus, self.top_others,
+                        list(self.others.gpu_holders.values()))
 
     def _loop(self) -> None:
         while True:
@@ -288,19 +309,17 @@ def contention(inside: Sequence[dict[str, Any]], logical_cpus: int,
 
 def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
               window_end: float | None, images: int | None, *, starved_below_pct: float,
-              interval_s: float, nvml_reason: str | None = None,
-              sampled_gpus: bool = True, logical_cpus: int | None = None,
-              top_others: Sequence[dict[str, Any]] = (),
-              gpu_holders: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+              sampling: Sampling) -> dict[str, Any]:
     """The record's telemetry: means over the timed window (peaks over the whole run), energy
     and joules per image from the power samples, and the starved flag."""
     flags = in_window(samples, window_start, window_end)
     inside = [s for s, f in zip(samples, flags, strict=True) if f]
     window_s = (window_end - window_start) if window_start is not None and window_end else None
+    interval_s = sampling.interval_s
     out: dict[str, Any] = {
         "interval_s": interval_s, "samples": len(samples), "samples_in_window": len(inside),
         "window_s": window_s,
-        "nvml": {"available": nvml_reason is None, "reason": nvml_reason},
+        "nvml": {"available": sampling.nvml_reason is None, "reason": sampling.nvml_reason},
         "note": None,
     }
     if not inside:
@@ -314,25 +333,7 @@ def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
         "run_cpu_cores_mean": _mean([s["run_cpu_cores"] for s in inside]),
         "run_rss_max_bytes": _max([s["run_rss_bytes"] for s in samples]),
     }
-    gpus = []
-    for i in gpu_indices_of(samples):
-        col = lambda k, rows, i=i: [s.get(f"gpu{i}_{k}") for s in rows]  # noqa: E731
-        util = [u for u in col("util_pct", inside) if u is not None]
-        power = _mean(col("power_w", inside))
-        gpus.append({
-            "index": i,
-            "util_mean_pct": _mean(util), "util_min_pct": min(util) if util else None,
-            "idle_share": (sum(u < IDLE_UTIL_PCT for u in util) / len(util)) if util else None,
-            "mem_util_mean_pct": _mean(col("mem_util_pct", inside)),
-            "mem_used_mean_bytes": _mean(col("mem_used_bytes", inside)),
-            "mem_used_peak_bytes": _max(col("mem_used_bytes", samples)),
-            "power_mean_w": power,
-            "energy_j": power * window_s if power is not None and window_s else None,
-            "sm_clock_mean_mhz": _mean(col("sm_clock_mhz", inside)),
-            "temp_max_c": _max(col("temp_c", inside)),
-            "pcie_tx_mean_kbs": _mean(col("pcie_tx_kbs", inside)),
-            "pcie_rx_mean_kbs": _mean(col("pcie_rx_kbs", inside)),
-        })
+    gpus = [_gpu_summary(i, samples, inside, window_s) for i in gpu_indices_of(samples)]
     out["gpus"] = gpus
     utils = [g["util_mean_pct"] for g in gpus if g["util_mean_pct"] is not None]
     energies = [g["energy_j"] for g in gpus]
@@ -343,11 +344,35 @@ def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
     out["starved_below_pct"] = starved_below_pct
     out["starved"] = (out["gpu_util_mean_pct"] < starved_below_pct
                       if out["gpu_util_mean_pct"] is not None else None)
-    out["contention"] = contention(inside, logical_cpus or psutil.cpu_count() or 1,
-                                   top_others, gpu_holders)
-    if not sampled_gpus and out["note"] is None:
+    out["contention"] = contention(inside, sampling.logical_cpus or psutil.cpu_count() or 1,
+                                   sampling.top_others, sampling.gpu_holders)
+    if not sampling.sampled_gpus and out["note"] is None:
         out["note"] = "CPU run: no GPU sampled"
     return out
+
+
+def _gpu_summary(i: int, samples: Sequence[dict[str, Any]], inside: list[dict[str, Any]],
+                 window_s: float | None) -> dict[str, Any]:
+    """GPU i's figures: means over the window's samples `inside`, peaks over all samples."""
+    def col(k: str, rows: Sequence[dict[str, Any]]) -> list[Any]:
+        return [s.get(f"gpu{i}_{k}") for s in rows]
+
+    util = [u for u in col("util_pct", inside) if u is not None]
+    power = _mean(col("power_w", inside))
+    return {
+        "index": i,
+        "util_mean_pct": _mean(util), "util_min_pct": min(util) if util else None,
+        "idle_share": (sum(u < IDLE_UTIL_PCT for u in util) / len(util)) if util else None,
+        "mem_util_mean_pct": _mean(col("mem_util_pct", inside)),
+        "mem_used_mean_bytes": _mean(col("mem_used_bytes", inside)),
+        "mem_used_peak_bytes": _max(col("mem_used_bytes", samples)),
+        "power_mean_w": power,
+        "energy_j": power * window_s if power is not None and window_s else None,
+        "sm_clock_mean_mhz": _mean(col("sm_clock_mhz", inside)),
+        "temp_max_c": _max(col("temp_c", inside)),
+        "pcie_tx_mean_kbs": _mean(col("pcie_tx_kbs", inside)),
+        "pcie_rx_mean_kbs": _mean(col("pcie_rx_kbs", inside)),
+    }
 
 
 def write_series(path: Path, samples: Sequence[dict[str, Any]],

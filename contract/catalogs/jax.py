@@ -5,7 +5,8 @@ runner of this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."
 
 from __future__ import annotations
 
-from contract.catalog import LOADER_OPTION, Option, RunnerInfo
+from contract.catalog import LOADER_OPTION, SHARDED_NO_CONVERGE, Option, RunnerInfo
+from contract.communication import DATA_PARALLEL, FSDP_PAPER, ZERO3, ZERO_PAPER, StepCollectives
 
 JAX_BATCHNORM_OPTION = Option(str, "per_device", ("per_device", "global"),
                               "per_device: each device's BatchNorm normalises its own B/N rows "
@@ -19,6 +20,8 @@ KERAS_INPUT_OPTION = Option(str, "numpy", ("numpy", "preplaced"),
                             "itself; preplaced: batches already laid out on the devices in "
                             "the distribution's layout (synthetic or loader=framework)")
 
+JAX_MULTI_NODE = "jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU"
+
 RUNNERS: list[RunnerInfo] = [
     RunnerInfo(
         "jax_native",
@@ -28,9 +31,11 @@ RUNNERS: list[RunnerInfo] = [
         options={"batchnorm": JAX_BATCHNORM_OPTION},
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"},),
-        multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
+        multi_node=JAX_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("jax",),
+        collectives=DATA_PARALLEL,
+        probe="jax_allreduce",
         converges=True,
     ),
     RunnerInfo(
@@ -40,13 +45,17 @@ RUNNERS: list[RunnerInfo] = [
         "JAX FSDP as MaxText's fsdp axis: params, momentum and batch sharded over one mesh "
         "axis (NamedSharding), XLA gathers each layer's weights in the jitted step",
         precisions=("fp32", "tf32", "bf16"),
-        multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
+        multi_node=JAX_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("jax",),
         shards=("params", "grads", "optimizer"),
-        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
-                     "data parallelism's (the same global-batch gradient), so time to accuracy "
-                     "is torch_ddp's or jax_native's figure plus its own step time"),
+        # as MaxText's fsdp axis: the weights gathered per layer inside the step
+        collectives=StepCollectives(
+            ZERO3, f"as ZeRO-3, {ZERO_PAPER}.2.2",
+            "XLA gathers the weights again in the backward pass (as under remat); if it keeps "
+            "the forward's gathered weights, one all-gather less"),
+        probe="jax_allreduce",
+        no_converge=SHARDED_NO_CONVERGE,
     ),
     RunnerInfo(
         "keras_jax",
@@ -60,9 +69,11 @@ RUNNERS: list[RunnerInfo] = [
         },
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
-        multi_node="jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU",
+        multi_node=JAX_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("keras",),
+        collectives=DATA_PARALLEL,
+        probe="jax_allreduce",
         converges=True,
     ),
     RunnerInfo(
@@ -84,6 +95,12 @@ RUNNERS: list[RunnerInfo] = [
             "per-process feeding of a replicated batch is built"),
         workloads=("cnn", "transformer"),
         shards=("params", "grads", "optimizer"),
+        collectives=StepCollectives(
+            ZERO3, f"as FSDP, {FSDP_PAPER}",
+            "treated as weight-sharded over all devices like FSDP (the LayoutMap shards each "
+            "weight over the mesh axis the batch is split on; XLA's SPMD partitioner gathers "
+            "it in forward and backward and reduce-scatters its gradient)"),
+        probe="jax_allreduce",
         no_converge='tensor parallelism on one batch, not wired to the converge recipe',
     ),
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from contract.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
+from contract.communication import DATA_PARALLEL
 
 KERAS2_INPUT_OPTION = Option(str, "feed_dict", ("feed_dict", "staging", "tf_data"),
                              "Keras 2 tower runners: numpy batches fed by session.run's "
@@ -58,6 +59,8 @@ RUNNERS: list[RunnerInfo] = [
         multi_node="MultiWorkerMirroredStrategy, its cluster from TF's SlurmClusterResolver",
         workloads=("cnn", "transformer"),
         custom_models=("keras", "tf"),
+        collectives=DATA_PARALLEL,
+        probe="tf_allreduce",
         converges=True,
     ),
     RunnerInfo(

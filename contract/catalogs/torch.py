@@ -5,6 +5,8 @@ DataLoader pipeline, as the parent knows them: names, modules, options. Framewor
 
 from __future__ import annotations
 
+from contract import catalog
+from contract import communication as comm
 from contract.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
 
 DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
@@ -14,6 +16,7 @@ DATA_LOADER_OPTION = Option(str, "auto", ("auto", "dataloader", "dali"),
 # The process group backend of the sharded runners (torch_ddp's own option, as it reads)
 SHARDED_BACKEND_OPTION = Option(str, "auto", ("auto", "gloo", "nccl"),
                                 "process group backend (auto: nccl on GPUs, gloo on CPU)")
+TORCHRUN_MULTI_NODE = "torchrun, a c10d rendezvous hosted on the first node"
 
 RUNNERS: list[RunnerInfo] = [
     RunnerInfo(
@@ -52,9 +55,11 @@ RUNNERS: list[RunnerInfo] = [
         equivalence_options=({"compile": True}, {"memory_format": "channels_last"},
                              {"gradient_as_bucket_view": False}),
         launcher="torchrun",
-        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
+        collectives=comm.DATA_PARALLEL,
+        probe="torch_allreduce",
         converges=True,
     ),
     RunnerInfo(
@@ -68,13 +73,17 @@ RUNNERS: list[RunnerInfo] = [
         # the default case is the only one: backend auto is gloo on CPU (overlap_with_ddp is
         # not offered: its first two iterations apply no update, runners/torch/zero1.py)
         launcher="torchrun",
-        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
         shards=("optimizer",),
-        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
-                     "data parallelism's (the same global-batch gradient), so time to accuracy "
-                     "is torch_ddp's or jax_native's figure plus its own step time"),
+        collectives=comm.StepCollectives(
+            (comm.GRAD_AR, comm.PARAM_AG_STEP),
+            "DDP's all-reduce, then ZeroRedundancyOptimizer broadcasts each rank's updated "
+            "parameters", "the owners' broadcasts counted as one all-gather of the parameters "
+            "(N broadcasts of 1/N each; measured as the all-gather's busbw)"),
+        probe="torch_allreduce",
+        no_converge=catalog.SHARDED_NO_CONVERGE,
     ),
     RunnerInfo(
         "torch_fsdp2",
@@ -94,15 +103,16 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "tf32", "bf16", "fp16"),
         equivalence_options=({"reshard_after_forward": False},),
         launcher="torchrun",
-        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
         # parameters and optimizer state sharded at rest, gradients after the reduce-scatter,
         # whatever reshard_after_forward (which decides only between forward and backward)
         shards=("params", "grads", "optimizer"),
-        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
-                     "data parallelism's (the same global-batch gradient), so time to accuracy "
-                     "is torch_ddp's or jax_native's figure plus its own step time"),
+        collectives={"option": "reshard_after_forward",
+                     "values": {True: comm.FSDP_FULL_SHARD, False: comm.FSDP_SHARD_GRAD_OP}},
+        probe="torch_allreduce",
+        no_converge=catalog.SHARDED_NO_CONVERGE,
     ),
     RunnerInfo(
         "keras_torch",
@@ -117,7 +127,7 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"data_format": "channels_first"},),
         launcher="torchrun",
-        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("keras",),
         converges=True,
@@ -142,6 +152,8 @@ RUNNERS: list[RunnerInfo] = [
                    "ranks started by srun instead of ssh",
         custom_models=("torch",),
         era="a 2017 system: its builders are the 2017 CNNs; transformers are not of its era",
+        collectives=comm.DATA_PARALLEL,
+        probe="horovod_allreduce",
         no_converge=("not wired to the converge recipe (its allreduce-averaged SGD is "
                      "torch_ddp's math)"),
     ),
@@ -164,7 +176,7 @@ RUNNERS: list[RunnerInfo] = [
         precisions=("fp32", "bf16", "fp16"),
         equivalence_options=({"stage": 1}, {"stage": 3}),
         launcher="torchrun",
-        multi_node="torchrun, a c10d rendezvous hosted on the first node",
+        multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
         # Read back from DeepSpeed 0.19's ZeRO optimizer: stage 1 too keeps only this rank's
@@ -174,9 +186,10 @@ RUNNERS: list[RunnerInfo] = [
         shards={"option": "stage", "values": {1: ("optimizer", "grads"),
                                               2: ("optimizer", "grads"),
                                               3: ("params", "grads", "optimizer")}},
-        no_converge=("a sharded strategy, not wired to the converge recipe: its updates are "
-                     "data parallelism's (the same global-batch gradient), so time to accuracy "
-                     "is torch_ddp's or jax_native's figure plus its own step time"),
+        collectives={"option": "stage",
+                     "values": {1: comm.ZERO_1_2, 2: comm.ZERO_1_2, 3: comm.ZERO_3}},
+        probe="torch_allreduce",
+        no_converge=catalog.SHARDED_NO_CONVERGE,
     ),
 ]
 

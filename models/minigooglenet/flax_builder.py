@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from models import ModelSpec
-from models.flax_common import check_data_format
+from models.flax_common import check_data_format, flatten_dense
 from models.minigooglenet.spec import LAYOUT
 
 # Keras' defaults for Conv2D and Dense.
@@ -85,9 +85,7 @@ class MiniGoogLeNet(nn.Module):
                 x = Inception(a, b, dtype=self.dtype, name=f"incep{i}")(x, train)
         x = nn.avg_pool(x, (7, 7), strides=(7, 7))
         x = nn.Dropout(0.5, deterministic=not train, name="dropout")(x)
-        x = x.reshape((x.shape[0], -1))
-        return nn.Dense(self.num_classes, kernel_init=KERNEL_INIT, dtype=self.dtype,
-                        name="fc")(x)
+        return flatten_dense(x, self.num_classes, self.dtype)
 
 
 def build(spec: ModelSpec, data_format: str = "channels_last", dtype: Any = None) -> nn.Module:

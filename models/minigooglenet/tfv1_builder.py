@@ -55,11 +55,4 @@ def build(spec: ModelSpec, images: tf.Tensor, training: bool = True,
     x = pool(x, tf.nn.avg_pool2d, 7, 7)
     if training:
         x = tf.nn.dropout(x, rate=0.5)
-    if not nhwc:
-        x = tf.transpose(x, [0, 2, 3, 1])
-    x = tf.reshape(x, [-1, int(x.shape[1]) * int(x.shape[2]) * int(x.shape[3])])
-    with tfv1.variable_scope("fc"):
-        w = tfv1.get_variable("kernel", [int(x.shape[1]), spec.num_classes],
-                              initializer=tfv1.glorot_uniform_initializer())
-        b = tfv1.get_variable("bias", [spec.num_classes], initializer=tfv1.zeros_initializer())
-    return tf.matmul(x, w) + b
+    return tfv1_common.dense(tfv1_common.flatten_nhwc(x, nhwc), spec.num_classes, "fc")

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 
 from models import ModelSpec
-from models.flax_common import check_data_format
+from models.flax_common import check_data_format, flatten_dense
 
 FILTERS = 4
 
@@ -28,9 +28,7 @@ class Probe(nn.Module):
         x = nn.Conv(FILTERS, (3, 3), padding="SAME", kernel_init=nn.initializers.glorot_uniform(),
                     dtype=self.dtype, name="conv")(x)
         # NHWC flattened in (h, w, c) order: the canonical dense kernel's row order.
-        x = nn.relu(x).reshape((x.shape[0], -1))
-        return nn.Dense(self.num_classes, kernel_init=nn.initializers.glorot_uniform(),
-                        dtype=self.dtype, name="dense")(x)
+        return flatten_dense(nn.relu(x), self.num_classes, self.dtype, name="dense")
 
 
 def build(spec: ModelSpec, data_format: str = "channels_last", dtype: Any = None) -> nn.Module:

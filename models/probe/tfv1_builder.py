@@ -8,6 +8,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from models import ModelSpec
+from models.tfv1_common import dense, flatten_nhwc
 
 tfv1 = tf.compat.v1
 
@@ -26,11 +27,5 @@ def build(spec: ModelSpec, images: tf.Tensor, training: bool = True,
     fmt = "NHWC" if nhwc else "NCHW"
     x = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(images, kernel, 1, "SAME", data_format=fmt),
                                   bias, data_format=fmt))
-    if not nhwc:  # the dense kernel's rows are in NHWC flatten order (canonical layout)
-        x = tf.transpose(x, [0, 2, 3, 1])
-    x = tf.reshape(x, [-1, int(x.shape[1]) * int(x.shape[2]) * int(x.shape[3])])
-    with tfv1.variable_scope("dense"):
-        w = tfv1.get_variable("kernel", [int(x.shape[1]), spec.num_classes],
-                              initializer=tfv1.glorot_uniform_initializer())
-        b = tfv1.get_variable("bias", [spec.num_classes], initializer=tfv1.zeros_initializer())
-    return tf.matmul(x, w) + b
+    # the dense kernel's rows are in NHWC flatten order (canonical layout)
+    return dense(flatten_nhwc(x, nhwc), spec.num_classes, "dense")

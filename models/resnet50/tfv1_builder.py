@@ -56,8 +56,4 @@ def build(spec: ModelSpec, images: tf.Tensor, training: bool = True,
         for b in range(blocks):
             x = bottleneck(x, width, stride if b == 0 else 1, f"res{s}{chr(97 + b)}", b == 0)
     x = tf.reduce_mean(x, [1, 2] if nhwc else [2, 3])
-    with tfv1.variable_scope("fc"):
-        w = tfv1.get_variable("kernel", [int(x.shape[1]), spec.num_classes],
-                              initializer=tfv1.glorot_uniform_initializer())
-        b = tfv1.get_variable("bias", [spec.num_classes], initializer=tfv1.zeros_initializer())
-    return tf.matmul(x, w) + b
+    return tfv1_common.dense(x, spec.num_classes, "fc")

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 
 from models import ModelSpec
-from models.flax_common import check_data_format
+from models.flax_common import check_data_format, flatten_dense
 from models.small_cnn.spec import BN_EPSILON, BN_MOMENTUM, FILTERS
 
 # Keras' defaults for Conv2D and Dense (Flax's bias_init is zeros already).
@@ -35,9 +35,7 @@ class SmallCNN(nn.Module):
                              epsilon=BN_EPSILON, dtype=self.dtype, name=f"bn{i}")(x)
             x = nn.relu(x)
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
-        x = x.reshape((x.shape[0], -1))
-        return nn.Dense(self.num_classes, kernel_init=KERNEL_INIT, dtype=self.dtype,
-                        name="fc")(x)
+        return flatten_dense(x, self.num_classes, self.dtype)
 
 
 def build(spec: ModelSpec, data_format: str = "channels_last", dtype: Any = None) -> nn.Module:
