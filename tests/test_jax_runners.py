@@ -40,7 +40,7 @@ keras, distribution, _ = make_distribution(Spec.from_dict(json.loads(sys.argv[1]
 import flax.linen as nn
 import jax
 import optax
-from runners.jax.native import compile_step, create_state, make_shardings, make_train_step
+from runners.jax.flax_step import compile_step, create_state, make_shardings, make_train_step
 
 
 class Net(nn.Module):
