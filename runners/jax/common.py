@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
+from runners.converge import Recipe
 from runners.real_data import RealData, check_classes, open_dataset
 
 if TYPE_CHECKING:
@@ -320,3 +321,24 @@ def ready_rows(batch: tuple[jax.Array, jax.Array]) -> int:
 
     jax.block_until_ready(batch)
     return int(batch[0].shape[0])
+
+
+def sgd_recipe(spec: Spec, runner: str, multi_node: str) -> Recipe:
+    """A converge run's recipe; Unavailable across nodes (`multi_node` says why) or with an
+    optimizer other than sgd."""
+    if spec.num_nodes > 1:
+        raise Unavailable(multi_node)
+    recipe = Recipe.of(spec)
+    if recipe.optimizer != "sgd":
+        raise Unavailable(f"optimizer {recipe.optimizer!r}: {runner} converges with sgd only")
+    return recipe
+
+
+def check_short_batch(recipe: Recipe, train_rows: int, n: int, layout: str) -> None:
+    """Unavailable when a kept short last batch does not divide over the n devices (`layout`
+    lays out even shares only)."""
+    rest = train_rows % recipe.global_batch
+    if recipe.last_batch == "keep" and rest % n:
+        raise Unavailable(f"last_batch keep: the short last batch of {rest} rows does not "
+                          f"divide over {n} devices ({layout} lays out even shares only); "
+                          "use drop or pad")

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from contract.result import join
 from models import spec_of
-from runners.common import Invalid, Spec, Unavailable, main
-from runners.converge import Batch, Recipe, fitting_splits, train_to_accuracy
-from runners.jax.common import framework_versions
+from runners.common import Invalid, Spec, main
+from runners.converge import Batch, fitting_splits, train_to_accuracy
+from runners.jax.common import check_short_batch, framework_versions, sgd_recipe
 from runners.jax.keras_batchnorm import keras_moving_stats
 from runners.jax.keras_fit import EpochRows, make_distribution
 from runners.jax.keras_input import ARRAYS_PLACEMENT, input_mode
@@ -142,21 +142,13 @@ class KerasConverge:
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: train_to_accuracy with the benchmark's model under DataParallel, one fit
     per epoch, the learning rate set per step by a callback."""
-    if spec.num_nodes > 1:
-        raise Unavailable(MULTI_NODE_CONVERGE)
-    recipe = Recipe.of(spec)
-    if recipe.optimizer != "sgd":
-        raise Unavailable(f"optimizer {recipe.optimizer!r}: keras_jax converges with sgd only")
+    recipe = sgd_recipe(spec, "keras_jax", MULTI_NODE_CONVERGE)
     mode = input_mode(spec)
     splits = fitting_splits(spec, spec_of(spec))
     run = KerasRun.start(spec, DATA_PARALLEL)
     from models.keras_common import loss_for
 
-    rest = len(splits.y_train) % spec.global_batch_size
-    if recipe.last_batch == "keep" and rest % run.n:
-        raise Unavailable(f"last_batch keep: the short last batch of {rest} rows does not "
-                          f"divide over {run.n} devices (DataParallel lays out even shares "
-                          "only); use drop or pad")
+    check_short_batch(recipe, len(splits.y_train), run.n, "DataParallel")
     keras = run.keras
     keras.utils.set_random_seed(recipe.seed)
     trained, loss, loss_kind = logits_model(keras, run.build(), loss_for(run.model_spec))

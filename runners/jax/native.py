@@ -18,9 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from contract.result import join
 from models import spec_of
-from runners.common import Invalid, Spec, Unavailable, main
-from runners.converge import Batch, Recipe, fitting_splits, stepwise, train_to_accuracy
-from runners.jax.common import framework_versions, placement, sharding_record
+from runners.common import Invalid, Spec, main
+from runners.converge import Batch, fitting_splits, stepwise, train_to_accuracy
+from runners.jax.common import (
+    check_short_batch,
+    framework_versions,
+    placement,
+    sgd_recipe,
+    sharding_record,
+)
 from runners.jax.flax_run import VERSIONS, FlaxRun, StepRecord
 from runners.jax.flax_run import benchmark as run_benchmark
 from runners.jax.flax_run import equivalence as run_equivalence
@@ -186,19 +192,11 @@ class NativeConverge:
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: train_to_accuracy with the benchmark's model, mesh and jitted step, the
     learning rate set per step in the optax state."""
-    if spec.num_nodes > 1:
-        raise Unavailable(MULTI_NODE_CONVERGE)
-    recipe = Recipe.of(spec)
-    if recipe.optimizer != "sgd":
-        raise Unavailable(f"optimizer {recipe.optimizer!r}: jax_native converges with sgd only")
+    recipe = sgd_recipe(spec, "jax_native", MULTI_NODE_CONVERGE)
     model_spec = spec_of(spec)
     splits = fitting_splits(spec, model_spec)
     run = FlaxRun.start(spec, model_spec)
-    rest = len(splits.y_train) % spec.global_batch_size
-    if recipe.last_batch == "keep" and rest % run.n:
-        raise Unavailable(f"last_batch keep: the short last batch of {rest} rows does not "
-                          f"divide over {run.n} devices (a NamedSharding lays out even shares "
-                          "only); use drop or pad")
+    check_short_batch(recipe, len(splits.y_train), run.n, "a NamedSharding")
     variables = run.build(AXIS, recipe.seed)
     tx = converge_optimizer(recipe.momentum, recipe.weight_decay, recipe.base_lr)
     state, _ = DATA_PARALLEL.create_state(run.model, variables, tx, run.replicated)
