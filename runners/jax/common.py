@@ -1,34 +1,14 @@
-"""JAX-family child code shared by jax_native and keras_jax: the run's devices, versions, the
-synthetic batch and the real dataset (its pipeline is runners/jax/data.py), and the multi-node
-plumbing (issue 16).
+"""JAX-family child code shared by its runners: the run's devices (N virtual CPU devices through
+XLA_FLAGS, set before jax is imported, or the first N GPUs), versions, the synthetic image and
+token batches made under jit into a sharding, the real dataset, placement read from a jax.Array's
+addressable_shards, the converge preconditions, and the multi-node plumbing: one process per node
+joined by jax.distributed.initialize() with no arguments (its SLURM auto-detection; the runner
+sets only gloo CPU collectives and the coordinator port, JAX_COORDINATOR_PORT from
+MGBENCH_MASTER_PORT), what the record says of it gathered through JAX itself. Untested on a real
+multi-GPU cluster (docs/runners/jax_native.md).
 
-Imports no framework at module level. N virtual CPU devices exist only if XLA_FLAGS asks for
-them before XLA's CPU backend starts, so a runner calls setup_devices(spec) before anything
-imports jax (Keras with the jax backend included) and imports jax inside its functions.
-
-Multi-node (spec.num_nodes > 1; jax 0.10.2): the harness (bench/run/slurm_job.py) starts one process
-per node through srun, and setup_devices joins them with JAX's own multi-controller mechanism,
-`jax.distributed.initialize()` called with no arguments (keras_jax calls
-`keras.distribution.initialize()`, which calls it the same way), so that JAX's SlurmCluster
-auto-detection reads SLURM's variables: the process count from SLURM_NTASKS, this process's id
-from SLURM_PROCID, the coordinator's host from the first name of SLURM_STEP_NODELIST. Only the
-coordinator's port is ours: SlurmCluster would take SLURM_JOB_ID % 4096 + 61440, and JAX's own
-override of that port, JAX_COORDINATOR_PORT, is set to the port the harness reserved for the job
-(MGBENCH_MASTER_PORT) unless the user set it. Each process drives `spec.devices_per_node` local
-devices (that many virtual CPU devices, or GPUs 0..devices_per_node - 1 through
-JAX_LOCAL_DEVICE_IDS, which otherwise defaults to one GPU, SLURM_LOCALID, per process under
-SLURM), and jax.devices() then lists the devices of every process: the runners' mesh spans them
-all and every process runs the same jitted programs (SPMD, multi-controller). On CPU the
-cross-process collectives are gloo (jax_cpu_collectives_implementation, set before the backend
-starts); on GPU they are XLA's NCCL. What the record says of it (`nodes`, `multi_node`) is
-gathered through JAX itself (multihost_utils.process_allgather of each process's JSON as bytes),
-and the placement of every process's shards likewise. close_multihost() ends the run with
-jax.distributed.shutdown(), a barrier, so no process leaves while another still needs the
-coordinator (process 0). A run with one node is untouched by all this.
-What differs from a real cluster here: both "nodes" of tools/local_slurm.sh are this one machine
-(127.0.0.1), so gloo's TCP traffic never leaves it; the GPU path (NCCL across nodes) is written
-but untested, as no multi-GPU cluster was at hand.
-"""
+Imports no framework at module level: a runner calls setup_devices(spec) before anything imports
+jax (Keras with the jax backend included)."""
 
 from __future__ import annotations
 
