@@ -34,14 +34,14 @@ import json
 import sys
 import numpy as np
 from contract.spec import Spec
-from runners.jax.keras_jax import (BatchPlacement, make_clock, make_distribution,
-                                   per_device_batchnorm)
+from runners.jax.keras_batchnorm import per_device_batchnorm
+from runners.jax.keras_fit import BatchPlacement, make_clock, make_distribution
 
 keras, distribution, _ = make_distribution(Spec.from_dict(json.loads(sys.argv[1])))
 import flax.linen as nn
 import jax
 import optax
-from runners.jax.native import compile_step, create_state, make_shardings, make_train_step
+from runners.jax.flax_step import compile_step, create_state, make_shardings, make_train_step
 
 
 class Net(nn.Module):
@@ -209,7 +209,7 @@ def test_batchnorm_statistics_per_device_and_global(jax_python: str) -> None:
 
 
 def test_warmup_runs_past_the_second_epochs_recompile() -> None:
-    from runners.jax.keras_jax import warmup_past_recompile
+    from runners.jax.keras_input import warmup_past_recompile
 
     assert warmup_past_recompile(2, 40, 10) == 11  # step 11 opens epoch 2: warm-up
     assert warmup_past_recompile(20, 100, 55) == 56  # the H100 ResNet-50 case
@@ -222,10 +222,11 @@ def test_warmup_runs_past_the_second_epochs_recompile() -> None:
 EPOCH_CHECK = r"""
 import json
 import sys
-import runners.jax.keras_jax as kj
+import runners.jax.keras_input as ki
 from contract.spec import Spec
-kj.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
-r = kj.benchmark(Spec.from_dict(json.loads(sys.argv[1])))
+from runners.jax.keras_jax import benchmark
+ki.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
+r = benchmark(Spec.from_dict(json.loads(sys.argv[1])))
 print("RESULT " + json.dumps({k: r.get(k) for k in (
     "step_times_s", "warmup_steps_run", "warmup_extended", "host_dataset", "samples")}))
 """

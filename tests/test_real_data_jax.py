@@ -60,7 +60,7 @@ def take(augmentation, count):
 def main():
     devices, _ = setup_devices(spec_for(num_devices=2))
     from runners.jax.data import batch_file_indices, device_batches
-    from runners.jax.native import make_shardings
+    from runners.jax.flax_step import make_shardings
 
     none, flip = take("none", 3), take("crop-flip", 3)
     data = dataset("none")

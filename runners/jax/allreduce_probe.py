@@ -1,43 +1,13 @@
-"""The JAX collectives probe (mode allreduce, probe jax_allreduce, issue 27): XLA's all-reduce,
-all-gather and reduce-scatter as JAX programs issue them, jax.lax.psum, jax.lax.all_gather
-(tiled) and jax.lax.psum_scatter (tiled) inside jax.shard_map over a one-axis Mesh of the
-run's devices, each jitted.
-
-Devices: one process driving spec.num_devices jax devices (runners/jax/common.setup_devices, as
-jax_native): N virtual CPU devices (XLA_FLAGS --xla_force_host_platform_device_count, set
-before jax is imported) on CPU, the first N GPUs on GPU (XLA's collectives there are NCCL's).
-Every buffer is a global float32 array sharded over the mesh axis (PartitionSpec("x")), so each
-device holds its own replica's buffer; each collective is a jitted shard_map whose per-device
-function is the collective alone, its output laid out the same way (one block per device: each
-device's own result, read back shard by shard for the check).
-- all-reduce: psum(b, "x") of each device's buffer of S bytes (contract.collectives.probe_sizes),
-  what a data-parallel jit step's gradient sum compiles to (an XLA all-reduce).
-- all-gather: all_gather(b, "x", tiled=True) of each device's part of S/n bytes into an S-byte
-  result on every device (how FSDP-style sharded parameters are gathered: jax_fsdp's weights).
-- reduce-scatter: psum_scatter(b, "x", tiled=True) of an S-byte input into each device's
-  S/n-byte part (a sharded gradient's reduction).
-S is nccl-tests' (contract/collectives.collective_bytes). The timed inputs hold zeros and are
-not changed by the collectives (JAX's outputs are new arrays, as a step's reduced gradients
-are), so every call moves the same values.
-Timing: contract/collectives.measure_size, as nccl-tests times it: `warmup` untimed calls, then
-the timed calls dispatched back to back (JAX dispatches asynchronously) and the clock stopped
-once jax.block_until_ready has returned for the output of every call issued since the last
-sync (not only the last one's: on CPU the runtime may run independent executions
-concurrently, so the last call finishing first would not mean the others had). One process
-times every device at once: no mean across ranks to take, no barrier.
-Checks: each device's input filled with its index along the axis + 1 (lax.axis_index, on the
-device), then every device's output block read back: n(n+1)/2 everywhere for the all-reduce
-and the reduce-scatter, the parts 1, 2, ..., n in device order for the all-gather.
-Evidence (read back from JAX and XLA): replicas = the number of devices the collective's
-output is laid over (len(sharding.device_set)), devices = the device of each block of the
-timed input (addressable_shards), the mesh's shape, and the collective ops in XLA's compiled
-HLO of each jitted function (op names with their replica_groups) and the backend's platform.
-
-Follows jax 0.10.2 (jax.shard_map, jax.lax collectives). Differs from what a jit step runs:
-one flat buffer per call instead of XLA's combined gradient all-reduces (XLA's
-AllReduceCombiner merges a step's small all-reduces into larger ones), no compute to overlap
-with, and the probe's sizes. One machine only (the probes do not cross nodes).
-"""
+"""The JAX collectives probe (mode allreduce, probe jax_allreduce): XLA's all-reduce, all-gather
+and reduce-scatter as JAX programs issue them, jax.lax.psum, all_gather(tiled) and
+psum_scatter(tiled), each alone in a jitted jax.shard_map over a one-axis Mesh of the run's
+devices (jax 0.10.2), one process driving them all. Each device's buffer is its block of a global
+float32 array of zeros (sizes and timing: contract/collectives.py, as nccl-tests; every call
+issued since the last sync is waited for). The check fills each block with its device's index + 1
+on the device and reads every output block back. Evidence is read from JAX and XLA (the output's
+device set, the input's shards, the collective ops of each compiled HLO). Differs from a jit
+step: one flat buffer per call (no combined all-reduces), no compute to overlap, one machine.
+docs/runners/jax_allreduce.md has the details."""
 
 from __future__ import annotations
 
@@ -102,54 +72,61 @@ def hlo_collectives(fn: Any, arg: Any) -> dict[str, Any]:
     return {"ops": ops, "groups": sorted(groups)}
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    if spec.num_nodes > 1:
-        raise Unavailable("the JAX collectives probe runs on one machine (one process over its "
-                          "devices); across nodes it is not built")
-    devices, described = setup_devices(spec)
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
+class Collectives:
+    """The probe over the run's devices: the mesh, each collective jitted, what was seen."""
 
-    mesh = Mesh(np.array(devices), (AXIS,))
-    n = mesh.size
-    sharding = NamedSharding(mesh, P(AXIS))
-    fill = fill_fn(mesh)
-    fns = {name: collective_fn(mesh, name) for name in ar.COLLECTIVES}
-    seen: dict[str, Any] = {"hlo": {}}
+    def __init__(self, devices: list[Any]) -> None:
+        import numpy as np
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
 
-    def zeros(per_device: int) -> Any:
+        self.devices = devices
+        self.mesh = Mesh(np.array(devices), (AXIS,))
+        self.n = self.mesh.size
+        self.sharding = NamedSharding(self.mesh, P(AXIS))
+        self.fill = fill_fn(self.mesh)
+        self.fns = {name: collective_fn(self.mesh, name) for name in ar.COLLECTIVES}
+        self.seen: dict[str, Any] = {"hlo": {}}
+
+    def zeros(self, per_device: int) -> Any:
         """A global array of n blocks of per_device float32 zeros, one block on each device
         (made on the devices)."""
-        return jax.jit(lambda: jax.numpy.zeros((n * per_device,), jax.numpy.float32),
-                       out_shardings=sharding)()
+        import jax
 
-    def measure(nbytes: int, name: str) -> dict[str, Any]:
+        return jax.block_until_ready(jax.jit(
+            lambda: jax.numpy.zeros((self.n * per_device,), jax.numpy.float32),
+            out_shardings=self.sharding)())
+
+    def check(self, name: str, src: Any, want: Any) -> bool:
+        """One call on filled input: every output block as expected; what it ran on, seen."""
+        import numpy as np
+
+        fn = self.fns[name]
+        out = fn(self.fill(src))
+        blocks = sorted(out.addressable_shards, key=lambda s: s.index[0].start or 0)
+        self.seen["replicas"] = len(out.sharding.device_set)
+        self.seen["input_devices"] = [str(s.device) for s in sorted(
+            src.addressable_shards, key=lambda s: s.index[0].start or 0)]
+        self.seen["output_devices"] = [str(s.device) for s in blocks]
+        self.seen["hlo"][name] = hlo_collectives(fn, src)
+        return len(blocks) == self.n and all(np.array_equal(np.asarray(s.data), want)
+                                             for s in blocks)
+
+    def measure(self, spec: Spec, nbytes: int, name: str) -> dict[str, Any]:
         """One row of `name` at S = nbytes: each device's input is S bytes (all-reduce and
         reduce-scatter) or S/n (all-gather)."""
+        import jax
+        import numpy as np
+
+        n, fn = self.n, self.fns[name]
         part = nbytes // DTYPE_BYTES // n
         per_in = part if name == ar.ALL_GATHER else nbytes // DTYPE_BYTES
-        fn = fns[name]
-        src = jax.block_until_ready(zeros(per_in))
+        src = self.zeros(per_in)
         if name == ar.ALL_GATHER:
             want = np.repeat(np.array(ar.expected_gather(n), np.float32), part)
         else:
             want = np.full((part if name == ar.REDUCE_SCATTER else per_in,), expected_sum(n),
                            np.float32)
-
-        def check() -> bool:
-            out = fn(fill(src))
-            blocks = sorted(out.addressable_shards, key=lambda s: s.index[0].start or 0)
-            seen["replicas"] = len(out.sharding.device_set)
-            seen["input_devices"] = [str(s.device) for s in
-                                     sorted(src.addressable_shards,
-                                            key=lambda s: s.index[0].start or 0)]
-            seen["output_devices"] = [str(s.device) for s in blocks]
-            seen["hlo"][name] = hlo_collectives(fn, src)
-            return len(blocks) == n and all(np.array_equal(np.asarray(s.data), want)
-                                            for s in blocks)
-
         pending: list[Any] = []
 
         def call() -> Any:
@@ -162,37 +139,45 @@ def benchmark(spec: Spec) -> dict[str, Any]:
             pending.clear()
 
         return measure_size(nbytes, n, call, sync, spec.warmup_steps, spec.measure_steps,
-                            check=check, collective=name)
+                            check=lambda: self.check(name, src, want), collective=name)
 
+    def evidence(self, seen: dict[str, Any]) -> dict[str, Any]:
+        """The record's evidence: the all-reduce's `seen`, the mesh, the HLO of each."""
+        return {
+            "replicas": seen["replicas"],
+            "world_size": self.n,
+            "devices": seen["input_devices"],
+            "output_devices": seen["output_devices"],
+            "mesh": dict(self.mesh.shape),
+            "platform": platform(self.devices),
+            "hlo_collectives": self.seen["hlo"],
+            "source": "replicas: len(output.sharding.device_set) of the all-reduce; devices: "
+                      ".device of each block of the input (addressable_shards); world_size: "
+                      "Mesh.size; hlo_collectives: the collective ops of each jitted function's "
+                      "compiled HLO (jit(...).lower(x).compile().as_text()), from the last "
+                      "size checked",
+        }
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    if spec.num_nodes > 1:
+        raise Unavailable("the JAX collectives probe runs on one machine (one process over its "
+                          "devices); across nodes it is not built")
+    devices, described = setup_devices(spec)
+    probe = Collectives(devices)
+    how = f"under jax.shard_map, jitted (XLA {platform(devices)})"
     start = time.time()
-    rows = [measure(nbytes, ar.ALL_REDUCE) for nbytes in probe_sizes(spec.model)]
-    all_reduce_seen = {k: seen[k] for k in ("replicas", "input_devices", "output_devices")}
+    rows = [probe.measure(spec, nbytes, ar.ALL_REDUCE) for nbytes in probe_sizes(spec.model)]
+    all_reduce_seen = {k: probe.seen[k] for k in ("replicas", "input_devices", "output_devices")}
     collectives = {
-        name: ar.measure_collective(name, spec.model, n,
-                                    lambda nbytes, name=name: measure(nbytes, name),
-                                    f"{CALLS[name]} under jax.shard_map, jitted (XLA "
-                                    f"{platform(devices)})")
+        name: ar.measure_collective(name, spec.model, probe.n,
+                                    lambda nbytes, name=name: probe.measure(spec, nbytes, name),
+                                    f"{CALLS[name]} {how}")
         for name in (ar.ALL_GATHER, ar.REDUCE_SCATTER)
     }
     window = (start, time.time())
-    evidence = {
-        "replicas": all_reduce_seen["replicas"],
-        "world_size": n,
-        "devices": all_reduce_seen["input_devices"],
-        "output_devices": all_reduce_seen["output_devices"],
-        "mesh": dict(mesh.shape),
-        "platform": platform(devices),
-        "hlo_collectives": seen["hlo"],
-        "source": "replicas: len(output.sharding.device_set) of the all-reduce; devices: "
-                  ".device of each block of the input (addressable_shards); world_size: "
-                  "Mesh.size; hlo_collectives: the collective ops of each jitted function's "
-                  "compiled HLO (jit(...).lower(x).compile().as_text()), from the last "
-                  "size checked",
-    }
-    return probe_result(rows, spec.model,
-                        f"{CALLS[ar.ALL_REDUCE]} under jax.shard_map, jitted (XLA "
-                        f"{platform(devices)})",
-                        evidence, framework_versions(), window=window,
+    return probe_result(rows, spec.model, f"{CALLS[ar.ALL_REDUCE]} {how}",
+                        probe.evidence(all_reduce_seen), framework_versions(), window=window,
                         collectives=collectives, devices=described)
 
 

@@ -1,20 +1,13 @@
-"""The JAX family's real-data pipeline: Grain (the JAX ecosystem's loader, no TensorFlow) over
-the prepared JPEG file list, shared by jax_native, keras_jax (loader: framework) and the
-`grain` pipeline mode (runners/jax/pipeline.py).
-
-The Grain graph: MapDataset.range(n) of file indices, seeded, shuffled (Grain reshuffles every
-epoch: its shuffle takes the epoch from the index that repeat passes through), repeated forever,
+"""The JAX family's real-data pipeline: Grain (no TensorFlow) over the prepared JPEG file list,
+shared by jax_native, keras_jax (loader: framework) and the `grain` pipeline mode. The graph:
+MapDataset.range(n) of file indices, seeded, shuffled (a new order every epoch), repeated,
 random_map of the reference preprocessing (runners.real_data: Pillow decode, resize, crop/flip,
-scale; Grain hands each element its own np.random.Generator), batch(drop_remainder=True), then
-to_iter_dataset and mp_prefetch with `workers` spawned processes (each decodes whole batches,
-batches i, i + workers, ... of the stream, the order kept). Each global batch is then
-jax.device_put with the runner's NamedSharding (the batch split over the devices along axis 0),
-one batch ahead in a thread (grain.experimental.device_put). workers 0 decodes and copies in
-the main process, in the loop, with no look-ahead.
+scale), batch(drop_remainder=True), then mp_prefetch with `workers` spawned processes (the order
+kept). Each global batch is jax.device_put into the runner's NamedSharding one batch ahead in a
+thread (grain.experimental.device_put); workers 0 decodes and copies in the loop, no look-ahead.
 
-Imports neither grain nor jax at module level (grain imports jax, and jax must be imported only
-after runners.jax.common.setup_devices); worker processes unpickle `Decode` from here.
-"""
+Imports neither grain nor jax at module level (grain imports jax, which must come after
+runners.jax.common.setup_devices); worker processes unpickle `Decode` from here."""
 
 from __future__ import annotations
 

@@ -1,65 +1,12 @@
-"""Keras 3 on JAX with keras.distribution.ModelParallel: the model's weights sharded over the
-devices by a LayoutMap, trained with model.fit (keras 3.15.1, jax 0.10.2), as Keras'
-distribution guide and its ModelParallel docstring do it; keras_jax's machinery
-(runners/jax/keras_jax.py: fit, the clock, the input modes, the placement probe) with a
-ModelParallel in place of its DataParallel.
-
-Processes: one process drives all N devices (N virtual CPU devices through XLA_FLAGS, or N
-GPUs).
-Mesh: keras.distribution.DeviceMesh of shape (1, N), axes ("batch", "model"): every weight the
-LayoutMap names is sharded over all N devices along the "model" axis, so that each device holds
-1/N of it, as jax_fsdp shards over N devices; the batch axis has one device, so every device
-takes the whole global batch (B rows, not B/N). This is Keras' own recipe for the widest
-sharding (its ModelParallel docstring: "update the device mesh shape to (1, 8) ... the
-variables will be sharded across 8 devices"; KerasHub's Gemma guides use (1, 8)). A
-(N/M, M) mesh would shard each weight over M devices only and replicate it N/M times: the
-split the issue compares (each device 1/N of the state) needs M = N. So it is tensor (model)
-parallelism, not sharded data parallelism: a device computes its slice of each layer for every
-row; what moves between devices are activations (the partial sums of a row-sharded layer, the
-slices of a column-sharded one), where jax_fsdp moves weights.
-Split (the LayoutMap: regexes over the variable paths, Keras' fullmatch; the paths are those
-models/transformer_keras.py and models/keras_common.py give):
-  transformer (Megatron-style): attention query/key/value kernels (d, heads, head_dim) split
-  by heads (None, "model", None) with their biases ("model", None); the attention output kernel
-  (heads, head_dim, d) by heads ("model", None, None); the MLP's first Dense (d, 4d) by its
-  output (None, "model") with its bias, its second (4d, d) by its input ("model", None); the
-  token embedding (vocab, d), tied to the LM head, by vocabulary ("model", None); a ViT's patch
-  embedding Conv2D and classifier head by their outputs.
-  CNNs: every Conv2D kernel (kh, kw, in, out) by its output channels (None, None, None,
-  "model") with its bias; the classifier Dense (fc, dense) by its classes (None, "model").
-  A variable the LayoutMap names but whose sharded dimension N does not divide (10 classes on
-  4 devices) gets an exact-path entry that replicates it (Keras looks exact paths up first);
-  the record lists them (`layout_map.replicated_not_divisible`). LayerNorm and BatchNorm
-  parameters and statistics, the other biases and the position embeddings are not in the map:
-  Keras replicates them (small; they count whole on every device in the state record).
-  The paths and shapes come from one build of the model before the distribution is set (the
-  ModelParallel docstring's "first list out all the model variable paths"); the model is then
-  built again under the distribution, which creates each variable in its layout. The optimizer
-  creates each momentum with its variable's layout (Keras' add_variable_from_reference), so the
-  optimizer state is split as the params are.
-Reduce: Keras jits its train step over the global batch with the variables' shardings as
-out_shardings; XLA's SPMD partitioner inserts the collectives (all-reduces of a row-sharded
-layer's partial outputs, all-gathers of sharded activations); a sharded weight's gradient is
-computed where the weight lies, from the whole batch, so no gradient all-reduce is needed for
-it; a replicated one's is the same on every device.
-Synchronise: one program updates every shard (synchronous SGD).
-BatchNorm: Keras' own BatchNormalization, replicated: with one device on the batch axis every
-device normalises over the whole global batch (global statistics by construction; keras_jax's
-per-device subclass has no meaning here), so there is no `batchnorm` option.
-Input, timing, placement, count: keras_jax's (option `input`, numpy or preplaced, and `loader`
-for real data); the placement is the rows of the first timed batch per device, here the whole
-batch on each.
-State (`state_bytes_per_device`): each variable's jax Array addressable_shards after fit;
-gradients from one untimed jitted gradient call after fit (runners/jax/state.py).
-Precision: bf16 is Keras' mixed_bfloat16 policy (float32 variables, bfloat16 compute).
-Equivalence: keras_jax's path (one plain-SGD step of fit on the probe model) under this
-distribution; the probe's conv kernel (3, 3, 3, 4) and dense kernel (256, 10) are sharded by
-output.
-Models: the built-in CNNs and transformers; a user's Keras model is not taken (its layer paths
-are unknown to the LayoutMap's regexes, which would leave it replicated: a DataParallel run).
-What differs: not across nodes (the (1, N) mesh feeds every process the whole batch, which
-keras_jax's per-process feeding does not do); no 2-D mesh option.
-"""
+"""keras_model_parallel: Keras 3 on JAX with keras.distribution.ModelParallel, as Keras'
+distribution guide and its ModelParallel docstring do it (keras 3.15.1, jax 0.10.2): a (1, N)
+DeviceMesh ("batch", "model") and a LayoutMap of regexes over the variable paths (RULES:
+Megatron-style for the transformers, output channels for the CNNs) sharding each named weight
+over all N devices; a dimension N does not divide is replicated by an exact-path entry. Every
+device takes the whole global batch: tensor parallelism, activations move between devices.
+BatchNorm is Keras' own over the whole batch (no `batchnorm` option). Fit, clock, input and
+records are keras_jax's (runners/jax/keras_run.py) under this distribution. What differs (not
+across nodes, no 2-D mesh, no user's model) and why: docs/runners/keras_model_parallel.md."""
 
 from __future__ import annotations
 
@@ -68,9 +15,10 @@ from typing import Any
 from models import get_spec, load_builder
 from runners.common import Spec, main
 from runners.jax.common import setup_devices, sharding_record
-from runners.jax.keras_jax import STATE_SOURCE, build_model, import_keras
-from runners.jax.keras_jax import benchmark as keras_benchmark
-from runners.jax.keras_jax import equivalence as keras_equivalence
+from runners.jax.keras_fit import import_keras
+from runners.jax.keras_run import STATE_SOURCE, Strategy, build_model
+from runners.jax.keras_run import benchmark as run_benchmark
+from runners.jax.keras_run import equivalence as run_equivalence
 
 BATCH, MODEL = "batch", "model"
 # (regex fullmatched against a variable's path, the layout of its dimensions)
@@ -163,12 +111,15 @@ MP_STATE_SOURCE = STATE_SOURCE.replace("after fit: params", "after fit (ModelPar
                                        "each device, the others a full copy): params")
 
 
+MODEL_PARALLEL = Strategy(model_parallel, describe, MP_STATE_SOURCE)
+
+
 def benchmark(spec: Spec) -> dict[str, Any]:
-    return keras_benchmark(spec, model_parallel, describe, MP_STATE_SOURCE)
+    return run_benchmark(spec, MODEL_PARALLEL)
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    return keras_equivalence(spec, model_parallel, describe)
+    return run_equivalence(spec, MODEL_PARALLEL)
 
 
 if __name__ == "__main__":

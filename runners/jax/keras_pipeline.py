@@ -41,7 +41,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     devices, described = setup_devices(spec)
     import jax
 
-    from runners.jax.keras_jax import import_keras
+    from runners.jax.keras_fit import import_keras
 
     keras = import_keras()
     from runners.keras_data import describe_keras, jpeg_sequence

@@ -19,7 +19,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     devices, described = setup_devices(spec)
 
     from runners.jax.data import device_batches, grain_version
-    from runners.jax.native import make_shardings
+    from runners.jax.flax_step import make_shardings
 
     data = open_dataset(spec)
     model_spec = get_spec(spec.model)

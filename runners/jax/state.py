@@ -1,17 +1,9 @@
-"""The JAX family's proof of where the model state lies, and its precision record (issue 27):
-`state_bytes_per_device`, `state_bytes_global`, `state_source` and `precision_policy` of
-jax_native, jax_fsdp, keras_jax and keras_model_parallel, read from jax's own arrays.
-
-Per device: for each array of a part (params, grads, optimizer state), the bytes of every shard
-jax holds on that device (array.addressable_shards: shard.device, shard.data.nbytes), summed
-over the part's arrays; a replicated array has one shard, a full copy, on every device, a
-sharded one its piece. Global: each array's logical size as jax states it (array.nbytes, the
-unsharded shape x itemsize). Across processes (a multi-node run) each process sees only its own
-devices' shards; their sums are gathered through JAX (common.allgather_json). Nothing here is
-derived from a sharding we asked for: a leaf the strategy left replicated counts in full.
-
-The gradient reduction's dtype is read from the compiled step: the element types of the
-all-reduce and reduce-scatter ops XLA put in its HLO.
+"""The JAX runners' model-state record (state_bytes_per_device): per device and part (params,
+grads, optimizer state), the bytes of every shard jax holds there (array.addressable_shards),
+and each part's logical size (array.nbytes); across processes the sums are gathered through JAX
+(common.allgather_json). Nothing is derived from a sharding we asked for: a leaf the strategy
+left replicated counts in full. The gradient reduction's dtype is read from the compiled
+program's all-reduce and reduce-scatter ops (precision_record).
 
 Imports no framework at module level (jax inside the functions)."""
 

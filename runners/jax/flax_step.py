@@ -1,0 +1,268 @@
+"""The Flax train step jax_native and jax_fsdp share: the 1-D mesh's shardings, the train state
+built under jit into its layout, the jitted SGD step (per-device BatchNorm under shard_map, or
+global-batch statistics under plain jit), its AOT compile with the collectives XLA put in it, the
+untimed gradient call for the state record, the run's Flax model, and `Layout`: how a runner lays
+the state out (replicated: jax_native; sharded: jax_fsdp). docs/runners/jax_native.md says why.
+
+Imports no framework at module level (runners.jax.common.setup_devices comes first)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from models import build_for
+from runners.common import Invalid, Spec
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+    import jax
+    import optax
+    from flax.training import train_state
+
+DROPOUT_SEED = 1
+AXIS = "data"  # jax_native's mesh axis, along which the batch is split
+
+
+def make_shardings(devices: list[jax.Device], axis: str = AXIS) -> tuple[Any, Any]:
+    """(replicated, batch-sharded) NamedShardings over a 1-D mesh of the devices, its one axis
+    `axis` (default "data")."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(devices), (axis,))
+    return NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
+
+
+def state_class() -> type[train_state.TrainState]:
+    """Flax's TrainState (params, optax state, step counter) plus the BatchNorm statistics."""
+    from flax.training import train_state
+
+    class TrainState(train_state.TrainState):
+        batch_stats: Any
+
+    return TrainState
+
+
+def state_maker(model: nn.Module, tx: optax.GradientTransformation
+                ) -> Callable[[Any], train_state.TrainState]:
+    """The function of the initial variables that builds the train state (state_class's)."""
+    cls = state_class()
+
+    def make(variables: Any) -> train_state.TrainState:
+        return cls.create(apply_fn=model.apply, params=variables["params"], tx=tx,
+                          batch_stats=variables.get("batch_stats", {}))
+
+    return make
+
+
+def create_state(model: nn.Module, variables: Any, tx: optax.GradientTransformation,
+                 sharding: Any) -> train_state.TrainState:
+    """The train state built under jit directly into `sharding`: one sharding for every leaf
+    (replicated), or a function of the abstract state (jax.eval_shape's) giving the sharding
+    of each of its leaves (jax_fsdp's)."""
+    import jax
+
+    make = state_maker(model, tx)
+    if callable(sharding):
+        sharding = sharding(jax.eval_shape(make, variables))
+    return jax.jit(make, out_shardings=sharding)(variables)
+
+
+def init_variables(model: nn.Module, shape: tuple[int, ...], dtype: str = "float32",
+                   call: dict[str, Any] | None = None, seed: int = 0) -> Any:
+    """The model's initial variables (seeded by `seed`, default 0) on the default device, from
+    a batch of one sample of `shape` (H, W, C images; (seq_len,) int32 token ids), the module
+    called with `call` (default train=False; {} for a user's module that takes no `train`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from models.flax_common import init_rngs
+
+    x = jnp.zeros((1, *shape), dtype)
+    call = {"train": False} if call is None else call
+    return jax.jit(lambda: model.init(init_rngs(seed), x, **call))()
+
+
+BATCHNORM_MODES = ("per_device", "global")
+BATCHNORM_RECORD = {
+    "per_device": "per-device statistics (shard_map: each device's B/N rows); running "
+                  "statistics averaged over devices after each step (pmean)",
+    "global": "global-batch statistics (jit over the sharded batch: XLA all-reduces the mean "
+              "and variance)",
+}
+
+
+def cast_floats(tree: Any, dtype: Any) -> Any:
+    """The tree with its floating arrays cast to `dtype` (a user's model in bf16)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree_util.tree_map(
+        lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+def loss_and_grads(call: dict[str, Any] | None = None, cast: Any = None,
+                   grads_sharding: Any = None) -> Callable[..., tuple[Any, Any, Any]]:
+    """The function (state, x, y, dropout key) -> (mean loss over x's rows, its gradients, the
+    updated BatchNorm statistics) of make_train_step (its `call` and `cast`); the gradients
+    constrained to `grads_sharding` (a tree of the params' shape; jax_fsdp's) if given."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    kwargs = {"train": True} if call is None else call
+
+    def grads_and_stats(state: train_state.TrainState, x: jax.Array, y: jax.Array,
+                        dropout: jax.Array) -> tuple[jax.Array, Any, Any]:
+        """(mean loss over x's rows, its gradients, the updated BatchNorm statistics)."""
+
+        def loss_fn(params: Any) -> tuple[jax.Array, Any]:
+            if cast is not None:
+                params, inputs = cast_floats(params, cast), cast_floats(x, cast)
+            else:
+                inputs = x
+            logits, updates = state.apply_fn(
+                {"params": params, "batch_stats": state.batch_stats}, inputs, **kwargs,
+                mutable=["batch_stats"], rngs={"dropout": dropout})
+            loss = optax.softmax_cross_entropy_with_integer_labels(
+                logits.astype(jnp.float32), y).mean()
+            return loss, updates
+
+        (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        if grads_sharding is not None:
+            grads = jax.lax.with_sharding_constraint(grads, grads_sharding)
+        return loss, grads, updates.get("batch_stats", state.batch_stats)
+
+    return grads_and_stats
+
+
+def make_train_step(state_sharding: Any, batch: Any, batchnorm: str = "per_device",
+                    call: dict[str, Any] | None = None, cast: Any = None,
+                    grads_sharding: Any = None) -> Callable[..., Any]:
+    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy (over the
+    rows, or over every position of (B, T, V) token logits), BatchNorm statistics updated (a
+    model without BatchNorm has an empty batch_stats), per device under shard_map or over the
+    global batch under plain jit (see the module docstring); the state donated, its shardings
+    (`state_sharding`: one replicated sharding, or jax_fsdp's tree) pinned, the loss
+    replicated. `call`: the module's keyword arguments in training (default train=True; {}
+    for a user's module without `train`). `cast` (a user's model in bf16): the params and a
+    float input cast to that dtype inside the step, the float32 params updated. per_device
+    needs a replicated state (shard_map hands each device its whole replica).
+    `grads_sharding`: the gradients constrained to it (jax_fsdp: the params' shardings)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if batchnorm not in BATCHNORM_MODES:
+        raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
+    grads_and_stats = loss_and_grads(call, cast, grads_sharding)
+    axis = batch.spec[0]
+    scalar = NamedSharding(batch.mesh, P())
+
+    def global_step(state: train_state.TrainState, x: jax.Array, y: jax.Array
+                    ) -> tuple[train_state.TrainState, jax.Array]:
+        dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
+        loss, grads, stats = grads_and_stats(state, x, y, dropout)
+        return state.apply_gradients(grads=grads, batch_stats=stats), loss
+
+    def device_step(state: train_state.TrainState, x: jax.Array, y: jax.Array
+                    ) -> tuple[train_state.TrainState, jax.Array]:
+        """One device's part: its B/N rows in, the averaged update applied to its replica."""
+        dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
+        dropout = jax.random.fold_in(dropout, jax.lax.axis_index(axis))
+        loss, grads, stats = grads_and_stats(state, x, y, dropout)
+        grads, stats, loss = jax.lax.pmean((grads, stats, loss), axis)
+        return state.apply_gradients(grads=grads, batch_stats=stats), loss
+
+    step = global_step
+    if batchnorm == "per_device":
+        # check_vma=False: the gradients stay per device until the explicit pmean (with
+        # check_vma=True jax would psum the replicated params' gradients on its own).
+        step = jax.shard_map(device_step, mesh=batch.mesh, in_specs=(P(), P(axis), P(axis)),
+                             out_specs=(P(), P()), check_vma=False)
+    return jax.jit(step, in_shardings=(state_sharding, batch, batch),
+                   out_shardings=(state_sharding, scalar), donate_argnums=0)
+
+
+def gradients_once(state: Any, x: Any, y: Any, state_sharding: Any, batch: Any,
+                   call: dict[str, Any] | None = None, cast: Any = None,
+                   grads_sharding: Any = None) -> Any:
+    """The gradients of the step's loss on (x, y) at `state`, from one call of a jitted
+    function with the step's input shardings and no output sharding asked for: XLA's SPMD
+    partitioner returns them laid out as it holds them (reduced: replicated, or sharded like
+    the params where the step constrains them so, `grads_sharding`); for the state record,
+    after the timed window."""
+    import jax
+
+    grads_and_stats = loss_and_grads(call, cast, grads_sharding)
+
+    def grads(state: Any, x: Any, y: Any) -> Any:
+        dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)
+        return grads_and_stats(state, x, y, dropout)[1]
+
+    return jax.block_until_ready(
+        jax.jit(grads, in_shardings=(state_sharding, batch, batch))(state, x, y))
+
+
+def compile_step(step: Any, state: Any, x: Any, y: Any) -> tuple[Any, dict[str, int]]:
+    """The step compiled ahead of time for these arguments, and the collectives XLA put in it."""
+    compiled = step.lower(state, x, y).compile()
+    hlo = compiled.as_text()
+    ops = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+    return compiled, {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in ops}
+
+
+def build_model(spec: Spec, model_spec: Any, dtype: Any) -> tuple[Any, dict[str, Any] | None]:
+    """(the run's Flax module, describe()'s counts for a user's model, None for a built-in):
+    a built-in's flax builder with the compute dtype, or the user's build function; a user's
+    model that cannot be built, is not a flax.linen.Module, fails on its declared input or
+    returns other logits than it declares is Invalid."""
+    import flax.linen as nn
+
+    from models.custom import CustomModelError, check_output, not_a_model
+    from models.flax_common import describe
+
+    try:
+        model = build_for(spec, "flax", dtype=dtype)
+        if model_spec.workload != "custom":
+            return model, None
+        if not isinstance(model, nn.Module):
+            raise not_a_model(spec.custom_model, model, "a flax.linen.Module")
+        counted = describe(model, model_spec)
+        check_output(spec.custom_model, model_spec, counted["output_shape"], 2)
+    except CustomModelError as exc:
+        raise Invalid(str(exc)) from None
+    return model, counted
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a runner of this step lays the train state out over its 1-D mesh: jax_native
+    replicates it (DATA_PARALLEL); jax_fsdp (runners/jax/fsdp.py) shards it."""
+
+    axis: str  # the mesh's one axis, along which the batch is split too
+    # (replicated sharding, abstract TrainState) -> the state's sharding (one, or a tree)
+    state_sharding: Callable[[Any, Any], Any]
+    # the batchnorm mode of a run (its option, or the one the layout allows)
+    batchnorm: Callable[[Spec], str]
+    # the record's shardings["params"] of a run's params (read back from the arrays)
+    params_record: Callable[[Any, Any], Any]
+    state_source: str
+    # the step constrains the gradients to the params' shardings (jax_fsdp)
+    constrain_grads: bool = False
+
+    def grads_sharding(self, state_sharding: Any) -> Any:
+        """The gradients' sharding the step asks for: the params' (a tree), or None."""
+        return state_sharding.params if self.constrain_grads else None
+
+    def create_state(self, model: nn.Module, variables: Any, tx: optax.GradientTransformation,
+                     replicated: Any) -> tuple[train_state.TrainState, Any]:
+        """(the train state built under jit into this layout, the state's sharding)."""
+        import jax
+
+        make = state_maker(model, tx)
+        sharding = self.state_sharding(replicated, jax.eval_shape(make, variables))
+        return jax.jit(make, out_shardings=sharding)(variables), sharding

@@ -1,0 +1,236 @@
+"""Keras 3 on JAX trained with model.fit, as the Keras runners of this family share it: Keras
+with the jax backend, DataParallel over the run's devices (joined across nodes by
+keras.distribution.initialize), the clock (a callback on runners.common's TimedWindow that waits
+for the step on every device through the trainer's live step counter), the probe of the batches
+Keras' trainer hands its jitted step (their placement, read from the jax.Arrays), and the timed
+fit with its sample count from the optimizer's iterations. docs/runners/keras_jax.md says why.
+
+Imports no framework at module level (runners.jax.common.setup_devices comes first)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite
+from runners.jax.common import MECHANISM, placement, setup_devices, sharding_record
+
+if TYPE_CHECKING:
+    import keras
+
+POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
+
+def import_keras() -> Any:
+    """Keras with the jax backend (Keras reads its backend once, at import)."""
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras
+
+    if keras.backend.backend() != "jax":
+        raise Unavailable(f"keras {keras.__version__} loaded the {keras.backend.backend()} "
+                          "backend, not jax (was keras imported before the runner?)")
+    return keras
+
+KERAS_MECHANISM = f"keras.distribution.initialize -> {MECHANISM}"
+
+def keras_initialize() -> None:
+    """Keras' own multi-host start, keras.distribution.initialize() with no arguments: on the
+    jax backend it calls jax.distributed.initialize() likewise (SLURM auto-detection), then
+    agrees on one random seed over the processes."""
+    import_keras().distribution.initialize()
+
+def make_distribution(spec: Spec) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """(keras, DataParallel over the run's devices, device descriptions); the distribution is
+    set globally, so variables created from here on are replicated over the devices. Across
+    nodes the processes join through keras_initialize first, the devices are those of every
+    process, and each process feeds its own rows (auto_shard_dataset=False: Keras' auto-sharding
+    takes tf.data only)."""
+    devices, described = setup_devices(spec, keras_initialize if spec.num_nodes > 1 else None)
+    keras = import_keras()
+    if spec.num_nodes > 1:
+        distribution = keras.distribution.DataParallel(devices=devices,
+                                                       auto_shard_dataset=False)
+    else:
+        distribution = keras.distribution.DataParallel(devices=devices)
+    keras.distribution.set_distribution(distribution)
+    return keras, distribution, described
+
+def batch_sharding(distribution: Any, shape: tuple[int, ...]) -> Any:
+    """The jax sharding DataParallel gives an input batch of this shape."""
+    return distribution.get_data_layout(shape).backend_layout
+
+def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
+               ) -> keras.callbacks.Callback:
+    """A callback marking the timed window of fit, synchronised on every device per step; it
+    stops fit after warmup + measure steps (counted over epochs), and hands the model to
+    `on_begin` when training begins (fit has made its train function by then)."""
+    import jax
+
+    keras = import_keras()
+
+    class JaxFitClock(keras.callbacks.Callback):
+        """Clock readings (its TimedWindow, `window`) after each measured step has finished on
+        every device; `start_iteration`: the optimizer's step counter when the clock started."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.window = TimedWindow(warmup, measure, on_start=self._read_iteration)
+            self.start_iteration: int | None = None
+            self._counter = 0
+            self._live: jax.Array | None = None  # the counter after the last step, ready
+
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            # self._model, not self.model: the property syncs the jax state into the variables
+            optimizer = self._model.optimizer
+            self._counter = next(i for i, v in enumerate(optimizer.variables)
+                                 if v is optimizer.iterations)
+            on_begin(self._model)
+
+        def _live_iterations(self) -> jax.Array:
+            """The step counter in the state the last step returned (not yet in the variables)."""
+            state = getattr(self._model, "_jax_state", None)
+            if not state:
+                raise RuntimeError(f"keras {keras.__version__}'s jax trainer exposes no "
+                                   "_jax_state to wait on")
+            return state["optimizer_variables"][self._counter]
+
+        def _read_iteration(self) -> None:
+            # before the first step the variables hold the counter; after one, the live state
+            self.start_iteration = int(self._model.optimizer.iterations.numpy()
+                                       if self._live is None else self._live)
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            if warmup == 0 and not self.window.started:
+                self.window.start()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            self._live = self._live_iterations().block_until_ready()  # every device's copy
+            self.window.step_done((logs or {})["loss"])
+            if self.window.done:
+                self._model.stop_training = True
+
+    return JaxFitClock()
+
+class TrainFunctionProbe:
+    """Wraps model.train_function (Keras' step over its epoch iterator; fit looks it up at every
+    step) to look at the batch Keras passes its jitted step when `wants()`: `see(x)` gets its
+    inputs (a jax.Array as Keras' trainer distributed it). install(model) once fit has made
+    the function; fit keeps it from one call to the next, so it is wrapped once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._wrapped: Any = None
+
+    def wants(self) -> bool:
+        raise NotImplementedError
+
+    def see(self, x: Any) -> None:
+        raise NotImplementedError
+
+    def install(self, model: keras.Model) -> None:
+        if self._wrapped is not None and model.train_function is self._wrapped:
+            return
+        inner = model.train_function
+
+        def observed(state: Any, iterator: Iterator[Any]) -> Any:
+            if self.wants():
+                data = next(iterator)
+                self.see(data[0])  # (x, y[, sample_weight])
+                iterator = iter((data,))
+            self.calls += 1
+            return inner(state, iterator)
+
+        model.train_function = self._wrapped = observed
+
+class BatchPlacement(TrainFunctionProbe):
+    """Where the batch of call `index` lies: {device: rows}, and its sharding."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index, self.placement, self.sharding = index, None, None
+
+    def wants(self) -> bool:
+        return self.calls == self.index
+
+    def see(self, x: Any) -> None:
+        self.placement, self.sharding = placement(x), sharding_record(x.sharding)
+
+class EpochRows(TrainFunctionProbe):
+    """The rows per device of every batch, added up while `active`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, int] = {}
+        self.active = True
+
+    def wants(self) -> bool:
+        return self.active
+
+    def see(self, x: Any) -> None:
+        for device, rows in placement(x).items():
+            self.rows[device] = self.rows.get(device, 0) + rows
+
+PLACEMENT_SOURCE = ("rows per device of the batch Keras' trainer passed its jitted train step "
+                    "at the first timed step, from that jax.Array's addressable_shards")
+
+def fit_steps(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int | None = None
+              ) -> tuple[Any, Any]:
+    """model.fit(**feed) for warmup + measure steps with the clock and the placement probe."""
+    warmup = spec.warmup_steps if warmup is None else warmup
+    measure = spec.measure_steps
+    probe = BatchPlacement(warmup)
+    clock = make_clock(warmup, measure, probe.install)
+    model.fit(**feed, callbacks=[clock], verbose=0)
+    return clock, probe
+
+def fit_one_step(spec: Spec, model: keras.Model, feed: dict[str, Any]
+                 ) -> tuple[float, BatchPlacement]:
+    """model.fit(**feed) for exactly one step (the equivalence step), checked by the
+    optimizer's step counter: its loss and the placement probe of its batch."""
+    clock, probe = fit_steps(replace(spec, warmup_steps=0, measure_steps=1), model, feed)
+    if int(model.optimizer.iterations.numpy()) != 1 or probe.placement is None:
+        raise Invalid("fit did not run exactly one step")
+    return finite(clock.window.losses[0]), probe
+
+def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int | None = None
+              ) -> dict[str, Any]:
+    """model.fit for warmup + measure steps: the timing summary, samples counted from the
+    optimizer's step counter, the losses and the placement of the first timed batch."""
+    clock, probe = fit_steps(spec, model, feed, warmup)
+    if not clock.window.losses or clock.start_iteration is None or probe.placement is None:
+        raise Invalid("no measured step reported a loss")
+    steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
+    global_batch = spec.global_batch_size
+    return {
+        **clock.window.summary(global_batch, steps * global_batch),
+        "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
+        "placement": probe.placement,
+        "placement_source": PLACEMENT_SOURCE,
+        "fed_batch_sharding": probe.sharding,
+    }
+
+def distribution_record(distribution: Any, sharding: Any, shape: tuple[int, ...]
+                        ) -> dict[str, Any]:
+    """The mesh, and where DataParallel lays out the batch (of this shape)."""
+    mesh = distribution.device_mesh
+    return {
+        "distribution": type(distribution).__name__,
+        "mesh": dict(zip(mesh.axis_names, mesh.shape, strict=True)),
+        "batch": sharding_record(sharding),
+        "per_device_batch": sharding.shard_shape(shape)[0],
+    }
+
+def keras_counts(model: keras.Model) -> tuple[int, int]:
+    """(parameters, forward FLOPs per sample) as models.keras_common counts a CNN's (the
+    template's runner)."""
+    from models.keras_common import count_flops_keras, count_params_keras
+
+    return count_params_keras(model), count_flops_keras(model)
+
+def process_index() -> int:
+    """This process's index among the run's (0 on one node), as jax says."""
+    import jax
+
+    return jax.process_index()
+

@@ -1,0 +1,184 @@
+"""What keras_jax and keras_model_parallel hand model.fit (option `input`): numpy (default, what
+a Keras user hands fit: a synthetic numpy dataset in host memory given with batch_size, or the
+loader's numpy batches; Keras lays each batch out over the devices itself, a host-to-device copy
+every step) or preplaced (batches already in the distribution's layout: one synthetic global
+batch made on the devices, or the Grain pipeline's batches device_put one batch ahead). With
+numpy the warm-up runs past the second epoch's first step, where Keras' jax trainer compiles its
+step again. docs/runners/keras_jax.md says why."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from runners.common import Invalid, Spec
+from runners.jax.common import agreed_min, synthetic_batch, token_batch
+from runners.real_data import RealData, describe
+
+SYNTHETIC_PLACEMENT = ("one synthetic global batch generated on the devices in DataParallel's "
+                       "batch layout, yielded by a generator; Keras' device_put of it is a "
+                       "no-op, no host copy per step")
+ARRAYS_PLACEMENT = ("numpy arrays in host memory given to fit with batch_size; Keras slices "
+                    "each batch and lays it out over the devices itself (a host-to-device copy "
+                    "per step, no look-ahead under a distribution)")
+ARRAYS_PLACEMENT_PROCESSES = (
+    "each process's own numpy arrays in its host memory (its share of every global batch) "
+    "given to fit with batch_size = its rows; Keras' jax trainer makes each global batch with "
+    "jax.make_array_from_process_local_data over DataParallel's layout (a host-to-device copy "
+    "per step, no look-ahead under a distribution)")
+GRAIN_PLACEMENT = ("Grain's batches device_put into DataParallel's batch layout one batch "
+                   "ahead, yielded by a generator; Keras' device_put of them is a no-op")
+GRAIN_HOST_PLACEMENT = ("Grain's numpy batches yielded by a generator to fit; Keras lays each "
+                        "out over the devices itself (no look-ahead under a distribution)")
+GRAIN_HOST_LINE = "numpy batches to Keras fit, which lays each out over the devices itself"
+PYDATASET_PLACEMENT = ("numpy batches from the PyDataset's workers; Keras' jax trainer "
+                       "device_puts each into DataParallel's batch layout (no look-ahead under "
+                       "a distribution)")
+INPUTS = ("numpy", "preplaced")
+TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
+               "tokens")
+HOST_DATA_CAP = 2 << 30  # bytes of synthetic numpy data at most
+
+
+def resident_batches(x: Any, y: Any) -> Any:
+    """The same (images, labels) global batch for ever."""
+    while True:
+        yield x, y
+
+
+def preplaced(x: Any, y: Any, steps: int) -> dict[str, Any]:
+    """fit's data arguments for one global batch already on the devices in DataParallel's
+    layout, yielded for ever, `steps` per epoch."""
+    return {"x": resident_batches(x, y), "steps_per_epoch": steps}
+
+
+def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Iterator[Any]:
+    """The batches unchanged; batch `index`'s labels (the first timed step's) go to `noted`."""
+    for i, (x, y) in enumerate(batches):
+        if i == index:
+            noted.append(y)
+        yield x, y
+
+def warmup_past_recompile(warmup: int, measure: int, epoch_batches: int) -> int:
+    """The warm-up steps that keep the first step of the second epoch (where Keras' jax trainer
+    compiles its step again) out of the timed window: `warmup`, unless the window would hold
+    that step; then up to and including it."""
+    if epoch_batches >= warmup + measure or warmup > epoch_batches:
+        return warmup
+    return epoch_batches + 1
+
+
+def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int = 1
+                 ) -> dict[str, Any]:
+    """The synthetic numpy dataset a Keras user would hand fit: K global batches of random
+    images and labels (K = steps, or as many as fit the memory cap), and fit's batch_size and
+    shuffle (fit_input sets the epochs, from the warm-up it settles on). Across `processes`
+    (a multi-node run) each holds its own rows of every batch (its share, a seed of its own)
+    and K is the smallest over the processes, so that every process runs the same steps."""
+    import numpy as np
+
+    batch = global_batch // processes
+    tokens = model_spec.input_kind == "tokens"
+    sample = model_spec.input_shape[0] + 1 if tokens else int(np.prod(model_spec.input_shape))
+    batch_bytes = batch * sample * 4
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    k = max(1, min(steps, min(HOST_DATA_CAP, free // 4) // batch_bytes))
+    seed = 0
+    if processes > 1:
+        import jax
+
+        k, seed = agreed_min(k), jax.process_index()
+    rng = np.random.default_rng(seed)
+    if tokens:  # ids (rows, T + 1): inputs ids[:, :-1], next-token targets ids[:, 1:]
+        ids = rng.integers(0, model_spec.num_classes, (k * batch, sample), dtype=np.int32)
+        return {"x": ids[:, :-1], "y": ids[:, 1:], "batch_size": batch, "shuffle": True}
+    x = rng.standard_normal((k * batch, *model_spec.input_shape), dtype=np.float32)
+    y = rng.integers(0, model_spec.num_classes, k * batch, dtype=np.int32)
+    return {"x": x, "y": y, "batch_size": batch, "shuffle": True}
+
+
+
+def device_batch(model_spec: Any, global_batch: int, shardings: tuple[Any, Any]
+                 ) -> tuple[Any, Any]:
+    """One synthetic global batch made on the devices in the distribution's layout (`shardings`:
+    the inputs', the labels'): token ids and their next tokens, or images and labels."""
+    if model_spec.input_kind == "tokens":
+        return token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
+                           shardings[1])
+    return synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
+                           *shardings)
+
+
+def input_mode(spec: Spec) -> str:
+    """The option `input`, checked."""
+    mode = spec.options["input"]
+    if mode not in INPUTS:
+        raise Invalid(f"input must be one of {INPUTS}, not {mode!r}")
+    return mode
+
+
+def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tuple[Any, Any],
+              noted: list[Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """(fit's data arguments, what the record says about the input, the iterator to close or
+    None) for the option `input` over synthetic data, the Grain pipeline or the PyDataset."""
+    mode = input_mode(spec)
+    if data is None and mode == "numpy":
+        return host_input(spec, model_spec) + (None,)
+    if data is None:
+        x, y = device_batch(model_spec, spec.global_batch_size, shardings)
+        return (preplaced(x, y, spec.warmup_steps + spec.measure_steps),
+                {"input": mode, "data_placement": SYNTHETIC_PLACEMENT}, None)
+    return real_input(spec, data, model_spec, shardings, noted)
+
+
+def host_input(spec: Spec, model_spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """fit's arguments for the synthetic numpy dataset (host_dataset), its epochs set from the
+    warm-up that keeps the second epoch's recompile out of the window; the record's lines."""
+    steps = spec.warmup_steps + spec.measure_steps
+    feed = host_dataset(model_spec, spec.global_batch_size, steps, spec.num_nodes)
+    k = len(feed["x"]) // feed["batch_size"]
+    warmup = warmup_past_recompile(spec.warmup_steps, spec.measure_steps, k)
+    feed["epochs"] = -(-(warmup + spec.measure_steps) // k)
+    record = {"input": "numpy", "data_placement": ARRAYS_PLACEMENT, "host_dataset": {
+        "batches": k, "epochs": feed["epochs"], "shuffle": True},
+        "warmup_steps_run": warmup}
+    if spec.num_nodes > 1:
+        record["data_placement"] = ARRAYS_PLACEMENT_PROCESSES
+        record["host_dataset"]["rows_per_process"] = feed["batch_size"]
+    if warmup != spec.warmup_steps:
+        record["warmup_extended"] = (
+            f"{spec.warmup_steps} -> {warmup}: the host data holds {k} batches, so "
+            f"step {k + 1} opens the second epoch, where Keras' jax trainer compiles "
+            "its train step again; that step is warm-up, not timed")
+    return feed, record
+
+
+def real_input(spec: Spec, data: RealData, model_spec: Any, shardings: tuple[Any, Any],
+               noted: list[Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """fit_input for real data: the PyDataset (loader keras) or the Grain pipeline's numpy or
+    preplaced batches, the first timed batch's labels noted."""
+    global_batch, mode = spec.global_batch_size, spec.options["input"]
+    steps = spec.warmup_steps + spec.measure_steps
+    size = model_spec.input_shape[0]
+    loader = spec.options["loader"]
+    record = {**describe(data, size), "loader": loader, "input": mode}
+    if loader == "keras":
+        if mode == "preplaced":
+            raise Invalid("input: preplaced needs synthetic data or loader: framework (the "
+                          "PyDataset yields numpy batches)")
+        from runners.keras_data import describe_keras, jpeg_sequence
+
+        return {"x": jpeg_sequence(data, size, global_batch, steps)}, {
+            **record, "input_pipeline": describe_keras(data),
+            "data_placement": PYDATASET_PLACEMENT}, None
+    from runners.jax.data import device_batches, host_iterator
+
+    if mode == "numpy":
+        batches, line = host_iterator(data, size, global_batch, GRAIN_HOST_LINE)
+        where = GRAIN_HOST_PLACEMENT
+    else:
+        batches, line = device_batches(data, size, global_batch, *shardings)
+        where = GRAIN_PLACEMENT
+    return {"x": noting_labels(batches, spec.warmup_steps, noted), "steps_per_epoch": steps}, {
+        **record, "input_pipeline": line, "data_placement": where}, batches
