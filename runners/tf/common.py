@@ -20,8 +20,9 @@ import tensorflow as tf  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
-from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
+from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
+from runners.tf.data import open_real  # noqa: E402  (re-exported)
 from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -141,16 +142,6 @@ def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[
     return {"source": source, "rows": [int(x.shape[0]) for x in xs],
             "image_sum": round(float(sum(np.asarray(x, np.float64).sum() for x in xs)), 4),
             "label_sum": int(sum(np.asarray(y, np.int64).sum() for y in ys))}
-
-
-def open_real(spec: Spec, model_spec: ModelSpec) -> RealData:
-    """The run's prepared dataset, checked against the model; Unavailable for any data other
-    than synthetic and real."""
-    if spec.data != "real":
-        raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
-    data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec.model)
-    return data
 
 
 def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int

@@ -44,6 +44,20 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
                    for name, gpu in zip(names, gpus[:n], strict=True)]
 
 
+def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
+    """The tf.compat.v1 Session config of the graph-mode runners (Keras 2 towers, tensorpack):
+    soft placement, GPU memory growth, inter-op threads >= 2N+2 (each StagingArea put holds a
+    thread until its tower's get runs: 2 towers on 2 cores deadlocked with the default pool),
+    and on CPU N CPU devices (a v1 Session ignores tf.config's logical devices)."""
+    n = spec.num_devices
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    config.gpu_options.allow_growth = True
+    config.inter_op_parallelism_threads = max(os.cpu_count() or 1, 2 * n + 2)
+    if spec.device == "cpu":
+        config.device_count["CPU"] = n
+    return config
+
+
 # ---- multi-node: MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster ----------
 
 MECHANISM = ("tf.distribute.MultiWorkerMirroredStrategy, its cluster from "
