@@ -1,8 +1,8 @@
 """The 2017 Keras tower runners on Keras 2 (keras_tf_kuza55, keras_tf_multi_gpu_model,
 keras_tf_avolkov1; runners/tf/towers.py, towers_input.py, towers_run.py): what the generic
-equivalence, real-data and CLI tests do not cover. Where each strategy's ops ran is read from TensorFlow's partition graphs,
-never from the device names the runner asked for. Run for real on virtual CPU devices in the
-TF environment."""
+equivalence, real-data and CLI tests do not cover. Where each strategy's ops ran is read from
+TensorFlow's partition graphs, never from the device names the runner asked for. Run for real
+on virtual CPU devices in the TF environment."""
 
 from __future__ import annotations
 
