@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -17,9 +17,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from contract.result import join  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
+from runners.converge import Splits, train_to_accuracy  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf.data import open_real  # noqa: E402  (re-exported)
@@ -367,6 +369,48 @@ class StrategyAccuracy:
 EVALUATION = ("model(x, training=False) under strategy.run (runners/tf/common.py "
               "StrategyAccuracy): each replica predicts its share of the held-out split from "
               "its own copy of the BatchNorm moving statistics; the correct counts summed")
+
+
+class StrategyConverge:
+    """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy (tf_mirrored,
+    tf_native): a subclass's `train` runs one epoch (runners/converge.py's train_epoch); this
+    class reads the optimizer's rate back after it, evaluates in inference mode under the
+    strategy (StrategyAccuracy), reads every device's BatchNorm statistics, and gives the
+    fields both runners report."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
+                 optimizer: keras.optimizers.Optimizer, data_format: str) -> None:
+        self.strategy, self.model, self.data_format = strategy, model, data_format
+        self.optimizer = optimizer
+        self.initial = weights_digest(model)  # before any step: where every run starts
+        self.lr_read_back: list[float] = []
+
+    def train(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]) -> float:
+        raise NotImplementedError
+
+    def train_epoch(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]
+                    ) -> float:
+        loss = self.train(epoch, batches, lr_at)
+        # read back from the optimizer after each epoch: the rate its last step ran at
+        self.lr_read_back.append(float(keras.ops.convert_to_numpy(
+            self.optimizer.learning_rate)))
+        return loss
+
+    def run(self, spec: Spec, splits: Splits, policy: str) -> dict[str, Any]:
+        """train_to_accuracy's result and the fields both runners report."""
+        result = train_to_accuracy(
+            spec, self.train_epoch, StrategyAccuracy(self.strategy, self.model, self.data_format),
+            lambda: moving_stats(self.strategy, self.model), splits=splits)
+        return join(result, {
+            "lr_read_back": self.lr_read_back,
+            # every device's copy of every BatchNorm moving statistic, as moving_stats reads
+            "moving_stat_copies": len(moving_stat_copies(self.strategy, self.model)),
+            "dtype_policy": policy,
+            "batchnorm": "per_device",
+            "optimizer": "Keras 3 SGD (m = momentum x m - lr x g; w += m), the recipe's "
+                         "weight_decay added to the gradient (runners/tf/common.py RecipeSGD)",
+            "evaluation": EVALUATION,
+            "initial_weights_sha256": self.initial})
 
 
 def weights_digest(model: keras.Model) -> str:
