@@ -185,7 +185,6 @@ class MultiWorker:
                 if key in merged:
                     raise Invalid(f"two workers report placement on {key!r}")
                 merged[key] = count
-        impl = ext._communication_options.implementation
         return {
             "nodes": nodes,
             "placement": dict(sorted(merged.items())),
@@ -194,35 +193,44 @@ class MultiWorker:
                                 "every worker by a collective all-gather (strategy.gather)",
             "devices": [{"name": d, "kind": "GPU" if r.gpus else "the worker's CPU device",
                          "node": n["node"]} for n in nodes for d in n["worker_devices"]],
-            "multi_node": {
-                "mechanism": MECHANISM,
-                "tensorflow": tf.__version__,
-                "resolver": type(r).__mro__[1].__name__,
-                "cluster_spec_resolved": r.resolved,
-                "cluster_spec": cluster,
-                "port_base": r._port_base,
-                "port_adjustments": r.adjustments,
-                "accelerators": ({"GPU": r.gpus} if r.gpus
-                                 else {"GPU": 0, "why": CPU_GPUS_NOTE}),
-                "task_type": s.cluster_resolver.task_type,
-                "task_id": s.cluster_resolver.task_id,
-                "num_workers": ext._num_workers,
-                "num_replicas_in_sync": s.num_replicas_in_sync,
-                "worker_devices": list(ext.worker_devices),
-                "runner_adjustments": adjustments or {},
-                "communication_requested": self.communication,
-                "communication_implementation": getattr(impl, "name", str(impl)),
-                "collective_ops": own["collective_ops"],
-                "master": {k: os.environ.get(k) for k in (
-                    "MGBENCH_MASTER_ADDR", "MGBENCH_MASTER_PORT", "MGBENCH_NUM_NODES",
-                    "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")},
-                "source": "strategy.cluster_resolver (task_type, task_id), "
-                          "strategy.extended (_cluster_spec, _num_workers, worker_devices, "
-                          "_communication_options), strategy.num_replicas_in_sync; the "
-                          "cluster spec before adjustment from "
-                          "SlurmClusterResolver.cluster_spec(); collective ops from the "
-                          "partition graphs; nodes gathered with strategy.gather"},
+            "multi_node": self.multi_node(cluster, own["collective_ops"], adjustments),
         }
+
+    def multi_node(self, cluster: dict[str, list[str]], collectives: dict[str, Any],
+                   adjustments: dict[str, str] | None) -> dict[str, Any]:
+        """The record's `multi_node`: the mechanism, the cluster as resolved and as used, and
+        what the strategy says of itself."""
+        s, r = self.strategy, self.resolver
+        ext = s.extended
+        impl = ext._communication_options.implementation
+        return {
+            "mechanism": MECHANISM,
+            "tensorflow": tf.__version__,
+            "resolver": type(r).__mro__[1].__name__,
+            "cluster_spec_resolved": r.resolved,
+            "cluster_spec": cluster,
+            "port_base": r._port_base,
+            "port_adjustments": r.adjustments,
+            "accelerators": ({"GPU": r.gpus} if r.gpus
+                             else {"GPU": 0, "why": CPU_GPUS_NOTE}),
+            "task_type": s.cluster_resolver.task_type,
+            "task_id": s.cluster_resolver.task_id,
+            "num_workers": ext._num_workers,
+            "num_replicas_in_sync": s.num_replicas_in_sync,
+            "worker_devices": list(ext.worker_devices),
+            "runner_adjustments": adjustments or {},
+            "communication_requested": self.communication,
+            "communication_implementation": getattr(impl, "name", str(impl)),
+            "collective_ops": collectives,
+            "master": {k: os.environ.get(k) for k in (
+                "MGBENCH_MASTER_ADDR", "MGBENCH_MASTER_PORT", "MGBENCH_NUM_NODES",
+                "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")},
+            "source": "strategy.cluster_resolver (task_type, task_id), "
+                      "strategy.extended (_cluster_spec, _num_workers, worker_devices, "
+                      "_communication_options), strategy.num_replicas_in_sync; the "
+                      "cluster spec before adjustment from "
+                      "SlurmClusterResolver.cluster_spec(); collective ops from the "
+                      "partition graphs; nodes gathered with strategy.gather"}
 
 
 def multi_worker_strategy(spec: Spec, communication: str = "auto",
