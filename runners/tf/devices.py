@@ -70,14 +70,9 @@ CPU_GPUS_NOTE = (
 
 
 class SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
-    """TensorFlow's SlurmClusterResolver (SLURM_PROCID, SLURM_STEP_NUM_TASKS,
-    SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE), ports from MGBENCH_MASTER_PORT, with two
-    changes, both recorded in `multi_node`:
-    - cluster_spec(): where two tasks resolve to the same address and port (the local
-      cluster: every node is 127.0.0.1, and the resolver gives each node's first task
-      port_base), every task on that address gets port_base + its global task index; on a
-      real cluster, nodes have distinct addresses and nothing changes.
-    - num_accelerators(): 0 GPUs on CPU (CPU_GPUS_NOTE).
+    """TensorFlow's SlurmClusterResolver, ports from MGBENCH_MASTER_PORT, with two changes
+    recorded in `multi_node`: distinct ports where two tasks share an address (distinct_ports:
+    the local cluster; on a real cluster nothing changes), and 0 GPUs on CPU (CPU_GPUS_NOTE).
     GPUs are never reassigned (auto_set_gpu=False): the harness sets CUDA_VISIBLE_DEVICES."""
 
     def __init__(self, port_base: int, gpus: int) -> None:
@@ -157,14 +152,11 @@ class MultiWorker:
     def record(self, placement: dict[str, int], run_metadata: Any,
                node_extra: dict[str, Any] | None = None,
                adjustments: dict[str, str] | None = None) -> dict[str, Any]:
-        """`nodes`, `multi_node`, and the placement and devices of every worker, gathered
-        through TF (placement.all_gather_json): each worker sends its node_identity(), its task
-        type and id, its address in the cluster spec MWMS uses, its worker devices, the compute
-        ops per device in its own partition graphs (`placement`, from its RunMetadata), the
-        collective ops in them, and `node_extra`. `adjustments`: what the runner changed of
-        TF's behaviour for the run, by name and why (into multi_node). Call on every worker,
-        after the timed window and last (it is a collective). Invalid when the gathered
-        workers are not tasks 0..N-1 or two report the same device."""
+        """`nodes`, `multi_node`, and every worker's placement and devices, gathered through
+        TF (all_gather_json): each worker's identity, task, address, devices, compute and
+        collective ops per device, and `node_extra`; `adjustments`: what the runner changed of
+        TF's behaviour, by name and why. A collective: call on every worker, last. Invalid
+        when the workers are not tasks 0..N-1 or two report the same device."""
         from runners.tf.placement import all_gather_json, collective_ops
 
         s, r = self.strategy, self.resolver
@@ -236,12 +228,10 @@ class MultiWorker:
 def multi_worker_strategy(spec: Spec, communication: str = "auto",
                           strategy_class: type[tf.distribute.MultiWorkerMirroredStrategy]
                           = tf.distribute.MultiWorkerMirroredStrategy) -> MultiWorker:
-    """MultiWorkerMirroredStrategy over the SLURM step's tasks, one worker per node: the
-    cluster from TF's SlurmClusterResolver (SlurmResolver), ports from MGBENCH_MASTER_PORT.
-    Call before anything else touches TensorFlow's devices. Unavailable for what MWMS cannot
-    do here (more than one CPU device per worker, missing GPUs, not in a SLURM step); Invalid
-    when what TF resolved is not this run (worker count, task id vs process rank, a task
-    given another node's address, replica count)."""
+    """MultiWorkerMirroredStrategy over the SLURM step's tasks, one worker per node (the
+    cluster from SlurmResolver). Call before anything else touches TF's devices. Unavailable
+    for what MWMS cannot do here (several CPU devices per worker, missing GPUs, no SLURM
+    step); Invalid when what TF resolved is not this run (check_resolved)."""
     per_node = spec.devices_per_node
     if spec.num_devices != per_node * spec.num_nodes:
         raise Invalid(f"{spec.num_devices} devices do not divide over {spec.num_nodes} nodes")

@@ -58,17 +58,11 @@ FUSED_MIN_EPSILON = 1.001e-5
 
 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
-    """Keras 3's BatchNormalization computed by TensorFlow's one fused kernel, FusedBatchNormV3
-    (and FusedBatchNormGradV3 for its gradient), as TF 1's tf.layers/tf.keras (fused=True) and
-    tf_cnn_benchmarks compute it. Keras 3 computes it from unfused ops on every backend (mean,
-    squared difference, mean, rsqrt, multiply-adds), whose gradient is ~20 more elementwise
-    and reduction ops per layer: a third of tf_native's ResNet-50 CPU step (docs/PERFORMANCE.md).
-
-    Same variables, same arithmetic: normalise by the batch's biased variance, moving statistics
-    updated as Keras does (momentum, the *biased* batch variance: the kernel returns the
-    unbiased one for its own moving averages, so it is scaled back by (n - 1) / n); epsilon at
-    least 1.001e-5, as TF's own fused_batch_norm wrapper sets it for cuDNN. Falls back to
-    Keras' call for what the kernel cannot do (not 4-D, a mask, renorm, synchronized)."""
+    """Keras 3's BatchNormalization computed by TF's fused kernel FusedBatchNormV3, as TF 1
+    (fused=True) and tf_cnn_benchmarks compute it: same variables and arithmetic (the kernel's
+    unbiased variance scaled back to the biased one for the moving statistics; epsilon at
+    least 1.001e-5, as TF's wrapper sets it); Keras' call for what the kernel cannot do
+    (docs/runners/tf_native.md, "FusedBatchNormalization")."""
 
     def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
         axis = self.axis % len(inputs.shape)
@@ -145,11 +139,9 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
 
 def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelSpec,
                 data_format: str) -> tuple[Iterator[tuple[Any, Any]], dict[str, Any]]:
-    """Each step's (PerReplica x, PerReplica y), and what the record says about the data.
-
-    Synthetic: the same slices made once on each device. Real: the tf.data pipeline's global
-    batches through strategy.experimental_distribute_dataset, which splits each batch into
-    per-replica slices and prefetches them to the replicas' devices."""
+    """Each step's (PerReplica x, PerReplica y), and what the record says about the data:
+    synthetic slices made once on each device, or tf.data's global batches split and
+    prefetched to the replicas' devices by experimental_distribute_dataset."""
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     if spec.data == "synthetic":
         xy = device_batches(strategy, input_shape(model_spec, data_format),
@@ -278,10 +270,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """The timed path on the probe model: the same strategy, model path (fused_batchnorm),
-    per-replica slices made on each replica's device by experimental_distribute_values_from_
-    function, and the same tf.function step (xla honoured), for one plain SGD step on the
-    given weights and batch split over the replicas; weights saved, placement read back."""
+    """The timed path (strategy, fused_batchnorm, per-replica slices made on each device, the
+    same tf.function step, xla honoured) on the probe model for one plain SGD step on the
+    given weights and batch; weights saved, placement read back."""
     opts = spec.options
     strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()

@@ -29,8 +29,7 @@ def device_batches(strategy: tf.distribute.Strategy, shape: tuple[int, ...], cla
                                         dtype=tf.int32)
         return x, y
 
-    values = strategy.experimental_distribute_values_from_function(make)
-    return values  # a (PerReplica x, PerReplica y) pair
+    return strategy.experimental_distribute_values_from_function(make)  # (PerReplica x, y)
 
 
 def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
@@ -81,13 +80,9 @@ XLA_DEVICE_ERROR = re.compile(r"Trying to access resource .{0,300}? located in d
 def first_step(step: Callable[..., tf.Tensor], *args: Any
                ) -> tuple[float, dict[str, Any], Any]:
     """Run the step once (the first warm-up step, or the equivalence step) while TF collects
-    the partition graphs of the functions it instantiates for it; the loss, the placement and
-    the RunMetadata.
-
-    XLA on N virtual CPU devices compiles each replica's step for XLA's one host device, which
-    cannot reach the variables of the other replicas: TF raises "Trying to access resource
-    ... located in device ...". That is a step that did not run where it was asked to: Invalid,
-    with TF's words."""
+    the partition graphs of the functions it instantiates for it: (the loss, the placement, the
+    RunMetadata). XLA on N virtual CPU devices cannot reach the other replicas' variables
+    ("Trying to access resource ... located in device"): Invalid, with TF's words."""
     placement = EagerPlacement()
     placement.start()
     try:
