@@ -6,6 +6,7 @@ Imports TensorFlow and Keras 3: only runner child processes import this module.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -395,6 +396,17 @@ class StrategyConverge:
         self.lr_read_back.append(float(keras.ops.convert_to_numpy(
             self.optimizer.learning_rate)))
         return loss
+
+    @contextlib.contextmanager
+    def empty_replicas(self, batches: Sequence[Any]) -> Iterator[None]:
+        """A failed step on `batches` re-raised as empty_replica_failure's Invalid, if any."""
+        try:
+            yield
+        except tf.errors.InvalidArgumentError as exc:
+            failure = empty_replica_failure(exc, batches, self.strategy.num_replicas_in_sync)
+            if failure is None:
+                raise
+            raise failure from exc
 
     def run(self, spec: Spec, splits: Splits, policy: str) -> dict[str, Any]:
         """train_to_accuracy's result and the fields both runners report."""

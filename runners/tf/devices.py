@@ -13,8 +13,10 @@ MWMS runs one replica per worker on CPU, so CPU runs take 1 device per node."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,6 +288,18 @@ def xla_collectives_unavailable(exc: BaseException) -> Unavailable | None:
         return None
     return Unavailable(f"xla on several workers on CPU: TensorFlow {tf.__version__} does not "
                        f"compile the cross-worker all-reduce with XLA on CPU ({said[:300]})")
+
+
+@contextlib.contextmanager
+def xla_collectives_guard() -> Iterator[None]:
+    """Re-raises xla_collectives_unavailable's Unavailable for the error it recognises."""
+    try:
+        yield
+    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
+        unavailable = xla_collectives_unavailable(exc)
+        if unavailable is not None:
+            raise unavailable from exc
+        raise
 
 
 def check_resolved(spec: Spec, resolver: SlurmResolver) -> None:

@@ -40,7 +40,6 @@ from runners.tf.common import (
     SHARDING_NOTE,
     StrategyConverge,
     check_converge_model,
-    empty_replica_failure,
     epoch_dataset,
     fit_input,
     framework_versions,
@@ -52,7 +51,7 @@ from runners.tf.common import (
     synthetic_tokens,
     timed_fit,
 )
-from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
+from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_guard
 from runners.tf.placement import EagerPlacement
 from runners.tf.state import keras_policy, state_bytes_tf
 
@@ -205,7 +204,8 @@ def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]
     replicas' variables), steps_per_execution > 1 with CollectiveAllReduce (a placeholder left
     unfed in Keras' while loop), and xla on several workers on CPU."""
     try:
-        yield
+        with xla_collectives_guard():
+            yield
     except tf.errors.InvalidArgumentError as exc:
         message, replicas = str(exc), strategy.num_replicas_in_sync
         if replicas > 1 and spec.options["xla"] and "Trying to access resource" in message:
@@ -226,11 +226,6 @@ def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]
                    if spec.num_nodes == 1 else
                    "on several nodes MultiWorkerMirroredStrategy has only the collective "
                    "all-reduce")) from exc
-        raise
-    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
-        unavailable = xla_collectives_unavailable(exc)
-        if unavailable is not None:
-            raise unavailable from exc
         raise
 
 
@@ -365,16 +360,10 @@ class MirroredConverge(StrategyConverge):
         if epoch == 0:  # the train function's partition graphs, made by its first call
             self.placement.start()
             callbacks.append(StopPlacement(self.placement))
-        try:
-            with known_limits(self.spec, self.strategy):
-                history = self.model.fit(epoch_dataset(batches, self.data_format),
-                                         epochs=epoch + 1, initial_epoch=epoch,
-                                         callbacks=callbacks, verbose=0, shuffle=False)
-        except tf.errors.InvalidArgumentError as exc:
-            failure = empty_replica_failure(exc, batches, self.strategy.num_replicas_in_sync)
-            if failure is None:
-                raise
-            raise failure from exc
+        with self.empty_replicas(batches), known_limits(self.spec, self.strategy):
+            history = self.model.fit(epoch_dataset(batches, self.data_format),
+                                     epochs=epoch + 1, initial_epoch=epoch,
+                                     callbacks=callbacks, verbose=0, shuffle=False)
         return float(history.history["loss"][-1])
 
 

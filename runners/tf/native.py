@@ -39,7 +39,6 @@ from runners.tf.common import (
     SHARDING_NOTE,
     StrategyConverge,
     check_converge_model,
-    empty_replica_failure,
     epoch_dataset,
     framework_versions,
     input_shape,
@@ -325,14 +324,8 @@ class NativeConverge(StrategyConverge):
         losses = []
         for step, (batch, xy) in enumerate(zip(batches, inputs, strict=False)):
             self.optimizer.learning_rate = lr_at(step)
-            try:
+            with self.empty_replicas([batch]):
                 losses.append(self.step(xy, tf.constant(batch.global_rows, tf.int32)))
-            except tf.errors.InvalidArgumentError as exc:
-                failure = empty_replica_failure(exc, [batch],
-                                                self.strategy.num_replicas_in_sync)
-                if failure is None:
-                    raise
-                raise failure from exc
         if len(losses) != len(batches):
             raise Invalid(f"the distributed dataset gave {len(losses)} of the epoch's "
                           f"{len(batches)} batches")

@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from runners.common import Invalid, finite
-from runners.tf.devices import xla_collectives_unavailable
+from runners.tf.devices import xla_collectives_guard
 from runners.tf.placement import BOOKKEEPING_OPS, EagerPlacement
 
 
@@ -86,18 +86,14 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any
     placement = EagerPlacement()
     placement.start()
     try:
-        loss = finite(step(*args))
+        with xla_collectives_guard():
+            loss = finite(step(*args))
     except tf.errors.InvalidArgumentError as exc:
         if XLA_DEVICE_ERROR.search(str(exc)):
             said = next((line.strip() for line in str(exc).splitlines()
                          if "Trying to access resource" in line), "")
             raise Invalid("XLA ran the replicas' step on one device that cannot reach the "
                           f"other replicas' variables: {said[:300]}") from exc
-        raise
-    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
-        unavailable = xla_collectives_unavailable(exc)
-        if unavailable is not None:
-            raise unavailable from exc
         raise
     finally:
         placement.stop()
