@@ -33,23 +33,8 @@ from models.keras_common import (
 from runners.common import Invalid, Spec, finite, main, process_rank, timed_loop
 from runners.converge import Recipe, load_splits
 from runners.real_data import describe
+from runners.tf import common as tfc
 from runners.tf import data as tf_data
-from runners.tf.common import (
-    POLICIES,
-    SHARDING_NOTE,
-    StrategyConverge,
-    check_converge_model,
-    epoch_dataset,
-    framework_versions,
-    input_shape,
-    local_batch,
-    nchw,
-    recipe_optimizer,
-    replica_slices,
-    setup_devices,
-    shard_across_workers,
-    worker_seed,
-)
 from runners.tf.devices import MultiWorker, multi_worker_strategy
 from runners.tf.steps import device_batches, first_step, make_train_step
 
@@ -132,7 +117,7 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
     if spec.num_nodes > 1:
         multi = multi_worker_strategy(spec)
         return multi.strategy, multi.devices, multi
-    names, devices = setup_devices(spec)
+    names, devices = tfc.setup_devices(spec)
     return tf.distribute.MirroredStrategy(devices=names), devices, None
 
 
@@ -143,7 +128,7 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
     prefetched to the replicas' devices by experimental_distribute_dataset."""
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     if spec.data == "synthetic":
-        xy = device_batches(strategy, input_shape(model_spec, data_format),
+        xy = device_batches(strategy, tfc.input_shape(model_spec, data_format),
                             model_spec.num_classes, global_batch // n)
         return itertools.repeat(xy), {
             "data_placement": "one synthetic slice per replica, created on its device once "
@@ -152,9 +137,9 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
     data = tf_data.open_real(spec, model_spec)
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
     ds = tf_data.make_dataset(data, size, global_batch, channels_first=channels_first,
-                              seed=worker_seed(spec))
+                              seed=tfc.worker_seed(spec))
     if spec.num_nodes > 1:
-        ds = shard_across_workers(ds)
+        ds = tfc.shard_across_workers(ds)
     return iter(strategy.experimental_distribute_dataset(ds)), {
         **describe(data, size),
         "input_pipeline": tf_data.describe_pipeline(data, global_batch, channels_first),
@@ -194,7 +179,7 @@ class NativeModel:
         swapped = self.swapped
         return join({
             "replicas": self.strategy.num_replicas_in_sync,
-            "framework": framework_versions(),
+            "framework": tfc.framework_versions(),
             "devices": self.devices,
             "layout": self.data_format,
             "loss_scaling": self.spec.precision == "fp16",
@@ -226,7 +211,7 @@ class TimedSteps:
         loss, found, run_metadata = first_step(self.train_step, *xy)
         self.placed.update(found)
         if self.multi is not None:  # the rows this worker's replicas stepped on (sharding)
-            self.first.update(run_metadata=run_metadata, batch=local_batch(
+            self.first.update(run_metadata=run_metadata, batch=tfc.local_batch(
                 self.net.strategy, xy, "the first step's input"))
         return loss
 
@@ -238,7 +223,7 @@ class TimedSteps:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    policy = POLICIES[spec.precision]
+    policy = tfc.POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
     strategy, devices, multi = make_strategy(spec)
     model_spec = get_spec(spec.model)
@@ -262,7 +247,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         result["input_sharding"] = (
             "synthetic: each replica makes its own global-batch / replicas rows, seeded by its "
             "replica id in sync (experimental_distribute_values_from_function)"
-            if spec.data == "synthetic" else SHARDING_NOTE)
+            if spec.data == "synthetic" else tfc.SHARDING_NOTE)
         result.update(multi.record(steps.placed["placement"], steps.first["run_metadata"],
                                    {"first_batch": steps.first["batch"]}))
     return result
@@ -277,28 +262,28 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     weights, x, y, lr = spec.equivalence_inputs()
     data_format = opts["data_format"]
     n = strategy.num_replicas_in_sync
-    images = nchw(np.asarray(x), data_format)
+    images = tfc.nchw(np.asarray(x), data_format)
     with strategy.scope():
         model, _ = build_model("probe", get_spec("probe"), data_format,
                                bool(opts["fused_batchnorm"]))
         set_canonical_weights(model, weights)
         optimizer = keras.optimizers.SGD(learning_rate=lr)
         optimizer.build(model.trainable_variables)
-    xs, ys = replica_slices(strategy, images, y)
+    xs, ys = tfc.replica_slices(strategy, images, y)
     step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
     loss, placed, run_metadata = first_step(step, xs, ys)
     if process_rank() == 0:  # several workers: each holds the same weights, one writes them
         spec.save_equivalence_output(get_canonical_weights(model))
-    result = {"replicas": n, "framework": framework_versions(), "devices": devices,
+    result = {"replicas": n, "framework": tfc.framework_versions(), "devices": devices,
               "loss": loss, "layout": data_format, **placed}
     if multi is not None:
         result.update(multi.record(placed["placement"], run_metadata,
-                                   {"first_batch": local_batch(strategy, (xs, ys),
+                                   {"first_batch": tfc.local_batch(strategy, (xs, ys),
                                                                "the step's input")}))
     return result
 
 
-class NativeConverge(StrategyConverge):
+class NativeConverge(tfc.StrategyConverge):
     """One step of the benchmark's tf.function per global batch of the recipe, fed through
     experimental_distribute_dataset, the optimizer's rate assigned before every step; each
     step divides its replicas' summed losses by its own global rows (a short kept last batch
@@ -320,7 +305,7 @@ class NativeConverge(StrategyConverge):
 
     def train(self, epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
         inputs = iter(self.strategy.experimental_distribute_dataset(
-            epoch_dataset(batches, self.data_format)))
+            tfc.epoch_dataset(batches, self.data_format)))
         losses = []
         for step, (batch, xy) in enumerate(zip(batches, inputs, strict=False)):
             self.optimizer.learning_rate = lr_at(step)
@@ -338,13 +323,13 @@ def converge(spec: Spec) -> dict[str, Any]:
     weights seeded by keras.utils.set_random_seed(recipe.seed)."""
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
-    check_converge_model(spec, get_spec(spec.model), splits)
-    policy = POLICIES[spec.precision]
+    tfc.check_converge_model(spec, get_spec(spec.model), splits)
+    policy = tfc.POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
     strategy, devices, _ = make_strategy(spec)
     keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
     adapter = NativeConverge(NativeModel(spec, strategy, devices,
-                                         lambda: recipe_optimizer(recipe)))
+                                         lambda: tfc.recipe_optimizer(recipe)))
     result = adapter.run(spec, splits, policy)
     return join(result, adapter.net.fields(adapter.placed), {
         "data_placement": "each epoch's global batches of the recipe (runners/converge.py) in "
