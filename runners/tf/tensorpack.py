@@ -73,10 +73,8 @@ def tensorpack_devices(n: int) -> list[str]:
 
 
 def relocate_towers(graph: Any, devices: list[str]) -> int:
-    """Put every op tensorpack placed on "/gpu:k" on the run's device k (devices[k]); ops on
-    other devices stay. The identity on GPUs (devices are "/gpu:k" there); on N virtual CPU
-    devices it moves tower k, its share of the all-reduce and its update to "/cpu:k". Call on
-    the finished graph, before the session sees it. Returns how many ops moved."""
+    """Put every op tensorpack placed on "/gpu:k" on the run's device k (the identity on GPUs);
+    call on the finished graph, before the session sees it. Returns how many ops moved."""
     targets = [tfv1.DeviceSpec.from_string(d) for d in devices]
     moved = 0
     for op in graph.get_operations():
@@ -172,11 +170,9 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
 
 
 def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:
-    """The trainer's InputSource, and its name. Synthetic (a list of per-tower batches):
-    QueueInput over a DataFlow of them, repeated forever. Real data (a RealData): tensorpack's
-    TFDatasetInput over the tf.data pipeline of runners/tf/data.py, one per-tower batch per
-    get_next (tensorpack's QueueInput takes a Python DataFlow, not a tf.data dataset). Either
-    is wrapped in StagingInput for `input: staging`. Call inside the training graph."""
+    """The trainer's InputSource and its name: QueueInput over a DataFlow of the per-tower
+    batches, or TFDatasetInput over runners/tf/data.py's pipeline (real data), wrapped in
+    StagingInput for `input: staging`. Call inside the training graph."""
     from tensorpack.dataflow import DataFromList
     from tensorpack.input_source import QueueInput, StagingInput, TFDatasetInput
 
@@ -221,10 +217,9 @@ class Towers:
 
 
 class Clock:
-    """Fetches the towers' mean loss with every train step and drives the timed window
-    (runners.common.TimedWindow): the clock reads after the session.run that ran the step
-    (train op and loss) has returned. The first step also fetches the towers' labels and the
-    partition graphs (the placement); after training, the global step and `read_vars`."""
+    """Drives the timed window (runners.common.TimedWindow) after each step's session.run
+    (train op and the towers' mean loss) has returned; the first step also fetches the
+    towers' labels and the partition graphs; after training, the global step and read_vars."""
 
     def __init__(self, steps: tuple[int, int], device: str, towers: Towers,
                  read_vars: list[str] | None) -> None:
