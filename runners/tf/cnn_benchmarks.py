@@ -90,15 +90,9 @@ def layout_flag(device: str, data_format: str | None) -> str | None:
 
 def build_flags(spec: Spec, options: Mapping[str, Any] | None = None,
                 trace_file: str | None = None) -> list[str]:
-    """tf_cnn_benchmarks flags for a run spec (pure: no framework, no file access).
-
-    --batch_size is per device (the script multiplies it by --num_gpus); --num_gpus is the
-    number of devices of either kind (with --device=cpu the script makes that many CPU
-    devices). Options left unset (None) pass no flag, so the script's own default applies:
-    --variable_update=parameter_server, --local_parameter_device=gpu, --data_format=NCHW on
-    GPUs (NHWC on CPU, the only layout the script accepts there). --trace_file, when the spec
-    names one, makes the script write step -2's (a warm-up step's) FULL_TRACE step stats as
-    a Chrome trace: TensorFlow's own record of the device each node ran on."""
+    """tf_cnn_benchmarks flags for a run spec (pure): --batch_size per device, --num_gpus the
+    devices of either kind; options left unset pass no flag (the script's defaults apply);
+    --trace_file makes the script write step -2's FULL_TRACE step stats as a Chrome trace."""
     opts = {**spec.options, **(options or {})}  # options: over the spec's own
     n, per_device = int(spec.num_devices), int(spec.batch_size_per_device)
     if per_device * n != int(spec.global_batch_size):
@@ -152,12 +146,9 @@ def left_to_script(flags: list[str]) -> dict[str, str]:
 
 
 def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """From the script's Chrome trace (TF's timeline of one FULL_TRACE step): the nodes that
-    executed on each device, and how many of each op type (pure: parses JSON already loaded).
-
-    TF's timeline names one process per device and stream ("<device> Compute", plus
-    "<device> Tensors" and allocator processes for memory); each executed node is a complete
-    ("X") event of a Compute process with args {name, op}."""
+    """From the script's Chrome trace (TF's timeline of one FULL_TRACE step, pure): the nodes
+    executed on each device and how many of each op type, from the complete ("X") events of
+    each "<device> Compute" process."""
     devices: dict[int, str] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "M" and ev.get("name") == "process_name":
@@ -194,11 +185,9 @@ def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
 
 
 def parse_output(text: str) -> dict[str, Any]:
-    """What tf_cnn_benchmarks printed: its header, one entry per displayed step, and the final
-    `total images/sec`. Pure; missing pieces are None (or empty lists).
-
-    A step line `N<TAB>images/sec: M +/- U (jitter = J)<TAB>LOSS` shows M = global batch /
-    (mean of the step times so far): a running mean over steps 1..N, not step N's own rate."""
+    """What tf_cnn_benchmarks printed (pure; missing pieces None or empty): its header, one
+    entry per displayed step (`N<TAB>images/sec: M ...<TAB>LOSS`, M a running mean over steps
+    1..N), and the final `total images/sec`."""
     out: dict[str, Any] = {"steps": [], "total_images_per_sec": None, "global_batch": None,
                            "batch_per_device": None, "devices": None}
     out.update({k: None for k in HEADER})

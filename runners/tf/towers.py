@@ -127,12 +127,9 @@ class Stager:
 
 @dataclass
 class Recipe:
-    """How a strategy builds its parallel model from the template.
-
-    devices: tower devices. slice_device: where each tower's rows are cut from the batch
-    (None: inside the tower's own device scope, the whole batch travels to every tower;
-    "input": on the device of the template's input placeholder, Keras 2.2's multi_gpu_model).
-    merge_device: where tower outputs are concatenated. remainder: "drop" or "last"."""
+    """How a strategy builds its parallel model from the template: the tower devices, where
+    each tower's rows are cut (None: in the tower's own scope; "input": on the template's
+    input device, Keras 2.2), where outputs merge, and who takes the remainder rows."""
 
     devices: list[str]
     merge_device: str
