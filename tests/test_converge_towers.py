@@ -1,5 +1,5 @@
 """Mode converge of the seeds' tower runners (keras_tf_multi_gpu_model, keras_tf_kuza55:
-runners/tf/towers.py `converge`, Keras 2 fit on the tower model) on digits, for real on 2
+runners/tf/towers_run.py `converge`, Keras 2 fit on the tower model) on digits, for real on 2
 virtual CPU devices through the CLI: seed 002's short-last-batch trap, and a short run to a
 sensible held-out accuracy.
 

@@ -1,8 +1,8 @@
 """The 2017 Keras tower runners on Keras 2 (keras_tf_kuza55, keras_tf_multi_gpu_model,
-keras_tf_avolkov1; runners/tf/towers.py): what the generic equivalence, real-data and CLI
-tests do not cover. Where each strategy's ops ran is read from TensorFlow's partition graphs,
-never from the device names the runner asked for. Run for real on virtual CPU devices in the
-TF environment."""
+keras_tf_avolkov1; runners/tf/towers.py, towers_input.py, towers_run.py): what the generic
+equivalence, real-data and CLI tests do not cover. Where each strategy's ops ran is read from
+TensorFlow's partition graphs, never from the device names the runner asked for. Run for real
+on virtual CPU devices in the TF environment."""
 
 from __future__ import annotations
 
@@ -154,9 +154,12 @@ WORK = """
 import json, os
 import numpy as np
 from bench.records.placement_check import check_work
+from models import get_spec
 from runners.tf import towers as kt
 from runners.tf import keras_avolkov1, keras_kuza55, keras_multi_gpu_model
 from runners.tf.placement import partition_graphs
+from runners.tf.towers_input import arrays_source, synthetic_arrays
+from runners.tf.towers_run import placement_step
 from tests.specs import run_spec
 
 cases = {"keras_tf_kuza55": (keras_kuza55, {}),
@@ -172,8 +175,8 @@ for name, (module, options) in cases.items():
     built, fields = module.make(spec, names, "feed_dict")
     bn = next(l for l in built.template.layers if "BatchNorm" in type(l).__name__)
     before = kt.K.get_value(bn.moving_mean)
-    x, y = kt.synthetic_arrays(kt.get_spec("minigooglenet"), 8)
-    work = kt.placement_step(built, kt.arrays_source(x, y).fit_args(1, False), names,
+    x, y = synthetic_arrays(get_spec("minigooglenet"), 8)
+    work = placement_step(built, arrays_source(x, y).fit_args(1, False), names,
                              fields.get("gradient_copies", 1))
     shown, problems = check_work(work)
     ops = sorted({n.op for g in partition_graphs(built.run_metadata) for n in g.node})
@@ -288,6 +291,7 @@ import json, sys
 import numpy as np
 from runners.tf import towers as kt
 from runners.tf import keras_avolkov1 as keras_tf_avolkov1
+from runners.tf.towers_input import arrays_source
 from models.keras2_common import get_canonical_weights, set_canonical_weights
 
 from tests.specs import run_spec
@@ -302,7 +306,7 @@ def step(primed, fed):
     built, _ = keras_tf_avolkov1.make(spec, names, "staging")  # lr: spec.equivalence
     set_canonical_weights(built.template, weights)
     kt.prime(built, *primed)
-    built.model.fit(**kt.arrays_source(*fed).fit_args(1, True), verbose=0)
+    built.model.fit(**arrays_source(*fed).fit_args(1, True), verbose=0)
     return get_canonical_weights(built.template)
 
 a = step((x, y), (other, y[::-1].copy()))   # trains on the primed batch

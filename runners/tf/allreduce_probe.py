@@ -1,44 +1,15 @@
 """The TensorFlow all-reduce probe (mode allreduce, issue 17): tf.distribute's collective
 all-reduce, timed as Keras 3 issues it for the gradients under MirroredStrategy.
 
-Devices: one process with spec.num_devices logical devices (runners/tf/devices.py): N virtual
-CPU devices on CPU, the first N GPUs on GPU. Strategy: tf.distribute.MirroredStrategy over
-them with its default cross-device ops, which in TensorFlow 2.21 is CollectiveAllReduce
-(cross_device_ops.py; what tf_mirrored's `cross_device_ops: auto` runs), its implementation
-chosen by MirroredStrategy itself: RING on CPU devices (and virtual GPUs), NCCL on physical
-GPUs. The all-reduce: a tf.function calling strategy.run of a replica function that does
-`tf.distribute.get_replica_context().all_reduce(SUM, buffer)`, which is exactly how Keras 3's
-optimizer (keras/src/backend/tensorflow/optimizer.py, _all_reduce_sum_gradients) sums the
-gradients inside fit's train function: merge_call -> CollectiveAllReduce.batch_reduce ->
-one CollectiveReduceV2 op per replica (communication_hint ring or nccl), launched in graph
-mode. Each replica's buffer is a float32 vector made under tf.device of its replica's device
-(experimental_distribute_values_from_function, which leaves placement to the caller under
-MirroredStrategy); the inputs are not changed by the all-reduce (its outputs are new tensors,
-as the reduced gradients are), so every iteration sums the same values.
-Timing: contract/collectives.measure_size, iterations issued back to back, the clock stopped
-once every replica's last result has been read back (a sync of every device). One process
-times every replica at once (no mean across ranks to take).
-Evidence (read back from TensorFlow): replicas and world_size = strategy.num_replicas_in_sync,
-devices = the .device of each replica's buffer, the cross-device ops class and the
-communication implementation MirroredStrategy chose, the .device of the reduced per-replica
-values, and the collective ops TensorFlow placed on each device in the partition graphs of
-the instantiated function, with their communication_hint (ring, nccl).
-
-All-gather and reduce-scatter (issue 27): the replica context's `all_gather(part, axis=0)`
-inside strategy.run (CollectiveAllReduce.batch_all_gather: one CollectiveGatherV2 per replica)
-over each replica's S/n-byte part, S as nccl-tests defines it (contract/collectives.
-collective_bytes), checked by replica r's part (r + 1) at position r in every replica's
-result. tf.distribute has no reduce-scatter (ReplicaContext has all_reduce and all_gather
-only; the probe looks for the method and records the collective unavailable when it is not
-there).
-
-Follows TensorFlow 2.21's tf.distribute (MirroredStrategy + CollectiveAllReduce, Keras 3.15's
-gradient all-reduce). Differs from what a user ran: one flat buffer per call instead of a
-model's gradient list (Keras hands CollectiveAllReduce the whole list, which it concatenates
-into one pack when bytes_per_pack is 0, the default, so one buffer of the gradient size is
-that pack without the concat and split copies), no compute beside it to overlap with, and
-the buffer sizes of the probe rather than one step's. One machine only (a multi-worker
-MultiWorkerMirroredStrategy run would add the cross-host hop; not built here).
+One process, N logical devices, MirroredStrategy with its default cross-device ops
+(CollectiveAllReduce in TF 2.21: RING on CPU devices, NCCL on GPUs); the all-reduce is the
+replica context's all_reduce(SUM) inside strategy.run in a tf.function, as Keras 3's optimizer
+sums the gradients; each replica's float32 buffer made on its device. Timing:
+contract/collectives.measure_size, stopped once every replica's result is read back. Evidence
+read back from TF: replicas, devices, the cross-device ops and implementation, the collective
+ops per device in the partition graphs. All-gather: the replica context's all_gather;
+tf.distribute has no reduce-scatter (recorded unavailable). Differs: one flat buffer per call,
+no compute to overlap with, one machine only. docs/runners/tf_allreduce.md has the details.
 """
 
 from __future__ import annotations
@@ -151,32 +122,42 @@ def collective_placement(run_metadata: Any) -> dict[str, Any]:
             "communication_hints": sorted(hints)}
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    strategy, devices = make_strategy(spec)
-    n = strategy.num_replicas_in_sync  # the parent checks it against the run's devices
-    all_reduce = all_reduce_fn(strategy)
-    expected = expected_sum(n)
-    rows: list[dict[str, Any]] = []
-    seen: dict[str, Any] = {}
-    start = time.time()
-    for nbytes in probe_sizes(spec.model):
-        buffers = replica_buffers(strategy, nbytes // DTYPE_BYTES)
+class AllReduceSizes:
+    """The all-reduce measured at every probe size; the first call at each size (its check)
+    collects the evidence of the last size: the collective ops TF placed (the instantiated
+    function's partition graphs) and the devices of each replica's input and output."""
 
-        def check(buffers: Any = buffers) -> bool:
-            """One all-reduce (its first call: the function is traced and instantiated for
-            this size, its partition graphs collected), every replica's result read back."""
-            with eager_placement() as placement:
-                out = all_reduce(buffers)
-                results = [t.numpy() for t in strategy.experimental_local_results(out)]
-            seen["collectives"] = collective_placement(placement.run_metadata)
-            seen["input_devices"] = [t.device for t in
-                                     strategy.experimental_local_results(buffers)]
-            seen["output_devices"] = [t.device for t in strategy.experimental_local_results(out)]
-            return len(results) == n and all(bool(np.all(r == expected)) for r in results)
+    def __init__(self, spec: Spec, strategy: tf.distribute.Strategy) -> None:
+        self.spec, self.strategy = spec, strategy
+        self.n = strategy.num_replicas_in_sync  # the parent checks it against the run's devices
+        self.all_reduce = all_reduce_fn(strategy)
+        self.expected = expected_sum(self.n)
+        self.seen: dict[str, Any] = {}
 
-        rows.append(measure_size(nbytes, n, lambda buffers=buffers: all_reduce(buffers),
-                                 lambda out: sync(strategy, out), spec.warmup_steps,
-                                 spec.measure_steps, check=check))
+    def check(self, buffers: Any) -> bool:
+        """One all-reduce (its first call: the function is traced and instantiated for this
+        size, its partition graphs collected), every replica's result read back."""
+        local = self.strategy.experimental_local_results
+        with eager_placement() as placement:
+            out = self.all_reduce(buffers)
+            results = [t.numpy() for t in local(out)]
+        self.seen["collectives"] = collective_placement(placement.run_metadata)
+        self.seen["input_devices"] = [t.device for t in local(buffers)]
+        self.seen["output_devices"] = [t.device for t in local(out)]
+        return len(results) == self.n and all(bool(np.all(r == self.expected))
+                                              for r in results)
+
+    def measure(self, nbytes: int) -> dict[str, Any]:
+        buffers = replica_buffers(self.strategy, nbytes // DTYPE_BYTES)
+        return measure_size(nbytes, self.n, lambda: self.all_reduce(buffers),
+                            lambda out: sync(self.strategy, out), self.spec.warmup_steps,
+                            self.spec.measure_steps, check=lambda: self.check(buffers))
+
+
+def other_collectives(spec: Spec, strategy: tf.distribute.Strategy) -> dict[str, Any]:
+    """All-gather measured (each replica's S/n-byte part, replica r's filled with r + 1);
+    reduce-scatter recorded unavailable (tf.distribute's ReplicaContext has none)."""
+    n = strategy.num_replicas_in_sync
     all_gather = all_gather_fn(strategy)
 
     def measure_all_gather(nbytes: int) -> dict[str, Any]:
@@ -209,6 +190,16 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         collectives[ar.REDUCE_SCATTER]["reason"] = (
             f"TensorFlow {tf.__version__}'s ReplicaContext has reduce_scatter; this probe "
             "does not measure it yet")
+    return collectives
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    strategy, devices = make_strategy(spec)
+    sizes = AllReduceSizes(spec, strategy)
+    n, seen = sizes.n, sizes.seen
+    start = time.time()
+    rows = [sizes.measure(nbytes) for nbytes in probe_sizes(spec.model)]
+    collectives = other_collectives(spec, strategy)
     window = (start, time.time())
     impl = implementation(strategy)
     cross = type(cross_device_ops(strategy)).__name__

@@ -1,40 +1,15 @@
 """tf_cnn_benchmarks: the real script from a user's checkout of tensorflow/benchmarks.
 
-This runner does not train anything itself. It maps our run spec onto the flags of
-scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py, runs that script in a subprocess (the
-family's interpreter, TF_USE_LEGACY_KERAS=1, cwd the script's folder), streams its output into
-our log, and parses that output: the one log the harness parses (docs/DESIGN.md).
-
-What the script does (its own models, not models/): split: --batch_size is *per device*, each
-device builds its own tower and input (synthetic data is generated on each device); variables:
---variable_update=replicated keeps one copy per device (parameter_server: on
---local_parameter_device); merge: gradients are all-reduced across the towers (--all_reduce_spec,
-e.g. nccl) or summed on the parameter device. With --device=cpu it runs --num_gpus CPU devices
-(its session config sets device_count['CPU']), so N virtual CPU devices work here.
-Real data: --data_dir=<dataset>/tfrecord --data_name=imagenet; prepare-data's shards
-(train-*-of-*, tf.train.Example with image/encoded and image/class/label) are what the script's
-parse_example_proto reads (its other features have defaults; no boxes means the whole image).
-The script preprocesses with its own training pipeline, not runners/real_data.py's; the
-dataset's `workers` become --datasets_num_private_threads.
-
-Defaults: options left unset pass no flag, so the script's own defaults apply, as for a user
-who runs it without them: --variable_update=parameter_server, --local_parameter_device=gpu,
---data_format=NCHW on GPUs; on CPU the script refuses NCHW ("device=cpu requires that
-data_format=NHWC"), so CPU runs pass NHWC. The result records the flags passed and the defaults
-left to the script (left_to_script), and the script's own header (variables, optimizer).
-Followed: tensorflow/benchmarks master (tested at commit 8fb7907, 2023), run with TF 2.21 and
-TF_USE_LEGACY_KERAS=1; TF's May 2017 tables ran its commit 9165a70 on TF commit b1e174e
-(configs/dgx1.yaml).
-
-Placement: the script's own --trace_file, a FULL_TRACE of step -2 (a warm-up step, so at least
-2 warm-up steps) as TF's Chrome timeline: the nodes TF executed on each device, read from it;
-op counts and op seconds per type come with it (traced_ops_by_type, traced_op_seconds_by_type).
-
-The pure functions (find_script, build_flags, parse_output, step_times, trace_placement)
-import no framework, so the parent's tests import them; no TensorFlow is imported by this
-module at all.
-Never copy the script's code into this project: point the harness at a checkout
-(TF_CNN_BENCHMARKS_DIR or runner_options.tf_cnn_benchmarks.benchmarks_dir).
+This runner trains nothing itself: it maps the run spec onto the flags of
+scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py (options left unset pass no flag, so the
+script's own defaults apply: parameter_server, local_parameter_device gpu, NCHW on GPUs; CPU
+runs pass NHWC, the only layout it accepts there), runs it in a subprocess (the family's
+interpreter, TF_USE_LEGACY_KERAS=1), streams its output into our log and parses it: the one
+log the harness parses (docs/DESIGN.md). It runs its own models and input pipeline, not
+models/ or runners/real_data.py. Placement: the script's --trace_file of step -2 (a warm-up
+step). Followed: tensorflow/benchmarks master (tested at 8fb7907) on TF 2.21. The pure
+functions import no framework (the parent's tests import them). Never copy the script into
+this project. docs/runners/tf_cnn_benchmarks.md has the details.
 """
 
 from __future__ import annotations
@@ -53,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from contract.result import join
 from contract.tf_cnn_checkout import (  # noqa: F401
     ENV_VAR,
     HOW_TO_GET,
@@ -114,15 +90,9 @@ def layout_flag(device: str, data_format: str | None) -> str | None:
 
 def build_flags(spec: Spec, options: Mapping[str, Any] | None = None,
                 trace_file: str | None = None) -> list[str]:
-    """tf_cnn_benchmarks flags for a run spec (pure: no framework, no file access).
-
-    --batch_size is per device (the script multiplies it by --num_gpus); --num_gpus is the
-    number of devices of either kind (with --device=cpu the script makes that many CPU
-    devices). Options left unset (None) pass no flag, so the script's own default applies:
-    --variable_update=parameter_server, --local_parameter_device=gpu, --data_format=NCHW on
-    GPUs (NHWC on CPU, the only layout the script accepts there). --trace_file, when the spec
-    names one, makes the script write step -2's (a warm-up step's) FULL_TRACE step stats as
-    a Chrome trace: TensorFlow's own record of the device each node ran on."""
+    """tf_cnn_benchmarks flags for a run spec (pure): --batch_size per device, --num_gpus the
+    devices of either kind; options left unset pass no flag (the script's defaults apply);
+    --trace_file makes the script write step -2's FULL_TRACE step stats as a Chrome trace."""
     opts = {**spec.options, **(options or {})}  # options: over the spec's own
     n, per_device = int(spec.num_devices), int(spec.batch_size_per_device)
     if per_device * n != int(spec.global_batch_size):
@@ -176,12 +146,9 @@ def left_to_script(flags: list[str]) -> dict[str, str]:
 
 
 def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """From the script's Chrome trace (TF's timeline of one FULL_TRACE step): the nodes that
-    executed on each device, and how many of each op type (pure: parses JSON already loaded).
-
-    TF's timeline names one process per device and stream ("<device> Compute", plus
-    "<device> Tensors" and allocator processes for memory); each executed node is a complete
-    ("X") event of a Compute process with args {name, op}."""
+    """From the script's Chrome trace (TF's timeline of one FULL_TRACE step, pure): the nodes
+    executed on each device and how many of each op type, from the complete ("X") events of
+    each "<device> Compute" process."""
     devices: dict[int, str] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "M" and ev.get("name") == "process_name":
@@ -218,11 +185,9 @@ def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
 
 
 def parse_output(text: str) -> dict[str, Any]:
-    """What tf_cnn_benchmarks printed: its header, one entry per displayed step, and the final
-    `total images/sec`. Pure; missing pieces are None (or empty lists).
-
-    A step line `N<TAB>images/sec: M +/- U (jitter = J)<TAB>LOSS` shows M = global batch /
-    (mean of the step times so far): a running mean over steps 1..N, not step N's own rate."""
+    """What tf_cnn_benchmarks printed (pure; missing pieces None or empty): its header, one
+    entry per displayed step (`N<TAB>images/sec: M ...<TAB>LOSS`, M a running mean over steps
+    1..N), and the final `total images/sec`."""
     out: dict[str, Any] = {"steps": [], "total_images_per_sec": None, "global_batch": None,
                            "batch_per_device": None, "devices": None}
     out.update({k: None for k in HEADER})
@@ -380,19 +345,13 @@ def script_memory(spec: Spec, n: int) -> dict[str, Any]:
                              f"has no window of ours), shared by its {n} virtual devices"}
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec.options
-    script = find_script(opts)
-    data = None
-    if spec.data == "real":
-        data = open_dataset(spec)
-        check_classes(data, IMAGENET_CLASSES, "tf_cnn_benchmarks' imagenet models")
-    if int(spec.warmup_steps) < 2:
-        raise Invalid("tf_cnn_benchmarks needs warmup_steps >= 2 here: the placement comes from "
-                      "the script's --trace_file, which traces step -2 (a warm-up step)")
+def run_traced(spec: Spec, script: Path) -> tuple[list[str], int, list[str], dict[str, float],
+                                                 list[float], Any]:
+    """Run the script with the run's flags and a --trace_file: (the flags, its exit code, its
+    lines, its marker times, its step lines' times, the trace or None)."""
     with tempfile.TemporaryDirectory(prefix="tf_cnn_trace_") as tmp:
         trace_path = Path(tmp) / "trace.json"
-        flags = build_flags(spec, opts, trace_file=str(trace_path))
+        flags = build_flags(spec, spec.options, trace_file=str(trace_path))
         model = flags[0].split("=", 1)[1]
         check_model_in_checkout(script, model)
         # leave the launcher time to record what happened before it kills our process group
@@ -400,14 +359,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                       1.0)
         code, lines, marks, step_walls = run_script(script, flags, timeout)
         trace = json.loads(trace_path.read_text()) if trace_path.is_file() else None
-    text = "\n".join(lines)
-    if code != 0:
-        reason = f"tf_cnn_benchmarks exited {code}: {_error_reason(lines)}"
-        if OOM.search(text):
-            raise MemoryError(reason)
-        raise RuntimeError(reason)
-    parsed = parse_output(text)
-    n, global_batch = int(spec.num_devices), int(spec.global_batch_size)
+    return flags, code, lines, marks, step_walls, trace
+
+
+def check_parsed(parsed: dict[str, Any], global_batch: int) -> None:
+    """Invalid unless the script printed its total, the spec's global batch and every step."""
     if parsed["total_images_per_sec"] is None:
         raise Invalid("tf_cnn_benchmarks finished without printing 'total images/sec'")
     if parsed["global_batch"] != global_batch:
@@ -416,6 +372,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if parsed["timed_steps"] != len(parsed["steps"]):
         raise Invalid(f"expected a line per step (--display_every=1); got "
                       f"{len(parsed['steps'])} lines up to step {parsed['timed_steps']}")
+
+
+def timed_window(parsed: dict[str, Any], marks: dict[str, float], step_walls: list[float]
+                 ) -> dict[str, Any]:
+    """The step times (from the running-mean rates, else the step lines' arrival) and the
+    window between the 'Done warm up' and 'total images/sec' lines; Invalid without one."""
     times, times_source = parsed["step_times_s"], "derived from the per-step running-mean " \
                                                   "images/sec lines (0.1 images/sec precision)"
     start = marks.get("done_warm_up", step_walls[0] if step_walls else None)
@@ -426,6 +388,43 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         times_source = "intervals between the step lines' arrival (rounded rates gave <= 0)"
     if start is None or end is None or end <= start:
         raise Invalid("could not place the timed window in the script's output")
+    return {"step_times_s": times, "step_times_source": times_source, "window_start": start,
+            "window_end": end, "window_s": end - start,
+            "window_source": "wall times when this runner read the script's 'Done warm up' "
+                             "line (printed just before its timed loop starts) and its 'total "
+                             "images/sec' line (printed just after it ends)"}
+
+
+def data_fields(spec: Spec, data: RealData | None, flags: list[str]) -> dict[str, Any]:
+    """What the record says of the script's input."""
+    if data is None:
+        return {"data_placement": "the script's synthetic images, generated on each device"}
+    return {**describe(data, get_spec(spec.model).input_shape[0]),
+            "input_pipeline": real_input_line(data, flags),
+            "data_placement": "the script's per-device tf.data input pipelines (its own "
+                              "preprocessing), staged onto each device"}
+
+
+def benchmark(spec: Spec) -> dict[str, Any]:
+    script = find_script(spec.options)
+    data = None
+    if spec.data == "real":
+        data = open_dataset(spec)
+        check_classes(data, IMAGENET_CLASSES, "tf_cnn_benchmarks' imagenet models")
+    if int(spec.warmup_steps) < 2:
+        raise Invalid("tf_cnn_benchmarks needs warmup_steps >= 2 here: the placement comes from "
+                      "the script's --trace_file, which traces step -2 (a warm-up step)")
+    flags, code, lines, marks, step_walls, trace = run_traced(spec, script)
+    text = "\n".join(lines)
+    if code != 0:
+        reason = f"tf_cnn_benchmarks exited {code}: {_error_reason(lines)}"
+        if OOM.search(text):
+            raise MemoryError(reason)
+        raise RuntimeError(reason)
+    parsed = parse_output(text)
+    n = int(spec.num_devices)
+    check_parsed(parsed, int(spec.global_batch_size))
+    window = timed_window(parsed, marks, step_walls)
     kind = "virtual CPU device (the script's device_count['CPU'])" if spec.device == "cpu" \
         else "GPU"
     devices = [{"name": d, "kind": kind} for d in (parsed["devices"] or [])]
@@ -436,29 +435,16 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if trace is None:
         raise Invalid("the script wrote no --trace_file: no placement from TensorFlow")
     placement, ops_by_type = trace_placement(trace)
-    data_info: dict[str, Any] = {"data_placement": "the script's synthetic images, generated "
-                                                   "on each device"}
-    if spec.data == "real":
-        data_info = {**describe(data, get_spec(spec.model).input_shape[0]),
-                     "input_pipeline": real_input_line(data, flags),
-                     "data_placement": "the script's per-device tf.data input pipelines (its "
-                                       "own preprocessing), staged onto each device"}
-    return {
+    memory = script_memory(spec, n)  # before git's rev-parse, as ru_maxrss was read
+    return join({
         "images_per_sec": parsed["total_images_per_sec"],
         "images_per_sec_source": IMAGES_PER_SEC_SOURCE,
-        "step_times_s": times,
-        "step_times_source": times_source,
         "timed_steps": parsed["timed_steps"],
         "samples": parsed["samples"],
         "first_loss": parsed["first_loss"],
         "last_loss": parsed["last_loss"],
         "loss_kind": "the script's total_loss of each displayed step (cross-entropy + L2)",
-        "window_start": start,
-        "window_end": end,
-        "window_s": end - start,
-        "window_source": "wall times when this runner read the script's 'Done warm up' line "
-                         "(printed just before its timed loop starts) and its 'total images/sec' "
-                         "line (printed just after it ends)",
+    }, window, {
         "replicas": n,
         "framework": {**_versions(), "tensorflow_reported": parsed["tensorflow"]},
         "devices": devices,
@@ -476,11 +462,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "traced_op_seconds_by_type": trace_op_seconds(trace),
         "flags": [f for f in flags if not f.startswith("--trace_file=")],
         "left_to_script": left_to_script(flags),
-        **script_memory(spec, n),
         "script": str(script),
         "checkout_commit": _checkout_commit(script),
-        **data_info,
-    }
+    }, memory, data_fields(spec, data, flags))
 
 
 if __name__ == "__main__":

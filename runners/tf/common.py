@@ -6,9 +6,10 @@ Imports TensorFlow and Keras 3: only runner child processes import this module.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -17,11 +18,14 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from contract.result import join  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
-from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
+from runners.converge import Splits, train_to_accuracy  # noqa: E402
+from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
+from runners.tf.data import open_real  # noqa: E402  (re-exported)
 from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -108,11 +112,8 @@ MULTI_WORKER_SEED = 20240616
 
 
 def worker_seed(spec: Spec) -> int | None:
-    """The real-data shuffle seed: one seed shared by every worker on several nodes, so that
-    each worker's tf.data pipeline makes the same global batches and auto-shard DATA gives
-    each worker its own slice of the same batch; None (a fresh shuffle) on one node. With
-    dataset workers > 1 the parallel reads and decodes are not ordered (deterministic=False
-    in runners/tf/data.py), so the workers' batches can still differ in order."""
+    """The real-data shuffle seed: on several nodes one seed every worker shares (the same
+    global batches, each worker keeping its slice: auto-shard DATA), None on one node."""
     return MULTI_WORKER_SEED if spec.num_nodes > 1 else None
 
 
@@ -143,24 +144,11 @@ def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[
             "label_sum": int(sum(np.asarray(y, np.int64).sum() for y in ys))}
 
 
-def open_real(spec: Spec, model_spec: ModelSpec) -> RealData:
-    """The run's prepared dataset, checked against the model; Unavailable for any data other
-    than synthetic and real."""
-    if spec.data != "real":
-        raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
-    data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec.model)
-    return data
-
-
 def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
               ) -> tuple[Any, dict[str, Any]]:
-    """What a Keras runner's fit trains on, and what the record says about it.
-
-    Synthetic: one random global batch, repeated (no fields added). Real: the `loader`
-    option's pipeline over the run's dataset, giving global batches: "framework" is tf.data
-    over the TFRecord shards (runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG
-    file list (runners/keras_data.py, `steps` batches long)."""
+    """What a Keras runner's fit trains on, and what the record says about it: one random
+    global batch, repeated; or the `loader`'s global batches over the run's dataset (framework:
+    tf.data over the TFRecord shards; keras: the PyDataset over the JPEGs, `steps` long)."""
     batch = spec.global_batch_size
     if spec.data == "synthetic":
         return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
@@ -224,11 +212,9 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
 # ---- mode converge (runners/converge.py): what tf_mirrored and tf_native share -------------
 
 class RecipeSGD(keras.optimizers.SGD):
-    """Keras 3 SGD with momentum (its form: m = momentum x m - lr x g; w += m) and the converge
-    recipe's weight_decay as an L2 term added to each gradient before the momentum (torch's
-    SGD weight_decay, the recipe's meaning), where Keras' own weight_decay is decoupled (w -=
-    lr x wd x w beside the update). Applied in update_step, after MirroredStrategy's
-    all-reduce, on each replica's copy of every trainable variable."""
+    """Keras 3 SGD with momentum (m = momentum x m - lr x g; w += m) and the recipe's
+    weight_decay as an L2 term added to each gradient (torch's meaning; Keras' own is
+    decoupled), in update_step: after the all-reduce, on each replica's copy."""
 
     def __init__(self, l2: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -245,9 +231,8 @@ class RecipeSGD(keras.optimizers.SGD):
 
 
 def recipe_optimizer(recipe: Any) -> RecipeSGD:
-    """The recipe's optimizer (runners.converge.Recipe): SGD, its momentum and weight decay;
-    its learning rate 0 until the loop (or fit's callback) sets the recipe's before every step,
-    so a step it did not set would not train (and the rate read back would say so)."""
+    """The recipe's SGD (momentum, weight decay), its rate 0 until the loop (or fit's callback)
+    sets the recipe's before every step: a step it did not set would not train."""
     if recipe.optimizer != "sgd":
         raise Unavailable(f"converge optimizer {recipe.optimizer!r}: only sgd is built")
     return RecipeSGD(l2=recipe.weight_decay, learning_rate=0.0, momentum=recipe.momentum)
@@ -277,9 +262,8 @@ def nchw(x: np.ndarray, data_format: str) -> np.ndarray:
 
 def epoch_dataset(batches: Sequence[Any], data_format: str) -> tf.data.Dataset:
     """One epoch's global batches (runners.converge.Batch, in order) as a tf.data dataset
-    yielding those same batches (from_generator: no copy of the split in the graph), each of
-    which a strategy's distributed iterator splits into per-replica slices (auto-shard OFF, as
-    global_batch_dataset); a short kept last batch stays short (split as TF splits it)."""
+    (from_generator), each split by a strategy's distributed iterator (auto-shard OFF); a
+    short kept last batch stays short."""
     shape = nchw(batches[0].x[:0], data_format).shape[1:] if batches else (None,) * 3
 
     def generate() -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -295,10 +279,8 @@ def epoch_dataset(batches: Sequence[Any], data_format: str) -> tf.data.Dataset:
 
 def moving_stat_copies(strategy: tf.distribute.Strategy, model: keras.Model
                        ) -> list[tuple[str, str, np.ndarray]]:
-    """(variable path, device, values) of every BatchNorm layer's moving mean and variance on
-    every device, read through the strategy (experimental_local_results: under
-    MirroredStrategy Keras 3 makes them MirroredVariables with aggregation NONE, so each
-    replica updates its own copy from its own rows and predicts from it)."""
+    """(variable path, device, values) of every BatchNorm moving mean and variance on every
+    device (experimental_local_results: under MirroredStrategy each replica keeps its own)."""
     out = []
     for layer in model._flatten_layers(include_self=False):
         if isinstance(layer, keras.layers.BatchNormalization):
@@ -323,13 +305,10 @@ EVAL_ROWS = 1024  # held-out rows per evaluation call, over all replicas
 
 
 class StrategyAccuracy:
-    """Top-1 accuracy of `model` in inference mode (training=False: BatchNorm's moving
-    statistics) on the held-out split, run by every replica on its share (strategy.run in
-    one tf.function; the correct counts summed across replicas). The split is cut once into
-    calls of EVAL_ROWS rows, each call's rows split over the replicas (numpy.array_split) and
-    made on their devices (experimental_distribute_values_from_function), then kept: every
-    later evaluation only runs the forward pass. (Keras' predict builds a distributed
-    iterator per call: 0.5 s per evaluation of digits on CPU, 25x its forward pass.)"""
+    """Top-1 accuracy of `model` in inference mode on the held-out split, every replica on its
+    share (strategy.run in one tf.function, correct counts summed). The split is cut once into
+    calls of EVAL_ROWS rows split over the replicas and made on their devices, then kept (Keras'
+    predict builds a distributed iterator per call: 25x the forward pass on digits)."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                  data_format: str) -> None:
@@ -378,6 +357,59 @@ EVALUATION = ("model(x, training=False) under strategy.run (runners/tf/common.py
               "its own copy of the BatchNorm moving statistics; the correct counts summed")
 
 
+class StrategyConverge:
+    """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy (tf_mirrored,
+    tf_native): a subclass's `train` runs one epoch (runners/converge.py's train_epoch); this
+    class reads the optimizer's rate back after it, evaluates in inference mode under the
+    strategy (StrategyAccuracy), reads every device's BatchNorm statistics, and gives the
+    fields both runners report."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
+                 optimizer: keras.optimizers.Optimizer, data_format: str) -> None:
+        self.strategy, self.model, self.data_format = strategy, model, data_format
+        self.optimizer = optimizer
+        self.initial = weights_digest(model)  # before any step: where every run starts
+        self.lr_read_back: list[float] = []
+
+    def train(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]) -> float:
+        raise NotImplementedError
+
+    def train_epoch(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]
+                    ) -> float:
+        loss = self.train(epoch, batches, lr_at)
+        # read back from the optimizer after each epoch: the rate its last step ran at
+        self.lr_read_back.append(float(keras.ops.convert_to_numpy(
+            self.optimizer.learning_rate)))
+        return loss
+
+    @contextlib.contextmanager
+    def empty_replicas(self, batches: Sequence[Any]) -> Iterator[None]:
+        """A failed step on `batches` re-raised as empty_replica_failure's Invalid, if any."""
+        try:
+            yield
+        except tf.errors.InvalidArgumentError as exc:
+            failure = empty_replica_failure(exc, batches, self.strategy.num_replicas_in_sync)
+            if failure is None:
+                raise
+            raise failure from exc
+
+    def run(self, spec: Spec, splits: Splits, policy: str) -> dict[str, Any]:
+        """train_to_accuracy's result and the fields both runners report."""
+        result = train_to_accuracy(
+            spec, self.train_epoch, StrategyAccuracy(self.strategy, self.model, self.data_format),
+            lambda: moving_stats(self.strategy, self.model), splits=splits)
+        return join(result, {
+            "lr_read_back": self.lr_read_back,
+            # every device's copy of every BatchNorm moving statistic, as moving_stats reads
+            "moving_stat_copies": len(moving_stat_copies(self.strategy, self.model)),
+            "dtype_policy": policy,
+            "batchnorm": "per_device",
+            "optimizer": "Keras 3 SGD (m = momentum x m - lr x g; w += m), the recipe's "
+                         "weight_decay added to the gradient (runners/tf/common.py RecipeSGD)",
+            "evaluation": EVALUATION,
+            "initial_weights_sha256": self.initial})
+
+
 def weights_digest(model: keras.Model) -> str:
     """sha256 of the model's weights (canonical names, in order), to show that two runs start
     alike."""
@@ -390,12 +422,9 @@ def weights_digest(model: keras.Model) -> str:
 
 def empty_replica_failure(exc: Exception, batches: Sequence[Any], replicas: int
                           ) -> Exception | None:
-    """Invalid, saying why, when a step failed on an epoch where a replica got no rows (a
-    short kept last batch of fewer rows than replicas: the distributed iterator gives the last
-    replicas empty slices); None otherwise. TF 2.21's oneDNN Conv2D on CPU returns an empty
-    batch in its input's shape, so the next op fails (with TF_ENABLE_ONEDNN_OPTS=0 the step
-    runs and that replica's BatchNorm moving statistics become NaN: seed 002's trap, which
-    moving_stats reports)."""
+    """Invalid, saying why, when a step failed on an epoch where a replica got no rows (a short
+    kept last batch of fewer rows than replicas; oneDNN's CPU Conv2D then fails, without
+    oneDNN the replica's BatchNorm statistics become NaN: seed 002's trap); else None."""
     from runners.common import Invalid, one_line
 
     short = [b.global_rows for b in batches if b.global_rows < replicas]

@@ -25,12 +25,23 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from runners.real_data import RealData  # noqa: E402
+from runners.common import Spec, Unavailable  # noqa: E402
+from runners.real_data import RealData, check_classes, open_dataset  # noqa: E402
 
 SHUFFLE_BUFFER = 10_000  # images; ImageNet input pipelines commonly use 10k
 # libjpeg's accurate integer IDCT, what Pillow (the reference) and OpenCV decode with; TF's
 # default ("", the fast IDCT) is about one grey level off Pillow on every pixel.
 DCT_METHOD = "INTEGER_ACCURATE"
+
+
+def open_real(spec: Spec, model_spec: Any) -> RealData:
+    """The run's prepared dataset, checked against the model; Unavailable for any data other
+    than synthetic and real."""
+    if spec.data != "real":
+        raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
+    data = open_dataset(spec)
+    check_classes(data, model_spec.num_classes, spec.model)
+    return data
 
 
 def versions() -> dict[str, str]:

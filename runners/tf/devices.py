@@ -13,8 +13,10 @@ MWMS runs one replica per worker on CPU, so CPU runs take 1 device per node."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,20 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
                    for name, gpu in zip(names, gpus[:n], strict=True)]
 
 
+def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
+    """The tf.compat.v1 Session config of the graph-mode runners (Keras 2 towers, tensorpack):
+    soft placement, GPU memory growth, inter-op threads >= 2N+2 (each StagingArea put holds a
+    thread until its tower's get runs: 2 towers on 2 cores deadlocked with the default pool),
+    and on CPU N CPU devices (a v1 Session ignores tf.config's logical devices)."""
+    n = spec.num_devices
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    config.gpu_options.allow_growth = True
+    config.inter_op_parallelism_threads = max(os.cpu_count() or 1, 2 * n + 2)
+    if spec.device == "cpu":
+        config.device_count["CPU"] = n
+    return config
+
+
 # ---- multi-node: MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster ----------
 
 MECHANISM = ("tf.distribute.MultiWorkerMirroredStrategy, its cluster from "
@@ -56,14 +72,9 @@ CPU_GPUS_NOTE = (
 
 
 class SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
-    """TensorFlow's SlurmClusterResolver (SLURM_PROCID, SLURM_STEP_NUM_TASKS,
-    SLURM_STEP_NODELIST, SLURM_STEP_TASKS_PER_NODE), ports from MGBENCH_MASTER_PORT, with two
-    changes, both recorded in `multi_node`:
-    - cluster_spec(): where two tasks resolve to the same address and port (the local
-      cluster: every node is 127.0.0.1, and the resolver gives each node's first task
-      port_base), every task on that address gets port_base + its global task index; on a
-      real cluster, nodes have distinct addresses and nothing changes.
-    - num_accelerators(): 0 GPUs on CPU (CPU_GPUS_NOTE).
+    """TensorFlow's SlurmClusterResolver, ports from MGBENCH_MASTER_PORT, with two changes
+    recorded in `multi_node`: distinct ports where two tasks share an address (distinct_ports:
+    the local cluster; on a real cluster nothing changes), and 0 GPUs on CPU (CPU_GPUS_NOTE).
     GPUs are never reassigned (auto_set_gpu=False): the harness sets CUDA_VISIBLE_DEVICES."""
 
     def __init__(self, port_base: int, gpus: int) -> None:
@@ -143,14 +154,11 @@ class MultiWorker:
     def record(self, placement: dict[str, int], run_metadata: Any,
                node_extra: dict[str, Any] | None = None,
                adjustments: dict[str, str] | None = None) -> dict[str, Any]:
-        """`nodes`, `multi_node`, and the placement and devices of every worker, gathered
-        through TF (placement.all_gather_json): each worker sends its node_identity(), its task
-        type and id, its address in the cluster spec MWMS uses, its worker devices, the compute
-        ops per device in its own partition graphs (`placement`, from its RunMetadata), the
-        collective ops in them, and `node_extra`. `adjustments`: what the runner changed of
-        TF's behaviour for the run, by name and why (into multi_node). Call on every worker,
-        after the timed window and last (it is a collective). Invalid when the gathered
-        workers are not tasks 0..N-1 or two report the same device."""
+        """`nodes`, `multi_node`, and every worker's placement and devices, gathered through
+        TF (all_gather_json): each worker's identity, task, address, devices, compute and
+        collective ops per device, and `node_extra`; `adjustments`: what the runner changed of
+        TF's behaviour, by name and why. A collective: call on every worker, last. Invalid
+        when the workers are not tasks 0..N-1 or two report the same device."""
         from runners.tf.placement import all_gather_json, collective_ops
 
         s, r = self.strategy, self.resolver
@@ -171,7 +179,6 @@ class MultiWorker:
                 if key in merged:
                     raise Invalid(f"two workers report placement on {key!r}")
                 merged[key] = count
-        impl = ext._communication_options.implementation
         return {
             "nodes": nodes,
             "placement": dict(sorted(merged.items())),
@@ -180,46 +187,53 @@ class MultiWorker:
                                 "every worker by a collective all-gather (strategy.gather)",
             "devices": [{"name": d, "kind": "GPU" if r.gpus else "the worker's CPU device",
                          "node": n["node"]} for n in nodes for d in n["worker_devices"]],
-            "multi_node": {
-                "mechanism": MECHANISM,
-                "tensorflow": tf.__version__,
-                "resolver": type(r).__mro__[1].__name__,
-                "cluster_spec_resolved": r.resolved,
-                "cluster_spec": cluster,
-                "port_base": r._port_base,
-                "port_adjustments": r.adjustments,
-                "accelerators": ({"GPU": r.gpus} if r.gpus
-                                 else {"GPU": 0, "why": CPU_GPUS_NOTE}),
-                "task_type": s.cluster_resolver.task_type,
-                "task_id": s.cluster_resolver.task_id,
-                "num_workers": ext._num_workers,
-                "num_replicas_in_sync": s.num_replicas_in_sync,
-                "worker_devices": list(ext.worker_devices),
-                "runner_adjustments": adjustments or {},
-                "communication_requested": self.communication,
-                "communication_implementation": getattr(impl, "name", str(impl)),
-                "collective_ops": own["collective_ops"],
-                "master": {k: os.environ.get(k) for k in (
-                    "MGBENCH_MASTER_ADDR", "MGBENCH_MASTER_PORT", "MGBENCH_NUM_NODES",
-                    "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")},
-                "source": "strategy.cluster_resolver (task_type, task_id), "
-                          "strategy.extended (_cluster_spec, _num_workers, worker_devices, "
-                          "_communication_options), strategy.num_replicas_in_sync; the "
-                          "cluster spec before adjustment from "
-                          "SlurmClusterResolver.cluster_spec(); collective ops from the "
-                          "partition graphs; nodes gathered with strategy.gather"},
+            "multi_node": self.multi_node(cluster, own["collective_ops"], adjustments),
         }
+
+    def multi_node(self, cluster: dict[str, list[str]], collectives: dict[str, Any],
+                   adjustments: dict[str, str] | None) -> dict[str, Any]:
+        """The record's `multi_node`: the mechanism, the cluster as resolved and as used, and
+        what the strategy says of itself."""
+        s, r = self.strategy, self.resolver
+        ext = s.extended
+        impl = ext._communication_options.implementation
+        return {
+            "mechanism": MECHANISM,
+            "tensorflow": tf.__version__,
+            "resolver": type(r).__mro__[1].__name__,
+            "cluster_spec_resolved": r.resolved,
+            "cluster_spec": cluster,
+            "port_base": r._port_base,
+            "port_adjustments": r.adjustments,
+            "accelerators": ({"GPU": r.gpus} if r.gpus
+                             else {"GPU": 0, "why": CPU_GPUS_NOTE}),
+            "task_type": s.cluster_resolver.task_type,
+            "task_id": s.cluster_resolver.task_id,
+            "num_workers": ext._num_workers,
+            "num_replicas_in_sync": s.num_replicas_in_sync,
+            "worker_devices": list(ext.worker_devices),
+            "runner_adjustments": adjustments or {},
+            "communication_requested": self.communication,
+            "communication_implementation": getattr(impl, "name", str(impl)),
+            "collective_ops": collectives,
+            "master": {k: os.environ.get(k) for k in (
+                "MGBENCH_MASTER_ADDR", "MGBENCH_MASTER_PORT", "MGBENCH_NUM_NODES",
+                "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")},
+            "source": "strategy.cluster_resolver (task_type, task_id), "
+                      "strategy.extended (_cluster_spec, _num_workers, worker_devices, "
+                      "_communication_options), strategy.num_replicas_in_sync; the "
+                      "cluster spec before adjustment from "
+                      "SlurmClusterResolver.cluster_spec(); collective ops from the "
+                      "partition graphs; nodes gathered with strategy.gather"}
 
 
 def multi_worker_strategy(spec: Spec, communication: str = "auto",
                           strategy_class: type[tf.distribute.MultiWorkerMirroredStrategy]
                           = tf.distribute.MultiWorkerMirroredStrategy) -> MultiWorker:
-    """MultiWorkerMirroredStrategy over the SLURM step's tasks, one worker per node: the
-    cluster from TF's SlurmClusterResolver (SlurmResolver), ports from MGBENCH_MASTER_PORT.
-    Call before anything else touches TensorFlow's devices. Unavailable for what MWMS cannot
-    do here (more than one CPU device per worker, missing GPUs, not in a SLURM step); Invalid
-    when what TF resolved is not this run (worker count, task id vs process rank, a task
-    given another node's address, replica count)."""
+    """MultiWorkerMirroredStrategy over the SLURM step's tasks, one worker per node (the
+    cluster from SlurmResolver). Call before anything else touches TF's devices. Unavailable
+    for what MWMS cannot do here (several CPU devices per worker, missing GPUs, no SLURM
+    step); Invalid when what TF resolved is not this run (check_resolved)."""
     per_node = spec.devices_per_node
     if spec.num_devices != per_node * spec.num_nodes:
         raise Invalid(f"{spec.num_devices} devices do not divide over {spec.num_nodes} nodes")
@@ -274,6 +288,18 @@ def xla_collectives_unavailable(exc: BaseException) -> Unavailable | None:
         return None
     return Unavailable(f"xla on several workers on CPU: TensorFlow {tf.__version__} does not "
                        f"compile the cross-worker all-reduce with XLA on CPU ({said[:300]})")
+
+
+@contextlib.contextmanager
+def xla_collectives_guard() -> Iterator[None]:
+    """Re-raises xla_collectives_unavailable's Unavailable for the error it recognises."""
+    try:
+        yield
+    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
+        unavailable = xla_collectives_unavailable(exc)
+        if unavailable is not None:
+            raise unavailable from exc
+        raise
 
 
 def check_resolved(spec: Spec, resolver: SlurmResolver) -> None:

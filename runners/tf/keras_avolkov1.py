@@ -1,49 +1,15 @@
 """avolkov1's make_parallel (keras_experiments, keras_exp/multigpu/_multigpu.py and
 optimizers.py at 99cd231, Dec 2017) on Keras 2 (tf_keras in a TF1 graph), trained by fit
-(runners/tf/towers.py: stack, input).
+(runners/tf/towers.py).
 
-Follows the original (ModelMGPU._init_make_dataparallel, _multigpu.py lines 237-344): for each
-device i a Lambda under the parameter device (`ps`, its ps_device) cuts rows [i*B//N,
-(i+1)*B//N) of the batch (the last tower takes the rest), the one serial model is called on the
-slice under `tf.device(device i)` and name scope tower_i, and the outputs are concatenated on
-the parameter device. One loss over the merged output.
-`input: staging` is its `enqueue` option made to work: each slice is put into a StagingArea on
-its tower's device and the tower reads the put of the step before (the original put and got in
-the same step and warned that it did not work; runners/tf/towers.py primes the areas).
-`average_gradients` is its multi-GPU optimizer (SGD_MGPU, `syncopt`; optimizers.py lines
-172-209 and 36-60): for every device, under `tf.device(device)` and name scope tower_i,
-tf.gradients of the MERGED loss (colocated with the forward ops), i.e. N backward passes over
-all towers, the N copies averaged with reduce_mean(stack) on the first device
-(all_avg_gradients' default '/gpu:0') and applied once (get_updates stops after device 0
-without NCCL, lines 259-261). The graph holds N copies ("conv_backprop_filter_ops_built"); TF
-runs them all for BatchNorm models (its common-subexpression elimination stops at BatchNorm's
-learning-phase cond: MiniGoogLeNet at 2 devices runs 38 filter gradients per device) and
-merges them where nothing stops it (the probe model), so each device's backward count may lie
-between one and N per conv layer (expected_work says so; the parent checks it).
-`nccl` (GPUs only, with average_gradients) is its usenccl: the copies are computed without
-colocation under each device's scope, summed by NCCL all-reduce and scaled by 1/N on each
-device, and, as get_updates does with NCCL ("IMPORTANT ... otherwise the nccl ops deadlock",
-lines 229-268), one SGD update of the shared variables per device from that device's output:
-every all-reduce output is consumed (N updates of each variable per step, each with its own
-momentum buffer as Keras 2's SGD.get_updates made one per call). Its built step is checked on
-CPU (tests/test_keras_towers.py: N all-reduce ops per variable, all fetched).
-
-Per step each tower device runs one forward pass of its slice and its own BatchNorm updates,
-as Keras 2 ran them (Network.updates: only the layer calls the parallel model owns; see
-kuza55's docstring for the template's whole-batch call tf_keras would add). The record's
-forward_convs_per_device / backward_convs_per_device come from a FULL_TRACE step.
-
-Defaults are the original's usage: `ps: cpu` is make_parallel's ps_device='/cpu:0' (line
-418); `template_device: default` builds the serial model with no device scope, as its README's
-example examples/cifar/cifar10_cnn_mgpu.py does (lines 254-256, `# with tf.device('/cpu:0'):`
-commented out); syncopt, usenccl and enqueue default to False there (lines 418-419), as
-average_gradients, nccl and input feed_dict do here. Any other value is this harness's option
-and the run says so (departs_from_original).
-At 1 device make_parallel returns the serial model (lines 484-485): this runner trains the
-plain model on that device (`wrapped: false`); `wrap_single_device: true` builds the one-tower
-wrapper instead.
+For each device i a Lambda under the parameter device (`ps`) cuts rows [i*B//N, (i+1)*B//N)
+(the last tower takes the rest), the serial model runs on the slice under tf.device(device i),
+and the outputs are concatenated on the parameter device. `input: staging` is its `enqueue`
+option made to work (primed one step ahead); `average_gradients` is its SGD_MGPU (N backward
+passes of the merged loss, averaged on the first device); `nccl` its usenccl (GPUs only). At 1
+device make_parallel returns the serial model: so does this runner unless wrap_single_device.
 Differs: the example trains with RMSprop (lr 1e-4 x N); every runner here trains with the same
-SGD (momentum 0.9, lr 0.01) for a fair comparison. tf.contrib.nccl is TF's nccl_ops.
+SGD (momentum 0.9, lr 0.01). docs/runners/keras_tf_avolkov1.md has the sources and reasons.
 """
 
 from __future__ import annotations
@@ -53,8 +19,10 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.tf import towers as kt
+from runners.tf import towers_run
 
 ORIGINAL = "avolkov1's make_parallel (returns the serial model below 2 GPUs)"
 
@@ -125,11 +93,9 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
         raise Unavailable("NCCL all-reduce runs on GPUs only")
     common = {"ps": opts["ps"], "template_device": opts["template_device"],
               "average_gradients": average, "nccl": nccl}
-    plain = kt.single_device(spec, devices, ORIGINAL)
+    plain = kt.plain_baseline(spec, devices, input_mode, ORIGINAL)
     if plain is not None:
-        template = kt.build_template(spec.model, devices[0])
-        built = kt.compile_model(template, None, devices[0], input_mode, kt.optimizer(spec))
-        return built, {**common, **plain}
+        return plain[0], join(common, plain[1])
     ps = "/cpu:0" if opts["ps"] == "cpu" else devices[0]
     template = kt.build_template(spec.model, kt.template_device(opts["template_device"],
                                                                 devices))
@@ -137,19 +103,19 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
     built = kt.compile_model(template, recipe, devices[0], input_mode,
                              kt.optimizer(spec, SGDMultiGPU, devices=devices, nccl=nccl)
                              if average else kt.optimizer(spec))
-    b, n = spec.global_batch_size, len(devices)
+    n = len(devices)
     return built, {**common, "wrapped": True, "tower_devices": list(devices),
                    "merge_device": ps, "slice_device": ps,
                    "gradient_copies": n if average else 1,
-                   "split": [b // n] * (n - 1) + [b - (n - 1) * (b // n)]}
+                   "split": kt.split_rows(spec.global_batch_size, n, "last")}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    return kt.benchmark(spec, make)
+    return towers_run.benchmark(spec, make)
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    return kt.equivalence(spec, make)
+    return towers_run.equivalence(spec, make)
 
 
 if __name__ == "__main__":

@@ -1,87 +1,15 @@
-"""Keras 3 on TensorFlow, data parallel with tf.distribute.MirroredStrategy.
+"""Keras 3 on TensorFlow, data parallel with tf.distribute.MirroredStrategy (TF 2.21, Keras 3
+fit): one replica per device, variables mirrored, each global batch split by the distributed
+tf.data iterator; Keras scales the loss by 1/replicas and the strategy all-reduces (sums) the
+gradients (cross_device_ops), every replica applying the same update.
 
-Split: one replica of the model per device, variables mirrored on every device; the
-distributed tf.data iterator cuts each global batch into equal per-replica slices.
-Reduce: each replica computes gradients on its slice; Keras scales the loss by 1/replicas and
-MirroredStrategy sums the gradients with an all-reduce (NCCL between GPUs by default,
-collective ops or a reduction to one device on CPUs). Synchronise: every replica applies the
-same summed update in the same step, so the replicas never diverge (synchronous SGD).
-
-Synthetic data: one random global batch made once in the tf.data pipeline and prefetched to
-each replica's device by the distributed iterator (no decoding, no host-side work per step).
-Real data (option `loader`): "framework" is tf.data over the TFRecord shards
-(runners/tf/data.py), "keras" the Keras 3 PyDataset over the JPEG files (runners/keras_data.py,
-worker processes); either gives global batches that the distributed iterator splits.
-
-Models (issue 26): the run's model is models.build_for(spec, "keras") made under the
-strategy's scope: a built-in CNN (a float32 softmax: Keras' sparse cross-entropy on its
-probabilities, as before), a built-in transformer (gpt2, vit_b16 and their tiny versions:
-models/transformer_keras.py, float32 logits) or a user's Keras model (logits; checked to be a
-keras.Model with the entry's output shape and described by models.keras_common.describe,
-Invalid when wrong; its images fed H, W, C as the entry declares). Transformers and users'
-models train on SparseCategoricalCrossentropy(from_logits=True). A token model (int32 ids
-(B, T) in, next-token logits (B, T, V) out) trains on one synthetic global batch of ids
-(B, T + 1) in [0, V) made once in tf.data as the synthetic images are (inputs ids[:, :-1],
-targets ids[:, 1:]), split by the distributed iterator; the loss is the mean over all B x T
-positions (Keras scales each replica's by 1/replicas before the all-reduce); real data is
-unavailable (the prepared datasets are images). The result adds flops_source,
-tokens_per_sample and workload: params counted by Keras, flops_per_sample a transformer's
-standard count (its spec), a user's model's TF profiler count (describe), a CNN's Conv2D and
-Dense count.
-
-Follows TensorFlow 2.21's MirroredStrategy with Keras 3's `fit` (its own train function: one
-`strategy.run` per step, or a `tf.while_loop` of them with `steps_per_execution` > 1; with
-`xla` Keras 3 jit-compiles that whole per-step function, `strategy.run` included).
-Placement: the compute ops per device in the partition graphs TensorFlow made for fit's train
-function, collected while its first call (a warm-up call) instantiates it and stopped before
-the timed window (runners/tf/placement.py).
-Limits of this stack at 2+ replicas, reported as unavailable with TensorFlow's message (see
-known_limits): `xla` (Keras 3 compiles strategy.run whole, XLA cannot reach the other replicas'
-variables; tf.keras 2 compiled each replica's step instead), and `steps_per_execution` > 1 with
-the default CollectiveAllReduce (fails inside Keras' while loop; reduction_to_one_device and
-hierarchical_copy run). channels_first is unavailable on CPU (TF's CPU conv gradient is NHWC
-only); `nccl` needs GPUs.
-Equivalence runs the benchmark's path: the same compile (steps_per_execution, jit_compile,
-data_format, all-reduce) and the same distributed tf.data input of global batches, fed the
-test's one batch once, so fit runs exactly one step (with steps_per_execution > 1, inside the
-multi-step while loop, which stops when the iterator is exhausted).
-
-Mode converge (time to accuracy, runners/converge.py; `converge`): the benchmark's strategy,
-model and compile (options, layout, precision) with the recipe's optimizer, initial weights
-seeded by keras.utils.set_random_seed(recipe.seed) (the same at any device count: the record's
-initial_weights_sha256), trained by Keras 3 `fit`, one call per epoch (epochs=epoch + 1,
-initial_epoch=epoch) on that epoch's global batches of runners/converge.py in tf.data, split by
-the distributed iterator as in the benchmark; the callback StepLearningRate sets
-model.optimizer.learning_rate in on_train_batch_begin to the recipe's rate for every step. The
-held-out accuracy: the model in inference mode (training=False) under strategy.run, each
-replica on its share (runners/tf/common.py StrategyAccuracy). BatchNorm's moving statistics
-are MirroredVariables with aggregation NONE, so each replica keeps and predicts from its own
-copy (per-device BatchNorm); every device's copy is read through the strategy after each epoch.
-What differs: the optimizer is Keras 3 SGD (m = momentum x m - lr x g; w += m: torch's form
-differs only while the rate changes), the recipe's weight_decay added to the gradient by
-RecipeSGD (Keras' own weight_decay is decoupled); the train loss is Keras' epoch loss (its mean
-over rows, the mean over steps when the batches are whole); evaluation is not Keras' predict
-(a distributed iterator per call: 0.5 s per evaluation of digits on CPU, 25x the forward
-pass); steps_per_execution > 1 is unavailable (the callback could not set every step's rate);
-one node only. Placement: the partition graphs of fit's first train call, as the benchmark's.
-
-Several nodes (spec.num_nodes > 1, issue 16): Keras 3's fit under
-tf.distribute.MultiWorkerMirroredStrategy (TF 2.21, Keras 3.15), one worker per node as the
-harness starts them through srun, its cluster resolved by TF's own
-tf.distribute.cluster_resolver.SlurmClusterResolver (runners/tf/devices.py); the gradients are
-all-reduced by collective ops across the workers (cross_device_ops auto, or nccl on GPUs; the
-one-machine all-reduces are unavailable). Keras 3's fit does not run under MWMS as released
-(keras-team/keras#20585): it hands strategy.reduce a nested batch and asks for axis=0 of scalar
-logs; FitMultiWorkerStrategy's reduce takes both as MirroredStrategy's would (recorded in
-multi_node.runner_adjustments). Each global batch is sharded by worker (auto-shard DATA; with
-OFF every worker would train on the same rows); the first batch each worker gets is read
-through the same distribution and reported in `nodes`. Worker 0 (process rank 0, checked)
-writes the result. Placement, `nodes` and `multi_node` are gathered from every worker by a TF
-collective all-gather after the timed window. On CPU MWMS runs one replica per worker, so more
-than 1 device per node on CPU is unavailable; loader keras is not built for several nodes.
-What differs here: the local cluster (docs/SLURM.md) is one machine, node1 and node2 are both
-127.0.0.1, and SlurmClusterResolver gives both workers the same port, so the second gets
-port_base + 1 (multi_node.port_adjustments; on a real cluster nothing changes).
+Synthetic data: one global batch in tf.data; real data: tf.data over the TFRecord shards or
+the Keras PyDataset (`loader`); token models train on one synthetic batch of ids. Placement:
+the partition graphs of fit's first train call. Limits at 2+ replicas (xla; steps_per_execution
+> 1 with CollectiveAllReduce) are recorded unavailable with TF's words (known_limits). Several
+nodes: MultiWorkerMirroredStrategy from SlurmClusterResolver, with FitMultiWorkerStrategy's
+reduce (keras-team/keras#20585). Mode converge: fit per epoch, the rate set before every step
+(MirroredConverge). docs/runners/tf_mirrored.md has the details and what differs.
 """
 
 from __future__ import annotations
@@ -94,6 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from contract.result import join
 from models import ModelSpec, get_spec, load_builder, spec_of
 from models.custom import CustomModelError
 from models.keras_common import (
@@ -104,30 +33,25 @@ from models.keras_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, Unavailable, main, one_line, process_rank
-from runners.converge import Recipe, load_splits, train_to_accuracy
+from runners.converge import Recipe, load_splits
 from runners.memory import model_state_keras
 from runners.tf.common import (
-    EVALUATION,
     POLICIES,
     SHARDING_NOTE,
-    StrategyAccuracy,
+    StrategyConverge,
     check_converge_model,
-    empty_replica_failure,
     epoch_dataset,
     fit_input,
     framework_versions,
     global_batch_dataset,
     local_batch,
-    moving_stat_copies,
-    moving_stats,
     recipe_optimizer,
     setup_devices,
     shard_across_workers,
     synthetic_tokens,
     timed_fit,
-    weights_digest,
 )
-from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
+from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_guard
 from runners.tf.placement import EagerPlacement
 from runners.tf.state import keras_policy, state_bytes_tf
 
@@ -160,19 +84,10 @@ FIT_REDUCE_NOTE = (
 
 
 class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
-    """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects of it. Keras 3.15's
-    TensorFlow trainer calls strategy.reduce two ways MWMS (TF 2.21) does not take
-    (keras-team/keras#20585, tensorflow/tensorflow#72388: fit fails at once under MWMS):
-    - a nested structure: fit reduces its first (x, y) batch with reduce("MEAN", (x, y),
-      axis=None) to build the model symbolically (_maybe_symbolic_build); MirroredStrategy's
-      reduce maps over the structure (MirroredExtended._reduce_to), MWMS's hands the tuple to
-      CollectiveAllReduce, which cannot convert it. Here it maps over the structure.
-    - axis=0 on per-replica scalars: reduce_per_replica reduces each step's logs (the loss)
-      with reduce("MEAN", v, axis=0) on several workers, meaning across replicas (on one
-      worker it takes tf.reduce_mean over the replicas' values, axis 0 being the replicas);
-      strategy.reduce's axis is within each replica's value, and a scalar has none. Here a
-      scalar is reduced across replicas only (axis=None), the mean Keras means.
-    Everything else is MWMS's own reduce."""
+    """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects of it (keras-team/
+    keras#20585): mapped over a nested structure, as MirroredStrategy's is, and a per-replica
+    scalar reduced across replicas (axis=None) where fit asks for axis=0
+    (docs/runners/tf_mirrored.md, "FitMultiWorkerStrategy"). Otherwise MWMS's own reduce."""
 
     def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
         parent = super()
@@ -284,18 +199,13 @@ class StopPlacement(keras.callbacks.Callback):
 @contextlib.contextmanager
 def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]:
     """Failures of Keras 3 fit under MirroredStrategy with 2+ replicas that are the stack's
-    limits, not this run's, reported as unavailable with TensorFlow's own words:
-    - xla: Keras 3 jit-compiles its whole step function, `strategy.run` over every replica
-      included, as one XLA cluster on the first device, and XLA cannot read variables placed
-      on another device ("Trying to access resource ... located in device").
-    - steps_per_execution > 1 with CollectiveAllReduce (MirroredStrategy's own choice, `auto`):
-      the collective all-reduce inside Keras' multi-step tf.while_loop leaves a placeholder
-      unfed ("You must feed a value for placeholder tensor 'while/..."); the reduction-to-one-
-      device and hierarchical-copy all-reduces run that loop (on one node).
-    And on several nodes, xla on CPU: TF does not compile the cross-worker collective with XLA
-    on CPU devices ("Collectives are not yet implemented for CPU devices ...")."""
+    limits, not this run's, reported unavailable with TensorFlow's own words: xla (Keras 3
+    compiles strategy.run over every replica as one XLA cluster, which cannot read the other
+    replicas' variables), steps_per_execution > 1 with CollectiveAllReduce (a placeholder left
+    unfed in Keras' while loop), and xla on several workers on CPU."""
     try:
-        yield
+        with xla_collectives_guard():
+            yield
     except tf.errors.InvalidArgumentError as exc:
         message, replicas = str(exc), strategy.num_replicas_in_sync
         if replicas > 1 and spec.options["xla"] and "Trying to access resource" in message:
@@ -317,11 +227,6 @@ def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]
                    "on several nodes MultiWorkerMirroredStrategy has only the collective "
                    "all-reduce")) from exc
         raise
-    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
-        unavailable = xla_collectives_unavailable(exc)
-        if unavailable is not None:
-            raise unavailable from exc
-        raise
 
 
 def xla_resource_error(message: str) -> str:
@@ -333,14 +238,14 @@ def xla_resource_error(message: str) -> str:
     return f"resource {m[1]} located in device {m[2]} accessed from device {m[3]}"
 
 
-def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dict[str, Any]]
-                 ) -> dict[str, Any]:
+def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dict[str, Any]],
+                 layout: str | None = None) -> dict[str, Any]:
     opts = spec.options
     return {
         "replicas": strategy.num_replicas_in_sync,
         "framework": framework_versions(),
         "devices": devices,
-        "layout": opts["data_format"],
+        "layout": layout or opts["data_format"],
         "steps_per_execution": opts["steps_per_execution"],
         "xla": bool(opts["xla"]),
         "cross_device_ops": cross_device_ops_used(strategy),
@@ -374,24 +279,15 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     with known_limits(spec, strategy):
         timed = timed_fit(spec, model, data, spec.options["steps_per_execution"],
                           callbacks=[StopPlacement(placement)])
-    result = {
-        **timed,
-        **compile_info(spec, strategy, devices),
-        **placement.result(),
-        "dtype_policy": POLICIES[spec.precision],
-        "data_placement": DATA_PLACEMENT[spec.data],
-        **data_info,
-        **model_record(model, model_spec, described),
-        **model_state_keras(model),
-        **keras_policy(model, spec.precision),
+    layout = "tokens (batch, sequence)" if tokens else data_format
+    result = join(
+        timed, compile_info(spec, strategy, devices, layout), placement.result(),
+        {"dtype_policy": POLICIES[spec.precision],
+         "data_placement": DATA_PLACEMENT["tokens" if tokens else spec.data]},
+        data_info, model_record(model, model_spec, described), model_state_keras(model),
+        keras_policy(model, spec.precision),
         # one worker's devices only: a multi-worker run would need every worker's (not read)
-        **(state_bytes_tf(model) if multi is None else {}),
-    }
-    if tokens:
-        result["layout"] = "tokens (batch, sequence)"
-        result["data_placement"] = DATA_PLACEMENT["tokens"]
-    elif spec.custom_model:
-        result["layout"] = data_format
+        state_bytes_tf(model) if multi is None else {})
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = SHARDING_NOTE
         result.update(multi.record(
@@ -446,11 +342,35 @@ class StepLearningRate(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = self.lr_at(batch)
 
 
+class MirroredConverge(StrategyConverge):
+    """Keras 3 fit, one call per epoch (epochs=epoch + 1, initial_epoch=epoch) on that epoch's
+    global batches in tf.data, split by the distributed iterator as in the benchmark, the rate
+    set before every step by StepLearningRate; the placement from the first epoch's first
+    train call."""
+
+    def __init__(self, spec: Spec, strategy: tf.distribute.Strategy, model: keras.Model) -> None:
+        # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
+        data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
+        super().__init__(strategy, model, model.optimizer, data_format)
+        self.spec, self.placement, self.step_lr = spec, EagerPlacement(), StepLearningRate()
+
+    def train(self, epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
+        self.step_lr.lr_at = lr_at
+        callbacks: list[keras.callbacks.Callback] = [self.step_lr]
+        if epoch == 0:  # the train function's partition graphs, made by its first call
+            self.placement.start()
+            callbacks.append(StopPlacement(self.placement))
+        with self.empty_replicas(batches), known_limits(self.spec, self.strategy):
+            history = self.model.fit(epoch_dataset(batches, self.data_format),
+                                     epochs=epoch + 1, initial_epoch=epoch,
+                                     callbacks=callbacks, verbose=0, shuffle=False)
+        return float(history.history["loss"][-1])
+
+
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py): Keras 3 fit, one call per epoch (epochs=epoch + 1,
-    initial_epoch=epoch) on that epoch's global batches, the learning rate set before every
-    step by StepLearningRate; held-out accuracy in inference mode under the strategy
-    (StrategyAccuracy); the BatchNorm moving statistics read from every device's copy."""
+    """Mode converge (runners/converge.py): MirroredConverge on the benchmark's strategy, model
+    and compile with the recipe's optimizer, the initial weights seeded by
+    keras.utils.set_random_seed(recipe.seed)."""
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
     model_spec = spec_of(spec)
@@ -464,54 +384,14 @@ def converge(spec: Spec) -> dict[str, Any]:
     strategy, devices, _ = make_strategy(spec)
     keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
     model, described = build_compiled(spec, strategy, None, lambda: recipe_optimizer(recipe))
-    initial = weights_digest(model)
-    data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
-    placement = EagerPlacement()
-    step_lr = StepLearningRate()
-    lr_read_back: list[float] = []
-
-    def train_epoch(epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
-        step_lr.lr_at = lr_at
-        callbacks: list[keras.callbacks.Callback] = [step_lr]
-        if epoch == 0:  # the train function's partition graphs, made by its first call
-            placement.start()
-            callbacks.append(StopPlacement(placement))
-        try:
-            with known_limits(spec, strategy):
-                history = model.fit(epoch_dataset(batches, data_format), epochs=epoch + 1,
-                                    initial_epoch=epoch, callbacks=callbacks, verbose=0,
-                                    shuffle=False)
-        except tf.errors.InvalidArgumentError as exc:
-            failure = empty_replica_failure(exc, batches, strategy.num_replicas_in_sync)
-            if failure is None:
-                raise
-            raise failure from exc
-        lr_read_back.append(float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)))
-        return float(history.history["loss"][-1])
-
-    result = train_to_accuracy(spec, train_epoch, StrategyAccuracy(strategy, model, data_format),
-                               lambda: moving_stats(strategy, model), splits=splits)
-    return {
-        **result,
-        # read back from the optimizer after each epoch: the rate its last step ran at
-        "lr_read_back": lr_read_back,
-        # every device's copy of every BatchNorm moving statistic, as moving_stats reads them
-        "moving_stat_copies": len(moving_stat_copies(strategy, model)),
-        **compile_info(spec, strategy, devices),
-        **placement.result(),
-        "dtype_policy": POLICIES[spec.precision],
+    adapter = MirroredConverge(spec, strategy, model)
+    result = adapter.run(spec, splits, POLICIES[spec.precision])
+    return join(result, compile_info(spec, strategy, devices), adapter.placement.result(), {
         "data_placement": DATA_PLACEMENT["converge"],
-        "optimizer": "Keras 3 SGD (m = momentum x m - lr x g; w += m), the recipe's "
-                     "weight_decay added to the gradient (runners/tf/common.py RecipeSGD)",
         "lr_setting": "StepLearningRate callback: model.optimizer.learning_rate before each step",
         "train_loss_kind": "Keras' epoch loss: its loss tracker's mean over the epoch's rows "
                            "(each replica's mean cross-entropy weighted by its rows)",
-        "evaluation": EVALUATION,
-        "initial_weights_sha256": initial,
-        "batchnorm": "per_device",
-        **model_record(model, model_spec, described),
-        **keras_policy(model, spec.precision),
-    }
+    }, model_record(model, model_spec, described), keras_policy(model, spec.precision))
 
 
 if __name__ == "__main__":

@@ -1,77 +1,20 @@
-"""Native TensorFlow: a custom training loop in tf.function under tf.distribute.MirroredStrategy.
+"""Native TensorFlow: a custom training loop in tf.function under tf.distribute.MirroredStrategy
+(MultiWorkerMirroredStrategy across nodes), the no-Keras-fit baseline of the "Keras tax".
 
-The "fast TensorFlow" baseline the seeds measured Keras against (the "Keras tax" is a Keras
-runner's images/sec over this one's); what a TF 2 user writes from the TF guides ("Custom
-training with tf.distribute.Strategy", TF 2.21). The model from models/ is used only as a layer
-graph: no compile, no fit, no callbacks; the step is GradientTape + optimizer in one
-tf.function, and each step's loss is read back as a float (the clock needs a finished step;
-tf_cnn_benchmarks fetches its loss every step too).
-
-BatchNorm (fused_batchnorm, default true): each Keras BatchNormalization layer of the model is
-swapped (keras.models.clone_model, same names, config and canonical weights) for
-FusedBatchNormalization, the same layer computed by TF's fused kernel FusedBatchNormV3, as TF 1
-layers (fused=True) and tf_cnn_benchmarks compute it. Keras 3 computes BatchNorm from unfused
-ops on every backend; on ResNet-50 that cost tf_native a third of its CPU step and put it at
-0.79 of tf_cnn_benchmarks (docs/PERFORMANCE.md, "tf_native vs tf_cnn_benchmarks").
-fused_batchnorm: false keeps Keras 3's layer. Optimizer: Keras SGD, momentum 0.9, no weight
-decay (tf_cnn_benchmarks: plain SGD plus L2 weight decay on its defaults); mode converge
-runs the recipe's (below).
-
-Split: each replica gets its own B/N slice of the global batch. Synthetic data is made once,
-directly on each replica's device (experimental_distribute_values_from_function), so a step
-copies nothing from the host. Real data: tf.data's global batches (runners/tf/data.py) through
-experimental_distribute_dataset, which splits each batch and prefetches the slices to the
-replicas' devices; the timed steps include the input pipeline. Variables: mirrored, one copy
-per device, created under the strategy's scope. Merge: each replica's loss is its per-example
-losses summed and divided by the *global* batch (tf.nn.compute_average_loss), so the gradients
-MirroredStrategy sums with an all-reduce inside optimizer.apply_gradients (NCCL between GPUs, a
-reduction on CPUs) are the gradients of the global mean loss; every replica applies the same
-update (synchronous SGD).
-
-Placement: the partition graphs TF instantiated for the first step (runners/tf/placement.py),
-compute ops per device, collected around the first warm-up step. xla: the replica step is
-jit_compiled; on N > 1 virtual CPU devices XLA runs every replica on its one host device, which
-cannot reach the other replicas' variables ("Trying to access resource ... located in
-device"): the run is invalid with TF's message, never a pass. The equivalence mode runs this
-same path (model path, per-replica input, the same tf.function step, xla) on the probe model.
-
-Mode converge (time to accuracy, runners/converge.py; `converge`): the same loop: the
-benchmark's model path (fused_batchnorm), strategy and tf.function step (xla honoured), the
-recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed) (the
-clone of fused_batchnorm takes the builder's weights, so tf_native starts where tf_mirrored
-does: initial_weights_sha256), one step per global batch of runners/converge.py fed through
-experimental_distribute_dataset, optimizer.learning_rate assigned before every step. Each step
-divides its summed losses by that step's global rows (compute_average_loss), so a short kept
-last batch is a mean over its own rows. The held-out accuracy: the model in inference mode
-(training=False) under strategy.run, each replica on its share (runners/tf/common.py
-StrategyAccuracy); every device's copy of the BatchNorm moving statistics (each replica keeps
-its own: aggregation NONE) is read through the strategy after each epoch. What differs: Keras 3
-SGD's momentum form (m = momentum x m - lr x g; w += m) and the recipe's weight_decay added to
-the gradient (runners/tf/common.py RecipeSGD) where the benchmark runs plain momentum SGD; one
-node only.
-
-Several nodes (spec.num_nodes > 1, issue 16): tf.distribute.MultiWorkerMirroredStrategy (TF
-2.21), one worker per node as the harness starts them through srun, its cluster resolved by
-TF's own tf.distribute.cluster_resolver.SlurmClusterResolver (runners/tf/devices.py). The
-step is the same; the all-reduce inside apply_gradients becomes collective ops
-(CollectiveReduceV2) across the workers over gRPC. Each replica makes its own slice of the
-synthetic batch, seeded by its replica id in sync; real data is sharded by worker (auto-shard
-DATA, runners/tf/common.py). Worker 0, the chief, is process rank 0 (checked against
-SLURM_PROCID and MGBENCH_PROCESS_RANK) and writes the result; equivalence weights are written
-by it alone. Placement: each worker's RunMetadata holds only its own partition graphs, so every
-worker's counts, node identity and task are gathered to all by a TF collective all-gather
-(strategy.gather) into `placement`, `nodes` and `multi_node`, after the timed window. On CPU
-MWMS runs one replica per worker (the worker's CPU device), so more than 1 device per node on
-CPU is unavailable. What differs here: the local cluster (docs/SLURM.md) is one machine, node1
-and node2 are both 127.0.0.1, and SlurmClusterResolver gives both workers the same port, so the
-second gets port_base + 1 (multi_node.port_adjustments; on a real cluster nothing changes).
+The model from models/ is used as a layer graph only; the step is GradientTape + Keras SGD
+(momentum 0.9) in one tf.function, each replica's loss its summed per-example losses over the
+global batch (tf.nn.compute_average_loss), the gradients all-reduced inside apply_gradients;
+each step's loss read back as a float. fused_batchnorm (default) swaps Keras 3's unfused
+BatchNormalization for TF's FusedBatchNormV3 kernel, as TF 1 and tf_cnn_benchmarks compute it.
+Synthetic slices are made once on each replica's device; real data is split and prefetched by
+experimental_distribute_dataset. Placement: the partition graphs of the first step. Mode
+converge runs the same step on the recipe's batches (StrategyConverge). What differs from
+tf_cnn_benchmarks (no L2 weight decay) and the reasons: docs/runners/tf_native.md.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -79,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from contract.result import join
 from models import ModelSpec, get_spec, load_builder
 from models.keras_common import (
     count_flops_keras,
@@ -87,48 +31,22 @@ from models.keras_common import (
     set_canonical_weights,
 )
 from runners.common import Invalid, Spec, finite, main, process_rank, timed_loop
-from runners.converge import Recipe, load_splits, train_to_accuracy
+from runners.converge import Recipe, load_splits
 from runners.real_data import describe
+from runners.tf import common as tfc
 from runners.tf import data as tf_data
-from runners.tf.common import (
-    EVALUATION,
-    POLICIES,
-    SHARDING_NOTE,
-    StrategyAccuracy,
-    check_converge_model,
-    empty_replica_failure,
-    epoch_dataset,
-    framework_versions,
-    input_shape,
-    local_batch,
-    moving_stat_copies,
-    moving_stats,
-    open_real,
-    recipe_optimizer,
-    replica_slices,
-    setup_devices,
-    shard_across_workers,
-    weights_digest,
-    worker_seed,
-)
-from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_unavailable
-from runners.tf.placement import BOOKKEEPING_OPS, EagerPlacement
+from runners.tf.devices import MultiWorker, multi_worker_strategy
+from runners.tf.steps import device_batches, first_step, make_train_step
 
 FUSED_MIN_EPSILON = 1.001e-5
 
 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
-    """Keras 3's BatchNormalization computed by TensorFlow's one fused kernel, FusedBatchNormV3
-    (and FusedBatchNormGradV3 for its gradient), as TF 1's tf.layers/tf.keras (fused=True) and
-    tf_cnn_benchmarks compute it. Keras 3 computes it from unfused ops on every backend (mean,
-    squared difference, mean, rsqrt, multiply-adds), whose gradient is ~20 more elementwise
-    and reduction ops per layer: a third of tf_native's ResNet-50 CPU step (docs/PERFORMANCE.md).
-
-    Same variables, same arithmetic: normalise by the batch's biased variance, moving statistics
-    updated as Keras does (momentum, the *biased* batch variance: the kernel returns the
-    unbiased one for its own moving averages, so it is scaled back by (n - 1) / n); epsilon at
-    least 1.001e-5, as TF's own fused_batch_norm wrapper sets it for cuDNN. Falls back to
-    Keras' call for what the kernel cannot do (not 4-D, a mask, renorm, synchronized)."""
+    """Keras 3's BatchNormalization computed by TF's fused kernel FusedBatchNormV3, as TF 1
+    (fused=True) and tf_cnn_benchmarks compute it: same variables and arithmetic (the kernel's
+    unbiased variance scaled back to the biased one for the moving statistics; epsilon at
+    least 1.001e-5, as TF's wrapper sets it); Keras' call for what the kernel cannot do
+    (docs/runners/tf_native.md, "FusedBatchNormalization")."""
 
     def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
         axis = self.axis % len(inputs.shape)
@@ -199,46 +117,29 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
     if spec.num_nodes > 1:
         multi = multi_worker_strategy(spec)
         return multi.strategy, multi.devices, multi
-    names, devices = setup_devices(spec)
+    names, devices = tfc.setup_devices(spec)
     return tf.distribute.MirroredStrategy(devices=names), devices, None
-
-
-def device_batches(strategy: tf.distribute.Strategy, shape: tuple[int, ...], classes: int,
-                   per_replica: int) -> tuple[Any, Any]:
-    """One random (images, labels) slice per replica, created on that replica's device."""
-
-    def make(ctx: tf.distribute.experimental.ValueContext) -> tuple[tf.Tensor, tf.Tensor]:
-        rid = ctx.replica_id_in_sync_group
-        x = tf.random.stateless_normal((per_replica, *shape), seed=(1, 2 + rid))
-        y = tf.random.stateless_uniform((per_replica,), seed=(3, 4 + rid), maxval=classes,
-                                        dtype=tf.int32)
-        return x, y
-
-    values = strategy.experimental_distribute_values_from_function(make)
-    return values  # a (PerReplica x, PerReplica y) pair
 
 
 def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelSpec,
                 data_format: str) -> tuple[Iterator[tuple[Any, Any]], dict[str, Any]]:
-    """Each step's (PerReplica x, PerReplica y), and what the record says about the data.
-
-    Synthetic: the same slices made once on each device. Real: the tf.data pipeline's global
-    batches through strategy.experimental_distribute_dataset, which splits each batch into
-    per-replica slices and prefetches them to the replicas' devices."""
+    """Each step's (PerReplica x, PerReplica y), and what the record says about the data:
+    synthetic slices made once on each device, or tf.data's global batches split and
+    prefetched to the replicas' devices by experimental_distribute_dataset."""
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     if spec.data == "synthetic":
-        xy = device_batches(strategy, input_shape(model_spec, data_format),
+        xy = device_batches(strategy, tfc.input_shape(model_spec, data_format),
                             model_spec.num_classes, global_batch // n)
         return itertools.repeat(xy), {
             "data_placement": "one synthetic slice per replica, created on its device once "
                               "(experimental_distribute_values_from_function); no host copy "
                               "per step"}
-    data = open_real(spec, model_spec)
+    data = tf_data.open_real(spec, model_spec)
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
     ds = tf_data.make_dataset(data, size, global_batch, channels_first=channels_first,
-                              seed=worker_seed(spec))
+                              seed=tfc.worker_seed(spec))
     if spec.num_nodes > 1:
-        ds = shard_across_workers(ds)
+        ds = tfc.shard_across_workers(ds)
     return iter(strategy.experimental_distribute_dataset(ds)), {
         **describe(data, size),
         "input_pipeline": tf_data.describe_pipeline(data, global_batch, channels_first),
@@ -249,284 +150,194 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
     }
 
 
-def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
-                    optimizer: keras.optimizers.Optimizer, global_batch: int | None,
-                    xla: bool = False) -> Callable[..., tf.Tensor]:
-    """A tf.function running one synchronous step on every replica; returns the global loss.
-    `global_batch` None: the step takes the global batch's rows as a third argument (an int32
-    tensor: mode converge's short kept last batch divides by its own rows)."""
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+BATCHNORM_KERNEL = {True: "none in this model", False: "Keras 3 BatchNormalization (unfused ops)"}
 
-    def replica_step(x: tf.Tensor, y: tf.Tensor, rows: Any) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            probs = model(x, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(y, probs)
-            loss = tf.nn.compute_average_loss(tf.cast(per_example, tf.float32),
-                                              global_batch_size=rows)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            target = optimizer.scale_loss(loss) if scaled else loss
-        grads = tape.gradient(target, model.trainable_variables)
-        # in replica context: the optimizer all-reduces (sums) the gradients, then applies them
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+class NativeModel:
+    """The run's model and optimizer made under its strategy (variables mirrored), as the
+    benchmark and converge both build it: the dtype policy, fused_batchnorm, loss scaling at
+    fp16; and the record fields they share."""
+
+    def __init__(self, spec: Spec, strategy: tf.distribute.Strategy,
+                 devices: list[dict[str, Any]],
+                 make_optimizer: Callable[[], keras.optimizers.Optimizer]) -> None:
+        opts = spec.options
+        self.spec, self.strategy, self.devices = spec, strategy, devices
+        self.data_format, self.xla = opts["data_format"], bool(opts["xla"])
+        self.fused = bool(opts["fused_batchnorm"])
+        with strategy.scope():
+            self.model, self.swapped = build_model(spec.model, get_spec(spec.model),
+                                                   self.data_format, self.fused)
+            optimizer = make_optimizer()
+            if spec.precision == "fp16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(self.model.trainable_variables)
+        self.optimizer = optimizer
+
+    def fields(self, placed: dict[str, Any]) -> dict[str, Any]:
+        """What benchmark and converge both report of the model, the strategy and the step."""
+        swapped = self.swapped
+        return join({
+            "replicas": self.strategy.num_replicas_in_sync,
+            "framework": tfc.framework_versions(),
+            "devices": self.devices,
+            "layout": self.data_format,
+            "loss_scaling": self.spec.precision == "fp16",
+            "xla": self.xla,
+            "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
+                                 else BATCHNORM_KERNEL[self.fused]),
+            "params": count_params_keras(self.model),
+            "flops_per_sample": count_flops_keras(self.model),
+        }, placed)
+
+
+class TimedSteps:
+    """The benchmark's step for timed_loop: the first call runs first_step (the placement,
+    collected outside the timed window; with no warm-up it is the first timed step's), on
+    several workers also what this worker's replicas stepped on; the step count is read from
+    the optimizer's iterations from the window's start."""
+
+    def __init__(self, train_step: Callable[..., tf.Tensor], batches: Iterator[Any],
+                 net: NativeModel, multi: MultiWorker | None) -> None:
+        self.train_step, self.batches, self.net, self.multi = train_step, batches, net, multi
+        self.placed: dict[str, Any] = {}
+        self.first: dict[str, Any] = {}
+        self.start = 0
+
+    def step(self) -> Any:
+        if self.placed:
+            return self.train_step(*next(self.batches))
+        xy = next(self.batches)
+        loss, found, run_metadata = first_step(self.train_step, *xy)
+        self.placed.update(found)
+        if self.multi is not None:  # the rows this worker's replicas stepped on (sharding)
+            self.first.update(run_metadata=run_metadata, batch=tfc.local_batch(
+                self.net.strategy, xy, "the first step's input"))
         return loss
 
-    # nothing in the step needs AutoGraph (no tensor-dependent Python control flow)
-    replica_step = tf.autograph.experimental.do_not_convert(replica_step)
-    inner = tf.function(replica_step, jit_compile=True) if xla else replica_step
+    def on_start(self) -> None:
+        self.start = self.iterations()
 
-    if global_batch is None:
-        @tf.function
-        def rows_step(x: Any, y: Any, rows: tf.Tensor) -> tf.Tensor:
-            per_replica = strategy.run(inner, args=(x, y, rows))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        return rows_step
-
-    @tf.function
-    def train_step(x: Any, y: Any) -> tf.Tensor:
-        per_replica = strategy.run(inner, args=(x, y, global_batch))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    return train_step
-
-
-XLA_DEVICE_ERROR = re.compile(r"Trying to access resource .{0,300}? located in device")
-
-
-def first_step(step: Callable[..., tf.Tensor], *args: Any
-               ) -> tuple[float, dict[str, Any], Any]:
-    """Run the step once (the first warm-up step, or the equivalence step) while TF collects
-    the partition graphs of the functions it instantiates for it; the loss, the placement and
-    the RunMetadata.
-
-    XLA on N virtual CPU devices compiles each replica's step for XLA's one host device, which
-    cannot reach the variables of the other replicas: TF raises "Trying to access resource
-    ... located in device ...". That is a step that did not run where it was asked to: Invalid,
-    with TF's words."""
-    placement = EagerPlacement()
-    placement.start()
-    try:
-        loss = finite(step(*args))
-    except tf.errors.InvalidArgumentError as exc:
-        if XLA_DEVICE_ERROR.search(str(exc)):
-            said = next((line.strip() for line in str(exc).splitlines()
-                         if "Trying to access resource" in line), "")
-            raise Invalid("XLA ran the replicas' step on one device that cannot reach the "
-                          f"other replicas' variables: {said[:300]}") from exc
-        raise
-    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
-        unavailable = xla_collectives_unavailable(exc)
-        if unavailable is not None:
-            raise unavailable from exc
-        raise
-    finally:
-        placement.stop()
-    # eager run metadata lists each partition graph twice (on its own and under the function
-    # it belongs to): count the functions' graphs once
-    rm = placement.run_metadata
-    graphs = ([g for fg in rm.function_graphs for g in fg.partition_graphs]
-              or list(rm.partition_graphs)) if rm is not None else []
-    kinds: Counter[str] = Counter()
-    for graph in graphs:
-        kinds.update(node.op for node in graph.node if node.op not in BOOKKEEPING_OPS)
-    return loss, {**placement.result(), "compute_ops_by_type": dict(kinds.most_common())}, rm
+    def iterations(self) -> int:
+        return int(self.net.optimizer.iterations.numpy())
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    opts = spec.options
-    policy = POLICIES[spec.precision]
+    policy = tfc.POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
     strategy, devices, multi = make_strategy(spec)
     model_spec = get_spec(spec.model)
-    data_format = opts["data_format"]
-    xla = bool(opts["xla"])
-    fused = bool(opts["fused_batchnorm"])
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     spec.split_batch(n, "replicas")
-    with strategy.scope():
-        model, swapped = build_model(spec.model, model_spec, data_format, fused)
-        optimizer: keras.optimizers.Optimizer = keras.optimizers.SGD(learning_rate=0.01,
-                                                                     momentum=0.9)
-        if spec.precision == "fp16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
-    batches, data_info = step_inputs(spec, strategy, model_spec, data_format)
-    train_step = make_train_step(strategy, model, optimizer, global_batch, xla)
-
-    # the first step instantiates the step function: its partition graphs are the placement
-    # (collected outside the timed window; with no warm-up it is the first timed step's)
-    placed: dict[str, Any] = {}
-    first: dict[str, Any] = {}
-    start = 0
-
-    def step() -> Any:
-        if placed:
-            return train_step(*next(batches))
-        xy = next(batches)
-        loss, found, run_metadata = first_step(train_step, *xy)
-        placed.update(found)
-        if multi is not None:  # the rows this worker's replicas stepped on (evidence of sharding)
-            first.update(run_metadata=run_metadata, batch=local_batch(strategy, xy, "the "
-                                                                      "first step's input"))
-        return loss
-
-    def on_start() -> None:
-        nonlocal start
-        start = int(optimizer.iterations.numpy())
-
+    net = NativeModel(spec, strategy, devices,
+                      lambda: keras.optimizers.SGD(learning_rate=0.01, momentum=0.9))
+    batches, data_info = step_inputs(spec, strategy, model_spec, net.data_format)
+    train_step = make_train_step(strategy, net.model, net.optimizer, global_batch, net.xla)
+    steps = TimedSteps(train_step, batches, net, multi)
     # a float read waits for the step to finish on every device
-    window = timed_loop(step, finite, spec.warmup_steps, spec.measure_steps, on_start)
-    steps = int(optimizer.iterations.numpy()) - start
-    result = {
-        **window.summary(global_batch, steps * global_batch),
+    window = timed_loop(steps.step, finite, spec.warmup_steps, spec.measure_steps,
+                        steps.on_start)
+    done = steps.iterations() - steps.start
+    result = join(window.summary(global_batch, done * global_batch), {
         "loss_kind": "global mean cross-entropy of each step's batch",
-        "replicas": n,
-        "framework": framework_versions(),
-        "devices": devices,
-        "layout": data_format,
         "dtype_policy": policy,
-        "loss_scaling": spec.precision == "fp16",
-        "xla": xla,
         # MirroredStrategy: each replica normalises over its own rows (the summary's BN column)
-        "batchnorm": "per_device",
-        "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
-                      else "none in this model" if fused
-                      else "Keras 3 BatchNormalization (unfused ops)"),
-        **placed,
-        **data_info,
-        "params": count_params_keras(model),
-        "flops_per_sample": count_flops_keras(model),
-    }
+        "batchnorm": "per_device"}, net.fields(steps.placed), data_info)
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = (
             "synthetic: each replica makes its own global-batch / replicas rows, seeded by its "
             "replica id in sync (experimental_distribute_values_from_function)"
-            if spec.data == "synthetic" else SHARDING_NOTE)
-        result.update(multi.record(placed["placement"], first["run_metadata"],
-                                   {"first_batch": first["batch"]}))
+            if spec.data == "synthetic" else tfc.SHARDING_NOTE)
+        result.update(multi.record(steps.placed["placement"], steps.first["run_metadata"],
+                                   {"first_batch": steps.first["batch"]}))
     return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """The timed path on the probe model: the same strategy, model path (fused_batchnorm),
-    per-replica slices made on each replica's device by experimental_distribute_values_from_
-    function, and the same tf.function step (xla honoured), for one plain SGD step on the
-    given weights and batch split over the replicas; weights saved, placement read back."""
+    """The timed path (strategy, fused_batchnorm, per-replica slices made on each device, the
+    same tf.function step, xla honoured) on the probe model for one plain SGD step on the
+    given weights and batch; weights saved, placement read back."""
     opts = spec.options
     strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     data_format = opts["data_format"]
     n = strategy.num_replicas_in_sync
-    images = np.asarray(x) if data_format == "channels_last" \
-        else np.ascontiguousarray(np.transpose(np.asarray(x), (0, 3, 1, 2)))
+    images = tfc.nchw(np.asarray(x), data_format)
     with strategy.scope():
         model, _ = build_model("probe", get_spec("probe"), data_format,
                                bool(opts["fused_batchnorm"]))
         set_canonical_weights(model, weights)
         optimizer = keras.optimizers.SGD(learning_rate=lr)
         optimizer.build(model.trainable_variables)
-    xs, ys = replica_slices(strategy, images, y)
+    xs, ys = tfc.replica_slices(strategy, images, y)
     step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
     loss, placed, run_metadata = first_step(step, xs, ys)
     if process_rank() == 0:  # several workers: each holds the same weights, one writes them
         spec.save_equivalence_output(get_canonical_weights(model))
-    result = {"replicas": n, "framework": framework_versions(), "devices": devices,
+    result = {"replicas": n, "framework": tfc.framework_versions(), "devices": devices,
               "loss": loss, "layout": data_format, **placed}
     if multi is not None:
         result.update(multi.record(placed["placement"], run_metadata,
-                                   {"first_batch": local_batch(strategy, (xs, ys),
+                                   {"first_batch": tfc.local_batch(strategy, (xs, ys),
                                                                "the step's input")}))
     return result
 
 
-def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py): the benchmark's model, strategy and tf.function
-    step (make_train_step, fused_batchnorm and xla honoured), one step per global batch of
-    the recipe fed through experimental_distribute_dataset, the optimizer's learning rate
-    assigned before every step; each step divides its replicas' summed losses by its own
-    global rows (a short kept last batch included). Held-out accuracy in inference mode under
-    the strategy (StrategyAccuracy); BatchNorm moving statistics read from every device's
-    copy."""
-    opts = spec.options
-    recipe = Recipe.of(spec)
-    splits = load_splits(spec)
-    model_spec = get_spec(spec.model)
-    check_converge_model(spec, model_spec, splits)
-    policy = POLICIES[spec.precision]
-    keras.mixed_precision.set_global_policy(policy)
-    strategy, devices, _ = make_strategy(spec)
-    data_format, xla, fused = opts["data_format"], bool(opts["xla"]), bool(opts["fused_batchnorm"])
-    keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
-    with strategy.scope():
-        model, swapped = build_model(spec.model, model_spec, data_format, fused)
-        optimizer: keras.optimizers.Optimizer = recipe_optimizer(recipe)
-        if spec.precision == "fp16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
-    initial = weights_digest(model)
-    train_step = make_train_step(strategy, model, optimizer, None, xla)
-    placed: dict[str, Any] = {}
-    lr_read_back: list[float] = []
+class NativeConverge(tfc.StrategyConverge):
+    """One step of the benchmark's tf.function per global batch of the recipe, fed through
+    experimental_distribute_dataset, the optimizer's rate assigned before every step; each
+    step divides its replicas' summed losses by its own global rows (a short kept last batch
+    included); the first step collects the placement."""
 
-    def train_epoch(epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
-        inputs = iter(strategy.experimental_distribute_dataset(
-            epoch_dataset(batches, data_format)))
+    def __init__(self, net: NativeModel) -> None:
+        super().__init__(net.strategy, net.model, net.optimizer, net.data_format)
+        self.net = net
+        self.train_step = make_train_step(net.strategy, net.model, net.optimizer, None,
+                                          net.xla)
+        self.placed: dict[str, Any] = {}
+
+    def step(self, xy: Any, rows: tf.Tensor) -> float:
+        if self.placed:
+            return float(self.train_step(*xy, rows))  # a float: the step finished
+        loss, found, _ = first_step(self.train_step, *xy, rows)  # its partition graphs
+        self.placed.update(found)
+        return loss
+
+    def train(self, epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
+        inputs = iter(self.strategy.experimental_distribute_dataset(
+            tfc.epoch_dataset(batches, self.data_format)))
         losses = []
         for step, (batch, xy) in enumerate(zip(batches, inputs, strict=False)):
-            optimizer.learning_rate = lr_at(step)
-            rows = tf.constant(batch.global_rows, tf.int32)
-            try:
-                if placed:
-                    losses.append(float(train_step(*xy, rows)))  # a float: the step finished
-                else:  # the first step instantiates the function: its partition graphs
-                    loss, found, _ = first_step(train_step, *xy, rows)
-                    placed.update(found)
-                    losses.append(loss)
-            except tf.errors.InvalidArgumentError as exc:
-                failure = empty_replica_failure(exc, [batch], strategy.num_replicas_in_sync)
-                if failure is None:
-                    raise
-                raise failure from exc
+            self.optimizer.learning_rate = lr_at(step)
+            with self.empty_replicas([batch]):
+                losses.append(self.step(xy, tf.constant(batch.global_rows, tf.int32)))
         if len(losses) != len(batches):
             raise Invalid(f"the distributed dataset gave {len(losses)} of the epoch's "
                           f"{len(batches)} batches")
-        lr_read_back.append(float(keras.ops.convert_to_numpy(optimizer.learning_rate)))
         return float(np.mean(losses)) if losses else float("nan")
 
-    result = train_to_accuracy(spec, train_epoch, StrategyAccuracy(strategy, model, data_format),
-                               lambda: moving_stats(strategy, model), splits=splits)
-    return {
-        **result,
-        # read back from the optimizer after each epoch: the rate its last step ran at
-        "lr_read_back": lr_read_back,
-        # every device's copy of every BatchNorm moving statistic, as moving_stats reads them
-        "moving_stat_copies": len(moving_stat_copies(strategy, model)),
-        "replicas": strategy.num_replicas_in_sync,
-        "framework": framework_versions(),
-        "devices": devices,
-        "layout": data_format,
-        "dtype_policy": policy,
-        "loss_scaling": spec.precision == "fp16",
-        "xla": xla,
-        "batchnorm": "per_device",
-        "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
-                             else "none in this model" if fused
-                             else "Keras 3 BatchNormalization (unfused ops)"),
-        **placed,
+
+def converge(spec: Spec) -> dict[str, Any]:
+    """Mode converge (runners/converge.py): NativeConverge on the benchmark's model, strategy
+    and step (fused_batchnorm and xla honoured) with the recipe's optimizer, the initial
+    weights seeded by keras.utils.set_random_seed(recipe.seed)."""
+    recipe = Recipe.of(spec)
+    splits = load_splits(spec)
+    tfc.check_converge_model(spec, get_spec(spec.model), splits)
+    policy = tfc.POLICIES[spec.precision]
+    keras.mixed_precision.set_global_policy(policy)
+    strategy, devices, _ = make_strategy(spec)
+    keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
+    adapter = NativeConverge(NativeModel(spec, strategy, devices,
+                                         lambda: tfc.recipe_optimizer(recipe)))
+    result = adapter.run(spec, splits, policy)
+    return join(result, adapter.net.fields(adapter.placed), {
         "data_placement": "each epoch's global batches of the recipe (runners/converge.py) in "
                           "tf.data on the host, split into per-replica slices and prefetched "
                           "to each replica's device by experimental_distribute_dataset",
-        "optimizer": "Keras 3 SGD (m = momentum x m - lr x g; w += m), the recipe's "
-                     "weight_decay added to the gradient (runners/tf/common.py RecipeSGD)",
         "lr_setting": "optimizer.learning_rate assigned before each step",
         "train_loss_kind": "the mean over the epoch's steps of each step's global mean "
-                           "cross-entropy",
-        "evaluation": EVALUATION,
-        "initial_weights_sha256": initial,
-        "params": count_params_keras(model),
-        "flops_per_sample": count_flops_keras(model),
-    }
+                           "cross-entropy"})
 
 
 if __name__ == "__main__":

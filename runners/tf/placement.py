@@ -1,25 +1,12 @@
 """Where a TensorFlow step's work ran, read back from TensorFlow itself (issue 13's `placement`).
 
-TensorFlow partitions every graph it runs into one graph per device and reports those
-partition graphs in a RunMetadata: in graph mode when `session.run` is asked for them
-(`RunOptions(output_partition_graphs=True)`), in eager mode for every tf.function instantiated
-while the context collects run metadata (`context.enable_run_metadata()`, what TensorBoard's
-graph tracing uses). The placement of a step is the number of compute ops in each device's
-partition: the ops TF itself assigned there after placement and partitioning, not the device
-names a runner asked for. Ops that only move or name data (constants, arguments, send/receive
-pairs, identities, variable handles) are not counted, so a device that merely forwards an
-input shows no work.
-
-With full tracing (`RunOptions.FULL_TRACE`, graph mode) the step stats also list the nodes that
-executed on each device; `executed_ops_by_device` counts those.
-
-Several workers (MultiWorkerMirroredStrategy, one per node): each worker's RunMetadata holds
-only its own partition graphs, on its own devices ("/job:worker/replica:0/task:1/device:
-CPU:0"); `all_gather_json` gathers every worker's counts (and whatever else it reports) to all
-workers through a TensorFlow collective, and `collective_ops` reads the all-reduce ops TF put
-in a worker's graphs.
-
-Imports TensorFlow: only runner child processes import this module.
+TF partitions every graph it runs into one graph per device and reports those partition
+graphs in a RunMetadata (graph mode: RunOptions(output_partition_graphs=True); eager: every
+tf.function instantiated while the context collects run metadata). A step's placement is the
+compute ops in each device's partition, as TF assigned them; ops that only move or name data
+are not counted. FULL_TRACE step stats list the nodes each device executed. Several workers:
+each holds only its own graphs; all_gather_json gathers every worker's counts through a TF
+collective. Imports TensorFlow: child processes only.
 """
 
 from __future__ import annotations
@@ -126,17 +113,6 @@ def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
             if kind:
                 out.setdefault(device, Counter())[kind] += 1
     return {d: dict(sorted(c.items())) for d, c in sorted(out.items())}
-
-
-def ops_by_type_on(run_metadata: Any, device: str) -> dict[str, int]:
-    """How many ops of each type TF placed on `device` (for records and tests)."""
-    key = device_key(device)
-    counts: Counter[str] = Counter()
-    for graph in partition_graphs(run_metadata):
-        for node in graph.node:
-            if node.device and device_key(node.device) == key:
-                counts[node.op] += 1
-    return dict(counts.most_common())
 
 
 class EagerPlacement:

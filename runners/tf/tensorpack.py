@@ -1,46 +1,16 @@
 """tensorpack 0.11's synchronous data-parallel trainers, on TensorFlow 2.21 through tf.compat.v1.
 
-Split: there is no split of one global batch. tensorpack's QueueInput has an EnqueueThread that
-feeds per-tower batches (spec batch_size_per_device rows each) from a DataFlow into a FIFOQueue
-on /cpu:0, and every tower dequeues its *own* batch, so the global batch is per-device batch x
-towers (the runner checks the spec agrees). With `input: staging` each tower's batch is also put
-into a StagingArea on the tower's device one step ahead (seed 003's asynchronous feeding).
-Real data: tensorpack's TFDatasetInput over the tf.data pipeline of runners/tf/data.py (a
-tf.compat.v1 dataset of per-tower batches); each tower's get_next takes its own batch, staged
-the same way with `input: staging` (`input: queue` is TFDatasetInput alone: QueueInput takes a
-Python DataFlow, not a tf.data dataset).
-Towers: one per device. tensorpack's builders hard-code "/gpu:<k>"; the runner builds with
-tensorpack's own code and, before the session starts, moves every op on "/gpu:k" to the run's
-device k (relocate_towers: "/cpu:k" for N virtual CPU devices, the identity on GPUs), so the
-GPU and CPU runs build the same graph.
-Variables and merge: `replicated` (SyncMultiGPUTrainerReplicated, builder untouched) keeps one
-copy of every variable per tower (tower 0's under the plain names, tower i's under "tower<i>/"
-as local variables, copied from tower 0 before training); the towers' gradients are
-all-reduced and averaged and every tower applies the same update to its own copy. The mode is
-tensorpack 0.11's (`allreduce: auto`): "hierarchical" at exactly 8 towers (DGX-1's two groups
-of 4: add_n in each group, the two sums exchanged), with the GradientPacker first (the
-gradients flattened, concatenated and cut into 8 equal splits, reduced, then unpacked;
-tensorpack skips it below 1024 elements per split); "gpu" otherwise on TF >= 1.15 (an add_n
-per variable, round-robin over the tower devices; tensorpack avoids NCCL there for TF issue
-41539). `allreduce: hierarchical` below 8 towers falls back to "gpu" (tensorpack's warning);
-`allreduce: nccl` asks for NCCL (GPUs only: unavailable on CPU devices). The hierarchical
-all-reduce and the packer are plain TF ops, so they run on 8 virtual CPU devices too. The
-record says which mode ran (`allreduce`) and the packer as found in the built graph
-(`gradient_packer`: towers and splits, or why not).
-`parameter_server` (SyncMultiGPUTrainerParameterServer) keeps one shared copy, on /cpu:0
-(`ps_device: cpu`) or spread over the tower devices (`ps_device: gpu`); the gradients are
-averaged next to each variable and applied once there. Differs from tensorpack 0.11 on TF 2:
-its device setters place only TF 1's VariableV2 ops, so TF 2's resource variables would all
-stay on tower 0's device; the runner places them where 0.11 put them on TF 1.x.
-Placement: the first step (a warm-up step) asks TF for its partition graphs (RunOptions through
-a tensorpack callback's _before_run, as tensorpack's GraphProfiler does); `placement` counts
-the compute ops per device, and a tower whose device ran none is invalid.
-BatchNorm moving statistics are updated in the main tower only (tensorpack's convention).
-CPU notes: a tf.compat.v1 Session ignores tf.config's logical devices, so the session config
-also asks for N CPU devices; inter-op threads >= 2N+2, because each StagingArea put holds a
-thread until its tower's get runs, and 2 towers on 2 cores deadlocked with the default pool.
-The model is models/<name>/tfv1_builder.py (tf.compat.v1.get_variable), the same architecture
-and parameter count as the Keras builders; the runner checks the count against the spec.
+No split of a global batch: QueueInput's EnqueueThread feeds per-tower batches into a FIFOQueue
+on /cpu:0 and every tower dequeues its own (`input: staging` adds a StagingArea per tower one
+step ahead; real data: TFDatasetInput over runners/tf/data.py's pipeline). Towers: tensorpack's
+builders hard-code "/gpu:k"; every op is moved to the run's device k before the session starts
+(relocate_towers), so GPU and CPU runs build the same graph. `replicated`: a copy per tower,
+gradients all-reduced by tensorpack's own mode (`allreduce: auto`: hierarchical with the
+GradientPacker at 8 towers, else gpu); `parameter_server`: one copy on /cpu:0 or spread over
+the towers. Differs: tensorpack's device setters place only TF 1's VariableV2 ops, so TF 2's
+resource variables are placed here where 0.11 put them on TF 1.x. Placement: the first step's
+partition graphs. The model: models/<name>/tfv1_builder.py. docs/runners/tensorpack.md has
+the details.
 """
 
 from __future__ import annotations
@@ -71,20 +41,10 @@ RUN_FIELDS = ("trainer", "allreduce_asked", "allreduce", "gradient_packer", "ps_
 
 
 def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]], Any]:
-    """Tower device names, their descriptions, and the session config that makes them exist.
-
-    CPU: N logical CPU devices (as tf_common.setup_devices makes them); a tf.compat.v1 Session
-    ignores that eager-context setting, so the session config also asks for N CPU devices.
-    GPU: the first N GPUs, memory growth on. Call before anything else touches TF's devices."""
-    n = spec.num_devices
-    config = tfv1.ConfigProto(allow_soft_placement=True)
-    config.gpu_options.allow_growth = True
-    # StagingArea's put blocks an inter-op thread until that tower's get has run: with N towers
-    # and a pool of one thread per core (2 here) the puts can take every thread and deadlock.
-    config.inter_op_parallelism_threads = max(os.cpu_count() or 1, 2 * n + 2)
+    """Tower device names, their descriptions, and the session config that makes them exist
+    (tf_devices.session_config). Call before anything else touches TF's devices."""
+    config = tf_devices.session_config(spec)
     names, devices = tf_devices.setup_devices(spec)
-    if spec.device == "cpu":
-        config.device_count["CPU"] = n
     return names, devices, config
 
 
@@ -113,10 +73,8 @@ def tensorpack_devices(n: int) -> list[str]:
 
 
 def relocate_towers(graph: Any, devices: list[str]) -> int:
-    """Put every op tensorpack placed on "/gpu:k" on the run's device k (devices[k]); ops on
-    other devices stay. The identity on GPUs (devices are "/gpu:k" there); on N virtual CPU
-    devices it moves tower k, its share of the all-reduce and its update to "/cpu:k". Call on
-    the finished graph, before the session sees it. Returns how many ops moved."""
+    """Put every op tensorpack placed on "/gpu:k" on the run's device k (the identity on GPUs);
+    call on the finished graph, before the session sees it. Returns how many ops moved."""
     targets = [tfv1.DeviceSpec.from_string(d) for d in devices]
     moved = 0
     for op in graph.get_operations():
@@ -144,47 +102,51 @@ def gradient_packer(graph: Any) -> dict[str, int] | None:
     return {"towers": len(packs), "splits": len(split.outputs)}
 
 
-def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
-    """The configured tensorpack trainer for n towers, and what it is. The replicated trainer
-    is tensorpack's own, builder included (its mode heuristic, all-reduce and GradientPacker);
-    the parameter-server builder keeps tensorpack's build and changes only where variables go
-    (see ParameterServerBuilder). Towers are on tensorpack's "/gpu:k" devices, moved to the
-    run's devices by relocate_towers."""
+class VariableSetter:
+    """Device function: variables on the least loaded of ps_devices, other ops on worker.
+    tensorpack 0.11's LeastLoadedDeviceSetter places only VariableV2 ops (TF1's variables);
+    TF2's resource variables (VarHandleOp) would all stay on tower 0's device."""
+
+    def __init__(self, worker: str, ps_devices: list[str], sizes: list[int]) -> None:
+        self.worker, self.ps_devices, self.sizes = worker, ps_devices, sizes
+
+    def __call__(self, op: Any) -> str:
+        if op.device:
+            return op.device
+        if op.type not in ("VarHandleOp", "VariableV2", "Variable"):
+            return self.worker
+        i = int(np.argmin(self.sizes))
+        self.sizes[i] += tf.TensorShape(op.get_attr("shape")).num_elements() or 1
+        return self.ps_devices[i]
+
+
+def parameter_server_builder(n: int, ps_device: str) -> Any:
+    """tensorpack's parameter-server builder for n towers, with the variables where tensorpack
+    0.11 put them on TF 1.x: on /cpu:0 (ps_device cpu, its replica_device_setter) or spread
+    over the tower devices (ps_device gpu, its LeastLoadedDeviceSetter)."""
     from tensorpack.graph_builder.training import (
         DataParallelBuilder,
         SyncMultiGPUParameterServerBuilder,
     )
-    from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
     raw = tensorpack_devices(n)
 
-    class VariableSetter:
-        """Device function: variables on the least loaded of ps_devices, other ops on worker.
-        tensorpack 0.11's LeastLoadedDeviceSetter places only VariableV2 ops (TF1's variables);
-        TF2's resource variables (VarHandleOp) would all stay on tower 0's device."""
-
-        def __init__(self, worker: str, ps_devices: list[str], sizes: list[int]) -> None:
-            self.worker, self.ps_devices, self.sizes = worker, ps_devices, sizes
-
-        def __call__(self, op):
-            if op.device:
-                return op.device
-            if op.type not in ("VarHandleOp", "VariableV2", "Variable"):
-                return self.worker
-            i = int(np.argmin(self.sizes))
-            self.sizes[i] += tf.TensorShape(op.get_attr("shape")).num_elements() or 1
-            return self.ps_devices[i]
-
     class ParameterServerBuilder(SyncMultiGPUParameterServerBuilder):
-        """tensorpack's parameter-server builder, with the variables where tensorpack 0.11 put
-        them on TF 1.x: on /cpu:0 (ps_device cpu, its replica_device_setter) or spread over
-        the tower devices (ps_device gpu, its LeastLoadedDeviceSetter)."""
-
-        def call_for_each_tower(self, tower_fn):
+        def call_for_each_tower(self, tower_fn: Any) -> Any:
             ps = ["/cpu:0"] if self.ps_device == "cpu" else list(raw)
             sizes = [0] * len(ps)
             setters = [VariableSetter(d, ps, sizes) for d in raw]
             return DataParallelBuilder.build_on_towers(self.towers, tower_fn, setters)
+
+    return ParameterServerBuilder(list(range(n)), ps_device)
+
+
+def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
+    """The configured tensorpack trainer for n towers, and what it is. The replicated trainer
+    is tensorpack's own, builder included (its mode heuristic, all-reduce and GradientPacker);
+    the parameter-server builder changes only where variables go. Towers are on tensorpack's
+    "/gpu:k" devices, moved to the run's devices by relocate_towers."""
+    from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
     opts = spec.options
     kind = opts["trainer"]
@@ -201,18 +163,16 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
     if kind == "parameter_server":
         ps_device = opts["ps_device"]
         trainer = SyncMultiGPUTrainerParameterServer(n, ps_device=ps_device)
-        trainer._builder = ParameterServerBuilder(list(range(n)), ps_device)
+        trainer._builder = parameter_server_builder(n, ps_device)
         return trainer, {"trainer": "SyncMultiGPUTrainerParameterServer",
                          "ps_device": ps_device, "gradients": "averaged next to each variable"}
     raise ValueError(f"unknown trainer {kind!r}")
 
 
 def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:
-    """The trainer's InputSource, and its name. Synthetic (a list of per-tower batches):
-    QueueInput over a DataFlow of them, repeated forever. Real data (a RealData): tensorpack's
-    TFDatasetInput over the tf.data pipeline of runners/tf/data.py, one per-tower batch per
-    get_next (tensorpack's QueueInput takes a Python DataFlow, not a tf.data dataset). Either
-    is wrapped in StagingInput for `input: staging`. Call inside the training graph."""
+    """The trainer's InputSource and its name: QueueInput over a DataFlow of the per-tower
+    batches, or TFDatasetInput over runners/tf/data.py's pipeline (real data), wrapped in
+    StagingInput for `input: staging`. Call inside the training graph."""
     from tensorpack.dataflow import DataFromList
     from tensorpack.input_source import QueueInput, StagingInput, TFDatasetInput
 
@@ -229,103 +189,143 @@ def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any
     return source, name
 
 
+class Towers:
+    """The tower function tensorpack calls once per tower: the tfv1 model on the tower's
+    batch (BatchNorm statistics updated in the main tower only, tensorpack's convention), its
+    mean cross-entropy; keeps each tower's loss and labels."""
+
+    def __init__(self, model: str, per_tower: int) -> None:
+        self.model_spec: ModelSpec = get_spec(model)
+        self.build = load_builder(model, "tfv1")
+        self.signature = [
+            tf.TensorSpec((per_tower, *self.model_spec.input_shape), tf.float32, "image"),
+            tf.TensorSpec((per_tower,), tf.int32, "label")]
+        self.losses: list[tf.Tensor] = []
+        self.labels: list[tf.Tensor] = []
+
+    def cost(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+        from tensorpack.tfutils import get_current_tower_context
+
+        ctx = get_current_tower_context()
+        logits = self.build(self.model_spec, images, training=True, data_format=DATA_FORMAT,
+                            update_stats=ctx.is_main_training_tower)
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits), name="loss")
+        self.losses.append(loss)
+        self.labels.append(labels)
+        return loss
+
+
+class Clock:
+    """Drives the timed window (runners.common.TimedWindow) after each step's session.run
+    (train op and the towers' mean loss) has returned; the first step also fetches the
+    towers' labels and the partition graphs; after training, the global step and read_vars."""
+
+    def __init__(self, steps: tuple[int, int], device: str, towers: Towers,
+                 read_vars: list[str] | None) -> None:
+        self.window = TimedWindow(*steps, on_start=self._start)
+        self.device, self.towers, self.read_vars = device, towers, read_vars or []
+        self.gs0 = self.gs1 = None
+        self.placement: dict[str, Any] = {}
+        self.values: dict[str, np.ndarray] = {}
+        self.first_labels: list[int] = []
+        self.sess: Any = None
+
+    def _start(self) -> None:
+        self.gs0 = int(self.sess.run(self.gs))
+
+    def setup_graph(self) -> None:
+        from tensorpack.tfutils import get_global_step_var
+
+        with tf.device(self.device):
+            self.loss = tf.add_n(self.towers.losses) / len(self.towers.losses)
+        self.gs = get_global_step_var()
+        by_name = {v.op.name: v for v in tfv1.global_variables() + tfv1.local_variables()}
+        self.read = {k: by_name[k] for k in self.read_vars}
+
+    def before_run(self) -> Any:
+        self.window.step_begin()
+        options = None
+        fetches: dict[str, Any] = {"loss": self.loss}
+        if self.window.calls == 0:  # the labels the towers trained on in the first step
+            fetches["labels"] = self.towers.labels
+            options, _ = graph_run_options()  # the hooked session fills its RunMetadata
+        return tfv1.train.SessionRunArgs(fetches=fetches, options=options)
+
+    def after_run(self, values: Any) -> None:
+        self.window.step_done(float(values.results["loss"]))
+        if "labels" in values.results:
+            self.first_labels = [int(v) for t in values.results["labels"] for v in t]
+        metadata = values.run_metadata
+        if self.window.calls == 1 and metadata is not None:
+            self.placement = graph_placement(metadata)
+
+    def after_train(self) -> None:
+        self.gs1 = int(self.sess.run(self.gs))
+        self.values = self.sess.run(self.read) if self.read else {}
+
+
+def clock_callback(clock: Clock) -> Any:
+    """The clock as a tensorpack Callback (the trainer's session handed to it)."""
+    from tensorpack.callbacks import Callback
+
+    class ClockCallback(Callback):
+        def _setup_graph(self) -> None:
+            clock.setup_graph()
+
+        def _before_run(self, ctx: Any) -> Any:
+            clock.sess = self.trainer.sess
+            return clock.before_run()
+
+        def _after_run(self, ctx: Any, values: Any) -> None:
+            clock.after_run(values)
+
+        def _after_train(self) -> None:
+            clock.sess = self.trainer.sess
+            clock.after_train()
+
+    return ClockCallback()
+
+
+def relocating_session_creator(names: list[str], config: Any) -> Any:
+    """tensorpack's session creator, after moving its "/gpu:k" ops to the run's devices
+    (the graph is complete then: towers, all-reduce, input and callbacks)."""
+    from tensorpack.tfutils.sesscreate import NewSessionCreator
+
+    class RelocatingSessionCreator(NewSessionCreator):
+        def create_session(self) -> Any:
+            relocate_towers(tfv1.get_default_graph(), names)
+            return super().create_session()
+
+    return RelocatingSessionCreator(config=config)
+
+
 def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optimizer: Any,
           steps: tuple[int, int], initial: dict[str, np.ndarray] | None = None,
           read_vars: list[str] | None = None) -> dict[str, Any]:
     """Build the towers and train for warm-up + measured steps; the clock and what it saw.
     The first step (a warm-up step when there is one) asks TF for its partition graphs: the
     run's placement."""
-    from tensorpack.callbacks import Callback
-    from tensorpack.tfutils import get_current_tower_context, get_global_step_var
-    from tensorpack.tfutils.sesscreate import NewSessionCreator
     from tensorpack.tfutils.sessinit import DictRestore, JustCurrentSession
 
     names, devices, config = setup_devices(spec)
     tfv1.disable_eager_execution()
-    model_spec: ModelSpec = get_spec(model)
-    build = load_builder(model, "tfv1")
+    towers = Towers(model, spec.batch_size_per_device)
     trainer, trainer_info = make_trainer(spec, len(names))
     source, input_name = make_input(spec, feed)
-    per_tower = spec.batch_size_per_device
-    signature = [tf.TensorSpec((per_tower, *model_spec.input_shape), tf.float32, "image"),
-                 tf.TensorSpec((per_tower,), tf.int32, "label")]
-    tower_losses: list[tf.Tensor] = []
-    tower_labels: list[tf.Tensor] = []
-
-    def tower_cost(images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        ctx = get_current_tower_context()
-        logits = build(model_spec, images, training=True, data_format=DATA_FORMAT,
-                       update_stats=ctx.is_main_training_tower)
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=labels, logits=logits), name="loss")
-        tower_losses.append(loss)
-        tower_labels.append(labels)
-        return loss
-
-    warmup, measure = steps
-
-    class Clock(Callback):
-        """Fetches the towers' mean loss with every train step and drives the timed window
-        (runners.common.TimedWindow): the clock reads after the session.run that ran the step
-        (train op and loss) has returned."""
-
-        def __init__(self) -> None:
-            self.window = TimedWindow(warmup, measure, on_start=self._start)
-            self.gs0 = self.gs1 = None
-            self.placement: dict[str, Any] = {}
-            self.values: dict[str, np.ndarray] = {}
-            self.first_labels: list[int] = []
-
-        def _start(self) -> None:
-            self.gs0 = int(self.trainer.sess.run(self.gs))
-
-        def _setup_graph(self) -> None:
-            with tf.device(names[0]):
-                self.loss = tf.add_n(tower_losses) / len(tower_losses)
-            self.gs = get_global_step_var()
-            by_name = {v.op.name: v for v in tfv1.global_variables() + tfv1.local_variables()}
-            self.read = {k: by_name[k] for k in read_vars or []}
-
-        def _before_run(self, ctx):
-            self.window.step_begin()
-            options = None
-            fetches: dict[str, Any] = {"loss": self.loss}
-            if self.window.calls == 0:  # the labels the towers trained on in the first step
-                fetches["labels"] = tower_labels
-                options, _ = graph_run_options()  # the hooked session fills its RunMetadata
-            return tfv1.train.SessionRunArgs(fetches=fetches, options=options)
-
-        def _after_run(self, ctx, values):
-            self.window.step_done(float(values.results["loss"]))
-            if "labels" in values.results:
-                self.first_labels = [int(v) for t in values.results["labels"] for v in t]
-            metadata = values.run_metadata
-            if self.window.calls == 1 and metadata is not None:
-                self.placement = graph_placement(metadata)
-
-        def _after_train(self) -> None:
-            self.gs1 = int(self.trainer.sess.run(self.gs))
-            self.values = self.trainer.sess.run(self.read) if self.read else {}
-
-    class RelocatingSessionCreator(NewSessionCreator):
-        """tensorpack's session creator, after moving its "/gpu:k" ops to the run's devices
-        (the graph is complete then: towers, all-reduce, input and callbacks)."""
-
-        def create_session(self):
-            relocate_towers(tfv1.get_default_graph(), names)
-            return super().create_session()
-
-    trainer.setup_graph(signature, source, tower_cost,
+    trainer.setup_graph(towers.signature, source, towers.cost,
                         lambda: optimizer() if callable(optimizer) else optimizer)
     packer = gradient_packer(tfv1.get_default_graph())
     if hasattr(trainer._builder, "_mode"):  # the mode tensorpack's builder settled on
         trainer_info["allreduce"] = trainer._builder._mode
         trainer_info["gradient_packer"] = packer or packer_absent(trainer._builder._mode)
-    clock = Clock()
-    trainer.train(callbacks=[clock], monitors=[],
-                  session_creator=RelocatingSessionCreator(config=config),
+    clock = Clock(steps, names[0], towers, read_vars)
+    warmup, measure = steps
+    trainer.train(callbacks=[clock_callback(clock)], monitors=[],
+                  session_creator=relocating_session_creator(names, config),
                   session_init=DictRestore(initial) if initial else JustCurrentSession(),
                   steps_per_epoch=warmup + measure, starting_epoch=1, max_epoch=1)
+
     def canonical(device: str) -> str:
         return tfv1.DeviceSpec.from_string(device).to_string()
 
@@ -334,7 +334,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
     ran = clock.window.calls
     if ran != warmup + measure or clock.gs0 is None or clock.gs1 is None:
         raise Invalid(f"tensorpack ran {ran} of {warmup + measure} steps")
-    tower_devices = [canonical(loss.op.device) for loss in tower_losses]
+    tower_devices = [canonical(loss.op.device) for loss in towers.losses]
     check_towers_ran(tower_devices, clock.placement.get("placement", {}))
     return {"clock": clock, "devices": devices, "names": names, "input": input_name,
             "tower_devices": tower_devices, "variable_devices": variable_devices,
