@@ -48,6 +48,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from models import get_spec
@@ -124,11 +125,19 @@ def expected_gather(n: int) -> list[float]:
     return [float(r + 1) for r in range(n)]
 
 
+@dataclass(frozen=True)
+class Around:
+    """What a probe adds around its timed calls: `check` (one collective checked first),
+    `barrier` (the ranks start the clock together) and `across_ranks` (this rank's mean time
+    to the mean over the ranks)."""
+
+    check: Callable[[], bool] | None = None
+    barrier: Callable[[], None] | None = None
+    across_ranks: Callable[[float], float] = float
+
+
 def measure_size(nbytes: int, n: int, allreduce: Callable[[], Any], sync: Callable[[Any], None],
-                 warmup: int, iters: int,
-                 across_ranks: Callable[[float], float] = float,
-                 check: Callable[[], bool] | None = None,
-                 barrier: Callable[[], None] | None = None,
+                 warmup: int, iters: int, around: Around = Around(),
                  collective: str = ALL_REDUCE) -> dict[str, Any]:
     """One row: `check` (if given) says whether one collective of rank + 1 gave what it
     should on every replica (n(n+1)/2 for all-reduce and reduce-scatter, expected_gather
@@ -141,6 +150,7 @@ def measure_size(nbytes: int, n: int, allreduce: Callable[[], Any], sync: Callab
     whichever `collective` the row is of; nbytes is that collective's S (collective_bytes)."""
     if iters < 1:
         raise ValueError(f"iters={iters}: nothing to time")
+    check, barrier, across_ranks = around.check, around.barrier, around.across_ranks
     correct = check() if check is not None else None
     out = None
     for _ in range(warmup):

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +257,21 @@ def stepwise(step: TrainStep, mean_loss: Callable[[list[Any]], float] | None = N
     return train_epoch
 
 
+@dataclass
+class _Progress:
+    """What the converge loop has seen so far: the curve, the point that reached the target,
+    the first problem, and the clocks."""
+
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    reached: dict[str, Any] | None = None
+    problem: str | None = None
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    samples: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+    wall0: float = field(default_factory=time.time)
+
+
 def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
                       moving_stats: MovingStats | None = None, rank: int = 0, world: int = 1,
                       splits: Splits | None = None) -> dict[str, Any]:
@@ -267,13 +282,7 @@ def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
     recipe = Recipe.of(spec)
     splits = splits if splits is not None else load_splits(spec)
     x_eval, y_eval = splits.heldout()
-    curve: list[dict[str, Any]] = []
-    reached: dict[str, Any] | None = None
-    problem: str | None = None
-    t0 = time.perf_counter()
-    wall0 = time.time()
-    train_s = eval_s = 0.0
-    samples = 0
+    run = _Progress()
     for epoch in range(recipe.max_epochs):
         batches = epoch_batches(recipe, splits, epoch, rank, world)
         steps = len(batches)
@@ -287,10 +296,10 @@ def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
         accuracy = float(evaluate(x_eval, y_eval))
         end = time.perf_counter()
         rows = sum(b.global_rows for b in batches)
-        samples += rows
-        train_s += mid - start
-        eval_s += end - mid
-        point = {"epoch": epoch + 1, "wall_s": round(end - t0, 4),
+        run.samples += rows
+        run.train_s += mid - start
+        run.eval_s += end - mid
+        point = {"epoch": epoch + 1, "wall_s": round(end - run.t0, 4),
                  "train_s": round(mid - start, 4), "eval_s": round(end - mid, 4),
                  "train_loss": loss if math.isfinite(loss) else None,
                  "accuracy": accuracy, "lr": lr_at(0), "steps": steps,
@@ -298,25 +307,23 @@ def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
         if moving_stats is not None:
             finite, detail = moving_stats()
             point["moving_stats_finite"] = bool(finite)
-            if not finite and problem is None:
-                problem = (f"BatchNorm moving statistics are not finite after epoch "
-                           f"{epoch + 1} ({detail}): the model predicts from them")
-        curve.append(point)
-        if not math.isfinite(loss) and problem is None:
-            problem = f"train loss is {loss} in epoch {epoch + 1}"
-        if problem:
+            if not finite and run.problem is None:
+                run.problem = (f"BatchNorm moving statistics are not finite after epoch "
+                               f"{epoch + 1} ({detail}): the model predicts from them")
+        run.curve.append(point)
+        if not math.isfinite(loss) and run.problem is None:
+            run.problem = f"train loss is {loss} in epoch {epoch + 1}"
+        if run.problem:
             break
-        if reached is None and recipe.target_accuracy is not None \
+        if run.reached is None and recipe.target_accuracy is not None \
                 and accuracy >= recipe.target_accuracy:
-            reached = point
+            run.reached = point
             break
-    return _result(recipe, splits, curve, reached, problem, train_s, eval_s, samples, wall0,
-                   time.perf_counter() - t0)
+    return _result(recipe, splits, run, time.perf_counter() - run.t0)
 
 
-def _result(recipe: Recipe, splits: Splits, curve: list[dict[str, Any]],
-            reached: dict[str, Any] | None, problem: str | None, train_s: float,
-            eval_s: float, samples: int, wall0: float, total_s: float) -> dict[str, Any]:
+def _result(recipe: Recipe, splits: Splits, run: _Progress, total_s: float) -> dict[str, Any]:
+    curve, reached, problem = run.curve, run.reached, run.problem
     accuracies = [p["accuracy"] for p in curve]
     later = curve[1:] or curve
     later_s = sum(p["train_s"] for p in later)
@@ -342,18 +349,17 @@ def _result(recipe: Recipe, splits: Splits, curve: list[dict[str, Any]],
         "epochs_to_target": reached["epoch"] if reached else None,
         "time_to_target_s": reached["wall_s"] if reached else None,
         "target_reason": why,
-        "train_time_s": round(train_s, 4),
-        "eval_time_s": round(eval_s, 4),
+        "train_time_s": round(run.train_s, 4),
+        "eval_time_s": round(run.eval_s, 4),
         "converge_time_s": round(total_s, 4),
         "moving_stats_finite": all(p.get("moving_stats_finite", True) for p in curve),
         "first_loss": curve[0]["train_loss"] if curve else None,
         "last_loss": curve[-1]["train_loss"] if curve else None,
         "images_per_sec": later_rows / later_s if later_s > 0 else None,
-        "samples": samples,
-        "window_start": wall0,
-        "window_end": wall0 + total_s,
+        "samples": run.samples,
+        "window_start": run.wall0,
+        "window_end": run.wall0 + total_s,
     }
     if problem:
         out.update(status="invalid", reason=problem)
     return out
-

@@ -196,9 +196,10 @@ def test_measure_size_times_as_nccl_tests_does() -> None:
         return seconds * 2  # what the ranks' mean would be: used as the row's time
 
     row = allreduce.measure_size(2**20, 2, call, lambda _: events.append("sync"), warmup=2,
-                                 iters=3, across_ranks=across,
-                                 check=lambda: events.append("check") is None,
-                                 barrier=lambda: events.append("barrier"))
+                                 iters=3, around=allreduce.Around(
+                                     check=lambda: events.append("check") is None,
+                                     barrier=lambda: events.append("barrier"),
+                                     across_ranks=across))
     assert events == ["check", "call", "call", "sync", "barrier", "call", "call", "call", "sync"]
     assert seen[0] >= 0.002 and row["time_s"] == pytest.approx(2 * seen[0])
     assert row["correct"] is True and (row["iters"], row["warmup"]) == (3, 2)

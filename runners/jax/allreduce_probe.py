@@ -139,7 +139,7 @@ class Collectives:
             pending.clear()
 
         return measure_size(nbytes, n, call, sync, spec.warmup_steps, spec.measure_steps,
-                            check=lambda: self.check(name, src, want), collective=name)
+                            ar.Around(check=lambda: self.check(name, src, want)), collective=name)
 
     def evidence(self, seen: dict[str, Any]) -> dict[str, Any]:
         """The record's evidence: the all-reduce's `seen`, the mesh, the HLO of each."""

@@ -151,7 +151,7 @@ class AllReduceSizes:
         buffers = replica_buffers(self.strategy, nbytes // DTYPE_BYTES)
         return measure_size(nbytes, self.n, lambda: self.all_reduce(buffers),
                             lambda out: sync(self.strategy, out), self.spec.warmup_steps,
-                            self.spec.measure_steps, check=lambda: self.check(buffers))
+                            self.spec.measure_steps, ar.Around(check=lambda: self.check(buffers)))
 
 
 def other_collectives(spec: Spec, strategy: tf.distribute.Strategy) -> dict[str, Any]:
@@ -172,7 +172,7 @@ def other_collectives(spec: Spec, strategy: tf.distribute.Strategy) -> dict[str,
 
         return measure_size(nbytes, n, lambda: all_gather(parts),
                             lambda out: sync(strategy, out), spec.warmup_steps,
-                            spec.measure_steps, check=check, collective=ar.ALL_GATHER)
+                            spec.measure_steps, ar.Around(check=check), collective=ar.ALL_GATHER)
 
     context = tf.distribute.ReplicaContext
     collectives = {

@@ -64,8 +64,8 @@ class Collectives:
                 check: Callable[[], bool], collective: str = ar.ALL_REDUCE) -> dict[str, Any]:
         return measure_size(nbytes, self.world, call, lambda _: synchronize(self.ranks),
                             self.spec.warmup_steps, self.spec.measure_steps,
-                            across_ranks=self.mean_over_ranks, check=check,
-                            barrier=self.barrier, collective=collective)
+                            ar.Around(check, self.barrier, self.mean_over_ranks),
+                            collective=collective)
 
     def allreduce(self, nbytes: int) -> dict[str, Any]:
         """One row of the in-place all_reduce (the timed buffer holds zeros: sums stay 0)."""

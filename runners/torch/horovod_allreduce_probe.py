@@ -106,8 +106,9 @@ class Collectives:
     def measure(self, nbytes: int, call: Callable[[], torch.Tensor],
                 check: Callable[[], bool], collective: str = ar.ALL_REDUCE) -> dict[str, Any]:
         return measure_size(nbytes, self.n, call, self.sync, self.spec.warmup_steps,
-                            self.spec.measure_steps, across_ranks=self.across_ranks,
-                            check=check, barrier=self.hvd.barrier, collective=collective)
+                            self.spec.measure_steps,
+                            ar.Around(check, self.hvd.barrier, self.across_ranks),
+                            collective=collective)
 
     def allreduce(self, nbytes: int, last: bool) -> dict[str, Any]:
         hvd, elements = self.hvd, nbytes // DTYPE_BYTES
