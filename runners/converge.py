@@ -1,47 +1,13 @@
 """Child-side time to accuracy (mode converge), framework-free: the recipe, the data, the loop.
 
-A run of mode converge trains on a prepared dataset's training split (its splits.npz, written
-by `run_bench.py make-dataset --source digits|cifar10`), evaluates on the held-out split after
-every epoch (timed apart), and stops at the recipe's target_accuracy or after max_epochs. Every
-runner that converges does so through `train_to_accuracy` with the same recipe, the same
-batches (index order, short-last-batch handling, augmentation: all drawn here from the
-recipe's seed), so the figures of two frameworks or strategies differ by what they do, not by
-what they were fed. A runner supplies three functions:
-
-- `train_epoch(epoch, batches, lr_at) -> mean train loss`: one pass over `batches` (this
-  process's `Batch`es, in order: the whole global batch in a single-process runner, the rank's
-  share in a process-per-device one), setting the optimizer's learning rate to `lr_at(step)`
-  before step `step` (0-based within the epoch); the loss is the mean over the epoch's steps
-  of this process's loss (float).
-- `evaluate(x, y) -> accuracy`: top-1 accuracy of the model in inference mode (BatchNorm's
-  moving statistics, no dropout) on the whole held-out split; the same number on every
-  process (a process-per-device runner evaluates on rank 0 and broadcasts, say).
-- `moving_stats() -> (finite, detail)`, optional: whether every BatchNorm moving mean and
-  variance, read from the model, is finite, and which is not (seed 002's trap: a tower that
-  got no rows of a short last batch puts NaN there, unseen until prediction).
-
-The recipe (contract/settings.py `converge`, defaults filled by the parent):
-  optimizer sgd with `momentum` and `weight_decay`; `base_lr` for `reference_batch` images,
-  scaled to the run's global batch by `lr_scaling` (linear: x B/ref, sqrt: x sqrt(B/ref),
-  none; Goyal et al. 2017); `warmup_epochs` of linear warm-up per step from base_lr to the
-  scaled rate (Goyal's gradual warm-up); then `schedule`, evaluated at each epoch's start as
-  Keras' LearningRateScheduler does (seed 004): constant, poly (peak x (1 - epoch /
-  max_epochs) ** poly_power: Caffe's, seed 004's poly_decay), cosine (peak x (1 + cos(pi x
-  epoch / max_epochs)) / 2) or step (peak x step_gamma ** (epoch // step_epochs)).
-  `last_batch`: drop (whole batches only, as seed 002 advises), pad (the short batch filled
-  from the epoch's first indices, as torch's DistributedSampler pads) or keep (the short batch
-  as it is: in a tower runner some towers may get no rows).
-  `augmentation`: none, or shift-flip (seed 004's ImageDataGenerator: shifts up to 10% of
-  each side with nearest fill, horizontal flip with probability 1/2).
-Preprocessing, as seed 004: float32 pixels less the training split's per-pixel mean image.
-
-Timing: `time_to_target_s` counts from the first training step to the end of the evaluation
-that reached the target, evaluations included (seed 004's figures include Keras' validation
-after every epoch; MLPerf's clock also runs through evaluation); `train_time_s` and
-`eval_time_s` split it. images/sec is over the training time of the epochs after the first
-(the first holds graph building and compilation), of all epochs when there is one.
-
-Imports numpy only.
+A converge run trains on a prepared dataset's training split (splits.npz) and evaluates on its
+held-out split after every epoch (timed apart), stopping at target_accuracy or max_epochs.
+Every runner converges through `train_to_accuracy`, fed the same batches (order, short last
+batch, augmentation: drawn here from the recipe's seed), so two runners differ by what they
+do, not by what they were fed. A runner gives `train_epoch(epoch, batches, lr_at)` (or its
+step to `stepwise`), `evaluate(x, y)` and optionally `moving_stats()`; the recipe (optimizer,
+rate scaling, warm-up, schedule, last batch, augmentation) and the clock's rules are in
+docs/CONVERGENCE.md, "The loop in the child". Imports numpy only.
 """
 
 from __future__ import annotations
