@@ -1,0 +1,225 @@
+"""Golden records: each real run's record, as the slow family tests make it, held to the shape
+its runner and mode had (tests/golden/records/<runner>.<mode>.json).
+
+A record's shape is its fields and their JSON types: every top-level field, and inside what
+the child reported (its fields copied to the top level and `result`) every nested field as a
+dotted path (`result.precision_policy.compute`, a list's elements as `curve[]`). A mapping
+keyed by data (devices, ranks, op names: MAPS) has its values' shape under `path{}`, not its
+keys. A golden file gives each path its types and when it is present: always, when the
+record's configuration says so (`{"status": ["ok"]}`: only ok runs carry it), or optional
+(seen in some records, no configuration explaining which).
+
+tests/conftest.py runs `after_test` after each test in SCOPE (a real framework run on CPU):
+every record the test (or a fixture it set up) wrote under pytest's temporary folder is
+checked; a missing field, an extra one or another type fails the test naming the runner, the
+mode and the field. MGBENCH_GOLDEN_RECORDS=write captures instead: each record is kept under
+MGBENCH_GOLDEN_CAPTURE (default /tmp/mgbench-golden-capture) and the golden files are
+rewritten from everything captured there."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bench import REPO_ROOT
+from contract.result import json_type
+
+GOLDEN = REPO_ROOT / "tests" / "golden" / "records"
+MODE_VAR, CAPTURE_VAR = "MGBENCH_GOLDEN_RECORDS", "MGBENCH_GOLDEN_CAPTURE"
+DEFAULT_CAPTURE = Path("/tmp/mgbench-golden-capture")
+# The test files whose records are checked: those the goldens were captured from. A test
+# elsewhere, or on SLURM or a GPU (records these goldens never saw), is not checked.
+SCOPE = ("test_tf_", "test_torch_", "test_jax_", "test_mxnet_", "test_horovod",
+         "test_converge_", "test_real_data_", "test_equivalence.py", "test_keras_towers.py",
+         "test_tensorpack.py", "test_deepspeed.py", "test_cli.py")
+SKIP_MARKS = ("slurm", "gpu")
+# the record's own top-level fields the parent writes, whose insides are not the child's
+PARENT_NESTED = ("environment", "telemetry", "slurm", "mfu", "placement_check", "state_check",
+                 "options", "dataset", "converge", "variant", "equivalence", "threads_plan")
+# mappings keyed by data (devices, ranks, ops), wherever they are: their values' shape only
+MAPS = ("memory_per_device", "device_peak_bytes", "memory_baseline", "state_bytes_per_device",
+        "placement")
+# what a condition may name: the record's configuration (and options.<name>)
+CONDITION_KEYS = ("status", "num_devices", "data", "precision", "model", "scaling",
+                  "num_nodes", "batch_size_per_device")
+
+
+def _walk(path: str, value: Any, out: dict[str, set[str]]) -> None:
+    out.setdefault(path, set()).add(json_type(value))
+    leaf = path.rsplit(".", 1)[-1].removesuffix("[]").removesuffix("{}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _walk(f"{path}{{}}" if leaf in MAPS else f"{path}.{key}", item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _walk(f"{path}[]", item, out)
+
+
+def shape(record: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Every path of a record and the JSON types it holds there (a list's elements, a map's
+    values may hold several)."""
+    out: dict[str, set[str]] = {}
+    for key, value in record.items():
+        if key in PARENT_NESTED or not isinstance(value, (dict, list)):
+            out.setdefault(key, set()).add(json_type(value))
+        else:
+            _walk(key, value, out)
+    return out
+
+
+def context(record: Mapping[str, Any]) -> dict[str, str]:
+    """The configuration a condition may name, each value as JSON text."""
+    ctx = {k: json.dumps(record.get(k), sort_keys=True) for k in CONDITION_KEYS}
+    for name, value in (record.get("options") or {}).items():
+        ctx[f"options.{name}"] = json.dumps(value, sort_keys=True)
+    return ctx
+
+
+
+def _condition(present: list[dict[str, str]], absent: list[dict[str, str]]
+               ) -> list[dict[str, Any]] | None:
+    """The simplest configuration (one key, else two; the fewest alternatives) that holds in
+    every record that has the path and in none that lacks it, as alternatives ({"status":
+    "ok"}); None when none does."""
+    keys = sorted({k for ctx in present + absent for k in ctx},
+                  key=lambda k: (*CONDITION_KEYS, k).index(k))
+    for size in (1, 2):
+        found = []
+        for names in itertools.combinations(keys, size):
+            values = {tuple(ctx.get(n, "null") for n in names) for ctx in present}
+            if not any(tuple(ctx.get(n, "null") for n in names) in values for ctx in absent):
+                found.append((len(values), names, sorted(values, key=str)))
+        if found:
+            _, names, values = min(found, key=lambda f: f[0])
+            return [{n: json.loads(v) for n, v in zip(names, alt, strict=True)} for alt in values]
+    return None
+
+
+def golden(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """A golden file's fields from the records of one runner and mode: each path's types and
+    when it is present ("always", a condition's alternatives, or "optional")."""
+    shapes = [shape(r) for r in records]
+    contexts = [context(r) for r in records]
+    fields: dict[str, Any] = {}
+    for path in sorted(set().union(*shapes)):
+        has = [path in s for s in shapes]
+        types = sorted(set().union(*(s.get(path, set()) for s in shapes)))
+        if all(has):
+            when: Any = "always"
+        else:
+            pairs = list(zip(contexts, has, strict=True))
+            when = _condition([c for c, h in pairs if h],
+                              [c for c, h in pairs if not h]) or "optional"
+        fields[path] = {"types": types, "when": when}
+    return fields
+
+
+def _holds(when: Any, ctx: Mapping[str, str]) -> bool:
+    """Whether a path present `when` must be in a record of configuration `ctx`."""
+    if when == "always":
+        return True
+    if when == "optional":
+        return False
+    return any(all(ctx.get(k, "null") == json.dumps(v, sort_keys=True) for k, v in alt.items())
+               for alt in when)
+
+
+def problems(record: Mapping[str, Any], fields: Mapping[str, Any]) -> list[str]:
+    """What differs between a record's shape and its golden fields: a path it lacks that the
+    golden says it has in this configuration, a path the golden lacks, a type not seen."""
+    name = f"{record.get('runner')}.{record.get('mode')}"
+    seen, ctx = shape(record), context(record)
+    out = []
+    for path, types in sorted(seen.items()):
+        if path not in fields:
+            out.append(f"{name}: field {path!r} ({'/'.join(sorted(types))}) is not in "
+                       f"its golden record")
+        elif types - set(fields[path]["types"]):
+            out.append(f"{name}: field {path!r} is {'/'.join(sorted(types))}, its golden "
+                       f"record says {'/'.join(fields[path]['types'])}")
+    out += [f"{name}: field {path!r} is missing (its golden record has it "
+            f"{'always' if field['when'] == 'always' else 'when ' + json.dumps(field['when'])})"
+            for path, field in sorted(fields.items())
+            if path not in seen and _holds(field["when"], ctx)]
+    return out
+
+
+def golden_path(record: Mapping[str, Any]) -> Path:
+    return GOLDEN / f"{record.get('runner')}.{record.get('mode')}.json"
+
+
+def check(record: Mapping[str, Any]) -> list[str]:
+    """problems() against the record's golden file; a record with none is one problem."""
+    path = golden_path(record)
+    if not path.exists():
+        return [f"{path.stem}: no golden record {path.relative_to(REPO_ROOT)} (capture one: "
+                f"{MODE_VAR}=write)"]
+    return problems(record, json.loads(path.read_text())["fields"])
+
+
+def capture(record: Mapping[str, Any], test: str, folder: Path) -> None:
+    """Keep the record under `folder` and rewrite its golden file from every record of its
+    runner and mode kept there."""
+    name = golden_path(record).stem
+    kept = folder / name
+    kept.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(json.dumps([test, record], sort_keys=True).encode()).hexdigest()[:16]
+    (kept / f"{digest}.json").write_text(json.dumps({"test": test, "record": record}))
+    entries = [json.loads(p.read_text()) for p in sorted(kept.glob("*.json"))]
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    golden_path(record).write_text(golden_text(
+        str(record.get("runner")), str(record.get("mode")), [e["test"] for e in entries],
+        golden([e["record"] for e in entries])))
+
+
+def golden_text(runner: str, mode: str, tests: list[str], fields: Mapping[str, Any]) -> str:
+    """A golden file: JSON with one line per field, so a change reads as a one-line diff."""
+    lines = [f"  {json.dumps(path)}: {json.dumps(field, sort_keys=True)}"
+             for path, field in sorted(fields.items())]
+    head = {"runner": runner, "mode": mode, "captured_from": sorted(set(tests)),
+            "records": len(tests)}
+    return (json.dumps(head, indent=1)[:-2] + ',\n "fields": {\n' + ",\n".join(lines)
+            + "\n }\n}\n")
+
+
+# -- the hook (tests/conftest.py) ------------------------------------------------------------
+
+def in_scope(nodeid: str, marks: Iterable[str]) -> bool:
+    """Whether a test's records are checked: a test file of SCOPE, not on SLURM or a GPU."""
+    file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return file.startswith(SCOPE) and not set(marks) & set(SKIP_MARKS)
+
+
+def snapshot(base: Path) -> dict[Path, int]:
+    """The records under `base` (pytest's temporary folder) with their modification times:
+    runs/<run_id>.json, not the spec (.spec.json) or the child's result (.result.json)."""
+    return {p: p.stat().st_mtime_ns for p in base.glob("**/runs/*.json")
+            if not p.name.endswith((".spec.json", ".result.json"))}
+
+
+def after_test(test: str, base: Path, before: Mapping[Path, int]) -> list[str]:
+    """Check (or capture, MGBENCH_GOLDEN_RECORDS=write) every record of a catalog runner
+    written under `base` since `before`; the problems found."""
+    from bench.catalog.registry import RUNNERS
+
+    out: list[str] = []
+    for path, mtime in sorted(snapshot(base).items()):
+        if before.get(path) == mtime:
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a damaged record is the test's own subject
+        if not isinstance(record, dict) or "schema_version" not in record \
+                or record.get("runner") not in RUNNERS:
+            continue
+        if os.environ.get(MODE_VAR) == "write":
+            capture(record, test, Path(os.environ.get(CAPTURE_VAR) or DEFAULT_CAPTURE))
+        else:
+            out += check(record)
+    return out
