@@ -17,12 +17,13 @@ sys.path.insert(0, str(REPO))
 from tests import golden_records  # noqa: E402  (after the repo is on the path)
 
 _RECORDS_BEFORE = pytest.StashKey[dict]()
+_CAPTURED = golden_records.captured_tests()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):  # noqa: ANN201  (a hook wrapper's generator)
     """Before the test's fixtures run: the records already there (tests/golden_records.py)."""
-    if golden_records.in_scope(item.nodeid, (m.name for m in item.iter_markers())):
+    if golden_records.in_scope(item.nodeid, (m.name for m in item.iter_markers()), _CAPTURED):
         base = item.config._tmp_path_factory.getbasetemp()  # noqa: SLF001
         item.stash[_RECORDS_BEFORE] = golden_records.snapshot(base)
     return (yield)

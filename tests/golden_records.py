@@ -9,12 +9,12 @@ keys. A golden file gives each path its types and when it is present: always, wh
 record's configuration says so (`{"status": ["ok"]}`: only ok runs carry it), or optional
 (seen in some records, no configuration explaining which).
 
-tests/conftest.py runs `after_test` after each test in SCOPE (a real framework run on CPU):
-every record the test (or a fixture it set up) wrote under pytest's temporary folder is
-checked; a missing field, an extra one or another type fails the test naming the runner, the
-mode and the field. MGBENCH_GOLDEN_RECORDS=write captures instead: each record is kept under
-MGBENCH_GOLDEN_CAPTURE (default /tmp/mgbench-golden-capture) and the golden files are
-rewritten from everything captured there."""
+tests/conftest.py runs `after_test` after each test the goldens were captured from (real
+framework runs on CPU): every record the test (or a fixture it set up) wrote under pytest's
+temporary folder is checked; a missing field, an extra one or another type fails the test
+naming the runner, the mode and the field. MGBENCH_GOLDEN_RECORDS=write captures instead:
+each record is kept under MGBENCH_GOLDEN_CAPTURE (default /tmp/mgbench-golden-capture) and
+the golden files are rewritten from everything captured there."""
 
 from __future__ import annotations
 
@@ -32,11 +32,8 @@ from contract.result import json_type
 GOLDEN = REPO_ROOT / "tests" / "golden" / "records"
 MODE_VAR, CAPTURE_VAR = "MGBENCH_GOLDEN_RECORDS", "MGBENCH_GOLDEN_CAPTURE"
 DEFAULT_CAPTURE = Path("/tmp/mgbench-golden-capture")
-# The test files whose records are checked: those the goldens were captured from. A test
-# elsewhere, or on SLURM or a GPU (records these goldens never saw), is not checked.
-SCOPE = ("test_tf_", "test_torch_", "test_jax_", "test_mxnet_", "test_horovod",
-         "test_converge_", "test_real_data_", "test_equivalence.py", "test_keras_towers.py",
-         "test_tensorpack.py", "test_deepspeed.py", "test_cli.py")
+# The tests whose records are checked are those the goldens were captured from (their
+# `captured_from`); on SLURM or a GPU (records no golden saw) a test is never checked.
 SKIP_MARKS = ("slurm", "gpu")
 # the record's own top-level fields the parent writes, whose insides are not the child's
 PARENT_NESTED = ("environment", "telemetry", "slurm", "mfu", "placement_check", "state_check",
@@ -212,10 +209,18 @@ def golden_text(runner: str, mode: str, tests: list[str], fields: Mapping[str, A
 
 # -- the hook (tests/conftest.py) ------------------------------------------------------------
 
-def in_scope(nodeid: str, marks: Iterable[str]) -> bool:
-    """Whether a test's records are checked: a test file of SCOPE, not on SLURM or a GPU."""
-    file = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-    return file.startswith(SCOPE) and not set(marks) & set(SKIP_MARKS)
+def captured_tests() -> frozenset[str]:
+    """The tests the golden files were captured from."""
+    return frozenset(test for path in GOLDEN.glob("*.json")
+                     for test in json.loads(path.read_text())["captured_from"])
+
+
+def in_scope(nodeid: str, marks: Iterable[str], captured: frozenset[str]) -> bool:
+    """Whether a test's records are checked (captured, when MGBENCH_GOLDEN_RECORDS=write):
+    one the goldens were captured from (any, when capturing), not on SLURM or a GPU."""
+    if set(marks) & set(SKIP_MARKS):
+        return False
+    return os.environ.get(MODE_VAR) == "write" or nodeid in captured
 
 
 _walked: dict[Path, int] = {}  # basetemp's folders walked for runs/, by their mtime then

@@ -65,10 +65,17 @@ def test_a_record_without_a_golden_file_is_a_problem() -> None:
     assert problem.startswith("no_such_runner.benchmark: no golden record")
 
 
-def test_only_the_family_tests_off_slurm_and_gpus_are_checked() -> None:
-    assert gr.in_scope("tests/test_tf_mirrored.py::test_x", ["slow", "framework"])
-    assert not gr.in_scope("tests/test_tf_mirrored.py::test_x", ["slurm"])
-    assert not gr.in_scope("tests/test_records.py::test_x", [])
+def test_only_the_tests_the_goldens_were_captured_from_are_checked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(gr.MODE_VAR, raising=False)
+    captured = frozenset({"tests/test_tf_mirrored.py::test_x"})
+    assert gr.in_scope("tests/test_tf_mirrored.py::test_x", ["slow", "framework"], captured)
+    assert not gr.in_scope("tests/test_tf_mirrored.py::test_y", ["slow"], captured)
+    assert not gr.in_scope("tests/test_tf_mirrored.py::test_x", ["slurm"], captured)
+    monkeypatch.setenv(gr.MODE_VAR, "write")
+    assert gr.in_scope("tests/test_tf_mirrored.py::test_y", ["slow"], captured)
+    assert set(gr.captured_tests()) >= {"tests/test_cli.py::test_keras_cntk_is_listed_and_"
+                                        "recorded_unavailable"}
 
 
 def golden_files() -> list[Path]:
