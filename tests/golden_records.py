@@ -18,6 +18,7 @@ the golden files are rewritten from everything captured there."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -171,7 +172,12 @@ def check(record: Mapping[str, Any]) -> list[str]:
     if not path.exists():
         return [f"{path.stem}: no golden record {path.relative_to(REPO_ROOT)} (capture one: "
                 f"{MODE_VAR}=write)"]
-    return problems(record, json.loads(path.read_text())["fields"])
+    return problems(record, _fields_of(path))
+
+
+@functools.cache
+def _fields_of(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())["fields"]
 
 
 def capture(record: Mapping[str, Any], test: str, folder: Path) -> None:
