@@ -6,8 +6,9 @@ the child reported (its fields copied to the top level and `result`) every neste
 dotted path (`result.precision_policy.compute`, a list's elements as `curve[]`). A mapping
 keyed by data (devices, ranks, op names: MAPS) has its values' shape under `path{}`, not its
 keys. A golden file gives each path its types and when it is present: always, when the
-record's configuration says so (`{"status": ["ok"]}`: only ok runs carry it), or optional
-(seen in some records, no configuration explaining which).
+record's configuration is one of the alternatives that explain it (`[{"status": "ok"}]`: only
+ok runs carry it), or optional (seen in some records, no configuration explaining which). A
+list's elements and a map's values may be absent (empty is a value).
 
 tests/conftest.py runs `after_test` after each test the goldens were captured from (real
 framework runs on CPU): every record the test (or a fixture it set up) wrote under pytest's
