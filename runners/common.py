@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from contract import precision_policy
+from contract import result as declared
 from contract.launch_env import side_file
 
 # the contract's spec and refusals, re-exported: a runner imports what it uses from here
@@ -243,10 +244,7 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
     """Entry point of every runner: run the spec's mode and write the result, whatever happens.
     `converge`: the runner's mode converge (train to accuracy: runners/converge.py), if it has
     one."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--result", required=True)
-    args = parser.parse_args()
+    args = _arguments()
     spec = Spec.from_dict(json.loads(Path(args.spec).read_text()))
     rank = process_rank()
     tag = "[runner]" if rank == 0 else f"[runner rank {rank}]"
@@ -289,14 +287,38 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
     measured = memory.for_result(spec, rank)  # each rank's own (runners/memory.py)
     for key, value in measured.items():
         result.setdefault(key, value)
+    result, undeclared = _declared(result, ("threads", *measured))
+    code = 1 if undeclared else code
     if rank == 0:  # one result per run: the other ranks' figures are rank 0's by construction
         write_json_atomic(args.result, result)
     else:  # but memory is each rank's own: beside the result, merged by the parent
         with contextlib.suppress(OSError):
             write_json_atomic(side_file(args.result, rank), {"rank": rank, **measured})
-    print(f"{tag} status={result['status']}"
-          + (f" images_per_sec={result['images_per_sec']:.2f}"
-             if result.get("images_per_sec") else "")
-          + (f" reason={result['reason']}" if result.get("reason") else ""), flush=True)
+    print(f"{tag} {_outcome(result)}", flush=True)
     sys.stdout.flush()
     os._exit(code)  # skip framework atexit hooks that can hang after a failure
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--result", required=True)
+    return parser.parse_args()
+
+
+def _declared(result: dict[str, Any], kept: tuple[str, ...]) -> tuple[dict[str, Any], bool]:
+    """The result, or when a field of it is not declared in contract/result.py (or is of
+    another JSON type: a misspelt field, the runner's bug) a failed one naming the field, with
+    the `kept` fields main added; and whether it failed so."""
+    problem = declared.mismatch(declared.as_written(result, _plain))
+    if problem is None:
+        return result, False
+    return {"status": "failed", "reason": problem, **{k: result[k] for k in kept}}, True
+
+
+def _outcome(result: dict[str, Any]) -> str:
+    """The log's last line of a run: its status, images/sec and reason."""
+    return (f"status={result['status']}"
+            + (f" images_per_sec={result['images_per_sec']:.2f}"
+               if result.get("images_per_sec") else "")
+            + (f" reason={result['reason']}" if result.get("reason") else ""))

@@ -17,6 +17,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers.cli import run_cli
 from tests.helpers.slurm import SLURM_TOOL, STATE_DIR
 
+from tests import golden_records  # noqa: E402  (after the repo is on the path)
+
+_RECORDS_BEFORE = pytest.StashKey[dict]()
+_CAPTURED = golden_records.captured_tests()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):  # noqa: ANN201  (a hook wrapper's generator)
+    """Before the test's fixtures run: the records already there (tests/golden_records.py)."""
+    if golden_records.in_scope(item.nodeid, (m.name for m in item.iter_markers()), _CAPTURED):
+        base = item.config._tmp_path_factory.getbasetemp()  # noqa: SLF001
+        item.stash[_RECORDS_BEFORE] = golden_records.snapshot(base)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):  # noqa: ANN201
+    """After the test: each record it or its fixtures wrote held to its golden record."""
+    result = yield
+    if _RECORDS_BEFORE in item.stash:
+        base = item.config._tmp_path_factory.getbasetemp()  # noqa: SLF001
+        found = golden_records.after_test(item.nodeid, base, item.stash[_RECORDS_BEFORE])
+        if found:
+            pytest.fail("records differ from tests/golden/records/:\n" + "\n".join(found),
+                        pytrace=False)
+    return result
+
 
 def _family_python(family: str) -> str:
     """The family's CPU interpreter, creating its environment if needed.

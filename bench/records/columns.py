@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from bench import REPO_ROOT
 from bench.records.grouping import data_label, runner_label, variant_of
 from bench.records.placement_check import distinct_devices
-from contract import settings
+from contract import result, settings
 
 VIEWS: dict[str, str] = {
     "csv": "summary.csv: one row per configuration and device count",
@@ -188,6 +188,12 @@ def _field(key: str, meaning: str, views: tuple[str, ...] = RUN_VIEWS,
            run: Reader | None = None, format: str = "text") -> Column:
     """A column no table shows: per run only, or summary.csv only."""
     return Column(key, "", format, meaning, views, run)
+
+
+def _child(key: str, views: tuple[str, ...] = ("record", "child")) -> Column:
+    """A field the child reports, per run only: its meaning is its declaration's
+    (contract/result.py)."""
+    return Column(key, "", "text", result.FIELDS[key].meaning, views)
 
 
 def _setting(key: str, views: tuple[str, ...] = (), header: str = "", format: str = "text",
@@ -357,20 +363,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("runs_reached", "", "int", "Mode converge: ok runs of the configuration that "
            "reached the target.", ("csv",), over_runs=lambda vs: sum(
                1 for v in vs if isinstance(v, (int, float))) if vs else None),
-    _field("target_reason", "Mode converge: why the target was not reached (null when it "
-           "was).", (*RUN_VIEWS, "child")),
-    _field("curve", "Mode converge: one point per epoch: epoch, wall_s (since the first "
-           "step), train_s, eval_s, train_loss, accuracy (held-out), lr, steps, images_per_sec "
-           "and moving_stats_finite.", ("record", "child")),
-    _field("epochs_run", "Mode converge: epochs trained.", (*RUN_VIEWS, "child")),
-    _field("train_time_s", "Mode converge: seconds in training epochs.", (*RUN_VIEWS, "child")),
-    _field("eval_time_s", "Mode converge: seconds in held-out evaluations.",
-           (*RUN_VIEWS, "child")),
-    _field("converge_time_s", "Mode converge: seconds from the first step to the last "
-           "evaluation.", (*RUN_VIEWS, "child")),
-    _field("moving_stats_finite", "Mode converge: whether every BatchNorm moving statistic "
-           "was finite after every epoch (read from the model); null where the runner does "
-           "not read them.", (*RUN_VIEWS, "child")),
+    _child("target_reason", (*RUN_VIEWS, "child")),
+    _child("curve"),
+    _child("epochs_run", (*RUN_VIEWS, "child")),
+    _child("train_time_s", (*RUN_VIEWS, "child")),
+    _child("eval_time_s", (*RUN_VIEWS, "child")),
+    _child("converge_time_s", (*RUN_VIEWS, "child")),
+    _child("moving_stats_finite", (*RUN_VIEWS, "child")),
     Column("memory_source", "", "text", "What memory_per_device is, as the child read it "
            "(runners/memory.py): the allocator's peak over the timed window, the peak since "
            "the process started, or the process's resident memory, and any rank missing.",
@@ -408,50 +407,25 @@ COLUMNS: tuple[Column, ...] = (
     _setting("options", ("record",)),
     _setting("mode"),
     _setting("dataset"),
-    _field("step_times_s", "Each timed step's wall time (s).", ("record", "child")),
-    _field("memory_per_device", "Bytes each device held in the timed window, keyed "
-           "rank<r>:<device> (a process per device) or process<r>:<device>; on CPU the "
-           "rank's process's peak resident memory, once for the N virtual devices that share "
-           "one process (runners/memory.py; ranks merged by bench/run/verdict.py); null "
-           "where nothing was measured.", ("record", "child")),
-    _field("device_peak_bytes", "The peak each device held in the timed window as capacity "
-           "mode checks it (runners/memory.py): on a GPU the allocator's peak "
-           "(memory_per_device); on CPU the process's peak resident memory less its "
-           "memory_baseline, a process's N virtual devices each its share; keys as "
-           "memory_per_device's; null where nothing was measured.", ("record", "child")),
-    _field("memory_baseline", "On CPU: the process's resident memory (VmRSS) just before the "
-           "runner built its model, under memory_per_device's keys; null on GPUs.",
-           ("record", "child")),
-    _field("model_state", "The model state one device holds, in bytes: params_bytes, "
-           "grads_bytes, optimizer_bytes, total_bytes and its source (runners/memory.py "
-           "model_state_*); null where the runner does not report it.", ("record", "child")),
-    _field("state_bytes_per_device", "The model state each device holds, read from the "
-           "framework's own shards (DTensor local shards, the ZeroRedundancyOptimizer's "
-           "partition, DeepSpeed's partitioned groups, jax arrays' addressable_shards): "
-           "{device: {params, grads, optimizer: bytes}}; null where the runner does not read "
-           "it.", ("record", "child")),
-    _field("state_bytes_global", "Each part's logical (unsharded) size as the framework "
-           "states it: {params, grads, optimizer: bytes}.", ("record", "child")),
-    _field("state_source", "What state_bytes_per_device read, and when.", ("record", "child")),
-    _field("state_granularity_bytes", "Where a framework shards by whole tensors (the "
-           "ZeroRedundancyOptimizer assigns whole parameters): per part, how far one device's "
-           "share may exceed 1/N (its largest unit), as the framework's partition gives it.",
-           ("record", "child")),
+    _child("step_times_s"),
+    _child("memory_per_device"),
+    _child("device_peak_bytes"),
+    _child("memory_baseline"),
+    _child("model_state"),
+    _child("state_bytes_per_device"),
+    _child("state_bytes_global"),
+    _child("state_source"),
+    _child("state_granularity_bytes"),
     _field("state_check", "The parent's check of state_bytes_per_device against what the "
            "runner's strategy shards (bench/records/state_check.py): per part its global "
            "size, the most one device holds, and whether 1/N or a replica was expected.",
            ("record",)),
-    _field("precision_policy", "The precision policy the run followed, read back from the "
-           "framework: compute, params (storage), master and reduce dtypes, loss scaling, the "
-           "knobs used (how), and whether it is the harness's policy for its precision "
-           "(follows; differs names each part that is not; contract/precision_policy.py).",
-           ("record", "child")),
-    _field("samples", "Images in the timed window: measure_steps x the global batch.",
-           (*RUN_VIEWS, "child")),
-    _field("first_loss", "The first timed step's loss.", (*RUN_VIEWS, "child")),
-    _field("last_loss", "The last timed step's loss.", (*RUN_VIEWS, "child")),
-    _field("window_start", "The timed window's start (unix s).", (*RUN_VIEWS, "child")),
-    _field("window_end", "The timed window's end (unix s).", (*RUN_VIEWS, "child")),
+    _child("precision_policy"),
+    _child("samples", (*RUN_VIEWS, "child")),
+    _child("first_loss", (*RUN_VIEWS, "child")),
+    _child("last_loss", (*RUN_VIEWS, "child")),
+    _child("window_start", (*RUN_VIEWS, "child")),
+    _child("window_end", (*RUN_VIEWS, "child")),
     _field("step_time_median_s", "The median timed step (s).", ("loader",), _step_time_median),
     _field("layout", "The data layout the runner used, as it reports.", ("loader",),
            _at("result", "layout")),
