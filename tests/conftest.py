@@ -14,10 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests import golden_records  # noqa: E402  (after the repo is on the path)
 from tests.helpers.cli import run_cli
 from tests.helpers.slurm import SLURM_TOOL, STATE_DIR
-
-from tests import golden_records  # noqa: E402  (after the repo is on the path)
 
 _RECORDS_BEFORE = pytest.StashKey[dict]()
 _CAPTURED = golden_records.captured_tests()

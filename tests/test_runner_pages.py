@@ -38,4 +38,4 @@ def test_runner_module_docstrings_are_short() -> None:
         doc = ast.get_docstring(ast.parse(path.read_text()))
         if doc and len(doc.splitlines()) > DOCSTRING_LINES:
             long.append(f"{path.relative_to(REPO)}: {len(doc.splitlines())} lines")
-    assert not long, "module docstrings over %d lines:\n" % DOCSTRING_LINES + "\n".join(long)
+    assert not long, f"module docstrings over {DOCSTRING_LINES} lines:\n" + "\n".join(long)
