@@ -89,3 +89,12 @@ def test_main_fails_a_run_whose_result_has_an_undeclared_field(
 
 def test_the_module_keeps_join() -> None:
     assert result.join({"a": 1}, {"b": 2}) == {"a": 1, "b": 2}
+
+
+def test_evidence_fields_are_checked_by_name_only() -> None:
+    from contract.result import EVIDENCE_NAMES
+
+    assert "compiled_graphs" in EVIDENCE_NAMES and "timed_steps" not in EVIDENCE_NAMES
+    assert mismatch({"compiled_graphs": 3}) is None
+    assert mismatch({"replicas": "two"}) is None  # its shape is the golden records' to check
+    assert "not declared" in (mismatch({"replica": 2}) or "")
