@@ -3,12 +3,15 @@
 `python -m runners.peak_probe --framework torch --device cpu --precision fp32 --result OUT`
 imports only the named framework, times chains of n x n matmuls (2 n^3 FLOPs each; each one
 consumes the previous product, so no compiler can drop or merge them), and writes the best
-trial's FLOP/s. The parent (bench/run/peak.py) runs it once per environment and device type.
+trial's FLOP/s, whether the best three trials agreed (within AGREE) and, on a CPU, the share
+of the machine other processes took meanwhile. The parent (bench/run/peak.py) runs it once per
+environment and device type, and caches only an agreed, uncontended peak.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -21,6 +24,7 @@ from runners.common import write_json_atomic
 
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MIN_MATMUL_S = 0.02  # calibrate n up to where one matmul takes this long
+AGREE = 0.05  # the best three trials within 5%: a peak, not one lucky or one slowed trial
 MAX_N = {"cpu": 4096, "gpu": 8192}
 # A backend gets (device, dtype name) and returns (version, device name, setup); setup(n)
 # builds the operands and returns run(k): k chained matmuls, then a device sync.
@@ -173,14 +177,55 @@ def measure(framework: str, device: str, precision: str, seconds: float) -> dict
             break
         n *= 2
     k = max(2, round(seconds / 5 / per))
-    trials: list[float] = []
-    t0 = time.perf_counter()
-    while len(trials) < 3 or (time.perf_counter() - t0 < seconds and len(trials) < 20):
-        trials.append(k * 2 * n**3 / _timed(run, k))
+    before = _cpu_times() if device == "cpu" else None
+    trials = _trials(lambda: k * 2 * n**3 / _timed(run, k), seconds)
     return {"status": "ok", "peak_flops": max(trials), "n": n, "dtype": dtype,
             "framework": framework, "framework_version": version, "device_name": name,
-            "matmuls_per_trial": k, "trials_flops": trials, "math": math_mode.read_back(),
-            "seconds": round(time.perf_counter() - start, 3)}
+            "matmuls_per_trial": k, "trials_flops": trials, "spread": spread(trials),
+            "agreed": spread(trials) <= AGREE,
+            "others_cpu_share": _others_share(before) if before else None,
+            "math": math_mode.read_back(), "seconds": round(time.perf_counter() - start, 3)}
+
+
+def spread(trials: list[float]) -> float:
+    """How far the third-best trial fell below the best, as a share of the best."""
+    best = sorted(trials, reverse=True)[:3]
+    return (best[0] - best[-1]) / best[0] if best and best[0] > 0 else 1.0
+
+
+def _trials(trial: Callable[[], float], seconds: float) -> list[float]:
+    """At least 3 trials over `seconds`; then on, up to 3 x `seconds`, until the best three
+    agree within AGREE (a busy moment makes one slow trial, not three fast ones)."""
+    trials: list[float] = []
+    t0 = time.perf_counter()
+    while len(trials) < 3 or (time.perf_counter() - t0 < seconds and len(trials) < 20) or (
+            spread(trials) > AGREE and time.perf_counter() - t0 < 3 * seconds
+            and len(trials) < 60):
+        trials.append(trial())
+    return trials
+
+
+def _cpu_times() -> tuple[float, float, float] | None:
+    """(wall seconds, the machine's busy CPU seconds from /proc/stat, this process's); None
+    where /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return time.monotonic(), busy, own.user + own.system
+
+
+def _others_share(before: tuple[float, float, float]) -> float | None:
+    """The share of the machine's CPU time other processes used while the trials ran."""
+    after = _cpu_times()
+    if after is None:
+        return None
+    wall, busy, own = (b - a for a, b in zip(before, after, strict=True))
+    capacity = wall * (os.cpu_count() or 1)
+    return round(max(0.0, busy - own) / capacity, 3) if capacity > 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:

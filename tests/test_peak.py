@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.records.mfu import TRAINING_FLOPS_FACTOR, mfu
-from bench.run.peak import cache_key, device_type, machine_peak, measure_peak
+from bench.run.peak import cache_key, device_type, machine_peak, measure_peak, not_cacheable
+from runners.peak_probe import AGREE, _trials, spread
 
 CPU_ENV = {"cpu_model": "AMD EPYC", "cpu_cores": 2, "gpus": []}
 GPU_ENV = {"cpu_model": "Intel Xeon", "cpu_cores": 80,
@@ -24,7 +25,17 @@ def test_mfu_on_four_gpus() -> None:
     assert out["training_flops_per_sample"] == 3e9
     assert out["achieved_flops"] == pytest.approx(3e11)
     assert out["peak_flops"] == pytest.approx(4e12)
-    assert out["mfu"] == pytest.approx(0.075)
+    assert out["mfu"] == pytest.approx(0.075) and out["over_peak"] is False
+
+
+def test_mfu_above_the_peak_is_flagged_over_peak() -> None:
+    from bench.records.columns import COLUMNS, run_value
+
+    out = mfu(1000.0, 1_000_000_000, 1e12, 2, shared_device=True)
+    assert out["mfu"] == pytest.approx(3.0) and out["over_peak"] is True
+    flag = next(c for c in COLUMNS if c.key == "over_peak")
+    assert flag.format == "flag" and run_value(flag, {"mfu": out}) is True
+    assert run_value(flag, {"mfu": mfu(10.0, 10**9, 1e12, 2, shared_device=True)}) is False
 
 
 def test_mfu_on_virtual_devices_sharing_one_host() -> None:
@@ -70,6 +81,39 @@ def test_device_type() -> None:
     assert device_type("cpu", GPU_ENV) == "cpu: Intel Xeon x80"
     assert device_type("gpu", GPU_ENV) == "Tesla V100-SXM2-16GB"
     assert device_type("gpu", CPU_ENV) == "gpu: unknown"
+    # one model name, two CPU generations: two device types (two peaks)
+    assert device_type("cpu", {**CPU_ENV, "cpu_isa": "avx512+avx2+avx"}) == \
+        "cpu: AMD EPYC x2 (avx512+avx2+avx)"
+    assert device_type("cpu", {**CPU_ENV, "cpu_isa": "avx2+avx"}) != \
+        device_type("cpu", {**CPU_ENV, "cpu_isa": "avx512+avx2+avx"})
+
+
+def test_trials_go_on_until_the_best_three_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]  # each trial takes one second of a clock the loop reads
+    monkeypatch.setattr("runners.peak_probe.time.perf_counter", lambda: clock[0])
+
+    def trial_of(values: list[float]):  # noqa: ANN202
+        it = iter(values)
+
+        def trial() -> float:
+            clock[0] += 1.0
+            return next(it)
+        return trial
+    # 3 trials fill the 2.5 s; 100, 60, 50 disagree, so on until 100, 99, 98 (within AGREE)
+    trials = _trials(trial_of([50.0, 100.0, 60.0, 99.0, 98.0] + [10.0] * 50), seconds=2.5)
+    assert trials == [50.0, 100.0, 60.0, 99.0, 98.0] and spread(trials) <= AGREE
+    clock[0] = 0.0  # trials that never agree stop at 3 x seconds
+    trials = _trials(trial_of([100.0] + [50.0] * 99), seconds=2.5)
+    assert len(trials) == 8 and spread(trials) == pytest.approx(0.5)
+
+
+def test_a_peak_whose_trials_disagree_or_that_shared_the_cpu_is_not_cached() -> None:
+    ok = {"status": "ok", "peak_flops": 1e11, "agreed": True, "spread": 0.01,
+          "others_cpu_share": 0.02}
+    assert not_cacheable(ok) is None
+    assert "differ by 30%" in not_cacheable({**ok, "agreed": False, "spread": 0.3})
+    assert "used 60% of the CPUs" in not_cacheable({**ok, "others_cpu_share": 0.6})
+    assert not_cacheable({"status": "failed", "reason": "x"}) is None  # never cached anyway
 
 
 def test_cache_key_names_interpreter_device_precision_and_framework(tmp_path: Path) -> None:
@@ -118,6 +162,8 @@ def test_torch_peak_is_measured_once_then_cached(tmp_path: Path, torch_python: s
     assert rec["dtype"] == "float32" and rec["framework"] == "torch"
     assert rec["framework_version"].startswith("2.13.0")
     assert rec["n"] >= 256 and rec["cached"] is False
+    assert rec["agreed"] and rec["spread"] <= AGREE, rec["trials_flops"]
+    assert rec["not_cached"] is None, rec  # a quiet machine: the test runs alone
     assert Path(rec["cache_path"]).is_file()
     t0 = time.monotonic()
     again = _probe("torch", torch_python, tmp_path)
@@ -197,5 +243,6 @@ def test_sweep_records_carry_mfu_against_the_cached_peak(tmp_path: Path, tf_pyth
         assert m["mfu"] == pytest.approx(achieved / m["peak_flops"])
         assert m["mfu_own_peak"] == pytest.approx(achieved / own)
         assert 0 < m["mfu"] < 1.5, (n, m)  # CPU peaks here are rough (best of noisy trials)
+        assert m["over_peak"] is (m["mfu"] > 1)
     with open(tmp_path / "summary.csv") as fh:
         assert all(float(row["mfu"]) > 0 for row in csv.DictReader(fh))

@@ -414,8 +414,9 @@ def _gpu_links(env: dict[str, Any]) -> str:
 # what is warned of when it differs (GPU, driver, CPU), each with how it is read
 MACHINE = (("GPUs", _gpu_names), ("GPU driver", _gpu_field("driver_version")),
            ("CUDA driver", _gpu_field("cuda_driver_version")), ("GPU links", _gpu_links),
-           ("CPU", lambda e: str(e.get("cpu_model"))), ("CPU cores", lambda e: str(e.get(
-               "cpu_cores"))))
+           ("CPU", lambda e: str(e.get("cpu_model"))),
+           ("CPU vector extensions", lambda e: str(e.get("cpu_isa") or "not recorded")),
+           ("CPU cores", lambda e: str(e.get("cpu_cores"))))
 # what is given as context only: it differs between any two machines or commits
 CONTEXT = (("host", "host"), ("OS", "os"), ("Python", "python"),
            ("harness commit", "harness_commit"))

@@ -32,7 +32,7 @@ def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
     row = {c.key: columns.run_value(c, rec) for c in columns.of_view("loader")}
     row.update({f: read(rec) for f, read in READERS.items()})
     env = rec.get("environment") or {}
-    for key in ("host", "os", "cpu_model", "cpu_cores", "memory_bytes", "python",
+    for key in ("host", "os", "cpu_model", "cpu_isa", "cpu_cores", "memory_bytes", "python",
                 "harness_commit"):
         row[f"env_{key}"] = env.get(key)
     row["env_gpus"] = ", ".join(str(g.get("name") or "?") for g in env.get("gpus") or []) or None

@@ -389,6 +389,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("contended", "CONTENDED", "flag", "other processes used more than a quarter of the "
            "machine's CPUs in a run's timed window, or held its GPUs; the record's "
            "telemetry.contention names them (docs/RELIABILITY.md)", over_runs="any"),
+    Column("over_peak", "MFU>100%", "flag", "a run achieved more FLOP/s than the measured "
+           "peak: impossible, so the peak (a probe that shared the machine, another CPU's) or "
+           "the model's FLOP count is wrong, and the MFU is no result",
+           run=_at("mfu", "over_peak"), over_runs="any"),
     Column("input_bound", "INPUT-BOUND", "flag", "real data below 90% of the same run on "
            "synthetic data (the input pipeline sets the pace)", ("csv",)),
     Column("flags", "flags", "flags", "The row's flags that are on (the flag columns), each "

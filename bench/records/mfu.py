@@ -1,4 +1,8 @@
-"""Model FLOPs utilisation: the training FLOP/s a run achieved over the devices' measured peak."""
+"""Model FLOPs utilisation: the training FLOP/s a run achieved over the devices' measured peak.
+
+An MFU above 100% is impossible: the peak was measured low (under load, on another CPU) or the
+model's FLOPs are overcounted. The record says so (over_peak) and the tables flag it.
+"""
 
 from __future__ import annotations
 
@@ -22,4 +26,5 @@ def mfu(images_per_sec: float | None, forward_flops_per_sample: int | None,
             if peak_flops_per_device is not None else None)
     ratio = achieved / peak if achieved is not None and peak is not None and peak > 0 else None
     return {"mfu": ratio, "achieved_flops": achieved, "peak_flops": peak,
-            "training_flops_per_sample": per_sample}
+            "training_flops_per_sample": per_sample,
+            "over_peak": ratio > 1 if ratio is not None else None}

@@ -227,7 +227,8 @@ def record_problems(rec: Any, name: str | None = None) -> list[str]:
 
 
 # what the readers of an environment capture (environment.json, a record's environment) use
-ENVIRONMENT_FIELDS = {"host": "str", "os": "str", "cpu_model": "str", "cpu_cores": "int",
+ENVIRONMENT_FIELDS = {"host": "str", "os": "str", "cpu_model": "str", "cpu_isa": "str",
+                      "cpu_cores": "int",
                       "memory_bytes": "int", "python": "str", "harness_commit": "str",
                       "gpus": "list", "framework": "dict", "gpu_topology": "dict",
                       "lock": "dict"}

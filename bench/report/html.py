@@ -185,7 +185,8 @@ def machine(records: list[dict[str, Any]], results_dir: Path) -> list[tuple[str,
     env = _environment_of(records, results_dir)
     memory = env.get("memory_bytes")
     return [("host", f"{env.get('host') or '?'} ({env.get('os') or '?'})"),
-            ("CPU", f"{env.get('cpu_model') or '?'} x {env.get('cpu_cores') or '?'} cores"),
+            ("CPU", f"{env.get('cpu_model') or '?'} x {env.get('cpu_cores') or '?'} cores"
+                    + (f" ({env['cpu_isa']})" if env.get("cpu_isa") else "")),
             ("memory", f"{memory / 2**30:.1f} GiB" if isinstance(memory, int) else "?"),
             ("GPUs", gpus_line(env, records)),
             ("Python", str(env.get("python") or "?")),

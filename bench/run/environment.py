@@ -27,6 +27,25 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# the vector units a CPU's matmul peak depends on (TF's oneDNN turns on with AVX-512): hosts
+# whose model name is a generic "Intel(R) Xeon(R) Processor" differ here
+ISA_FLAGS = (("amx_tile", "amx"), ("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"))
+
+
+def cpu_isa() -> str:
+    """The CPU's vector extensions that set its peak, e.g. "amx+avx512+avx2+avx" ("unknown"
+    where /proc/cpuinfo cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh
+                          if line.startswith("flags")), None)
+    except OSError:
+        flags = None
+    if flags is None:
+        return "unknown"
+    return "+".join(name for flag, name in ISA_FLAGS if flag in flags) or "none"
+
+
 def memory_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as fh:
@@ -151,6 +170,7 @@ def capture() -> dict[str, Any]:
         "host": platform.node(),
         "os": platform.platform(),
         "cpu_model": cpu_model(),
+        "cpu_isa": cpu_isa(),
         "cpu_cores": os.cpu_count(),
         "memory_bytes": memory_bytes(),
         "python": platform.python_version(),

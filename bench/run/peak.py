@@ -2,7 +2,8 @@
 in a family's environment once per interpreter, device type and precision, then cached.
 
 The cache lives next to the environments (`<env_root>/../peaks`); its key includes the probe's
-source, so a changed probe measures again. Failures are returned as records, never cached.
+source and the CPU's vector extensions, so a changed probe or another CPU generation measures
+again. Failures, disagreeing trials and a probe that shared the CPU are never cached.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bench import REPO_ROOT
 from bench.records.store import write_json_atomic
 from bench.run.envs import env_root
 from bench.run.guard import cannot_start, guarded
+from bench.run.telemetry import CONTENDED_CPU_SHARE
 from contract.launch_env import POLICY_VAR, math_env, thread_env
 
 FAMILY_FRAMEWORK = {"tf": "tf", "mxnet": "mxnet", "torch": "torch", "jax": "jax",
@@ -36,11 +38,14 @@ def default_cache_dir() -> Path:
 
 
 def device_type(device: str, environment: dict[str, Any]) -> str:
-    """The kind of device a peak belongs to: the first GPU's name, or the host's CPU."""
+    """The kind of device a peak belongs to: the first GPU's name, or the host's CPU (model,
+    cores and vector extensions: one model name covers CPUs with and without AVX-512)."""
     if device == "gpu":
         gpus = environment.get("gpus") or []
         return gpus[0]["name"] if gpus else "gpu: unknown"
-    return f"cpu: {environment.get('cpu_model', 'unknown')} x{environment.get('cpu_cores')}"
+    isa = environment.get("cpu_isa")
+    return (f"cpu: {environment.get('cpu_model', 'unknown')} x{environment.get('cpu_cores')}"
+            + (f" ({isa})" if isa else ""))
 
 
 def cache_key(python: str | Path, device_type: str, precision: str, framework: str,
@@ -77,11 +82,24 @@ def measure_peak(family: str, python: str | Path, device: str, precision: str,
                         seconds)
     rec = {**result, **meta,
            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "cached": False, "cache_path": None}
-    if rec["status"] == "ok":
+           "cached": False, "cache_path": None, "not_cached": not_cacheable(result)}
+    if rec["status"] == "ok" and rec["not_cached"] is None:
         rec["cache_path"] = str(cache_path)
         write_json_atomic(cache_path, rec)
     return rec
+
+
+def not_cacheable(result: dict[str, Any]) -> str | None:
+    """Why an ok probe is no peak to keep: its best trials disagreed, or other processes
+    shared the CPU while it ran (a later sweep measures again); None for a keeper."""
+    if result.get("status") != "ok":
+        return None
+    if result.get("agreed") is False:
+        return f"the best three trials differ by {result.get('spread', 0):.0%}"
+    share = result.get("others_cpu_share")
+    if isinstance(share, (int, float)) and share > CONTENDED_CPU_SHARE:
+        return f"other processes used {share:.0%} of the CPUs while it ran"
+    return None
 
 
 def _run_probe(framework: str, python: str | Path, env: dict[str, str], device: str,

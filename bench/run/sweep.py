@@ -329,13 +329,28 @@ def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, A
               flush=True)
         peak = measure_peak(spec.family, python, spec.device, spec.precision, env)
         peaks[key] = peak
-        print(f"{peak['peak_flops'] / 1e9:.1f} GFLOP/s" + (" (cached)" if peak["cached"] else "")
-              if peak["status"] == "ok" else f"{peak['status']}: {peak.get('reason')}",
-              flush=True)
+        print(_peak_line(peak), flush=True)
     if peaks:
         write_json_atomic(out / "peaks.json", [{"python": k[0], **v} for k, v in peaks.items()])
     owns = tuple(peaks.values())
-    return {key: against_machine_best(own, key[1], owns) for key, own in peaks.items()}
+    used = {key: against_machine_best(own, key[1], owns) for key, own in peaks.items()}
+    for best in used.values():
+        own = best["own"]
+        if own.get("status") == "ok" and best.get("peak_flops") != own.get("peak_flops"):
+            print(f"peak: MFU of {own['family']} {own['precision']} runs is taken against "
+                  f"{best['peak_flops'] / 1e9:.1f} GFLOP/s, the machine's best ({best['family']}'s "
+                  f"probe, {best.get('measured_at')}); its own: {own['peak_flops'] / 1e9:.1f}",
+                  flush=True)
+    return used
+
+
+def _peak_line(peak: dict[str, Any]) -> str:
+    """The probe's figure as the terminal shows it: cached, or why it was not kept."""
+    if peak["status"] != "ok":
+        return f"{peak['status']}: {peak.get('reason')}"
+    note = (" (cached)" if peak["cached"] else
+            f" (not cached: {peak['not_cached']})" if peak.get("not_cached") else "")
+    return f"{peak['peak_flops'] / 1e9:.1f} GFLOP/s{note}"
 
 
 def run_and_print(spec: RunSpec, tag: str, ctx: RunContext, out: Path,
