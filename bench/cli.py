@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.analysis.compare import check_threshold
 from bench.analysis.converge import converge_rows
 from bench.analysis.explain import text as explain_text
+from bench.analysis.gate import run_gate
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
 from bench.plan.config import ConfigError, json_schema, load_config, show_value
@@ -60,7 +62,8 @@ def overview(parser: argparse.ArgumentParser) -> str:
              "", *textwrap.wrap(DESCRIPTION, 96), "",
              "common options (of run, the default command):"]
     lines += [f"  {n.ljust(width)}{a.help}" for n, a in zip(names, options, strict=True)]
-    lines += [f"  (run_bench.py run --help: also {', '.join(rest)})", "", "commands:"]
+    lines += [*textwrap.wrap(f"(run_bench.py run --help: also {', '.join(rest)})", 98,
+                             initial_indent="  ", subsequent_indent="   "), "", "commands:"]
     lines += [f"  {name.ljust(width)}{c.help}"
               for name, c in ((a.dest, a) for a in sub._choices_actions)]
     lines += ["", "first sweep: python run_bench.py --config configs/cpu-smoke.yaml (README.md)",
@@ -146,6 +149,12 @@ def _run_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
     run.add_argument("--detach", action="store_true",
                      help="cluster.backend slurm: submit the jobs and exit (collect them with "
                           "`run_bench.py status DIR` or --resume)")
+    run.add_argument("--baseline", metavar="DIR",
+                     help="after the sweep, judge it against this results folder (compare's "
+                          "rules); exit 4 on a significant regression; a missing or unmatched "
+                          "baseline passes with a note (docs/CI.md)")
+    run.add_argument("--threshold", type=float, default=0.05,
+                     help="with --baseline: the smallest slowdown that counts (default 0.05)")
 
 
 def _setup_report_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
@@ -541,6 +550,7 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
+    check_threshold(args.threshold)
     if args.detach and cfg.cluster["backend"] != "slurm":  # before any folder is made
         raise ConfigError("--detach: allowed only with cluster.backend: slurm (a local sweep "
                           "runs in this process)")
@@ -566,7 +576,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return end.code
     if end.detached:
         return 0
-    return _report_sweep(out, end.signum)
+    return _report_sweep(out, end.signum, args.baseline, args.threshold)
 
 
 def _dry_run(args: argparse.Namespace, cfg: Any, runs: list[Any], out: Path) -> int:
@@ -595,11 +605,13 @@ def _dry_run(args: argparse.Namespace, cfg: Any, runs: list[Any], out: Path) -> 
     return 0
 
 
-def _report_sweep(out: Path, signum: int | None) -> int:
-    """The report of an ended sweep; a second Ctrl-C, or a full disk, ends it cleanly."""
+def _report_sweep(out: Path, signum: int | None, baseline: str | None = None,
+                  threshold: float = 0.05) -> int:
+    """The report of an ended sweep (judged against `baseline` where given); a second Ctrl-C,
+    or a full disk, ends it cleanly."""
     try:  # a second Ctrl-C (or a SIGTERM) during the report ends quietly: every file is whole
         with stop_signals_interrupt():
-            return report_end(out, signum)
+            return report_end(out, signum, baseline, threshold)
     except KeyboardInterrupt as exc:
         return report_interrupted(out, signum, exc)
     except OSError as exc:  # a full disk: the records stay, no half file, no temporary
@@ -638,23 +650,43 @@ def report_interrupted(out: Path, first: int | None, exc: KeyboardInterrupt) -> 
     return 128 + (first or now)
 
 
-def report_end(out: Path, signum: int | None) -> int:
-    """The end of a sweep that ran here: the report written and shown (after a stop signal:
-    the line saying so, and the report written)."""
+def report_end(out: Path, signum: int | None, baseline: str | None = None,
+               threshold: float = 0.05) -> int:
+    """The end of a sweep that ran here: judged against the baseline (where given), the
+    report written and shown (after a stop signal: the line saying so, and the report
+    written); the gate's exit code."""
     if signum is not None:
         print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept "
               f"in {out}; continue with --resume --out {out}", file=sys.stderr)
         build_report(out)
         return 128 + signum
+    outcome = run_gate(baseline, out, threshold) if baseline else None
     rows, pipes, charts = build_report(out)
+    step_summary(out)
     print()
     records = load_records(out)
     print(format_table(rows, pipes, allreduce_table(out), strategy_text(records),
                        capacity_table(out), converge_text(records)))
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
-          f"report: {out / 'report.html'}   {out / 'results.md'}")
-    return 0
+          f"report: {out / 'report.html'}   {out / 'results.md'}   {out / 'junit.xml'}")
+    if outcome is None:
+        return 0
+    print(outcome.line)
+    return outcome.code
+
+
+def step_summary(out: Path) -> None:
+    """results.md appended to $GITHUB_STEP_SUMMARY, where a GitHub Actions step set it."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write((out / "results.md").read_text(encoding="utf-8") + "\n")
+    except OSError as exc:
+        print(f"note: GITHUB_STEP_SUMMARY {target}: cannot append ({exc.strerror or exc})",
+              file=sys.stderr)
 
 
 OUT_WORDS = "a folder this user can make or write in (new, or a sweep's results folder)"

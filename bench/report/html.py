@@ -21,6 +21,7 @@ import yaml
 from bench.analysis.compare import frameworks
 from bench.analysis.converge import converge_rows
 from bench.analysis.explain import html_section as where_the_time_went
+from bench.analysis.gate import read_gate
 from bench.analysis.published import published_section
 from bench.analysis.stats import interval_notes
 from bench.records import columns
@@ -367,6 +368,15 @@ def _damaged(results_dir: Path) -> str:
             f"them is in this report (`--resume` runs them again).</p><ul>{items}</ul>")
 
 
+def _baseline(results_dir: Path) -> str:
+    """The baseline gate's outcome and comparison (`run --baseline`), where it ran."""
+    outcome, comparison = read_gate(results_dir)
+    if not outcome:
+        return ""
+    return (f"<h2>Against the baseline</h2><p><b>{_e(outcome.get('line'))}</b></p>"
+            + (f"<pre>{_e(comparison)}</pre>" if comparison else ""))
+
+
 def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[str, Any]],
                records: list[dict[str, Any]], charts: list[Path],
                telemetry_charts: list[Path]) -> Path:
@@ -394,6 +404,7 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         "what was read), state the model state one device holds (parameters, gradients, "
         "optimizer); tok/s is a token model's samples/sec x its sequence length.</p>",
         _summary(rows) if rows else "<p>No benchmark runs.</p>",
+        _baseline(results_dir),
         strategies_section(records),
         "<h2>Flagged</h2>", _flagged(rows),
         where_the_time_went(rows, records),

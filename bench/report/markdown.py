@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.compare import frameworks
+from bench.analysis.gate import read_gate
 from bench.analysis.published import load_published, select
 from bench.analysis.stats import interval_name, interval_notes
 from bench.atomic import write_text_atomic
@@ -108,6 +109,10 @@ def markdown(results_dir: Path, rows: list[dict[str, Any]],
     else:
         out += ["No benchmark runs.", ""]
     out += ["## Published figures beside", "", *published_table(rows), ""]
+    outcome, comparison = read_gate(results_dir)
+    if outcome:
+        out += ["## Against the baseline", "", f"**{outcome.get('line')}**", ""]
+        out += [comparison, ""] if comparison else []
     return "\n".join(out)
 
 

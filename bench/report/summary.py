@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.converge import converge_rows
+from bench.analysis.gate import read_gate
 from bench.analysis.stats import (
     BASELINE,
     CV_TARGET,
@@ -30,6 +31,7 @@ from bench.report.charts import (
     render_tokens_chart,
 )
 from bench.report.html import sweep_config, write_html
+from bench.report.junit import write_junit
 from bench.report.markdown import write_markdown
 from bench.report.telemetry_chart import render_telemetry_charts
 from bench.text_table import aligned
@@ -151,6 +153,7 @@ def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str
     telemetry = render_telemetry_charts(results_dir, records)
     charts.append(write_html(results_dir, rows, pipes, records, charts, telemetry))
     charts.append(write_markdown(results_dir, rows, records))
+    write_junit(results_dir, records, read_gate(results_dir)[0])
     return rows, pipes, charts
 
 
