@@ -1,14 +1,7 @@
-"""MXNet's real-data pipeline, shared by mxnet_native, keras_mxnet and pipeline mode: the C++
-mx.io.ImageRecordIter over the prepared train.rec, as MXNet's own ImageNet scripts feed it.
-
-It implements runners.real_data's preprocessing with its own ops: OpenCV decode in the run's
-loader workers' threads, `resize` of the shorter side to S only when some image is smaller,
-rand_crop/rand_mirror for crop-flip (a centre crop otherwise), (pixel - 127.5) / 127.5. It
-reshuffles every epoch and round_batch keeps every batch whole; `stream` resets it at each
-epoch's end, forever. Batches are NCHW float32, labels float32 class ids. Differs from the
-reference: MXNet's resize scales larger images down too when the sizes are mixed (said in the
-record). Details: docs/runners/mxnet_native.md. Imports MXNet: only MXNet-family children.
-"""
+"""MXNet's real-data pipeline (mxnet_native, keras_mxnet, pipeline mode): mx.io.ImageRecordIter
+over the prepared train.rec, runners.real_data's preprocessing with MXNet's own ops; NCHW
+float32 batches, float32 labels. Differs: MXNet's resize also scales larger images down when
+sizes are mixed (said in the record). docs/runners/mxnet_native.md, "Notes from the code"."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""ps-lite's roles for a multi-node mxnet_native run: the scheduler and the servers of MXNet's
-`dist_sync` kvstore, started beside the worker by the worker itself; and the multi-node record.
-
-MXNet's own launcher (tools/launch.py, dmlc-core's tracker) starts every role as a process
-whose `import mxnet` runs it (DMLC_ROLE). Here the harness starts one process per node
-(srun); that process starts its node's roles as children (`python -m runners.mxnet.dist_launch
-ROLE`: the scheduler on node rank 0, one server per node) and is the node's worker. Ports:
-scheduler MGBENCH_MASTER_PORT, server of node r +1+r, worker +1+N+r. PsLite.close() ends the
-job MXNet's way (freeing the kvstore), or kills the roles after a failure; a watcher ends the
-worker when a role dies during the run. allgather() moves each worker's JSON through the
-kvstore itself, and the scheduler's PS_VERBOSE log names the nodes it registered.
-Differs from a cluster here: both "nodes" are one machine, differing only by port. Details:
-docs/runners/mxnet_native.md. Imports MXNet only inside functions (a role process imports it
-as its role's last act).
-"""
+"""ps-lite's roles for a multi-node mxnet_native run (the dist_sync kvstore's scheduler and
+servers, started by the node's worker as `python -m runners.mxnet.dist_launch ROLE`) and the
+multi-node record. Differs from MXNet's tools/launch.py: the harness starts one process per
+node (srun), which starts its roles. Imports MXNet only inside functions.
+docs/runners/mxnet_native.md, "Notes from the code", has ports and shutdown."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""Keras 2.2 on MXNet (keras-mxnet 2.2.4.3): the model compiled with a context list, the
-multi-GPU API seed 000 describes (`compile(..., context=["gpu(0)", ..., "gpu(N-1)"])`), trained
-with fit_generator (input generator) or fit on arrays (input arrays), as a user calls them.
-
-keras-mxnet binds an MXNet Module over the contexts, which slices each global batch into N
-parts (one parameter copy per context) and sums the gradients through the kvstore (`device`).
-Each executor's loss is its slice's mean, so it steps N times as far as one device: option
-gradient_reduce mean (default) divides the learning rate by N, sum keeps keras-mxnet's step.
-Real data: a generator over MXNet's ImageRecordIter (loader framework) or a keras.utils.Sequence
-over the JPEGs (loader keras, runners/keras_data.py). The clock's callback calls
-mx.nd.waitall() first. Placement: each executor's bound data array; keras-mxnet maps every
-cpu(i) to cpu(0), which the record says (placement_collapsed).
-
-Differs from seed 000 (NVIDIA's fork of dmlc Keras 1.2 on MXNet 0.10.1): the Keras 2.2 API; the
-multi-device API is the same. See docs/runners/keras_mxnet.md.
-"""
+"""Keras 2.2 on MXNet (keras-mxnet 2.2.4.3): the model compiled with a context list, as seed 000
+describes (`compile(..., context=[...])`), trained by fit_generator or fit on arrays.
+keras-mxnet's Module slices each batch over the contexts and sums gradients in the kvstore;
+option gradient_reduce mean divides the rate by N. Differs from seed 000 (Keras 1.2 on MXNet
+0.10.1): the Keras 2.2 API. docs/runners/keras_mxnet.md, "Notes from the code"."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
-"""Native MXNet (mxnet_native): Gluon data parallelism over N contexts of one process.
-
-A hybridised Gluon network keeps one parameter copy per context (mx.cpu(i) or mx.gpu(i)); each
-global batch B is split over the contexts (split_and_load), every context runs forward and
-backward on its slice under autograd.record() (per-example losses summed), and a gluon.Trainer
-sums the gradients through a kvstore (option kvstore: device, local, nccl) and steps with
-1/B: synchronous SGD, as one device with batch B. Synthetic slices are copied to the contexts
-once, before timing; real data comes from MXNet's ImageRecordIter (runners/mxnet/data.py) and
-is split inside the timed step. mx.nd.waitall() ends every step. Placement: the context and
-rows of each slice's loss array. Across nodes: a dist_sync kvstore over ps-lite, whose roles
-runners/mxnet/dist_launch.py starts. Mode converge: the Gluon examples' loop over the batches
-of runners/converge.py.
-
-Follows MXNet 1.9.1's Gluon API; seed 000's native reference (MXNet 0.10.1) used the Symbol
-and Module API (a bound Module instead of Gluon's CachedOp). See docs/runners/mxnet_native.md.
-"""
+"""Native MXNet (mxnet_native): Gluon data parallelism over N contexts of one process; each
+global batch split over the contexts (split_and_load), gradients summed by a gluon.Trainer's
+kvstore (option kvstore), one step with 1/B; mx.nd.waitall() ends every step. Across nodes:
+a dist_sync kvstore (runners/mxnet/dist_launch.py). Differs from seed 000 (MXNet 0.10.1): the
+Gluon API instead of Symbol/Module. docs/runners/mxnet_native.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -307,9 +296,7 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
 
 class ConvergeSteps:
     """mxnet_native's converge adapter over a built GluonRun: the step (split_and_load with
-    even_split=False, the rate set, one Trainer step over the batch's global rows), the
-    evaluation and the BatchNorm read; it keeps each context's rows of the latest epoch, the
-    last step's losses and the rate applied at each epoch's first step."""
+    even_split=False, one Trainer step over the batch's global rows), evaluation, BatchNorm read."""
 
     def __init__(self, run: GluonRun) -> None:
         self.run = run

@@ -1,16 +1,7 @@
-"""The TensorFlow all-reduce probe (mode allreduce, issue 17): tf.distribute's collective
-all-reduce, timed as Keras 3 issues it for the gradients under MirroredStrategy.
-
-One process, N logical devices, MirroredStrategy with its default cross-device ops
-(CollectiveAllReduce in TF 2.21: RING on CPU devices, NCCL on GPUs); the all-reduce is the
-replica context's all_reduce(SUM) inside strategy.run in a tf.function, as Keras 3's optimizer
-sums the gradients; each replica's float32 buffer made on its device. Timing:
-contract/collectives.measure_size, stopped once every replica's result is read back. Evidence
-read back from TF: replicas, devices, the cross-device ops and implementation, the collective
-ops per device in the partition graphs. All-gather: the replica context's all_gather;
-tf.distribute has no reduce-scatter (recorded unavailable). Differs: one flat buffer per call,
-no compute to overlap with, one machine only. docs/runners/tf_allreduce.md has the details.
-"""
+"""The TensorFlow all-reduce probe (mode allreduce): the replica context's all_reduce(SUM) in
+strategy.run under MirroredStrategy, as Keras 3 sums gradients; all-gather its all_gather;
+no reduce-scatter in tf.distribute (unavailable). Differs: one flat buffer per call, one
+machine only. docs/runners/tf_allreduce.md, "Notes from the code"."""
 
 from __future__ import annotations
 

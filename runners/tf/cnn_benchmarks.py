@@ -1,16 +1,8 @@
-"""tf_cnn_benchmarks: the real script from a user's checkout of tensorflow/benchmarks.
-
-This runner trains nothing itself: it maps the run spec onto the flags of
-scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py (options left unset pass no flag, so the
-script's own defaults apply: parameter_server, local_parameter_device gpu, NCHW on GPUs; CPU
-runs pass NHWC, the only layout it accepts there), runs it in a subprocess (the family's
-interpreter, TF_USE_LEGACY_KERAS=1), streams its output into our log and parses it: the one
-log the harness parses (docs/DESIGN.md). It runs its own models and input pipeline, not
-models/ or runners/real_data.py. Placement: the script's --trace_file of step -2 (a warm-up
-step). Followed: tensorflow/benchmarks master (tested at 8fb7907) on TF 2.21. The pure
-functions import no framework (the parent's tests import them). Never copy the script into
-this project. docs/runners/tf_cnn_benchmarks.md has the details.
-"""
+"""tf_cnn_benchmarks: the real script from a user's checkout of tensorflow/benchmarks, run in a
+subprocess with flags mapped from the spec (unset options pass no flag), its output parsed
+(the one log the harness parses). Its own models and input pipeline. The pure functions
+import no framework. Never copy the script into this project.
+docs/runners/tf_cnn_benchmarks.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -225,10 +217,8 @@ def parse_output(text: str) -> dict[str, Any]:
 
 
 def step_times(steps: list[dict[str, Any]], global_batch: int) -> list[float] | None:
-    """Per-step seconds from the running-mean rates: after step N the script has run for
-    N x batch / mean_N seconds of step time, so step N took the difference from the previous
-    displayed step (spread evenly when steps were not all displayed). The rates are printed to
-    0.1 images/sec, so these carry that rounding; None if it makes any step non-positive."""
+    """Per-step seconds from the script's running-mean rates (differences of N x batch / mean_N);
+    None if the rates' rounding makes any step non-positive."""
     times: list[float] = []
     prev_step, prev_total = 0, 0.0
     for s in steps:
@@ -330,10 +320,8 @@ def real_input_line(data: RealData, flags: list[str]) -> str:
 
 
 def script_memory(spec: Spec, n: int) -> dict[str, Any]:
-    """The script's memory, as far as it can be read from outside its process: on CPU its peak
-    resident memory over its whole run (the kernel's ru_maxrss of the waited-for children: the
-    script, and git's tiny rev-parse), shared by its n virtual devices; on GPUs its allocator
-    is inside the script's process and not readable here (null, said)."""
+    """The script's memory as read from outside: on CPU its children's peak resident memory
+    (ru_maxrss) shared by its n virtual devices; on GPUs null (not readable here, said)."""
     if spec.device != "cpu":
         return {"memory_per_device": None,
                 "memory_source": "not readable: the script's TF allocator is in its own process "

@@ -1,8 +1,5 @@
-"""TensorFlow-family child code shared by the TF runners: devices, data (synthetic, or real
-through runners/tf/data.py or the Keras loader), timing of Keras fit.
-
-Imports TensorFlow and Keras 3: only runner child processes import this module.
-"""
+"""TensorFlow-family child code shared by the Keras 3 TF runners: data, timing of Keras fit,
+the converge adapter. Imports TensorFlow and Keras 3: child processes only."""
 
 from __future__ import annotations
 
@@ -176,10 +173,8 @@ class FitClock(keras.callbacks.Callback):
 
 def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
               callbacks: Sequence[keras.callbacks.Callback] = ()) -> dict[str, Any]:
-    """Run model.fit for warmup + measure steps on data (a repeating dataset) and return the
-    timing summary, the samples counted from the optimizer's step counter, and the losses.
-    `callbacks` run before the clock's at every batch end (so what they do at the last warm-up
-    batch stays outside the timed window)."""
+    """model.fit for warmup + measure steps on a repeating dataset: the timing summary, samples
+    from the optimizer's step counter; `callbacks` run before the clock's at every batch end."""
     warmup, measure = spec.warmup_steps, spec.measure_steps
     clock = FitClock(warmup, measure, per_call)
     model.fit(data, epochs=1, steps_per_epoch=warmup + measure, callbacks=[*callbacks, clock],
@@ -287,10 +282,8 @@ EVAL_ROWS = 1024  # held-out rows per evaluation call, over all replicas
 
 
 class StrategyAccuracy:
-    """Top-1 accuracy of `model` in inference mode on the held-out split, every replica on its
-    share (strategy.run in one tf.function, correct counts summed). The split is cut once into
-    calls of EVAL_ROWS rows split over the replicas and made on their devices, then kept (Keras'
-    predict builds a distributed iterator per call: 25x the forward pass on digits)."""
+    """Top-1 accuracy in inference mode on the held-out split, each replica on its share
+    (strategy.run, counts summed); the split is cut once into EVAL_ROWS calls and kept."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                  data_format: str) -> None:
@@ -340,11 +333,9 @@ EVALUATION = ("model(x, training=False) under strategy.run (runners/tf/common.py
 
 
 class StrategyConverge:
-    """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy (tf_mirrored,
-    tf_native): a subclass's `train` runs one epoch (runners/converge.py's train_epoch); this
-    class reads the optimizer's rate back after it, evaluates in inference mode under the
-    strategy (StrategyAccuracy), reads every device's BatchNorm statistics, and gives the
-    fields both runners report."""
+    """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy: a subclass's
+    `train` runs one epoch; this class reads the rate back, evaluates, reads BatchNorm
+    statistics."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                  optimizer: keras.optimizers.Optimizer, data_format: str) -> None:

@@ -1,18 +1,6 @@
-"""The TensorFlow family's real-data pipeline: tf.data over the prepared TFRecord shards.
-
-Shards (shuffled file order) -> interleaved parallel TFRecord reads -> shuffle buffer ->
-parse_single_example -> the reference preprocessing of runners/real_data.py with TF ops in
-`workers` parallel map calls -> whole batches -> repeat -> prefetch(AUTOTUNE). The
-preprocessing: read the JPEG's size from its header; when the shorter side is at least S,
-tf.image.decode_and_crop_jpeg decodes only the S x S window (random or centred); otherwise
-decode_jpeg, bilinear resize of the shorter side to S (rounded back to uint8, as Pillow does),
-crop; crop-flip adds a left-right flip with p=1/2; float32 = pixel / 127.5 - 1.
-
-Each element is one whole batch (a global batch for a tf.distribute strategy, which splits it
-over its replicas: no auto-sharding by file, as tf_common.synthetic_dataset). Imports
-TensorFlow only (no Keras), so the Keras 3 runners, tensorpack (legacy Keras,
-tf.compat.v1 datasets) and the pipeline mode share it.
-"""
+"""The TensorFlow family's real-data pipeline: tf.data over the prepared TFRecord shards with
+runners/real_data.py's preprocessing in TF ops; each element one whole (global) batch, not
+auto-sharded by file. Imports TensorFlow only (no Keras). docs/runners/tf_family.md."""
 
 from __future__ import annotations
 
@@ -103,11 +91,8 @@ def parse(record: tf.Tensor, size: int, augmentation: str) -> tuple[tf.Tensor, t
 def make_dataset(data: RealData, size: int, batch: int, *, channels_first: bool = False,
                  shuffle: bool = True, seed: int | None = None,
                  dataset_cls: Any = None) -> tf.data.Dataset:
-    """Endless whole batches (x float32 NHWC or NCHW, y int32) from the TFRecord shards.
-
-    shuffle=False reads the shards round-robin in a deterministic order, which is the order
-    of files.csv (prepare-data writes image i to shard i % shards): the parity test's order.
-    dataset_cls=tf.compat.v1.data.Dataset gives a V1 dataset (for tf.compat.v1 graph code)."""
+    """Endless whole batches (x float32 NHWC or NCHW, y int32) from the TFRecord shards;
+    shuffle=False reads them in files.csv's order; dataset_cls picks a V1 dataset."""
     cls = dataset_cls or tf.data.Dataset
     shards = [str(p) for p in data.tfrecords]
     workers = max(1, data.workers)

@@ -1,16 +1,8 @@
-"""Keras 3 on TensorFlow, data parallel with tf.distribute.MirroredStrategy (TF 2.21, Keras 3
-fit): one replica per device, variables mirrored, each global batch split by the distributed
-tf.data iterator; Keras scales the loss by 1/replicas and the strategy all-reduces (sums) the
-gradients (cross_device_ops), every replica applying the same update.
-
-Synthetic data: one global batch in tf.data; real data: tf.data over the TFRecord shards or
-the Keras PyDataset (`loader`); token models train on one synthetic batch of ids. Placement:
-the partition graphs of fit's first train call. Limits at 2+ replicas (xla; steps_per_execution
-> 1 with CollectiveAllReduce) are recorded unavailable with TF's words (known_limits). Several
-nodes: MultiWorkerMirroredStrategy from SlurmClusterResolver, with FitMultiWorkerStrategy's
-reduce (keras-team/keras#20585). Mode converge: fit per epoch, the rate set before every step
-(MirroredConverge). docs/runners/tf_mirrored.md has the details and what differs.
-"""
+"""Keras 3 on TensorFlow, data parallel with tf.distribute.MirroredStrategy and fit: variables
+mirrored, each global batch split by the distributed iterator, gradients all-reduced
+(cross_device_ops). Stack limits at 2+ replicas are recorded unavailable (known_limits);
+several nodes: MultiWorkerMirroredStrategy (FitMultiWorkerStrategy's reduce).
+docs/runners/tf_mirrored.md has the details and what differs."""
 
 from __future__ import annotations
 
@@ -84,10 +76,8 @@ FIT_REDUCE_NOTE = (
 
 
 class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
-    """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects of it (keras-team/
-    keras#20585): mapped over a nested structure, as MirroredStrategy's is, and a per-replica
-    scalar reduced across replicas (axis=None) where fit asks for axis=0
-    (docs/runners/tf_mirrored.md, "FitMultiWorkerStrategy"). Otherwise MWMS's own reduce."""
+    """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects (keras-team/keras#20585):
+    mapped over nested structures, scalars reduced with axis=None (docs/runners/tf_mirrored.md)."""
 
     def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
         parent = super()
@@ -142,11 +132,8 @@ def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
 def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str | None,
                    optimizer: Callable[[], keras.optimizers.Optimizer]
                    ) -> tuple[keras.Model, dict[str, Any] | None]:
-    """(the model, a user's model's description or None), the model and its optimizer made
-    under the strategy and compiled as the benchmark compiles it (layout, steps_per_execution,
-    XLA from the options; the loss models.keras_common.loss_for gives). `model_name`: a model
-    of models/ (the probe), or None for the run's (models.build_for: a built-in, or a user's
-    model checked and described, Invalid when it is wrong)."""
+    """(the model, a user's model's description or None), made under the strategy and compiled
+    as the benchmark compiles it; `model_name` a model of models/, or None for the run's."""
     opts = spec.options
     described = None
     with strategy.scope():
@@ -198,11 +185,9 @@ class StopPlacement(keras.callbacks.Callback):
 
 @contextlib.contextmanager
 def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]:
-    """Failures of Keras 3 fit under MirroredStrategy with 2+ replicas that are the stack's
-    limits, not this run's, reported unavailable with TensorFlow's own words: xla (Keras 3
-    compiles strategy.run over every replica as one XLA cluster, which cannot read the other
-    replicas' variables), steps_per_execution > 1 with CollectiveAllReduce (a placeholder left
-    unfed in Keras' while loop), and xla on several workers on CPU."""
+    """Keras 3 fit's failures under MirroredStrategy with 2+ replicas that are the stack's limits
+    (xla; steps_per_execution > 1 with CollectiveAllReduce), re-raised Unavailable with TF's
+    words."""
     try:
         with xla_collectives_guard():
             yield
@@ -343,10 +328,8 @@ class StepLearningRate(keras.callbacks.Callback):
 
 
 class MirroredConverge(StrategyConverge):
-    """Keras 3 fit, one call per epoch (epochs=epoch + 1, initial_epoch=epoch) on that epoch's
-    global batches in tf.data, split by the distributed iterator as in the benchmark, the rate
-    set before every step by StepLearningRate; the placement from the first epoch's first
-    train call."""
+    """Keras 3 fit, one call per epoch on that epoch's batches in tf.data, the rate set before every
+    step (StepLearningRate); the placement from the first train call."""
 
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy, model: keras.Model) -> None:
         # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)

@@ -1,13 +1,6 @@
-"""Where a TensorFlow step's work ran, read back from TensorFlow itself (issue 13's `placement`).
-
-TF partitions every graph it runs into one graph per device and reports those partition
-graphs in a RunMetadata (graph mode: RunOptions(output_partition_graphs=True); eager: every
-tf.function instantiated while the context collects run metadata). A step's placement is the
-compute ops in each device's partition, as TF assigned them; ops that only move or name data
-are not counted. FULL_TRACE step stats list the nodes each device executed. Several workers:
-each holds only its own graphs; all_gather_json gathers every worker's counts through a TF
-collective. Imports TensorFlow: child processes only.
-"""
+"""Where a TensorFlow step's work ran, read back from TensorFlow (issue 13's `placement`): the
+compute ops in each device's partition graph of a RunMetadata; several workers gathered by a
+TF collective. Child processes only. docs/runners/tf_family.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -91,10 +84,8 @@ def executed_ops_by_device(run_metadata: Any) -> dict[str, int]:
 
 
 def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
-    """{device: {op kind: nodes of that kind executed}} from a FULL_TRACE step: each executed
-    node's op type looked up in the partition graphs of the same RunMetadata (else read from
-    its timeline label, "name = Op(inputs)"), classified by runners/tf/op_kinds.op_kind so
-    that oneDNN's op names count as the plain ones do."""
+    """{device: {op kind: nodes executed}} from a FULL_TRACE step's RunMetadata, each node's op
+    type classified by runners/tf/op_kinds.op_kind."""
     op_of: dict[tuple[str, str], str] = {}
     for graph in partition_graphs(run_metadata):
         for node in graph.node:
@@ -116,10 +107,8 @@ def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
 
 
 class EagerPlacement:
-    """Collects the partition graphs of the tf.functions instantiated between start() and
-    stop(): start before the step function's first call (its graphs are partitioned when it is
-    instantiated) and stop after it, before the timed window, so collecting costs the timed
-    steps nothing. The same instantiated function then runs every later step."""
+    """Collects the partition graphs of the tf.functions instantiated between start() and stop():
+    around the step function's first call, outside the timed window."""
 
     def __init__(self) -> None:
         self.run_metadata: Any = None
@@ -199,11 +188,8 @@ def collective_ops(run_metadata: Any) -> dict[str, Any]:
 
 
 def all_gather_json(strategy: tf.distribute.Strategy, obj: Any) -> list[Any]:
-    """Every worker's `obj` (JSON-able), in worker order, gathered by a TensorFlow collective:
-    its JSON bytes as an int32 row, padded to the longest worker's, through strategy.gather
-    (an all-gather across every replica of every worker under MultiWorkerMirroredStrategy;
-    first the lengths, then the rows). Every worker must call it, in the same order. Each
-    worker's local replicas send the same row; one per worker is kept."""
+    """Every worker's JSON-able `obj`, in worker order, through strategy.gather of its padded
+    JSON bytes. Every worker must call it, in the same order."""
     data = np.frombuffer(json.dumps(obj, sort_keys=True, default=str).encode(), np.uint8)
 
     def per_replica(value: np.ndarray) -> Any:

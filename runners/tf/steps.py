@@ -1,7 +1,5 @@
-"""The custom-loop step of the TF runners without fit (tf_native, the tf template): one
-tf.function running the replica step (GradientTape, the optimizer's apply_gradients, which
-all-reduces) on every replica under a strategy, its inputs made on each replica's device, and
-its first call run while TF collects the partition graphs (the placement)."""
+"""The custom-loop step of the TF runners without fit: one tf.function running the replica step
+on every replica, its inputs made on each device, its first call collecting the placement."""
 
 from __future__ import annotations
 
@@ -79,10 +77,8 @@ XLA_DEVICE_ERROR = re.compile(r"Trying to access resource .{0,300}? located in d
 
 def first_step(step: Callable[..., tf.Tensor], *args: Any
                ) -> tuple[float, dict[str, Any], Any]:
-    """Run the step once (the first warm-up step, or the equivalence step) while TF collects
-    the partition graphs of the functions it instantiates for it: (the loss, the placement, the
-    RunMetadata). XLA on N virtual CPU devices cannot reach the other replicas' variables
-    ("Trying to access resource ... located in device"): Invalid, with TF's words."""
+    """Run the step once while TF collects its partition graphs: (loss, placement, RunMetadata);
+    XLA's "Trying to access resource" on N virtual CPU devices raised Invalid."""
     placement = EagerPlacement()
     placement.start()
     try:

@@ -1,17 +1,8 @@
-"""tensorpack 0.11's synchronous data-parallel trainers, on TensorFlow 2.21 through tf.compat.v1.
-
-No split of a global batch: QueueInput's EnqueueThread feeds per-tower batches into a FIFOQueue
-on /cpu:0 and every tower dequeues its own (`input: staging` adds a StagingArea per tower one
-step ahead; real data: TFDatasetInput over runners/tf/data.py's pipeline). Towers: tensorpack's
-builders hard-code "/gpu:k"; every op is moved to the run's device k before the session starts
-(relocate_towers), so GPU and CPU runs build the same graph. `replicated`: a copy per tower,
-gradients all-reduced by tensorpack's own mode (`allreduce: auto`: hierarchical with the
-GradientPacker at 8 towers, else gpu); `parameter_server`: one copy on /cpu:0 or spread over
-the towers. Differs: tensorpack's device setters place only TF 1's VariableV2 ops, so TF 2's
-resource variables are placed here where 0.11 put them on TF 1.x. Placement: the first step's
-partition graphs. The model: models/<name>/tfv1_builder.py. docs/runners/tensorpack.md has
-the details.
-"""
+"""tensorpack 0.11's synchronous data-parallel trainers (replicated, parameter_server) on
+TensorFlow 2.21 through tf.compat.v1: QueueInput feeds per-tower batches (no global-batch
+split); the towers' "/gpu:k" moved to the run's devices (relocate_towers). Differs: TF 2's
+resource variables are placed here where 0.11 placed them on TF 1.x.
+docs/runners/tensorpack.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -142,10 +133,8 @@ def parameter_server_builder(n: int, ps_device: str) -> Any:
 
 
 def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
-    """The configured tensorpack trainer for n towers, and what it is. The replicated trainer
-    is tensorpack's own, builder included (its mode heuristic, all-reduce and GradientPacker);
-    the parameter-server builder changes only where variables go. Towers are on tensorpack's
-    "/gpu:k" devices, moved to the run's devices by relocate_towers."""
+    """The configured tensorpack trainer for n towers, and what it is (replicated: tensorpack's
+    own; parameter_server: only where variables go changed)."""
     from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
     opts = spec.options

@@ -1,12 +1,6 @@
-"""The Keras 2 stack the tower runners share: tf_keras 2.21 made the `keras` that the models'
-builders import, in a TF1 graph (eager off, XLA off), and the parallel model built from a
-template as the 2017 strategies built it (slices per tower under tf.device, merged outputs).
-
-Keras2Network restores Keras 2.0-2.2's updates (only the layer calls the model owns: tf_keras
-would also run the template's own whole-batch call, issue 24) and Keras2SGD its colocated
-gradients. The loss is Keras 2's clipped sparse cross-entropy. docs/runners/keras2_towers.md
-has the stack, the input options and the reasons. Imports TF and tf_keras: child processes.
-"""
+"""The Keras 2 stack the tower runners share: tf_keras in a TF1 graph, the parallel model
+built from a template as the 2017 strategies built it, Keras 2's updates (Keras2Network),
+colocated gradients (Keras2SGD) and clipped loss. docs/runners/keras2_towers.md."""
 
 from __future__ import annotations
 
@@ -140,11 +134,8 @@ class Recipe:
 
 def parallel_model(template: Any, recipe: Recipe | None, device: str, stager: Stager | None
                    ) -> tuple[Any, Any]:
-    """(the model fit trains, the staged labels or None). recipe None: the plain template on
-    `device` (staged there with a stager). Otherwise the template called on each tower's slice
-    under tf.device and a tower name scope, outputs concatenated on the merge device, by Keras
-    2 layers (Lambda, Concatenate) as the originals built them; with a stager the labels are a
-    second input, staged on the merge device."""
+    """(the model fit trains, the staged labels or None): the plain template (recipe None) or the
+    template on each tower's slice, outputs concatenated on the merge device."""
     layers = tf_keras.layers
     x = template.inputs[0]
     inputs, labels = [x], None
@@ -182,10 +173,8 @@ def parallel_model(template: Any, recipe: Recipe | None, device: str, stager: St
 
 
 class Keras2Network(tf_keras.Model):
-    """A functional model whose training function runs the updates Keras 2.0-2.2 ran: those
-    of the layer calls (nodes) this model owns, and the unconditional ones (Keras 2's
-    Network.updates), not tf_keras' every update reachable from the inputs, which would also
-    run the template's own whole-batch call (docs/runners/keras2_towers.md, "Updates")."""
+    """A functional model running the updates Keras 2.0-2.2 ran: only its own layer calls' and
+    the unconditional ones (docs/runners/keras2_towers.md, "Updates")."""
 
     def get_updates_for(self, inputs: Any) -> list[Any]:
         if inputs is None or inputs is not self.inputs:

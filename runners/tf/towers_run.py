@@ -1,9 +1,6 @@
 """The benchmark, equivalence and converge paths every Keras 2 tower runner shares, given the
-runner's `make(spec, device names, input mode) -> (Built, record fields)`: one traced fit step
-(FULL_TRACE: the placement and each device's work by op kind), then warm-up and measured steps
-in one fit call timed at batch ends; mode converge trains by fit per epoch as seed 004 did
-(docs/runners/keras2_towers.md, "Mode converge", has what differs). Import after
-runners.tf.towers (the Keras 2 stack)."""
+runner's `make`: one traced fit step (placement), then timed fit steps; converge by fit per
+epoch as seed 004 did (docs/runners/keras2_towers.md). Import after runners.tf.towers."""
 
 from __future__ import annotations
 
@@ -81,11 +78,8 @@ def conv_layers(template: Any) -> int:
 
 def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: int = 1
                     ) -> dict[str, Any]:
-    """What each device executed in the traced step (runners/tf/op_kinds.py kinds), beside
-    what the original runs: one forward and one filter-gradient convolution per conv layer on
-    each tower's device, none elsewhere (bench/records/placement_check.py compares them).
-    `copies` > 1 (avolkov1's SGD_MGPU takes the gradients that many times): TF merges
-    identical copies except through v1 control flow, so between one and `copies` per layer."""
+    """What each device executed in the traced step, by op kind, beside what the original runs
+    (one forward and one filter-gradient convolution per conv layer per tower device)."""
     kinds = executed_kinds_by_device(run_metadata)
 
     def of(kind: str) -> dict[str, int]:
@@ -281,10 +275,8 @@ def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
 
 
 class TowerConverge:
-    """Mode converge's adapter: one fit call per epoch (epochs=epoch + 1, initial_epoch=epoch)
-    on the tower model over the epoch's global batches as numpy arrays (batch_size=B,
-    shuffle=False: exactly the recipe's batches), the rate set before every step (StepLR); the
-    run's first step is the traced one. Evaluation: the template's predict (inference mode)."""
+    """Mode converge's adapter: one fit call per epoch on the epoch's batches as numpy arrays,
+    the rate set before every step (StepLR); evaluation by the template's predict."""
 
     def __init__(self, run: TowerRun) -> None:
         self.run, self.placement = run, {}
