@@ -1,6 +1,5 @@
-"""MXNet-family child code shared by mxnet_native, keras_mxnet and the probes: contexts, the
-timed context steps, synthetic batches, versions, and the import of keras-mxnet on a modern
-Python. Imports MXNet: only runner children (and the MXNet parity test) import it."""
+"""MXNet-family child code shared by mxnet_native, keras_mxnet and the probes: contexts, timed
+context steps, synthetic batches, versions, the keras-mxnet import. Imports MXNet."""
 
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 
 def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
-    """This node's N = spec.devices_per_node contexts, mx.cpu(i) or mx.gpu(i), and their device
-    records. CPU contexts share the host but keep their own parameter copies, reduced through
-    the kvstore as between GPUs: virtual devices."""
+    """This node's spec.devices_per_node contexts, mx.cpu(i) (virtual devices, each with its own
+    parameter copy) or mx.gpu(i), and their device records."""
     n = spec.devices_per_node
     if spec.device == "cpu":
         ctxs = [mx.cpu(i) for i in range(n)]
@@ -63,9 +61,8 @@ class StepLoss:
 
 def timed_context_steps(spec: Spec, step: Callable[[], list[Any]], trainer: mx.gluon.Trainer,
                         global_batch: int) -> tuple[TimedWindow, int, list[Any]]:
-    """runners.common.timed_loop over `step` (returning each context's loss array), each step
-    ended by mx.nd.waitall() (MXNet's engine is asynchronous). Returns the window, the steps
-    the optimizer applied in it (num_update) and the last step's loss arrays."""
+    """timed_loop over `step` (each context's loss arrays), each step ended by mx.nd.waitall():
+    (the window, the optimizer's num_update in it, the last step's loss arrays)."""
     optimizer = trainer._optimizer  # its num_update counts applied steps
     start = 0  # num_update when the clock starts
     last: list[Any] = []
@@ -100,9 +97,8 @@ def synthetic_arrays(model_spec: ModelSpec, batch: int, seed: int = 0
 
 
 def import_keras_mxnet() -> Any:
-    """Import keras-mxnet 2.2.4.3 with the MXNet backend (channels_first) and return keras.
-    keras-mxnet imports collections.Iterable and the like, gone since Python 3.10: the aliases
-    are put back on collections in this process only (docs/runners/keras_mxnet.md)."""
+    """keras-mxnet 2.2.4.3 imported with the MXNet backend (channels_first), the collections aliases
+    it needs on Python >= 3.10 put back in this process only (docs/runners/keras_mxnet.md)."""
     for name in ("Iterable", "Mapping", "MutableMapping", "Sequence", "Callable"):
         if not hasattr(collections, name):
             setattr(collections, name, getattr(collections.abc, name))

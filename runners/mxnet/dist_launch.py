@@ -245,9 +245,8 @@ class PsLite:
                                    f"with {role.proc.returncode} before the run ended")
 
     def allgather(self, obj: Any) -> list[Any]:
-        """Every worker's `obj` (JSON-able), in kv.rank order: each pushes its bytes in its own
-        row of a zero array and dist_sync's sum gives every row (no optimizer on the servers).
-        A collective: every worker calls it, in the same order."""
+        """Every worker's JSON-able `obj`, in kv.rank order (its row of a zero array, summed by
+        dist_sync). A collective: every worker calls it, in the same order."""
         import mxnet as mx
         import numpy as np
 
@@ -273,9 +272,8 @@ class PsLite:
                                                                               strict=True)]
 
     def close(self, ok: bool) -> None:
-        """End the ps-lite job: after a good run free the kvstore (the roles then exit by
-        themselves) and wait for them; after a failure, or past STOP_WAIT_S, kill them.
-        Restores this process's DMLC settings."""
+        """End the ps-lite job: after a good run free the kvstore and wait for the roles; after a
+        failure, or past STOP_WAIT_S, kill them. Restores this process's DMLC settings."""
         self._closing.set()
         try:
             if ok and self.kv is not None:
@@ -398,9 +396,8 @@ def across_nodes(spec: Spec, run: Callable[..., dict[str, Any]]) -> dict[str, An
 def gather_workers(ps: PsLite, trainer: Any, local: dict[str, Any],
                    step_losses: list[float], labels: list[int]
                    ) -> tuple[dict[str, Any], list[float]]:
-    """A multi-node record's view of every worker, gathered through the kvstore after the
-    steps: identity, placement and parameter copies (keys "worker<kv.rank>:<context>"),
-    devices, first labels; and each step's global mean loss (the sum of the workers' shares)."""
+    """Every worker's identity, placement, parameter copies, devices and first labels gathered
+    through the kvstore, keys "worker<kv.rank>:<context>"; and each step's global mean loss."""
     kv = trainer._kvstore
     rows = ps.allgather({"worker": ps.worker_record(), "placement": local["placement"],
                          "parameter_copies": local["parameter_copies"],

@@ -56,9 +56,8 @@ def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer
 
 
 def broadcast_before_first_push(trainer: gluon.Trainer, kv: Any) -> None:
-    """On several nodes (equivalence step): worker 0's initial weights in every worker's arrays
-    before any worker pushes a gradient, then a barrier; the Trainer's first step does not
-    order the two (docs/runners/mxnet_native.md). Needs the parameters' shapes."""
+    """On several nodes: worker 0's initial weights in every worker's arrays before any worker
+    pushes a gradient, then a barrier (docs/runners/mxnet_native.md)."""
     if kv is None:
         return
     trainer._init_kvstore()  # what Trainer.step does first, done before the step
@@ -189,9 +188,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 class BenchmarkInput:
-    """The benchmark's batches on one worker (rank of the run's nodes): its rows of the
-    synthetic global batch, resident on the contexts, or its share of the records through the
-    ImageRecordIter (opened at once); and what the record says of them."""
+    """The benchmark's batches on one worker: its rows of the synthetic global batch, resident on
+    the contexts, or its share of the records through the ImageRecordIter; and their record."""
 
     def __init__(self, run: GluonRun, data: RealData | None, rank: int) -> None:
         spec = run.spec
@@ -255,9 +253,8 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model through the benchmark's path (its hybridize,
-    Trainer and kvstore, the synthetic slices resident on the contexts); weights saved. On
-    several nodes each worker steps on its rows of the batch through the dist kvstore."""
+    """One plain SGD step on the probe model through the benchmark's path (hybridize, Trainer,
+    kvstore, resident slices); weights saved. Several nodes: each worker steps on its rows."""
     return dist_launch.across_nodes(spec, equivalence_step)
 
 
@@ -373,9 +370,8 @@ class ConvergeSteps:
 
 
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py, one node): the benchmark's model, kvstore and
-    dtype trained with the recipe's SGD (momentum, wd) to its held-out accuracy; the initial
-    weights drawn once from the recipe's seed on the CPU and copied to every context."""
+    """Mode converge (one node): the benchmark's model, kvstore and dtype trained with the recipe's
+    SGD; the initial weights drawn once from the recipe's seed and copied to every context."""
     if spec.num_nodes > 1:
         raise Unavailable("mode converge runs on one node (one process over N contexts); "
                           "the dist_sync kvstore path trains synthetic batches only")

@@ -48,9 +48,8 @@ def implementation(strategy: tf.distribute.Strategy) -> str:
 
 
 def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
-    """A PerReplica float32 vector of `elements` per replica, replica i's filled with i + 1,
-    each made on its replica's device (MirroredStrategy calls the value function without a
-    device scope: placing the values is the caller's part, as its documentation says)."""
+    """A PerReplica float32 vector of `elements` per replica, replica i's filled with i + 1, each
+    made on its replica's device (the value function runs without a device scope)."""
     devices = strategy.extended.worker_devices
 
     def value(ctx: tf.distribute.experimental.ValueContext) -> tf.Tensor:
@@ -97,9 +96,8 @@ def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
 
 
 def collective_placement(run_metadata: Any) -> dict[str, Any]:
-    """The collective ops TensorFlow ran, from the partition graphs of the instantiated
-    function (one graph per device, after placement): per device, how many of each collective
-    op type; the communication_hint attributes they carry (ring, nccl)."""
+    """The collective ops TF ran, from the instantiated function's partition graphs: per device
+    the count of each collective op type, and their communication_hint attributes."""
     by_device: dict[str, dict[str, int]] = {}
     hints: set[str] = set()
     for graph in partition_graphs(run_metadata):
@@ -114,9 +112,8 @@ def collective_placement(run_metadata: Any) -> dict[str, Any]:
 
 
 class AllReduceSizes:
-    """The all-reduce measured at every probe size; the first call at each size (its check)
-    collects the evidence of the last size: the collective ops TF placed (the instantiated
-    function's partition graphs) and the devices of each replica's input and output."""
+    """The all-reduce at every probe size; each size's first call (its check) collects the
+    collective ops TF placed and the devices of each replica's input and output."""
 
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy) -> None:
         self.spec, self.strategy = spec, strategy

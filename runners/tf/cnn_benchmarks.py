@@ -67,9 +67,8 @@ SCRIPT_DEFAULTS = {"variable_update": "parameter_server", "local_parameter_devic
 
 
 def layout_flag(device: str, data_format: str | None) -> str | None:
-    """--data_format for a run: the given layout, or None to leave the script's default NCHW
-    (cuDNN's layout, the script's choice for GPUs). On CPU the script refuses its own default
-    ('device=cpu requires that data_format=NHWC', unless --mkl), so CPU runs pass NHWC."""
+    """--data_format for a run: the given layout, or None for the script's default NCHW; CPU runs
+    pass NHWC (the script refuses NCHW on CPU without --mkl)."""
     if data_format:
         layout = LAYOUTS[data_format]
         if device == "cpu" and layout == "NCHW":
@@ -83,8 +82,7 @@ def layout_flag(device: str, data_format: str | None) -> str | None:
 def build_flags(spec: Spec, options: Mapping[str, Any] | None = None,
                 trace_file: str | None = None) -> list[str]:
     """tf_cnn_benchmarks flags for a run spec (pure): --batch_size per device, --num_gpus the
-    devices of either kind; options left unset pass no flag (the script's defaults apply);
-    --trace_file makes the script write step -2's FULL_TRACE step stats as a Chrome trace."""
+    devices of either kind; unset options pass no flag; --trace_file traces step -2."""
     opts = {**spec.options, **(options or {})}  # options: over the spec's own
     n, per_device = int(spec.num_devices), int(spec.batch_size_per_device)
     if per_device * n != int(spec.global_batch_size):
@@ -138,9 +136,8 @@ def left_to_script(flags: list[str]) -> dict[str, str]:
 
 
 def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """From the script's Chrome trace (TF's timeline of one FULL_TRACE step, pure): the nodes
-    executed on each device and how many of each op type, from the complete ("X") events of
-    each "<device> Compute" process."""
+    """From the script's Chrome trace (pure): the nodes executed on each device and how many of
+    each op type, from the "X" events of each "<device> Compute" process."""
     devices: dict[int, str] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "M" and ev.get("name") == "process_name":
@@ -177,9 +174,8 @@ def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
 
 
 def parse_output(text: str) -> dict[str, Any]:
-    """What tf_cnn_benchmarks printed (pure; missing pieces None or empty): its header, one
-    entry per displayed step (`N<TAB>images/sec: M ...<TAB>LOSS`, M a running mean over steps
-    1..N), and the final `total images/sec`."""
+    """What tf_cnn_benchmarks printed (pure; missing pieces None or empty): its header, one entry
+    per displayed step (its running-mean images/sec and loss), the final `total images/sec`."""
     out: dict[str, Any] = {"steps": [], "total_images_per_sec": None, "global_batch": None,
                            "batch_per_device": None, "devices": None}
     out.update({k: None for k in HEADER})

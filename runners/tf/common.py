@@ -34,9 +34,8 @@ def framework_versions() -> dict[str, str]:
 
 def replica_slices(strategy: tf.distribute.Strategy, x: np.ndarray, y: np.ndarray
                    ) -> tuple[Any, Any]:
-    """(PerReplica x, PerReplica y): replica i's equal rows of a host batch, made on its device
-    (experimental_distribute_values_from_function), as the synthetic slices are; Invalid when
-    the rows do not divide over the replicas."""
+    """(PerReplica x, PerReplica y): replica i's equal rows of a host batch, made on its device;
+    Invalid when the rows do not divide over the replicas."""
     per = rows_per_device(len(x), strategy.num_replicas_in_sync, "replicas",
                           "equivalence batch")
 
@@ -104,18 +103,16 @@ SHARDING_NOTE = (
 
 
 def shard_across_workers(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """A dataset of global batches for a multi-worker strategy: auto-shard policy DATA, so
-    each worker keeps its replicas' slices of every global batch (SHARDING_NOTE), where one
-    machine's MirroredStrategy takes OFF (one input pipeline splits each batch)."""
+    """A dataset of global batches for a multi-worker strategy: auto-shard policy DATA, each
+    worker keeping its replicas' slices of every global batch (SHARDING_NOTE)."""
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(options)
 
 
 def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[str, Any]:
-    """What this worker's replicas got of one step's (PerReplica x, PerReplica y): rows per
-    local replica, and sums of the images and labels (different workers, different rows);
-    `source` says which batch it was."""
+    """What this worker's replicas got of one step's (PerReplica x, PerReplica y): rows per local
+    replica, sums of the images and labels; `source` says which batch it was."""
     xs = strategy.experimental_local_results(xy[0])
     ys = strategy.experimental_local_results(xy[1])
     return {"source": source, "rows": [int(x.shape[0]) for x in xs],
@@ -125,9 +122,8 @@ def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[
 
 def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
               ) -> tuple[Any, dict[str, Any]]:
-    """What a Keras runner's fit trains on, and what the record says about it: one random
-    global batch, repeated; or the `loader`'s global batches over the run's dataset (framework:
-    tf.data over the TFRecord shards; keras: the PyDataset over the JPEGs, `steps` long)."""
+    """What a Keras runner's fit trains on and its record: one random global batch, repeated, or
+    the `loader`'s global batches (framework: tf.data; keras: the PyDataset, `steps` long)."""
     batch = spec.global_batch_size
     if spec.data == "synthetic":
         return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
@@ -152,9 +148,8 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
 
 
 class FitClock(keras.callbacks.Callback):
-    """Drives the timed window of a model.fit call (runners.common.TimedWindow), one call of
-    `per_call` steps per batch end. Reading the loss as a Python float waits for the step to
-    finish on the device, so each clock reading follows a synchronised step."""
+    """Drives the timed window of a model.fit call, one call of `per_call` steps per batch end;
+    reading the loss as a float waits for the step to finish on the device."""
 
     def __init__(self, warmup: int, measure: int, per_call: int = 1) -> None:
         super().__init__()
@@ -189,9 +184,8 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
 # ---- mode converge (runners/converge.py): what tf_mirrored and tf_native share -------------
 
 class RecipeSGD(keras.optimizers.SGD):
-    """Keras 3 SGD with momentum (m = momentum x m - lr x g; w += m) and the recipe's
-    weight_decay as an L2 term added to each gradient (torch's meaning; Keras' own is
-    decoupled), in update_step: after the all-reduce, on each replica's copy."""
+    """Keras 3 SGD with momentum and the recipe's weight_decay as an L2 term added to each
+    gradient (torch's meaning; Keras' own is decoupled), after the all-reduce."""
 
     def __init__(self, l2: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -238,9 +232,8 @@ def nchw(x: np.ndarray, data_format: str) -> np.ndarray:
 
 
 def epoch_dataset(batches: Sequence[Any], data_format: str) -> tf.data.Dataset:
-    """One epoch's global batches (runners.converge.Batch, in order) as a tf.data dataset
-    (from_generator), each split by a strategy's distributed iterator (auto-shard OFF); a
-    short kept last batch stays short."""
+    """One epoch's global batches (runners.converge.Batch, in order) as a tf.data dataset, each
+    split by a strategy's distributed iterator (auto-shard OFF); a short last batch stays short."""
     shape = nchw(batches[0].x[:0], data_format).shape[1:] if batches else (None,) * 3
 
     def generate() -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -396,8 +389,7 @@ def weights_digest(model: keras.Model) -> str:
 def empty_replica_failure(exc: Exception, batches: Sequence[Any], replicas: int
                           ) -> Exception | None:
     """Invalid, saying why, when a step failed on an epoch where a replica got no rows (a short
-    kept last batch of fewer rows than replicas; oneDNN's CPU Conv2D then fails, without
-    oneDNN the replica's BatchNorm statistics become NaN: seed 002's trap); else None."""
+    kept last batch of fewer rows than replicas: seed 002's trap); else None."""
     from runners.common import Invalid, one_line
 
     short = [b.global_rows for b in batches if b.global_rows < replicas]

@@ -262,9 +262,8 @@ XLA_CPU_COLLECTIVES = "Collectives are not yet implemented for CPU devices when 
 
 
 def xla_collectives_unavailable(exc: BaseException) -> Unavailable | None:
-    """Unavailable with TF's words when XLA could not compile the step's cross-worker
-    all-reduce on CPU (TF 2.21: "Collectives are not yet implemented for CPU devices when
-    compiling with XLA"); None for any other error."""
+    """Unavailable with TF's words when XLA could not compile the step's cross-worker all-reduce
+    on CPU; None for any other error."""
     said = next((line.strip() for line in str(exc).splitlines()
                  if XLA_CPU_COLLECTIVES in line), None)
     if said is None:

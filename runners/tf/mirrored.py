@@ -92,9 +92,8 @@ class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
                                        MultiWorker | None]:
-    """MirroredStrategy over the run's devices, with the configured all-reduce; on several
-    nodes, MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster, with the
-    collective implementation the option names (auto or nccl), and what the record needs."""
+    """MirroredStrategy over the run's devices with the configured all-reduce; on several nodes
+    MultiWorkerMirroredStrategy (collective auto or nccl), with what the record needs."""
     choice = spec.options["cross_device_ops"]
     if choice == "nccl" and spec.device == "cpu":
         raise Unavailable("cross_device_ops nccl: NCCL all-reduces between GPUs; this run is on "
@@ -159,9 +158,8 @@ TOKENS_REAL = ("data real: the prepared datasets are images; a token model train
 
 
 def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any, dict[str, Any]]:
-    """fit_input's data (synthetic images or the real-data pipeline), or for a token model one
-    synthetic global batch of token ids (synthetic_tokens) in tf.data, split by the distributed
-    iterator as the synthetic images are."""
+    """fit_input's data, or for a token model one synthetic global batch of token ids in tf.data,
+    split by the distributed iterator as the synthetic images are."""
     if model_spec.input_kind != "tokens":
         return fit_input(spec, model_spec, data_format, spec.warmup_steps + spec.measure_steps)
     if spec.data == "real":
@@ -239,8 +237,7 @@ def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dic
 
 def worker_input(strategy: Any, data: Any, multi: Any) -> tuple[Any, Any]:
     """fit's dataset, sharded across the workers of a multi-node run, and what this worker's
-    replicas get of its first global batch, by the distribution fit itself uses (Keras 3
-    passes the dataset to experimental_distribute_dataset); one machine: (data, None)."""
+    replicas get of its first global batch as fit distributes it; one machine: (data, None)."""
     if multi is None:
         return data, None
     data = shard_across_workers(data)
@@ -315,9 +312,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
 
 class StepLearningRate(keras.callbacks.Callback):
-    """Sets the optimizer's learning rate to the recipe's `lr_at(step)` before every step of
-    fit's epoch (Keras 3: model.optimizer.learning_rate, assigned in on_train_batch_begin; its
-    variable is mirrored, so every replica's copy takes it)."""
+    """Sets model.optimizer.learning_rate to the recipe's `lr_at(step)` before every step of fit's
+    epoch (a mirrored variable: every replica's copy takes it)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -351,9 +347,8 @@ class MirroredConverge(StrategyConverge):
 
 
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py): MirroredConverge on the benchmark's strategy, model
-    and compile with the recipe's optimizer, the initial weights seeded by
-    keras.utils.set_random_seed(recipe.seed)."""
+    """Mode converge: MirroredConverge on the benchmark's strategy, model and compile with the
+    recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed)."""
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
     model_spec = spec_of(spec)

@@ -98,9 +98,8 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
                                        MultiWorker | None]:
-    """MirroredStrategy over the run's devices (its default all-reduce for those devices); on
-    several nodes, MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster (its
-    default collective implementation), with what the record needs of it."""
+    """MirroredStrategy over the run's devices (its default all-reduce); on several nodes
+    MultiWorkerMirroredStrategy (its default collective), with what the record needs of it."""
     if spec.num_nodes > 1:
         multi = multi_worker_strategy(spec)
         return multi.strategy, multi.devices, multi
@@ -110,9 +109,8 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
 
 def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelSpec,
                 data_format: str) -> tuple[Iterator[tuple[Any, Any]], dict[str, Any]]:
-    """Each step's (PerReplica x, PerReplica y), and what the record says about the data:
-    synthetic slices made once on each device, or tf.data's global batches split and
-    prefetched to the replicas' devices by experimental_distribute_dataset."""
+    """Each step's (PerReplica x, PerReplica y) and the data's record: synthetic slices made once
+    on each device, or tf.data's global batches split by experimental_distribute_dataset."""
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     if spec.data == "synthetic":
         xy = device_batches(strategy, tfc.input_shape(model_spec, data_format),
@@ -141,9 +139,8 @@ BATCHNORM_KERNEL = {True: "none in this model", False: "Keras 3 BatchNormalizati
 
 
 class NativeModel:
-    """The run's model and optimizer made under its strategy (variables mirrored), as the
-    benchmark and converge both build it: the dtype policy, fused_batchnorm, loss scaling at
-    fp16; and the record fields they share."""
+    """The run's model and optimizer made under its strategy, as benchmark and converge build it
+    (dtype policy, fused_batchnorm, loss scaling at fp16), and the record fields they share."""
 
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy,
                  devices: list[dict[str, Any]],
@@ -239,9 +236,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """The timed path (strategy, fused_batchnorm, per-replica slices made on each device, the
-    same tf.function step, xla honoured) on the probe model for one plain SGD step on the
-    given weights and batch; weights saved, placement read back."""
+    """One plain SGD step on the probe model through the timed path (strategy, fused_batchnorm,
+    per-device slices, the same tf.function step, xla); weights saved, placement read back."""
     opts = spec.options
     strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
@@ -301,9 +297,8 @@ class NativeConverge(tfc.StrategyConverge):
 
 
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py): NativeConverge on the benchmark's model, strategy
-    and step (fused_batchnorm and xla honoured) with the recipe's optimizer, the initial
-    weights seeded by keras.utils.set_random_seed(recipe.seed)."""
+    """Mode converge: NativeConverge on the benchmark's model, strategy and step with the
+    recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed)."""
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
     tfc.check_converge_model(spec, get_spec(spec.model), splits)

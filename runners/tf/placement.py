@@ -36,9 +36,8 @@ def device_key(name: str) -> str:
 
 
 def partition_graphs(run_metadata: Any) -> list[Any]:
-    """Every per-device partition graph in a RunMetadata (graph mode and tf.functions), once:
-    eager run metadata lists a function's partitions both on their own and under the
-    function, so a graph with the same nodes (name, op, device, inputs) is kept once."""
+    """Every per-device partition graph in a RunMetadata, once (eager run metadata lists a
+    function's partitions twice: a graph with the same nodes is kept once)."""
     graphs, seen = [], set()
     candidates = list(run_metadata.partition_graphs)
     for fg in run_metadata.function_graphs:
@@ -65,9 +64,8 @@ _TRACER_STREAM = re.compile(r"/(stream:[^/]*|memcpy)/?$")
 
 
 def _executor_device(name: str) -> str | None:
-    """The device of a step-stats entry the executor wrote, None for the GPU tracer's own
-    per-stream and memcpy entries ("/device:GPU:0/stream:7", ".../memcpy"), which list the
-    same kernels again."""
+    """The device of a step-stats entry the executor wrote; None for the GPU tracer's per-stream
+    and memcpy entries, which list the same kernels again."""
     name = name.split(" ")[0]
     return None if _TRACER_STREAM.search(name) else device_key(name)
 
@@ -150,9 +148,8 @@ def eager_placement() -> Iterator[EagerPlacement]:
 
 
 def graph_run_options(full_trace: bool = False) -> tuple[Any, Any]:
-    """RunOptions and a RunMetadata for one `session.run` (or Keras 2's compile(options=,
-    run_metadata=)) that report the partition graphs TF ran (and, with full_trace, each
-    executed node)."""
+    """RunOptions and a RunMetadata for one `session.run` (or Keras 2's compile) that report the
+    partition graphs TF ran (and, with full_trace, each executed node)."""
     options = tf.compat.v1.RunOptions(
         output_partition_graphs=True,
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE if full_trace
@@ -173,9 +170,8 @@ def graph_placement(run_metadata: Any) -> dict[str, Any]:
 
 
 def collective_ops(run_metadata: Any) -> dict[str, Any]:
-    """The collective ops in the partition graphs TF ran (a multi-worker step's all-reduce):
-    how many of each op type, and the communication_hint attributes they carry (the
-    implementation each asks the collective executor for: auto, ring, nccl)."""
+    """The collective ops in the partition graphs TF ran: how many of each op type, and their
+    communication_hint attributes (auto, ring, nccl)."""
     ops: Counter[str] = Counter()
     hints: set[str] = set()
     for graph in partition_graphs(run_metadata) if run_metadata is not None else []:

@@ -33,9 +33,8 @@ def device_batches(strategy: tf.distribute.Strategy, shape: tuple[int, ...], cla
 def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
                     optimizer: keras.optimizers.Optimizer, global_batch: int | None,
                     xla: bool = False) -> Callable[..., tf.Tensor]:
-    """A tf.function running one synchronous step on every replica; returns the global loss.
-    `global_batch` None: the step takes the global batch's rows as a third argument (an int32
-    tensor: mode converge's short kept last batch divides by its own rows)."""
+    """A tf.function running one synchronous step on every replica, returning the global loss;
+    `global_batch` None: the step takes the batch's rows as a third (int32 tensor) argument."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def replica_step(x: tf.Tensor, y: tf.Tensor, rows: Any) -> tf.Tensor:

@@ -94,9 +94,8 @@ def gradient_packer(graph: Any) -> dict[str, int] | None:
 
 
 class VariableSetter:
-    """Device function: variables on the least loaded of ps_devices, other ops on worker.
-    tensorpack 0.11's LeastLoadedDeviceSetter places only VariableV2 ops (TF1's variables);
-    TF2's resource variables (VarHandleOp) would all stay on tower 0's device."""
+    """Device function: variables on the least loaded of ps_devices, other ops on worker; places
+    TF2's resource variables, which tensorpack 0.11's setter leaves on tower 0."""
 
     def __init__(self, worker: str, ps_devices: list[str], sizes: list[int]) -> None:
         self.worker, self.ps_devices, self.sizes = worker, ps_devices, sizes
@@ -112,9 +111,8 @@ class VariableSetter:
 
 
 def parameter_server_builder(n: int, ps_device: str) -> Any:
-    """tensorpack's parameter-server builder for n towers, with the variables where tensorpack
-    0.11 put them on TF 1.x: on /cpu:0 (ps_device cpu, its replica_device_setter) or spread
-    over the tower devices (ps_device gpu, its LeastLoadedDeviceSetter)."""
+    """tensorpack's parameter-server builder for n towers, variables where 0.11 put them on TF 1.x:
+    on /cpu:0 (ps_device cpu) or spread over the tower devices (ps_device gpu)."""
     from tensorpack.graph_builder.training import (
         DataParallelBuilder,
         SyncMultiGPUParameterServerBuilder,
@@ -159,9 +157,8 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
 
 
 def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:
-    """The trainer's InputSource and its name: QueueInput over a DataFlow of the per-tower
-    batches, or TFDatasetInput over runners/tf/data.py's pipeline (real data), wrapped in
-    StagingInput for `input: staging`. Call inside the training graph."""
+    """The trainer's InputSource and its name: QueueInput over the per-tower batches, or
+    TFDatasetInput (real data), in StagingInput for `input: staging`. Call inside the graph."""
     from tensorpack.dataflow import DataFromList
     from tensorpack.input_source import QueueInput, StagingInput, TFDatasetInput
 
@@ -179,9 +176,8 @@ def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any
 
 
 class Towers:
-    """The tower function tensorpack calls once per tower: the tfv1 model on the tower's
-    batch (BatchNorm statistics updated in the main tower only, tensorpack's convention), its
-    mean cross-entropy; keeps each tower's loss and labels."""
+    """The tower function tensorpack calls per tower: the tfv1 model on the tower's batch (BatchNorm
+    statistics updated in the main tower only), its mean cross-entropy; keeps losses and labels."""
 
     def __init__(self, model: str, per_tower: int) -> None:
         self.model_spec: ModelSpec = get_spec(model)
@@ -206,8 +202,7 @@ class Towers:
 
 
 class Clock:
-    """Drives the timed window (runners.common.TimedWindow) after each step's session.run
-    (train op and the towers' mean loss) has returned; the first step also fetches the
+    """Drives the timed window after each step's session.run; the first step also fetches the
     towers' labels and the partition graphs; after training, the global step and read_vars."""
 
     def __init__(self, steps: tuple[int, int], device: str, towers: Towers,
@@ -292,9 +287,8 @@ def relocating_session_creator(names: list[str], config: Any) -> Any:
 def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optimizer: Any,
           steps: tuple[int, int], initial: dict[str, np.ndarray] | None = None,
           read_vars: list[str] | None = None) -> dict[str, Any]:
-    """Build the towers and train for warm-up + measured steps; the clock and what it saw.
-    The first step (a warm-up step when there is one) asks TF for its partition graphs: the
-    run's placement."""
+    """Build the towers and train for warm-up + measured steps: the clock and what it saw. The
+    first step asks TF for its partition graphs (the placement)."""
     from tensorpack.tfutils.sessinit import DictRestore, JustCurrentSession
 
     names, devices, config = setup_devices(spec)
@@ -420,9 +414,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model: the global batch in N per-tower slices (tower
-    batches come from the queue in order; the averaged gradient does not depend on which tower
-    took which slice), initial weights restored by name, weights saved after the step."""
+    """One plain SGD step on the probe model: the global batch in N per-tower slices from the
+    queue, initial weights restored by name, weights saved after the step."""
     weights, x, y, lr = spec.equivalence_inputs()
     n = spec.num_devices
     per = _check_batch(spec)

@@ -34,8 +34,7 @@ DATA_FORMAT = "channels_last"
 
 def sparse_categorical_crossentropy(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
     """Keras 2.0-2.2's loss: the softmax output clipped to [1e-7, 1 - 1e-7], its log taken as
-    logits (tf_keras 2.21 reads the logits behind a Softmax op, which a merged tower output
-    is not)."""
+    logits (a merged tower output has no Softmax op for tf_keras to read the logits behind)."""
     eps = tf.constant(1e-7, y_pred.dtype)
     log_p = tf.math.log(tf.clip_by_value(y_pred, eps, 1 - eps))
     labels = tf.cast(tf.reshape(y_true, [-1]), tf.int64)
@@ -121,9 +120,8 @@ class Stager:
 
 @dataclass
 class Recipe:
-    """How a strategy builds its parallel model from the template: the tower devices, where
-    each tower's rows are cut (None: in the tower's own scope; "input": on the template's
-    input device, Keras 2.2), where outputs merge, and who takes the remainder rows."""
+    """How a strategy builds its parallel model: the tower devices, where each tower's rows are
+    cut, where outputs merge, and who takes the remainder rows."""
 
     devices: list[str]
     merge_device: str
@@ -264,9 +262,8 @@ def optimizer(spec: Spec, cls: type[Keras2SGD] = Keras2SGD, **kwargs: Any) -> Ke
 
 
 def template_device(value: str, devices: list[str]) -> str | None:
-    """Where a template is built (its variables live): "default" no device scope (TF's
-    default placement: the first GPU, or /cpu:0 without GPUs), "cpu" /cpu:0, "gpu" the first
-    tower device."""
+    """Where a template is built: "default" no device scope, "cpu" /cpu:0, "gpu" the first tower
+    device."""
     if value == "default":
         return None
     return "/cpu:0" if value == "cpu" else devices[0]
@@ -284,9 +281,8 @@ def departures(spec: Spec) -> list[str]:
 
 def plain_baseline(spec: Spec, devices: list[str], input_mode: str, original: str
                    ) -> tuple[Built, dict[str, Any]] | None:
-    """At one device, the plain model compiled on it and its fields, for an original that
-    refuses or bypasses one device; None when the wrapper is to be measured
-    (wrap_single_device) or there are several devices."""
+    """At one device, the plain model compiled on it and its fields (an original that refuses or
+    bypasses one device); None with wrap_single_device or several devices."""
     if len(devices) > 1 or spec.options["wrap_single_device"]:
         return None
     template = build_template(spec.model, devices[0])

@@ -46,9 +46,8 @@ Make = Callable[[Spec, list[str], str], tuple[Built, dict[str, Any]]]
 
 
 class Clock(tf_keras.callbacks.Callback):
-    """Drives the timed window (runners.common.TimedWindow): fit's session.run returns the
-    fetched loss, so each batch end follows a finished step. Counts train batches across fit's
-    epochs."""
+    """Drives the timed window at fit's batch ends (session.run returned the loss: the step has
+    finished); counts train batches across fit's epochs."""
 
     def __init__(self, warmup: int, measure: int) -> None:
         super().__init__()
@@ -111,9 +110,8 @@ def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str],
 
 def traced_placement(built: Built, devices: list[str], gradient_copies: int = 1
                      ) -> dict[str, Any]:
-    """The placement of the traced step that just ran (compute ops per device in its partition
-    graphs) and each device's executed convolutions; the step's callable then rebuilt without
-    tracing for the steps after. Invalid if a tower device did no compute."""
+    """The traced step's placement and each device's executed convolutions; the step's callable
+    then rebuilt without tracing. Invalid if a tower device did no compute."""
     placement = compute_ops_by_device(built.run_metadata)
     fn = built.model.train_function
     fn.run_options, fn.run_metadata = None, None
@@ -231,17 +229,15 @@ def equivalence(spec: Spec, make: Make) -> dict[str, Any]:
 
 
 def converge_loss(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
-    """The 2017 loss on the labels of the rows the towers trained on: a tower model that drops
-    the remainder of a short batch (kuza55's get_slice) outputs fewer rows than it was fed;
-    the lost rows' labels are left out, as their images were. No-op when the rows match."""
+    """The 2017 loss on the labels of the rows the towers trained on (kuza55's get_slice drops a
+    short batch's remainder: those labels are left out too)."""
     rows = tf.shape(y_pred)[0]
     return sparse_categorical_crossentropy(tf.reshape(y_true, [-1])[:rows], y_pred)
 
 
 class StepLR(tf_keras.callbacks.Callback):
-    """Seed 004's LearningRateScheduler made per step: before train batch `batch` of the
-    epoch, K.set_value(optimizer.lr, lr_at(batch)); keeps each batch's loss (fit's batch
-    logs) and runs `after_first` once, after the first batch (the traced step)."""
+    """Seed 004's LearningRateScheduler made per step: lr_at(batch) set before each train batch;
+    keeps each batch's loss and runs `after_first` once, after the traced first batch."""
 
     def __init__(self, lr_at: Callable[[int], float],
                  after_first: Callable[[], None] | None = None) -> None:
@@ -321,9 +317,8 @@ class TowerConverge:
 
 
 def converge(spec: Spec, make: Make) -> dict[str, Any]:
-    """Mode converge (runners/converge.py) as seed 004 trained: TowerConverge on make's model,
-    compiled with converge_loss, SGD with the recipe's momentum, initial weights seeded by
-    tf_keras.utils.set_random_seed(recipe.seed) before the model is built."""
+    """Mode converge as seed 004 trained: TowerConverge on make's model with converge_loss and the
+    recipe's SGD, initial weights seeded by tf_keras.utils.set_random_seed(recipe.seed)."""
     from runners.converge import Recipe, load_splits, train_to_accuracy
 
     names, devices, xla = setup(spec)
