@@ -135,15 +135,21 @@ def left_to_script(flags: list[str]) -> dict[str, str]:
     return {k: v for k, v in SCRIPT_DEFAULTS.items() if k not in passed}
 
 
-def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """From the script's Chrome trace (pure): the nodes executed on each device and how many of
-    each op type, from the "X" events of each "<device> Compute" process."""
+def compute_processes(trace: Mapping[str, Any]) -> dict[int, str]:
+    """{pid: device} of the trace's "<device> Compute" processes (its metadata events)."""
     devices: dict[int, str] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "M" and ev.get("name") == "process_name":
             name = str((ev.get("args") or {}).get("name", ""))
             if name.endswith(" Compute"):
                 devices[ev["pid"]] = name[: -len(" Compute")]
+    return devices
+
+
+def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """From the script's Chrome trace (pure): the nodes executed on each device and how many of
+    each op type, from the "X" events of each "<device> Compute" process."""
+    devices = compute_processes(trace)
     by_device: dict[str, int] = {}
     by_type: dict[str, int] = {}
     for ev in trace.get("traceEvents", []):
@@ -162,9 +168,7 @@ def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str,
 def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
     """Seconds per op type summed over the traced step's executed nodes (all devices; the
     FULL_TRACE step runs slower than an untraced one, so read shares, not totals)."""
-    compute = {ev["pid"] for ev in trace.get("traceEvents", [])
-               if ev.get("ph") == "M" and ev.get("name") == "process_name"
-               and str((ev.get("args") or {}).get("name", "")).endswith(" Compute")}
+    compute = compute_processes(trace)
     seconds: dict[str, float] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "X" and ev.get("pid") in compute:

@@ -78,11 +78,7 @@ def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
     """A dataset of one given global batch (repeated, or once), which a strategy's distributed
     iterator splits into per-replica slices instead of sharding the dataset."""
     ds = tf.data.Dataset.from_tensors(batch)
-    ds = ds.repeat() if repeat else ds
-    options = tf.data.Options()
-    # each element is already one global batch: split it, do not shard the dataset by file
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
+    return tf_data.auto_shard(ds.repeat() if repeat else ds)
 
 
 # the shuffle seed every worker of a multi-node run shares (worker_seed)
@@ -105,9 +101,7 @@ SHARDING_NOTE = (
 def shard_across_workers(ds: tf.data.Dataset) -> tf.data.Dataset:
     """A dataset of global batches for a multi-worker strategy: auto-shard policy DATA, each
     worker keeping its replicas' slices of every global batch (SHARDING_NOTE)."""
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.with_options(options)
+    return tf_data.auto_shard(ds, tf.data.experimental.AutoShardPolicy.DATA)
 
 
 def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[str, Any]:
@@ -240,11 +234,8 @@ def epoch_dataset(batches: Sequence[Any], data_format: str) -> tf.data.Dataset:
         for b in batches:
             yield nchw(b.x, data_format), b.y
 
-    ds = tf.data.Dataset.from_generator(generate, output_signature=(
-        tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None,), tf.int32)))
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
+    return tf_data.auto_shard(tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None,), tf.int32))))
 
 
 def moving_stat_copies(strategy: tf.distribute.Strategy, model: keras.Model

@@ -117,10 +117,15 @@ def make_dataset(data: RealData, size: int, batch: int, *, channels_first: bool 
         ds = ds.batch(batch, drop_remainder=True)
     if channels_first:
         ds = ds.map(lambda x, y: (tf.transpose(x, (0, 3, 1, 2)), y))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
+    return auto_shard(ds.prefetch(tf.data.AUTOTUNE))
+
+
+def auto_shard(ds: tf.data.Dataset, policy: Any = tf.data.experimental.AutoShardPolicy.OFF
+               ) -> tf.data.Dataset:
+    """`ds` with a strategy's auto-shard policy; OFF: each element is one global batch, which
+    the strategy splits over its replicas instead of sharding the files."""
     options = tf.data.Options()
-    # each element is one global batch: a strategy splits it, it must not shard the files
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    options.experimental_distribute.auto_shard_policy = policy
     return ds.with_options(options)
 
 

@@ -31,14 +31,6 @@ RUN_FIELDS = ("trainer", "allreduce_asked", "allreduce", "gradient_packer", "ps_
               "gradients", "placement", "placement_source")
 
 
-def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]], Any]:
-    """Tower device names, their descriptions, and the session config that makes them exist
-    (tf_devices.session_config). Call before anything else touches TF's devices."""
-    config = tf_devices.session_config(spec)
-    names, devices = tf_devices.setup_devices(spec)
-    return names, devices, config
-
-
 def framework_versions() -> dict[str, str]:
     import tensorpack
     import tf_keras
@@ -291,7 +283,8 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
     first step asks TF for its partition graphs (the placement)."""
     from tensorpack.tfutils.sessinit import DictRestore, JustCurrentSession
 
-    names, devices, config = setup_devices(spec)
+    config = tf_devices.session_config(spec)  # before anything else touches TF's devices
+    names, devices = tf_devices.setup_devices(spec)
     tfv1.disable_eager_execution()
     towers = Towers(model, spec.batch_size_per_device)
     trainer, trainer_info = make_trainer(spec, len(names))
