@@ -20,8 +20,7 @@ KVSTORE = "device"  # mxnet_native's default kvstore
 
 
 def replica_arrays(ctxs: list[mx.Context], elements: int, fill: bool) -> list[Any]:
-    """One float32 vector of `elements` per context: context i's filled with i + 1 (inputs),
-    or zeros (outputs)."""
+    """One float32 vector per context: context i's filled with i + 1 (inputs), or zeros."""
     return [mx.nd.full((elements,), float(i + 1) if fill else 0.0, ctx=ctx, dtype="float32")
             for i, ctx in enumerate(ctxs)]
 

@@ -89,8 +89,7 @@ def stream(it: mx.io.DataIter) -> Iterator[mx.io.DataBatch]:
 
 def numpy_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[np.ndarray,
                                                                         np.ndarray]]:
-    """Each batch as host numpy: x float32 NCHW, y int32 (copies, so the iterator may reuse
-    its buffers)."""
+    """Each batch as host numpy copies: x float32 NCHW, y int32."""
     for batch in batches:
         yield batch.data[0].asnumpy(), batch.label[0].asnumpy().astype(np.int32)
 

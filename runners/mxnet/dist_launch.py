@@ -65,8 +65,7 @@ def _death_signal() -> Any:
 
 
 def resolved(name: str) -> str:
-    """A host name as its IPv4 address (ZeroMQ binds no host names); the name itself when it
-    does not resolve."""
+    """A host name as its IPv4 address (ZeroMQ binds no host names), else the name."""
     try:
         return socket.gethostbyname(name)
     except OSError:
@@ -176,8 +175,7 @@ class PsLite:
         self._closing = threading.Event()
 
     def start(self) -> None:
-        """Start the scheduler (node rank 0) and this node's server, set this process's DMLC
-        settings as the worker's, and watch the roles."""
+        """Start this node's roles, set this process's DMLC settings, watch the roles."""
         if self.place.rank == 0:
             self._start_role("scheduler")
         self._start_role("server")
@@ -192,8 +190,7 @@ class PsLite:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
-        """A role that exits before close() would leave the workers waiting forever: kill the
-        other roles and end this process (srun --kill-on-bad-exit ends the other nodes)."""
+        """Kill the other roles and end this worker when a role exits before close()."""
         while not self._closing.wait(1.0):
             gone = [r for r in self.roles if r.proc.poll() is not None]
             if gone and not self._closing.is_set():
@@ -227,8 +224,7 @@ class PsLite:
             f"{item.record()['address']})")
 
     def kvstore(self, kind: str) -> Any:
-        """Start the roles, then this worker's kvstore of type `kind` (dist_sync...), which
-        returns once the scheduler has registered every node."""
+        """Start the roles, then this worker's kvstore of type `kind` (all nodes registered)."""
         import mxnet as mx
 
         self.start()
@@ -327,8 +323,7 @@ class PsLite:
                 f"{role.ended}, exit status {role.proc.returncode}")
 
     def finish_record(self, multi_node: dict[str, Any]) -> None:
-        """Complete a multi_node record after close() with how this node's roles ended (the
-        scheduler's log and exit status, this node's server's exit status)."""
+        """Add how this node's roles ended to a multi_node record, after close()."""
         here = node_identity()["node"]
         for role in self.roles:
             rec = {"node": here, **role.record()}
@@ -340,8 +335,7 @@ class PsLite:
                     server.update(rec)
 
     def worker_record(self) -> dict[str, Any]:
-        """This worker as gathered into the record: where it runs, its kvstore's view, its
-        DMLC settings and the roles it started."""
+        """This worker's identity, kvstore view, DMLC settings and roles, for the gather."""
         return {**node_identity(), "kv_rank": self.kv.rank, "process_rank": self.place.rank,
                 "kv_num_workers": self.kv.num_workers, "kv_type": self.kv.type,
                 "dmlc": {k: os.environ[k] for k in DMLC_VARS if k in os.environ},
@@ -373,8 +367,7 @@ def session(num_nodes: int) -> Iterator[PsLite]:
 # -- the worker's side of a run (runners/mxnet/native.py) ---------------------------------
 
 def kvstore_type(spec: Spec) -> str:
-    """A multi-node run's kvstore: dist_sync_device for kvstore device on GPUs, dist_sync
-    otherwise; MXNet 1.9 has no NCCL kvstore across machines."""
+    """dist_sync_device for kvstore device on GPUs, else dist_sync (no NCCL across nodes)."""
     kvstore = spec.options["kvstore"]
     if kvstore == "nccl":
         raise Unavailable("kvstore nccl: MXNet 1.9's NCCL kvstore is single-machine; across "
@@ -383,8 +376,7 @@ def kvstore_type(spec: Spec) -> str:
 
 
 def across_nodes(spec: Spec, run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """run(spec) on one node; on several, run(spec, ps) within this node's ps-lite roles
-    (session), then how the roles ended added to `multi_node`."""
+    """run(spec) on one node; on several run(spec, ps) in this node's ps-lite session."""
     if spec.num_nodes == 1:
         return run(spec)
     with session(spec.num_nodes) as ps:

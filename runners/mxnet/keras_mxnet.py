@@ -65,8 +65,7 @@ def keras_batches(batches: Iterator[tuple[np.ndarray, np.ndarray]], labels: list
 
 def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: int,
               labels: list[int]) -> tuple[Any, dict[str, Any], str]:
-    """What fit_generator reads for a real-data run: (generator or Sequence, its worker
-    arguments, the record's input_pipeline line)."""
+    """fit_generator's real-data source, its worker arguments, the input_pipeline line."""
     if spec.options["loader"] == "keras":
         from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
 

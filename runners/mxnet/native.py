@@ -85,8 +85,7 @@ def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype:
 
 
 def hybridize_as_configured(net: gluon.HybridBlock, spec: Spec) -> bool:
-    """Option hybridize: a static graph with static memory and shapes (as MXNet's docs advise
-    for speed), or the imperative Gluon net."""
+    """Option hybridize: a static graph (static memory and shapes), or the imperative net."""
     hybridize = bool(spec.options["hybridize"])
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
@@ -124,8 +123,7 @@ def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Los
 
 @dataclass
 class GluonRun:
-    """What the benchmark and converge build alike: the contexts, the dtype, the model, and
-    once built the net and its Trainer."""
+    """What benchmark and converge build alike: contexts, dtype, model, net and Trainer."""
 
     spec: Spec
     ctxs: list[mx.Context]
@@ -226,8 +224,7 @@ class BenchmarkInput:
 
 
 def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
-    """The benchmark; `ps`: this node's ps-lite roles on a multi-node run (this process is one
-    of its workers, driving spec.devices_per_node contexts)."""
+    """The benchmark; `ps`: this node's ps-lite roles on a multi-node run."""
     run = GluonRun.open(spec)
     global_batch = spec.global_batch_size
     # a real-data run opens its dataset first: a bad folder is unavailable before the net
@@ -421,8 +418,7 @@ def check_splits(splits: Splits, model_spec: Any, recipe: Recipe, n: int) -> Non
 
 
 def read_moving_stats(net: gluon.Block) -> tuple[bool, str]:
-    """Whether every context's copy of every BatchNorm moving mean and variance is finite, and
-    the first that is not."""
+    """(all finite, the first that is not) of every context's BatchNorm moving statistics."""
     for name, param in net.collect_params().items():
         if not name.endswith(("running_mean", "running_var")):
             continue

@@ -75,8 +75,7 @@ def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
 
 
 def all_gather_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function gathering a PerReplica value over the replicas along axis 0: the replica
-    context's all_gather inside strategy.run."""
+    """A tf.function: the replica context's all_gather (axis 0) inside strategy.run."""
 
     def replica(x: tf.Tensor) -> tf.Tensor:
         return tf.distribute.get_replica_context().all_gather(x, axis=0)

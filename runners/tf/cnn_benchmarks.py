@@ -335,8 +335,7 @@ def script_memory(spec: Spec, n: int) -> dict[str, Any]:
 
 def run_traced(spec: Spec, script: Path) -> tuple[list[str], int, list[str], dict[str, float],
                                                  list[float], Any]:
-    """Run the script with the run's flags and a --trace_file: (the flags, its exit code, its
-    lines, its marker times, its step lines' times, the trace or None)."""
+    """Run the script with a --trace_file: flags, exit code, lines, marks, step times, trace."""
     with tempfile.TemporaryDirectory(prefix="tf_cnn_trace_") as tmp:
         trace_path = Path(tmp) / "trace.json"
         flags = build_flags(spec, spec.options, trace_file=str(trace_path))

@@ -61,8 +61,7 @@ def synthetic_batch(shape: tuple[int, ...], classes: int, batch: int) -> tuple[t
 
 
 def synthetic_tokens(seq_len: int, vocab: int, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """One random batch of token ids, the same in every run: ids (batch, seq_len + 1) in
-    [0, vocab), int32 inputs ids[:, :-1] and next-token targets ids[:, 1:]."""
+    """One random batch of int32 token ids, the same in every run: (inputs, next tokens)."""
     ids = tf.random.stateless_uniform((batch, seq_len + 1), seed=(5, 6), maxval=vocab,
                                       dtype=tf.int32)
     return ids[:, :-1], ids[:, 1:]
@@ -252,8 +251,7 @@ def moving_stat_copies(strategy: tf.distribute.Strategy, model: keras.Model
 
 
 def moving_stats(strategy: tf.distribute.Strategy, model: keras.Model) -> tuple[bool, str]:
-    """(all finite, detail) over every device's copy of every BatchNorm moving statistic
-    (moving_stat_copies), naming the first that is not finite."""
+    """(all finite, the first that is not) of moving_stat_copies."""
     copies = moving_stat_copies(strategy, model)
     for path, device, values in copies:
         bad = int(values.size - np.isfinite(values).sum())
@@ -368,8 +366,7 @@ class StrategyConverge:
 
 
 def weights_digest(model: keras.Model) -> str:
-    """sha256 of the model's weights (canonical names, in order), to show that two runs start
-    alike."""
+    """sha256 of the model's canonical weights, in order: two runs start alike."""
     digest = hashlib.sha256()
     for name, value in sorted(get_canonical_weights(model).items()):
         digest.update(name.encode())

@@ -23,8 +23,7 @@ DCT_METHOD = "INTEGER_ACCURATE"
 
 
 def open_real(spec: Spec, model_spec: Any) -> RealData:
-    """The run's prepared dataset, checked against the model; Unavailable for any data other
-    than synthetic and real."""
+    """The run's prepared dataset checked against the model; Unavailable for other data."""
     if spec.data != "real":
         raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
     data = open_dataset(spec)
@@ -143,6 +142,5 @@ def describe_pipeline(data: RealData, batch: int, channels_first: bool = False) 
 
 
 def first_labels(ds: Any) -> list[int]:
-    """The labels of the first batch of a fresh iterator over ds (a probe outside any timed
-    window: which labels the model is fed)."""
+    """The labels of the first batch of a fresh iterator over ds."""
     return [int(v) for v in np.asarray(next(iter(ds))[1])]

@@ -129,8 +129,7 @@ def distinct_ports(cluster: dict[str, list[str]], port_base: int
 
 @dataclass
 class MultiWorker:
-    """A multi-node run's strategy, its resolver and local devices; record() gathers what
-    the result says of every worker."""
+    """A multi-node run's strategy, resolver and local devices."""
 
     strategy: tf.distribute.MultiWorkerMirroredStrategy
     resolver: SlurmResolver
@@ -176,8 +175,7 @@ class MultiWorker:
 
     def multi_node(self, cluster: dict[str, list[str]], collectives: dict[str, Any],
                    adjustments: dict[str, str] | None) -> dict[str, Any]:
-        """The record's `multi_node`: the mechanism, the cluster as resolved and as used, and
-        what the strategy says of itself."""
+        """The record's `multi_node`: mechanism, cluster resolved and used, the strategy."""
         s, r = self.strategy, self.resolver
         ext = s.extended
         impl = ext._communication_options.implementation

@@ -56,8 +56,7 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
 
 
 def check_saveable(template: Any) -> bool:
-    """Save the template to HDF5, load it back, and check every weight matches; Invalid if
-    not."""
+    """Save the template to HDF5 and load it back; Invalid unless every weight matches."""
     import tf_keras
 
     with tempfile.TemporaryDirectory() as tmp:

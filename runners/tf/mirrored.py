@@ -279,8 +279,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model, compiled and fed as the benchmark does; the
-    weights saved after it."""
+    """One plain SGD step on the probe model, compiled and fed as the benchmark; weights saved."""
     strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     model, _ = build_compiled(spec, strategy, "probe",

@@ -56,8 +56,7 @@ def op_kind(op_type: str) -> str | None:
 
 
 def count_kinds(op_counts: Mapping[str, int] | Iterable[str]) -> dict[str, int]:
-    """Op kinds counted from {op type: count} (or op types, one per op); unclassified ops are
-    left out."""
+    """Op kinds counted from {op type: count} (or op types); unclassified ops left out."""
     items = op_counts.items() if isinstance(op_counts, Mapping) else ((t, 1) for t in op_counts)
     kinds: Counter[str] = Counter()
     for op_type, n in items:

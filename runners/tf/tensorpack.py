@@ -264,8 +264,7 @@ def clock_callback(clock: Clock) -> Any:
 
 
 def relocating_session_creator(names: list[str], config: Any) -> Any:
-    """tensorpack's session creator, after moving its "/gpu:k" ops to the run's devices
-    (the graph is complete then: towers, all-reduce, input and callbacks)."""
+    """tensorpack's session creator, moving its "/gpu:k" ops to the run's devices first."""
     from tensorpack.tfutils.sesscreate import NewSessionCreator
 
     class RelocatingSessionCreator(NewSessionCreator):

@@ -46,8 +46,7 @@ INPUTS = ("feed_dict", "staging", "tf_data")
 
 
 def setup(spec: Spec) -> tuple[list[str], list[dict[str, Any]], dict[str, Any]]:
-    """The run's device names and descriptions; a Keras session that has them (its config:
-    tf_devices.session_config), XLA off."""
+    """The run's device names and descriptions; a Keras session that has them, XLA off."""
     if spec.precision != "fp32":
         raise Invalid(f"{spec.runner} runs fp32 only, not {spec.precision}")
     names, devices = tf_devices.setup_devices(spec)

@@ -36,8 +36,7 @@ def synthetic_arrays(model_spec: ModelSpec, batch: int) -> tuple[np.ndarray, np.
 
 @dataclass
 class Source:
-    """What fit trains on: fit's data arguments for `steps` steps, and the first batch (to
-    prime a StagingArea)."""
+    """What fit trains on: fit's data arguments for `steps` steps, the first batch."""
 
     fit_args: Callable[[int, bool], dict[str, Any]]  # (steps, staged) -> fit kwargs
     first: Callable[[], tuple[np.ndarray, np.ndarray]] | None

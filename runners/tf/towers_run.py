@@ -180,8 +180,7 @@ class TowerRun:
 
 
 def benchmark(spec: Spec, make: Make) -> dict[str, Any]:
-    """make's model: one traced placement step, then warm-up and measured steps in one fit
-    call, timed at batch ends."""
+    """make's model: one traced placement step, then the timed steps in one fit call."""
     names, devices, xla = setup(spec)
     input_mode = input_option(spec)
     warmup, measure = spec.warmup_steps, spec.measure_steps
@@ -256,8 +255,7 @@ class StepLR(tf_keras.callbacks.Callback):
 
 
 def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
-    """(all finite, the first that is not) of every BatchNorm moving mean and variance of the
-    model, read from its variables (the towers share the template's)."""
+    """(all finite, the first that is not) of the template's BatchNorm moving statistics."""
     variables = [v for layer in template._flatten_layers(include_self=False)
                  for name in ("moving_mean", "moving_variance")
                  if (v := getattr(layer, name, None)) is not None]
