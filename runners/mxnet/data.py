@@ -22,8 +22,7 @@ _SIDES: dict[Path, tuple[int, int]] = {}  # the header scan, once per dataset
 
 
 def shorter_sides(data: RealData) -> tuple[int, int]:
-    """The smallest and largest shorter side of the dataset's images: the manifest's resize,
-    else read from the JPEG headers."""
+    """The smallest and largest shorter side of the images (manifest, else JPEG headers)."""
     resize = int(data.manifest.get("options", {}).get("resize", 0))
     if resize > 0:
         return resize, resize

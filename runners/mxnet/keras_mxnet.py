@@ -95,8 +95,7 @@ def learning_rate(spec: Spec, lr: float, n: int) -> float:
 
 def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
                   ) -> list[dict[str, Any]]:
-    """compile with the context list (keras-mxnet's multi-device API); the device records of
-    the contexts keras-mxnet resolved them to."""
+    """compile with the context list; the device records of the contexts keras-mxnet resolved."""
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   context=[str(c) for c in ctxs])
     # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu()
@@ -129,8 +128,7 @@ def read_placement(model: Any, n: int) -> dict[str, Any]:
 
 def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps: int,
           clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None) -> None:
-    """Train `steps` steps as the run's input option says: fit_generator on the source
-    (generator or Sequence), or fit on `steps` copies of the arrays' batch."""
+    """Train `steps` steps: fit_generator on the source, or fit on `steps` copies of the arrays."""
     if spec.options["input"] == "generator":
         model.fit_generator(source, steps_per_epoch=steps, epochs=1, callbacks=[clock],
                             verbose=0, **fit_kwargs)

@@ -61,8 +61,7 @@ def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
 
 
 def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function summing a PerReplica value over the replicas the way Keras 3 sums the
-    gradients: the replica context's all_reduce inside strategy.run."""
+    """A tf.function: the replica context's all_reduce inside strategy.run (as Keras 3's)."""
 
     def replica(x: tf.Tensor) -> tf.Tensor:
         return tf.distribute.get_replica_context().all_reduce(SUM, x)

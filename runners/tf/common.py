@@ -74,8 +74,7 @@ def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
 
 
 def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
-    """A dataset of one given global batch (repeated, or once), which a strategy's distributed
-    iterator splits into per-replica slices instead of sharding the dataset."""
+    """A dataset of one global batch (repeated, or once), split over replicas, not sharded."""
     ds = tf.data.Dataset.from_tensors(batch)
     return tf_data.auto_shard(ds.repeat() if repeat else ds)
 

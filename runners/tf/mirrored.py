@@ -170,8 +170,7 @@ def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any,
 
 
 class StopPlacement(keras.callbacks.Callback):
-    """Stops collecting the train function's partition graphs at the end of fit's first call
-    (the function is instantiated then; the later calls run the same one)."""
+    """Stops collecting partition graphs at the end of fit's first call (its function made)."""
 
     def __init__(self, placement: EagerPlacement) -> None:
         super().__init__()

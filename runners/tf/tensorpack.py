@@ -317,8 +317,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
 
 
 def packer_absent(mode: str) -> str:
-    """Why the built graph has no GradientPacker (tensorpack packs in mode hierarchical only,
-    and skips it when the gradients are too few for its splits)."""
+    """Why the built graph has no GradientPacker."""
     if mode != "hierarchical":
         return f"not used: tensorpack 0.11 packs only in mode 'hierarchical', not {mode!r}"
     return ("skipped by tensorpack: fewer than 1024 gradient elements per split, or mixed "

@@ -68,8 +68,7 @@ class Clock(tf_keras.callbacks.Callback):
 
 
 def conv_layers(template: Any) -> int:
-    """The template's convolution layers (nested models' included): the forward (and filter
-    gradient) convolutions one tower runs per step."""
+    """The template's convolution layers (nested models' included): convolutions per tower step."""
     from tf_keras.src.layers.convolutional.base_conv import Conv
 
     return sum(isinstance(layer, Conv) for layer in template._flatten_layers(include_self=False))
