@@ -62,8 +62,7 @@ def record_iter(data: RealData, size: int, batch: int, device: str = "cpu",
     rec, idx = data.recordio
     resize, _ = resize_for(data, size)
     flip = data.augmentation == "crop-flip"
-    # ctx "gpu": the prefetching ImageRecordIter2 (device_id -1: plain host memory, a GPU id:
-    # pinned); seed_aug unset, as it repeats the same crops every batch (see the docs page)
+    # ctx "gpu": ImageRecordIter2 (pinned for a GPU id); seed_aug unset (repeats the crops)
     return mx.io.ImageRecordIter(
         path_imgrec=str(rec), path_imgidx=str(idx), data_shape=(3, size, size),
         batch_size=batch, label_width=1, shuffle=shuffle, seed=seed, round_batch=True,

@@ -17,8 +17,7 @@ from runners.common import Spec, Unavailable  # noqa: E402
 from runners.real_data import RealData, check_classes, open_dataset  # noqa: E402
 
 SHUFFLE_BUFFER = 10_000  # images; ImageNet input pipelines commonly use 10k
-# libjpeg's accurate integer IDCT, what Pillow (the reference) and OpenCV decode with; TF's
-# default ("", the fast IDCT) is about one grey level off Pillow on every pixel.
+# libjpeg's accurate IDCT, as Pillow (the reference) decodes; TF's fast default differs
 DCT_METHOD = "INTEGER_ACCURATE"
 
 

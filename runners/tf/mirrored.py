@@ -291,8 +291,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     data, first_batch = worker_input(strategy, data, multi)
     placement = EagerPlacement()
     placement.start()
-    # the benchmark's input path (one global batch in tf.data, split by the distributed
-    # iterator), given once: fit stops when it is exhausted, after exactly one step
+    # the benchmark's input path, given once: fit stops after exactly one step
     with known_limits(spec, strategy):
         model.fit(data, epochs=1, verbose=0, shuffle=False,
                   callbacks=[StopPlacement(placement)])

@@ -22,8 +22,7 @@ BOOKKEEPING_OPS = frozenset({
     "_Send", "_Recv", "_HostSend", "_HostRecv", "NoOp", "Identity", "IdentityN", "Placeholder",
     "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "ReadVariableOp", "StopGradient",
 })
-# "/job:localhost/replica:0/task:0/device:CPU:1" and "/device:CPU:1" name the same device;
-# keep the full name TF reports, only normalise the short forms some graphs carry.
+# the full device name TF reports is kept; only the short forms some graphs carry normalised
 _SHORT = re.compile(r"^/?(device:)?(?P<kind>[A-Za-z_]+):(?P<index>\d+)$")
 
 

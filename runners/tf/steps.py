@@ -92,8 +92,7 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any
         raise
     finally:
         placement.stop()
-    # eager run metadata lists each partition graph twice (on its own and under the function
-    # it belongs to): count the functions' graphs once
+    # eager run metadata lists each partition graph twice: count the functions' graphs once
     rm = placement.run_metadata
     graphs = ([g for fg in rm.function_graphs for g in fg.partition_graphs]
               or list(rm.partition_graphs)) if rm is not None else []

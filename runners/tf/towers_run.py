@@ -292,9 +292,7 @@ class TowerConverge:
             if len(steps.losses) != len(batches) - 1 or rows // towers > 0 \
                     or not self.run.fields.get("wrapped"):
                 raise
-            # oneDNN's CPU Conv2D returns an empty batch with the input's channels, which the
-            # next layer refuses: seed 002's empty tower, failing where a GPU puts NaN in the
-            # BatchNorm statistics (TF_ENABLE_ONEDNN_OPTS=0 shows the NaN on CPU too)
+            # seed 002's empty tower: oneDNN's CPU Conv2D fails where a GPU puts NaN in BN
             lines = [line.strip() for line in str(exc).splitlines()]
             detail = next((line for line in lines if "INVALID_ARGUMENT" in line), lines[0])
             raise Invalid(f"the short last batch of epoch {epoch + 1} ({rows} rows over "
@@ -324,8 +322,7 @@ def converge(spec: Spec, make: Make) -> dict[str, Any]:
         raise Unavailable(f"mode converge feeds the recipe's numpy batches to fit (input "
                           f"feed_dict), not input {input_mode}")
     recipe = Recipe.of(spec)
-    # tf_keras' initialisers draw their seeds from Python's and tf_keras' seed generators
-    # (stateless ops), TF's graph seed for the rest: set_random_seed sets all of them
+    # sets Python's, tf_keras' and TF's graph seeds, all of which the initialisers draw from
     tf_keras.utils.set_random_seed(recipe.seed)
     run = TowerRun(spec, names, devices, xla, input_mode, *make(spec, names, input_mode))
     model = run.built.model
