@@ -1,2 +1,1 @@
-"""MXNet family (the mxnet environment): native MXNet Module/Gluon, Keras-MXNet, their data
-helpers and the ImageRecordIter pipeline mode."""
+"""MXNet family (the mxnet environment): mxnet_native, keras_mxnet, their data and probes."""

@@ -1,15 +1,7 @@
-"""The MXNet all-reduce probe (mode allreduce): the kvstore's sum over one machine's contexts,
-as Gluon's Trainer and the Module API reduce gradients in MXNet 1.9.1.
-
-One process drives N contexts (mx.cpu(i) or mx.gpu(i), as mxnet_native); each all-reduce is
-`kv.pushpull(key, inputs, out=outputs)` of the key's N per-context arrays on a 'device'
-kvstore (mxnet_native's default), the key initialised once with kv.init as the Trainer does.
-Iterations run back to back; the clock stops once every output of the last is readable.
-Evidence read back from MXNet: kv.type, num_workers, rank and the arrays' contexts.
-Differs from a Trainer: one key per call instead of one per parameter (with priorities), no
-optimizer on the kvstore, the probe's sizes; one machine only. MXNet's KVStore has no
-all-gather or reduce-scatter: both are recorded unavailable. See docs/runners/mxnet_native.md.
-"""
+"""The MXNet all-reduce probe (mode allreduce): `kv.pushpull` of N per-context arrays on a
+'device' kvstore, as Gluon's Trainer reduces gradients in MXNet 1.9.1; one machine only.
+Differs from a Trainer: one key per call, no optimizer on the kvstore; no all-gather or
+reduce-scatter (recorded unavailable). docs/runners/mxnet_native.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -28,8 +20,7 @@ KVSTORE = "device"  # mxnet_native's default kvstore
 
 
 def replica_arrays(ctxs: list[mx.Context], elements: int, fill: bool) -> list[Any]:
-    """One float32 vector of `elements` per context: context i's filled with i + 1 (inputs),
-    or zeros (outputs)."""
+    """One float32 vector per context: context i's filled with i + 1 (inputs), or zeros."""
     return [mx.nd.full((elements,), float(i + 1) if fill else 0.0, ctx=ctx, dtype="float32")
             for i, ctx in enumerate(ctxs)]
 

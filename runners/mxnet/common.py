@@ -1,13 +1,12 @@
-"""MXNet-family child code shared by mxnet_native, keras_mxnet and the probes: contexts, the
-timed context steps, synthetic batches, versions, and the import of keras-mxnet on a modern
-Python. Imports MXNet: only runner children (and the MXNet parity test) import it."""
+"""MXNet-family child code shared by mxnet_native, keras_mxnet and the probes: contexts, timed
+context steps, synthetic batches, versions, the keras-mxnet import. Imports MXNet."""
 
 from __future__ import annotations
 
 import collections
 import collections.abc
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # MXNet's OpenMP pool is sized to the machine; quiet its start-up chatter.
@@ -16,17 +15,15 @@ os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models import ModelSpec, get_spec, load_builder  # noqa: E402
-from models.gluon_common import set_canonical_weights  # noqa: E402
+from models import ModelSpec  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, finite, timed_loop  # noqa: E402
 
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 
 def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
-    """This node's N = spec.devices_per_node contexts, mx.cpu(i) or mx.gpu(i), and their device
-    records. CPU contexts share the host but keep their own parameter copies, reduced through
-    the kvstore as between GPUs: virtual devices."""
+    """This node's spec.devices_per_node contexts, mx.cpu(i) (virtual devices, each with its own
+    parameter copy) or mx.gpu(i), and their device records."""
     n = spec.devices_per_node
     if spec.device == "cpu":
         ctxs = [mx.cpu(i) for i in range(n)]
@@ -39,22 +36,6 @@ def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
                              else " (this MXNet build has no CUDA: install envs/mxnet-gpu.txt)"))
     ctxs = [mx.gpu(i) for i in range(n)]
     return ctxs, [{"name": str(c), "kind": "GPU"} for c in ctxs]
-
-
-def gluon_model(name: str, ctxs: list[mx.Context], weights: dict[str, np.ndarray] | None = None,
-                inputs: Sequence[Any] = ()) -> mx.gluon.HybridBlock:
-    """The Gluon model `name` with a parameter copy on every context, hybridised (static memory
-    and shapes): Xavier initialised, or at the canonical `weights`, set once a forward pass on
-    each of `inputs` (one slice per context) has completed Gluon's shape inference."""
-    net = load_builder(name, "gluon")(get_spec(name))
-    net.initialize(mx.init.Zero() if weights is not None else
-                   mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
-    net.hybridize(static_alloc=True, static_shape=True)
-    if weights is not None:
-        for x in inputs:
-            net(x)
-        set_canonical_weights(net, weights)
-    return net
 
 
 def forever(x: Any, y: Any) -> Iterator[tuple[Any, Any]]:
@@ -80,9 +61,8 @@ class StepLoss:
 
 def timed_context_steps(spec: Spec, step: Callable[[], list[Any]], trainer: mx.gluon.Trainer,
                         global_batch: int) -> tuple[TimedWindow, int, list[Any]]:
-    """runners.common.timed_loop over `step` (returning each context's loss array), each step
-    ended by mx.nd.waitall() (MXNet's engine is asynchronous). Returns the window, the steps
-    the optimizer applied in it (num_update) and the last step's loss arrays."""
+    """timed_loop over `step` (each context's loss arrays), each step ended by mx.nd.waitall():
+    (the window, the optimizer's num_update in it, the last step's loss arrays)."""
     optimizer = trainer._optimizer  # its num_update counts applied steps
     start = 0  # num_update when the clock starts
     last: list[Any] = []
@@ -117,9 +97,8 @@ def synthetic_arrays(model_spec: ModelSpec, batch: int, seed: int = 0
 
 
 def import_keras_mxnet() -> Any:
-    """Import keras-mxnet 2.2.4.3 with the MXNet backend (channels_first) and return keras.
-    keras-mxnet imports collections.Iterable and the like, gone since Python 3.10: the aliases
-    are put back on collections in this process only (docs/runners/keras_mxnet.md)."""
+    """keras-mxnet 2.2.4.3 imported with the MXNet backend (channels_first), the collections aliases
+    it needs on Python >= 3.10 put back in this process only (docs/runners/keras_mxnet.md)."""
     for name in ("Iterable", "Mapping", "MutableMapping", "Sequence", "Callable"):
         if not hasattr(collections, name):
             setattr(collections, name, getattr(collections.abc, name))

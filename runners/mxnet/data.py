@@ -1,14 +1,7 @@
-"""MXNet's real-data pipeline, shared by mxnet_native, keras_mxnet and pipeline mode: the C++
-mx.io.ImageRecordIter over the prepared train.rec, as MXNet's own ImageNet scripts feed it.
-
-It implements runners.real_data's preprocessing with its own ops: OpenCV decode in the run's
-loader workers' threads, `resize` of the shorter side to S only when some image is smaller,
-rand_crop/rand_mirror for crop-flip (a centre crop otherwise), (pixel - 127.5) / 127.5. It
-reshuffles every epoch and round_batch keeps every batch whole; `stream` resets it at each
-epoch's end, forever. Batches are NCHW float32, labels float32 class ids. Differs from the
-reference: MXNet's resize scales larger images down too when the sizes are mixed (said in the
-record). Details: docs/runners/mxnet_native.md. Imports MXNet: only MXNet-family children.
-"""
+"""MXNet's real-data pipeline (mxnet_native, keras_mxnet, pipeline mode): mx.io.ImageRecordIter
+over the prepared train.rec, runners.real_data's preprocessing with MXNet's own ops; NCHW
+float32 batches, float32 labels. Differs: MXNet's resize also scales larger images down when
+sizes are mixed (said in the record). docs/runners/mxnet_native.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -29,8 +22,7 @@ _SIDES: dict[Path, tuple[int, int]] = {}  # the header scan, once per dataset
 
 
 def shorter_sides(data: RealData) -> tuple[int, int]:
-    """The smallest and largest shorter side of the dataset's images: the manifest's resize,
-    else read from the JPEG headers."""
+    """The smallest and largest shorter side of the images (manifest, else JPEG headers)."""
     resize = int(data.manifest.get("options", {}).get("resize", 0))
     if resize > 0:
         return resize, resize
@@ -70,8 +62,7 @@ def record_iter(data: RealData, size: int, batch: int, device: str = "cpu",
     rec, idx = data.recordio
     resize, _ = resize_for(data, size)
     flip = data.augmentation == "crop-flip"
-    # ctx "gpu": the prefetching ImageRecordIter2 (device_id -1: plain host memory, a GPU id:
-    # pinned); seed_aug unset, as it repeats the same crops every batch (see the docs page)
+    # ctx "gpu": ImageRecordIter2 (pinned for a GPU id); seed_aug unset (repeats the crops)
     return mx.io.ImageRecordIter(
         path_imgrec=str(rec), path_imgidx=str(idx), data_shape=(3, size, size),
         batch_size=batch, label_width=1, shuffle=shuffle, seed=seed, round_batch=True,
@@ -96,8 +87,7 @@ def stream(it: mx.io.DataIter) -> Iterator[mx.io.DataBatch]:
 
 def numpy_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[np.ndarray,
                                                                         np.ndarray]]:
-    """Each batch as host numpy: x float32 NCHW, y int32 (copies, so the iterator may reuse
-    its buffers)."""
+    """Each batch as host numpy copies: x float32 NCHW, y int32."""
     for batch in batches:
         yield batch.data[0].asnumpy(), batch.label[0].asnumpy().astype(np.int32)
 

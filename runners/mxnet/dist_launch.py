@@ -1,18 +1,8 @@
-"""ps-lite's roles for a multi-node mxnet_native run: the scheduler and the servers of MXNet's
-`dist_sync` kvstore, started beside the worker by the worker itself; and the multi-node record.
-
-MXNet's own launcher (tools/launch.py, dmlc-core's tracker) starts every role as a process
-whose `import mxnet` runs it (DMLC_ROLE). Here the harness starts one process per node
-(srun); that process starts its node's roles as children (`python -m runners.mxnet.dist_launch
-ROLE`: the scheduler on node rank 0, one server per node) and is the node's worker. Ports:
-scheduler MGBENCH_MASTER_PORT, server of node r +1+r, worker +1+N+r. PsLite.close() ends the
-job MXNet's way (freeing the kvstore), or kills the roles after a failure; a watcher ends the
-worker when a role dies during the run. allgather() moves each worker's JSON through the
-kvstore itself, and the scheduler's PS_VERBOSE log names the nodes it registered.
-Differs from a cluster here: both "nodes" are one machine, differing only by port. Details:
-docs/runners/mxnet_native.md. Imports MXNet only inside functions (a role process imports it
-as its role's last act).
-"""
+"""ps-lite's roles for a multi-node mxnet_native run (the dist_sync kvstore's scheduler and
+servers, started by the node's worker as `python -m runners.mxnet.dist_launch ROLE`) and the
+multi-node record. Differs from MXNet's tools/launch.py: the harness starts one process per
+node (srun), which starts its roles. Imports MXNet only inside functions.
+docs/runners/mxnet_native.md, "Notes from the code", has ports and shutdown."""
 
 from __future__ import annotations
 
@@ -75,8 +65,7 @@ def _death_signal() -> Any:
 
 
 def resolved(name: str) -> str:
-    """A host name as its IPv4 address (ZeroMQ binds no host names); the name itself when it
-    does not resolve."""
+    """A host name as its IPv4 address (ZeroMQ binds no host names), else the name."""
     try:
         return socket.gethostbyname(name)
     except OSError:
@@ -186,8 +175,7 @@ class PsLite:
         self._closing = threading.Event()
 
     def start(self) -> None:
-        """Start the scheduler (node rank 0) and this node's server, set this process's DMLC
-        settings as the worker's, and watch the roles."""
+        """Start this node's roles, set this process's DMLC settings, watch the roles."""
         if self.place.rank == 0:
             self._start_role("scheduler")
         self._start_role("server")
@@ -202,8 +190,7 @@ class PsLite:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _watch(self) -> None:
-        """A role that exits before close() would leave the workers waiting forever: kill the
-        other roles and end this process (srun --kill-on-bad-exit ends the other nodes)."""
+        """Kill the other roles and end this worker when a role exits before close()."""
         while not self._closing.wait(1.0):
             gone = [r for r in self.roles if r.proc.poll() is not None]
             if gone and not self._closing.is_set():
@@ -237,8 +224,7 @@ class PsLite:
             f"{item.record()['address']})")
 
     def kvstore(self, kind: str) -> Any:
-        """Start the roles, then this worker's kvstore of type `kind` (dist_sync...), which
-        returns once the scheduler has registered every node."""
+        """Start the roles, then this worker's kvstore of type `kind` (all nodes registered)."""
         import mxnet as mx
 
         self.start()
@@ -255,9 +241,8 @@ class PsLite:
                                    f"with {role.proc.returncode} before the run ended")
 
     def allgather(self, obj: Any) -> list[Any]:
-        """Every worker's `obj` (JSON-able), in kv.rank order: each pushes its bytes in its own
-        row of a zero array and dist_sync's sum gives every row (no optimizer on the servers).
-        A collective: every worker calls it, in the same order."""
+        """Every worker's JSON-able `obj`, in kv.rank order (its row of a zero array, summed by
+        dist_sync). A collective: every worker calls it, in the same order."""
         import mxnet as mx
         import numpy as np
 
@@ -283,9 +268,8 @@ class PsLite:
                                                                               strict=True)]
 
     def close(self, ok: bool) -> None:
-        """End the ps-lite job: after a good run free the kvstore (the roles then exit by
-        themselves) and wait for them; after a failure, or past STOP_WAIT_S, kill them.
-        Restores this process's DMLC settings."""
+        """End the ps-lite job: after a good run free the kvstore and wait for the roles; after a
+        failure, or past STOP_WAIT_S, kill them. Restores this process's DMLC settings."""
         self._closing.set()
         try:
             if ok and self.kv is not None:
@@ -339,8 +323,7 @@ class PsLite:
                 f"{role.ended}, exit status {role.proc.returncode}")
 
     def finish_record(self, multi_node: dict[str, Any]) -> None:
-        """Complete a multi_node record after close() with how this node's roles ended (the
-        scheduler's log and exit status, this node's server's exit status)."""
+        """Add how this node's roles ended to a multi_node record, after close()."""
         here = node_identity()["node"]
         for role in self.roles:
             rec = {"node": here, **role.record()}
@@ -352,8 +335,7 @@ class PsLite:
                     server.update(rec)
 
     def worker_record(self) -> dict[str, Any]:
-        """This worker as gathered into the record: where it runs, its kvstore's view, its
-        DMLC settings and the roles it started."""
+        """This worker's identity, kvstore view, DMLC settings and roles, for the gather."""
         return {**node_identity(), "kv_rank": self.kv.rank, "process_rank": self.place.rank,
                 "kv_num_workers": self.kv.num_workers, "kv_type": self.kv.type,
                 "dmlc": {k: os.environ[k] for k in DMLC_VARS if k in os.environ},
@@ -385,8 +367,7 @@ def session(num_nodes: int) -> Iterator[PsLite]:
 # -- the worker's side of a run (runners/mxnet/native.py) ---------------------------------
 
 def kvstore_type(spec: Spec) -> str:
-    """A multi-node run's kvstore: dist_sync_device for kvstore device on GPUs, dist_sync
-    otherwise; MXNet 1.9 has no NCCL kvstore across machines."""
+    """dist_sync_device for kvstore device on GPUs, else dist_sync (no NCCL across nodes)."""
     kvstore = spec.options["kvstore"]
     if kvstore == "nccl":
         raise Unavailable("kvstore nccl: MXNet 1.9's NCCL kvstore is single-machine; across "
@@ -395,8 +376,7 @@ def kvstore_type(spec: Spec) -> str:
 
 
 def across_nodes(spec: Spec, run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """run(spec) on one node; on several, run(spec, ps) within this node's ps-lite roles
-    (session), then how the roles ended added to `multi_node`."""
+    """run(spec) on one node; on several run(spec, ps) in this node's ps-lite session."""
     if spec.num_nodes == 1:
         return run(spec)
     with session(spec.num_nodes) as ps:
@@ -408,9 +388,8 @@ def across_nodes(spec: Spec, run: Callable[..., dict[str, Any]]) -> dict[str, An
 def gather_workers(ps: PsLite, trainer: Any, local: dict[str, Any],
                    step_losses: list[float], labels: list[int]
                    ) -> tuple[dict[str, Any], list[float]]:
-    """A multi-node record's view of every worker, gathered through the kvstore after the
-    steps: identity, placement and parameter copies (keys "worker<kv.rank>:<context>"),
-    devices, first labels; and each step's global mean loss (the sum of the workers' shares)."""
+    """Every worker's identity, placement, parameter copies, devices and first labels gathered
+    through the kvstore, keys "worker<kv.rank>:<context>"; and each step's global mean loss."""
     kv = trainer._kvstore
     rows = ps.allgather({"worker": ps.worker_record(), "placement": local["placement"],
                          "parameter_copies": local["parameter_copies"],

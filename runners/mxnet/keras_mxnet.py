@@ -1,19 +1,8 @@
-"""Keras 2.2 on MXNet (keras-mxnet 2.2.4.3): the model compiled with a context list, the
-multi-GPU API seed 000 describes (`compile(..., context=["gpu(0)", ..., "gpu(N-1)"])`), trained
-with fit_generator (input generator) or fit on arrays (input arrays), as a user calls them.
-
-keras-mxnet binds an MXNet Module over the contexts, which slices each global batch into N
-parts (one parameter copy per context) and sums the gradients through the kvstore (`device`).
-Each executor's loss is its slice's mean, so it steps N times as far as one device: option
-gradient_reduce mean (default) divides the learning rate by N, sum keeps keras-mxnet's step.
-Real data: a generator over MXNet's ImageRecordIter (loader framework) or a keras.utils.Sequence
-over the JPEGs (loader keras, runners/keras_data.py). The clock's callback calls
-mx.nd.waitall() first. Placement: each executor's bound data array; keras-mxnet maps every
-cpu(i) to cpu(0), which the record says (placement_collapsed).
-
-Differs from seed 000 (NVIDIA's fork of dmlc Keras 1.2 on MXNet 0.10.1): the Keras 2.2 API; the
-multi-device API is the same. See docs/runners/keras_mxnet.md.
-"""
+"""Keras 2.2 on MXNet (keras-mxnet 2.2.4.3): the model compiled with a context list, as seed 000
+describes (`compile(..., context=[...])`), trained by fit_generator or fit on arrays.
+keras-mxnet's Module slices each batch over the contexts and sums gradients in the kvstore;
+option gradient_reduce mean divides the rate by N. Differs from seed 000 (Keras 1.2 on MXNet
+0.10.1): the Keras 2.2 API. docs/runners/keras_mxnet.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -76,8 +65,7 @@ def keras_batches(batches: Iterator[tuple[np.ndarray, np.ndarray]], labels: list
 
 def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: int,
               labels: list[int]) -> tuple[Any, dict[str, Any], str]:
-    """What fit_generator reads for a real-data run: (generator or Sequence, its worker
-    arguments, the record's input_pipeline line)."""
+    """fit_generator's real-data source, its worker arguments, the input_pipeline line."""
     if spec.options["loader"] == "keras":
         from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
@@ -107,8 +95,7 @@ def learning_rate(spec: Spec, lr: float, n: int) -> float:
 
 def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
                   ) -> list[dict[str, Any]]:
-    """compile with the context list (keras-mxnet's multi-device API); the device records of
-    the contexts keras-mxnet resolved them to."""
+    """compile with the context list; the device records of the contexts keras-mxnet resolved."""
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
                   context=[str(c) for c in ctxs])
     # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu()
@@ -141,8 +128,7 @@ def read_placement(model: Any, n: int) -> dict[str, Any]:
 
 def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps: int,
           clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None) -> None:
-    """Train `steps` steps as the run's input option says: fit_generator on the source
-    (generator or Sequence), or fit on `steps` copies of the arrays' batch."""
+    """Train `steps` steps: fit_generator on the source, or fit on `steps` copies of the arrays."""
     if spec.options["input"] == "generator":
         model.fit_generator(source, steps_per_epoch=steps, epochs=1, callbacks=[clock],
                             verbose=0, **fit_kwargs)

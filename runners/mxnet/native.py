@@ -1,19 +1,8 @@
-"""Native MXNet (mxnet_native): Gluon data parallelism over N contexts of one process.
-
-A hybridised Gluon network keeps one parameter copy per context (mx.cpu(i) or mx.gpu(i)); each
-global batch B is split over the contexts (split_and_load), every context runs forward and
-backward on its slice under autograd.record() (per-example losses summed), and a gluon.Trainer
-sums the gradients through a kvstore (option kvstore: device, local, nccl) and steps with
-1/B: synchronous SGD, as one device with batch B. Synthetic slices are copied to the contexts
-once, before timing; real data comes from MXNet's ImageRecordIter (runners/mxnet/data.py) and
-is split inside the timed step. mx.nd.waitall() ends every step. Placement: the context and
-rows of each slice's loss array. Across nodes: a dist_sync kvstore over ps-lite, whose roles
-runners/mxnet/dist_launch.py starts. Mode converge: the Gluon examples' loop over the batches
-of runners/converge.py.
-
-Follows MXNet 1.9.1's Gluon API; seed 000's native reference (MXNet 0.10.1) used the Symbol
-and Module API (a bound Module instead of Gluon's CachedOp). See docs/runners/mxnet_native.md.
-"""
+"""Native MXNet (mxnet_native): Gluon data parallelism over N contexts of one process; each
+global batch split over the contexts (split_and_load), gradients summed by a gluon.Trainer's
+kvstore (option kvstore), one step with 1/B; mx.nd.waitall() ends every step. Across nodes:
+a dist_sync kvstore (runners/mxnet/dist_launch.py). Differs from seed 000 (MXNet 0.10.1): the
+Gluon API instead of Symbol/Module. docs/runners/mxnet_native.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -67,9 +56,8 @@ def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer
 
 
 def broadcast_before_first_push(trainer: gluon.Trainer, kv: Any) -> None:
-    """On several nodes (equivalence step): worker 0's initial weights in every worker's arrays
-    before any worker pushes a gradient, then a barrier; the Trainer's first step does not
-    order the two (docs/runners/mxnet_native.md). Needs the parameters' shapes."""
+    """On several nodes: worker 0's initial weights in every worker's arrays before any worker
+    pushes a gradient, then a barrier (docs/runners/mxnet_native.md)."""
     if kv is None:
         return
     trainer._init_kvstore()  # what Trainer.step does first, done before the step
@@ -97,8 +85,7 @@ def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype:
 
 
 def hybridize_as_configured(net: gluon.HybridBlock, spec: Spec) -> bool:
-    """Option hybridize: a static graph with static memory and shapes (as MXNet's docs advise
-    for speed), or the imperative Gluon net."""
+    """Option hybridize: a static graph (static memory and shapes), or the imperative net."""
     hybridize = bool(spec.options["hybridize"])
     if hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
@@ -136,8 +123,7 @@ def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Los
 
 @dataclass
 class GluonRun:
-    """What the benchmark and converge build alike: the contexts, the dtype, the model, and
-    once built the net and its Trainer."""
+    """What benchmark and converge build alike: contexts, dtype, model, net and Trainer."""
 
     spec: Spec
     ctxs: list[mx.Context]
@@ -200,9 +186,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 class BenchmarkInput:
-    """The benchmark's batches on one worker (rank of the run's nodes): its rows of the
-    synthetic global batch, resident on the contexts, or its share of the records through the
-    ImageRecordIter (opened at once); and what the record says of them."""
+    """The benchmark's batches on one worker: its rows of the synthetic global batch, resident on
+    the contexts, or its share of the records through the ImageRecordIter; and their record."""
 
     def __init__(self, run: GluonRun, data: RealData | None, rank: int) -> None:
         spec = run.spec
@@ -239,8 +224,7 @@ class BenchmarkInput:
 
 
 def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
-    """The benchmark; `ps`: this node's ps-lite roles on a multi-node run (this process is one
-    of its workers, driving spec.devices_per_node contexts)."""
+    """The benchmark; `ps`: this node's ps-lite roles on a multi-node run."""
     run = GluonRun.open(spec)
     global_batch = spec.global_batch_size
     # a real-data run opens its dataset first: a bad folder is unavailable before the net
@@ -266,9 +250,8 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model through the benchmark's path (its hybridize,
-    Trainer and kvstore, the synthetic slices resident on the contexts); weights saved. On
-    several nodes each worker steps on its rows of the batch through the dist kvstore."""
+    """One plain SGD step on the probe model through the benchmark's path (hybridize, Trainer,
+    kvstore, resident slices); weights saved. Several nodes: each worker steps on its rows."""
     return dist_launch.across_nodes(spec, equivalence_step)
 
 
@@ -307,9 +290,7 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
 
 class ConvergeSteps:
     """mxnet_native's converge adapter over a built GluonRun: the step (split_and_load with
-    even_split=False, the rate set, one Trainer step over the batch's global rows), the
-    evaluation and the BatchNorm read; it keeps each context's rows of the latest epoch, the
-    last step's losses and the rate applied at each epoch's first step."""
+    even_split=False, one Trainer step over the batch's global rows), evaluation, BatchNorm read."""
 
     def __init__(self, run: GluonRun) -> None:
         self.run = run
@@ -386,9 +367,8 @@ class ConvergeSteps:
 
 
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py, one node): the benchmark's model, kvstore and
-    dtype trained with the recipe's SGD (momentum, wd) to its held-out accuracy; the initial
-    weights drawn once from the recipe's seed on the CPU and copied to every context."""
+    """Mode converge (one node): the benchmark's model, kvstore and dtype trained with the recipe's
+    SGD; the initial weights drawn once from the recipe's seed and copied to every context."""
     if spec.num_nodes > 1:
         raise Unavailable("mode converge runs on one node (one process over N contexts); "
                           "the dist_sync kvstore path trains synthetic batches only")
@@ -438,8 +418,7 @@ def check_splits(splits: Splits, model_spec: Any, recipe: Recipe, n: int) -> Non
 
 
 def read_moving_stats(net: gluon.Block) -> tuple[bool, str]:
-    """Whether every context's copy of every BatchNorm moving mean and variance is finite, and
-    the first that is not."""
+    """(all finite, the first that is not) of every context's BatchNorm moving statistics."""
     for name, param in net.collect_params().items():
         if not name.endswith(("running_mean", "running_var")):
             continue

@@ -1,9 +1,5 @@
-"""Pipeline mode for `mxnet_record_iter`: the ImageRecordIter the MXNet runners train from
-(runners/mxnet/data.py), timed on its own with no model.
-
-A batch counts once its image and label NDArrays are written (wait_to_read: the prefetcher's
-copy into them has finished), which is where mxnet_native's split_and_load takes them.
-"""
+"""Pipeline mode for `mxnet_record_iter`: runners/mxnet/data.py's ImageRecordIter timed alone;
+a batch counts once its NDArrays are readable (wait_to_read)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""The TensorFlow all-reduce probe (mode allreduce, issue 17): tf.distribute's collective
-all-reduce, timed as Keras 3 issues it for the gradients under MirroredStrategy.
-
-One process, N logical devices, MirroredStrategy with its default cross-device ops
-(CollectiveAllReduce in TF 2.21: RING on CPU devices, NCCL on GPUs); the all-reduce is the
-replica context's all_reduce(SUM) inside strategy.run in a tf.function, as Keras 3's optimizer
-sums the gradients; each replica's float32 buffer made on its device. Timing:
-contract/collectives.measure_size, stopped once every replica's result is read back. Evidence
-read back from TF: replicas, devices, the cross-device ops and implementation, the collective
-ops per device in the partition graphs. All-gather: the replica context's all_gather;
-tf.distribute has no reduce-scatter (recorded unavailable). Differs: one flat buffer per call,
-no compute to overlap with, one machine only. docs/runners/tf_allreduce.md has the details.
-"""
+"""The TensorFlow all-reduce probe (mode allreduce): the replica context's all_reduce(SUM) in
+strategy.run under MirroredStrategy, as Keras 3 sums gradients; all-gather its all_gather;
+no reduce-scatter in tf.distribute (unavailable). Differs: one flat buffer per call, one
+machine only. docs/runners/tf_allreduce.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -57,9 +48,8 @@ def implementation(strategy: tf.distribute.Strategy) -> str:
 
 
 def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
-    """A PerReplica float32 vector of `elements` per replica, replica i's filled with i + 1,
-    each made on its replica's device (MirroredStrategy calls the value function without a
-    device scope: placing the values is the caller's part, as its documentation says)."""
+    """A PerReplica float32 vector of `elements` per replica, replica i's filled with i + 1, each
+    made on its replica's device (the value function runs without a device scope)."""
     devices = strategy.extended.worker_devices
 
     def value(ctx: tf.distribute.experimental.ValueContext) -> tf.Tensor:
@@ -71,8 +61,7 @@ def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
 
 
 def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function summing a PerReplica value over the replicas the way Keras 3 sums the
-    gradients: the replica context's all_reduce inside strategy.run."""
+    """A tf.function: the replica context's all_reduce inside strategy.run (as Keras 3's)."""
 
     def replica(x: tf.Tensor) -> tf.Tensor:
         return tf.distribute.get_replica_context().all_reduce(SUM, x)
@@ -85,8 +74,7 @@ def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
 
 
 def all_gather_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function gathering a PerReplica value over the replicas along axis 0: the replica
-    context's all_gather inside strategy.run."""
+    """A tf.function: the replica context's all_gather (axis 0) inside strategy.run."""
 
     def replica(x: tf.Tensor) -> tf.Tensor:
         return tf.distribute.get_replica_context().all_gather(x, axis=0)
@@ -106,9 +94,8 @@ def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
 
 
 def collective_placement(run_metadata: Any) -> dict[str, Any]:
-    """The collective ops TensorFlow ran, from the partition graphs of the instantiated
-    function (one graph per device, after placement): per device, how many of each collective
-    op type; the communication_hint attributes they carry (ring, nccl)."""
+    """The collective ops TF ran, from the instantiated function's partition graphs: per device
+    the count of each collective op type, and their communication_hint attributes."""
     by_device: dict[str, dict[str, int]] = {}
     hints: set[str] = set()
     for graph in partition_graphs(run_metadata):
@@ -123,9 +110,8 @@ def collective_placement(run_metadata: Any) -> dict[str, Any]:
 
 
 class AllReduceSizes:
-    """The all-reduce measured at every probe size; the first call at each size (its check)
-    collects the evidence of the last size: the collective ops TF placed (the instantiated
-    function's partition graphs) and the devices of each replica's input and output."""
+    """The all-reduce at every probe size; each size's first call (its check) collects the
+    collective ops TF placed and the devices of each replica's input and output."""
 
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy) -> None:
         self.spec, self.strategy = spec, strategy

@@ -1,16 +1,8 @@
-"""tf_cnn_benchmarks: the real script from a user's checkout of tensorflow/benchmarks.
-
-This runner trains nothing itself: it maps the run spec onto the flags of
-scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py (options left unset pass no flag, so the
-script's own defaults apply: parameter_server, local_parameter_device gpu, NCHW on GPUs; CPU
-runs pass NHWC, the only layout it accepts there), runs it in a subprocess (the family's
-interpreter, TF_USE_LEGACY_KERAS=1), streams its output into our log and parses it: the one
-log the harness parses (docs/DESIGN.md). It runs its own models and input pipeline, not
-models/ or runners/real_data.py. Placement: the script's --trace_file of step -2 (a warm-up
-step). Followed: tensorflow/benchmarks master (tested at 8fb7907) on TF 2.21. The pure
-functions import no framework (the parent's tests import them). Never copy the script into
-this project. docs/runners/tf_cnn_benchmarks.md has the details.
-"""
+"""tf_cnn_benchmarks: the real script from a user's checkout of tensorflow/benchmarks, run in a
+subprocess with flags mapped from the spec (unset options pass no flag), its output parsed
+(the one log the harness parses). Its own models and input pipeline. The pure functions
+import no framework. Never copy the script into this project.
+docs/runners/tf_cnn_benchmarks.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -75,9 +67,8 @@ SCRIPT_DEFAULTS = {"variable_update": "parameter_server", "local_parameter_devic
 
 
 def layout_flag(device: str, data_format: str | None) -> str | None:
-    """--data_format for a run: the given layout, or None to leave the script's default NCHW
-    (cuDNN's layout, the script's choice for GPUs). On CPU the script refuses its own default
-    ('device=cpu requires that data_format=NHWC', unless --mkl), so CPU runs pass NHWC."""
+    """--data_format for a run: the given layout, or None for the script's default NCHW; CPU runs
+    pass NHWC (the script refuses NCHW on CPU without --mkl)."""
     if data_format:
         layout = LAYOUTS[data_format]
         if device == "cpu" and layout == "NCHW":
@@ -91,8 +82,7 @@ def layout_flag(device: str, data_format: str | None) -> str | None:
 def build_flags(spec: Spec, options: Mapping[str, Any] | None = None,
                 trace_file: str | None = None) -> list[str]:
     """tf_cnn_benchmarks flags for a run spec (pure): --batch_size per device, --num_gpus the
-    devices of either kind; options left unset pass no flag (the script's defaults apply);
-    --trace_file makes the script write step -2's FULL_TRACE step stats as a Chrome trace."""
+    devices of either kind; unset options pass no flag; --trace_file traces step -2."""
     opts = {**spec.options, **(options or {})}  # options: over the spec's own
     n, per_device = int(spec.num_devices), int(spec.batch_size_per_device)
     if per_device * n != int(spec.global_batch_size):
@@ -145,16 +135,21 @@ def left_to_script(flags: list[str]) -> dict[str, str]:
     return {k: v for k, v in SCRIPT_DEFAULTS.items() if k not in passed}
 
 
-def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """From the script's Chrome trace (TF's timeline of one FULL_TRACE step, pure): the nodes
-    executed on each device and how many of each op type, from the complete ("X") events of
-    each "<device> Compute" process."""
+def compute_processes(trace: Mapping[str, Any]) -> dict[int, str]:
+    """{pid: device} of the trace's "<device> Compute" processes (its metadata events)."""
     devices: dict[int, str] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "M" and ev.get("name") == "process_name":
             name = str((ev.get("args") or {}).get("name", ""))
             if name.endswith(" Compute"):
                 devices[ev["pid"]] = name[: -len(" Compute")]
+    return devices
+
+
+def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """From the script's Chrome trace (pure): the nodes executed on each device and how many of
+    each op type, from the "X" events of each "<device> Compute" process."""
+    devices = compute_processes(trace)
     by_device: dict[str, int] = {}
     by_type: dict[str, int] = {}
     for ev in trace.get("traceEvents", []):
@@ -173,9 +168,7 @@ def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str,
 def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
     """Seconds per op type summed over the traced step's executed nodes (all devices; the
     FULL_TRACE step runs slower than an untraced one, so read shares, not totals)."""
-    compute = {ev["pid"] for ev in trace.get("traceEvents", [])
-               if ev.get("ph") == "M" and ev.get("name") == "process_name"
-               and str((ev.get("args") or {}).get("name", "")).endswith(" Compute")}
+    compute = compute_processes(trace)
     seconds: dict[str, float] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "X" and ev.get("pid") in compute:
@@ -185,9 +178,8 @@ def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
 
 
 def parse_output(text: str) -> dict[str, Any]:
-    """What tf_cnn_benchmarks printed (pure; missing pieces None or empty): its header, one
-    entry per displayed step (`N<TAB>images/sec: M ...<TAB>LOSS`, M a running mean over steps
-    1..N), and the final `total images/sec`."""
+    """What tf_cnn_benchmarks printed (pure; missing pieces None or empty): its header, one entry
+    per displayed step (its running-mean images/sec and loss), the final `total images/sec`."""
     out: dict[str, Any] = {"steps": [], "total_images_per_sec": None, "global_batch": None,
                            "batch_per_device": None, "devices": None}
     out.update({k: None for k in HEADER})
@@ -225,10 +217,8 @@ def parse_output(text: str) -> dict[str, Any]:
 
 
 def step_times(steps: list[dict[str, Any]], global_batch: int) -> list[float] | None:
-    """Per-step seconds from the running-mean rates: after step N the script has run for
-    N x batch / mean_N seconds of step time, so step N took the difference from the previous
-    displayed step (spread evenly when steps were not all displayed). The rates are printed to
-    0.1 images/sec, so these carry that rounding; None if it makes any step non-positive."""
+    """Per-step seconds from the script's running-mean rates (differences of N x batch / mean_N);
+    None if the rates' rounding makes any step non-positive."""
     times: list[float] = []
     prev_step, prev_total = 0, 0.0
     for s in steps:
@@ -330,10 +320,8 @@ def real_input_line(data: RealData, flags: list[str]) -> str:
 
 
 def script_memory(spec: Spec, n: int) -> dict[str, Any]:
-    """The script's memory, as far as it can be read from outside its process: on CPU its peak
-    resident memory over its whole run (the kernel's ru_maxrss of the waited-for children: the
-    script, and git's tiny rev-parse), shared by its n virtual devices; on GPUs its allocator
-    is inside the script's process and not readable here (null, said)."""
+    """The script's memory as read from outside: on CPU its children's peak resident memory
+    (ru_maxrss) shared by its n virtual devices; on GPUs null (not readable here, said)."""
     if spec.device != "cpu":
         return {"memory_per_device": None,
                 "memory_source": "not readable: the script's TF allocator is in its own process "
@@ -347,8 +335,7 @@ def script_memory(spec: Spec, n: int) -> dict[str, Any]:
 
 def run_traced(spec: Spec, script: Path) -> tuple[list[str], int, list[str], dict[str, float],
                                                  list[float], Any]:
-    """Run the script with the run's flags and a --trace_file: (the flags, its exit code, its
-    lines, its marker times, its step lines' times, the trace or None)."""
+    """Run the script with a --trace_file: flags, exit code, lines, marks, step times, trace."""
     with tempfile.TemporaryDirectory(prefix="tf_cnn_trace_") as tmp:
         trace_path = Path(tmp) / "trace.json"
         flags = build_flags(spec, spec.options, trace_file=str(trace_path))

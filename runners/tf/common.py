@@ -1,8 +1,5 @@
-"""TensorFlow-family child code shared by the TF runners: devices, data (synthetic, or real
-through runners/tf/data.py or the Keras loader), timing of Keras fit.
-
-Imports TensorFlow and Keras 3: only runner child processes import this module.
-"""
+"""TensorFlow-family child code shared by the Keras 3 TF runners: data, timing of Keras fit,
+the converge adapter. Imports TensorFlow and Keras 3: child processes only."""
 
 from __future__ import annotations
 
@@ -19,14 +16,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from contract.result import join  # noqa: E402
-from models import ModelSpec, get_spec, load_builder  # noqa: E402
-from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
+from models import ModelSpec  # noqa: E402
+from models.keras_common import get_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
 from runners.converge import Splits, train_to_accuracy  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf.data import open_real  # noqa: E402  (re-exported)
-from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
+from runners.tf.devices import setup_devices  # noqa: E402, F401  (re-exported)
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -35,29 +32,10 @@ def framework_versions() -> dict[str, str]:
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
 
 
-def mirrored_model(spec: Spec, model: str, lr: float, momentum: float,
-                   weights: dict[str, np.ndarray] | None = None
-                   ) -> tuple[tf.distribute.MirroredStrategy, list[dict[str, Any]], keras.Model,
-                              keras.optimizers.Optimizer]:
-    """(MirroredStrategy over the run's devices, their descriptions, the Keras model `model`
-    from models/ (channels_last; `weights`: canonical weights to start from), Keras SGD with
-    its variables built), the variables mirrored on every device (made under the scope)."""
-    names, devices = setup_devices(spec)
-    strategy = tf.distribute.MirroredStrategy(devices=names)
-    with strategy.scope():
-        net = load_builder(model, "keras")(get_spec(model))
-        if weights is not None:
-            set_canonical_weights(net, weights)
-        optimizer = keras.optimizers.SGD(learning_rate=lr, momentum=momentum)
-        optimizer.build(net.trainable_variables)
-    return strategy, devices, net, optimizer
-
-
 def replica_slices(strategy: tf.distribute.Strategy, x: np.ndarray, y: np.ndarray
                    ) -> tuple[Any, Any]:
-    """(PerReplica x, PerReplica y): replica i's equal rows of a host batch, made on its device
-    (experimental_distribute_values_from_function), as the synthetic slices are; Invalid when
-    the rows do not divide over the replicas."""
+    """(PerReplica x, PerReplica y): replica i's equal rows of a host batch, made on its device;
+    Invalid when the rows do not divide over the replicas."""
     per = rows_per_device(len(x), strategy.num_replicas_in_sync, "replicas",
                           "equivalence batch")
 
@@ -83,8 +61,7 @@ def synthetic_batch(shape: tuple[int, ...], classes: int, batch: int) -> tuple[t
 
 
 def synthetic_tokens(seq_len: int, vocab: int, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """One random batch of token ids, the same in every run: ids (batch, seq_len + 1) in
-    [0, vocab), int32 inputs ids[:, :-1] and next-token targets ids[:, 1:]."""
+    """One random batch of int32 token ids, the same in every run: (inputs, next tokens)."""
     ids = tf.random.stateless_uniform((batch, seq_len + 1), seed=(5, 6), maxval=vocab,
                                       dtype=tf.int32)
     return ids[:, :-1], ids[:, 1:]
@@ -97,14 +74,9 @@ def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
 
 
 def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
-    """A dataset of one given global batch (repeated, or once), which a strategy's distributed
-    iterator splits into per-replica slices instead of sharding the dataset."""
+    """A dataset of one global batch (repeated, or once), split over replicas, not sharded."""
     ds = tf.data.Dataset.from_tensors(batch)
-    ds = ds.repeat() if repeat else ds
-    options = tf.data.Options()
-    # each element is already one global batch: split it, do not shard the dataset by file
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
+    return tf_data.auto_shard(ds.repeat() if repeat else ds)
 
 
 # the shuffle seed every worker of a multi-node run shares (worker_seed)
@@ -125,18 +97,14 @@ SHARDING_NOTE = (
 
 
 def shard_across_workers(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """A dataset of global batches for a multi-worker strategy: auto-shard policy DATA, so
-    each worker keeps its replicas' slices of every global batch (SHARDING_NOTE), where one
-    machine's MirroredStrategy takes OFF (one input pipeline splits each batch)."""
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return ds.with_options(options)
+    """A dataset of global batches for a multi-worker strategy: auto-shard policy DATA, each
+    worker keeping its replicas' slices of every global batch (SHARDING_NOTE)."""
+    return tf_data.auto_shard(ds, tf.data.experimental.AutoShardPolicy.DATA)
 
 
 def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[str, Any]:
-    """What this worker's replicas got of one step's (PerReplica x, PerReplica y): rows per
-    local replica, and sums of the images and labels (different workers, different rows);
-    `source` says which batch it was."""
+    """What this worker's replicas got of one step's (PerReplica x, PerReplica y): rows per local
+    replica, sums of the images and labels; `source` says which batch it was."""
     xs = strategy.experimental_local_results(xy[0])
     ys = strategy.experimental_local_results(xy[1])
     return {"source": source, "rows": [int(x.shape[0]) for x in xs],
@@ -146,9 +114,8 @@ def local_batch(strategy: tf.distribute.Strategy, xy: Any, source: str) -> dict[
 
 def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
               ) -> tuple[Any, dict[str, Any]]:
-    """What a Keras runner's fit trains on, and what the record says about it: one random
-    global batch, repeated; or the `loader`'s global batches over the run's dataset (framework:
-    tf.data over the TFRecord shards; keras: the PyDataset over the JPEGs, `steps` long)."""
+    """What a Keras runner's fit trains on and its record: one random global batch, repeated, or
+    the `loader`'s global batches (framework: tf.data; keras: the PyDataset, `steps` long)."""
     batch = spec.global_batch_size
     if spec.data == "synthetic":
         return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
@@ -173,9 +140,8 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
 
 
 class FitClock(keras.callbacks.Callback):
-    """Drives the timed window of a model.fit call (runners.common.TimedWindow), one call of
-    `per_call` steps per batch end. Reading the loss as a Python float waits for the step to
-    finish on the device, so each clock reading follows a synchronised step."""
+    """Drives the timed window of a model.fit call, one call of `per_call` steps per batch end;
+    reading the loss as a float waits for the step to finish on the device."""
 
     def __init__(self, warmup: int, measure: int, per_call: int = 1) -> None:
         super().__init__()
@@ -194,10 +160,8 @@ class FitClock(keras.callbacks.Callback):
 
 def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
               callbacks: Sequence[keras.callbacks.Callback] = ()) -> dict[str, Any]:
-    """Run model.fit for warmup + measure steps on data (a repeating dataset) and return the
-    timing summary, the samples counted from the optimizer's step counter, and the losses.
-    `callbacks` run before the clock's at every batch end (so what they do at the last warm-up
-    batch stays outside the timed window)."""
+    """model.fit for warmup + measure steps on a repeating dataset: the timing summary, samples
+    from the optimizer's step counter; `callbacks` run before the clock's at every batch end."""
     warmup, measure = spec.warmup_steps, spec.measure_steps
     clock = FitClock(warmup, measure, per_call)
     model.fit(data, epochs=1, steps_per_epoch=warmup + measure, callbacks=[*callbacks, clock],
@@ -212,9 +176,8 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
 # ---- mode converge (runners/converge.py): what tf_mirrored and tf_native share -------------
 
 class RecipeSGD(keras.optimizers.SGD):
-    """Keras 3 SGD with momentum (m = momentum x m - lr x g; w += m) and the recipe's
-    weight_decay as an L2 term added to each gradient (torch's meaning; Keras' own is
-    decoupled), in update_step: after the all-reduce, on each replica's copy."""
+    """Keras 3 SGD with momentum and the recipe's weight_decay as an L2 term added to each
+    gradient (torch's meaning; Keras' own is decoupled), after the all-reduce."""
 
     def __init__(self, l2: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -261,20 +224,16 @@ def nchw(x: np.ndarray, data_format: str) -> np.ndarray:
 
 
 def epoch_dataset(batches: Sequence[Any], data_format: str) -> tf.data.Dataset:
-    """One epoch's global batches (runners.converge.Batch, in order) as a tf.data dataset
-    (from_generator), each split by a strategy's distributed iterator (auto-shard OFF); a
-    short kept last batch stays short."""
+    """One epoch's global batches (runners.converge.Batch, in order) as a tf.data dataset, each
+    split by a strategy's distributed iterator (auto-shard OFF); a short last batch stays short."""
     shape = nchw(batches[0].x[:0], data_format).shape[1:] if batches else (None,) * 3
 
     def generate() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for b in batches:
             yield nchw(b.x, data_format), b.y
 
-    ds = tf.data.Dataset.from_generator(generate, output_signature=(
-        tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None,), tf.int32)))
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
+    return tf_data.auto_shard(tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((None, *shape), tf.float32), tf.TensorSpec((None,), tf.int32))))
 
 
 def moving_stat_copies(strategy: tf.distribute.Strategy, model: keras.Model
@@ -291,8 +250,7 @@ def moving_stat_copies(strategy: tf.distribute.Strategy, model: keras.Model
 
 
 def moving_stats(strategy: tf.distribute.Strategy, model: keras.Model) -> tuple[bool, str]:
-    """(all finite, detail) over every device's copy of every BatchNorm moving statistic
-    (moving_stat_copies), naming the first that is not finite."""
+    """(all finite, the first that is not) of moving_stat_copies."""
     copies = moving_stat_copies(strategy, model)
     for path, device, values in copies:
         bad = int(values.size - np.isfinite(values).sum())
@@ -305,10 +263,8 @@ EVAL_ROWS = 1024  # held-out rows per evaluation call, over all replicas
 
 
 class StrategyAccuracy:
-    """Top-1 accuracy of `model` in inference mode on the held-out split, every replica on its
-    share (strategy.run in one tf.function, correct counts summed). The split is cut once into
-    calls of EVAL_ROWS rows split over the replicas and made on their devices, then kept (Keras'
-    predict builds a distributed iterator per call: 25x the forward pass on digits)."""
+    """Top-1 accuracy in inference mode on the held-out split, each replica on its share
+    (strategy.run, counts summed); the split is cut once into EVAL_ROWS calls and kept."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                  data_format: str) -> None:
@@ -358,11 +314,9 @@ EVALUATION = ("model(x, training=False) under strategy.run (runners/tf/common.py
 
 
 class StrategyConverge:
-    """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy (tf_mirrored,
-    tf_native): a subclass's `train` runs one epoch (runners/converge.py's train_epoch); this
-    class reads the optimizer's rate back after it, evaluates in inference mode under the
-    strategy (StrategyAccuracy), reads every device's BatchNorm statistics, and gives the
-    fields both runners report."""
+    """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy: a subclass's
+    `train` runs one epoch; this class reads the rate back, evaluates, reads BatchNorm
+    statistics."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                  optimizer: keras.optimizers.Optimizer, data_format: str) -> None:
@@ -411,8 +365,7 @@ class StrategyConverge:
 
 
 def weights_digest(model: keras.Model) -> str:
-    """sha256 of the model's weights (canonical names, in order), to show that two runs start
-    alike."""
+    """sha256 of the model's canonical weights, in order: two runs start alike."""
     digest = hashlib.sha256()
     for name, value in sorted(get_canonical_weights(model).items()):
         digest.update(name.encode())
@@ -423,8 +376,7 @@ def weights_digest(model: keras.Model) -> str:
 def empty_replica_failure(exc: Exception, batches: Sequence[Any], replicas: int
                           ) -> Exception | None:
     """Invalid, saying why, when a step failed on an epoch where a replica got no rows (a short
-    kept last batch of fewer rows than replicas; oneDNN's CPU Conv2D then fails, without
-    oneDNN the replica's BatchNorm statistics become NaN: seed 002's trap); else None."""
+    kept last batch of fewer rows than replicas: seed 002's trap); else None."""
     from runners.common import Invalid, one_line
 
     short = [b.global_rows for b in batches if b.global_rows < replicas]

@@ -1,18 +1,6 @@
-"""The TensorFlow family's real-data pipeline: tf.data over the prepared TFRecord shards.
-
-Shards (shuffled file order) -> interleaved parallel TFRecord reads -> shuffle buffer ->
-parse_single_example -> the reference preprocessing of runners/real_data.py with TF ops in
-`workers` parallel map calls -> whole batches -> repeat -> prefetch(AUTOTUNE). The
-preprocessing: read the JPEG's size from its header; when the shorter side is at least S,
-tf.image.decode_and_crop_jpeg decodes only the S x S window (random or centred); otherwise
-decode_jpeg, bilinear resize of the shorter side to S (rounded back to uint8, as Pillow does),
-crop; crop-flip adds a left-right flip with p=1/2; float32 = pixel / 127.5 - 1.
-
-Each element is one whole batch (a global batch for a tf.distribute strategy, which splits it
-over its replicas: no auto-sharding by file, as tf_common.synthetic_dataset). Imports
-TensorFlow only (no Keras), so the Keras 3 runners, tensorpack (legacy Keras,
-tf.compat.v1 datasets) and the pipeline mode share it.
-"""
+"""The TensorFlow family's real-data pipeline: tf.data over the prepared TFRecord shards with
+runners/real_data.py's preprocessing in TF ops; each element one whole (global) batch, not
+auto-sharded by file. Imports TensorFlow only (no Keras). docs/runners/tf_family.md."""
 
 from __future__ import annotations
 
@@ -29,14 +17,12 @@ from runners.common import Spec, Unavailable  # noqa: E402
 from runners.real_data import RealData, check_classes, open_dataset  # noqa: E402
 
 SHUFFLE_BUFFER = 10_000  # images; ImageNet input pipelines commonly use 10k
-# libjpeg's accurate integer IDCT, what Pillow (the reference) and OpenCV decode with; TF's
-# default ("", the fast IDCT) is about one grey level off Pillow on every pixel.
+# libjpeg's accurate IDCT, as Pillow (the reference) decodes; TF's fast default differs
 DCT_METHOD = "INTEGER_ACCURATE"
 
 
 def open_real(spec: Spec, model_spec: Any) -> RealData:
-    """The run's prepared dataset, checked against the model; Unavailable for any data other
-    than synthetic and real."""
+    """The run's prepared dataset checked against the model; Unavailable for other data."""
     if spec.data != "real":
         raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
     data = open_dataset(spec)
@@ -103,11 +89,8 @@ def parse(record: tf.Tensor, size: int, augmentation: str) -> tuple[tf.Tensor, t
 def make_dataset(data: RealData, size: int, batch: int, *, channels_first: bool = False,
                  shuffle: bool = True, seed: int | None = None,
                  dataset_cls: Any = None) -> tf.data.Dataset:
-    """Endless whole batches (x float32 NHWC or NCHW, y int32) from the TFRecord shards.
-
-    shuffle=False reads the shards round-robin in a deterministic order, which is the order
-    of files.csv (prepare-data writes image i to shard i % shards): the parity test's order.
-    dataset_cls=tf.compat.v1.data.Dataset gives a V1 dataset (for tf.compat.v1 graph code)."""
+    """Endless whole batches (x float32 NHWC or NCHW, y int32) from the TFRecord shards;
+    shuffle=False reads them in files.csv's order; dataset_cls picks a V1 dataset."""
     cls = dataset_cls or tf.data.Dataset
     shards = [str(p) for p in data.tfrecords]
     workers = max(1, data.workers)
@@ -132,10 +115,15 @@ def make_dataset(data: RealData, size: int, batch: int, *, channels_first: bool 
         ds = ds.batch(batch, drop_remainder=True)
     if channels_first:
         ds = ds.map(lambda x, y: (tf.transpose(x, (0, 3, 1, 2)), y))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
+    return auto_shard(ds.prefetch(tf.data.AUTOTUNE))
+
+
+def auto_shard(ds: tf.data.Dataset, policy: Any = tf.data.experimental.AutoShardPolicy.OFF
+               ) -> tf.data.Dataset:
+    """`ds` with a strategy's auto-shard policy; OFF: each element is one global batch, which
+    the strategy splits over its replicas instead of sharding the files."""
     options = tf.data.Options()
-    # each element is one global batch: a strategy splits it, it must not shard the files
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    options.experimental_distribute.auto_shard_policy = policy
     return ds.with_options(options)
 
 
@@ -153,6 +141,5 @@ def describe_pipeline(data: RealData, batch: int, channels_first: bool = False) 
 
 
 def first_labels(ds: Any) -> list[int]:
-    """The labels of the first batch of a fresh iterator over ds (a probe outside any timed
-    window: which labels the model is fed)."""
+    """The labels of the first batch of a fresh iterator over ds."""
     return [int(v) for v in np.asarray(next(iter(ds))[1])]

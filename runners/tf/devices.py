@@ -1,15 +1,7 @@
-"""The run's TensorFlow devices, without Keras: usable by Keras 3 runners and by legacy-Keras
-(tf.compat.v1) runners alike. Child processes only.
-
-One node: N virtual CPU devices or N GPUs for a MirroredStrategy (setup_devices). Several
-nodes (spec.num_nodes > 1, issue 16): tf.distribute.MultiWorkerMirroredStrategy (TF 2.21),
-one worker per node as the harness starts them through srun, its cluster resolved by
-TensorFlow's own tf.distribute.cluster_resolver.SlurmClusterResolver from the SLURM step's
-environment (multi_worker_strategy). Two things are changed and recorded (SlurmResolver):
-the ports, only where two tasks resolve to the same address (the local 2-node cluster of
-docs/SLURM.md is one machine: node1 and node2 are both 127.0.0.1, and the resolver gives every
-node's worker the same port), and the GPU count on CPU (the resolver cannot express none).
-MWMS runs one replica per worker on CPU, so CPU runs take 1 device per node."""
+"""The run's TensorFlow devices, without Keras: N virtual CPU devices or N GPUs for a
+MirroredStrategy (setup_devices); several nodes: MultiWorkerMirroredStrategy over
+SlurmClusterResolver (multi_worker_strategy), ports and CPU GPU count changed and recorded.
+Child processes only. docs/runners/tf_family.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -47,10 +39,8 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
-    """The tf.compat.v1 Session config of the graph-mode runners (Keras 2 towers, tensorpack):
-    soft placement, GPU memory growth, inter-op threads >= 2N+2 (each StagingArea put holds a
-    thread until its tower's get runs: 2 towers on 2 cores deadlocked with the default pool),
-    and on CPU N CPU devices (a v1 Session ignores tf.config's logical devices)."""
+    """The tf.compat.v1 Session config of the graph-mode runners: soft placement, GPU memory
+    growth, inter-op threads >= 2N+2, and on CPU N CPU devices."""
     n = spec.num_devices
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     config.gpu_options.allow_growth = True
@@ -72,10 +62,8 @@ CPU_GPUS_NOTE = (
 
 
 class SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
-    """TensorFlow's SlurmClusterResolver, ports from MGBENCH_MASTER_PORT, with two changes
-    recorded in `multi_node`: distinct ports where two tasks share an address (distinct_ports:
-    the local cluster; on a real cluster nothing changes), and 0 GPUs on CPU (CPU_GPUS_NOTE).
-    GPUs are never reassigned (auto_set_gpu=False): the harness sets CUDA_VISIBLE_DEVICES."""
+    """TensorFlow's SlurmClusterResolver, ports from MGBENCH_MASTER_PORT, with distinct ports
+    where two tasks share an address and 0 GPUs on CPU, both recorded in `multi_node`."""
 
     def __init__(self, port_base: int, gpus: int) -> None:
         # gpus 0 cannot be given to TF's resolver (see CPU_GPUS_NOTE): 1 stands in, unused
@@ -100,10 +88,8 @@ class SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
 
 def distinct_ports(cluster: dict[str, list[str]], port_base: int
                    ) -> tuple[dict[str, list[str]], list[dict[str, str]]]:
-    """The cluster with distinct ports on every address two tasks would share: each task on
-    such an address gets port_base + its global task index (jobs in sorted order, as
-    SlurmClusterResolver orders them). Returns the cluster and one entry per changed task.
-    The harness reserves MGBENCH_MASTER_PORT..+9 per job: enough for 10 tasks on one host."""
+    """The cluster with port_base + global task index on every address two tasks would share,
+    and one entry per changed task."""
     tasks = [(job, i, addr) for job in sorted(cluster) for i, addr in enumerate(cluster[job])]
     ips: dict[str, str] = {}
 
@@ -143,8 +129,7 @@ def distinct_ports(cluster: dict[str, list[str]], port_base: int
 
 @dataclass
 class MultiWorker:
-    """A multi-node run's strategy, its resolver and local devices; record() gathers what
-    the result says of every worker."""
+    """A multi-node run's strategy, resolver and local devices."""
 
     strategy: tf.distribute.MultiWorkerMirroredStrategy
     resolver: SlurmResolver
@@ -154,11 +139,9 @@ class MultiWorker:
     def record(self, placement: dict[str, int], run_metadata: Any,
                node_extra: dict[str, Any] | None = None,
                adjustments: dict[str, str] | None = None) -> dict[str, Any]:
-        """`nodes`, `multi_node`, and every worker's placement and devices, gathered through
-        TF (all_gather_json): each worker's identity, task, address, devices, compute and
-        collective ops per device, and `node_extra`; `adjustments`: what the runner changed of
-        TF's behaviour, by name and why. A collective: call on every worker, last. Invalid
-        when the workers are not tasks 0..N-1 or two report the same device."""
+        """`nodes`, `multi_node` and every worker's placement and devices, gathered through TF. A
+        collective: call on every worker, last. Invalid when the workers are not tasks 0..N-1 or
+        two report the same device."""
         from runners.tf.placement import all_gather_json, collective_ops
 
         s, r = self.strategy, self.resolver
@@ -192,8 +175,7 @@ class MultiWorker:
 
     def multi_node(self, cluster: dict[str, list[str]], collectives: dict[str, Any],
                    adjustments: dict[str, str] | None) -> dict[str, Any]:
-        """The record's `multi_node`: the mechanism, the cluster as resolved and as used, and
-        what the strategy says of itself."""
+        """The record's `multi_node`: mechanism, cluster resolved and used, the strategy."""
         s, r = self.strategy, self.resolver
         ext = s.extended
         impl = ext._communication_options.implementation
@@ -230,10 +212,9 @@ class MultiWorker:
 def multi_worker_strategy(spec: Spec, communication: str = "auto",
                           strategy_class: type[tf.distribute.MultiWorkerMirroredStrategy]
                           = tf.distribute.MultiWorkerMirroredStrategy) -> MultiWorker:
-    """MultiWorkerMirroredStrategy over the SLURM step's tasks, one worker per node (the
-    cluster from SlurmResolver). Call before anything else touches TF's devices. Unavailable
-    for what MWMS cannot do here (several CPU devices per worker, missing GPUs, no SLURM
-    step); Invalid when what TF resolved is not this run (check_resolved)."""
+    """MultiWorkerMirroredStrategy over the SLURM step's tasks, one worker per node; call before
+    anything else touches TF's devices. Unavailable for what MWMS cannot do here; Invalid when
+    what TF resolved is not this run."""
     per_node = spec.devices_per_node
     if spec.num_devices != per_node * spec.num_nodes:
         raise Invalid(f"{spec.num_devices} devices do not divide over {spec.num_nodes} nodes")
@@ -279,9 +260,8 @@ XLA_CPU_COLLECTIVES = "Collectives are not yet implemented for CPU devices when 
 
 
 def xla_collectives_unavailable(exc: BaseException) -> Unavailable | None:
-    """Unavailable with TF's words when XLA could not compile the step's cross-worker
-    all-reduce on CPU (TF 2.21: "Collectives are not yet implemented for CPU devices when
-    compiling with XLA"); None for any other error."""
+    """Unavailable with TF's words when XLA could not compile the step's cross-worker all-reduce
+    on CPU; None for any other error."""
     said = next((line.strip() for line in str(exc).splitlines()
                  if XLA_CPU_COLLECTIVES in line), None)
     if said is None:
@@ -303,10 +283,8 @@ def xla_collectives_guard() -> Iterator[None]:
 
 
 def check_resolved(spec: Spec, resolver: SlurmResolver) -> None:
-    """What SlurmClusterResolver resolved must be this run: one worker per node, this
-    process's task id its rank (worker 0, the chief, writes the result), and its address on
-    this node (TF orders its task list by sorted host name, SLURM ranks by node list order:
-    node[9-10] would give rank 0 on node9 the address of node10)."""
+    """Invalid unless SlurmClusterResolver resolved this run: one worker per node, this process's
+    task id its rank, its address on this node."""
     cluster = resolver.resolved
     workers = cluster.get("worker", [])
     if set(cluster) != {"worker"} or len(workers) != spec.num_nodes:

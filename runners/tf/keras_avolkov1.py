@@ -1,16 +1,8 @@
-"""avolkov1's make_parallel (keras_experiments, keras_exp/multigpu/_multigpu.py and
-optimizers.py at 99cd231, Dec 2017) on Keras 2 (tf_keras in a TF1 graph), trained by fit
-(runners/tf/towers.py).
-
-For each device i a Lambda under the parameter device (`ps`) cuts rows [i*B//N, (i+1)*B//N)
-(the last tower takes the rest), the serial model runs on the slice under tf.device(device i),
-and the outputs are concatenated on the parameter device. `input: staging` is its `enqueue`
-option made to work (primed one step ahead); `average_gradients` is its SGD_MGPU (N backward
-passes of the merged loss, averaged on the first device); `nccl` its usenccl (GPUs only). At 1
-device make_parallel returns the serial model: so does this runner unless wrap_single_device.
-Differs: the example trains with RMSprop (lr 1e-4 x N); every runner here trains with the same
-SGD (momentum 0.9, lr 0.01). docs/runners/keras_tf_avolkov1.md has the sources and reasons.
-"""
+"""avolkov1's make_parallel (keras_experiments at 99cd231) on Keras 2, trained by fit
+(runners/tf/towers.py): per device a Lambda slices the rows, the serial model runs under
+tf.device, outputs concatenated on the parameter device; its SGD_MGPU and usenccl as options.
+Differs: every runner here trains with the same SGD (the example: RMSprop).
+docs/runners/keras_tf_avolkov1.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -29,11 +21,8 @@ ORIGINAL = "avolkov1's make_parallel (returns the serial model below 2 GPUs)"
 
 def tower_gradients(loss: tf.Tensor, params: list[Any], devices: list[str], nccl: bool
                     ) -> list[list[tf.Tensor]]:
-    """avolkov1's OptimizerMultiGPUMixin._get_tower_gradvars + all_avg_gradients
-    (optimizers.py 99cd231 lines 172-209 and 36-60): per device the averaged gradients it
-    applies. Without NCCL one reduce_mean(stack) on the first device ('/gpu:0', its
-    param_server_device default), the same tensors for every device; with NCCL all_sum over
-    the devices, each device's output scaled by 1/N on that device."""
+    """avolkov1's _get_tower_gradvars + all_avg_gradients: per device the averaged gradients it
+    applies (reduce_mean on the first device, or NCCL all_sum scaled by 1/N)."""
     copies = []
     for i, dev in enumerate(devices):
         with tf.device(dev), tf.name_scope(f"tower_{i}"):
@@ -55,12 +44,8 @@ def tower_gradients(loss: tf.Tensor, params: list[Any], devices: list[str], nccl
 
 
 class SGDMultiGPU(kt.Keras2SGD):
-    """avolkov1's SGD_MGPU (OptimizerMultiGPUMixin + SGD): get_updates applies device 0's
-    averaged gradients; with NCCL it goes on over every device (optimizers.py lines 242-261:
-    "IMPORTANT when using NCCL to get updates for all devices otherwise the nccl ops
-    deadlock"), one SGD update of the shared variables per device under that device's scope.
-    Keras 2's SGD.get_updates made new momentum buffers on each call: so does each device's
-    update here (its own legacy SGD with the same settings)."""
+    """avolkov1's SGD_MGPU: applies device 0's averaged gradients; with NCCL one SGD update per
+    device under its scope, each device's update with its own legacy SGD, as Keras 2 did."""
 
     def __init__(self, *, devices: list[str], nccl: bool, learning_rate: float,
                  momentum: float = 0.0) -> None:

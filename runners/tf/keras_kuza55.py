@@ -1,14 +1,7 @@
-"""kuza55's make_parallel (keras-extras utils/multi_gpu.py at 23fb548, Oct 2016) on Keras 2
-(tf_keras in a TF1 graph), trained by fit as its users trained it (runners/tf/towers.py).
-
-For each device i, under tf.device('/gpu:%d' % i) and name scope tower_i, a Lambda slices the
-whole input batch there to rows [i*B//N, (i+1)*B//N) and calls the one template on it; the
-outputs are concatenated on /cpu:0. At 1 device it wraps too (one tower). `ps: default` builds
-the template with no device scope, as its users passed their model in; `cpu`/`gpu` are this
-harness's options (departs_from_original). Differs: kuza55 silently dropped the B mod N rows
-left over; this runner refuses such a global batch (Invalid); Keras 1's merge(mode='concat')
-is Keras 2's Concatenate. docs/runners/keras_tf_kuza55.md has the line-by-line reading.
-"""
+"""kuza55's make_parallel (keras-extras at 23fb548) on Keras 2, trained by fit
+(runners/tf/towers.py): per device a Lambda slices the batch and calls the template, outputs
+concatenated on /cpu:0. Differs: a global batch not divisible by N is refused (Invalid) where
+kuza55 dropped the rest. docs/runners/keras_tf_kuza55.md, "Notes from the code"."""
 
 from __future__ import annotations
 

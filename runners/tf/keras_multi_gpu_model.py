@@ -1,17 +1,8 @@
-"""Keras 2's keras.utils.multi_gpu_model (keras-team/keras 2.1.6 .. 2.2.5,
-keras/utils/multi_gpu_utils.py) on Keras 2 (tf_keras in a TF1 graph), trained by fit
-(runners/tf/towers.py).
-
-For each device i, under tf.device and name scope replica_i, a Lambda takes rows
-[i*B//N, (i+1)*B//N) (the last replica also the remainder) and calls the template; outputs are
-concatenated on /cpu:0 (cpu_merge) or the first device. keras_version "2.1" slices inside each
-replica's scope (the whole batch to every device), "2.2" on the input's device (PR #10230);
-cpu_relocation clones the template under /cpu:0 and trains the clone. template_device "docs"
-follows the docstring's example for the arguments. At 1 device the original refuses (gpus >=
-2): this runner trains the plain model (wrapped: false) unless wrap_single_device. Differs:
-"2.1" is 2.1.6's code; the trained template is saved to HDF5 and reloaded
-(saved_template_ok). docs/runners/keras_tf_multi_gpu_model.md has the sources and reasons.
-"""
+"""Keras 2's keras.utils.multi_gpu_model (2.1.6 .. 2.2.5) on Keras 2, trained by fit
+(runners/tf/towers.py): per device a Lambda takes its rows and calls the template, outputs
+merged on /cpu:0 or the first device; keras_version, cpu_relocation and template_device as
+options. Differs: at 1 device the plain model is trained unless wrap_single_device.
+docs/runners/keras_tf_multi_gpu_model.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -65,8 +56,7 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
 
 
 def check_saveable(template: Any) -> bool:
-    """Save the template to HDF5, load it back, and check every weight matches; Invalid if
-    not."""
+    """Save the template to HDF5 and load it back; Invalid unless every weight matches."""
     import tf_keras
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,16 +1,8 @@
-"""Keras 3 on TensorFlow, data parallel with tf.distribute.MirroredStrategy (TF 2.21, Keras 3
-fit): one replica per device, variables mirrored, each global batch split by the distributed
-tf.data iterator; Keras scales the loss by 1/replicas and the strategy all-reduces (sums) the
-gradients (cross_device_ops), every replica applying the same update.
-
-Synthetic data: one global batch in tf.data; real data: tf.data over the TFRecord shards or
-the Keras PyDataset (`loader`); token models train on one synthetic batch of ids. Placement:
-the partition graphs of fit's first train call. Limits at 2+ replicas (xla; steps_per_execution
-> 1 with CollectiveAllReduce) are recorded unavailable with TF's words (known_limits). Several
-nodes: MultiWorkerMirroredStrategy from SlurmClusterResolver, with FitMultiWorkerStrategy's
-reduce (keras-team/keras#20585). Mode converge: fit per epoch, the rate set before every step
-(MirroredConverge). docs/runners/tf_mirrored.md has the details and what differs.
-"""
+"""Keras 3 on TensorFlow, data parallel with tf.distribute.MirroredStrategy and fit: variables
+mirrored, each global batch split by the distributed iterator, gradients all-reduced
+(cross_device_ops). Stack limits at 2+ replicas are recorded unavailable (known_limits);
+several nodes: MultiWorkerMirroredStrategy (FitMultiWorkerStrategy's reduce).
+docs/runners/tf_mirrored.md has the details and what differs."""
 
 from __future__ import annotations
 
@@ -84,10 +76,8 @@ FIT_REDUCE_NOTE = (
 
 
 class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
-    """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects of it (keras-team/
-    keras#20585): mapped over a nested structure, as MirroredStrategy's is, and a per-replica
-    scalar reduced across replicas (axis=None) where fit asks for axis=0
-    (docs/runners/tf_mirrored.md, "FitMultiWorkerStrategy"). Otherwise MWMS's own reduce."""
+    """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects (keras-team/keras#20585):
+    mapped over nested structures, scalars reduced with axis=None (docs/runners/tf_mirrored.md)."""
 
     def reduce(self, reduce_op: Any, value: Any, axis: Any) -> Any:
         parent = super()
@@ -102,9 +92,8 @@ class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
                                        MultiWorker | None]:
-    """MirroredStrategy over the run's devices, with the configured all-reduce; on several
-    nodes, MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster, with the
-    collective implementation the option names (auto or nccl), and what the record needs."""
+    """MirroredStrategy over the run's devices with the configured all-reduce; on several nodes
+    MultiWorkerMirroredStrategy (collective auto or nccl), with what the record needs."""
     choice = spec.options["cross_device_ops"]
     if choice == "nccl" and spec.device == "cpu":
         raise Unavailable("cross_device_ops nccl: NCCL all-reduces between GPUs; this run is on "
@@ -142,11 +131,8 @@ def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
 def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str | None,
                    optimizer: Callable[[], keras.optimizers.Optimizer]
                    ) -> tuple[keras.Model, dict[str, Any] | None]:
-    """(the model, a user's model's description or None), the model and its optimizer made
-    under the strategy and compiled as the benchmark compiles it (layout, steps_per_execution,
-    XLA from the options; the loss models.keras_common.loss_for gives). `model_name`: a model
-    of models/ (the probe), or None for the run's (models.build_for: a built-in, or a user's
-    model checked and described, Invalid when it is wrong)."""
+    """(the model, a user's model's description or None), made under the strategy and compiled
+    as the benchmark compiles it; `model_name` a model of models/, or None for the run's."""
     opts = spec.options
     described = None
     with strategy.scope():
@@ -172,9 +158,8 @@ TOKENS_REAL = ("data real: the prepared datasets are images; a token model train
 
 
 def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any, dict[str, Any]]:
-    """fit_input's data (synthetic images or the real-data pipeline), or for a token model one
-    synthetic global batch of token ids (synthetic_tokens) in tf.data, split by the distributed
-    iterator as the synthetic images are."""
+    """fit_input's data, or for a token model one synthetic global batch of token ids in tf.data,
+    split by the distributed iterator as the synthetic images are."""
     if model_spec.input_kind != "tokens":
         return fit_input(spec, model_spec, data_format, spec.warmup_steps + spec.measure_steps)
     if spec.data == "real":
@@ -185,8 +170,7 @@ def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any,
 
 
 class StopPlacement(keras.callbacks.Callback):
-    """Stops collecting the train function's partition graphs at the end of fit's first call
-    (the function is instantiated then; the later calls run the same one)."""
+    """Stops collecting partition graphs at the end of fit's first call (its function made)."""
 
     def __init__(self, placement: EagerPlacement) -> None:
         super().__init__()
@@ -198,11 +182,9 @@ class StopPlacement(keras.callbacks.Callback):
 
 @contextlib.contextmanager
 def known_limits(spec: Spec, strategy: tf.distribute.Strategy) -> Iterator[None]:
-    """Failures of Keras 3 fit under MirroredStrategy with 2+ replicas that are the stack's
-    limits, not this run's, reported unavailable with TensorFlow's own words: xla (Keras 3
-    compiles strategy.run over every replica as one XLA cluster, which cannot read the other
-    replicas' variables), steps_per_execution > 1 with CollectiveAllReduce (a placeholder left
-    unfed in Keras' while loop), and xla on several workers on CPU."""
+    """Keras 3 fit's failures under MirroredStrategy with 2+ replicas that are the stack's limits
+    (xla; steps_per_execution > 1 with CollectiveAllReduce), re-raised Unavailable with TF's
+    words."""
     try:
         with xla_collectives_guard():
             yield
@@ -254,8 +236,7 @@ def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dic
 
 def worker_input(strategy: Any, data: Any, multi: Any) -> tuple[Any, Any]:
     """fit's dataset, sharded across the workers of a multi-node run, and what this worker's
-    replicas get of its first global batch, by the distribution fit itself uses (Keras 3
-    passes the dataset to experimental_distribute_dataset); one machine: (data, None)."""
+    replicas get of its first global batch as fit distributes it; one machine: (data, None)."""
     if multi is None:
         return data, None
     data = shard_across_workers(data)
@@ -297,8 +278,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model, compiled and fed as the benchmark does; the
-    weights saved after it."""
+    """One plain SGD step on the probe model, compiled and fed as the benchmark; weights saved."""
     strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     model, _ = build_compiled(spec, strategy, "probe",
@@ -311,8 +291,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     data, first_batch = worker_input(strategy, data, multi)
     placement = EagerPlacement()
     placement.start()
-    # the benchmark's input path (one global batch in tf.data, split by the distributed
-    # iterator), given once: fit stops when it is exhausted, after exactly one step
+    # the benchmark's input path, given once: fit stops after exactly one step
     with known_limits(spec, strategy):
         model.fit(data, epochs=1, verbose=0, shuffle=False,
                   callbacks=[StopPlacement(placement)])
@@ -330,9 +309,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
 
 class StepLearningRate(keras.callbacks.Callback):
-    """Sets the optimizer's learning rate to the recipe's `lr_at(step)` before every step of
-    fit's epoch (Keras 3: model.optimizer.learning_rate, assigned in on_train_batch_begin; its
-    variable is mirrored, so every replica's copy takes it)."""
+    """Sets model.optimizer.learning_rate to the recipe's `lr_at(step)` before every step of fit's
+    epoch (a mirrored variable: every replica's copy takes it)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -343,10 +321,8 @@ class StepLearningRate(keras.callbacks.Callback):
 
 
 class MirroredConverge(StrategyConverge):
-    """Keras 3 fit, one call per epoch (epochs=epoch + 1, initial_epoch=epoch) on that epoch's
-    global batches in tf.data, split by the distributed iterator as in the benchmark, the rate
-    set before every step by StepLearningRate; the placement from the first epoch's first
-    train call."""
+    """Keras 3 fit, one call per epoch on that epoch's batches in tf.data, the rate set before every
+    step (StepLearningRate); the placement from the first train call."""
 
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy, model: keras.Model) -> None:
         # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
@@ -368,9 +344,8 @@ class MirroredConverge(StrategyConverge):
 
 
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py): MirroredConverge on the benchmark's strategy, model
-    and compile with the recipe's optimizer, the initial weights seeded by
-    keras.utils.set_random_seed(recipe.seed)."""
+    """Mode converge: MirroredConverge on the benchmark's strategy, model and compile with the
+    recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed)."""
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
     model_spec = spec_of(spec)

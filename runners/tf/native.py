@@ -1,16 +1,8 @@
-"""Native TensorFlow: a custom training loop in tf.function under tf.distribute.MirroredStrategy
-(MultiWorkerMirroredStrategy across nodes), the no-Keras-fit baseline of the "Keras tax".
-
-The model from models/ is used as a layer graph only; the step is GradientTape + Keras SGD
-(momentum 0.9) in one tf.function, each replica's loss its summed per-example losses over the
-global batch (tf.nn.compute_average_loss), the gradients all-reduced inside apply_gradients;
-each step's loss read back as a float. fused_batchnorm (default) swaps Keras 3's unfused
-BatchNormalization for TF's FusedBatchNormV3 kernel, as TF 1 and tf_cnn_benchmarks compute it.
-Synthetic slices are made once on each replica's device; real data is split and prefetched by
-experimental_distribute_dataset. Placement: the partition graphs of the first step. Mode
-converge runs the same step on the recipe's batches (StrategyConverge). What differs from
-tf_cnn_benchmarks (no L2 weight decay) and the reasons: docs/runners/tf_native.md.
-"""
+"""Native TensorFlow: a custom training loop in tf.function under MirroredStrategy
+(MultiWorkerMirroredStrategy across nodes), the no-Keras-fit baseline of the "Keras tax":
+GradientTape + Keras SGD, gradients all-reduced in apply_gradients; fused_batchnorm uses TF's
+FusedBatchNormV3 as TF 1 did. Differs from tf_cnn_benchmarks: no L2 weight decay.
+docs/runners/tf_native.md has the details."""
 
 from __future__ import annotations
 
@@ -42,11 +34,8 @@ FUSED_MIN_EPSILON = 1.001e-5
 
 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
-    """Keras 3's BatchNormalization computed by TF's fused kernel FusedBatchNormV3, as TF 1
-    (fused=True) and tf_cnn_benchmarks compute it: same variables and arithmetic (the kernel's
-    unbiased variance scaled back to the biased one for the moving statistics; epsilon at
-    least 1.001e-5, as TF's wrapper sets it); Keras' call for what the kernel cannot do
-    (docs/runners/tf_native.md, "FusedBatchNormalization")."""
+    """Keras 3's BatchNormalization computed by TF's FusedBatchNormV3 as TF 1 computes it; Keras'
+    call for what the kernel cannot do (docs/runners/tf_native.md, "FusedBatchNormalization")."""
 
     def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
         axis = self.axis % len(inputs.shape)
@@ -86,10 +75,8 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
 
 def build_model(model: str, model_spec: ModelSpec, data_format: str,
                 fused_batchnorm: bool) -> tuple[keras.Model, int]:
-    """The model from models/ (its Keras builder, the layer graph every Keras runner uses);
-    with fused_batchnorm, each BatchNormalization layer swapped for FusedBatchNormalization
-    (same name and config, so the same canonical weights). Returns the model and how many
-    layers were swapped."""
+    """The model from models/ and how many BatchNormalization layers were swapped for
+    FusedBatchNormalization (same name and config, so the same canonical weights)."""
     built = load_builder(model, "keras")(model_spec, data_format=data_format)
     if not fused_batchnorm:
         return built, 0
@@ -111,9 +98,8 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
 
 def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
                                        MultiWorker | None]:
-    """MirroredStrategy over the run's devices (its default all-reduce for those devices); on
-    several nodes, MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster (its
-    default collective implementation), with what the record needs of it."""
+    """MirroredStrategy over the run's devices (its default all-reduce); on several nodes
+    MultiWorkerMirroredStrategy (its default collective), with what the record needs of it."""
     if spec.num_nodes > 1:
         multi = multi_worker_strategy(spec)
         return multi.strategy, multi.devices, multi
@@ -123,9 +109,8 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
 
 def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelSpec,
                 data_format: str) -> tuple[Iterator[tuple[Any, Any]], dict[str, Any]]:
-    """Each step's (PerReplica x, PerReplica y), and what the record says about the data:
-    synthetic slices made once on each device, or tf.data's global batches split and
-    prefetched to the replicas' devices by experimental_distribute_dataset."""
+    """Each step's (PerReplica x, PerReplica y) and the data's record: synthetic slices made once
+    on each device, or tf.data's global batches split by experimental_distribute_dataset."""
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     if spec.data == "synthetic":
         xy = device_batches(strategy, tfc.input_shape(model_spec, data_format),
@@ -154,9 +139,8 @@ BATCHNORM_KERNEL = {True: "none in this model", False: "Keras 3 BatchNormalizati
 
 
 class NativeModel:
-    """The run's model and optimizer made under its strategy (variables mirrored), as the
-    benchmark and converge both build it: the dtype policy, fused_batchnorm, loss scaling at
-    fp16; and the record fields they share."""
+    """The run's model and optimizer made under its strategy, as benchmark and converge build it
+    (dtype policy, fused_batchnorm, loss scaling at fp16), and the record fields they share."""
 
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy,
                  devices: list[dict[str, Any]],
@@ -192,10 +176,8 @@ class NativeModel:
 
 
 class TimedSteps:
-    """The benchmark's step for timed_loop: the first call runs first_step (the placement,
-    collected outside the timed window; with no warm-up it is the first timed step's), on
-    several workers also what this worker's replicas stepped on; the step count is read from
-    the optimizer's iterations from the window's start."""
+    """The benchmark's step for timed_loop: the first call runs first_step (the placement; on
+    several workers also this worker's rows); the step count from the optimizer's iterations."""
 
     def __init__(self, train_step: Callable[..., tf.Tensor], batches: Iterator[Any],
                  net: NativeModel, multi: MultiWorker | None) -> None:
@@ -254,9 +236,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """The timed path (strategy, fused_batchnorm, per-replica slices made on each device, the
-    same tf.function step, xla honoured) on the probe model for one plain SGD step on the
-    given weights and batch; weights saved, placement read back."""
+    """One plain SGD step on the probe model through the timed path (strategy, fused_batchnorm,
+    per-device slices, the same tf.function step, xla); weights saved, placement read back."""
     opts = spec.options
     strategy, devices, multi = make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
@@ -284,10 +265,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
 
 class NativeConverge(tfc.StrategyConverge):
-    """One step of the benchmark's tf.function per global batch of the recipe, fed through
-    experimental_distribute_dataset, the optimizer's rate assigned before every step; each
-    step divides its replicas' summed losses by its own global rows (a short kept last batch
-    included); the first step collects the placement."""
+    """One step of the benchmark's tf.function per recipe batch (experimental_distribute_dataset),
+    the rate set before every step, each step's loss over its own global rows."""
 
     def __init__(self, net: NativeModel) -> None:
         super().__init__(net.strategy, net.model, net.optimizer, net.data_format)
@@ -318,9 +297,8 @@ class NativeConverge(tfc.StrategyConverge):
 
 
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (runners/converge.py): NativeConverge on the benchmark's model, strategy
-    and step (fused_batchnorm and xla honoured) with the recipe's optimizer, the initial
-    weights seeded by keras.utils.set_random_seed(recipe.seed)."""
+    """Mode converge: NativeConverge on the benchmark's model, strategy and step with the
+    recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed)."""
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
     tfc.check_converge_model(spec, get_spec(spec.model), splits)

@@ -1,14 +1,6 @@
-"""What kind of work a TensorFlow op type does, whatever name this host's TensorFlow gave it.
-
-TensorFlow rewrites op types by host: with oneDNN on (TF_ENABLE_ONEDNN_OPTS=1, the default on
-CPUs with AVX-512 VNNI/BF16 or AMX) a forward convolution runs as `_MklNativeFusedConv2D` or
-`_MklNativeConv2DWithBias`, a filter gradient as `_MklNativeConv2DBackpropFilterWithBias`;
-without it Grappler's remapper gives `_FusedConv2D` and plain `Conv2DBackpropFilter`. Every
-runner and test that counts ops counts kinds through `op_kind`, never raw names, so one host
-and another count the same.
-
-Framework-free (the parent and the tests import it; runner children too).
-"""
+"""What kind of work a TensorFlow op type does, whatever name this host's TensorFlow gave it
+(oneDNN's `_MklNative...` and Grappler's `_Fused...` names count as the plain ones).
+Framework-free (the parent and the tests import it). docs/runners/tf_family.md."""
 
 from __future__ import annotations
 
@@ -64,8 +56,7 @@ def op_kind(op_type: str) -> str | None:
 
 
 def count_kinds(op_counts: Mapping[str, int] | Iterable[str]) -> dict[str, int]:
-    """Op kinds counted from {op type: count} (or op types, one per op); unclassified ops are
-    left out."""
+    """Op kinds counted from {op type: count} (or op types); unclassified ops left out."""
     items = op_counts.items() if isinstance(op_counts, Mapping) else ((t, 1) for t in op_counts)
     kinds: Counter[str] = Counter()
     for op_type, n in items:

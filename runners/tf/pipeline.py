@@ -1,11 +1,5 @@
-"""Pipeline mode for `tf_data`: the TF runners' tf.data pipeline (runners/tf/data.py) on its
-own, no model: TFRecord shards -> interleaved reads -> shuffle -> parse -> decode/crop/flip in
-`workers` parallel map calls -> whole batches -> repeat -> prefetch, timed per batch.
-
-Each timed batch is read back as numpy (.numpy()), so the clock waits until it is produced.
-The pipeline runs on the host (GPUs hidden from TF), as it does in the runners, before their
-distributed iterators copy the slices to the devices.
-"""
+"""Pipeline mode for `tf_data`: runners/tf/data.py's pipeline on its own, no model, on the host
+(GPUs hidden), each timed batch read back as numpy."""
 
 from __future__ import annotations
 

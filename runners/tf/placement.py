@@ -1,13 +1,6 @@
-"""Where a TensorFlow step's work ran, read back from TensorFlow itself (issue 13's `placement`).
-
-TF partitions every graph it runs into one graph per device and reports those partition
-graphs in a RunMetadata (graph mode: RunOptions(output_partition_graphs=True); eager: every
-tf.function instantiated while the context collects run metadata). A step's placement is the
-compute ops in each device's partition, as TF assigned them; ops that only move or name data
-are not counted. FULL_TRACE step stats list the nodes each device executed. Several workers:
-each holds only its own graphs; all_gather_json gathers every worker's counts through a TF
-collective. Imports TensorFlow: child processes only.
-"""
+"""Where a TensorFlow step's work ran, read back from TensorFlow (issue 13's `placement`): the
+compute ops in each device's partition graph of a RunMetadata; several workers gathered by a
+TF collective. Child processes only. docs/runners/tf_family.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -29,8 +22,7 @@ BOOKKEEPING_OPS = frozenset({
     "_Send", "_Recv", "_HostSend", "_HostRecv", "NoOp", "Identity", "IdentityN", "Placeholder",
     "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "ReadVariableOp", "StopGradient",
 })
-# "/job:localhost/replica:0/task:0/device:CPU:1" and "/device:CPU:1" name the same device;
-# keep the full name TF reports, only normalise the short forms some graphs carry.
+# the full device name TF reports is kept; only the short forms some graphs carry normalised
 _SHORT = re.compile(r"^/?(device:)?(?P<kind>[A-Za-z_]+):(?P<index>\d+)$")
 
 
@@ -43,9 +35,8 @@ def device_key(name: str) -> str:
 
 
 def partition_graphs(run_metadata: Any) -> list[Any]:
-    """Every per-device partition graph in a RunMetadata (graph mode and tf.functions), once:
-    eager run metadata lists a function's partitions both on their own and under the
-    function, so a graph with the same nodes (name, op, device, inputs) is kept once."""
+    """Every per-device partition graph in a RunMetadata, once (eager run metadata lists a
+    function's partitions twice: a graph with the same nodes is kept once)."""
     graphs, seen = [], set()
     candidates = list(run_metadata.partition_graphs)
     for fg in run_metadata.function_graphs:
@@ -72,9 +63,8 @@ _TRACER_STREAM = re.compile(r"/(stream:[^/]*|memcpy)/?$")
 
 
 def _executor_device(name: str) -> str | None:
-    """The device of a step-stats entry the executor wrote, None for the GPU tracer's own
-    per-stream and memcpy entries ("/device:GPU:0/stream:7", ".../memcpy"), which list the
-    same kernels again."""
+    """The device of a step-stats entry the executor wrote; None for the GPU tracer's per-stream
+    and memcpy entries, which list the same kernels again."""
     name = name.split(" ")[0]
     return None if _TRACER_STREAM.search(name) else device_key(name)
 
@@ -91,10 +81,8 @@ def executed_ops_by_device(run_metadata: Any) -> dict[str, int]:
 
 
 def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
-    """{device: {op kind: nodes of that kind executed}} from a FULL_TRACE step: each executed
-    node's op type looked up in the partition graphs of the same RunMetadata (else read from
-    its timeline label, "name = Op(inputs)"), classified by runners/tf/op_kinds.op_kind so
-    that oneDNN's op names count as the plain ones do."""
+    """{device: {op kind: nodes executed}} from a FULL_TRACE step's RunMetadata, each node's op
+    type classified by runners/tf/op_kinds.op_kind."""
     op_of: dict[tuple[str, str], str] = {}
     for graph in partition_graphs(run_metadata):
         for node in graph.node:
@@ -116,10 +104,8 @@ def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
 
 
 class EagerPlacement:
-    """Collects the partition graphs of the tf.functions instantiated between start() and
-    stop(): start before the step function's first call (its graphs are partitioned when it is
-    instantiated) and stop after it, before the timed window, so collecting costs the timed
-    steps nothing. The same instantiated function then runs every later step."""
+    """Collects the partition graphs of the tf.functions instantiated between start() and stop():
+    around the step function's first call, outside the timed window."""
 
     def __init__(self) -> None:
         self.run_metadata: Any = None
@@ -161,9 +147,8 @@ def eager_placement() -> Iterator[EagerPlacement]:
 
 
 def graph_run_options(full_trace: bool = False) -> tuple[Any, Any]:
-    """RunOptions and a RunMetadata for one `session.run` (or Keras 2's compile(options=,
-    run_metadata=)) that report the partition graphs TF ran (and, with full_trace, each
-    executed node)."""
+    """RunOptions and a RunMetadata for one `session.run` (or Keras 2's compile) that report the
+    partition graphs TF ran (and, with full_trace, each executed node)."""
     options = tf.compat.v1.RunOptions(
         output_partition_graphs=True,
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE if full_trace
@@ -184,9 +169,8 @@ def graph_placement(run_metadata: Any) -> dict[str, Any]:
 
 
 def collective_ops(run_metadata: Any) -> dict[str, Any]:
-    """The collective ops in the partition graphs TF ran (a multi-worker step's all-reduce):
-    how many of each op type, and the communication_hint attributes they carry (the
-    implementation each asks the collective executor for: auto, ring, nccl)."""
+    """The collective ops in the partition graphs TF ran: how many of each op type, and their
+    communication_hint attributes (auto, ring, nccl)."""
     ops: Counter[str] = Counter()
     hints: set[str] = set()
     for graph in partition_graphs(run_metadata) if run_metadata is not None else []:
@@ -199,11 +183,8 @@ def collective_ops(run_metadata: Any) -> dict[str, Any]:
 
 
 def all_gather_json(strategy: tf.distribute.Strategy, obj: Any) -> list[Any]:
-    """Every worker's `obj` (JSON-able), in worker order, gathered by a TensorFlow collective:
-    its JSON bytes as an int32 row, padded to the longest worker's, through strategy.gather
-    (an all-gather across every replica of every worker under MultiWorkerMirroredStrategy;
-    first the lengths, then the rows). Every worker must call it, in the same order. Each
-    worker's local replicas send the same row; one per worker is kept."""
+    """Every worker's JSON-able `obj`, in worker order, through strategy.gather of its padded
+    JSON bytes. Every worker must call it, in the same order."""
     data = np.frombuffer(json.dumps(obj, sort_keys=True, default=str).encode(), np.uint8)
 
     def per_replica(value: np.ndarray) -> Any:

@@ -1,14 +1,6 @@
-"""The model state each device holds under tf.distribute, read from the distributed variables
-(child side: imports TensorFlow and Keras).
-
-A Keras 3 variable made under a strategy's scope wraps a tf.distribute DistributedVariable
-whose `.values` are its per-device components, each on the device it names; a
-MirroredStrategy run holds one full component per replica device. The bytes each device
-holds are summed from those components: model.weights for the parameters (trainable and
-not), the optimizer's variables for its state. Gradients are the trainable weights' shapes,
-computed per replica inside the step and all-reduced, so every replica's device holds a full
-set (counted from the trainable weights' components on that device).
-"""
+"""The model state each device holds under tf.distribute, summed from the distributed
+variables' per-device components (parameters, optimizer state, gradients as the trainable
+weights). Child side: imports TensorFlow and Keras. docs/runners/tf_family.md."""
 
 from __future__ import annotations
 
@@ -61,10 +53,8 @@ def state_bytes_tf(model: Any) -> dict[str, Any]:
 
 
 def keras_policy(model: Any, precision: str) -> dict[str, Any]:
-    """The record's precision_policy of a compiled Keras 3 model, read back from it: the
-    dtype policy's compute and variable dtypes, the variables' own dtype, loss scaling when
-    compile wrapped the optimizer in a LossScaleOptimizer; gradients are reduced in the
-    trainable variables' dtype (Keras differentiates the loss w.r.t. them)."""
+    """The record's precision_policy of a compiled Keras 3 model, read back from it (dtype policy,
+    variables' dtype, loss scaling; gradients reduced in the trainable variables' dtype)."""
     from contract.precision_policy import resolve
 
     policy = model.dtype_policy

@@ -1,7 +1,5 @@
-"""The custom-loop step of the TF runners without fit (tf_native, the tf template): one
-tf.function running the replica step (GradientTape, the optimizer's apply_gradients, which
-all-reduces) on every replica under a strategy, its inputs made on each replica's device, and
-its first call run while TF collects the partition graphs (the placement)."""
+"""The custom-loop step of the TF runners without fit: one tf.function running the replica step
+on every replica, its inputs made on each device, its first call collecting the placement."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ def device_batches(strategy: tf.distribute.Strategy, shape: tuple[int, ...], cla
 def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
                     optimizer: keras.optimizers.Optimizer, global_batch: int | None,
                     xla: bool = False) -> Callable[..., tf.Tensor]:
-    """A tf.function running one synchronous step on every replica; returns the global loss.
-    `global_batch` None: the step takes the global batch's rows as a third argument (an int32
-    tensor: mode converge's short kept last batch divides by its own rows)."""
+    """A tf.function running one synchronous step on every replica, returning the global loss;
+    `global_batch` None: the step takes the batch's rows as a third (int32 tensor) argument."""
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
     def replica_step(x: tf.Tensor, y: tf.Tensor, rows: Any) -> tf.Tensor:
@@ -79,10 +76,8 @@ XLA_DEVICE_ERROR = re.compile(r"Trying to access resource .{0,300}? located in d
 
 def first_step(step: Callable[..., tf.Tensor], *args: Any
                ) -> tuple[float, dict[str, Any], Any]:
-    """Run the step once (the first warm-up step, or the equivalence step) while TF collects
-    the partition graphs of the functions it instantiates for it: (the loss, the placement, the
-    RunMetadata). XLA on N virtual CPU devices cannot reach the other replicas' variables
-    ("Trying to access resource ... located in device"): Invalid, with TF's words."""
+    """Run the step once while TF collects its partition graphs: (loss, placement, RunMetadata);
+    XLA's "Trying to access resource" on N virtual CPU devices raised Invalid."""
     placement = EagerPlacement()
     placement.start()
     try:
@@ -97,8 +92,7 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any
         raise
     finally:
         placement.stop()
-    # eager run metadata lists each partition graph twice (on its own and under the function
-    # it belongs to): count the functions' graphs once
+    # eager run metadata lists each partition graph twice: count the functions' graphs once
     rm = placement.run_metadata
     graphs = ([g for fg in rm.function_graphs for g in fg.partition_graphs]
               or list(rm.partition_graphs)) if rm is not None else []

@@ -1,17 +1,8 @@
-"""tensorpack 0.11's synchronous data-parallel trainers, on TensorFlow 2.21 through tf.compat.v1.
-
-No split of a global batch: QueueInput's EnqueueThread feeds per-tower batches into a FIFOQueue
-on /cpu:0 and every tower dequeues its own (`input: staging` adds a StagingArea per tower one
-step ahead; real data: TFDatasetInput over runners/tf/data.py's pipeline). Towers: tensorpack's
-builders hard-code "/gpu:k"; every op is moved to the run's device k before the session starts
-(relocate_towers), so GPU and CPU runs build the same graph. `replicated`: a copy per tower,
-gradients all-reduced by tensorpack's own mode (`allreduce: auto`: hierarchical with the
-GradientPacker at 8 towers, else gpu); `parameter_server`: one copy on /cpu:0 or spread over
-the towers. Differs: tensorpack's device setters place only TF 1's VariableV2 ops, so TF 2's
-resource variables are placed here where 0.11 put them on TF 1.x. Placement: the first step's
-partition graphs. The model: models/<name>/tfv1_builder.py. docs/runners/tensorpack.md has
-the details.
-"""
+"""tensorpack 0.11's synchronous data-parallel trainers (replicated, parameter_server) on
+TensorFlow 2.21 through tf.compat.v1: QueueInput feeds per-tower batches (no global-batch
+split); the towers' "/gpu:k" moved to the run's devices (relocate_towers). Differs: TF 2's
+resource variables are placed here where 0.11 placed them on TF 1.x.
+docs/runners/tensorpack.md, "Notes from the code"."""
 
 from __future__ import annotations
 
@@ -38,14 +29,6 @@ DATA_FORMAT = "channels_last"
 # what train() says about the trainer and where the step ran, copied into every result
 RUN_FIELDS = ("trainer", "allreduce_asked", "allreduce", "gradient_packer", "ps_device",
               "gradients", "placement", "placement_source")
-
-
-def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]], Any]:
-    """Tower device names, their descriptions, and the session config that makes them exist
-    (tf_devices.session_config). Call before anything else touches TF's devices."""
-    config = tf_devices.session_config(spec)
-    names, devices = tf_devices.setup_devices(spec)
-    return names, devices, config
 
 
 def framework_versions() -> dict[str, str]:
@@ -103,9 +86,8 @@ def gradient_packer(graph: Any) -> dict[str, int] | None:
 
 
 class VariableSetter:
-    """Device function: variables on the least loaded of ps_devices, other ops on worker.
-    tensorpack 0.11's LeastLoadedDeviceSetter places only VariableV2 ops (TF1's variables);
-    TF2's resource variables (VarHandleOp) would all stay on tower 0's device."""
+    """Device function: variables on the least loaded of ps_devices, other ops on worker; places
+    TF2's resource variables, which tensorpack 0.11's setter leaves on tower 0."""
 
     def __init__(self, worker: str, ps_devices: list[str], sizes: list[int]) -> None:
         self.worker, self.ps_devices, self.sizes = worker, ps_devices, sizes
@@ -121,9 +103,8 @@ class VariableSetter:
 
 
 def parameter_server_builder(n: int, ps_device: str) -> Any:
-    """tensorpack's parameter-server builder for n towers, with the variables where tensorpack
-    0.11 put them on TF 1.x: on /cpu:0 (ps_device cpu, its replica_device_setter) or spread
-    over the tower devices (ps_device gpu, its LeastLoadedDeviceSetter)."""
+    """tensorpack's parameter-server builder for n towers, variables where 0.11 put them on TF 1.x:
+    on /cpu:0 (ps_device cpu) or spread over the tower devices (ps_device gpu)."""
     from tensorpack.graph_builder.training import (
         DataParallelBuilder,
         SyncMultiGPUParameterServerBuilder,
@@ -142,10 +123,8 @@ def parameter_server_builder(n: int, ps_device: str) -> Any:
 
 
 def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
-    """The configured tensorpack trainer for n towers, and what it is. The replicated trainer
-    is tensorpack's own, builder included (its mode heuristic, all-reduce and GradientPacker);
-    the parameter-server builder changes only where variables go. Towers are on tensorpack's
-    "/gpu:k" devices, moved to the run's devices by relocate_towers."""
+    """The configured tensorpack trainer for n towers, and what it is (replicated: tensorpack's
+    own; parameter_server: only where variables go changed)."""
     from tensorpack.train import SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated
 
     opts = spec.options
@@ -170,9 +149,8 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
 
 
 def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:
-    """The trainer's InputSource and its name: QueueInput over a DataFlow of the per-tower
-    batches, or TFDatasetInput over runners/tf/data.py's pipeline (real data), wrapped in
-    StagingInput for `input: staging`. Call inside the training graph."""
+    """The trainer's InputSource and its name: QueueInput over the per-tower batches, or
+    TFDatasetInput (real data), in StagingInput for `input: staging`. Call inside the graph."""
     from tensorpack.dataflow import DataFromList
     from tensorpack.input_source import QueueInput, StagingInput, TFDatasetInput
 
@@ -190,9 +168,8 @@ def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any
 
 
 class Towers:
-    """The tower function tensorpack calls once per tower: the tfv1 model on the tower's
-    batch (BatchNorm statistics updated in the main tower only, tensorpack's convention), its
-    mean cross-entropy; keeps each tower's loss and labels."""
+    """The tower function tensorpack calls per tower: the tfv1 model on the tower's batch (BatchNorm
+    statistics updated in the main tower only), its mean cross-entropy; keeps losses and labels."""
 
     def __init__(self, model: str, per_tower: int) -> None:
         self.model_spec: ModelSpec = get_spec(model)
@@ -217,8 +194,7 @@ class Towers:
 
 
 class Clock:
-    """Drives the timed window (runners.common.TimedWindow) after each step's session.run
-    (train op and the towers' mean loss) has returned; the first step also fetches the
+    """Drives the timed window after each step's session.run; the first step also fetches the
     towers' labels and the partition graphs; after training, the global step and read_vars."""
 
     def __init__(self, steps: tuple[int, int], device: str, towers: Towers,
@@ -288,8 +264,7 @@ def clock_callback(clock: Clock) -> Any:
 
 
 def relocating_session_creator(names: list[str], config: Any) -> Any:
-    """tensorpack's session creator, after moving its "/gpu:k" ops to the run's devices
-    (the graph is complete then: towers, all-reduce, input and callbacks)."""
+    """tensorpack's session creator, moving its "/gpu:k" ops to the run's devices first."""
     from tensorpack.tfutils.sesscreate import NewSessionCreator
 
     class RelocatingSessionCreator(NewSessionCreator):
@@ -303,12 +278,12 @@ def relocating_session_creator(names: list[str], config: Any) -> Any:
 def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optimizer: Any,
           steps: tuple[int, int], initial: dict[str, np.ndarray] | None = None,
           read_vars: list[str] | None = None) -> dict[str, Any]:
-    """Build the towers and train for warm-up + measured steps; the clock and what it saw.
-    The first step (a warm-up step when there is one) asks TF for its partition graphs: the
-    run's placement."""
+    """Build the towers and train for warm-up + measured steps: the clock and what it saw. The
+    first step asks TF for its partition graphs (the placement)."""
     from tensorpack.tfutils.sessinit import DictRestore, JustCurrentSession
 
-    names, devices, config = setup_devices(spec)
+    config = tf_devices.session_config(spec)  # before anything else touches TF's devices
+    names, devices = tf_devices.setup_devices(spec)
     tfv1.disable_eager_execution()
     towers = Towers(model, spec.batch_size_per_device)
     trainer, trainer_info = make_trainer(spec, len(names))
@@ -342,8 +317,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
 
 
 def packer_absent(mode: str) -> str:
-    """Why the built graph has no GradientPacker (tensorpack packs in mode hierarchical only,
-    and skips it when the gradients are too few for its splits)."""
+    """Why the built graph has no GradientPacker."""
     if mode != "hierarchical":
         return f"not used: tensorpack 0.11 packs only in mode 'hierarchical', not {mode!r}"
     return ("skipped by tensorpack: fewer than 1024 gradient elements per split, or mixed "
@@ -431,9 +405,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
-    """One plain SGD step on the probe model: the global batch in N per-tower slices (tower
-    batches come from the queue in order; the averaged gradient does not depend on which tower
-    took which slice), initial weights restored by name, weights saved after the step."""
+    """One plain SGD step on the probe model: the global batch in N per-tower slices from the
+    queue, initial weights restored by name, weights saved after the step."""
     weights, x, y, lr = spec.equivalence_inputs()
     n = spec.num_devices
     per = _check_batch(spec)

@@ -1,12 +1,6 @@
-"""The Keras 2 stack the tower runners share: tf_keras 2.21 made the `keras` that the models'
-builders import, in a TF1 graph (eager off, XLA off), and the parallel model built from a
-template as the 2017 strategies built it (slices per tower under tf.device, merged outputs).
-
-Keras2Network restores Keras 2.0-2.2's updates (only the layer calls the model owns: tf_keras
-would also run the template's own whole-batch call, issue 24) and Keras2SGD its colocated
-gradients. The loss is Keras 2's clipped sparse cross-entropy. docs/runners/keras2_towers.md
-has the stack, the input options and the reasons. Imports TF and tf_keras: child processes.
-"""
+"""The Keras 2 stack the tower runners share: tf_keras in a TF1 graph, the parallel model
+built from a template as the 2017 strategies built it, Keras 2's updates (Keras2Network),
+colocated gradients (Keras2SGD) and clipped loss. docs/runners/keras2_towers.md."""
 
 from __future__ import annotations
 
@@ -40,8 +34,7 @@ DATA_FORMAT = "channels_last"
 
 def sparse_categorical_crossentropy(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
     """Keras 2.0-2.2's loss: the softmax output clipped to [1e-7, 1 - 1e-7], its log taken as
-    logits (tf_keras 2.21 reads the logits behind a Softmax op, which a merged tower output
-    is not)."""
+    logits (a merged tower output has no Softmax op for tf_keras to read the logits behind)."""
     eps = tf.constant(1e-7, y_pred.dtype)
     log_p = tf.math.log(tf.clip_by_value(y_pred, eps, 1 - eps))
     labels = tf.cast(tf.reshape(y_true, [-1]), tf.int64)
@@ -53,8 +46,7 @@ INPUTS = ("feed_dict", "staging", "tf_data")
 
 
 def setup(spec: Spec) -> tuple[list[str], list[dict[str, Any]], dict[str, Any]]:
-    """The run's device names and descriptions; a Keras session that has them (its config:
-    tf_devices.session_config), XLA off."""
+    """The run's device names and descriptions; a Keras session that has them, XLA off."""
     if spec.precision != "fp32":
         raise Invalid(f"{spec.runner} runs fp32 only, not {spec.precision}")
     names, devices = tf_devices.setup_devices(spec)
@@ -127,9 +119,8 @@ class Stager:
 
 @dataclass
 class Recipe:
-    """How a strategy builds its parallel model from the template: the tower devices, where
-    each tower's rows are cut (None: in the tower's own scope; "input": on the template's
-    input device, Keras 2.2), where outputs merge, and who takes the remainder rows."""
+    """How a strategy builds its parallel model: the tower devices, where each tower's rows are
+    cut, where outputs merge, and who takes the remainder rows."""
 
     devices: list[str]
     merge_device: str
@@ -140,11 +131,8 @@ class Recipe:
 
 def parallel_model(template: Any, recipe: Recipe | None, device: str, stager: Stager | None
                    ) -> tuple[Any, Any]:
-    """(the model fit trains, the staged labels or None). recipe None: the plain template on
-    `device` (staged there with a stager). Otherwise the template called on each tower's slice
-    under tf.device and a tower name scope, outputs concatenated on the merge device, by Keras
-    2 layers (Lambda, Concatenate) as the originals built them; with a stager the labels are a
-    second input, staged on the merge device."""
+    """(the model fit trains, the staged labels or None): the plain template (recipe None) or the
+    template on each tower's slice, outputs concatenated on the merge device."""
     layers = tf_keras.layers
     x = template.inputs[0]
     inputs, labels = [x], None
@@ -182,10 +170,8 @@ def parallel_model(template: Any, recipe: Recipe | None, device: str, stager: St
 
 
 class Keras2Network(tf_keras.Model):
-    """A functional model whose training function runs the updates Keras 2.0-2.2 ran: those
-    of the layer calls (nodes) this model owns, and the unconditional ones (Keras 2's
-    Network.updates), not tf_keras' every update reachable from the inputs, which would also
-    run the template's own whole-batch call (docs/runners/keras2_towers.md, "Updates")."""
+    """A functional model running the updates Keras 2.0-2.2 ran: only its own layer calls' and
+    the unconditional ones (docs/runners/keras2_towers.md, "Updates")."""
 
     def get_updates_for(self, inputs: Any) -> list[Any]:
         if inputs is None or inputs is not self.inputs:
@@ -275,9 +261,8 @@ def optimizer(spec: Spec, cls: type[Keras2SGD] = Keras2SGD, **kwargs: Any) -> Ke
 
 
 def template_device(value: str, devices: list[str]) -> str | None:
-    """Where a template is built (its variables live): "default" no device scope (TF's
-    default placement: the first GPU, or /cpu:0 without GPUs), "cpu" /cpu:0, "gpu" the first
-    tower device."""
+    """Where a template is built: "default" no device scope, "cpu" /cpu:0, "gpu" the first tower
+    device."""
     if value == "default":
         return None
     return "/cpu:0" if value == "cpu" else devices[0]
@@ -295,9 +280,8 @@ def departures(spec: Spec) -> list[str]:
 
 def plain_baseline(spec: Spec, devices: list[str], input_mode: str, original: str
                    ) -> tuple[Built, dict[str, Any]] | None:
-    """At one device, the plain model compiled on it and its fields, for an original that
-    refuses or bypasses one device; None when the wrapper is to be measured
-    (wrap_single_device) or there are several devices."""
+    """At one device, the plain model compiled on it and its fields (an original that refuses or
+    bypasses one device); None with wrap_single_device or several devices."""
     if len(devices) > 1 or spec.options["wrap_single_device"]:
         return None
     template = build_template(spec.model, devices[0])

@@ -1,7 +1,5 @@
-"""What the Keras 2 tower runners' fit trains on, by the `input` option: numpy arrays or
-batches fed by session.run's feed_dict (Keras 2's fit and fit_generator paths), the same
-through StagingAreas one step ahead, or a tf.data dataset given to fit
-(docs/runners/keras2_towers.md, "Input"). Import after runners.tf.towers (the Keras 2 stack)."""
+"""What the Keras 2 tower runners' fit trains on, by the `input` option: arrays or feed_dict
+batches, StagingAreas one step ahead, or a tf.data dataset (docs/runners/keras2_towers.md)."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ def synthetic_arrays(model_spec: ModelSpec, batch: int) -> tuple[np.ndarray, np.
 
 @dataclass
 class Source:
-    """What fit trains on: fit's data arguments for `steps` steps, and the first batch (to
-    prime a StagingArea)."""
+    """What fit trains on: fit's data arguments for `steps` steps, the first batch."""
 
     fit_args: Callable[[int, bool], dict[str, Any]]  # (steps, staged) -> fit kwargs
     first: Callable[[], tuple[np.ndarray, np.ndarray]] | None

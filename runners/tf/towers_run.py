@@ -1,9 +1,6 @@
 """The benchmark, equivalence and converge paths every Keras 2 tower runner shares, given the
-runner's `make(spec, device names, input mode) -> (Built, record fields)`: one traced fit step
-(FULL_TRACE: the placement and each device's work by op kind), then warm-up and measured steps
-in one fit call timed at batch ends; mode converge trains by fit per epoch as seed 004 did
-(docs/runners/keras2_towers.md, "Mode converge", has what differs). Import after
-runners.tf.towers (the Keras 2 stack)."""
+runner's `make`: one traced fit step (placement), then timed fit steps; converge by fit per
+epoch as seed 004 did (docs/runners/keras2_towers.md). Import after runners.tf.towers."""
 
 from __future__ import annotations
 
@@ -49,9 +46,8 @@ Make = Callable[[Spec, list[str], str], tuple[Built, dict[str, Any]]]
 
 
 class Clock(tf_keras.callbacks.Callback):
-    """Drives the timed window (runners.common.TimedWindow): fit's session.run returns the
-    fetched loss, so each batch end follows a finished step. Counts train batches across fit's
-    epochs."""
+    """Drives the timed window at fit's batch ends (session.run returned the loss: the step has
+    finished); counts train batches across fit's epochs."""
 
     def __init__(self, warmup: int, measure: int) -> None:
         super().__init__()
@@ -72,8 +68,7 @@ class Clock(tf_keras.callbacks.Callback):
 
 
 def conv_layers(template: Any) -> int:
-    """The template's convolution layers (nested models' included): the forward (and filter
-    gradient) convolutions one tower runs per step."""
+    """The template's convolution layers (nested models' included): convolutions per tower step."""
     from tf_keras.src.layers.convolutional.base_conv import Conv
 
     return sum(isinstance(layer, Conv) for layer in template._flatten_layers(include_self=False))
@@ -81,11 +76,8 @@ def conv_layers(template: Any) -> int:
 
 def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: int = 1
                     ) -> dict[str, Any]:
-    """What each device executed in the traced step (runners/tf/op_kinds.py kinds), beside
-    what the original runs: one forward and one filter-gradient convolution per conv layer on
-    each tower's device, none elsewhere (bench/records/placement_check.py compares them).
-    `copies` > 1 (avolkov1's SGD_MGPU takes the gradients that many times): TF merges
-    identical copies except through v1 control flow, so between one and `copies` per layer."""
+    """What each device executed in the traced step, by op kind, beside what the original runs
+    (one forward and one filter-gradient convolution per conv layer per tower device)."""
     kinds = executed_kinds_by_device(run_metadata)
 
     def of(kind: str) -> dict[str, int]:
@@ -117,9 +109,8 @@ def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str],
 
 def traced_placement(built: Built, devices: list[str], gradient_copies: int = 1
                      ) -> dict[str, Any]:
-    """The placement of the traced step that just ran (compute ops per device in its partition
-    graphs) and each device's executed convolutions; the step's callable then rebuilt without
-    tracing for the steps after. Invalid if a tower device did no compute."""
+    """The traced step's placement and each device's executed convolutions; the step's callable
+    then rebuilt without tracing. Invalid if a tower device did no compute."""
     placement = compute_ops_by_device(built.run_metadata)
     fn = built.model.train_function
     fn.run_options, fn.run_metadata = None, None
@@ -188,8 +179,7 @@ class TowerRun:
 
 
 def benchmark(spec: Spec, make: Make) -> dict[str, Any]:
-    """make's model: one traced placement step, then warm-up and measured steps in one fit
-    call, timed at batch ends."""
+    """make's model: one traced placement step, then the timed steps in one fit call."""
     names, devices, xla = setup(spec)
     input_mode = input_option(spec)
     warmup, measure = spec.warmup_steps, spec.measure_steps
@@ -237,17 +227,15 @@ def equivalence(spec: Spec, make: Make) -> dict[str, Any]:
 
 
 def converge_loss(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
-    """The 2017 loss on the labels of the rows the towers trained on: a tower model that drops
-    the remainder of a short batch (kuza55's get_slice) outputs fewer rows than it was fed;
-    the lost rows' labels are left out, as their images were. No-op when the rows match."""
+    """The 2017 loss on the labels of the rows the towers trained on (kuza55's get_slice drops a
+    short batch's remainder: those labels are left out too)."""
     rows = tf.shape(y_pred)[0]
     return sparse_categorical_crossentropy(tf.reshape(y_true, [-1])[:rows], y_pred)
 
 
 class StepLR(tf_keras.callbacks.Callback):
-    """Seed 004's LearningRateScheduler made per step: before train batch `batch` of the
-    epoch, K.set_value(optimizer.lr, lr_at(batch)); keeps each batch's loss (fit's batch
-    logs) and runs `after_first` once, after the first batch (the traced step)."""
+    """Seed 004's LearningRateScheduler made per step: lr_at(batch) set before each train batch;
+    keeps each batch's loss and runs `after_first` once, after the traced first batch."""
 
     def __init__(self, lr_at: Callable[[int], float],
                  after_first: Callable[[], None] | None = None) -> None:
@@ -266,8 +254,7 @@ class StepLR(tf_keras.callbacks.Callback):
 
 
 def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
-    """(all finite, the first that is not) of every BatchNorm moving mean and variance of the
-    model, read from its variables (the towers share the template's)."""
+    """(all finite, the first that is not) of the template's BatchNorm moving statistics."""
     variables = [v for layer in template._flatten_layers(include_self=False)
                  for name in ("moving_mean", "moving_variance")
                  if (v := getattr(layer, name, None)) is not None]
@@ -281,10 +268,8 @@ def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
 
 
 class TowerConverge:
-    """Mode converge's adapter: one fit call per epoch (epochs=epoch + 1, initial_epoch=epoch)
-    on the tower model over the epoch's global batches as numpy arrays (batch_size=B,
-    shuffle=False: exactly the recipe's batches), the rate set before every step (StepLR); the
-    run's first step is the traced one. Evaluation: the template's predict (inference mode)."""
+    """Mode converge's adapter: one fit call per epoch on the epoch's batches as numpy arrays,
+    the rate set before every step (StepLR); evaluation by the template's predict."""
 
     def __init__(self, run: TowerRun) -> None:
         self.run, self.placement = run, {}
@@ -307,9 +292,7 @@ class TowerConverge:
             if len(steps.losses) != len(batches) - 1 or rows // towers > 0 \
                     or not self.run.fields.get("wrapped"):
                 raise
-            # oneDNN's CPU Conv2D returns an empty batch with the input's channels, which the
-            # next layer refuses: seed 002's empty tower, failing where a GPU puts NaN in the
-            # BatchNorm statistics (TF_ENABLE_ONEDNN_OPTS=0 shows the NaN on CPU too)
+            # seed 002's empty tower: oneDNN's CPU Conv2D fails where a GPU puts NaN in BN
             lines = [line.strip() for line in str(exc).splitlines()]
             detail = next((line for line in lines if "INVALID_ARGUMENT" in line), lines[0])
             raise Invalid(f"the short last batch of epoch {epoch + 1} ({rows} rows over "
@@ -329,9 +312,8 @@ class TowerConverge:
 
 
 def converge(spec: Spec, make: Make) -> dict[str, Any]:
-    """Mode converge (runners/converge.py) as seed 004 trained: TowerConverge on make's model,
-    compiled with converge_loss, SGD with the recipe's momentum, initial weights seeded by
-    tf_keras.utils.set_random_seed(recipe.seed) before the model is built."""
+    """Mode converge as seed 004 trained: TowerConverge on make's model with converge_loss and the
+    recipe's SGD, initial weights seeded by tf_keras.utils.set_random_seed(recipe.seed)."""
     from runners.converge import Recipe, load_splits, train_to_accuracy
 
     names, devices, xla = setup(spec)
@@ -340,8 +322,7 @@ def converge(spec: Spec, make: Make) -> dict[str, Any]:
         raise Unavailable(f"mode converge feeds the recipe's numpy batches to fit (input "
                           f"feed_dict), not input {input_mode}")
     recipe = Recipe.of(spec)
-    # tf_keras' initialisers draw their seeds from Python's and tf_keras' seed generators
-    # (stateless ops), TF's graph seed for the rest: set_random_seed sets all of them
+    # sets Python's, tf_keras' and TF's graph seeds, all of which the initialisers draw from
     tf_keras.utils.set_random_seed(recipe.seed)
     run = TowerRun(spec, names, devices, xla, input_mode, *make(spec, names, input_mode))
     model = run.built.model
