@@ -129,32 +129,34 @@ def _run_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
                      help="YAML sweep file (a first one: configs/cpu-smoke.yaml)")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key; value parsed as YAML; dots reach nested keys")
-    run.add_argument("--dry-run", action="store_true",
-                     help="print the planned runs with what each will do here, and exit")
+    _flags(run, dry_run="print the planned runs with what each will do here, and exit")
     run.add_argument("--out", metavar="DIR",
                      help="results folder (default results/<name>-<timestamp>)")
-    run.add_argument("--resume", action="store_true",
-                     help="run only what has no good record (default folder: the newest "
-                          "results/<name>-*)")
-    run.add_argument("--new-fingerprint", action="store_true",
-                     help="with --resume, when the settings differ from the folder's (its "
-                          "fingerprint.json: every setting that changes a figure; the matrix "
-                          "(runners, devices, batch sizes...) may only grow): take the new ones; "
-                          "the earlier results move to DIR/superseded/<time>/ "
-                          "(kept, never reported with the new ones) and every run runs again. "
-                          "Without it such a resume exits 2 naming each changed setting")
-    run.add_argument("--retry-failed", action="store_true",
-                     help="with --resume, run failed, timed-out and OOM runs again")
-    run.add_argument("--quiet-setup", action="store_true", help="hide pip's output")
-    run.add_argument("--detach", action="store_true",
-                     help="cluster.backend slurm: submit the jobs and exit (collect them with "
-                          "`run_bench.py status DIR` or --resume)")
+    _flags(run,
+           resume="run only what has no good record (default folder: the newest "
+                  "results/<name>-*)",
+           new_fingerprint="with --resume, when the settings differ from the folder's (its "
+                           "fingerprint.json: every setting that changes a figure; the matrix "
+                           "(runners, devices, batch sizes...) may only grow): take the new "
+                           "ones; the earlier results move to DIR/superseded/<time>/ (kept, "
+                           "never reported with the new ones) and every run runs again. "
+                           "Without it such a resume exits 2 naming each changed setting",
+           retry_failed="with --resume, run failed, timed-out and OOM runs again",
+           quiet_setup="hide pip's output",
+           detach="cluster.backend slurm: submit the jobs and exit (collect them with "
+                  "`run_bench.py status DIR` or --resume)")
     run.add_argument("--baseline", metavar="DIR",
                      help="after the sweep, judge it against this results folder (compare's "
                           "rules); exit 4 on a significant regression; a missing or unmatched "
                           "baseline passes with a note (docs/CI.md)")
     run.add_argument("--threshold", type=float, default=0.05,
                      help="with --baseline: the smallest slowdown that counts (default 0.05)")
+
+
+def _flags(parser: argparse.ArgumentParser, **helps: str) -> None:
+    """One on/off option (store_true) per keyword: --word-word from word_word, with its help."""
+    for name, help_ in helps.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", action="store_true", help=help_)
 
 
 def _setup_report_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
@@ -216,10 +218,9 @@ def _compare_predict_arguments(parsers: dict[str, argparse.ArgumentParser]) -> N
     link.add_argument("--interconnect", metavar="NAME",
                       help="a named interconnect's nominal bandwidth "
                            "(bench/analysis/interconnects.py)")
-    predict.add_argument("--strategies", action="store_true",
-                         help="each strategy's communication per step (DDP, ZeRO-1/2/3, FSDP2, "
-                              "JAX FSDP, ...) on the folder's probed collectives, and which "
-                              "should win (bench/analysis/strategies.py)")
+    _flags(predict, strategies="each strategy's communication per step (DDP, ZeRO-1/2/3, FSDP2, "
+                               "JAX FSDP, ...) on the folder's probed collectives, and which "
+                               "should win (bench/analysis/strategies.py)")
     predict.add_argument("--model", help="with --strategies: the model whose parameters "
                                          "are moved (default: the probe records' model)")
     predict.add_argument("--precision", default="fp32",

@@ -50,6 +50,18 @@ class ModelSpec:
         return self.input_shape[0] if self.input_kind == "tokens" else None
 
 
+def cnn_spec(name: str, input_shape: tuple[int, int, int], num_classes: int, *,
+             trainable_params: int, bn_channels: int, flops_per_sample: int,
+             description: str) -> ModelSpec:
+    """The ModelSpec of a built-in CNN (an image in, class logits out): params counts the
+    trainable parameters plus BatchNorm's moving mean and variance of each of its `bn_channels`
+    channels, as Keras' count_params() does (torch's parameters() leaves them out)."""
+    return ModelSpec(name=name, input_shape=input_shape, num_classes=num_classes,
+                     params=trainable_params + 2 * bn_channels,
+                     trainable_params=trainable_params, flops_per_sample=flops_per_sample,
+                     description=description)
+
+
 def available_models() -> list[str]:
     """Names of the sub-folders of models/ that hold a spec.py, sorted."""
     return sorted(p.parent.name for p in HERE.glob("*/spec.py"))

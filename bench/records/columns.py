@@ -196,6 +196,11 @@ def _child(key: str, views: tuple[str, ...] = ("record", "child")) -> Column:
     return Column(key, "", "text", result.FIELDS[key].meaning, views)
 
 
+def _children(*keys: str, views: tuple[str, ...] = ("record", "child")) -> tuple[Column, ...]:
+    """_child's column of each key, in the order given, all in the same views."""
+    return tuple(_child(key, views) for key in keys)
+
+
 def _setting(key: str, views: tuple[str, ...] = (), header: str = "", format: str = "text",
              run: Reader | None = None, over_runs: str | None = None) -> Column:
     """The column of a run setting (contract/settings.py): its meaning is the setting's help,
@@ -365,11 +370,8 @@ COLUMNS: tuple[Column, ...] = (
                1 for v in vs if isinstance(v, (int, float))) if vs else None),
     _child("target_reason", (*RUN_VIEWS, "child")),
     _child("curve"),
-    _child("epochs_run", (*RUN_VIEWS, "child")),
-    _child("train_time_s", (*RUN_VIEWS, "child")),
-    _child("eval_time_s", (*RUN_VIEWS, "child")),
-    _child("converge_time_s", (*RUN_VIEWS, "child")),
-    _child("moving_stats_finite", (*RUN_VIEWS, "child")),
+    *_children("epochs_run", "train_time_s", "eval_time_s", "converge_time_s",
+               "moving_stats_finite", views=(*RUN_VIEWS, "child")),
     Column("memory_source", "", "text", "What memory_per_device is, as the child read it "
            "(runners/memory.py): the allocator's peak over the timed window, the peak since "
            "the process started, or the process's resident memory, and any rank missing.",
@@ -411,25 +413,16 @@ COLUMNS: tuple[Column, ...] = (
     _setting("options", ("record",)),
     _setting("mode"),
     _setting("dataset"),
-    _child("step_times_s"),
-    _child("memory_per_device"),
-    _child("device_peak_bytes"),
-    _child("memory_baseline"),
-    _child("model_state"),
-    _child("state_bytes_per_device"),
-    _child("state_bytes_global"),
-    _child("state_source"),
-    _child("state_granularity_bytes"),
+    *_children("step_times_s", "memory_per_device", "device_peak_bytes", "memory_baseline",
+               "model_state", "state_bytes_per_device", "state_bytes_global", "state_source",
+               "state_granularity_bytes"),
     _field("state_check", "The parent's check of state_bytes_per_device against what the "
            "runner's strategy shards (bench/records/state_check.py): per part its global "
            "size, the most one device holds, and whether 1/N or a replica was expected.",
            ("record",)),
     _child("precision_policy"),
-    _child("samples", (*RUN_VIEWS, "child")),
-    _child("first_loss", (*RUN_VIEWS, "child")),
-    _child("last_loss", (*RUN_VIEWS, "child")),
-    _child("window_start", (*RUN_VIEWS, "child")),
-    _child("window_end", (*RUN_VIEWS, "child")),
+    *_children("samples", "first_loss", "last_loss", "window_start", "window_end",
+               views=(*RUN_VIEWS, "child")),
     _field("step_time_median_s", "The median timed step (s).", ("loader",), _step_time_median),
     _field("layout", "The data layout the runner used, as it reports.", ("loader",),
            _at("result", "layout")),

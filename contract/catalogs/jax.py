@@ -1,9 +1,11 @@
 """The JAX family's runners (jit + sharding, Keras 3 on JAX) and its Grain pipeline, as the
 parent knows them: names, modules, options. Framework-free (bench.catalog.registry imports it). A
-new
-runner of this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner")."""
+new runner of this family is one RunnerInfo below (docs/DESIGN.md, "Add a runner"); `_runner`
+gives one with what the family's runners share."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from contract.catalog import LOADER_OPTION, SHARDED_NO_CONVERGE, Option, RunnerInfo
 from contract.communication import DATA_PARALLEL, FSDP_PAPER, ZERO3, ZERO_PAPER, StepCollectives
@@ -22,31 +24,33 @@ KERAS_INPUT_OPTION = Option(str, "numpy", ("numpy", "preplaced"),
 
 JAX_MULTI_NODE = "jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU"
 
+
+def _runner(name: str, module: str, description: str, **fields: Any) -> RunnerInfo:
+    """A RunnerInfo of the jax family: every one takes fp32, tf32 and bf16, CNNs and
+    transformers, has its collectives measured by the jax_allreduce probe and (unless `fields`
+    says otherwise) spans nodes through jax.distributed; `fields` adds the rest."""
+    return RunnerInfo(name, "jax", module, description,
+                      **{"precisions": ("fp32", "tf32", "bf16"), "multi_node": JAX_MULTI_NODE,
+                         "workloads": ("cnn", "transformer"), "probe": "jax_allreduce",
+                         **fields})
+
+
 RUNNERS: list[RunnerInfo] = [
-    RunnerInfo(
+    _runner(
         "jax_native",
-        "jax",
         "runners.jax.native",
         "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
         options={"batchnorm": JAX_BATCHNORM_OPTION},
-        precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"},),
-        multi_node=JAX_MULTI_NODE,
-        workloads=("cnn", "transformer"),
         custom_models=("jax",),
         collectives=DATA_PARALLEL,
-        probe="jax_allreduce",
         converges=True,
     ),
-    RunnerInfo(
+    _runner(
         "jax_fsdp",
-        "jax",
         "runners.jax.fsdp",
         "JAX FSDP as MaxText's fsdp axis: params, momentum and batch sharded over one mesh "
         "axis (NamedSharding), XLA gathers each layer's weights in the jitted step",
-        precisions=("fp32", "tf32", "bf16"),
-        multi_node=JAX_MULTI_NODE,
-        workloads=("cnn", "transformer"),
         custom_models=("jax",),
         shards=("params", "grads", "optimizer"),
         # as MaxText's fsdp axis: the weights gathered per layer inside the step
@@ -54,12 +58,10 @@ RUNNERS: list[RunnerInfo] = [
             ZERO3, f"as ZeRO-3, {ZERO_PAPER}.2.2",
             "XLA gathers the weights again in the backward pass (as under remat); if it keeps "
             "the forward's gathered weights, one all-gather less"),
-        probe="jax_allreduce",
         no_converge=SHARDED_NO_CONVERGE,
     ),
-    RunnerInfo(
+    _runner(
         "keras_jax",
-        "jax",
         "runners.jax.keras_jax",
         "Keras 3 on JAX with keras.distribution.DataParallel, trained with fit",
         options={
@@ -67,18 +69,13 @@ RUNNERS: list[RunnerInfo] = [
             "batchnorm": JAX_BATCHNORM_OPTION,
             "input": KERAS_INPUT_OPTION,
         },
-        precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
-        multi_node=JAX_MULTI_NODE,
-        workloads=("cnn", "transformer"),
         custom_models=("keras",),
         collectives=DATA_PARALLEL,
-        probe="jax_allreduce",
         converges=True,
     ),
-    RunnerInfo(
+    _runner(
         "keras_model_parallel",
-        "jax",
         "runners.jax.keras_model_parallel",
         "Keras 3 on JAX with keras.distribution.ModelParallel: a (1, N) batch x model mesh, a "
         "LayoutMap sharding the kernels and embeddings over N devices, trained with fit",
@@ -86,21 +83,18 @@ RUNNERS: list[RunnerInfo] = [
             "loader": LOADER_OPTION,
             "input": KERAS_INPUT_OPTION,
         },
-        precisions=("fp32", "tf32", "bf16"),
         equivalence_options=({"input": "preplaced"},),
         multi_node="keras.distribution.initialize -> jax.distributed.initialize",
         multi_node_unavailable=(
             "the (1, N) mesh gives every device, so every process, the whole global batch; "
             "keras_jax's multi-node feeding gives each process its own rows, and no "
             "per-process feeding of a replicated batch is built"),
-        workloads=("cnn", "transformer"),
         shards=("params", "grads", "optimizer"),
         collectives=StepCollectives(
             ZERO3, f"as FSDP, {FSDP_PAPER}",
             "treated as weight-sharded over all devices like FSDP (the LayoutMap shards each "
             "weight over the mesh axis the batch is split on; XLA's SPMD partitioner gathers "
             "it in forward and backward and reduce-scatters its gradient)"),
-        probe="jax_allreduce",
         no_converge='tensor parallelism on one batch, not wired to the converge recipe',
     ),
 ]
