@@ -1,12 +1,8 @@
 """Child-side code every runner shares: the typed spec, the one timed loop, the result.
 
-A runner module defines `benchmark(spec: Spec) -> dict` (and `equivalence(spec) -> dict` when
-it takes part in the data-parallel equivalence test) and ends with `main(benchmark,
-equivalence)`. The parent (bench.plan.runs.RunSpec, a subclass of Spec) resolves everything,
-the runner's options over their registry defaults included, so a runner reads `spec.options[
-"name"]` and repeats no default. This module imports no framework; numpy is the only
-dependency beyond the stdlib (the parent imports it too).
-"""
+A runner module defines `benchmark(spec) -> dict` (and `equivalence`, `converge` where it takes
+part) and ends with `main(benchmark, ...)`; the parent resolves every option, so a runner reads
+`spec.options["name"]` and repeats no default. Imports no framework (numpy only)."""
 
 from __future__ import annotations
 

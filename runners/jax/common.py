@@ -1,14 +1,8 @@
-"""JAX-family child code shared by its runners: the run's devices (N virtual CPU devices through
-XLA_FLAGS, set before jax is imported, or the first N GPUs), versions, the synthetic image and
-token batches made under jit into a sharding, the real dataset, placement read from a jax.Array's
-addressable_shards, the converge preconditions, and the multi-node plumbing: one process per node
-joined by jax.distributed.initialize() with no arguments (its SLURM auto-detection; the runner
-sets only gloo CPU collectives and the coordinator port, JAX_COORDINATOR_PORT from
-MGBENCH_MASTER_PORT), what the record says of it gathered through JAX itself. Untested on a real
-multi-GPU cluster (docs/runners/jax_native.md).
-
-Imports no framework at module level: a runner calls setup_devices(spec) before anything imports
-jax (Keras with the jax backend included)."""
+"""JAX-family child code shared by its runners: the run's devices (virtual CPU devices through
+XLA_FLAGS, or the first N GPUs), versions, synthetic batches made under jit into a sharding, the
+real dataset, placement from addressable_shards, converge preconditions, and multi-node plumbing
+(jax.distributed.initialize; untested on a real multi-GPU cluster). Imports no framework at
+module level: call setup_devices(spec) before anything imports jax."""
 
 from __future__ import annotations
 
@@ -99,7 +93,7 @@ def detected_cluster() -> str | None:
 def join_processes(spec: Spec, initialize: Callable[[], None] | None = None) -> None:
     """Join the run's other processes, one per node, through jax.distributed.initialize() with
     no arguments (or `initialize`, which must call it so), its SLURM auto-detection reading
-    the job's variables; then check what jax says against the spec (module docstring)."""
+    the job's variables; then check what jax says against the spec (docs/runners/jax_native.md)."""
     import jax
 
     missing = [v for v in SLURM_VARIABLES if v not in os.environ]

@@ -1,9 +1,6 @@
-"""The run of the Flax step (runners/jax/flax_step.py) that jax_native and jax_fsdp share: the
-devices, the model and its shardings (`FlaxRun`), the input (one resident synthetic batch made
-under jit into the batch sharding, or the Grain pipeline's batches), the timed window over the
-jitted step, the equivalence step, and the record fields every mode of these runners gives.
-A runner passes its `Layout` (replicated: jax_native; sharded: jax_fsdp).
-docs/runners/jax_native.md and docs/runners/jax_fsdp.md say what each records and why."""
+"""The run of the Flax step that jax_native and jax_fsdp share (`FlaxRun`): devices, model,
+shardings, input, the timed window, the equivalence step and the record; a runner passes its
+`Layout`."""
 
 from __future__ import annotations
 

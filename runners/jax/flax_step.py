@@ -1,10 +1,7 @@
-"""The Flax train step jax_native and jax_fsdp share: the 1-D mesh's shardings, the train state
-built under jit into its layout, the jitted SGD step (per-device BatchNorm under shard_map, or
-global-batch statistics under plain jit), its AOT compile with the collectives XLA put in it, the
-untimed gradient call for the state record, the run's Flax model, and `Layout`: how a runner lays
-the state out (replicated: jax_native; sharded: jax_fsdp). docs/runners/jax_native.md says why.
-
-Imports no framework at module level (runners.jax.common.setup_devices comes first)."""
+"""The Flax train step jax_native and jax_fsdp share: the mesh's shardings, the state built under
+jit, the jitted SGD step (per-device BatchNorm under shard_map, or global under plain jit), its
+AOT compile with its collectives, the untimed gradient call, and `Layout` (replicated or
+sharded). Imports no framework at module level."""
 
 from __future__ import annotations
 
@@ -145,7 +142,7 @@ def make_train_step(state_sharding: Any, batch: Any, batchnorm: str = "per_devic
     """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy (over the
     rows, or over every position of (B, T, V) token logits), BatchNorm statistics updated (a
     model without BatchNorm has an empty batch_stats), per device under shard_map or over the
-    global batch under plain jit (see the module docstring); the state donated, its shardings
+    global batch under plain jit (docs/runners/jax_native.md); the state donated, its shardings
     (`state_sharding`: one replicated sharding, or jax_fsdp's tree) pinned, the loss
     replicated. `call`: the module's keyword arguments in training (default train=True; {}
     for a user's module without `train`). `cast` (a user's model in bf16): the params and a

@@ -1,16 +1,8 @@
 """keras_jax: Keras 3 on JAX, data parallel with keras.distribution.DataParallel, trained with
-model.fit (keras 3.15.1, jax 0.10.2), as Keras' distribution guide does it. DataParallel puts the
-N devices on a 1-D mesh; set before the model is built, it replicates every variable, and the jax
-trainer lays each batch out B/N rows per device; Keras jits its step over the global batch and
-XLA inserts the gradients' all-reduces (synchronous SGD). Options: `input` (numpy: host data
-Keras lays out itself; preplaced: batches already on the devices), `batchnorm` (per_device: a
-BatchNormalization subclass under shard_map, runners/jax/keras_batchnorm.py; global: Keras' own),
-`loader` for real data. The fit, clock and record are runners/jax/keras_fit.py and keras_run.py,
-shared with keras_model_parallel.
-
-Mode converge trains the benchmark's model by one fit per epoch on the recipe's batches, the
-learning rate set per step by a callback. What differs (SGD's weight_decay is Keras' own, not
-torch's) and the history: docs/runners/keras_jax.md."""
+model.fit as Keras' distribution guide does it (keras 3.15.1, jax 0.10.2). Options: `input`
+(numpy or preplaced), `batchnorm` (per_device: keras_batchnorm.py; global: Keras' own), `loader`.
+Fit, clock and record: keras_fit.py and keras_run.py (shared with keras_model_parallel).
+Converge: one fit per epoch, the rate set per step by a callback. docs/runners/keras_jax.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""jax_native: native JAX data parallelism, one jitted train step over a 1-D device mesh (axis
-"data"), Flax (linen) model, optax SGD with momentum, as jax 0.10.2's own idioms do it. The global
-batch is one jax.Array sharded along axis 0 (B/N rows per device); the train state is replicated
-and donated. Option `batchnorm`: per_device (default: jax.shard_map, each device normalises its
-own rows, gradients and running statistics averaged with lax.pmean) or global (plain jit over the
-global batch: XLA's SPMD partitioner inserts the all-reduces, sync BatchNorm). The step, its
-compile and the record are runners/jax/flax_step.py and flax_run.py, shared with jax_fsdp.
-
-Mode converge trains the benchmark's model, mesh and step with runners/converge.py's recipe:
-optax.inject_hyperparams over chain(add_decayed_weights, sgd(momentum)) (torch.optim.SGD's
-update), the learning rate replaced in the optax state before each step, the recipe's host
-batches device_put per step. What differs, and the history: docs/runners/jax_native.md."""
+"""jax_native: native JAX data parallelism as jax 0.10.2's idioms do it: one jitted train step over
+a 1-D mesh (axis "data"), a Flax (linen) model, optax SGD with momentum, the global batch one
+jax.Array sharded B/N rows per device, the train state replicated and donated. Option
+`batchnorm`: per_device (shard_map, lax.pmean) or global (plain jit, sync BatchNorm). Step and
+record: flax_step.py and flax_run.py (shared with jax_fsdp). docs/runners/jax_native.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""torch_allreduce: torch.distributed's own all_reduce (sum, float32, in place) over the torchrun
-process group, one process per device (NCCL on GPUs, gloo on CPU; dist.py's init_ranks), and
-all_gather_into_tensor and reduce_scatter_tensor (what FSDP2 and ZeRO-3 call) over the same
-sizes. Each size is timed as nccl-tests times it (contract/collectives.py): warm-up, a
-barrier, the calls back to back, one synchronisation, each rank's mean averaged over the
-ranks; each is checked (rank r gives r + 1: n(n+1)/2 everywhere, or rank r's part at position
-r), the ranks' verdicts combined with a MIN all_reduce. A backend that refuses a collective
-makes it unavailable with torch's message. docs/runners/torch_allreduce.md has more.
-"""
+"""torch_allreduce: torch.distributed's all_reduce (sum, float32, in place), all_gather_into_tensor
+and reduce_scatter_tensor over the torchrun process group, timed as nccl-tests times them
+(contract/collectives.py), each size checked on every rank. docs/runners/torch_allreduce.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """torch_ddp: native PyTorch DistributedDataParallel, one process (rank) per device started by
-torchrun (NCCL between GPUs, gloo between virtual CPU devices). Each rank steps on its own B/N
-slice (made on its device once, or its DistributedSampler share of the real data); DDP
-all-reduces the gradient buckets during backward and averages them, so every rank applies the
-global batch's gradient. GPU defaults (the catalog's gpu_default): channels_last,
-torch.compile, cudnn.benchmark, fused SGD, gradient bucket views, each recorded as torch
-reports it back. Mode converge runs the same model and step parts (runners/torch/
-rank_converge.py); equivalence the benchmark's step on the probe.
-Follows PyTorch 2.13's DDP as its tutorials use it; what differs: synthetic data made on each
-device once (no DataLoader on synthetic runs); in converge, the splits held in memory and each
-step's rows copied to the device (no DistributedSampler). docs/runners/torch_ddp.md has more.
-"""
+torchrun (NCCL between GPUs, gloo between virtual CPU devices), each rank stepping on its own B/N
+slice. GPU defaults (channels_last, torch.compile, cudnn.benchmark, fused SGD, bucket views) are
+recorded as torch reports them back. Differs from PyTorch 2.13's DDP tutorials: synthetic data
+made on each device once; converge holds the splits in memory. docs/runners/torch_ddp.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""deepspeed: DeepSpeed 0.19 ZeRO stage 1, 2 or 3 (option `stage`), the model and a torch SGD
-handed to deepspeed.initialize (client optimizer, zero_allow_untested_optimizer), one process
-per device. Stage 1/2 keep a full replica of the module and give each rank a 1/N fp32 master
-partition for its optimizer; stage 3 partitions the parameters themselves. engine.backward
-reduces the gradients (in fp32: communication_data_type) into each rank's partition,
-engine.step updates it. bf16/fp16 are DeepSpeed's config sections (buffers cast too, through
-data_types.buffer_dtype). State and precision are read back from ZeRO's own structures in one
-extra untimed step stopped between engine.backward and engine.step.
-What differs from DeepSpeed's tutorials: torchrun in place of the `deepspeed` launcher (the
-process group DeepSpeed's accelerator would pick is checked and adopted; CROSS_RANK/CROSS_SIZE
-set for parity; LOCAL_SIZE not, which would switch on a shared-memory kernel on CPUs), a
-torch optimizer in place of DeepSpeed's fused Adam, synthetic data made on each device once.
-docs/runners/deepspeed.md has more.
-"""
+"""deepspeed: DeepSpeed 0.19 ZeRO stage 1, 2 or 3 (option `stage`) over a torch SGD (client
+optimizer), one process per device; state and precision read back from ZeRO's own structures in
+one extra untimed step. Differs from DeepSpeed's tutorials: torchrun in place of the `deepspeed`
+launcher, a torch optimizer in place of fused Adam, synthetic data made on each device once.
+docs/runners/deepspeed.md."""
 
 from __future__ import annotations
 
@@ -54,7 +45,7 @@ def extensions_dir() -> Path:
 
 def import_deepspeed(spec: Spec) -> Any:
     """deepspeed, its accelerator set to the run's device and its environment as its launcher
-    would leave it (module docstring, Processes); Unavailable if it is not installed."""
+    would leave it (docs/runners/deepspeed.md, Processes); Unavailable if it is not installed."""
     os.environ["DS_ACCELERATOR"] = "cuda" if spec.device == "gpu" else "cpu"
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
@@ -179,7 +170,7 @@ class Engine:
         return any(m.data_ptr() != s.data_ptr() for m, s, _ in self._partitions())
 
     def precision_policy(self) -> dict[str, Any]:
-        """The precision the engine runs, read back from it (module docstring, Precision)."""
+        """The precision the engine runs, read back from it (docs/runners/deepspeed.md)."""
         engine = self.engine
         master = self._partitions()[0][0].dtype if self.master_is_copy() else None
         stored = self.dtype
@@ -201,7 +192,7 @@ class Engine:
 
     def local_state(self) -> dict[str, dict[str, int]]:
         """This rank's bytes of params, grads and optimizer state, and the global sizes, read
-        between engine.backward and engine.step (module docstring, State)."""
+        between engine.backward and engine.step (docs/runners/deepspeed.md)."""
         opt, params = self.optimizer, list(self.module.parameters())
         if self.stage == 3:
             held = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params)

@@ -1,16 +1,8 @@
-"""horovod: Horovod 0.28.1 with PyTorch, one process per device started by horovodrun (gloo; NCCL
-on GPUs), gradients averaged by hvd.DistributedOptimizer: each gradient's all-reduce starts as
-backward produces it (fused by Horovod's background thread), step() waits for them all.
-hvd.broadcast_parameters and broadcast_optimizer_state give every rank rank 0's state first.
-Option fp16_allreduce compresses the gradients to float16 for the all-reduce only. The ranks
-are horovod_ranks.py's; the input, step counter, timed loop, checks, placement and result are
-runners/torch/dist.py's, shared with the torchrun runners. Across nodes horovod_launch.py does
-horovodrun's gloo launch with srun in place of ssh.
-Follows Horovod's pytorch_synthetic_benchmark.py (DistributedOptimizer with op Average,
-broadcast_parameters, --fp16-allreduce); what differs: the harness's models, SGD momentum 0.9
-in place of plain SGD, no Adasum (by design not the one-device step), DataLoader workers by
-forkserver as Horovod's ImageNet example. docs/runners/horovod.md has more.
-"""
+"""horovod: Horovod 0.28.1 with PyTorch, one process per device started by horovodrun, gradients
+averaged by hvd.DistributedOptimizer after hvd.broadcast_parameters; option fp16_allreduce.
+Ranks: horovod_ranks.py; input, timed loop and result: runners/torch/dist.py. Follows Horovod's
+pytorch_synthetic_benchmark.py; differs: the harness's models, SGD momentum 0.9, no Adasum.
+docs/runners/horovod.md."""
 
 from __future__ import annotations
 

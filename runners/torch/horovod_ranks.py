@@ -1,10 +1,6 @@
-"""Horovod's ranks for the horovod runner and the Horovod all-reduce probe: hvd.init() (gloo's
-rendezvous under horovodrun, or horovod_launch's slot environment across nodes), each rank's
-device (cuda:hvd.local_rank() on GPUs; on CPUs a share of the cores, since horovodrun leaves
-thread pools alone), and HorovodRanks: a DeviceRank whose collectives are Horovod's own
-(hvd.allreduce, hvd.allgather_object). Imports horovod.torch inside functions, so a broken
-install becomes a record.
-"""
+"""Horovod's ranks for the horovod runner and its all-reduce probe: hvd.init(), each rank's device,
+and HorovodRanks, a DeviceRank over Horovod's own collectives (horovod.torch imported inside
+functions, so a broken install becomes a record)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""keras_torch: Keras 3 on PyTorch, multi-device as Keras' guide "Multi-GPU distributed training
-with PyTorch" does it: one process per device (torchrun; the guide forks them with
-torch.multiprocessing), the Keras model (a torch.nn.Module under the torch backend) in torch's
-DistributedDataParallel, trained by a plain PyTorch loop (torch SGD, cross-entropy), not by
-model.fit, in every mode (Keras 3's fit has no multi-process data parallelism on torch).
-Real data: loader `framework` is a torch DataLoader (runners/torch/data.py), `keras` a Keras 3
-PyDataset iterated by the adapter fit uses on torch. bf16 is Keras' mixed_bfloat16 policy.
-What differs from the guide: the built-in CNNs end in a softmax, so the loss reads the logits
-of the layer before it; the loop passes training=True (Keras 3 ignores torch's
-module.training); SGD with momentum 0.9 in place of Adam; synthetic tensors resident on the
-device in place of a DataLoader over MNIST. docs/runners/keras_torch.md has more.
-"""
+"""keras_torch: Keras 3 on PyTorch as Keras' guide "Multi-GPU distributed training with PyTorch"
+does it: one process per device (torchrun), the Keras model in torch's DDP, trained by a plain
+PyTorch loop (not model.fit) in every mode. Differs from the guide: the loss reads the logits
+before the CNNs' softmax, training=True passed, SGD momentum 0.9 in place of Adam, synthetic
+tensors resident on the device. docs/runners/keras_torch.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""What each torch rank holds of the model state, and the precision a torch run trained in, both
-read back from the framework's objects (imports torch).
-
-`state_bytes`: each rank's bytes of its parameters, their .grad and its optimizer's state
-tensors (a DTensor's local shard under FSDP2, whole tensors under DDP/Horovod), gathered over
-the ranks' own collective; a part's global size is what its tensors state (a DTensor's global
-shape; a plain tensor's own size, the same on every rank; the ranks' sum for a `partitioned`
-part). Buffers are not counted. `torch_precision`: the record's precision_policy (compute,
-parameter and reduction dtypes, loss scaling). docs/runners/torch_zero1.md has more.
-"""
+"""What each torch rank holds of the model state (`state_bytes`: parameters, .grad, optimizer
+state, DTensor shards as their local shard) and the precision a run trained in
+(`torch_precision`), both read back from the framework's objects. Imports torch."""
 
 from __future__ import annotations
 
