@@ -13,13 +13,7 @@ from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
 from runners.converge import Batch, fitting_splits, stepwise, train_to_accuracy
-from runners.jax.common import (
-    check_short_batch,
-    framework_versions,
-    placement,
-    sgd_recipe,
-    sharding_record,
-)
+from runners.jax import common
 from runners.jax.flax_run import VERSIONS, FlaxRun, StepRecord
 from runners.jax.flax_run import benchmark as run_benchmark
 from runners.jax.flax_run import equivalence as run_equivalence
@@ -34,7 +28,7 @@ if TYPE_CHECKING:
 
 DATA_PARALLEL = Layout(
     AXIS, lambda replicated, abstract: replicated, lambda spec: spec.options["batchnorm"],
-    lambda replicated, params: sharding_record(replicated),
+    lambda replicated, params: common.sharding_record(replicated),
     "jax: every array's addressable_shards (shard.data.nbytes per device) after the timed "
     "window: the params and optax state of the train state (replicated: a full copy on each "
     "device; batch_stats not counted), and the gradients from one extra untimed call of a "
@@ -144,7 +138,7 @@ class NativeConverge:
         x, y = jax.device_put((b.x, b.y), self.run.batch)
         if epoch == 0:
             self.rows_fed.append(b.global_rows)
-            for device, count in placement(x).items():
+            for device, count in common.placement(x).items():
                 self.rows[device] = self.rows.get(device, 0) + count
         self.state = with_lr(self.state, lr, self.run.replicated)
         if x.shape not in self.compiled:
@@ -185,11 +179,11 @@ class NativeConverge:
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: train_to_accuracy with the benchmark's model, mesh and jitted step, the
     learning rate set per step in the optax state."""
-    recipe = sgd_recipe(spec, "jax_native", MULTI_NODE_CONVERGE)
+    recipe = common.sgd_recipe(spec, "jax_native", MULTI_NODE_CONVERGE)
     model_spec = spec_of(spec)
     splits = fitting_splits(spec, model_spec)
     run = FlaxRun.start(spec, model_spec)
-    check_short_batch(recipe, len(splits.y_train), run.n, "a NamedSharding")
+    common.check_short_batch(recipe, len(splits.y_train), run.n, "a NamedSharding")
     variables = run.build(AXIS, recipe.seed)
     tx = converge_optimizer(recipe.momentum, recipe.weight_decay, recipe.base_lr)
     state, _ = DATA_PARALLEL.create_state(run.model, variables, tx, run.replicated)
@@ -205,8 +199,9 @@ def converge(spec: Spec) -> dict[str, Any]:
     # the gradients have the params' dtypes (they are taken with respect to them); the dtype
     # lines are a built-in's (cast None), as this mode has always recorded them
     return join(result, run.record(a.state, StepRecord(
-        batchnorm, a.collectives, sharding_record(run.replicated), a.state.params, a.hlo, None)), {
-        "framework": framework_versions(*VERSIONS),
+        batchnorm, a.collectives, common.sharding_record(run.replicated), a.state.params, a.hlo,
+        None)), {
+        "framework": common.framework_versions(*VERSIONS),
         "loss_kind": "global mean cross-entropy of each step's batch, averaged over the epoch",
         "optimizer": ("optax.inject_hyperparams(chain(add_decayed_weights(weight_decay), "
                       "sgd(lr, momentum))): torch.optim.SGD's update; lr set in the optax "

@@ -19,21 +19,8 @@ from contract.precision_policy import resolve
 from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
+from runners.torch import dist as td
 from runners.torch.data import SyntheticInput, equivalence_input
-from runners.torch.dist import (
-    Feed,
-    PlacementTracker,
-    Ranks,
-    StepCounter,
-    check_precision,
-    framework_versions,
-    init_ranks,
-    loss_of,
-    model_record,
-    per_rank_batch,
-    rank_model,
-    timed_steps,
-)
 from runners.torch.equivalence import equivalence_step
 
 
@@ -60,11 +47,11 @@ def import_deepspeed(spec: Spec) -> Any:
     return deepspeed
 
 
-def init_deepspeed(spec: Spec) -> tuple[Any, Ranks]:
+def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
     """The torchrun process group, adopted by deepspeed.init_distributed; the backend DeepSpeed's
     accelerator would pick must be the group's."""
     deepspeed = import_deepspeed(spec)
-    ranks = init_ranks(spec, "auto")
+    ranks = td.init_ranks(spec, "auto")
     from deepspeed.accelerator import get_accelerator
 
     accel = get_accelerator()
@@ -104,13 +91,13 @@ class Engine:
     (forward, engine.backward, engine.step); `last` keeps the step's batch for the state
     reading."""
 
-    def __init__(self, deepspeed: Any, spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed,
+    def __init__(self, deepspeed: Any, spec: Spec, ranks: td.Ranks, net: nn.Module, feed: td.Feed,
                  lr: float, momentum: float) -> None:
         self.spec, self.ranks, self.feed = spec, ranks, feed
         self.stage = int(spec.options["stage"])
         sgd = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
-        self.counter = StepCounter(sgd)
-        config = ds_config(spec, per_rank_batch(spec, ranks), self.stage)
+        self.counter = td.StepCounter(sgd)
+        config = ds_config(spec, td.per_rank_batch(spec, ranks), self.stage)
         self.config = config
         try:
             engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=sgd,
@@ -119,7 +106,7 @@ class Engine:
             raise Unavailable(f"DeepSpeed {deepspeed.__version__} ZeRO stage {self.stage} on "
                               f"{ranks.device.type}: {type(exc).__name__}: {exc}") from None
         self.engine, self.optimizer, self.module = engine, optimizer, engine.module
-        self.tracker = PlacementTracker(self.module)
+        self.tracker = td.PlacementTracker(self.module)
         self.dtype = next(self.module.parameters()).dtype
         if isinstance(feed, SyntheticInput) and feed.x.is_floating_point():
             feed.x = feed.x.to(self.dtype)  # once: the module's dtype (bf16 under bf16)
@@ -135,7 +122,7 @@ class Engine:
 
     def step(self) -> torch.Tensor:
         x, y = self.inputs()
-        loss = loss_of(self.engine(self.tracker.saw(x)), y)
+        loss = td.loss_of(self.engine(self.tracker.saw(x)), y)
         skipped = self.engine.skipped_steps
         self.engine.backward(loss)
         self.engine.step()
@@ -223,7 +210,7 @@ class Engine:
         if self.last is None:
             raise Invalid("no step ran before the state reading")
         x, y = self.last
-        loss = loss_of(self.engine(x), y)
+        loss = td.loss_of(self.engine(x), y)
         self.engine.backward(loss)
         mine = self.local_state()
         rows: list[Any] = [None] * self.ranks.world
@@ -258,13 +245,13 @@ class Engine:
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     deepspeed, ranks = init_deepspeed(spec)
-    check_precision(spec, ranks)
-    model_spec, feed, net = rank_model(spec, ranks)
-    model = model_record(net, model_spec)  # before ZeRO-3 partitions the parameters away
+    td.check_precision(spec, ranks)
+    model_spec, feed, net = td.rank_model(spec, ranks)
+    model = td.model_record(net, model_spec)  # before ZeRO-3 partitions the parameters away
     engine = Engine(deepspeed, spec, ranks, net, feed, 0.01, 0.9)
-    result = timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
+    result = td.timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
     result = join(result, {
-        "framework": {**framework_versions(), "deepspeed": deepspeed.__version__},
+        "framework": {**td.framework_versions(), "deepspeed": deepspeed.__version__},
         "precision_policy": engine.precision_policy(),
         "strategy": f"DeepSpeed ZeRO stage {engine.stage}, one process per device (torchrun); "
                     + {1: "optimizer state partitioned",
@@ -283,7 +270,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     from models.torch_common import get_canonical_weights, set_canonical_weights
 
     deepspeed, ranks = init_deepspeed(spec)
-    check_precision(spec, ranks)
+    td.check_precision(spec, ranks)
     weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks.place)
     net = load_builder("probe", "torch")(get_spec("probe"), data_format="channels_first")
@@ -299,7 +286,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         return loss
 
     return equivalence_step(spec, ranks, step, engine.counter, engine.tracker, lambda: saved,
-                            framework={**framework_versions(),
+                            framework={**td.framework_versions(),
                                        "deepspeed": deepspeed.__version__},
                             layout="channels_first", **engine.reported())
 
