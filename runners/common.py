@@ -83,13 +83,10 @@ class StepTimer:
 
 
 class TimedWindow:
-    """The bookkeeping of the one timed loop: `warmup` steps uncounted, then `measure` steps
-    timed, each clock reading taken after a step is known finished on the device.
-
-    An explicit loop calls `timed_loop`; a framework's own loop (Keras `fit`, tensorpack's
-    trainer) calls `step_begin` and `step_done` from its per-batch hooks. `per_call`: steps
-    one call runs (Keras steps_per_execution). `on_start` runs just before the clock starts
-    (read a step counter, reset a tracker)."""
+    """The bookkeeping of the one timed loop: `warmup` steps uncounted, then `measure` steps timed,
+    each reading taken once the step is finished on the device. `timed_loop` drives it, or a
+    framework's own loop through `step_begin`/`step_done`; `per_call`: steps per call (Keras
+    steps_per_execution); `on_start` runs just before the clock starts."""
 
     def __init__(self, warmup: int, measure: int, per_call: int = 1,
                  on_start: Callable[[], None] | None = None) -> None:

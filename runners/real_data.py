@@ -47,15 +47,6 @@ class RealData:
         """The TFRecord shards (tf.train.Example: image/encoded, image/class/label, ...)."""
         return sorted(self.path / name for name in self.manifest["formats"]["tfrecord"]["shards"])
 
-    @property
-    def tfrecord_dir(self) -> Path:
-        return self.path / "tfrecord"
-
-    @property
-    def jpeg_dir(self) -> Path:
-        """jpeg/<class>/<image>: the ImageNet-style folder tree (Keras flow_from_directory)."""
-        return self.path / "jpeg"
-
 
 def open_dataset(spec: Spec) -> RealData:
     """The run's dataset; Unavailable when the run is not a real-data run or the folder is

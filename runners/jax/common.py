@@ -34,12 +34,9 @@ def _with_device_count(flags: str, n: int) -> str:
 
 def setup_devices(spec: Spec, initialize: Callable[[], None] | None = None
                   ) -> tuple[list[jax.Device], list[dict[str, Any]]]:
-    """The run's N jax devices and their descriptions: N virtual CPU devices (device: cpu) or the
-    first N GPUs (device: gpu). Call before anything imports jax.
-
-    With spec.num_nodes > 1 this process makes spec.devices_per_node local devices, joins the
-    other nodes' processes first (join_processes; `initialize` replaces
-    jax.distributed.initialize, e.g. Keras' own) and returns the devices of all processes."""
+    """The run's N jax devices and their descriptions: N virtual CPU devices or the first N GPUs;
+    call before anything imports jax. Across nodes, joins the other processes first
+    (join_processes; `initialize` replaces jax.distributed.initialize) and returns all devices."""
     n = spec.num_devices
     if spec.device == "cpu":
         if "jax" in sys.modules:
@@ -166,12 +163,8 @@ def agreed_min(value: int) -> int:
 
 
 def close_multihost(spec: Spec, mechanism: str = MECHANISM) -> dict[str, Any]:
-    """The record of a multi-node run, then jax.distributed.shutdown() (a barrier across the
-    processes); {} on one node. `nodes`: one entry per process, gathered through JAX: its
-    node_identity() (SLURM node name, host, SLURM task and job ids, pid) and what JAX says of
-    it (process_index, its local devices). `multi_node`: the mechanism and what JAX read back
-    (process and device counts, the coordinator address, the cluster it detected, the CPU
-    collectives). Call it last, on every process, after the run's own collectives."""
+    """The record of a multi-node run (`nodes`, each process as JAX sees it; `multi_node`, what JAX
+    read back), then jax.distributed.shutdown(); {} on one node. Call it last, on every process."""
     if spec.num_nodes == 1:
         return {}
     import jax

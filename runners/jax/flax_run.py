@@ -261,11 +261,9 @@ def timed_fields(run: FlaxRun, layout: flax_step.Layout, steps: TimedSteps, data
 
 
 def equivalence(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
-    """One plain SGD step on the probe model through the benchmark's step (same batchnorm mode,
-    same shard_map or jit, the same state layout, compiled ahead of time as there), the batch
-    laid out in the batch sharding by jax.make_array_from_process_local_data (each process the
-    rows of its own devices; one process: a device_put); weights saved (by process 0 across
-    nodes; a sharded state is gathered to every process first)."""
+    """One plain SGD step on the probe through the benchmark's step (batchnorm mode, state layout,
+    AOT compile), the batch laid out by jax.make_array_from_process_local_data; weights saved by
+    process 0 (a sharded state gathered to every process first)."""
     devices, described = common.setup_devices(spec)
     import jax
     import optax

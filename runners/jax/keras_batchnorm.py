@@ -80,7 +80,6 @@ def per_device_batchnorm_class(keras: Any) -> type:
     return PerDeviceBatchNormalization
 
 
-
 def keras_moving_stats(keras: Any, model: keras.Model) -> tuple[bool, str]:
     """(whether every BatchNormalization layer's moving mean and variance is finite, the first
     that is not / how many were read), from the model's variables."""

@@ -93,7 +93,6 @@ def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int 
     return {"x": x, "y": y, "batch_size": batch, "shuffle": True}
 
 
-
 def device_batch(model_spec: Any, global_batch: int, shardings: tuple[Any, Any]
                  ) -> tuple[Any, Any]:
     """One synthetic global batch made on the devices in the distribution's layout (`shardings`:

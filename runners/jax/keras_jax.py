@@ -62,16 +62,11 @@ def converge_callbacks(keras: Any, lr_at: Callable[[int], float], rows: EpochRow
     return [StepLearningRate()]
 
 
-
 def logits_model(keras: Any, model: keras.Model, loss: Any) -> tuple[Any, Any, str]:
-    """(the model fit trains, its loss, what the record says of it): a model whose last layer
-    is a softmax Activation (the built-in CNNs) as a functional model of the same layers up to
-    its input, the logits, with Keras' sparse cross-entropy from logits; any other model (its
-    own logits already) as it is, with `loss`. Keras on TensorFlow computes the softmax
-    model's loss from those logits by itself (the softmax output's _keras_logits); on JAX its
-    sparse cross-entropy takes the probabilities clipped to [1e-7, 1 - 1e-7], whose gradient
-    is 0 for a row predicted confidently wrong (seen on digits: held-out accuracy 0.89 after 10
-    epochs instead of 0.95 after 2)."""
+    """(the model fit trains, its loss, what the record says of it): a model ending in a softmax
+    Activation (the built-in CNNs) as the model of its logits with sparse cross-entropy from
+    logits, as Keras on TensorFlow takes it (docs/runners/keras_jax.md says why); any other
+    model as it is, with `loss`."""
     last = model.layers[-1]
     if isinstance(last, keras.layers.Activation) and \
             getattr(last.activation, "__name__", "") == "softmax":
@@ -80,7 +75,6 @@ def logits_model(keras: Any, model: keras.Model, loss: Any) -> tuple[Any, Any, s
                 "global mean sparse cross-entropy from the logits (the model's softmax input, "
                 "as Keras on TensorFlow takes it)")
     return model, loss, "global mean sparse cross-entropy (the model's own logits)"
-
 
 
 class KerasConverge:

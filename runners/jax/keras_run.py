@@ -40,7 +40,6 @@ STATE_SOURCE = (
     "returns them")
 
 
-
 def no_record(distribution: Any, model: Any) -> dict[str, Any]:
     return {}
 
@@ -94,8 +93,6 @@ def check_multi_node(spec: Spec) -> None:
         raise Unavailable(MULTI_NODE_REAL_DATA)
     if spec.options["input"] == "preplaced":
         raise Unavailable(MULTI_NODE_PREPLACED)
-
-
 
 
 @dataclass
@@ -217,7 +214,6 @@ def multi_node_record(spec: Spec, distribution: Any) -> dict[str, Any]:
             "auto_shard_dataset": distribution.auto_shard_dataset,
             "source": "keras.distribution.DataParallel.num_processes, .auto_shard_dataset"}
     return record
-
 
 
 def equivalence(spec: Spec, strategy: Strategy) -> dict[str, Any]:

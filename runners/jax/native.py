@@ -110,7 +110,6 @@ def make_predict(model: nn.Module, call: dict[str, Any], cast: Any, replicated: 
     return jax.jit(predict, in_shardings=(replicated, replicated, batch), out_shardings=batch)
 
 
-
 class NativeConverge:
     """The converge adapter: the train state, its step compiled per batch shape met, and what
     the record reads of the run (the first epoch's rows per device, the rates read back)."""

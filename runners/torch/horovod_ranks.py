@@ -70,11 +70,9 @@ SLOT_ENV = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_R
 
 
 def multi_node_record() -> dict[str, Any]:
-    """Where each rank of a multi-node run ran, gathered through Horovod itself
-    (hvd.allgather_object of every rank's node_identity with hvd.rank(), local_rank(),
-    cross_rank()), and what Horovod says of the ranks: `nodes` (one entry per node, its
-    ranks) and `multi_node`. Invalid when Horovod's view is not the run's nodes x
-    devices_per_node, or a rank's numbers are not the slot horovod_launch gave it."""
+    """`nodes` and `multi_node` of a multi-node run, gathered through Horovod itself
+    (hvd.allgather_object); Invalid when Horovod's view is not the run's nodes x devices_per_node
+    or a rank is not the slot horovod_launch gave it."""
     hvd = horovod()
     rows = hvd.allgather_object({
         **node_identity(), "rank": hvd.rank(), "local_rank": hvd.local_rank(),

@@ -110,11 +110,9 @@ def compute_dtype(precision: str, computed: Any) -> str:
 
 def torch_precision(precision: str, compute: Any, module: nn.Module,
                     reduce: Any, how: str, loss_scaling: str | None = None) -> dict[str, Any]:
-    """The record's precision_policy: the compute dtype (compute_dtype: as the logits came
-    out of the step's tracker, or as the framework states it), the parameters' stored dtype
-    read from `module`, `reduce` (the strategy's gradient-reduction dtype, read back by the
-    runner), the framework knobs (`how`); the parameters are the master weights (torch's
-    optimizers update them in place)."""
+    """The record's precision_policy: compute dtype (from the tracker's logits, or as the framework
+    states it), the parameters' dtype read from `module` (torch's master weights), `reduce` as the
+    runner read it back, the knobs (`how`)."""
     return {"precision_policy": resolve(
         precision, how=how, compute=compute_dtype(precision, compute),
         params=dtype_of(module.parameters(), "the parameters"), master=None, reduce=reduce,
