@@ -1,5 +1,6 @@
-"""horovodrun's gloo launch across the nodes of a SLURM job, with srun in place of ssh; run once
-per node (bench/run/launch.py child_command):
+"""horovodrun's gloo launch across the nodes of a SLURM job, with srun in place of ssh.
+
+Run once per node (bench/run/launch.py child_command):
 
   python -m runners.torch.horovod_launch -np N --slots-per-node K --nodes M --node-rank R
       --rendezvous ADDR:PORT  PYTHON -m runners.torch.horovod --spec S --result OUT
