@@ -29,7 +29,8 @@ def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
     canonical weights on the rank's device (`layout`), its slice of the batch resident there
     (equivalence_input), `make_step(net, feed, learning_rate)` (plain SGD) called once by
     equivalence_step; rank 0 saves the weights of `whole(net)` (a sharded strategy's: a plain
-    copy with the full weights, gathered by every rank); the ranks closed."""
+    copy with the full weights, gathered by every rank); the ranks closed. `own`: the runner's
+    fields (its `framework` replaces torch's)."""
     from models.torch_common import get_canonical_weights, set_canonical_weights
 
     weights, x, y, lr = spec.equivalence_inputs()
@@ -39,9 +40,9 @@ def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
     set_canonical_weights(net, weights)
     net = net.to(ranks.device)
     step, counter, tracker = make_step(net, feed, lr)
+    own = {"framework": td.framework_versions(), "layout": layout, **own}
     return equivalence_step(spec, ranks, step, counter, tracker,
-                            lambda: get_canonical_weights(whole(net)),
-                            framework=td.framework_versions(), layout=layout, **own)
+                            lambda: get_canonical_weights(whole(net)), **own)
 
 
 def equivalence_step(spec: Spec, ranks: td.DeviceRank, step: Callable[[], torch.Tensor],

@@ -12,13 +12,10 @@ import torch
 from torch import nn
 
 from contract.result import join
-from models import get_spec, load_builder
-from models.torch_common import get_canonical_weights, set_canonical_weights
 from runners.common import Spec, Unavailable, main
 from runners.memory import model_state_torch
 from runners.torch import dist as td
-from runners.torch.data import equivalence_input
-from runners.torch.equivalence import equivalence_step
+from runners.torch.equivalence import probe_equivalence
 from runners.torch.horovod_ranks import framework_versions, horovod, init_ranks
 from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision
 
@@ -105,15 +102,13 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     batch; weights saved."""
     fp16_allreduce = spec.options["fp16_allreduce"]
     ranks = init_ranks(spec)
-    weights, x, y, lr = spec.equivalence_inputs()
-    feed = equivalence_input(x, y, ranks.place)
-    net = load_builder("probe", "torch")(get_spec("probe"))
-    set_canonical_weights(net, weights)
-    net = net.to(ranks.device)
-    step, counter, tracker = training_step(net, feed, lr, 0.0, fp16_allreduce)
-    return equivalence_step(spec, ranks, step, counter, tracker,
-                            lambda: get_canonical_weights(net), framework=framework_versions(),
-                            layout="channels_first", fp16_allreduce=fp16_allreduce)
+
+    def make_step(net: nn.Module, feed: td.Feed, lr: float
+                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
+        return training_step(net, feed, lr, 0.0, fp16_allreduce)
+
+    return probe_equivalence(spec, ranks, make_step, framework=framework_versions(),
+                             fp16_allreduce=fp16_allreduce)
 
 
 if __name__ == "__main__":
