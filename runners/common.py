@@ -1,12 +1,8 @@
 """Child-side code every runner shares: the typed spec, the one timed loop, the result.
 
-A runner module defines `benchmark(spec: Spec) -> dict` (and `equivalence(spec) -> dict` when
-it takes part in the data-parallel equivalence test) and ends with `main(benchmark,
-equivalence)`. The parent (bench.plan.runs.RunSpec, a subclass of Spec) resolves everything,
-the runner's options over their registry defaults included, so a runner reads `spec.options[
-"name"]` and repeats no default. This module imports no framework; numpy is the only
-dependency beyond the stdlib (the parent imports it too).
-"""
+A runner module defines `benchmark(spec) -> dict` (and `equivalence`, `converge` where it takes
+part) and ends with `main(benchmark, ...)`; the parent resolves every option, so a runner reads
+`spec.options["name"]` and repeats no default. Imports no framework (numpy only)."""
 
 from __future__ import annotations
 
@@ -87,13 +83,10 @@ class StepTimer:
 
 
 class TimedWindow:
-    """The bookkeeping of the one timed loop: `warmup` steps uncounted, then `measure` steps
-    timed, each clock reading taken after a step is known finished on the device.
-
-    An explicit loop calls `timed_loop`; a framework's own loop (Keras `fit`, tensorpack's
-    trainer) calls `step_begin` and `step_done` from its per-batch hooks. `per_call`: steps
-    one call runs (Keras steps_per_execution). `on_start` runs just before the clock starts
-    (read a step counter, reset a tracker)."""
+    """The bookkeeping of the one timed loop: `warmup` steps uncounted, then `measure` steps timed,
+    each reading taken once the step is finished on the device. `timed_loop` drives it, or a
+    framework's own loop through `step_begin`/`step_done`; `per_call`: steps per call (Keras
+    steps_per_execution); `on_start` runs just before the clock starts."""
 
     def __init__(self, warmup: int, measure: int, per_call: int = 1,
                  on_start: Callable[[], None] | None = None) -> None:

@@ -1,14 +1,9 @@
 """Child-side time to accuracy (mode converge), framework-free: the recipe, the data, the loop.
 
-A converge run trains on a prepared dataset's training split (splits.npz) and evaluates on its
-held-out split after every epoch (timed apart), stopping at target_accuracy or max_epochs.
-Every runner converges through `train_to_accuracy`, fed the same batches (order, short last
-batch, augmentation: drawn here from the recipe's seed), so two runners differ by what they
-do, not by what they were fed. A runner gives `train_epoch(epoch, batches, lr_at)` (or its
-step to `stepwise`), `evaluate(x, y)` and optionally `moving_stats()`; the recipe (optimizer,
-rate scaling, warm-up, schedule, last batch, augmentation) and the clock's rules are in
-docs/CONVERGENCE.md, "The loop in the child". Imports numpy only.
-"""
+Every runner converges through `train_to_accuracy` on the same batches (order, short last batch,
+augmentation drawn here from the recipe's seed), giving `train_epoch` (or its step to
+`stepwise`), `evaluate` and optionally `moving_stats`; the rules: docs/CONVERGENCE.md, "The loop
+in the child". Imports numpy only."""
 
 from __future__ import annotations
 

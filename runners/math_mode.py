@@ -1,13 +1,6 @@
-"""What "fp32" means on a GPU: IEEE float32 math, or TF32 tensor cores (precision `tf32`).
-
-The frameworks' defaults differ (PyTorch: TF32 convolutions only; TensorFlow and JAX: both),
-so the harness names the math: `fp32` is IEEE float32 in every framework (TF32 off), `tf32`
-is float32 storage with TF32 convolutions and matmuls (GPU only, compute capability 8.0+).
-`apply(precision, device)` sets each framework the process has imported (before the runner's
-benchmark); `read_back()` reads the settings back for the record (bf16 and fp16 runs keep the
-defaults, read back all the same). The launcher also sets NVIDIA_TF32_OVERRIDE=0 for every
-GPU run but tf32 ones, which covers code that sets its own math. Why: docs/runners/shared.md.
-"""
+"""What "fp32" means on a GPU: `fp32` is IEEE float32 in every framework (TF32 off), `tf32` float32
+storage with TF32 convolutions and matmuls. `apply(precision, device)` sets each imported
+framework, `read_back()` reads the settings for the record. Why: docs/runners/shared.md."""
 
 from __future__ import annotations
 

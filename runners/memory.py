@@ -1,17 +1,10 @@
 """Memory per device over the timed window, and the model state a run holds (child side).
 
-runners.common's timed loop calls `window_start()` before its clock starts and `window_end()`
-after its last reading; runners.common.main turns the reading into the result's
-`memory_per_device`, `memory_source`, `device_peak_bytes` and `memory_baseline`
-(`for_result`). What is read depends on what the process has imported and initialised (no
-framework is imported here): the allocator's peak of torch, JAX, TensorFlow (reset at the
-window's start where the framework can) or MXNet's used GPU memory; on CPU the process's peak
-resident memory over the window (VmHWM reset through /proc/self/clear_refs, else getrusage's
-peak since start), whose device peak is counted above the resident memory before the model was
-built (`baseline()`) and shared by a process's N virtual devices. `model_state_torch`,
-`model_state_jax` and `model_state_keras` give the bytes of parameters, gradients and optimizer
-state. Details: docs/runners/shared.md.
-"""
+`window_start()`/`window_end()` (called by runners.common's timed loop) read the allocator peak
+of whichever framework the process initialised (none imported here), or on CPU the process's
+peak resident memory above its `baseline()`; `for_result` gives the record's fields.
+`model_state_torch`, `model_state_jax`, `model_state_keras`: bytes of parameters, gradients and
+optimizer state. Details: docs/runners/shared.md."""
 
 from __future__ import annotations
 

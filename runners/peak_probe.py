@@ -1,12 +1,9 @@
 """Measure a device's peak matrix-multiply throughput in one framework at one precision.
 
 `python -m runners.peak_probe --framework torch --device cpu --precision fp32 --result OUT`
-imports only the named framework, times chains of n x n matmuls (2 n^3 FLOPs each; each one
-consumes the previous product, so no compiler can drop or merge them), and writes the best
-trial's FLOP/s, whether the best three trials agreed (within AGREE) and, on a CPU, the share
-of the machine other processes took meanwhile. The parent (bench/run/peak.py) runs it once per
-environment and device type, and caches only an agreed, uncontended peak.
-"""
+times chains of n x n matmuls (each consumes the previous product) and writes the best trial's
+FLOP/s, whether the best three agreed and the CPU share others took; bench/run/peak.py caches
+only an agreed, uncontended peak."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Child-side real-data pieces every family shares: the prepared dataset, the preprocessing
-every pipeline must reproduce, the naive PIL loop, and the timing of a pipeline on its own.
-
-The preprocessing, defined here once and implemented by each framework's pipeline with its own
-ops: decode the JPEG to RGB uint8; bring a shorter side below the model's input size S up to S
-(bilinear); crop S x S at a random position (`crop-flip`) or the centre (`none`); `crop-flip`
-only: flip left-right with probability 1/2; float32 = pixel / 127.5 - 1, labels int. Batches
-are whole, the order is shuffled every epoch, the data repeats forever; rank r of a
-multi-process runner reads files r, r + world, ... Imports numpy and Pillow only (every
-family's environment has both). Details: docs/runners/shared.md.
-"""
+"""Child-side real-data pieces every family shares: the prepared dataset, the reference
+preprocessing (decode RGB, shorter side up to S, S x S crop at random or the centre, random
+flip for `crop-flip`, pixel / 127.5 - 1), the naive PIL loop, and the timing of a pipeline on
+its own. Imports numpy and Pillow only. Details: docs/runners/shared.md."""
 
 from __future__ import annotations
 
@@ -53,15 +46,6 @@ class RealData:
     def tfrecords(self) -> list[Path]:
         """The TFRecord shards (tf.train.Example: image/encoded, image/class/label, ...)."""
         return sorted(self.path / name for name in self.manifest["formats"]["tfrecord"]["shards"])
-
-    @property
-    def tfrecord_dir(self) -> Path:
-        return self.path / "tfrecord"
-
-    @property
-    def jpeg_dir(self) -> Path:
-        """jpeg/<class>/<image>: the ImageNet-style folder tree (Keras flow_from_directory)."""
-        return self.path / "jpeg"
 
 
 def open_dataset(spec: Spec) -> RealData:

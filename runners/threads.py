@@ -1,15 +1,7 @@
-"""Thread settings: what a run actually used (child side); the policy itself is
-contract/launch_env.py's, re-exported here.
-
-The parent gives every framework the thread settings its own documentation tells its users to
-set (CPU runs: MXNet and the one-process-per-device launchers OMP_NUM_THREADS from the
-physical cores; TensorFlow and JAX their defaults, recorded), never overriding a variable the
-user exported; MGBENCH_THREAD_POLICY=off leaves the bare defaults. `observed()` runs in the
-child after the benchmark (runners/common.main): the thread variables in its environment,
-what each framework already imported reports, and the CPU seconds of the process's busiest
-threads. It imports no framework and never raises. The policy's reasons:
-docs/runners/shared.md.
-"""
+"""Thread settings: what a run actually used (child side); the policy is contract/launch_env.py's,
+re-exported here. `observed()` (after the benchmark, runners.common.main) reads the thread
+variables, what each imported framework reports and the CPU seconds of the busiest threads; it
+imports no framework and never raises. Reasons: docs/runners/shared.md."""
 
 from __future__ import annotations
 

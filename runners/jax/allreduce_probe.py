@@ -1,13 +1,8 @@
-"""The JAX collectives probe (mode allreduce, probe jax_allreduce): XLA's all-reduce, all-gather
-and reduce-scatter as JAX programs issue them, jax.lax.psum, all_gather(tiled) and
-psum_scatter(tiled), each alone in a jitted jax.shard_map over a one-axis Mesh of the run's
-devices (jax 0.10.2), one process driving them all. Each device's buffer is its block of a global
-float32 array of zeros (sizes and timing: contract/collectives.py, as nccl-tests; every call
-issued since the last sync is waited for). The check fills each block with its device's index + 1
-on the device and reads every output block back. Evidence is read from JAX and XLA (the output's
-device set, the input's shards, the collective ops of each compiled HLO). Differs from a jit
-step: one flat buffer per call (no combined all-reduces), no compute to overlap, one machine.
-docs/runners/jax_allreduce.md has the details."""
+"""jax_allreduce: XLA's all-reduce, all-gather and reduce-scatter as JAX issues them (lax.psum,
+all_gather, psum_scatter), each alone in a jitted shard_map over the run's devices, timed as
+nccl-tests times them (contract/collectives.py) and checked; evidence read from JAX and XLA.
+Differs from a jit step: one flat buffer per call, nothing to overlap, one machine.
+docs/runners/jax_allreduce.md."""
 
 from __future__ import annotations
 

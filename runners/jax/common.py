@@ -1,14 +1,8 @@
-"""JAX-family child code shared by its runners: the run's devices (N virtual CPU devices through
-XLA_FLAGS, set before jax is imported, or the first N GPUs), versions, the synthetic image and
-token batches made under jit into a sharding, the real dataset, placement read from a jax.Array's
-addressable_shards, the converge preconditions, and the multi-node plumbing: one process per node
-joined by jax.distributed.initialize() with no arguments (its SLURM auto-detection; the runner
-sets only gloo CPU collectives and the coordinator port, JAX_COORDINATOR_PORT from
-MGBENCH_MASTER_PORT), what the record says of it gathered through JAX itself. Untested on a real
-multi-GPU cluster (docs/runners/jax_native.md).
-
-Imports no framework at module level: a runner calls setup_devices(spec) before anything imports
-jax (Keras with the jax backend included)."""
+"""JAX-family child code shared by its runners: the run's devices (virtual CPU devices through
+XLA_FLAGS, or the first N GPUs), versions, synthetic batches made under jit into a sharding, the
+real dataset, placement from addressable_shards, converge preconditions, and multi-node plumbing
+(jax.distributed.initialize; untested on a real multi-GPU cluster). Imports no framework at
+module level: call setup_devices(spec) before anything imports jax."""
 
 from __future__ import annotations
 
@@ -40,12 +34,9 @@ def _with_device_count(flags: str, n: int) -> str:
 
 def setup_devices(spec: Spec, initialize: Callable[[], None] | None = None
                   ) -> tuple[list[jax.Device], list[dict[str, Any]]]:
-    """The run's N jax devices and their descriptions: N virtual CPU devices (device: cpu) or the
-    first N GPUs (device: gpu). Call before anything imports jax.
-
-    With spec.num_nodes > 1 this process makes spec.devices_per_node local devices, joins the
-    other nodes' processes first (join_processes; `initialize` replaces
-    jax.distributed.initialize, e.g. Keras' own) and returns the devices of all processes."""
+    """The run's N jax devices and their descriptions: N virtual CPU devices or the first N GPUs;
+    call before anything imports jax. Across nodes, joins the other processes first
+    (join_processes; `initialize` replaces jax.distributed.initialize) and returns all devices."""
     n = spec.num_devices
     if spec.device == "cpu":
         if "jax" in sys.modules:
@@ -99,7 +90,7 @@ def detected_cluster() -> str | None:
 def join_processes(spec: Spec, initialize: Callable[[], None] | None = None) -> None:
     """Join the run's other processes, one per node, through jax.distributed.initialize() with
     no arguments (or `initialize`, which must call it so), its SLURM auto-detection reading
-    the job's variables; then check what jax says against the spec (module docstring)."""
+    the job's variables; then check what jax says against the spec (docs/runners/jax_native.md)."""
     import jax
 
     missing = [v for v in SLURM_VARIABLES if v not in os.environ]
@@ -172,12 +163,8 @@ def agreed_min(value: int) -> int:
 
 
 def close_multihost(spec: Spec, mechanism: str = MECHANISM) -> dict[str, Any]:
-    """The record of a multi-node run, then jax.distributed.shutdown() (a barrier across the
-    processes); {} on one node. `nodes`: one entry per process, gathered through JAX: its
-    node_identity() (SLURM node name, host, SLURM task and job ids, pid) and what JAX says of
-    it (process_index, its local devices). `multi_node`: the mechanism and what JAX read back
-    (process and device counts, the coordinator address, the cluster it detected, the CPU
-    collectives). Call it last, on every process, after the run's own collectives."""
+    """The record of a multi-node run (`nodes`, each process as JAX sees it; `multi_node`, what JAX
+    read back), then jax.distributed.shutdown(); {} on one node. Call it last, on every process."""
     if spec.num_nodes == 1:
         return {}
     import jax

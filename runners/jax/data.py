@@ -1,13 +1,7 @@
-"""The JAX family's real-data pipeline: Grain (no TensorFlow) over the prepared JPEG file list,
-shared by jax_native, keras_jax (loader: framework) and the `grain` pipeline mode. The graph:
-MapDataset.range(n) of file indices, seeded, shuffled (a new order every epoch), repeated,
-random_map of the reference preprocessing (runners.real_data: Pillow decode, resize, crop/flip,
-scale), batch(drop_remainder=True), then mp_prefetch with `workers` spawned processes (the order
-kept). Each global batch is jax.device_put into the runner's NamedSharding one batch ahead in a
-thread (grain.experimental.device_put); workers 0 decodes and copies in the loop, no look-ahead.
-
-Imports neither grain nor jax at module level (grain imports jax, which must come after
-runners.jax.common.setup_devices); worker processes unpickle `Decode` from here."""
+"""The JAX family's real-data pipeline: Grain over the prepared JPEG file list (shuffled, repeated,
+the reference preprocessing, batched, mp_prefetch workers), each global batch device_put into the
+runner's sharding one batch ahead. Imports neither grain nor jax at module level (after
+setup_devices); worker processes unpickle `Decode` from here."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The run of the Flax step (runners/jax/flax_step.py) that jax_native and jax_fsdp share: the
-devices, the model and its shardings (`FlaxRun`), the input (one resident synthetic batch made
-under jit into the batch sharding, or the Grain pipeline's batches), the timed window over the
-jitted step, the equivalence step, and the record fields every mode of these runners gives.
-A runner passes its `Layout` (replicated: jax_native; sharded: jax_fsdp).
-docs/runners/jax_native.md and docs/runners/jax_fsdp.md say what each records and why."""
+"""The run of the Flax step that jax_native and jax_fsdp share (`FlaxRun`): devices, model,
+shardings, input, the timed window, the equivalence step and the record; a runner passes its
+`Layout`."""
 
 from __future__ import annotations
 
@@ -15,28 +12,8 @@ from typing import Any
 from contract.result import join
 from models import get_spec, load_builder, model_fields, spec_of
 from runners.common import Spec, Unavailable, finite, timed_loop
-from runners.jax.common import (
-    all_placement,
-    close_multihost,
-    framework_versions,
-    host_labels,
-    placement,
-    real_dataset,
-    setup_devices,
-    sharding_record,
-    synthetic_batch,
-    token_batch,
-)
-from runners.jax.flax_step import (
-    BATCHNORM_RECORD,
-    Layout,
-    build_model,
-    compile_step,
-    gradients_once,
-    init_variables,
-    make_shardings,
-    make_train_step,
-)
+from runners.jax import common, flax_step
+from runners.jax.flax_step import BATCHNORM_RECORD
 from runners.jax.state import compute_dtype, precision_record, state_record
 from runners.memory import model_state_jax
 from runners.real_data import RealData, describe
@@ -73,7 +50,7 @@ class FlaxRun:
     @classmethod
     def start(cls, spec: Spec, model_spec: Any) -> FlaxRun:
         """The run's devices, its batch split over them."""
-        devices, described = setup_devices(spec)
+        devices, described = common.setup_devices(spec)
         spec.split_batch(len(devices))
         return cls(spec, model_spec, devices, described)
 
@@ -92,11 +69,11 @@ class FlaxRun:
         from models.flax_common import count_params_flax, train_kwargs
 
         self.dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[self.spec.precision]
-        self.model, self.counted = build_model(self.spec, self.model_spec, self.dtype)
+        self.model, self.counted = flax_step.build_model(self.spec, self.model_spec, self.dtype)
         # a user's model is built as written: bf16 casts its params and inputs inside the step
         self.cast = self.dtype if self.counted is not None else None
-        self.replicated, self.batch = make_shardings(self.devices, axis)
-        variables = init_variables(self.model, self.model_spec.input_shape,
+        self.replicated, self.batch = flax_step.make_shardings(self.devices, axis)
+        variables = flax_step.init_variables(self.model, self.model_spec.input_shape,
                                    "int32" if self.tokens else "float32",
                                    train_kwargs(self.model, False), seed)
         self.params = count_params_flax(variables)
@@ -109,10 +86,10 @@ class FlaxRun:
 
         return train_kwargs(self.model, True)
 
-    def step(self, state_sharding: Any, batchnorm: str, layout: Layout) -> Any:
+    def step(self, state_sharding: Any, batchnorm: str, layout: flax_step.Layout) -> Any:
         """The jitted train step (flax_step.make_train_step) of this run and layout."""
-        return make_train_step(state_sharding, self.batch, batchnorm, self.call, self.cast,
-                               layout.grads_sharding(state_sharding))
+        return flax_step.make_train_step(state_sharding, self.batch, batchnorm, self.call,
+                                         self.cast, layout.grads_sharding(state_sharding))
 
     def dtype_lines(self, cast: Any) -> tuple[str, str]:
         """(the record's dtype, precision_policy's how): a built-in built with the compute
@@ -141,7 +118,8 @@ class FlaxRun:
             "devices": self.described,
             "layout": "token ids (batch, sequence)" if self.tokens else "channels_last",
             "dtype": dtype_line,
-            "shardings": {"params": step.params_sharding, "batch": sharding_record(self.batch),
+            "shardings": {"params": step.params_sharding,
+                          "batch": common.sharding_record(self.batch),
                           "per_device_batch": self.spec.global_batch_size // self.n},
             "collectives": step.collectives,
             # "none" for a model without BatchNorm (the option then changes nothing)
@@ -176,14 +154,14 @@ def input_batches(data: RealData | None, run: FlaxRun) -> tuple[Iterator[Any], A
 
     model_spec, global_batch, batch = run.model_spec, run.spec.global_batch_size, run.batch
     if data is None and run.tokens:
-        x, y = token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
+        x, y = common.token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
                            batch)
         return itertools.repeat((x, y)), x, y, {
             "data_placement": "one synthetic global batch of token ids (B, T + 1) generated "
                               "under jit into the batch sharding (inputs ids[:, :-1], targets "
                               "ids[:, 1:]); no host copy per step"}
     if data is None:
-        x, y = synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
+        x, y = common.synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
                                batch)
         return itertools.repeat((x, y)), x, y, {
             "data_placement": "one synthetic global batch generated under jit into the batch "
@@ -220,7 +198,7 @@ class TimedSteps:
         return loss
 
 
-def benchmark(spec: Spec, layout: Layout) -> dict[str, Any]:
+def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
     """The timed run of the step under `layout`."""
     if spec.num_nodes > 1 and spec.data != "synthetic":
         raise Unavailable(MULTI_NODE_REAL_DATA)
@@ -230,7 +208,7 @@ def benchmark(spec: Spec, layout: Layout) -> dict[str, Any]:
     run = FlaxRun.start(spec, model_spec)
     import optax
 
-    data = real_dataset(spec, model_spec)
+    data = common.real_dataset(spec, model_spec)
     variables = run.build(layout.axis)
     state, state_sharding = layout.create_state(run.model, variables,
                                                 optax.sgd(0.01, momentum=0.9), run.replicated)
@@ -238,7 +216,8 @@ def benchmark(spec: Spec, layout: Layout) -> dict[str, Any]:
     batches, x, y, input_record = input_batches(data, run)
     batchnorm = layout.batchnorm(spec)
     try:
-        step, collectives = compile_step(run.step(state_sharding, batchnorm, layout), state, x, y)
+        step, collectives = flax_step.compile_step(run.step(state_sharding, batchnorm, layout),
+                                                   state, x, y)
         steps = TimedSteps(state, step, batches)
         # loss.block_until_ready(): every device's copy, so the step has finished everywhere
         window = timed_loop(steps.run, lambda loss: loss.block_until_ready(), spec.warmup_steps,
@@ -247,7 +226,7 @@ def benchmark(spec: Spec, layout: Layout) -> dict[str, Any]:
         if data is not None:
             batches.close()  # the Grain workers
     # after the window, untimed: the gradients as the strategy holds them, for the state record
-    grads = gradients_once(steps.state, *steps.first, state_sharding, run.batch, run.call,
+    grads = flax_step.gradients_once(steps.state, *steps.first, state_sharding, run.batch, run.call,
                            run.cast, layout.grads_sharding(state_sharding))
     global_batch = spec.global_batch_size
     return join(window.summary(global_batch, (int(steps.state.step) - steps.start) * global_batch),
@@ -256,38 +235,36 @@ def benchmark(spec: Spec, layout: Layout) -> dict[str, Any]:
                     batchnorm, collectives, layout.params_record(run.replicated,
                                                                  steps.state.params),
                     grads, step.as_text(), run.cast)),
-                close_multihost(spec))
+                common.close_multihost(spec))
 
 
-def timed_fields(run: FlaxRun, layout: Layout, steps: TimedSteps, data: RealData | None,
+def timed_fields(run: FlaxRun, layout: flax_step.Layout, steps: TimedSteps, data: RealData | None,
                  input_record: dict[str, Any], grads: Any) -> dict[str, Any]:
     """The benchmark's own fields: the loss, versions, placement, input, state record."""
-    framework, extra = framework_versions(*VERSIONS), {}
+    framework, extra = common.framework_versions(*VERSIONS), {}
     if data is not None:
         from runners.jax.data import grain_version
 
         framework.update(grain_version())
-        extra = {"first_timed_labels": host_labels(steps.first[1])}
+        extra = {"first_timed_labels": common.host_labels(steps.first[1])}
     state = steps.state
     return join({
         "loss_kind": ("global mean next-token cross-entropy over every position of each "
                       "step's batch" if run.tokens else "global mean cross-entropy of each "
                                                         "step's batch"),
         "framework": framework,
-        "placement": all_placement(placement(steps.first[0])),
+        "placement": common.all_placement(common.placement(steps.first[0])),
         "placement_source": PLACEMENT_SOURCE,
     }, input_record, extra, state_record(
         {"params": state.params, "grads": grads, "optimizer": state.opt_state},
         run.devices, layout.state_source))
 
 
-def equivalence(spec: Spec, layout: Layout) -> dict[str, Any]:
-    """One plain SGD step on the probe model through the benchmark's step (same batchnorm mode,
-    same shard_map or jit, the same state layout, compiled ahead of time as there), the batch
-    laid out in the batch sharding by jax.make_array_from_process_local_data (each process the
-    rows of its own devices; one process: a device_put); weights saved (by process 0 across
-    nodes; a sharded state is gathered to every process first)."""
-    devices, described = setup_devices(spec)
+def equivalence(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
+    """One plain SGD step on the probe through the benchmark's step (batchnorm mode, state layout,
+    AOT compile), the batch laid out by jax.make_array_from_process_local_data; weights saved by
+    process 0 (a sharded state gathered to every process first)."""
+    devices, described = common.setup_devices(spec)
     import jax
     import optax
 
@@ -298,14 +275,15 @@ def equivalence(spec: Spec, layout: Layout) -> dict[str, Any]:
     spec.split_batch(n, rows=len(x))
     model_spec = get_spec("probe")
     model = load_builder("probe", "flax")(model_spec)
-    variables = set_canonical_weights(init_variables(model, model_spec.input_shape), weights)
-    replicated, batch = make_shardings(devices, layout.axis)
+    variables = set_canonical_weights(flax_step.init_variables(model, model_spec.input_shape),
+                                      weights)
+    replicated, batch = flax_step.make_shardings(devices, layout.axis)
     state, state_sharding = layout.create_state(model, variables, optax.sgd(lr), replicated)
     # inputs come NHWC; every process holds the whole batch and gives each device its rows
     xs = jax.make_array_from_process_local_data(batch, x, x.shape)
     ys = jax.make_array_from_process_local_data(batch, y, y.shape)
     batchnorm = layout.batchnorm(spec)
-    step, collectives = compile_step(make_train_step(
+    step, collectives = flax_step.compile_step(flax_step.make_train_step(
         state_sharding, batch, batchnorm, grads_sharding=layout.grads_sharding(state_sharding)),
         state, xs, ys)
     state, loss = step(state, xs, ys)
@@ -318,9 +296,11 @@ def equivalence(spec: Spec, layout: Layout) -> dict[str, Any]:
     canonical = get_canonical_weights({"params": params})
     if jax.process_index() == 0:
         spec.save_equivalence_output(canonical)
-    return join({"replicas": n, "framework": framework_versions(*VERSIONS), "devices": described,
-                 "loss": float(loss), "batch_sharding": sharding_record(xs.sharding),
+    return join({"replicas": n, "framework": common.framework_versions(*VERSIONS),
+                 "devices": described, "loss": float(loss),
+                 "batch_sharding": common.sharding_record(xs.sharding),
                  "params_sharding": layout.params_record(replicated, state.params),
                  "batchnorm": batchnorm, "collectives": collectives,
-                 "placement": all_placement(placement(xs)), "placement_source": PLACEMENT_SOURCE},
-                close_multihost(spec))
+                 "placement": common.all_placement(common.placement(xs)),
+                 "placement_source": PLACEMENT_SOURCE},
+                common.close_multihost(spec))

@@ -1,10 +1,7 @@
-"""The Flax train step jax_native and jax_fsdp share: the 1-D mesh's shardings, the train state
-built under jit into its layout, the jitted SGD step (per-device BatchNorm under shard_map, or
-global-batch statistics under plain jit), its AOT compile with the collectives XLA put in it, the
-untimed gradient call for the state record, the run's Flax model, and `Layout`: how a runner lays
-the state out (replicated: jax_native; sharded: jax_fsdp). docs/runners/jax_native.md says why.
-
-Imports no framework at module level (runners.jax.common.setup_devices comes first)."""
+"""The Flax train step jax_native and jax_fsdp share: the mesh's shardings, the state built under
+jit, the jitted SGD step (per-device BatchNorm under shard_map, or global under plain jit), its
+AOT compile with its collectives, the untimed gradient call, and `Layout` (replicated or
+sharded). Imports no framework at module level."""
 
 from __future__ import annotations
 
@@ -142,16 +139,10 @@ def loss_and_grads(call: dict[str, Any] | None = None, cast: Any = None,
 def make_train_step(state_sharding: Any, batch: Any, batchnorm: str = "per_device",
                     call: dict[str, Any] | None = None, cast: Any = None,
                     grads_sharding: Any = None) -> Callable[..., Any]:
-    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy (over the
-    rows, or over every position of (B, T, V) token logits), BatchNorm statistics updated (a
-    model without BatchNorm has an empty batch_stats), per device under shard_map or over the
-    global batch under plain jit (see the module docstring); the state donated, its shardings
-    (`state_sharding`: one replicated sharding, or jax_fsdp's tree) pinned, the loss
-    replicated. `call`: the module's keyword arguments in training (default train=True; {}
-    for a user's module without `train`). `cast` (a user's model in bf16): the params and a
-    float input cast to that dtype inside the step, the float32 params updated. per_device
-    needs a replicated state (shard_map hands each device its whole replica).
-    `grads_sharding`: the gradients constrained to it (jax_fsdp: the params' shardings)."""
+    """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy, BatchNorm
+    statistics updated, per device under shard_map (needs a replicated state) or global under
+    plain jit; the state donated and its shardings pinned. `call`: the module's training kwargs;
+    `cast`: a user's bf16 model's casts; `grads_sharding`: the gradients constrained to it."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -190,11 +181,8 @@ def make_train_step(state_sharding: Any, batch: Any, batchnorm: str = "per_devic
 def gradients_once(state: Any, x: Any, y: Any, state_sharding: Any, batch: Any,
                    call: dict[str, Any] | None = None, cast: Any = None,
                    grads_sharding: Any = None) -> Any:
-    """The gradients of the step's loss on (x, y) at `state`, from one call of a jitted
-    function with the step's input shardings and no output sharding asked for: XLA's SPMD
-    partitioner returns them laid out as it holds them (reduced: replicated, or sharded like
-    the params where the step constrains them so, `grads_sharding`); for the state record,
-    after the timed window."""
+    """The gradients of the step's loss on (x, y) at `state`, from one untimed call of a jitted
+    function with the step's input shardings, laid out as XLA holds them (for the state record)."""
     import jax
 
     grads_and_stats = loss_and_grads(call, cast, grads_sharding)

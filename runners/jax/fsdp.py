@@ -1,12 +1,8 @@
-"""jax_fsdp: fully sharded data parallelism the way MaxText does it, jax_native's jitted step
-(runners/jax/flax_step.py) over a 1-D mesh whose one axis, "fsdp", splits both the batch (B/N
-rows per device) and every leaf of the train state (params, SGD momentum, BatchNorm statistics:
-each along its largest dimension divisible by N, replicated where none divides). The step is
-written for the global batch under plain jit; XLA's SPMD partitioner all-gathers each weight where
-it is used and the gradients are constrained to the params' shardings, so XLA reduces each into
-its shards. BatchNorm is over the global batch (no `batchnorm` option: per_device needs a
-replicated state). What differs from MaxText (no logical-axis rules, tensor or sequence axes,
-remat policy; SGD only; Flax linen) and the details: docs/runners/jax_fsdp.md."""
+"""jax_fsdp: fully sharded data parallelism as MaxText does it: jax_native's jitted step over a 1-D
+mesh whose axis "fsdp" splits the batch and every leaf of the train state (along its largest
+dimension N divides); XLA all-gathers weights and reduce-scatters gradients; global BatchNorm.
+Differs from MaxText: no logical-axis rules, tensor or sequence axes, remat; SGD only; Flax
+linen. docs/runners/jax_fsdp.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Per-device BatchNorm for Keras 3 on JAX (keras_jax's `batchnorm: per_device`, the default):
-Keras offers none on JAX (BatchNormalization(synchronized=...) acts on TensorFlow only), so the
-model is cloned with every BatchNormalization replaced by a subclass whose training call computes
-the moments and normalises under jax.shard_map over the distribution's mesh (each device its own
-B/N rows) and updates the moving statistics with the mean over devices of those moments (what
-MirroredStrategy users read from SyncOnRead MEAN variables). `global` is Keras' own layer, whose
-moments XLA all-reduces under DataParallel's global-view jit (sync BatchNorm)."""
+"""Per-device BatchNorm for Keras 3 on JAX (keras_jax's `batchnorm: per_device`): the model cloned
+with every BatchNormalization replaced by a subclass that normalises each device's rows under
+jax.shard_map and updates the moving statistics with the devices' mean moments."""
 
 from __future__ import annotations
 
@@ -82,7 +78,6 @@ def per_device_batchnorm_class(keras: Any) -> type:
             return ops.cast(y, self.compute_dtype)
 
     return PerDeviceBatchNormalization
-
 
 
 def keras_moving_stats(keras: Any, model: keras.Model) -> tuple[bool, str]:

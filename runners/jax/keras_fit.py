@@ -1,11 +1,6 @@
-"""Keras 3 on JAX trained with model.fit, as the Keras runners of this family share it: Keras
-with the jax backend, DataParallel over the run's devices (joined across nodes by
-keras.distribution.initialize), the clock (a callback on runners.common's TimedWindow that waits
-for the step on every device through the trainer's live step counter), the probe of the batches
-Keras' trainer hands its jitted step (their placement, read from the jax.Arrays), and the timed
-fit with its sample count from the optimizer's iterations. docs/runners/keras_jax.md says why.
-
-Imports no framework at module level (runners.jax.common.setup_devices comes first)."""
+"""Keras 3 on JAX trained with model.fit, shared by the family's Keras runners: DataParallel over
+the run's devices, the clock (a TimedWindow callback), the probe of the batches Keras hands its
+jitted step, the timed fit. Imports no framework at module level."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What keras_jax and keras_model_parallel hand model.fit (option `input`): numpy (default, what
-a Keras user hands fit: a synthetic numpy dataset in host memory given with batch_size, or the
-loader's numpy batches; Keras lays each batch out over the devices itself, a host-to-device copy
-every step) or preplaced (batches already in the distribution's layout: one synthetic global
-batch made on the devices, or the Grain pipeline's batches device_put one batch ahead). With
-numpy the warm-up runs past the second epoch's first step, where Keras' jax trainer compiles its
-step again. docs/runners/keras_jax.md says why."""
+"""What keras_jax and keras_model_parallel hand model.fit (option `input`): numpy (host data Keras
+lays out itself every step) or preplaced (batches already in the distribution's layout)."""
 
 from __future__ import annotations
 
@@ -96,7 +91,6 @@ def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int 
     x = rng.standard_normal((k * batch, *model_spec.input_shape), dtype=np.float32)
     y = rng.integers(0, model_spec.num_classes, k * batch, dtype=np.int32)
     return {"x": x, "y": y, "batch_size": batch, "shuffle": True}
-
 
 
 def device_batch(model_spec: Any, global_batch: int, shardings: tuple[Any, Any]

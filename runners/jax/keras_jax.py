@@ -1,16 +1,8 @@
 """keras_jax: Keras 3 on JAX, data parallel with keras.distribution.DataParallel, trained with
-model.fit (keras 3.15.1, jax 0.10.2), as Keras' distribution guide does it. DataParallel puts the
-N devices on a 1-D mesh; set before the model is built, it replicates every variable, and the jax
-trainer lays each batch out B/N rows per device; Keras jits its step over the global batch and
-XLA inserts the gradients' all-reduces (synchronous SGD). Options: `input` (numpy: host data
-Keras lays out itself; preplaced: batches already on the devices), `batchnorm` (per_device: a
-BatchNormalization subclass under shard_map, runners/jax/keras_batchnorm.py; global: Keras' own),
-`loader` for real data. The fit, clock and record are runners/jax/keras_fit.py and keras_run.py,
-shared with keras_model_parallel.
-
-Mode converge trains the benchmark's model by one fit per epoch on the recipe's batches, the
-learning rate set per step by a callback. What differs (SGD's weight_decay is Keras' own, not
-torch's) and the history: docs/runners/keras_jax.md."""
+model.fit as Keras' distribution guide does it (keras 3.15.1, jax 0.10.2). Options: `input`
+(numpy or preplaced), `batchnorm` (per_device: keras_batchnorm.py; global: Keras' own), `loader`.
+Fit, clock and record: keras_fit.py and keras_run.py (shared with keras_model_parallel).
+Converge: one fit per epoch, the rate set per step by a callback. docs/runners/keras_jax.md."""
 
 from __future__ import annotations
 
@@ -70,16 +62,11 @@ def converge_callbacks(keras: Any, lr_at: Callable[[int], float], rows: EpochRow
     return [StepLearningRate()]
 
 
-
 def logits_model(keras: Any, model: keras.Model, loss: Any) -> tuple[Any, Any, str]:
-    """(the model fit trains, its loss, what the record says of it): a model whose last layer
-    is a softmax Activation (the built-in CNNs) as a functional model of the same layers up to
-    its input, the logits, with Keras' sparse cross-entropy from logits; any other model (its
-    own logits already) as it is, with `loss`. Keras on TensorFlow computes the softmax
-    model's loss from those logits by itself (the softmax output's _keras_logits); on JAX its
-    sparse cross-entropy takes the probabilities clipped to [1e-7, 1 - 1e-7], whose gradient
-    is 0 for a row predicted confidently wrong (seen on digits: held-out accuracy 0.89 after 10
-    epochs instead of 0.95 after 2)."""
+    """(the model fit trains, its loss, what the record says of it): a model ending in a softmax
+    Activation (the built-in CNNs) as the model of its logits with sparse cross-entropy from
+    logits, as Keras on TensorFlow takes it (docs/runners/keras_jax.md says why); any other
+    model as it is, with `loss`."""
     last = model.layers[-1]
     if isinstance(last, keras.layers.Activation) and \
             getattr(last.activation, "__name__", "") == "softmax":
@@ -88,7 +75,6 @@ def logits_model(keras: Any, model: keras.Model, loss: Any) -> tuple[Any, Any, s
                 "global mean sparse cross-entropy from the logits (the model's softmax input, "
                 "as Keras on TensorFlow takes it)")
     return model, loss, "global mean sparse cross-entropy (the model's own logits)"
-
 
 
 class KerasConverge:

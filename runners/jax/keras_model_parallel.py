@@ -1,12 +1,8 @@
-"""keras_model_parallel: Keras 3 on JAX with keras.distribution.ModelParallel, as Keras'
-distribution guide and its ModelParallel docstring do it (keras 3.15.1, jax 0.10.2): a (1, N)
-DeviceMesh ("batch", "model") and a LayoutMap of regexes over the variable paths (RULES:
-Megatron-style for the transformers, output channels for the CNNs) sharding each named weight
-over all N devices; a dimension N does not divide is replicated by an exact-path entry. Every
-device takes the whole global batch: tensor parallelism, activations move between devices.
-BatchNorm is Keras' own over the whole batch (no `batchnorm` option). Fit, clock, input and
-records are keras_jax's (runners/jax/keras_run.py) under this distribution. What differs (not
-across nodes, no 2-D mesh, no user's model) and why: docs/runners/keras_model_parallel.md."""
+"""keras_model_parallel: Keras 3 on JAX with keras.distribution.ModelParallel as Keras' guide does
+it: a (1, N) DeviceMesh and a LayoutMap (RULES) sharding each named weight over all N devices
+(tensor parallelism; every device takes the whole batch). Fit, clock, input and records are
+keras_run.py's. Differs: not across nodes, no 2-D mesh, no user's model.
+docs/runners/keras_model_parallel.md."""
 
 from __future__ import annotations
 

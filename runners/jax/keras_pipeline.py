@@ -1,10 +1,5 @@
-"""Pipeline mode for `keras_pydataset`: the Keras-idiomatic real-data input on its own, no
-model. runners/keras_data.py's JpegSequence (a Keras 3 PyDataset: Pillow decode and numpy
-crop/flip, `workers` processes when workers > 0) read the way model.fit reads it on the jax
-backend: through the PyDataset data adapter fit builds (its OrderedEnqueuer runs the workers
-and keeps the batches in order), each numpy batch then jax.device_put to the device as the jax
-trainer does; timed per batch until the batch is on the device.
-"""
+"""Pipeline mode for `keras_pydataset`: runners/keras_data.py's JpegSequence read through the
+PyDataset adapter model.fit builds on jax, each batch device_put; timed per batch."""
 
 from __future__ import annotations
 

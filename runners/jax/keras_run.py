@@ -15,30 +15,9 @@ from contract.result import join
 from models import get_spec, load_builder, spec_of
 from models.custom import CustomModelError
 from runners.common import Invalid, Spec, Unavailable, one_line
-from runners.jax.common import (
-    all_placement,
-    close_multihost,
-    framework_versions,
-    host_labels,
-    real_dataset,
-    sharding_record,
-)
-from runners.jax.keras_batchnorm import (
-    BATCHNORM_MODES,
-    BATCHNORM_RECORD,
-    NO_BATCHNORM,
-    per_device_batchnorm,
-)
-from runners.jax.keras_fit import (
-    KERAS_MECHANISM,
-    PLACEMENT_SOURCE,
-    POLICIES,
-    batch_sharding,
-    distribution_record,
-    fit_one_step,
-    process_index,
-    timed_fit,
-)
+from runners.jax import common, keras_batchnorm, keras_fit
+from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD, NO_BATCHNORM
+from runners.jax.keras_fit import KERAS_MECHANISM, PLACEMENT_SOURCE, POLICIES
 from runners.jax.keras_input import TOKENS_REAL, device_batch, fit_input, input_mode, preplaced
 from runners.jax.state import keras_state
 from runners.memory import model_state_keras
@@ -59,7 +38,6 @@ STATE_SOURCE = (
     "jax.value_and_grad of the model's compute_loss_and_updates (what Keras' train_step "
     "differentiates) on a synthetic batch in the distribution's layout, laid out as XLA "
     "returns them")
-
 
 
 def no_record(distribution: Any, model: Any) -> dict[str, Any]:
@@ -99,7 +77,7 @@ def build_model(keras: Any, spec: Spec, name: str | None, **kwargs: Any
         model = load_builder(name, "keras")(get_spec(name), **kwargs)
     if batchnorm == "per_device" and has_batchnorm(model):
         try:
-            model = per_device_batchnorm(keras, model)
+            model = keras_batchnorm.per_device_batchnorm(keras, model)
         except ValueError as exc:  # clone_model takes functional and Sequential models only
             raise Invalid(f"batchnorm per_device: the model's BatchNormalization layers cannot "
                           f"be swapped ({one_line(str(exc), 160)}); batchnorm global runs "
@@ -115,8 +93,6 @@ def check_multi_node(spec: Spec) -> None:
         raise Unavailable(MULTI_NODE_REAL_DATA)
     if spec.options["input"] == "preplaced":
         raise Unavailable(MULTI_NODE_PREPLACED)
-
-
 
 
 @dataclass
@@ -147,8 +123,9 @@ class KerasRun:
         run = cls(spec, keras, distribution, described, policy, spec_of(spec))
         global_batch = spec.global_batch_size
         run.shape = (global_batch, *run.model_spec.input_shape)
-        run.shardings = (batch_sharding(distribution, run.shape), batch_sharding(
-            distribution, run.shape[:2] if run.tokens else (global_batch,)))
+        run.shardings = (keras_fit.batch_sharding(distribution, run.shape),
+                         keras_fit.batch_sharding(
+                             distribution, run.shape[:2] if run.tokens else (global_batch,)))
         return run
 
     @property
@@ -180,9 +157,9 @@ class KerasRun:
             "layout": "tokens (batch, sequence)" if self.tokens else "channels_last",
             "dtype_policy": self.policy,
             "xla": True,  # the jax trainer always jits its step
-            "shardings": {**distribution_record(self.distribution, self.shardings[0],
+            "shardings": {**keras_fit.distribution_record(self.distribution, self.shardings[0],
                                                 self.shape),
-                          "variables": sharding_record(kernel.value.sharding)},
+                          "variables": common.sharding_record(kernel.value.sharding)},
             # the summary's BN column: "none" for a model without BatchNorm (the option is moot)
             "batchnorm": self.batchnorm if bn else "none",
             "batchnorm_statistics": BATCHNORM_RECORD[self.batchnorm] if bn else NO_BATCHNORM,
@@ -198,30 +175,30 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
 
     if run.tokens and spec.data == "real":
         raise Unavailable(TOKENS_REAL)
-    data = real_dataset(spec, run.model_spec)
+    data = common.real_dataset(spec, run.model_spec)
     model = run.build()
     model.compile(optimizer=run.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
                   loss=loss_for(run.model_spec))
     noted: list[Any] = []
     feed, input_record, owner = fit_input(spec, data, run.model_spec, run.shardings, noted)
     try:
-        timing = timed_fit(spec, model, feed, input_record.get("warmup_steps_run"))
+        timing = keras_fit.timed_fit(spec, model, feed, input_record.get("warmup_steps_run"))
     finally:
         if owner is not None:
             owner.close()  # the Grain workers
-    timing["placement"] = all_placement(timing["placement"])
+    timing["placement"] = common.all_placement(timing["placement"])
     # after fit, untimed: the model state where the distribution holds it, and the precision
     state = keras_state(model, device_batch(run.model_spec, spec.global_batch_size,
                                             run.shardings),
                         run.distribution.device_mesh.devices.flatten().tolist(),
                         strategy.state_source, spec.precision,
                         f"keras.mixed_precision.set_global_policy({run.policy!r})")
-    framework = framework_versions("keras")
+    framework = common.framework_versions("keras")
     if owner is not None:
         from runners.jax.data import grain_version
 
         framework.update(grain_version())
-        input_record["first_timed_labels"] = host_labels(noted[0])
+        input_record["first_timed_labels"] = common.host_labels(noted[0])
     return join(timing, {"framework": framework}, run.record(), input_record, state,
                 strategy.describe(run.distribution, model),
                 multi_node_record(spec, run.distribution))
@@ -230,14 +207,13 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
 def multi_node_record(spec: Spec, distribution: Any) -> dict[str, Any]:
     """close_multihost's record ({} on one node) with what Keras' DataParallel says of the
     processes (Keras reads them from jax once keras.distribution.initialize has run)."""
-    record = close_multihost(spec, KERAS_MECHANISM)
+    record = common.close_multihost(spec, KERAS_MECHANISM)
     if record:
         record["multi_node"]["keras_distribution"] = {
             "num_processes": distribution.num_processes,
             "auto_shard_dataset": distribution.auto_shard_dataset,
             "source": "keras.distribution.DataParallel.num_processes, .auto_shard_dataset"}
     return record
-
 
 
 def equivalence(spec: Spec, strategy: Strategy) -> dict[str, Any]:
@@ -259,19 +235,21 @@ def equivalence(spec: Spec, strategy: Strategy) -> dict[str, Any]:
     mode = input_mode(spec)
     if mode == "numpy":
         rows = len(x) // spec.num_nodes  # this process's share, in process order
-        mine = slice(process_index() * rows, (process_index() + 1) * rows)
+        mine = slice(keras_fit.process_index() * rows, (keras_fit.process_index() + 1) * rows)
         feed = {"x": x[mine], "y": y[mine], "batch_size": rows, "epochs": 1, "shuffle": True}
     else:
-        layouts = (batch_sharding(distribution, x.shape), batch_sharding(distribution, y.shape))
+        layouts = (keras_fit.batch_sharding(distribution, x.shape),
+                   keras_fit.batch_sharding(distribution, y.shape))
         import jax
 
         feed = preplaced(*jax.device_put((x, y), layouts), 1)
-    loss, probe = fit_one_step(spec, model, feed)
+    loss, probe = keras_fit.fit_one_step(spec, model, feed)
     canonical = get_canonical_weights(model)
-    if process_index() == 0:
+    if keras_fit.process_index() == 0:
         spec.save_equivalence_output(canonical)
-    return join({"replicas": n, "framework": framework_versions("keras"), "devices": described,
-                 "loss": loss, "input": mode, "batchnorm": batchnorm,
-                 "batch_sharding": probe.sharding, "placement": all_placement(probe.placement),
+    return join({"replicas": n, "framework": common.framework_versions("keras"),
+                 "devices": described, "loss": loss, "input": mode, "batchnorm": batchnorm,
+                 "batch_sharding": probe.sharding,
+                 "placement": common.all_placement(probe.placement),
                  "placement_source": PLACEMENT_SOURCE}, strategy.describe(distribution, model),
                 multi_node_record(spec, distribution))

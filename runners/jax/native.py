@@ -1,15 +1,8 @@
-"""jax_native: native JAX data parallelism, one jitted train step over a 1-D device mesh (axis
-"data"), Flax (linen) model, optax SGD with momentum, as jax 0.10.2's own idioms do it. The global
-batch is one jax.Array sharded along axis 0 (B/N rows per device); the train state is replicated
-and donated. Option `batchnorm`: per_device (default: jax.shard_map, each device normalises its
-own rows, gradients and running statistics averaged with lax.pmean) or global (plain jit over the
-global batch: XLA's SPMD partitioner inserts the all-reduces, sync BatchNorm). The step, its
-compile and the record are runners/jax/flax_step.py and flax_run.py, shared with jax_fsdp.
-
-Mode converge trains the benchmark's model, mesh and step with runners/converge.py's recipe:
-optax.inject_hyperparams over chain(add_decayed_weights, sgd(momentum)) (torch.optim.SGD's
-update), the learning rate replaced in the optax state before each step, the recipe's host
-batches device_put per step. What differs, and the history: docs/runners/jax_native.md."""
+"""jax_native: native JAX data parallelism as jax 0.10.2's idioms do it: one jitted train step over
+a 1-D mesh (axis "data"), a Flax (linen) model, optax SGD with momentum, the global batch one
+jax.Array sharded B/N rows per device, the train state replicated and donated. Option
+`batchnorm`: per_device (shard_map, lax.pmean) or global (plain jit, sync BatchNorm). Step and
+record: flax_step.py and flax_run.py (shared with jax_fsdp). docs/runners/jax_native.md."""
 
 from __future__ import annotations
 
@@ -20,13 +13,7 @@ from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
 from runners.converge import Batch, fitting_splits, stepwise, train_to_accuracy
-from runners.jax.common import (
-    check_short_batch,
-    framework_versions,
-    placement,
-    sgd_recipe,
-    sharding_record,
-)
+from runners.jax import common
 from runners.jax.flax_run import VERSIONS, FlaxRun, StepRecord
 from runners.jax.flax_run import benchmark as run_benchmark
 from runners.jax.flax_run import equivalence as run_equivalence
@@ -41,7 +28,7 @@ if TYPE_CHECKING:
 
 DATA_PARALLEL = Layout(
     AXIS, lambda replicated, abstract: replicated, lambda spec: spec.options["batchnorm"],
-    lambda replicated, params: sharding_record(replicated),
+    lambda replicated, params: common.sharding_record(replicated),
     "jax: every array's addressable_shards (shard.data.nbytes per device) after the timed "
     "window: the params and optax state of the train state (replicated: a full copy on each "
     "device; batch_stats not counted), and the gradients from one extra untimed call of a "
@@ -123,7 +110,6 @@ def make_predict(model: nn.Module, call: dict[str, Any], cast: Any, replicated: 
     return jax.jit(predict, in_shardings=(replicated, replicated, batch), out_shardings=batch)
 
 
-
 class NativeConverge:
     """The converge adapter: the train state, its step compiled per batch shape met, and what
     the record reads of the run (the first epoch's rows per device, the rates read back)."""
@@ -151,7 +137,7 @@ class NativeConverge:
         x, y = jax.device_put((b.x, b.y), self.run.batch)
         if epoch == 0:
             self.rows_fed.append(b.global_rows)
-            for device, count in placement(x).items():
+            for device, count in common.placement(x).items():
                 self.rows[device] = self.rows.get(device, 0) + count
         self.state = with_lr(self.state, lr, self.run.replicated)
         if x.shape not in self.compiled:
@@ -192,11 +178,11 @@ class NativeConverge:
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: train_to_accuracy with the benchmark's model, mesh and jitted step, the
     learning rate set per step in the optax state."""
-    recipe = sgd_recipe(spec, "jax_native", MULTI_NODE_CONVERGE)
+    recipe = common.sgd_recipe(spec, "jax_native", MULTI_NODE_CONVERGE)
     model_spec = spec_of(spec)
     splits = fitting_splits(spec, model_spec)
     run = FlaxRun.start(spec, model_spec)
-    check_short_batch(recipe, len(splits.y_train), run.n, "a NamedSharding")
+    common.check_short_batch(recipe, len(splits.y_train), run.n, "a NamedSharding")
     variables = run.build(AXIS, recipe.seed)
     tx = converge_optimizer(recipe.momentum, recipe.weight_decay, recipe.base_lr)
     state, _ = DATA_PARALLEL.create_state(run.model, variables, tx, run.replicated)
@@ -212,8 +198,9 @@ def converge(spec: Spec) -> dict[str, Any]:
     # the gradients have the params' dtypes (they are taken with respect to them); the dtype
     # lines are a built-in's (cast None), as this mode has always recorded them
     return join(result, run.record(a.state, StepRecord(
-        batchnorm, a.collectives, sharding_record(run.replicated), a.state.params, a.hlo, None)), {
-        "framework": framework_versions(*VERSIONS),
+        batchnorm, a.collectives, common.sharding_record(run.replicated), a.state.params, a.hlo,
+        None)), {
+        "framework": common.framework_versions(*VERSIONS),
         "loss_kind": "global mean cross-entropy of each step's batch, averaged over the epoch",
         "optimizer": ("optax.inject_hyperparams(chain(add_decayed_weights(weight_decay), "
                       "sgd(lr, momentum))): torch.optim.SGD's update; lr set in the optax "

@@ -1,11 +1,6 @@
-"""The JAX runners' model-state record (state_bytes_per_device): per device and part (params,
-grads, optimizer state), the bytes of every shard jax holds there (array.addressable_shards),
-and each part's logical size (array.nbytes); across processes the sums are gathered through JAX
-(common.allgather_json). Nothing is derived from a sharding we asked for: a leaf the strategy
-left replicated counts in full. The gradient reduction's dtype is read from the compiled
-program's all-reduce and reduce-scatter ops (precision_record).
-
-Imports no framework at module level (jax inside the functions)."""
+"""The JAX runners' model-state record (state_bytes_per_device): per device and part, the bytes of
+every shard jax holds there, each part's logical size; nothing derived from a requested sharding.
+The reduction dtype is read from the compiled program (precision_record). jax inside functions."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""torch_allreduce: torch.distributed's own all_reduce (sum, float32, in place) over the torchrun
-process group, one process per device (NCCL on GPUs, gloo on CPU; dist.py's init_ranks), and
-all_gather_into_tensor and reduce_scatter_tensor (what FSDP2 and ZeRO-3 call) over the same
-sizes. Each size is timed as nccl-tests times it (contract/collectives.py): warm-up, a
-barrier, the calls back to back, one synchronisation, each rank's mean averaged over the
-ranks; each is checked (rank r gives r + 1: n(n+1)/2 everywhere, or rank r's part at position
-r), the ranks' verdicts combined with a MIN all_reduce. A backend that refuses a collective
-makes it unavailable with torch's message. docs/runners/torch_allreduce.md has more.
-"""
+"""torch_allreduce: torch.distributed's all_reduce (sum, float32, in place), all_gather_into_tensor
+and reduce_scatter_tensor over the torchrun process group, timed as nccl-tests times them
+(contract/collectives.py), each size checked on every rank. docs/runners/torch_allreduce.md."""
 
 from __future__ import annotations
 
@@ -20,14 +14,7 @@ import torch.distributed as dist
 import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from runners.common import Spec, main
-from runners.torch.dist import (
-    THREADS_NOTE,
-    Ranks,
-    framework_versions,
-    init_ranks,
-    synchronize,
-    threads_record,
-)
+from runners.torch import dist as td
 
 
 class Collectives:
@@ -35,7 +22,7 @@ class Collectives:
     measure_size per size and collective, with the barrier, the mean over the ranks and the
     check they share."""
 
-    def __init__(self, spec: Spec, ranks: Ranks) -> None:
+    def __init__(self, spec: Spec, ranks: td.Ranks) -> None:
         self.spec, self.ranks, self.device = spec, ranks, ranks.device
         self.world = dist.get_world_size()
 
@@ -62,7 +49,7 @@ class Collectives:
 
     def measure(self, nbytes: int, call: Callable[[], torch.Tensor],
                 check: Callable[[], bool], collective: str = ar.ALL_REDUCE) -> dict[str, Any]:
-        return measure_size(nbytes, self.world, call, lambda _: synchronize(self.ranks),
+        return measure_size(nbytes, self.world, call, lambda _: td.synchronize(self.ranks),
                             self.spec.warmup_steps, self.spec.measure_steps,
                             ar.Around(check, self.barrier, self.mean_over_ranks),
                             collective=collective)
@@ -75,7 +62,7 @@ class Collectives:
         def check() -> bool:
             t = self.mine(elements)
             dist.all_reduce(t)
-            synchronize(self.ranks)
+            td.synchronize(self.ranks)
             ok = bool(torch.all(t == expected_sum(self.world)).item())
             del t
             return self.all_ranks_agree(ok)
@@ -103,7 +90,7 @@ class Collectives:
         def check() -> bool:
             got = torch.empty_like(out)
             call(got, self.mine(size_in))
-            synchronize(self.ranks)
+            td.synchronize(self.ranks)
             return self.all_ranks_agree(bool(torch.equal(got, want)))
 
         def collective() -> torch.Tensor:
@@ -114,7 +101,7 @@ class Collectives:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    ranks = init_ranks(spec, "auto")  # nccl on GPUs, gloo on CPU
+    ranks = td.init_ranks(spec, "auto")  # nccl on GPUs, gloo on CPU
     probe = Collectives(spec, ranks)
     world, backend = probe.world, dist.get_backend()
     start = time.time()
@@ -137,9 +124,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     }
     if ranks.cuda:
         evidence["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-    threads = threads_record(ranks, THREADS_NOTE)
+    threads = td.threads_record(ranks, td.THREADS_NOTE)
     result = probe_result(rows, spec.model, f"torch.distributed.all_reduce ({backend})",
-                          evidence, framework_versions(), window=(start, end),
+                          evidence, td.framework_versions(), window=(start, end),
                           collectives=collectives, devices=ranks.devices, rank_threads=threads)
     ranks.close()
     return result

@@ -1,15 +1,6 @@
-"""The PyTorch runners' input: each rank's synthetic slice made on its device once, or its share
-of the prepared JPEGs (runners.real_data's preprocessing) through the input a PyTorch user
-writes, and the torch_dataloader pipeline's loader.
-
-DataLoader: a map-style Dataset over files.csv (Pillow decode, numpy crop/flip/scale), a
-DistributedSampler share per rank reshuffled each epoch (remainder dropped), `workers`
-persistent processes, pinned memory and a non_blocking copy on GPUs; an endless stream. Each
-image's crop and flip come from a generator seeded by (epoch, image), so reruns read the same
-pixels. DALI (GPUs, when nvidia.dali imports): fn.readers.file sharded by rank, nvJPEG decode,
-crop_mirror_normalize; written from DALI's documentation, untested here (no GPU, no DALI).
-Records name the loader that ran (`loader`).
-"""
+"""The PyTorch runners' input: each rank's synthetic slice made on its device once, or its share of
+the prepared JPEGs through a DataLoader (DistributedSampler, workers, pinned memory) or DALI on
+GPUs (written from DALI's documentation, untested here); records name the loader (`loader`)."""
 
 from __future__ import annotations
 

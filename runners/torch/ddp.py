@@ -1,15 +1,8 @@
 """torch_ddp: native PyTorch DistributedDataParallel, one process (rank) per device started by
-torchrun (NCCL between GPUs, gloo between virtual CPU devices). Each rank steps on its own B/N
-slice (made on its device once, or its DistributedSampler share of the real data); DDP
-all-reduces the gradient buckets during backward and averages them, so every rank applies the
-global batch's gradient. GPU defaults (the catalog's gpu_default): channels_last,
-torch.compile, cudnn.benchmark, fused SGD, gradient bucket views, each recorded as torch
-reports it back. Mode converge runs the same model and step parts (runners/torch/
-rank_converge.py); equivalence the benchmark's step on the probe.
-Follows PyTorch 2.13's DDP as its tutorials use it; what differs: synthetic data made on each
-device once (no DataLoader on synthetic runs); in converge, the splits held in memory and each
-step's rows copied to the device (no DistributedSampler). docs/runners/torch_ddp.md has more.
-"""
+torchrun (NCCL between GPUs, gloo between virtual CPU devices), each rank stepping on its own B/N
+slice. GPU defaults (channels_last, torch.compile, cudnn.benchmark, fused SGD, bucket views) are
+recorded as torch reports them back. Differs from PyTorch 2.13's DDP tutorials: synthetic data
+made on each device once; converge holds the splits in memory. docs/runners/torch_ddp.md."""
 
 from __future__ import annotations
 
@@ -24,24 +17,7 @@ from models import ModelSpec, spec_of
 from runners.common import Invalid, Spec, main
 from runners.converge import Recipe, fitting_splits
 from runners.memory import model_state_torch
-from runners.torch.dist import (
-    MEMORY_FORMATS,
-    Feed,
-    PlacementTracker,
-    Ranks,
-    Step,
-    StepCounter,
-    StepParts,
-    build_model,
-    check_precision,
-    framework_versions,
-    init_ranks,
-    model_record,
-    rank_model,
-    sgd_step,
-    timed_steps,
-    wrap_ddp,
-)
+from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
 from runners.torch.rank_converge import ConvergeModel, RankConverge, torch_bn_stats
 from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_bytes, torch_precision
@@ -52,7 +28,7 @@ STRATEGY = ("torch.nn.parallel.DistributedDataParallel, one process per device (
             "gradients all-reduced in buckets during backward")
 
 
-def set_cudnn_benchmark(spec: Spec, ranks: Ranks) -> dict[str, Any]:
+def set_cudnn_benchmark(spec: Spec, ranks: td.Ranks) -> dict[str, Any]:
     """torch.backends.cudnn.benchmark as the run's option says (GPUs), read back; on CPUs
     there is no cuDNN and the option does nothing, recorded as such."""
     wanted = spec.options["cudnn_benchmark"]
@@ -64,26 +40,26 @@ def set_cudnn_benchmark(spec: Spec, ranks: Ranks) -> dict[str, Any]:
                                 **({} if ranks.cuda else {"note": "no-op on CPU (no cuDNN)"})}}
 
 
-def start(spec: Spec) -> tuple[Ranks, dict[str, Any]]:
+def start(spec: Spec) -> tuple[td.Ranks, dict[str, Any]]:
     """The ranks (the run's backend), the precision checked, cudnn.benchmark set: every mode's
     first steps."""
-    ranks = init_ranks(spec, spec.options["backend"])
-    check_precision(spec, ranks)
+    ranks = td.init_ranks(spec, spec.options["backend"])
+    td.check_precision(spec, ranks)
     return ranks, set_cudnn_benchmark(spec, ranks)
 
 
-def ddp_parts(spec: Spec, ranks: Ranks, net: nn.Module, lr: float, momentum: float,
-              weight_decay: float = 0.0) -> tuple[StepParts, dict[str, Any]]:
+def ddp_parts(spec: Spec, ranks: td.Ranks, net: nn.Module, lr: float, momentum: float,
+              weight_decay: float = 0.0) -> tuple[td.StepParts, dict[str, Any]]:
     """Every mode's step parts: `net` (on the rank's device) in DDP (gradients as bucket views
     when the run says so), compiled when it says `compile`; SGD in the run's `optimizer_impl`
     (counted); fp16's GradScaler. With what DDP and the optimizer report of those settings."""
-    ddp = wrap_ddp(net, ranks, spec.options["gradient_as_bucket_view"])
+    ddp = td.wrap_ddp(net, ranks, spec.options["gradient_as_bucket_view"])
     model: nn.Module = torch.compile(ddp) if spec.options["compile"] else ddp
     impl = spec.options["optimizer_impl"]
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum,
                                 weight_decay=weight_decay, **OPTIMIZER_IMPLS[impl])
     scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
-    parts = StepParts(model, StepCounter(optimizer), PlacementTracker(net), scaler)
+    parts = td.StepParts(model, td.StepCounter(optimizer), td.PlacementTracker(net), scaler)
     model.train()
     reported = {"optimizer": {"impl": impl, "class": "torch.optim.SGD",
                               "foreach": optimizer.defaults.get("foreach"),
@@ -106,21 +82,21 @@ def compile_record(spec: Spec) -> dict[str, Any]:
             "compiled_by": "torch.compile (TorchDynamo, Inductor) of the DDP module"}
 
 
-def run_fields(spec: Spec, ranks: Ranks, net: nn.Module, model_spec: ModelSpec,
-               parts: StepParts, when: str) -> dict[str, Any]:
+def run_fields(spec: Spec, ranks: td.Ranks, net: nn.Module, model_spec: ModelSpec,
+               parts: td.StepParts, when: str) -> dict[str, Any]:
     """What a benchmark and a converge result say of the run alike: versions, layout,
     precision, compilation, the model, its state (read `when`)."""
     layout, scaler, optimizer = spec.options["memory_format"], parts.scaler, parts.optimizer
     return join({
-        "framework": framework_versions(),
+        "framework": td.framework_versions(),
         "layout": layout,
-        "memory_format": str(MEMORY_FORMATS[layout]),
+        "memory_format": str(td.MEMORY_FORMATS[layout]),
         "precision_details": {"autocast": {"fp32": None, "tf32": None, "bf16": "bfloat16",
                                            "fp16": "float16"}[spec.precision],
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},
         "strategy": STRATEGY,
-    }, compile_record(spec), model_record(net, model_spec), model_state_torch(net, optimizer),
+    }, compile_record(spec), td.model_record(net, model_spec), model_state_torch(net, optimizer),
         state_bytes(ranks, net.parameters(), optimizer.state.values(), when),
         torch_precision(spec.precision, parts.tracker, net, grad_dtype(net),
                         autocast_how(spec.precision, ranks, scaler),
@@ -129,9 +105,9 @@ def run_fields(spec: Spec, ranks: Ranks, net: nn.Module, model_spec: ModelSpec,
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     ranks, cudnn = start(spec)
-    model_spec, feed, net = rank_model(spec, ranks, spec.options["memory_format"])
+    model_spec, feed, net = td.rank_model(spec, ranks, spec.options["memory_format"])
     parts, reported = ddp_parts(spec, ranks, net, 0.01, 0.9)
-    result = timed_steps(spec, ranks, sgd_step(ranks, spec.precision, parts, feed),
+    result = td.timed_steps(spec, ranks, td.sgd_step(ranks, spec.precision, parts, feed),
                          parts.counter, parts.tracker, feed)
     result = join(result, run_fields(spec, ranks, net, model_spec, parts, AFTER_WINDOW), cudnn,
                   reported)
@@ -150,13 +126,13 @@ def converge(spec: Spec) -> dict[str, Any]:
     model_spec = spec_of(spec)
     splits = fitting_splits(spec, model_spec)
     torch.manual_seed(recipe.seed)
-    net = build_model(spec, model_spec, layout, ranks.device)
+    net = td.build_model(spec, model_spec, layout, ranks.device)
     parts, reported = ddp_parts(spec, ranks, net, recipe.base_lr, recipe.momentum,
                                 recipe.weight_decay)
 
     def to_input(x: np.ndarray) -> torch.Tensor:  # NHWC pixels -> NCHW in the memory format
         t = torch.from_numpy(x).to(ranks.device).permute(0, 3, 1, 2)
-        return t.contiguous(memory_format=MEMORY_FORMATS[layout])
+        return t.contiguous(memory_format=td.MEMORY_FORMATS[layout])
 
     def infer(x: torch.Tensor) -> torch.Tensor:
         net.eval()
@@ -182,11 +158,11 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ranks, cudnn = start(spec)
     reported: dict[str, Any] = {}
 
-    def make_step(net: nn.Module, feed: Feed, lr: float
-                  ) -> tuple[Step, StepCounter, PlacementTracker]:
+    def make_step(net: nn.Module, feed: td.Feed, lr: float
+                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
         parts, own = ddp_parts(spec, ranks, net, lr, 0.0)
         reported.update(own)
-        return sgd_step(ranks, spec.precision, parts, feed), parts.counter, parts.tracker
+        return td.sgd_step(ranks, spec.precision, parts, feed), parts.counter, parts.tracker
 
     result = probe_equivalence(spec, ranks, make_step, spec.options["memory_format"])
     return join(result, compile_record(spec), cudnn, reported)

@@ -1,17 +1,8 @@
-"""deepspeed: DeepSpeed 0.19 ZeRO stage 1, 2 or 3 (option `stage`), the model and a torch SGD
-handed to deepspeed.initialize (client optimizer, zero_allow_untested_optimizer), one process
-per device. Stage 1/2 keep a full replica of the module and give each rank a 1/N fp32 master
-partition for its optimizer; stage 3 partitions the parameters themselves. engine.backward
-reduces the gradients (in fp32: communication_data_type) into each rank's partition,
-engine.step updates it. bf16/fp16 are DeepSpeed's config sections (buffers cast too, through
-data_types.buffer_dtype). State and precision are read back from ZeRO's own structures in one
-extra untimed step stopped between engine.backward and engine.step.
-What differs from DeepSpeed's tutorials: torchrun in place of the `deepspeed` launcher (the
-process group DeepSpeed's accelerator would pick is checked and adopted; CROSS_RANK/CROSS_SIZE
-set for parity; LOCAL_SIZE not, which would switch on a shared-memory kernel on CPUs), a
-torch optimizer in place of DeepSpeed's fused Adam, synthetic data made on each device once.
-docs/runners/deepspeed.md has more.
-"""
+"""deepspeed: DeepSpeed 0.19 ZeRO stage 1, 2 or 3 (option `stage`) over a torch SGD (client
+optimizer), one process per device; state and precision read back from ZeRO's own structures in
+one extra untimed step. Differs from DeepSpeed's tutorials: torchrun in place of the `deepspeed`
+launcher, a torch optimizer in place of fused Adam, synthetic data made on each device once.
+docs/runners/deepspeed.md."""
 
 from __future__ import annotations
 
@@ -28,21 +19,8 @@ from contract.precision_policy import resolve
 from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
+from runners.torch import dist as td
 from runners.torch.data import SyntheticInput, equivalence_input
-from runners.torch.dist import (
-    Feed,
-    PlacementTracker,
-    Ranks,
-    StepCounter,
-    check_precision,
-    framework_versions,
-    init_ranks,
-    loss_of,
-    model_record,
-    per_rank_batch,
-    rank_model,
-    timed_steps,
-)
 from runners.torch.equivalence import equivalence_step
 
 
@@ -54,7 +32,7 @@ def extensions_dir() -> Path:
 
 def import_deepspeed(spec: Spec) -> Any:
     """deepspeed, its accelerator set to the run's device and its environment as its launcher
-    would leave it (module docstring, Processes); Unavailable if it is not installed."""
+    would leave it (docs/runners/deepspeed.md, Processes); Unavailable if it is not installed."""
     os.environ["DS_ACCELERATOR"] = "cuda" if spec.device == "gpu" else "cpu"
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
@@ -69,11 +47,11 @@ def import_deepspeed(spec: Spec) -> Any:
     return deepspeed
 
 
-def init_deepspeed(spec: Spec) -> tuple[Any, Ranks]:
+def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
     """The torchrun process group, adopted by deepspeed.init_distributed; the backend DeepSpeed's
     accelerator would pick must be the group's."""
     deepspeed = import_deepspeed(spec)
-    ranks = init_ranks(spec, "auto")
+    ranks = td.init_ranks(spec, "auto")
     from deepspeed.accelerator import get_accelerator
 
     accel = get_accelerator()
@@ -113,13 +91,13 @@ class Engine:
     (forward, engine.backward, engine.step); `last` keeps the step's batch for the state
     reading."""
 
-    def __init__(self, deepspeed: Any, spec: Spec, ranks: Ranks, net: nn.Module, feed: Feed,
+    def __init__(self, deepspeed: Any, spec: Spec, ranks: td.Ranks, net: nn.Module, feed: td.Feed,
                  lr: float, momentum: float) -> None:
         self.spec, self.ranks, self.feed = spec, ranks, feed
         self.stage = int(spec.options["stage"])
         sgd = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
-        self.counter = StepCounter(sgd)
-        config = ds_config(spec, per_rank_batch(spec, ranks), self.stage)
+        self.counter = td.StepCounter(sgd)
+        config = ds_config(spec, td.per_rank_batch(spec, ranks), self.stage)
         self.config = config
         try:
             engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=sgd,
@@ -128,7 +106,7 @@ class Engine:
             raise Unavailable(f"DeepSpeed {deepspeed.__version__} ZeRO stage {self.stage} on "
                               f"{ranks.device.type}: {type(exc).__name__}: {exc}") from None
         self.engine, self.optimizer, self.module = engine, optimizer, engine.module
-        self.tracker = PlacementTracker(self.module)
+        self.tracker = td.PlacementTracker(self.module)
         self.dtype = next(self.module.parameters()).dtype
         if isinstance(feed, SyntheticInput) and feed.x.is_floating_point():
             feed.x = feed.x.to(self.dtype)  # once: the module's dtype (bf16 under bf16)
@@ -144,7 +122,7 @@ class Engine:
 
     def step(self) -> torch.Tensor:
         x, y = self.inputs()
-        loss = loss_of(self.engine(self.tracker.saw(x)), y)
+        loss = td.loss_of(self.engine(self.tracker.saw(x)), y)
         skipped = self.engine.skipped_steps
         self.engine.backward(loss)
         self.engine.step()
@@ -179,7 +157,7 @@ class Engine:
         return any(m.data_ptr() != s.data_ptr() for m, s, _ in self._partitions())
 
     def precision_policy(self) -> dict[str, Any]:
-        """The precision the engine runs, read back from it (module docstring, Precision)."""
+        """The precision the engine runs, read back from it (docs/runners/deepspeed.md)."""
         engine = self.engine
         master = self._partitions()[0][0].dtype if self.master_is_copy() else None
         stored = self.dtype
@@ -201,7 +179,7 @@ class Engine:
 
     def local_state(self) -> dict[str, dict[str, int]]:
         """This rank's bytes of params, grads and optimizer state, and the global sizes, read
-        between engine.backward and engine.step (module docstring, State)."""
+        between engine.backward and engine.step (docs/runners/deepspeed.md)."""
         opt, params = self.optimizer, list(self.module.parameters())
         if self.stage == 3:
             held = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in params)
@@ -232,7 +210,7 @@ class Engine:
         if self.last is None:
             raise Invalid("no step ran before the state reading")
         x, y = self.last
-        loss = loss_of(self.engine(x), y)
+        loss = td.loss_of(self.engine(x), y)
         self.engine.backward(loss)
         mine = self.local_state()
         rows: list[Any] = [None] * self.ranks.world
@@ -267,13 +245,13 @@ class Engine:
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     deepspeed, ranks = init_deepspeed(spec)
-    check_precision(spec, ranks)
-    model_spec, feed, net = rank_model(spec, ranks)
-    model = model_record(net, model_spec)  # before ZeRO-3 partitions the parameters away
+    td.check_precision(spec, ranks)
+    model_spec, feed, net = td.rank_model(spec, ranks)
+    model = td.model_record(net, model_spec)  # before ZeRO-3 partitions the parameters away
     engine = Engine(deepspeed, spec, ranks, net, feed, 0.01, 0.9)
-    result = timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
+    result = td.timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
     result = join(result, {
-        "framework": {**framework_versions(), "deepspeed": deepspeed.__version__},
+        "framework": {**td.framework_versions(), "deepspeed": deepspeed.__version__},
         "precision_policy": engine.precision_policy(),
         "strategy": f"DeepSpeed ZeRO stage {engine.stage}, one process per device (torchrun); "
                     + {1: "optimizer state partitioned",
@@ -292,7 +270,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     from models.torch_common import get_canonical_weights, set_canonical_weights
 
     deepspeed, ranks = init_deepspeed(spec)
-    check_precision(spec, ranks)
+    td.check_precision(spec, ranks)
     weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks.place)
     net = load_builder("probe", "torch")(get_spec("probe"), data_format="channels_first")
@@ -308,7 +286,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         return loss
 
     return equivalence_step(spec, ranks, step, engine.counter, engine.tracker, lambda: saved,
-                            framework={**framework_versions(),
+                            framework={**td.framework_versions(),
                                        "deepspeed": deepspeed.__version__},
                             layout="channels_first", **engine.reported())
 

@@ -1,12 +1,6 @@
-"""The PyTorch runners' ranks, one process per device, and what every runner does over them.
-
-A DeviceRank is torchrun's (`Ranks`: the process group of torch_ddp, torch_zero1, torch_fsdp2,
-deepspeed and keras_torch) or Horovod's (horovod_ranks.py), its collectives the framework's
-own. Over a DeviceRank: the model and its input, the optimizer's step counter, the timed steps
-(runners.common.timed_loop), the cross-rank checks and global losses, every rank's threads,
-the placement read back from the tensors the ranks stepped on, the equivalence step.
-Imports torch: child processes only.
-"""
+"""The PyTorch runners' ranks (torchrun's `Ranks`, Horovod's in horovod_ranks.py) and what every
+runner does over them: model and input, step counter, timed steps, cross-rank checks, threads,
+placement read back from the tensors. Imports torch: child processes only."""
 
 from __future__ import annotations
 

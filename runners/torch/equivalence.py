@@ -15,24 +15,13 @@ from torch import nn
 from contract.result import join
 from models import get_spec, load_builder
 from runners.common import Invalid, Spec, finite
+from runners.torch import dist as td
 from runners.torch.data import LoaderConfig, equivalence_input
-from runners.torch.dist import (
-    MEMORY_FORMATS,
-    DeviceRank,
-    Feed,
-    PlacementTracker,
-    Step,
-    StepCounter,
-    framework_versions,
-    global_mean_losses,
-    rank_table,
-    synchronize,
-)
 
 
-def probe_equivalence(spec: Spec, ranks: DeviceRank,
-                      make_step: Callable[[nn.Module, Feed, float],
-                                          tuple[Step, StepCounter, PlacementTracker]],
+def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
+                      make_step: Callable[[nn.Module, td.Feed, float],
+                                          tuple[td.Step, td.StepCounter, td.PlacementTracker]],
                       layout: str = "channels_first",
                       whole: Callable[[nn.Module], nn.Module] = lambda net: net,
                       **own: Any) -> dict[str, Any]:
@@ -40,22 +29,24 @@ def probe_equivalence(spec: Spec, ranks: DeviceRank,
     canonical weights on the rank's device (`layout`), its slice of the batch resident there
     (equivalence_input), `make_step(net, feed, learning_rate)` (plain SGD) called once by
     equivalence_step; rank 0 saves the weights of `whole(net)` (a sharded strategy's: a plain
-    copy with the full weights, gathered by every rank); the ranks closed."""
+    copy with the full weights, gathered by every rank); the ranks closed. `own`: the runner's
+    fields (its `framework` replaces torch's)."""
     from models.torch_common import get_canonical_weights, set_canonical_weights
 
     weights, x, y, lr = spec.equivalence_inputs()
-    feed = equivalence_input(x, y, ranks.place, LoaderConfig(memory_format=MEMORY_FORMATS[layout]))
+    feed = equivalence_input(x, y, ranks.place,
+                             LoaderConfig(memory_format=td.MEMORY_FORMATS[layout]))
     net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
     set_canonical_weights(net, weights)
     net = net.to(ranks.device)
     step, counter, tracker = make_step(net, feed, lr)
+    own = {"framework": td.framework_versions(), "layout": layout, **own}
     return equivalence_step(spec, ranks, step, counter, tracker,
-                            lambda: get_canonical_weights(whole(net)),
-                            framework=framework_versions(), layout=layout, **own)
+                            lambda: get_canonical_weights(whole(net)), **own)
 
 
-def equivalence_step(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Tensor],
-                     counter: StepCounter, tracker: PlacementTracker,
+def equivalence_step(spec: Spec, ranks: td.DeviceRank, step: Callable[[], torch.Tensor],
+                     counter: td.StepCounter, tracker: td.PlacementTracker,
                      canonical: Callable[[], dict[str, np.ndarray]], **own: Any
                      ) -> dict[str, Any]:
     """One call of the benchmark's `step`, counted by the optimizer's hooks on every rank;
@@ -65,11 +56,11 @@ def equivalence_step(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Ten
     tracker.reset()
     applied0 = counter.applied
     loss = step()
-    synchronize(ranks)
-    steps = [applied for applied, in rank_table(ranks, [counter.applied - applied0])]
+    td.synchronize(ranks)
+    steps = [applied for applied, in td.rank_table(ranks, [counter.applied - applied0])]
     if steps != [1] * ranks.world:
         raise Invalid(f"the equivalence step applied {steps} optimizer steps per rank, not 1")
-    global_loss = finite(global_mean_losses([loss.item()], ranks)[0])
+    global_loss = finite(td.global_mean_losses([loss.item()], ranks)[0])
     placement = ranks.placement(tracker)
     weights = canonical()  # on every rank: a sharded strategy gathers its weights collectively
     if ranks.rank == 0:

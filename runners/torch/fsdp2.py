@@ -1,17 +1,8 @@
-"""torch_fsdp2: FSDP2 in native PyTorch, torch.distributed.fsdp.fully_shard on each unit (a
-transformer's blocks, else each top-level child holding parameters) and on the root, as
-torchtitan's apply_fsdp does, over a 1-D DeviceMesh ("dp_shard") of the torchrun ranks.
-Parameters, gradients and optimizer state are DTensor shards (Shard(0)); each unit all-gathers
-before forward and backward and reduce-scatters after backward. reshard_after_forward true
-(torchtitan's default: every unit but the last) is ZeRO-3-like, false ZeRO-2-like. bf16/fp16:
-torchtitan's MixedPrecisionPolicy (compute dtype, float32 reduce; fp16 with ShardedGradScaler,
-on CPUs too), BatchNorm units kept float32; no autocast. The units and their policy are read
-back (`fsdp`).
-Follows PyTorch 2.13's fully_shard as torchtitan uses it; what differs: the harness's models,
-SGD momentum 0.9 in place of AdamW, no activation checkpointing, no torch.compile, synthetic
-data made on each device once; BatchNorm buffers stay each rank's own (FSDP2 does not
-broadcast them). docs/runners/torch_fsdp2.md has more.
-"""
+"""torch_fsdp2: FSDP2 in native PyTorch, fully_shard on each unit and on the root as torchtitan's
+apply_fsdp does, over a 1-D DeviceMesh of the torchrun ranks; reshard_after_forward true is
+ZeRO-3-like, false ZeRO-2-like; bf16/fp16 through MixedPrecisionPolicy. Differs from torchtitan:
+the harness's models, SGD momentum 0.9 in place of AdamW, no activation checkpointing, no
+torch.compile, synthetic data made on each device once. docs/runners/torch_fsdp2.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""horovod: Horovod 0.28.1 with PyTorch, one process per device started by horovodrun (gloo; NCCL
-on GPUs), gradients averaged by hvd.DistributedOptimizer: each gradient's all-reduce starts as
-backward produces it (fused by Horovod's background thread), step() waits for them all.
-hvd.broadcast_parameters and broadcast_optimizer_state give every rank rank 0's state first.
-Option fp16_allreduce compresses the gradients to float16 for the all-reduce only. The ranks
-are horovod_ranks.py's; the input, step counter, timed loop, checks, placement and result are
-runners/torch/dist.py's, shared with the torchrun runners. Across nodes horovod_launch.py does
-horovodrun's gloo launch with srun in place of ssh.
-Follows Horovod's pytorch_synthetic_benchmark.py (DistributedOptimizer with op Average,
-broadcast_parameters, --fp16-allreduce); what differs: the harness's models, SGD momentum 0.9
-in place of plain SGD, no Adasum (by design not the one-device step), DataLoader workers by
-forkserver as Horovod's ImageNet example. docs/runners/horovod.md has more.
-"""
+"""horovod: Horovod 0.28.1 with PyTorch, one process per device started by horovodrun, gradients
+averaged by hvd.DistributedOptimizer after hvd.broadcast_parameters; option fp16_allreduce.
+Ranks: horovod_ranks.py; input, timed loop and result: runners/torch/dist.py. Follows Horovod's
+pytorch_synthetic_benchmark.py; differs: the harness's models, SGD momentum 0.9, no Adasum.
+docs/runners/horovod.md."""
 
 from __future__ import annotations
 
@@ -20,22 +12,10 @@ import torch
 from torch import nn
 
 from contract.result import join
-from models import get_spec, load_builder
-from models.torch_common import get_canonical_weights, set_canonical_weights
 from runners.common import Spec, Unavailable, main
 from runners.memory import model_state_torch
-from runners.torch.data import equivalence_input
-from runners.torch.dist import (
-    Feed,
-    PlacementTracker,
-    Step,
-    StepCounter,
-    loss_of,
-    model_record,
-    rank_model,
-    timed_steps,
-)
-from runners.torch.equivalence import equivalence_step
+from runners.torch import dist as td
+from runners.torch.equivalence import probe_equivalence
 from runners.torch.horovod_ranks import framework_versions, horovod, init_ranks
 from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision
 
@@ -68,19 +48,19 @@ def worker_context() -> str | None:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else None
 
 
-def training_step(net: nn.Module, feed: Feed, lr: float, momentum: float, fp16_allreduce: bool
-                  ) -> tuple[Step, StepCounter, PlacementTracker]:
+def training_step(net: nn.Module, feed: td.Feed, lr: float, momentum: float, fp16_allreduce: bool
+                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
     """The one step function of both modes: `net` (on the rank's device, in train mode) with
     distributed_sgd, the batch from `feed`; it returns this rank's loss."""
     optimizer = distributed_sgd(net, lr, momentum, fp16_allreduce)
-    counter = StepCounter(optimizer)
-    tracker = PlacementTracker(net)
+    counter = td.StepCounter(optimizer)
+    tracker = td.PlacementTracker(net)
     net.train()
 
     def step() -> torch.Tensor:
         x, y = feed.next()
         optimizer.zero_grad()  # Horovod's takes no set_to_none; torch's default is True
-        loss = loss_of(tracker.computed(net(tracker.saw(x))), y)
+        loss = td.loss_of(tracker.computed(net(tracker.saw(x))), y)
         loss.backward()  # each gradient's all-reduce starts as soon as it is ready
         optimizer.step()  # waits for all of them, then applies the averaged gradient
         return loss.detach()
@@ -96,16 +76,16 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     ranks = init_ranks(spec)
     # the run's model (a built-in CNN or a user's torch model), seeded alike on every rank:
     # rank 0's weights are broadcast anyway; this makes runs repeatable
-    model_spec, feed, net = rank_model(spec, ranks, "channels_first", worker_context())
+    model_spec, feed, net = td.rank_model(spec, ranks, "channels_first", worker_context())
     step, counter, tracker = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
-    result = timed_steps(spec, ranks, step, counter, tracker, feed)
+    result = td.timed_steps(spec, ranks, step, counter, tracker, feed)
     result = join(result, {
         "framework": framework_versions(),
         "layout": "channels_first",
         "fp16_allreduce": fp16_allreduce,
         "strategy": "horovod.torch.DistributedOptimizer, one process per device (horovodrun); "
                     "gradients all-reduced (Average) as backward produces them",
-    }, model_record(net, model_spec), model_state_torch(net, counter.optimizer),
+    }, td.model_record(net, model_spec), model_state_torch(net, counter.optimizer),
         state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), AFTER_WINDOW),
         torch_precision(spec.precision, tracker, net,
                         "float16" if fp16_allreduce_in(counter.optimizer) else grad_dtype(net),
@@ -122,15 +102,13 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     batch; weights saved."""
     fp16_allreduce = spec.options["fp16_allreduce"]
     ranks = init_ranks(spec)
-    weights, x, y, lr = spec.equivalence_inputs()
-    feed = equivalence_input(x, y, ranks.place)
-    net = load_builder("probe", "torch")(get_spec("probe"))
-    set_canonical_weights(net, weights)
-    net = net.to(ranks.device)
-    step, counter, tracker = training_step(net, feed, lr, 0.0, fp16_allreduce)
-    return equivalence_step(spec, ranks, step, counter, tracker,
-                            lambda: get_canonical_weights(net), framework=framework_versions(),
-                            layout="channels_first", fp16_allreduce=fp16_allreduce)
+
+    def make_step(net: nn.Module, feed: td.Feed, lr: float
+                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
+        return training_step(net, feed, lr, 0.0, fp16_allreduce)
+
+    return probe_equivalence(spec, ranks, make_step, framework=framework_versions(),
+                             fp16_allreduce=fp16_allreduce)
 
 
 if __name__ == "__main__":

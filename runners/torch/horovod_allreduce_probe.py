@@ -1,15 +1,8 @@
-"""horovod_allreduce: Horovod 0.28.1's in-place all-reduce of PyTorch tensors, one process per
-device as horovodrun starts them (horovod_ranks.init_ranks): hvd.allreduce_(buffer, op=Sum,
-name=...), the collective DistributedOptimizer issues per gradient, one named tensor per size
-(so Horovod's response cache answers the negotiation as in training); hvd.allgather and
-hvd.reducescatter over the same sizes. Timed as nccl-tests times it
-(contract/collectives.measure_size, hvd.barrier, the mean over the ranks); each size checked
-(n(n+1)/2, or rank r's part at position r). Evidence read back from Horovod, with the
-activities its own timeline recorded for the last size's check (HOROVOD_TIMELINE=DYNAMIC).
-What differs from training: one tensor per call, not a step's gradients fused into Horovod's
-fusion buffer; op Sum, not Average; nothing to overlap with; one node only.
-docs/runners/horovod_allreduce.md has more.
-"""
+"""horovod_allreduce: Horovod 0.28.1's in-place hvd.allreduce_ (op Sum, one named tensor per size),
+hvd.allgather and hvd.reducescatter of PyTorch tensors, one process per device, timed as
+nccl-tests times them (contract/collectives.py) and checked per size. Differs from training: one
+tensor per call (no fusion buffer), op Sum, nothing to overlap, one node only.
+docs/runners/horovod_allreduce.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """horovodrun's gloo launch across the nodes of a SLURM job, with srun in place of ssh.
 
-Run once per node (bench/run/launch.py child_command; bench/run/slurm_job.py starts it through
-srun, one task per node) with the horovod environment's python:
+Run once per node (bench/run/launch.py child_command):
 
   python -m runners.torch.horovod_launch -np N --slots-per-node K --nodes M --node-rank R
       --rendezvous ADDR:PORT  PYTHON -m runners.torch.horovod --spec S --result OUT
 
-Follows horovodrun 0.28.1's static gloo launch with Horovod's own pieces: the host assignment
-plan of the job's nodes (K slots each), node 0 running Horovod's RendezvousServer with it, each
-node starting its slots with gloo_run's run and slot environment; a failing rank ends the
-node's others. What differs: each node's srun task starts its ranks (no ssh, no MPI), the
-server listens on the job's port and the other nodes wait for it, each node's interface is the
-one holding its own address, no rank-prefixed output. docs/runners/horovod.md has more.
-"""
+Horovod's own host plan, RendezvousServer (node 0) and gloo_run slot environment; differs: no
+ssh or MPI, no rank-prefixed output. docs/runners/horovod.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Horovod's ranks for the horovod runner and the Horovod all-reduce probe: hvd.init() (gloo's
-rendezvous under horovodrun, or horovod_launch's slot environment across nodes), each rank's
-device (cuda:hvd.local_rank() on GPUs; on CPUs a share of the cores, since horovodrun leaves
-thread pools alone), and HorovodRanks: a DeviceRank whose collectives are Horovod's own
-(hvd.allreduce, hvd.allgather_object). Imports horovod.torch inside functions, so a broken
-install becomes a record.
-"""
+"""Horovod's ranks for the horovod runner and its all-reduce probe: hvd.init(), each rank's device,
+and HorovodRanks, a DeviceRank over Horovod's own collectives (horovod.torch imported inside
+functions, so a broken install becomes a record)."""
 
 from __future__ import annotations
 
@@ -18,16 +14,7 @@ import torch
 from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, node_identity
 from runners.real_data import cores
-from runners.torch.dist import (
-    DeviceRank,
-    PlacementTracker,
-    gather_placement,
-    group_nodes,
-    multi_node,
-    threads_record,
-    use_gpu,
-)
-from runners.torch.dist import framework_versions as torch_versions
+from runners.torch import dist as td
 
 THREADS_NOTE = ("horovodrun leaves thread pools alone; the harness sets OMP_NUM_THREADS to "
                 "cores // N (or, unset, each rank sets torch threads to cores // ranks), so N "
@@ -46,7 +33,7 @@ def horovod() -> Any:
 
 
 @dataclass(frozen=True)
-class HorovodRanks(DeviceRank):
+class HorovodRanks(td.DeviceRank):
     """A rank among the ranks horovodrun started, its collectives Horovod's."""
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
@@ -56,19 +43,19 @@ class HorovodRanks(DeviceRank):
     def gather(self, obj: Any) -> list[Any]:
         return list(horovod().allgather_object(obj))
 
-    def placement(self, tracker: PlacementTracker) -> dict[str, Any]:
+    def placement(self, tracker: td.PlacementTracker) -> dict[str, Any]:
         """gather_placement over Horovod's ranks: hvd.rank() and hvd.size() as Horovod counts
         them, the rows gathered with hvd.allgather_object."""
         hvd = horovod()
         source = (f"Horovod (hvd.size()={hvd.size()}, controller {controller()}); each rank's "
                   "input-batch rows and device and its parameters' device, read from the "
                   "tensors it stepped on and gathered with hvd.allgather_object")
-        return gather_placement(tracker, hvd.rank(), hvd.size(), self.gather, source)
+        return td.gather_placement(tracker, hvd.rank(), hvd.size(), self.gather, source)
 
     def record(self) -> dict[str, Any]:
         out = {"replicas": horovod().size(), "devices": self.devices,
-               "controller": controller(), "rank_threads": threads_record(self, THREADS_NOTE)}
-        return join(out, multi_node_record()) if multi_node() else out
+               "controller": controller(), "rank_threads": td.threads_record(self, THREADS_NOTE)}
+        return join(out, multi_node_record()) if td.multi_node() else out
 
     def close(self) -> None:
         horovod().shutdown()
@@ -83,11 +70,9 @@ SLOT_ENV = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_R
 
 
 def multi_node_record() -> dict[str, Any]:
-    """Where each rank of a multi-node run ran, gathered through Horovod itself
-    (hvd.allgather_object of every rank's node_identity with hvd.rank(), local_rank(),
-    cross_rank()), and what Horovod says of the ranks: `nodes` (one entry per node, its
-    ranks) and `multi_node`. Invalid when Horovod's view is not the run's nodes x
-    devices_per_node, or a rank's numbers are not the slot horovod_launch gave it."""
+    """`nodes` and `multi_node` of a multi-node run, gathered through Horovod itself
+    (hvd.allgather_object); Invalid when Horovod's view is not the run's nodes x devices_per_node
+    or a rank is not the slot horovod_launch gave it."""
     hvd = horovod()
     rows = hvd.allgather_object({
         **node_identity(), "rank": hvd.rank(), "local_rank": hvd.local_rank(),
@@ -95,7 +80,7 @@ def multi_node_record() -> dict[str, Any]:
         "cross_size": hvd.cross_size(),
         "process_rank": os.environ.get("MGBENCH_PROCESS_RANK"),
         "slot_env": {k: os.environ.get(k) for k in SLOT_ENV}})
-    nodes = group_nodes(rows)
+    nodes = td.group_nodes(rows)
     num_nodes = int(os.environ["MGBENCH_NUM_NODES"])
     if len(nodes) != num_nodes or hvd.cross_size() != num_nodes or \
             hvd.size() != num_nodes * hvd.local_size():
@@ -126,7 +111,7 @@ def controller() -> str:
 def framework_versions() -> dict[str, str]:
     import horovod as hvd_package
 
-    return {**torch_versions(), "horovod": hvd_package.__version__}
+    return {**td.framework_versions(), "horovod": hvd_package.__version__}
 
 
 def init_ranks(spec: Spec) -> HorovodRanks:
@@ -143,7 +128,7 @@ def init_ranks(spec: Spec) -> HorovodRanks:
         raise Invalid(f"horovodrun started {world} ranks for a {n}-device run (is the "
                       "launcher horovodrun -np N?)")
     if gpu:
-        device = use_gpu(hvd.local_rank(), hvd.local_size(), "envs/horovod-gpu.txt")
+        device = td.use_gpu(hvd.local_rank(), hvd.local_size(), "envs/horovod-gpu.txt")
         me = {"name": torch.cuda.get_device_name(device), "kind": "GPU"}
     else:
         device = torch.device("cpu")

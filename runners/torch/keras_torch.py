@@ -1,15 +1,8 @@
-"""keras_torch: Keras 3 on PyTorch, multi-device as Keras' guide "Multi-GPU distributed training
-with PyTorch" does it: one process per device (torchrun; the guide forks them with
-torch.multiprocessing), the Keras model (a torch.nn.Module under the torch backend) in torch's
-DistributedDataParallel, trained by a plain PyTorch loop (torch SGD, cross-entropy), not by
-model.fit, in every mode (Keras 3's fit has no multi-process data parallelism on torch).
-Real data: loader `framework` is a torch DataLoader (runners/torch/data.py), `keras` a Keras 3
-PyDataset iterated by the adapter fit uses on torch. bf16 is Keras' mixed_bfloat16 policy.
-What differs from the guide: the built-in CNNs end in a softmax, so the loss reads the logits
-of the layer before it; the loop passes training=True (Keras 3 ignores torch's
-module.training); SGD with momentum 0.9 in place of Adam; synthetic tensors resident on the
-device in place of a DataLoader over MNIST. docs/runners/keras_torch.md has more.
-"""
+"""keras_torch: Keras 3 on PyTorch as Keras' guide "Multi-GPU distributed training with PyTorch"
+does it: one process per device (torchrun), the Keras model in torch's DDP, trained by a plain
+PyTorch loop (not model.fit) in every mode. Differs from the guide: the loss reads the logits
+before the CNNs' softmax, training=True passed, SGD momentum 0.9 in place of Adam, synthetic
+tensors resident on the device. docs/runners/keras_torch.md."""
 
 from __future__ import annotations
 
@@ -36,20 +29,8 @@ from runners.common import Invalid, Spec, Unavailable, main
 from runners.converge import Recipe, fitting_splits
 from runners.memory import model_state_torch
 from runners.real_data import batch_at, check_classes, open_dataset, rank_files
+from runners.torch import dist as td
 from runners.torch.data import Batch, LoaderConfig, RealInput, equivalence_input, rank_input
-from runners.torch.dist import (
-    Feed,
-    PlacementTracker,
-    Ranks,
-    Step,
-    StepCounter,
-    StepParts,
-    init_ranks,
-    loss_of,
-    per_rank_batch,
-    timed_steps,
-    wrap_ddp,
-)
 from runners.torch.equivalence import equivalence_step
 from runners.torch.rank_converge import ConvergeModel, RankConverge
 from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision
@@ -77,7 +58,7 @@ def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, ...]:
     return (h, w, c) if data_format == "channels_last" else (c, h, w)
 
 
-def build_logits_model(name: str, data_format: str, ranks: Ranks) -> tuple[keras.Model,
+def build_logits_model(name: str, data_format: str, ranks: td.Ranks) -> tuple[keras.Model,
                                                                             keras.Model]:
     """The builder's model, and one sharing its layers that returns the softmax's input."""
     with keras.device(str(ranks.device)):
@@ -87,7 +68,7 @@ def build_logits_model(name: str, data_format: str, ranks: Ranks) -> tuple[keras
     return model, logits.to(ranks.device)
 
 
-def build_run_logits(spec: Spec, model_spec: ModelSpec, data_format: str, ranks: Ranks
+def build_run_logits(spec: Spec, model_spec: ModelSpec, data_format: str, ranks: td.Ranks
                      ) -> tuple[keras.Model, keras.Model, dict[str, Any] | None]:
     """(the run's model, the model of its logits, a user's model's description or None): a
     built-in CNN as build_logits_model; a transformer or a user's model (models.build_for,
@@ -102,7 +83,7 @@ def build_run_logits(spec: Spec, model_spec: ModelSpec, data_format: str, ranks:
     return model, model.to(ranks.device), described
 
 
-def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
+def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, batch: int,
                 channels_first: bool) -> RealInput:
     """This rank's share (files rank, rank + N, ...) through JpegSequence, a Keras 3 PyDataset
     with `workers` processes, iterated as Keras' fit does on the torch backend."""
@@ -135,20 +116,20 @@ def keras_input(spec: Spec, ranks: Ranks, model_spec: ModelSpec, batch: int,
                      data, size, len(share))
 
 
-def training_parts(ranks: Ranks, logits: keras.Model, lr: float, momentum: float,
-                   weight_decay: float = 0.0) -> StepParts:
+def training_parts(ranks: td.Ranks, logits: keras.Model, lr: float, momentum: float,
+                   weight_decay: float = 0.0) -> td.StepParts:
     """What the step function of every mode is made of, the guide's: the logits model in DDP
     called with training=True, torch SGD over its parameters (counted), the tracker; no
     autocast (the Keras policy casts)."""
-    ddp_model = wrap_ddp(logits, ranks)
+    ddp_model = td.wrap_ddp(logits, ranks)
     optimizer = torch.optim.SGD(logits.parameters(), lr=lr, momentum=momentum,
                                 weight_decay=weight_decay)
-    return StepParts(lambda x: ddp_model(x, training=True), StepCounter(optimizer),
-                     PlacementTracker(logits), cast=False)
+    return td.StepParts(lambda x: ddp_model(x, training=True), td.StepCounter(optimizer),
+                     td.PlacementTracker(logits), cast=False)
 
 
-def training_step(ranks: Ranks, logits: keras.Model, feed: Feed, lr: float, momentum: float
-                  ) -> tuple[Step, StepParts]:
+def training_step(ranks: td.Ranks, logits: keras.Model, feed: td.Feed, lr: float, momentum: float
+                  ) -> tuple[td.Step, td.StepParts]:
     """The one step function of the benchmark and equivalence modes, the guide's loop:
     model(x, training=True), the loss, zero_grad, backward, step; it returns this rank's loss."""
     parts = training_parts(ranks, logits, lr, momentum)
@@ -156,7 +137,7 @@ def training_step(ranks: Ranks, logits: keras.Model, feed: Feed, lr: float, mome
 
     def step() -> torch.Tensor:
         x, y = feed.next()
-        loss = loss_of(parts.model(parts.tracker.saw(x)), y)
+        loss = td.loss_of(parts.model(parts.tracker.saw(x)), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -174,7 +155,7 @@ def dtype_policy(spec: Spec) -> str:
     return POLICIES[spec.precision]
 
 
-def keras_fields(spec: Spec, ranks: Ranks, policy: str, logits: keras.Model,
+def keras_fields(spec: Spec, ranks: td.Ranks, policy: str, logits: keras.Model,
                  optimizer: torch.optim.Optimizer, when: str) -> dict[str, Any]:
     """What a benchmark and a converge result say alike: versions, the policy, the strategy,
     the model state (read `when`) and the precision read back."""
@@ -194,20 +175,20 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
     data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
     loader = spec.options["loader"]
-    ranks = init_ranks(spec, "auto")
+    ranks = td.init_ranks(spec, "auto")
     model_spec = spec_of(spec)
     tokens = model_spec.input_kind == "tokens"
     channels_first = data_format == "channels_first"
-    feed: Feed
+    feed: td.Feed
     if spec.data == "real" and loader == "keras" and not tokens:
-        feed = keras_input(spec, ranks, model_spec, per_rank_batch(spec, ranks), channels_first)
+        feed = keras_input(spec, ranks, model_spec, td.per_rank_batch(spec, ranks), channels_first)
     else:  # a token model's ids int32, what the Keras model's Input takes
         feed = rank_input(spec, ranks.place, model_spec, input_shape(model_spec, data_format),
                           LoaderConfig(channels_first=channels_first), torch.int32)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
     model, logits, described = build_run_logits(spec, model_spec, data_format, ranks)
     step, parts = training_step(ranks, logits, feed, 0.01, 0.9)
-    result = timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
+    result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
     result = join(result, {
         "layout": "tokens (batch, sequence)" if tokens else data_format,
         "loop": "torch.optim.SGD + torch.nn.functional.cross_entropy on the float32 logits "
@@ -243,7 +224,7 @@ def converge(spec: Spec) -> dict[str, Any]:
         raise Unavailable("mode converge trains the built-in CNNs (a user's Keras model's "
                           "logits are not separated from its output layer here)")
     data_format = spec.options["data_format"]
-    ranks = init_ranks(spec, "auto")
+    ranks = td.init_ranks(spec, "auto")
     model_spec = spec_of(spec)
     if model_spec.workload != "cnn":
         raise Unavailable(f"mode converge trains an image CNN; {spec.model} is a "
@@ -277,7 +258,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     input is; weights saved."""
     check_backend()
     data_format = spec.options["data_format"]
-    ranks = init_ranks(spec, "auto")
+    ranks = td.init_ranks(spec, "auto")
     weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks.place,
                              LoaderConfig(channels_first=data_format == "channels_first"))

@@ -1,13 +1,6 @@
-"""Mode converge over a DeviceRank: a torchrun runner's own training step (StepParts) as the step
-of runners.converge.stepwise, evaluation on rank 0 shared with the others, every rank's
-BatchNorm statistics, through runners.converge.train_to_accuracy (the one converge loop).
-
-Each rank takes its rows of each of the recipe's global batches; its loss is its summed
-cross-entropy (float32 logits) x world / the global batch's rows, so DDP's mean of the ranks'
-gradients is the gradient of the global batch's mean loss even where the shares are unequal
-(last_batch keep); equal shares make it the benchmark's mean over the rank's slice. The epoch's
-loss is the mean of the global batches' losses (one all-sum per epoch). Imports torch.
-"""
+"""Mode converge over a DeviceRank: a torchrun runner's own step (StepParts) in runners.converge's
+stepwise and train_to_accuracy; each rank's loss is its summed cross-entropy x world / the global
+batch's rows, so the ranks' mean gradient is the global batch's even for unequal shares."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""What each torch rank holds of the model state, and the precision a torch run trained in, both
-read back from the framework's objects (imports torch).
-
-`state_bytes`: each rank's bytes of its parameters, their .grad and its optimizer's state
-tensors (a DTensor's local shard under FSDP2, whole tensors under DDP/Horovod), gathered over
-the ranks' own collective; a part's global size is what its tensors state (a DTensor's global
-shape; a plain tensor's own size, the same on every rank; the ranks' sum for a `partitioned`
-part). Buffers are not counted. `torch_precision`: the record's precision_policy (compute,
-parameter and reduction dtypes, loss scaling). docs/runners/torch_zero1.md has more.
-"""
+"""What each torch rank holds of the model state (`state_bytes`: parameters, .grad, optimizer
+state, DTensor shards as their local shard) and the precision a run trained in
+(`torch_precision`), both read back from the framework's objects. Imports torch."""
 
 from __future__ import annotations
 
@@ -117,11 +110,9 @@ def compute_dtype(precision: str, computed: Any) -> str:
 
 def torch_precision(precision: str, compute: Any, module: nn.Module,
                     reduce: Any, how: str, loss_scaling: str | None = None) -> dict[str, Any]:
-    """The record's precision_policy: the compute dtype (compute_dtype: as the logits came
-    out of the step's tracker, or as the framework states it), the parameters' stored dtype
-    read from `module`, `reduce` (the strategy's gradient-reduction dtype, read back by the
-    runner), the framework knobs (`how`); the parameters are the master weights (torch's
-    optimizers update them in place)."""
+    """The record's precision_policy: compute dtype (from the tracker's logits, or as the framework
+    states it), the parameters' dtype read from `module` (torch's master weights), `reduce` as the
+    runner read it back, the knobs (`how`)."""
     return {"precision_policy": resolve(
         precision, how=how, compute=compute_dtype(precision, compute),
         params=dtype_of(module.parameters(), "the parameters"), master=None, reduce=reduce,

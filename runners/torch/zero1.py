@@ -1,14 +1,7 @@
-"""torch_zero1: ZeRO stage 1 in native PyTorch, DistributedDataParallel with the optimizer
-state partitioned over the ranks by torch.distributed.optim.ZeroRedundancyOptimizer, one
-process per device started by torchrun, as PyTorch's tutorial "Shard Optimizer States with
-ZeroRedundancyOptimizer" uses it. DDP all-reduces the gradients; step() runs the local SGD
-over this rank's partition (whole parameters, greedy by size) and broadcasts each updated
-partition from its owner. The record adds `optimizer_partition` and each rank's optimizer
-state, checked against the partition.
-Follows PyTorch 2.13's tutorial; what differs: the harness's models, SGD momentum 0.9 in place
-of Adam, synthetic data made on each device once; overlap_with_ddp is not offered (its first
-two iterations apply no update). docs/runners/torch_zero1.md has more.
-"""
+"""torch_zero1: ZeRO stage 1 in native PyTorch, DDP with ZeroRedundancyOptimizer partitioning the
+optimizer state, one process per device (torchrun), as PyTorch 2.13's tutorial does it. Differs:
+the harness's models, SGD momentum 0.9 in place of Adam, synthetic data made on each device
+once, no overlap_with_ddp. docs/runners/torch_zero1.md."""
 
 from __future__ import annotations
 
