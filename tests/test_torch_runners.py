@@ -15,6 +15,7 @@ from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from bench.run.launch import launch
+from contract.reasons import sentence
 from models import get_spec
 from tests.helpers.cli import run_cli
 from tests.helpers.equivalence import make_inputs, step
@@ -61,7 +62,7 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         # where the timed steps ran, read back from the process group: each rank's device and
         # the rows it stepped on (3 steps of 8), gathered over gloo
         assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
-        assert f"get_backend()=gloo, get_world_size()={n}" in result["placement_source"]
+        assert f"get_backend()=gloo, get_world_size()={n}" in sentence(result["placement_source"])
         assert [r["param_devices"] for r in result["placement_ranks"]] == [["cpu"]] * n
         # fp32 is IEEE float32, read back from torch's own switches (runners/math_mode.py)
         assert result["math"]["torch"]["matmul"] == "ieee"

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.reasons import code
 from contract.result import join
 from models import get_spec, load_builder
 from models.torch_common import get_canonical_weights, set_canonical_weights
@@ -103,8 +104,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "framework": framework_versions(),
         "layout": "channels_first",
         "fp16_allreduce": fp16_allreduce,
-        "strategy": "horovod.torch.DistributedOptimizer, one process per device (horovodrun); "
-                    "gradients all-reduced (Average) as backward produces them",
+        "strategy": code("torch.horovod_strategy"),
     }, model_record(net, model_spec), model_state_torch(net, counter.optimizer),
         state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), AFTER_WINDOW),
         torch_precision(spec.precision, tracker, net,
