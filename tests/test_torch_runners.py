@@ -317,7 +317,7 @@ def test_a_users_model_from_a_folder_outside_the_repo_runs_from_one_yaml_entry(
         memory = rec["memory_per_device"]
         assert sorted(memory) == [f"rank{r}:cpu" for r in range(n)], memory
         assert all(10e6 < b < 20e9 for b in memory.values()) and "VmHWM" in \
-            rec["memory_source"]
+            sentence(rec["memory_source"])
         # float32 parameters and running statistics, and BatchNorm's int64 batch counter
         assert rec["model_state"]["params_bytes"] == 4 * (224 + 16 + 90) + 4 * 16 + 8
         assert sorted(rec["placement"]) == [f"rank{r}:cpu" for r in range(n)]
