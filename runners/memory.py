@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contract.reasons import code
+
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
 WORKERS_NOTE = "the process itself: DataLoader/Grain/loader workers are processes of their own"
@@ -56,8 +58,7 @@ def _torch_end(devices: Any) -> dict[str, int]:
 
 
 _TORCH = ("torch", _torch_start, _torch_end,
-          "torch.cuda.max_memory_allocated over the timed window (peak reset at its start by "
-          "torch.cuda.reset_peak_memory_stats)")
+          code("memory.torch_max_allocated"))
 
 
 def _jax_gpus(jax: Any) -> list[Any] | None:
@@ -80,8 +81,7 @@ def _jax_end(devices: Any) -> dict[str, int]:
 
 
 _JAX = ("jax", _jax_gpus, _jax_end,
-        "jax Device.memory_stats()['peak_bytes_in_use']: the peak since the process started "
-        "(XLA cannot reset it), not the window's alone")
+        code("memory.jax_peak_bytes_in_use"))
 
 
 def _tf_start(tf: Any) -> Any:
@@ -109,8 +109,7 @@ def _tf_end(devices: Any) -> dict[str, int]:
 
 
 _TENSORFLOW = ("tf", _tf_start, _tf_end,
-               "tf.config.experimental.get_memory_info(device)['peak'] over the timed window "
-               "(reset at its start by reset_memory_stats)")
+               code("memory.tf_memory_info_peak"))
 
 
 def _mxnet_gpus(mx: Any) -> list[int] | None:
@@ -128,8 +127,7 @@ def _mxnet_end(devices: Any) -> dict[str, int]:
 
 
 _MXNET = ("mxnet", _mxnet_gpus, _mxnet_end,
-          "mx.context.gpu_memory_info: the device's used memory (total - free, as the driver "
-          "sees the whole device) at the window's end, not a peak")
+          code("memory.mxnet_gpu_memory_info"))
 
 
 # name: (family, devices at the start (reset there), the bytes at the end, what it is)
@@ -172,8 +170,7 @@ def _reset_hwm() -> bool:
 def _cpu_end(reset: bool) -> tuple[int | None, str]:
     hwm = _status_kb("VmHWM") if reset else None
     if hwm is not None:
-        return hwm, ("peak resident memory over the timed window (VmHWM of /proc/self/status, "
-                     f"reset at its start through /proc/self/clear_refs) of {WORKERS_NOTE}")
+        return hwm, code("memory.vmhwm_timed_window")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     why = "/proc/self/clear_refs is not writable" if not reset else "no VmHWM to read"
     return peak, (f"peak resident memory since the process started (getrusage ru_maxrss; {why}"
@@ -232,8 +229,7 @@ def for_result(spec: Any, rank: int) -> dict[str, Any]:
     process<r>:<device> for one that drives several; on CPU the process's one figure."""
     if last is None:
         return {"memory_per_device": None,
-                "memory_source": "no timed window ran in this process (an external program's, "
-                                 "or a mode without one): nothing measured",
+                "memory_source": code("memory.no_timed_window"),
                 "device_peak_bytes": None, "memory_baseline": None}
     one_per_process = spec.launcher in ("torchrun", "horovodrun")
     prefix = f"rank{rank}" if one_per_process else f"process{rank}"
@@ -249,15 +245,12 @@ def for_result(spec: Any, rank: int) -> dict[str, Any]:
     else:
         key, source = f"{prefix}:cpu", last["source"]
     if getattr(spec, "device", "cpu") != "cpu":
-        source += ("; no GPU allocator was read (no framework this module reads had "
-                   "initialised one in this process): the host process's memory, not the GPUs'")
+        source += "; " + code("memory.no_gpu_allocator")
     peak: dict[str, int] | None = None
     if _baseline is not None and last["cpu"] is not None:
         peak = {key: max(0, last["cpu"] - _baseline) // shared}
-        source += ("; device_peak_bytes: that peak less the process's resident memory before "
-                   "the model was built (memory_baseline, VmRSS)"
-                   + (f", divided by the {shared} virtual devices (each one's share)"
-                      if shared > 1 else ""))
+        source += "; " + code("memory.device_peak_less_baseline") + (
+            f"; divided by the {shared} virtual devices (each one's share)" if shared > 1 else "")
     return {"memory_per_device": {key: last["cpu"]}, "memory_source": source,
             "device_peak_bytes": peak,
             "memory_baseline": None if _baseline is None else {key: _baseline}}
@@ -298,9 +291,7 @@ def model_state_torch(module: Any, optimizer: Any = None) -> dict[str, Any]:
     opt = 0
     for state in (optimizer.state.values() if optimizer is not None else ()):
         opt += sum(nbytes(v) for v in state.values() if isinstance(v, torch.Tensor))
-    return _state(params, grads, opt, "torch: module.parameters() and buffers(), the .grad "
-                  "tensors held after the last step, optimizer.state's tensors; what this "
-                  "rank holds (a replica, or a sharded strategy's local shards)")
+    return _state(params, grads, opt, code("memory.torch_state"))
 
 
 def model_state_jax(params: Any, opt_state: Any, model_state: Any = None) -> dict[str, Any]:
@@ -313,10 +304,7 @@ def model_state_jax(params: Any, opt_state: Any, model_state: Any = None) -> dic
         return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(tree))
 
     p = nbytes(params)
-    return _state(p + nbytes(model_state), p, nbytes(opt_state), "jax: the params (and "
-                  "batch_stats) and optax state trees' arrays (nbytes), per device "
-                  "(replicated: each device holds a copy); gradients: the params' shapes, "
-                  "computed inside the jitted step")
+    return _state(p + nbytes(model_state), p, nbytes(opt_state), code("memory.jax_state"))
 
 
 def model_state_keras(model: Any, optimizer: Any = None) -> dict[str, Any]:
@@ -329,7 +317,5 @@ def model_state_keras(model: Any, optimizer: Any = None) -> dict[str, Any]:
 
     opt = nbytes(getattr(optimizer, "variables", None) or ()) if optimizer is not None else 0
     return _state(nbytes(model.weights), nbytes(model.trainable_weights), opt,
-                  "keras: model.weights, the trainable weights' shapes for the gradients "
-                  "(computed each step), optimizer.variables; per replica (a mirrored or "
-                  "replicated variable's one copy: each device holds it)")
+                  code("memory.keras_state"))
 

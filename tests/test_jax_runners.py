@@ -17,6 +17,7 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.records.store import check_record
+from contract.reasons import sentence
 from runners.jax.common import CPU_KIND, _with_device_count
 from tests.helpers.cli import run_check_script
 from tests.helpers.sharding import assert_replicas
@@ -168,7 +169,7 @@ def test_keras_jax_preplaced_global_batchnorm(tmp_path: Path, jax_python: str) -
                       "runner_options.keras_jax.input=preplaced",
                       "runner_options.keras_jax.batchnorm=global")[2]
     result = check_ok(rec, 2)
-    assert result["input"] == "preplaced" and "no-op" in result["data_placement"]
+    assert result["input"] == "preplaced" and "no-op" in sentence(result["data_placement"])
     assert result["batchnorm"] == "global"
 
 
@@ -242,7 +243,7 @@ def test_keras_jax_window_excludes_the_second_epochs_recompile(jax_python: str) 
     assert times[-1] < 4 * times[len(times) // 2], times  # no compile-length step timed
     assert r["host_dataset"]["batches"] == 4 and r["warmup_steps_run"] == 5
     assert r["samples"] == 8 * 8  # the optimizer's counter over the window: the 8 timed steps
-    assert "compiles its train step again" in r["warmup_extended"]
+    assert "compiles its train step again" in sentence(r["warmup_extended"])
 
 
 # --- transformers and a user's own Flax model (issue 26) ---
@@ -287,7 +288,7 @@ def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
         assert sorted(rec["placement"].values()) == [4] * n
         assert_replicas(rec, n)
         assert result["layout"] == ("token ids (batch, sequence)" if tokens else "channels_last")
-        assert ("next-token" in result["loss_kind"]) == tokens
+        assert ("next-token" in sentence(result["loss_kind"])) == tokens
 
 
 USER_MODEL = '''

@@ -19,6 +19,7 @@ from bench.report.summary import build_report, format_table
 from bench.run.launch import derive_throughput, run_mfu
 from bench.run.verdict import merge_memory
 from contract import launch_env
+from contract.reasons import sentence
 from models import get_spec
 from runners import memory
 from tests.helpers.records import run_record
@@ -54,7 +55,7 @@ def test_window_reads_the_process_peak_over_the_window_only() -> None:
     del inside
     got = memory.window_end()
     assert got is not None and got["devices"] == {}
-    assert "VmHWM" in got["source"] and "clear_refs" in got["source"]
+    assert "VmHWM" in sentence(got["source"]) and "clear_refs" in sentence(got["source"])
     assert got["cpu"] >= start + 60 * MB  # the peak inside the window
     assert got["cpu"] < start + 150 * MB  # not the 192 MB before it
 
@@ -65,7 +66,8 @@ def test_without_clear_refs_it_says_peak_since_start(monkeypatch: pytest.MonkeyP
     memory.window_start()
     got = memory.window_end()
     assert got is not None and got["cpu"] > 0
-    assert "since the process started" in got["source"] and "ru_maxrss" in got["source"]
+    source = sentence(got["source"])
+    assert "since the process started" in source and "ru_maxrss" in source
 
 
 def test_result_keys_a_rank_s_device_or_a_process_s_virtual_devices(
@@ -77,7 +79,7 @@ def test_result_keys_a_rank_s_device_or_a_process_s_virtual_devices(
                      "device_peak_bytes": None, "memory_baseline": None}
     shared = memory.for_result(spec(num_devices=4), 0)
     assert shared["memory_per_device"] == {"process0:cpu (4 virtual devices)": 300 * MB}
-    assert "4 virtual CPU devices share this one process" in shared["memory_source"]
+    assert "4 virtual CPU devices share this one process" in sentence(shared["memory_source"])
     assert memory.for_result(spec(num_devices=1), 0)["memory_per_device"] == {
         "process0:cpu": 300 * MB}
     gpus = {"devices": {"cuda:0": 5 * 2**30}, "cpu": None, "source": "torch.cuda"}
@@ -86,7 +88,8 @@ def test_result_keys_a_rank_s_device_or_a_process_s_virtual_devices(
         "rank3:cuda:0": 5 * 2**30}
     monkeypatch.setattr(memory, "last", None)  # no timed window: nothing, never a 0
     nothing = memory.for_result(spec(), 0)
-    assert nothing["memory_per_device"] is None and "no timed window" in nothing["memory_source"]
+    assert nothing["memory_per_device"] is None
+    assert "no timed window" in sentence(nothing["memory_source"])
 
 
 def test_cpu_device_peak_is_over_the_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,10 +101,10 @@ def test_cpu_device_peak_is_over_the_baseline(monkeypatch: pytest.MonkeyPatch) -
     rank = memory.for_result(spec(launcher="torchrun"), 1)
     assert rank["device_peak_bytes"] == {"rank1:cpu": 200 * MB}
     assert rank["memory_baseline"] == {"rank1:cpu": 100 * MB}
-    assert "less the process's resident memory before the model" in rank["memory_source"]
+    assert "less the process's resident memory before the model" in sentence(rank["memory_source"])
     shared = memory.for_result(spec(num_devices=4), 0)
     assert shared["device_peak_bytes"] == {"process0:cpu (4 virtual devices)": 50 * MB}
-    assert "divided by the 4 virtual devices" in shared["memory_source"]
+    assert "divided by the 4 virtual devices" in sentence(shared["memory_source"])
     gpus = {"devices": {"cuda:0": 5 * 2**30}, "cpu": None, "source": "torch.cuda"}
     monkeypatch.setattr(memory, "last", gpus)
     gpu = memory.for_result(spec(launcher="torchrun", device="gpu"), 0)
@@ -125,7 +128,7 @@ def test_model_state_of_keras_variables() -> None:
     state = memory.model_state_keras(model)["model_state"]
     assert (state["params_bytes"], state["grads_bytes"], state["optimizer_bytes"]) == (
         48 + 16 + 8, 48 + 16, 8 + 48)
-    assert state["total_bytes"] == 72 + 64 + 56 and "keras" in state["source"]
+    assert state["total_bytes"] == 72 + 64 + 56 and "keras" in sentence(state["source"])
 
 
 # -- the parent: merging the ranks, deriving the figures -------------------------------------
@@ -139,7 +142,7 @@ def test_ranks_memory_files_are_merged_and_a_missing_one_is_said(tmp_path: Path)
     merge_memory(rec, result, spec(launcher="torchrun", num_devices=3))
     assert rec["memory_per_device"] == {"rank0:cpu": 400 * MB, "rank1:cpu": 410 * MB}
     assert rec["memory_source"].startswith("VmHWM; no memory from rank 2 (no ")
-    assert "of 3: its devices are not in memory_per_device" in rec["memory_source"]
+    assert "of 3: its devices are not in memory_per_device" in sentence(rec["memory_source"])
     assert not list(tmp_path.glob("*.memory.rank*"))  # read into the record, removed
     one = {"memory_per_device": {"process0:cpu": 1}, "memory_source": "x"}
     merge_memory(one, result, spec())  # one process: nothing to merge
@@ -243,7 +246,8 @@ def test_two_torch_ranks_each_measure_their_own(tmp_path: Path, torch_python: st
     mem = rec["memory_per_device"]
     assert sorted(mem) == ["rank0:cpu", "rank1:cpu"], mem
     assert all(10 * MB < v < 20 * 2**30 for v in mem.values()), mem
-    assert "VmHWM" in rec["memory_source"] and "no memory from rank" not in rec["memory_source"]
+    source = sentence(rec["memory_source"])
+    assert "VmHWM" in source and "no memory from rank" not in source
     state = rec["model_state"]
     assert state["params_bytes"] >= 4 * 1_656_250 - 4 * 20_000  # float32 (buffers too)
     assert state["optimizer_bytes"] > 0 and state["grads_bytes"] > 0

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contract.reasons import sentence
 from tests.helpers.cli import run_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.framework("horovod")]
@@ -59,7 +60,7 @@ def test_horovod_across_two_nodes_through_the_cli(local_slurm: dict[str, str],
     assert [n["ranks"] for n in nodes] == [[0], [1]]
     assert [n["slurm_procid"] for n in nodes] == ["0", "1"]
     multi = result["multi_node"]
-    assert multi["mechanism"].startswith("horovodrun's gloo rendezvous")
+    assert sentence(multi["mechanism"]).startswith("horovodrun's gloo rendezvous")
     assert multi["size"] == multi["world_size"] == 2
     assert multi["cross_size"] == 2 and multi["local_size"] == 1
     assert multi["gloo_built"] and multi["gloo_enabled"] and multi["controller"] == "gloo"

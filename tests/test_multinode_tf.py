@@ -37,6 +37,7 @@ import pytest
 
 from bench.plan.runs import RunSpec
 from bench.run.verdict import validate_result
+from contract.reasons import sentence
 from tests.helpers.cli import REPO, run_check_script
 from tests.helpers.equivalence import equivalence_spec, load_weights, make_inputs
 from tests.specs import run_spec
@@ -119,7 +120,7 @@ def test_status_ok_and_accepted_by_the_parent(run: tuple) -> None:
 def test_tf_reads_back_two_replicas_in_sync_over_two_workers(run: tuple) -> None:
     _, result, _ = run
     multi = result["multi_node"]
-    assert multi["mechanism"].startswith("tf.distribute.MultiWorkerMirroredStrategy")
+    assert sentence(multi["mechanism"]).startswith("tf.distribute.MultiWorkerMirroredStrategy")
     assert multi["resolver"] == "SlurmClusterResolver"
     assert multi["num_replicas_in_sync"] == 2
     assert result["replicas"] == 2

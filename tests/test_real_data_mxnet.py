@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.records.store import check_record
+from contract.reasons import sentence
 from contract.spec import spec_for
 from tests.helpers.cli import REPO, run_check_script
 from tests.helpers.sweeps import real_sweep
@@ -56,7 +57,7 @@ def test_real_data_at_one_and_two_devices(runner: str, tmp_path: Path, real_data
         assert result["input_pipeline"].startswith("mx.io.ImageRecordIter over train.rec")
         assert "1 preprocess thread" in result["input_pipeline"]
     if runner == "mxnet_native":
-        assert "split_and_load" in records[2]["result"]["data_placement"]
+        assert "split_and_load" in sentence(records[2]["result"]["data_placement"])
     else:
         assert records[2]["result"]["loader"] == "framework"
 

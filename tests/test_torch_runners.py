@@ -15,6 +15,7 @@ from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from bench.run.launch import launch
+from contract.reasons import sentence
 from models import get_spec
 from tests.helpers.cli import run_cli
 from tests.helpers.equivalence import make_inputs, step
@@ -61,7 +62,7 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         # where the timed steps ran, read back from the process group: each rank's device and
         # the rows it stepped on (3 steps of 8), gathered over gloo
         assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
-        assert f"get_backend()=gloo, get_world_size()={n}" in result["placement_source"]
+        assert f"get_backend()=gloo, get_world_size()={n}" in sentence(result["placement_source"])
         assert [r["param_devices"] for r in result["placement_ranks"]] == [["cpu"]] * n
         # fp32 is IEEE float32, read back from torch's own switches (runners/math_mode.py)
         assert result["math"]["torch"]["matmul"] == "ieee"
@@ -316,7 +317,7 @@ def test_a_users_model_from_a_folder_outside_the_repo_runs_from_one_yaml_entry(
         memory = rec["memory_per_device"]
         assert sorted(memory) == [f"rank{r}:cpu" for r in range(n)], memory
         assert all(10e6 < b < 20e9 for b in memory.values()) and "VmHWM" in \
-            rec["memory_source"]
+            sentence(rec["memory_source"])
         # float32 parameters and running statistics, and BatchNorm's int64 batch counter
         assert rec["model_state"]["params_bytes"] == 4 * (224 + 16 + 90) + 4 * 16 + 8
         assert sorted(rec["placement"]) == [f"rank{r}:cpu" for r in range(n)]

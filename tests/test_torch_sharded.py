@@ -12,6 +12,7 @@ import pytest
 
 from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record, load_records
+from contract.reasons import sentence
 from models import get_spec
 from models.gpt2_tiny.spec import SHAPE as GPT2_TINY
 from tests.helpers.cli import run_cli
@@ -72,7 +73,7 @@ def test_gpt2_tiny_trains_and_reports_its_state(records: dict, runner: str, n: i
     # float32 parameters (the tied embedding once), a gradient for each, one momentum buffer
     # each: the logical sizes as the framework states them
     assert whole == {part: 4 * s.params for part in PARTS}
-    assert "after the timed window" in rec["state_source"]
+    assert "after the timed window" in sentence(rec["state_source"])
     policy = rec["precision_policy"]
     assert policy["precision"] == "fp32" and policy["follows"] is True
     assert (policy["compute"], policy["params"], policy["reduce"]) == ("float32",) * 3
@@ -120,7 +121,7 @@ def test_fsdp2_splits_parameters_gradients_and_optimizer_state(records: dict) ->
     result, whole = rec["result"], rec["state_bytes_global"]
     for part in PARTS:
         assert held(rec, part) == [whole[part] // 2] * 2, part
-    assert "DTensor.to_local()" in rec["state_source"]
+    assert "DTensor.to_local()" in sentence(rec["state_source"])
     units = {u["module"]: u for u in result["fsdp"]["units"]}
     assert sorted(units) == ["(root)", "blocks.0", "blocks.1"]
     assert units["blocks.0"]["reshard_after_forward"] is True

@@ -23,18 +23,17 @@ The grouping key that makes runs a configuration is bench/records/grouping.py's,
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench import REPO_ROOT
 from bench.records.grouping import data_label, runner_label, variant_of
 from bench.records.placement_check import distinct_devices
 from contract import result, settings
+from contract.generated_block import Block
 
 VIEWS: dict[str, str] = {
     "csv": "summary.csv: one row per configuration and device count",
@@ -648,36 +647,18 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+BLOCK = Block("python -m bench.records.columns", README, BEGIN, END, markdown)
+
+
 def with_markdown(text: str) -> str:
     """text (results/README.md) with markdown() between its BEGIN and END markers."""
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[:start] + "\n" + markdown() + "\n" + text[end:]
+    return BLOCK.into(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m bench.records.columns --markdown [PATH]`: write the column tables into PATH
     (results/README.md) between its markers; --check: exit 1 if PATH is out of date."""
-    parser = argparse.ArgumentParser(prog="python -m bench.records.columns",
-                                     description=main.__doc__)
-    parser.add_argument("--markdown", action="store_true", help="write the column tables")
-    parser.add_argument("--check", action="store_true", help="exit 1 if PATH is out of date")
-    parser.add_argument("path", nargs="?", type=Path, default=README)
-    args = parser.parse_args(argv)
-    text = args.path.read_text()
-    new = with_markdown(text)
-    if args.check:
-        if new != text:
-            print(f"{args.path} is out of date: python -m bench.records.columns --markdown",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if args.markdown:
-        if new != text:
-            args.path.write_text(new)
-        print(f"{args.path}: {'updated' if new != text else 'up to date'}")
-        return 0
-    print(markdown())
-    return 0
+    return BLOCK.main(argv, main.__doc__)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
 from bench.report.converge import html_section as converge_section
 from bench.report.strategies import html_section as strategies_section
+from contract.reasons import sentence
 
 VIRTUAL_CAVEAT = ("multi-device rows ran on one host's cores (virtual CPU devices); they show "
                   "the harness and the strategies work, not GPU scaling.")
@@ -300,10 +301,10 @@ def _memory(records: list[dict[str, Any]]) -> str:
         if isinstance(per, Mapping) and per:
             body.append([_e(rec["run_id"]), _e(", ".join(
                 f"{dev} {columns.cell(show, {show.key: v}, 'html')}" for dev, v in per.items())),
-                _e(rec.get("memory_source") or "")])
+                _e(sentence(rec.get("memory_source")) or "")])
     if body:
         return _table(["run", "memory per device (peak in the timed window)", "source"], body)
-    sources = _distinct((r.get("memory_source") for r in records), "; ")
+    sources = _distinct((sentence(r.get("memory_source")) for r in records), "; ")
     return (f"<p>No run recorded memory per device (memory_source: {_e(sources)}).</p>"
             if records else "<p>No runs.</p>")
 

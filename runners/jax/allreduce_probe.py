@@ -13,6 +13,7 @@ from typing import Any
 
 import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+from contract.reasons import code
 from runners.common import Spec, Unavailable, main
 from runners.jax.common import framework_versions, setup_devices
 
@@ -146,11 +147,7 @@ class Collectives:
             "mesh": dict(self.mesh.shape),
             "platform": platform(self.devices),
             "hlo_collectives": self.seen["hlo"],
-            "source": "replicas: len(output.sharding.device_set) of the all-reduce; devices: "
-                      ".device of each block of the input (addressable_shards); world_size: "
-                      "Mesh.size; hlo_collectives: the collective ops of each jitted function's "
-                      "compiled HLO (jit(...).lower(x).compile().as_text()), from the last "
-                      "size checked",
+            "source": code("jax.allreduce_probe_source"),
         }
 
 

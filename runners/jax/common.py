@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 from runners.converge import Recipe
 from runners.real_data import RealData, check_classes, open_dataset
@@ -188,10 +189,7 @@ def close_multihost(spec: Spec, mechanism: str = MECHANISM) -> dict[str, Any]:
                                  f"{os.environ.get('JAX_COORDINATOR_PORT')} (MGBENCH_MASTER_PORT="
                                  f"{os.environ.get('MGBENCH_MASTER_PORT')})",
         "cpu_collectives": collectives,
-        "source": "jax.process_count(), jax.device_count(), jax.local_device_count(), "
-                  "jax._src.distributed.global_state.coordinator_address, "
-                  "jax.config.jax_cpu_collectives_implementation; nodes gathered with "
-                  "jax.experimental.multihost_utils.process_allgather"}}
+        "source": code("jax.multihost_source")}}
     jax.distributed.shutdown()
     return record
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from contract.reasons import code
 from contract.result import join
 from models import get_spec, load_builder, model_fields, spec_of
 from runners.common import Spec, Unavailable, finite, timed_loop
@@ -157,9 +158,7 @@ def input_batches(data: RealData | None, run: FlaxRun) -> tuple[Iterator[Any], A
         x, y = common.token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
                            batch)
         return itertools.repeat((x, y)), x, y, {
-            "data_placement": "one synthetic global batch of token ids (B, T + 1) generated "
-                              "under jit into the batch sharding (inputs ids[:, :-1], targets "
-                              "ids[:, 1:]); no host copy per step"}
+            "data_placement": code("jax.flax_token_batch_on_devices")}
     if data is None:
         x, y = common.synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
                                batch)

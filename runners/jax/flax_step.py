@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from contract.reasons import code
 from models import build_for
 from runners.common import Invalid, Spec
 
@@ -85,8 +86,7 @@ def init_variables(model: nn.Module, shape: tuple[int, ...], dtype: str = "float
 
 BATCHNORM_MODES = ("per_device", "global")
 BATCHNORM_RECORD = {
-    "per_device": "per-device statistics (shard_map: each device's B/N rows); running "
-                  "statistics averaged over devices after each step (pmean)",
+    "per_device": code("jax.flax_batchnorm_per_device"),
     "global": "global-batch statistics (jit over the sharded batch: XLA all-reduces the mean "
               "and variance)",
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.reasons import code
 from runners.common import Spec, main
 from runners.jax.flax_run import benchmark as run_benchmark
 from runners.jax.flax_run import equivalence as run_equivalence
@@ -60,12 +61,7 @@ def params_record(replicated: Any, params: Any) -> dict[str, Any]:
 
 FSDP = Layout(
     AXIS, state_shardings, lambda spec: "global", params_record,
-    "jax: every array's addressable_shards (shard.data.nbytes per device) after the timed "
-    "window: the params and optax state of the train state, sharded over the fsdp axis (a leaf "
-    "with no dimension divisible by N is replicated and counted whole on every device; "
-    "batch_stats not counted), and the gradients from one extra untimed call of a jitted "
-    "gradient function with the step's input shardings and its constraint of the gradients to "
-    "the params' shardings, on the first timed batch", constrain_grads=True)
+    code("jax.fsdp_state_source"), constrain_grads=True)
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:

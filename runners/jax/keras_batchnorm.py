@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from contract.reasons import code
+
 if TYPE_CHECKING:
     import keras
 
 BATCHNORM_MODES = ("per_device", "global")
 BATCHNORM_RECORD = {
-    "per_device": "per-device statistics (BatchNormalization subclass: moments and "
-                  "normalisation under shard_map over each device's B/N rows); moving "
-                  "statistics updated with the mean over devices",
-    "global": "global-batch statistics (Keras' BatchNormalization under DataParallel's jit: "
-              "XLA all-reduces the moments)",
+    "per_device": code("jax.keras_batchnorm_per_device"),
+    "global": code("jax.keras_batchnorm_global"),
 }
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from contract.reasons import code
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite
 from runners.jax.common import MECHANISM, placement, setup_devices, sharding_record
 
@@ -166,8 +167,7 @@ class EpochRows(TrainFunctionProbe):
         for device, rows in placement(x).items():
             self.rows[device] = self.rows.get(device, 0) + rows
 
-PLACEMENT_SOURCE = ("rows per device of the batch Keras' trainer passed its jitted train step "
-                    "at the first timed step, from that jax.Array's addressable_shards")
+PLACEMENT_SOURCE = code("jax.keras_fit_rows_first_timed")
 
 def fit_steps(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int | None = None
               ) -> tuple[Any, Any]:

@@ -7,29 +7,18 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from contract.reasons import code
 from runners.common import Invalid, Spec
 from runners.jax.common import agreed_min, synthetic_batch, token_batch
 from runners.real_data import RealData, describe
 
-SYNTHETIC_PLACEMENT = ("one synthetic global batch generated on the devices in DataParallel's "
-                       "batch layout, yielded by a generator; Keras' device_put of it is a "
-                       "no-op, no host copy per step")
-ARRAYS_PLACEMENT = ("numpy arrays in host memory given to fit with batch_size; Keras slices "
-                    "each batch and lays it out over the devices itself (a host-to-device copy "
-                    "per step, no look-ahead under a distribution)")
-ARRAYS_PLACEMENT_PROCESSES = (
-    "each process's own numpy arrays in its host memory (its share of every global batch) "
-    "given to fit with batch_size = its rows; Keras' jax trainer makes each global batch with "
-    "jax.make_array_from_process_local_data over DataParallel's layout (a host-to-device copy "
-    "per step, no look-ahead under a distribution)")
-GRAIN_PLACEMENT = ("Grain's batches device_put into DataParallel's batch layout one batch "
-                   "ahead, yielded by a generator; Keras' device_put of them is a no-op")
-GRAIN_HOST_PLACEMENT = ("Grain's numpy batches yielded by a generator to fit; Keras lays each "
-                        "out over the devices itself (no look-ahead under a distribution)")
+SYNTHETIC_PLACEMENT = code("jax.keras_synthetic_on_devices")
+ARRAYS_PLACEMENT = code("jax.keras_numpy_arrays")
+ARRAYS_PLACEMENT_PROCESSES = code("jax.keras_numpy_arrays_per_process")
+GRAIN_PLACEMENT = code("jax.keras_grain_device_put")
+GRAIN_HOST_PLACEMENT = code("jax.keras_grain_host_batches")
 GRAIN_HOST_LINE = "numpy batches to Keras fit, which lays each out over the devices itself"
-PYDATASET_PLACEMENT = ("numpy batches from the PyDataset's workers; Keras' jax trainer "
-                       "device_puts each into DataParallel's batch layout (no look-ahead under "
-                       "a distribution)")
+PYDATASET_PLACEMENT = code("jax.keras_pydataset_batches")
 INPUTS = ("numpy", "preplaced")
 TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
                "tokens")
@@ -143,8 +132,7 @@ def host_input(spec: Spec, model_spec: Any) -> tuple[dict[str, Any], dict[str, A
     if warmup != spec.warmup_steps:
         record["warmup_extended"] = (
             f"{spec.warmup_steps} -> {warmup}: the host data holds {k} batches, so "
-            f"step {k + 1} opens the second epoch, where Keras' jax trainer compiles "
-            "its train step again; that step is warm-up, not timed")
+            f"step {k + 1} opens the second epoch; {code('jax.keras_second_epoch_compiles')}")
     return feed, record
 
 

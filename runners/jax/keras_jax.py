@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from contract.reasons import code
 from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
@@ -39,9 +40,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
                        "process (runners/converge.py); a per-process share of them is not fed "
                        "yet")
-CONVERGE_PLACEMENT_SOURCE = ("rows per device of every batch Keras' trainer passed its jitted "
-                             "train step in the first epoch, from those jax.Arrays' "
-                             "addressable_shards (summed)")
+CONVERGE_PLACEMENT_SOURCE = code("jax.keras_converge_rows")
 EVAL_CHUNK = 1024  # held-out rows per predict batch at most (padded to a multiple of N)
 
 
@@ -72,8 +71,7 @@ def logits_model(keras: Any, model: keras.Model, loss: Any) -> tuple[Any, Any, s
             getattr(last.activation, "__name__", "") == "softmax":
         logits = keras.Model(model.inputs, last.input, name=f"{model.name}_logits")
         return (logits, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                "global mean sparse cross-entropy from the logits (the model's softmax input, "
-                "as Keras on TensorFlow takes it)")
+                code("jax.keras_loss_from_logits"))
     return model, loss, "global mean sparse cross-entropy (the model's own logits)"
 
 
@@ -152,16 +150,14 @@ def converge(spec: Spec) -> dict[str, Any]:
         "input": mode,
         "loss_kind": f"{loss_kind}; per epoch Keras' mean of its batches' losses weighted by "
                      "rows (fit's history)",
-        "optimizer": ("keras.optimizers.SGD(momentum); learning_rate assigned per step by a "
-                      "callback (on_train_batch_begin)"),
+        "optimizer": code("jax.keras_sgd_lr_callback"),
         # per epoch, the rate of its last step, read back from the optimizer's variable
         "lr_read_back": a.lrs,
         "moving_stats_read": a.read,
         "placement": a.rows.rows,
         "placement_source": CONVERGE_PLACEMENT_SOURCE,
-        "data_placement": ARRAYS_PLACEMENT if mode == "numpy" else (
-            "the recipe's batches device_put into DataParallel's batch layout by a generator, "
-            "one per step; Keras' device_put of them is a no-op"),
+        "data_placement": (ARRAYS_PLACEMENT if mode == "numpy"
+                           else code("jax.keras_converge_device_put")),
     })
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.reasons import code
 from models import get_spec, load_builder
 from runners.common import Spec, main
 from runners.jax.common import setup_devices, sharding_record
 from runners.jax.keras_fit import import_keras
-from runners.jax.keras_run import STATE_SOURCE, Strategy, build_model
+from runners.jax.keras_run import Strategy, build_model
 from runners.jax.keras_run import benchmark as run_benchmark
 from runners.jax.keras_run import equivalence as run_equivalence
 
@@ -102,9 +103,7 @@ def describe(distribution: Any, model: Any) -> dict[str, Any]:
         "source": "each variable's jax Array .sharding after fit"}}
 
 
-MP_STATE_SOURCE = STATE_SOURCE.replace("after fit: params", "after fit (ModelParallel: a "
-                                       "variable the LayoutMap shards holds its 1/N slice on "
-                                       "each device, the others a full copy): params")
+MP_STATE_SOURCE = code("jax.keras_model_parallel_state_source")
 
 
 MODEL_PARALLEL = Strategy(model_parallel, describe, MP_STATE_SOURCE)

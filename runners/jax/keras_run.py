@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.reasons import code
 from contract.result import join
 from models import get_spec, load_builder, spec_of
 from models.custom import CustomModelError
@@ -30,14 +31,7 @@ MULTI_NODE_REAL_DATA = (
     "data: real across nodes: the Grain pipeline and the PyDataset make whole global batches "
     "(runners/jax/data.py, runners/keras_data.py), so every process would decode all of each "
     "batch; a per-process shard of the file stream is not built yet")
-STATE_SOURCE = (
-    "keras on jax: each variable's jax Array (.value) addressable_shards (shard.data.nbytes per "
-    "device) after fit: params the trainable variables (non-trainable ones, BatchNorm's moving "
-    "statistics, not counted), optimizer state the optimizer's variables (momentum, iteration, "
-    "learning rate); the gradients from one extra untimed call, after fit, of a jitted "
-    "jax.value_and_grad of the model's compute_loss_and_updates (what Keras' train_step "
-    "differentiates) on a synthetic batch in the distribution's layout, laid out as XLA "
-    "returns them")
+STATE_SOURCE = code("jax.keras_state_source")
 
 
 def no_record(distribution: Any, model: Any) -> dict[str, Any]:

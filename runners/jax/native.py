@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from contract.reasons import code
 from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
@@ -29,11 +30,7 @@ if TYPE_CHECKING:
 DATA_PARALLEL = Layout(
     AXIS, lambda replicated, abstract: replicated, lambda spec: spec.options["batchnorm"],
     lambda replicated, params: common.sharding_record(replicated),
-    "jax: every array's addressable_shards (shard.data.nbytes per device) after the timed "
-    "window: the params and optax state of the train state (replicated: a full copy on each "
-    "device; batch_stats not counted), and the gradients from one extra untimed call of a "
-    "jitted gradient function with the step's input shardings on the first timed batch, laid "
-    "out as XLA returns them (all-reduced, replicated)")
+    code("jax.native_state_source"))
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -47,8 +44,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
                        "process (runners/converge.py); a per-process share fed through "
                        "make_array_from_process_local_data is not built yet")
-CONVERGE_PLACEMENT_SOURCE = ("rows per device of the first epoch's training batches, from each "
-                             "batch jax.Array's addressable_shards (summed over the epoch)")
+CONVERGE_PLACEMENT_SOURCE = code("jax.batch_rows_first_epoch")
 EVAL_CHUNK = 1024  # held-out rows per inference call at most (padded to a multiple of N)
 
 
@@ -202,9 +198,7 @@ def converge(spec: Spec) -> dict[str, Any]:
         None)), {
         "framework": common.framework_versions(*VERSIONS),
         "loss_kind": "global mean cross-entropy of each step's batch, averaged over the epoch",
-        "optimizer": ("optax.inject_hyperparams(chain(add_decayed_weights(weight_decay), "
-                      "sgd(lr, momentum))): torch.optim.SGD's update; lr set in the optax "
-                      "state before every step"),
+        "optimizer": code("jax.optax_sgd_weight_decay"),
         # per epoch, the rate of its last step, read back from the optax state after it
         "lr_read_back": a.lrs,
         "moving_stats_read": a.read,

@@ -13,6 +13,7 @@ import numpy as np
 
 import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+from contract.reasons import code
 from runners.common import Spec, Unavailable, main
 from runners.mxnet.common import contexts, framework_versions
 
@@ -82,10 +83,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "rank": kv.rank,
         "pushed_contexts": pushed,
         "pulled_contexts": distinct_contexts(op.outputs),
-        "source": "replicas: kv.num_workers x the distinct NDArray.context of the arrays "
-                  "pushed; devices: NDArray.context of each pushed array; kv.type, "
-                  "kv.num_workers, kv.rank; NDArray.context of the outputs pulled (the last "
-                  "size's)",
+        "source": code("mxnet.allreduce_probe_source"),
     }
     has = [m for m in ("push", "pull", "pushpull", "broadcast", "row_sparse_pull",
                        "allgather", "all_gather", "reducescatter", "reduce_scatter")

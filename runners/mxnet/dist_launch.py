@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, finite, node_identity
 
 MODULE = "runners.mxnet.dist_launch"
-MECHANISM = ("MXNet dist_sync kvstore over ps-lite: a scheduler on node rank 0 and a server "
-             "on every node, started by that node's process, which is the node's worker")
+MECHANISM = code("mxnet.dist_sync_mechanism")
 REPO = Path(__file__).resolve().parents[2]
 PORTS = 10  # MGBENCH_MASTER_PORT .. +9 are the job's (bench/run/slurm_job.py)
 STOP_WAIT_S = 60.0  # how long close() waits for the kvstore's end, then for the roles' exits
@@ -409,10 +409,7 @@ def gather_workers(ps: PsLite, trainer: Any, local: dict[str, Any],
              for r in rows for role in r["worker"]["roles"]]
     out: dict[str, Any] = {
         "placement": merged("placement"), "parameter_copies": merged("parameter_copies"),
-        "placement_source": "each worker's own read (NDArray.context and rows of each slice's "
-                            "loss array of the last timed step; parameter_copies: contexts of "
-                            "each Parameter's data()), gathered through the dist kvstore "
-                            "(push/pull of the encoded JSON); keys worker<kv.rank>:<context>",
+        "placement_source": code("mxnet.dist_workers_placement"),
         "devices": [{**d, "name": f"worker{i}:{d['name']}", "node": r["worker"]["node"]}
                     for i, r in enumerate(rows) for d in r["devices"]],
         "nodes": [{k: w[k] for k in ("node", "host", "slurm_procid", "slurm_job_id", "pid",
@@ -426,11 +423,7 @@ def gather_workers(ps: PsLite, trainer: Any, local: dict[str, Any],
             "workers": workers,
             "scheduler": next((r for r in roles if r["role"] == "scheduler"), None),
             "servers": [r for r in roles if r["role"] == "server"],
-            "source": "kv.type, kv.num_workers, kv.rank of each worker's kvstore "
-                      "(mx.kv.create), gathered through the kvstore with each worker's DMLC "
-                      "settings and the roles it started; scheduler: ps-lite's own log of "
-                      "the nodes it registered (PS_VERBOSE=1) and its exit status; servers: "
-                      "running at the gather, and the exit status of node rank 0's"}}
+            "source": code("mxnet.dist_kvstore_source")}}
     if labels:
         out["first_batch_labels"] = [v for r in rows for v in r["labels"]]
     return out, [finite(v) for v in losses]

@@ -13,6 +13,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from contract.reasons import code
 from contract.result import join
 from models import get_spec, load_builder
 from models.keras2_common import (
@@ -76,8 +77,7 @@ def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: i
                 f"use_multiprocessing={kwargs['use_multiprocessing']})")
     it = record_iter(data, size, global_batch)  # plain host memory: Keras copies it to numpy
     return (keras_batches(numpy_batches(stream(it)), labels), {},
-            f"{describe_pipeline(data, size)}; batches copied to numpy by a Python generator "
-            "read by fit_generator (Keras' queue, 1 worker thread)")
+            f"{describe_pipeline(data, size)}; {code('mxnet.keras_numpy_generator')}")
 
 
 def check_memory(nbytes: int) -> None:
@@ -116,8 +116,7 @@ def read_placement(model: Any, n: int) -> dict[str, Any]:
         rows[ctx] = rows.get(ctx, 0) + count
     out: dict[str, Any] = {
         "placement": rows, "placement_executors": [list(e) for e in executors],
-        "placement_source": "context and rows of the data array bound to each executor of "
-                            "the keras-mxnet Module's train executor group (_exec_group.execs)"}
+        "placement_source": code("mxnet.keras_executor_rows")}
     if len(rows) < n:
         out["placement_collapsed"] = (
             f"keras-mxnet 2.2.4.3 binds the {n} contexts of compile(context=...) as "

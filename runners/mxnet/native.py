@@ -15,6 +15,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, get_spec, load_builder
 from models.gluon_common import (
@@ -107,8 +108,7 @@ def read_placement(losses: list[Any], net: gluon.Block) -> dict[str, Any]:
         for data in param.list_data():
             copies[str(data.context)] = copies.get(str(data.context), 0) + 1
     return {"placement": add_rows({}, losses), "parameter_copies": copies,
-            "placement_source": "NDArray.context and rows of each slice's loss array of the "
-                                "step; parameter_copies: contexts of each Parameter's data()"}
+            "placement_source": code("mxnet.ndarray_context_rows")}
 
 
 def train_step(net: gluon.Block, trainer: gluon.Trainer, loss_fn: gluon.loss.Loss,
@@ -211,13 +211,9 @@ class BenchmarkInput:
         if self.data is None:
             return {"data_placement": "one synthetic slice per context, copied once before "
                                       "timing" if self.nodes == 1 else
-                    "worker r's rows r x B/N .. (r+1) x B/N of the synthetic global batch, one "
-                    "slice per context, copied once before timing"}
-        placement = ("each global batch from the ImageRecordIter split over the contexts "
-                     "(split_and_load) inside the timed step" if self.nodes == 1 else
-                     "each worker's batch from its own share of the records (ImageRecordIter "
-                     "part_index kv.rank of num_parts nodes) split over its contexts "
-                     "(split_and_load) inside the timed step")
+                    code("mxnet.synthetic_worker_rows")}
+        placement = (code("mxnet.real_split_and_load") if self.nodes == 1 else
+                     code("mxnet.real_worker_share"))
         pipeline = describe_pipeline(self.data, self.size, self.run.spec.device)
         return {"data_placement": placement, **describe(self.data, self.size),
                 "first_batch_labels": self.labels, "input_pipeline": f"{pipeline}; {placement}"}
@@ -344,26 +340,17 @@ class ConvergeSteps:
         """The converge record's evidence of the steps, read after training."""
         opt = self.run.trainer._optimizer
         return {
-            "loss_kind": "mean sparse cross-entropy over each global batch (contexts' summed "
-                         "losses, trainer.step(global rows))",
-            "data_placement": "each global batch split over the contexts by split_and_load "
-                              "(even_split=False: a short kept batch as numpy.array_split)",
+            "loss_kind": code("mxnet.converge_loss"),
+            "data_placement": code("mxnet.converge_split_and_load"),
             "placement": dict(self.rows),
             "parameter_copies": read_placement(self.last, self.run.net)["parameter_copies"],
-            "placement_source": "NDArray.context and rows of each slice's loss array, summed "
-                                "over the last epoch's steps (its training rows); "
-                                "parameter_copies: contexts of each Parameter's data()",
-            "moving_stats_source": "every context's copy of each BatchNorm running_mean and "
-                                   "running_var Parameter (Parameter.list_data())",
-            "evaluation": "inference mode, the held-out split over the contexts "
-                          "(split_and_load), each context's own moving statistics, as MXNet's "
-                          "Gluon examples' test()",
+            "placement_source": code("mxnet.converge_context_rows"),
+            "moving_stats_source": code("mxnet.batchnorm_list_data"),
+            "evaluation": code("mxnet.converge_evaluation"),
             "optimizer": {"name": type(opt).__name__.lower(), "momentum": opt.momentum,
                           "wd": opt.wd, "steps": opt.num_update,
                           "epoch_start_lr": self.applied,
-                          "source": "the Trainer's optimizer: its momentum, wd, num_update "
-                                    "(steps applied) and learning_rate read after "
-                                    "set_learning_rate at each epoch's first step"}}
+                          "source": code("mxnet.trainer_optimizer_source")}}
 
 
 def converge(spec: Spec) -> dict[str, Any]:

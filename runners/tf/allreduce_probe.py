@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+from contract.reasons import code
 from runners.common import Spec, Unavailable, main
 from runners.tf.devices import setup_devices
 from runners.tf.placement import device_key, eager_placement, partition_graphs
@@ -198,13 +199,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "output_devices": seen["output_devices"],
         "collective_ops": seen["collectives"],
         "collective_devices": len(seen["collectives"]["by_device"]),
-        "source": "replicas: strategy.num_replicas_in_sync; devices: .device of each replica's "
-                  "buffer; strategy.extended._cross_device_ops and "
-                  "._communication_options.implementation; .device of each reduced value "
-                  "(strategy.experimental_local_results: on CPU TensorFlow reports every "
-                  "host-memory output of a function on CPU:0); the collective "
-                  "ops per device in the partition graphs of the instantiated tf.function "
-                  "(eager RunMetadata of the last size's check)",
+        "source": code("tf.allreduce_probe_source"),
     }
     hints = "/".join(seen["collectives"]["communication_hints"]) or impl.lower()
     return probe_result(

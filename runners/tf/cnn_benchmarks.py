@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from contract.reasons import code
 from contract.result import join
 from contract.tf_cnn_checkout import (  # noqa: F401
     ENV_VAR,
@@ -324,13 +325,10 @@ def script_memory(spec: Spec, n: int) -> dict[str, Any]:
     (ru_maxrss) shared by its n virtual devices; on GPUs null (not readable here, said)."""
     if spec.device != "cpu":
         return {"memory_per_device": None,
-                "memory_source": "not readable: the script's TF allocator is in its own process "
-                                 "(tf_cnn_benchmarks prints no memory figure)"}
+                "memory_source": code("tf.cnn_memory_unreadable")}
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
     return {"memory_per_device": {f"process0:cpu ({n} virtual devices)": peak},
-            "memory_source": "the tf_cnn_benchmarks.py process's peak resident memory over its "
-                             f"whole run (ru_maxrss of this runner's children; its own loop "
-                             f"has no window of ours), shared by its {n} virtual devices"}
+            "memory_source": f"{code('tf.cnn_process_maxrss')}; shared by its {n} virtual devices"}
 
 
 def run_traced(spec: Spec, script: Path) -> tuple[list[str], int, list[str], dict[str, float],
@@ -377,9 +375,7 @@ def timed_window(parsed: dict[str, Any], marks: dict[str, float], step_walls: li
         raise Invalid("could not place the timed window in the script's output")
     return {"step_times_s": times, "step_times_source": times_source, "window_start": start,
             "window_end": end, "window_s": end - start,
-            "window_source": "wall times when this runner read the script's 'Done warm up' "
-                             "line (printed just before its timed loop starts) and its 'total "
-                             "images/sec' line (printed just after it ends)"}
+            "window_source": code("tf.cnn_window_source")}
 
 
 def data_fields(spec: Spec, data: RealData | None, flags: list[str]) -> dict[str, Any]:
@@ -442,9 +438,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "all_reduce": parsed["all_reduce"],
         "optimizer": parsed["optimizer"],
         "placement": placement,
-        "placement_source": "nodes executed per device in the step stats of the script's "
-                            "--trace_file (a FULL_TRACE warm-up step, step -2, as TF's "
-                            "Chrome timeline)",
+        "placement_source": code("tf.cnn_trace_executed_nodes"),
         "traced_ops_by_type": ops_by_type,
         "traced_op_seconds_by_type": trace_op_seconds(trace),
         "flags": [f for f in flags if not f.startswith("--trace_file=")],

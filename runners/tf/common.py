@@ -15,6 +15,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from contract.reasons import code
 from contract.result import join  # noqa: E402
 from models import ModelSpec  # noqa: E402
 from models.keras_common import get_canonical_weights  # noqa: E402
@@ -89,11 +90,7 @@ def worker_seed(spec: Spec) -> int | None:
     return MULTI_WORKER_SEED if spec.num_nodes > 1 else None
 
 
-SHARDING_NOTE = (
-    "each element is one global batch; MultiWorkerMirroredStrategy's distributed dataset "
-    "rebatches it into one slice per replica of every worker and, with auto-shard policy "
-    "DATA, each worker keeps only its own replicas' slices (with OFF every worker would "
-    "train on the same rows)")
+SHARDING_NOTE = code("tf.multi_worker_sharding")
 
 
 def shard_across_workers(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -308,9 +305,7 @@ class StrategyAccuracy:
         return hits / self.rows
 
 
-EVALUATION = ("model(x, training=False) under strategy.run (runners/tf/common.py "
-              "StrategyAccuracy): each replica predicts its share of the held-out split from "
-              "its own copy of the BatchNorm moving statistics; the correct counts summed")
+EVALUATION = code("tf.strategy_evaluation")
 
 
 class StrategyConverge:
@@ -358,8 +353,7 @@ class StrategyConverge:
             "moving_stat_copies": len(moving_stat_copies(self.strategy, self.model)),
             "dtype_policy": policy,
             "batchnorm": "per_device",
-            "optimizer": "Keras 3 SGD (m = momentum x m - lr x g; w += m), the recipe's "
-                         "weight_decay added to the gradient (runners/tf/common.py RecipeSGD)",
+            "optimizer": code("tf.keras3_sgd_weight_decay"),
             "evaluation": EVALUATION,
             "initial_weights_sha256": self.initial})
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 
 
@@ -52,13 +53,8 @@ def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
 
 # ---- multi-node: MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster ----------
 
-MECHANISM = ("tf.distribute.MultiWorkerMirroredStrategy, its cluster from "
-             "tf.distribute.cluster_resolver.SlurmClusterResolver")
-CPU_GPUS_NOTE = (
-    "num_accelerators() answers no GPU: on CPU, SlurmClusterResolver counts GPUs from "
-    "CUDA_VISIBLE_DEVICES, where '' counts as 1 GPU, and cannot be told 0 GPUs per task (its "
-    "cluster_spec() steps a range by gpus_per_task); MultiWorkerMirroredStrategy takes its "
-    "local devices from num_accelerators(), and with no GPU uses the worker's CPU")
+MECHANISM = code("tf.multi_worker_mechanism")
+CPU_GPUS_NOTE = code("tf.slurm_resolver_cpu_gpus")
 
 
 class SlurmResolver(tf.distribute.cluster_resolver.SlurmClusterResolver):
@@ -165,9 +161,7 @@ class MultiWorker:
         return {
             "nodes": nodes,
             "placement": dict(sorted(merged.items())),
-            "placement_source": "compute ops per device in each worker's partition graphs of "
-                                "the step's tf.functions (eager RunMetadata), gathered from "
-                                "every worker by a collective all-gather (strategy.gather)",
+            "placement_source": code("tf.worker_partition_graphs"),
             "devices": [{"name": d, "kind": "GPU" if r.gpus else "the worker's CPU device",
                          "node": n["node"]} for n in nodes for d in n["worker_devices"]],
             "multi_node": self.multi_node(cluster, own["collective_ops"], adjustments),
@@ -201,12 +195,7 @@ class MultiWorker:
             "master": {k: os.environ.get(k) for k in (
                 "MGBENCH_MASTER_ADDR", "MGBENCH_MASTER_PORT", "MGBENCH_NUM_NODES",
                 "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")},
-            "source": "strategy.cluster_resolver (task_type, task_id), "
-                      "strategy.extended (_cluster_spec, _num_workers, worker_devices, "
-                      "_communication_options), strategy.num_replicas_in_sync; the "
-                      "cluster spec before adjustment from "
-                      "SlurmClusterResolver.cluster_spec(); collective ops from the "
-                      "partition graphs; nodes gathered with strategy.gather"}
+            "source": code("tf.cluster_source")}
 
 
 def multi_worker_strategy(spec: Spec, communication: str = "auto",

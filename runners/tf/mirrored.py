@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, get_spec, load_builder, spec_of
 from models.custom import CustomModelError
@@ -49,13 +50,9 @@ from runners.tf.state import keras_policy, state_bytes_tf
 
 DATA_PLACEMENT = {
     "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",
-    "tokens": "one synthetic batch of token ids (inputs, next-token targets) in tf.data, "
-              "prefetched to each replica's device",
-    "real": "global batches from the input pipeline on the host; Keras' distributed iterator "
-            "splits each into per-replica slices and prefetches them to the replicas' devices",
-    "converge": "each epoch's global batches of the recipe (runners/converge.py) in tf.data "
-                "on the host; Keras' distributed iterator splits each into per-replica slices "
-                "and prefetches them to the replicas' devices",
+    "tokens": code("tf.mirrored_tokens_prefetched"),
+    "real": code("tf.mirrored_real_distributed"),
+    "converge": code("tf.mirrored_converge_distributed"),
 }
 CROSS_DEVICE_OPS = {
     "auto": None,
@@ -65,14 +62,8 @@ CROSS_DEVICE_OPS = {
 }
 
 
-PROBE_SOURCE = ("the first batch of a fresh iterator over the dataset fit is given, "
-                "distributed as fit distributes it (experimental_distribute_dataset), before fit")
-FIT_REDUCE_NOTE = (
-    "Keras 3's fit calls strategy.reduce with a nested (x, y) batch and with axis=0 on "
-    "per-replica scalar logs, neither of which MultiWorkerMirroredStrategy.reduce takes "
-    "(keras-team/keras#20585); this strategy subclass maps reduce over the structure, as "
-    "MirroredStrategy does, and reduces scalars across replicas (axis=None), the mean Keras "
-    "computes on one worker")
+PROBE_SOURCE = code("tf.mirrored_probe_first_batch")
+FIT_REDUCE_NOTE = code("tf.fit_reduce_patch")
 
 
 class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
@@ -364,8 +355,7 @@ def converge(spec: Spec) -> dict[str, Any]:
     return join(result, compile_info(spec, strategy, devices), adapter.placement.result(), {
         "data_placement": DATA_PLACEMENT["converge"],
         "lr_setting": "StepLearningRate callback: model.optimizer.learning_rate before each step",
-        "train_loss_kind": "Keras' epoch loss: its loss tracker's mean over the epoch's rows "
-                           "(each replica's mean cross-entropy weighted by its rows)",
+        "train_loss_kind": code("tf.keras_epoch_loss"),
     }, model_record(model, model_spec, described), keras_policy(model, spec.precision))
 
 

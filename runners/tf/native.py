@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, get_spec, load_builder
 from models.keras_common import (
@@ -116,9 +117,7 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
         xy = device_batches(strategy, tfc.input_shape(model_spec, data_format),
                             model_spec.num_classes, global_batch // n)
         return itertools.repeat(xy), {
-            "data_placement": "one synthetic slice per replica, created on its device once "
-                              "(experimental_distribute_values_from_function); no host copy "
-                              "per step"}
+            "data_placement": code("tf.native_synthetic_slices")}
     data = tf_data.open_real(spec, model_spec)
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
     ds = tf_data.make_dataset(data, size, global_batch, channels_first=channels_first,
@@ -129,9 +128,7 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
         **describe(data, size),
         "input_pipeline": tf_data.describe_pipeline(data, global_batch, channels_first),
         "labels_first_batch": tf_data.first_labels(ds),
-        "data_placement": "global batches from tf.data on the host, split into per-replica "
-                          "slices and prefetched to each replica's device by "
-                          "experimental_distribute_dataset",
+        "data_placement": code("tf.native_real_per_replica"),
     }
 
 
@@ -227,8 +224,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "batchnorm": "per_device"}, net.fields(steps.placed), data_info)
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = (
-            "synthetic: each replica makes its own global-batch / replicas rows, seeded by its "
-            "replica id in sync (experimental_distribute_values_from_function)"
+            code("tf.native_synthetic_sharding")
             if spec.data == "synthetic" else tfc.SHARDING_NOTE)
         result.update(multi.record(steps.placed["placement"], steps.first["run_metadata"],
                                    {"first_batch": steps.first["batch"]}))
@@ -310,9 +306,7 @@ def converge(spec: Spec) -> dict[str, Any]:
                                          lambda: tfc.recipe_optimizer(recipe)))
     result = adapter.run(spec, splits, policy)
     return join(result, adapter.net.fields(adapter.placed), {
-        "data_placement": "each epoch's global batches of the recipe (runners/converge.py) in "
-                          "tf.data on the host, split into per-replica slices and prefetched "
-                          "to each replica's device by experimental_distribute_dataset",
+        "data_placement": code("tf.native_converge_per_replica"),
         "lr_setting": "optimizer.learning_rate assigned before each step",
         "train_loss_kind": "the mean over the epoch's steps of each step's global mean "
                            "cross-entropy"})

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 
+from contract.reasons import code
 from runners.tf.op_kinds import op_kind
 
 BOOKKEEPING_OPS = frozenset({
@@ -130,9 +131,7 @@ class EagerPlacement:
         self.stop()
         placement = compute_ops_by_device(self.run_metadata) if self.run_metadata else {}
         return {"placement": placement,
-                "placement_source": "compute ops per device in the partition graphs of the "
-                                    "tf.functions TensorFlow instantiated for the step "
-                                    "(eager RunMetadata)"}
+                "placement_source": code("tf.function_partition_graphs")}
 
 
 @contextlib.contextmanager
@@ -164,8 +163,7 @@ def graph_placement(run_metadata: Any) -> dict[str, Any]:
                 "placement_source": "nodes executed per device in a FULL_TRACE session.run's "
                                     "step stats"}
     return {"placement": compute_ops_by_device(run_metadata),
-            "placement_source": "compute ops per device in the partition graphs of a "
-                                "session.run (RunOptions.output_partition_graphs)"}
+            "placement_source": code("tf.session_partition_graphs")}
 
 
 def collective_ops(run_metadata: Any) -> dict[str, Any]:

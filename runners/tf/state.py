@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from contract.reasons import code
 from runners.memory import _itemsize
 from runners.tf.placement import device_key
 
@@ -45,10 +46,7 @@ def state_bytes_tf(model: Any) -> dict[str, Any]:
         "state_bytes_global": {"params": _whole(model.weights),
                                "grads": _whole(model.trainable_weights),
                                "optimizer": _whole(opt_vars)},
-        "state_source": "tf.distribute: each Keras variable's DistributedVariable components "
-                        "(.values) and the device each is on, after the timed window "
-                        "(model.weights, optimizer.variables); gradients: the trainable "
-                        "weights' components, as each replica computes a full set per step",
+        "state_source": code("tf.distributed_variables_state"),
     }
 
 

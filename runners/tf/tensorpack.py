@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 
+from contract.reasons import code
+
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf_keras (Keras 2), never Keras 3, here
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
@@ -375,15 +377,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                 (spec.warmup_steps, spec.measure_steps))
     clock = run["clock"]
     global_batch = spec.global_batch_size
-    staged = " and stages it on its device" if "Staging" in run["input"] else ""
+    staged = "; " + code("tf.tensorpack_staged") if "Staging" in run["input"] else ""
     if spec.data == "real":
         data_info["labels_first_batch"] = clock.first_labels
-        placement = (f"per-tower batches from tf.data on the host; each tower calls the "
-                     f"iterator's get_next for its own batch{staged}")
+        placement = code("tf.tensorpack_tower_get_next") + staged
     else:
-        placement = ("one synthetic per-tower batch, enqueued from numpy by tensorpack's "
-                     "EnqueueThread into a FIFOQueue on /cpu:0; each tower dequeues its own"
-                     + staged)
+        placement = code("tf.tensorpack_staging_queue") + staged
     result = {
         **clock.window.summary(global_batch, (clock.gs1 - clock.gs0) * global_batch),
         "loss_kind": "mean of the towers' cross-entropy on the measured step's batches",

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from contract.reasons import code
 from contract.result import join
 from models import get_spec
 from models.keras2_common import (
@@ -93,10 +94,7 @@ def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: in
         "convs_per_tower": convs,
         "expected_work": {"forward_convs_per_device": expected,
                           "backward_convs_per_device": backward},
-        "work_source": "nodes executed per device in the step stats of one FULL_TRACE fit "
-                       "step before the warm-up (the timed steps run the same graph), by op "
-                       "kind (runners/tf/op_kinds.py); convs_per_tower from the template's "
-                       "convolution layers",
+        "work_source": code("tf.towers_full_trace_work"),
     }
 
 
@@ -127,9 +125,7 @@ def traced_placement(built: Built, devices: list[str], gradient_copies: int = 1
                          .get_operations()
                          if op_kinds.op_kind(op.type) == op_kinds.CONV_BACKPROP_FILTER)
     return {"placement": placement,
-            "placement_source": "compute ops per device in the partition graphs of one "
-                                "traced fit step before the warm-up (session.run "
-                                "RunOptions.output_partition_graphs)",
+            "placement_source": code("tf.towers_partition_graphs"),
             "conv_backprop_filter_ops": backprop,
             "conv_backprop_filter_ops_built": backprop_built,
             **per_device_work(built.run_metadata, devices, conv_layers(built.template),

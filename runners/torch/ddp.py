@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, spec_of
 from runners.common import Invalid, Spec, main
@@ -24,8 +25,7 @@ from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_by
 
 OPTIMIZER_IMPLS = {"foreach": {"foreach": True}, "fused": {"fused": True},
                    "for-loop": {"foreach": False}}
-STRATEGY = ("torch.nn.parallel.DistributedDataParallel, one process per device (torchrun); "
-            "gradients all-reduced in buckets during backward")
+STRATEGY = code("torch.ddp_strategy")
 
 
 def set_cudnn_benchmark(spec: Spec, ranks: td.Ranks) -> dict[str, Any]:
@@ -145,9 +145,8 @@ def converge(spec: Spec) -> dict[str, Any]:
                         ConvergeModel(to_input, infer, lambda: torch_bn_stats(net)))
     result = join(loop.run(spec, splits),
                   run_fields(spec, ranks, net, model_spec, parts,
-                             "after the last epoch's last step"), cudnn, reported,
-                  {"loop": "torchrun ranks' own loop over the recipe's batches (this rank's "
-                           "rows of each), optimizer.param_groups' lr set before each step"})
+                             "read after the last epoch's last step"), cudnn, reported,
+                  {"loop": code("torch.ddp_converge_loop")})
     ranks.close()
     return result
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from contract.precision_policy import resolve
+from contract.reasons import code
 from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
@@ -225,17 +226,12 @@ class Engine:
         master = ("plus the fp32 master partition (single_partition_of_fp32_groups"
                   if self.stage < 3 else "plus the fp32 master partition "
                   "(fp32_partitioned_groups_flat") + ", a copy the optimizer holds)"
-        source = (f"DeepSpeed ZeRO stage {self.stage}, read on every rank after the timed "
-                  "window in one extra untimed step stopped between engine.backward and "
-                  f"engine.step (where ZeRO holds its gradient partitions): params: {what}; "
-                  "grads: optimizer.averaged_gradients (this rank's reduced partition; the "
-                  "module's .grad are freed); optimizer: optimizer.state of this rank's "
-                  "partition (SGD momentum) "
+        source = (f"DeepSpeed ZeRO stage {self.stage}; {code('torch.zero_read_before_step')}; "
+                  f"params: {what}; {code('torch.zero_grads_averaged')}; optimizer: "
+                  "optimizer.state of this rank's partition (SGD momentum) "
                   + (master if self.master_is_copy() else "(the master is the parameters' "
                      "own partition, counted under params)")
-                  + "; global: the numel of the parameters in ZeRO's groups (stage 1/2: "
-                  "bit16_groups, without the flat buffers' alignment padding; stage 3: "
-                  "ds_numel) times each tensor's itemsize; gathered with all_gather_object")
+                  + "; " + code("torch.zero_global_numel"))
         local = mine["local"]
         return join({"state_bytes_per_device": per_device,
                      "state_bytes_global": rows[0]["global"], "state_source": source},

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, build_for, model_fields, spec_of
 from models.custom import CustomModelError, check_output, not_a_model
@@ -30,9 +31,7 @@ MEMORY_FORMATS = {"channels_first": torch.contiguous_format, "channels_last": to
 # The process group, referenced until os._exit so its destructor never runs (a gloo teardown
 # deadlock otherwise: docs/runners/torch_ddp.md, "Teardown")
 _KEEP_ALIVE: list[Any] = []
-THREADS_NOTE = ("each rank's intra-op threads follow OMP_NUM_THREADS as it found it: the "
-                "harness's share of the host's cores per rank, or, if nothing set it, torchrun's "
-                "default of 1 per rank when it starts more than one (all cores for one rank)")
+THREADS_NOTE = code("torch.torchrun_threads")
 Feed = SyntheticInput | RealInput
 Step = Callable[[], torch.Tensor]  # one training step on this rank; returns its loss
 
@@ -101,9 +100,7 @@ class Ranks(DeviceRank):
             raise Invalid(f"the process group is {backend} with {world} ranks; the run asked "
                           f"for {self.backend} with {self.world}")
         source = (f"torch.distributed process group (get_backend()={backend}, get_world_size()="
-                  f"{world}); each rank's input-batch rows and device and its parameters' "
-                  "device, read from the tensors it stepped on and gathered with "
-                  "all_gather_object")
+                  f"{world}); {code('torch.rank_rows_all_gather_object')}")
         return gather_placement(tracker, dist.get_rank(), world, self.gather, source)
 
     def record(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
+from contract.reasons import code
 from contract.result import join
 from models import get_spec, load_builder
 from runners.common import Spec, main
@@ -23,9 +24,7 @@ from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
 from runners.torch.state import dtype_of, state_bytes, torch_precision
 
-STRATEGY = ("torch.distributed.fsdp.fully_shard (FSDP2) per block and on the root over a 1-D "
-            "DeviceMesh, one process per device (torchrun); parameters, gradients and "
-            "optimizer state sharded (DTensor Shard(0))")
+STRATEGY = code("torch.fsdp2_strategy")
 COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -105,8 +104,7 @@ def fsdp_record(net: nn.Module, mesh: DeviceMesh) -> dict[str, Any]:
                          str(policy.reduce_dtype)})
     return {"fsdp": {"mesh": {"shape": list(mesh.shape), "dim_names": list(
         mesh.mesh_dim_names or ()), "device_type": mesh.device_type}, "units": rows,
-        "source": "each FSDPModule's fully_shard.state(module)._fsdp_param_group: its "
-                  "fsdp_params, _reshard_after_forward and mp_policy"}}
+        "source": code("torch.fsdp2_param_group_source")}}
 
 
 def reduce_dtype(net: nn.Module) -> torch.dtype:
@@ -142,9 +140,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                   {"reshard_after_forward": spec.options["reshard_after_forward"]},
                   fsdp_record(net, mesh),
         state_bytes(ranks, net.parameters(), parts.optimizer.state.values(),
-                    "after the timed window (the last timed step's backward and "
-                    "optimizer.step() done; the gradient shards are kept until the next "
-                    "zero_grad; the parameters resharded after backward)"),
+                    code("torch.fsdp2_read_after_window")),
         torch_precision(spec.precision, parts.tracker, net, reduce_dtype(net),
                         how(net, parts.scaler), "dynamic" if parts.scaler is not None else None),
         fields, model_state_torch(net, parts.optimizer))

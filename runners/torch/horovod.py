@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from contract.reasons import code
 from contract.result import join
 from runners.common import Spec, Unavailable, main
 from runners.memory import model_state_torch
@@ -83,8 +84,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         "framework": framework_versions(),
         "layout": "channels_first",
         "fp16_allreduce": fp16_allreduce,
-        "strategy": "horovod.torch.DistributedOptimizer, one process per device (horovodrun); "
-                    "gradients all-reduced (Average) as backward produces them",
+        "strategy": code("torch.horovod_strategy"),
     }, td.model_record(net, model_spec), model_state_torch(net, counter.optimizer),
         state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), AFTER_WINDOW),
         torch_precision(spec.precision, tracker, net,

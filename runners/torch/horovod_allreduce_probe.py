@@ -18,6 +18,7 @@ import torch
 
 import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
+from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.torch.dist import threads_record
 from runners.torch.horovod_ranks import (
@@ -172,10 +173,7 @@ class Collectives:
             "ranks": rank_devices,
             "timeline_activities": activities,
             "operation": reduction_activity(activities),
-            "source": "replicas: hvd.size(); devices: each rank's hvd.rank() and its buffer's "
-                      "device, gathered with hvd.allgather_object; hvd.local_size(), "
-                      "hvd.gloo_enabled()/mpi_enabled() (the controller), hvd.*_built(); "
-                      "activities of Horovod's timeline (rank 0) for the last size's check",
+            "source": code("torch.horovod_probe_source"),
         }
 
 

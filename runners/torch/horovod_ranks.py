@@ -11,14 +11,13 @@ from typing import Any
 
 import torch
 
+from contract.reasons import code
 from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, node_identity
 from runners.real_data import cores
 from runners.torch import dist as td
 
-THREADS_NOTE = ("horovodrun leaves thread pools alone; the harness sets OMP_NUM_THREADS to "
-                "cores // N (or, unset, each rank sets torch threads to cores // ranks), so N "
-                "ranks share the cores one process would use")
+THREADS_NOTE = code("torch.horovod_threads")
 
 
 @functools.cache
@@ -47,9 +46,8 @@ class HorovodRanks(td.DeviceRank):
         """gather_placement over Horovod's ranks: hvd.rank() and hvd.size() as Horovod counts
         them, the rows gathered with hvd.allgather_object."""
         hvd = horovod()
-        source = (f"Horovod (hvd.size()={hvd.size()}, controller {controller()}); each rank's "
-                  "input-batch rows and device and its parameters' device, read from the "
-                  "tensors it stepped on and gathered with hvd.allgather_object")
+        source = (f"Horovod (hvd.size()={hvd.size()}, controller {controller()}); "
+                  f"{code('torch.rank_rows_hvd_allgather_object')}")
         return td.gather_placement(tracker, hvd.rank(), hvd.size(), self.gather, source)
 
     def record(self) -> dict[str, Any]:
@@ -61,8 +59,7 @@ class HorovodRanks(td.DeviceRank):
         horovod().shutdown()
 
 
-MECHANISM = ("horovodrun's gloo rendezvous (RendezvousServer + slot environment), ranks "
-             "started by srun instead of ssh (runners/torch/horovod_launch.py)")
+MECHANISM = code("torch.horovod_gloo_rendezvous")
 RENDEZVOUS_ENV = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
                   "HOROVOD_GLOO_IFACE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
 SLOT_ENV = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",

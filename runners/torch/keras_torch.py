@@ -10,6 +10,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from contract.reasons import code
+
 os.environ["KERAS_BACKEND"] = "torch"  # Keras reads its backend once, at import
 
 import keras
@@ -35,8 +37,7 @@ from runners.torch.equivalence import equivalence_step
 from runners.torch.rank_converge import ConvergeModel, RankConverge
 from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision
 
-STRATEGY = ("Keras model (torch backend) in torch DistributedDataParallel, one process per "
-            "device (torchrun), trained by the PyTorch loop of Keras' guide")
+STRATEGY = code("torch.keras_ddp_strategy")
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
 
 
@@ -191,8 +192,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
     result = join(result, {
         "layout": "tokens (batch, sequence)" if tokens else data_format,
-        "loop": "torch.optim.SGD + torch.nn.functional.cross_entropy on the float32 logits "
-                "(every position of a token model's), model(x, training=True)",
+        "loop": code("torch.keras_sgd_cross_entropy"),
         **({"loader_option": loader} if spec.data == "real" else {}),
     }, keras_fields(spec, ranks, policy, logits, parts.optimizer, AFTER_WINDOW),
         model_record(model, model_spec, described))
@@ -242,12 +242,9 @@ def converge(spec: Spec) -> dict[str, Any]:
         to_input, lambda x: logits(x, training=False), lambda: keras_bn_stats(model)))
     result = join(loop.run(spec, splits), {
         "layout": data_format,
-        "loop": "the guide's loop over the recipe's batches (this rank's rows of each): "
-                "torch.optim.SGD, its param groups' lr set before each step, cross-entropy "
-                "on the float32 logits, model(x, training=True); not fit (see the module's "
-                "docstring)",
+        "loop": code("torch.keras_guide_loop"),
     }, keras_fields(spec, ranks, policy, logits, parts.optimizer,
-                    "after the last epoch's last step"), model_record(model, model_spec, None))
+                    "read after the last epoch's last step"), model_record(model, model_spec, None))
     ranks.close()
     return result
 

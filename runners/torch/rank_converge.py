@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract.reasons import code
 from contract.result import join
 from runners.common import Invalid, Spec
 from runners.converge import Batch, Splits, stepwise, train_to_accuracy
 from runners.torch.dist import DeviceRank, StepParts, autocast, check_rows, rank_table, train_on
 
 EVAL_BATCH = 500  # held-out images per inference call
-LOSS_KIND = ("global mean cross-entropy of each step's batch (each rank's summed cross-entropy "
-             "x world / the global batch's rows; DDP averages the ranks' gradients)")
+LOSS_KIND = code("torch.rank_loss")
 INPUT = ("the dataset's splits (splits.npz) in memory; each rank's rows copied to its device "
          "per step")
 

@@ -12,12 +12,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from contract.precision_policy import resolve
+from contract.reasons import code
 from runners.common import Invalid
 from runners.torch.dist import DeviceRank, PlacementTracker
 
 PARTS = ("params", "grads", "optimizer")
-AFTER_WINDOW = ("after the timed window (the last timed step's backward and optimizer.step() "
-                "done; the gradients are kept until the next step's zero_grad)")
+AFTER_WINDOW = code("torch.read_after_window")
 
 
 def tensor_bytes(t: torch.Tensor) -> tuple[int, int]:
@@ -76,8 +76,8 @@ def state_bytes(ranks: DeviceRank, params: Iterable[torch.Tensor],
     how = ("DTensor.to_local() shards against the DTensor's global shape" if any(
         isinstance(p, DTensor) for p in params) else "whole tensors on each rank")
     source = (f"each rank's module.parameters(), their .grad and its optimizer's state tensors "
-              f"({how}), read {when}, gathered with the ranks' all_gather_object; buffers "
-              "(running statistics) not counted")
+              f"({how}), gathered with the ranks' all_gather_object; buffers (running "
+              f"statistics) not counted; {when}")
     if partitioned:
         source += (f"; {', '.join(partitioned)}: each rank's partition, the global size their "
                    "sum")

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from contract.reasons import code
 from contract.result import join
 from runners.common import Invalid, Spec, main
 from runners.memory import model_state_torch
@@ -18,9 +19,7 @@ from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
 from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_bytes, torch_precision
 
-STRATEGY = ("torch.nn.parallel.DistributedDataParallel with torch.distributed.optim."
-            "ZeroRedundancyOptimizer (ZeRO-1: optimizer state partitioned over the ranks), one "
-            "process per device (torchrun)")
+STRATEGY = code("torch.zero1_strategy")
 
 
 def training_step(spec: Spec, ranks: td.Ranks, net: nn.Module, feed: td.Feed, lr: float,
@@ -60,9 +59,7 @@ def partition_record(zero: ZeroRedundancyOptimizer, ranks: td.Ranks) -> dict[str
     return {"optimizer_partition": {
         "ranks": rows, "granularity": "whole parameters",
         "largest_parameter_elements": largest,
-        "source": "ZeroRedundancyOptimizer._partition_parameters() (whole parameters, greedy "
-                  "by size); each rank's optim.param_groups and optim.state checked against "
-                  "its share"}}
+        "source": code("torch.zero1_partition_source")}}
 
 
 def granular(state: dict[str, Any], zero: ZeroRedundancyOptimizer) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contract.reasons import sentence
 from runners.jax.state import PARTS
 
 
@@ -26,4 +27,4 @@ def assert_replicas(rec: dict, n: int) -> None:
     for part in PARTS:
         assert whole[part] > 0
         assert [d[part] for d in per_device.values()] == [whole[part]] * n, (part, per_device)
-    assert "addressable_shards" in rec["state_source"]
+    assert "addressable_shards" in sentence(rec["state_source"])
