@@ -5,7 +5,7 @@ run), and check-model's verdicts in the framework's own environment."""
 from __future__ import annotations
 
 import json
-import textwrap
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +15,7 @@ from bench.catalog.registry import RUNNERS
 from bench.plan.config import ConfigError, validate
 from bench.plan.runs import expand
 from bench.run.sweep import precheck
-from tests.helpers.cli import run_cli
-
-TORCH_NET = textwrap.dedent('''
-    import torch
-    from torch import nn
-
-
-    def make_model(width=16, classes=10):
-        return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(),
-                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes))
-
-
-    def not_a_model():
-        return {"weights": [1, 2, 3]}
-''')
+from tests.helpers.cli import REPO, run_cli
 
 
 @pytest.fixture()
@@ -37,7 +23,7 @@ def mynets(tmp_path: Path) -> Path:
     """A folder outside the repository holding a user's torch model."""
     folder = tmp_path / "code" / "mynets"
     folder.mkdir(parents=True)
-    (folder / "mynets.py").write_text(TORCH_NET)
+    shutil.copy(REPO / "tests/children/torch_user_net.py", folder / "mynets.py")
     return folder
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,69 +20,11 @@ from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from contract.reasons import sentence
 from runners.jax.common import CPU_KIND, _with_device_count
-from tests.helpers.cli import run_check_script
+from tests.helpers.cli import REPO, run_child
 from tests.helpers.sharding import assert_replicas
 from tests.helpers.sweeps import smoke_sweep
 
 JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
-
-# Runs in the jax interpreter on 2 devices: one training step of a BatchNorm (momentum 0, so its
-# running variance becomes the step's batch variance) through each runner's own step, in both
-# `batchnorm` modes, on a batch whose two halves (one per device) have different moments:
-# jax_native's make_train_step (shard_map or jit) on a Flax model, keras_jax's build path
-# (per_device swaps in its BatchNormalization subclass) trained by fit on numpy arrays.
-BN_CHECK = r"""
-import json
-import sys
-import numpy as np
-from contract.spec import Spec
-from runners.jax.keras_batchnorm import per_device_batchnorm
-from runners.jax.keras_fit import BatchPlacement, make_clock, make_distribution
-
-keras, distribution, _ = make_distribution(Spec.from_dict(json.loads(sys.argv[1])))
-import flax.linen as nn
-import jax
-import optax
-from runners.jax.flax_step import compile_step, create_state, make_shardings, make_train_step
-
-
-class Net(nn.Module):
-    @nn.compact
-    def __call__(self, x, train=False):
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.0, epsilon=0.0)(x)
-        return nn.Dense(10)(x)
-
-
-rng = np.random.default_rng(0)
-x = np.concatenate([rng.normal(0, 1, (4, 3)), rng.normal(5, 2, (4, 3))]).astype(np.float32)
-y = np.arange(8, dtype=np.int32)
-out = {"global_var": x.var(0).tolist(),
-       "per_device_var": ((x[:4].var(0) + x[4:].var(0)) / 2).tolist()}
-for mode in ("global", "per_device"):
-    replicated, batch = make_shardings(jax.devices())
-    model = Net()
-    state = create_state(model, model.init(jax.random.key(0), x), optax.sgd(0.1), replicated)
-    xs, ys = jax.device_put(x, batch), jax.device_put(y, batch)
-    step, _ = compile_step(make_train_step(replicated, batch, mode), state, xs, ys)
-    state, _ = step(state, xs, ys)
-    out["flax_" + mode] = np.asarray(state.batch_stats["BatchNorm_0"]["var"]).tolist()
-    out["rows_per_device"] = sorted(s.data.shape[0] for s in xs.addressable_shards)
-
-    inputs = keras.Input((3,))
-    layer = keras.layers.BatchNormalization(momentum=0.0, epsilon=0.0, name="bn")
-    kmodel = keras.Model(inputs, layer(inputs))
-    if mode == "per_device":
-        kmodel = per_device_batchnorm(keras, kmodel)
-    kmodel.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
-    probe = BatchPlacement(0)
-    kmodel.fit(x, np.zeros_like(x), batch_size=8, shuffle=False, verbose=0,
-               callbacks=[make_clock(0, 1, probe.install)])
-    bn = kmodel.get_layer("bn")
-    out["keras_" + mode] = np.asarray(bn.moving_variance.value).tolist()
-    out["keras_class_" + mode] = type(bn).__name__
-    out["keras_placement"] = probe.placement
-print("RESULT " + json.dumps(out))
-"""
 
 
 def check_spec(runner: str, **fields: Any) -> str:
@@ -197,8 +140,8 @@ def test_batchnorm_statistics_per_device_and_global(jax_python: str) -> None:
     """batchnorm: global (jit over the sharded batch, Keras' own layer under DataParallel) takes
     the moments of the whole batch (XLA all-reduces them); per_device (shard_map, the Keras
     subclass) the mean of each device's moments, as MirroredStrategy or DDP would."""
-    r = run_check_script(jax_python, BN_CHECK, check_spec("keras_jax", num_devices=2),
-                         env={"XLA_FLAGS": ""}, timeout=300)
+    r = run_child(jax_python, "tests/children/jax_batchnorm_modes.py",
+                  check_spec("keras_jax", num_devices=2), env={"XLA_FLAGS": ""}, timeout=300)
     assert r["rows_per_device"] == [4, 4]
     assert sorted(r["keras_placement"].values()) == [4, 4] and len(r["keras_placement"]) == 2
     assert r["keras_class_global"] == "BatchNormalization"
@@ -218,26 +161,12 @@ def test_warmup_runs_past_the_second_epochs_recompile() -> None:
     assert warmup_past_recompile(60, 40, 55) == 60  # the warm-up already ran past it
 
 
-# keras_jax on numpy input whose host data holds 4 batches (epochs of 4 steps): the window must
-# not hold the recompile at the second epoch's first step (seconds, against ~0.1 s steps).
-EPOCH_CHECK = r"""
-import json
-import sys
-import runners.jax.keras_input as ki
-from contract.spec import Spec
-from runners.jax.keras_jax import benchmark
-ki.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
-r = benchmark(Spec.from_dict(json.loads(sys.argv[1])))
-print("RESULT " + json.dumps({k: r.get(k) for k in (
-    "step_times_s", "warmup_steps_run", "warmup_extended", "host_dataset", "samples")}))
-"""
-
-
 @pytest.mark.slow
 def test_keras_jax_window_excludes_the_second_epochs_recompile(jax_python: str) -> None:
     spec = check_spec("keras_jax", warmup_steps=2, measure_steps=8,
                       options={"input": "numpy", "batchnorm": "per_device"})
-    r = run_check_script(jax_python, EPOCH_CHECK, spec, env={"XLA_FLAGS": ""}, timeout=600)
+    r = run_child(jax_python, "tests/children/keras_jax_epoch_steps.py", spec,
+                  env={"XLA_FLAGS": ""}, timeout=600)
     times = sorted(r["step_times_s"])
     assert len(times) == 8
     assert times[-1] < 4 * times[len(times) // 2], times  # no compile-length step timed
@@ -291,30 +220,7 @@ def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
         assert ("next-token" in sentence(result["loss_kind"])) == tokens
 
 
-USER_MODEL = '''
-import flax.linen as nn
-
-
-class TinyLM(nn.Module):  # no `train` argument, no BatchNorm
-    vocab: int
-    width: int
-
-    @nn.compact
-    def __call__(self, ids):
-        x = nn.Embed(self.vocab, self.width)(ids)
-        return nn.Dense(self.vocab)(nn.relu(nn.Dense(self.width)(x)))
-
-
-def make(vocab=97, width=32):
-    return TinyLM(vocab, width)
-
-
-def not_flax():
-    return object()
-'''
-
-
-def run_child(jax_python: str, tmp: Path, name: str, custom: dict, n: int = 2) -> dict:
+def run_user_model(jax_python: str, tmp: Path, name: str, custom: dict, n: int = 2) -> dict:
     """jax_native started as bench/run/launch.py starts it (`python -m runners.jax.native
     --spec S --result R`) on a hand-made spec of a user's model; its result."""
     spec = json.loads(check_spec("jax_native", num_devices=n, model=custom["name"],
@@ -334,15 +240,15 @@ def run_child(jax_python: str, tmp: Path, name: str, custom: dict, n: int = 2) -
 @pytest.fixture(scope="module")
 def user_model_runs(tmp_path_factory: pytest.TempPathFactory, jax_python: str) -> dict:
     folder = tmp_path_factory.mktemp("user-models")  # outside the repo
-    (folder / "mynets.py").write_text(USER_MODEL)
+    shutil.copy(REPO / "tests/children/flax_user_models.py", folder / "mynets.py")
     entry = {"name": "tinylm", "framework": "jax", "build": "mynets:make", "path": str(folder),
              "args": {"vocab": 97, "width": 32},
              "input": {"kind": "tokens", "seq_len": 16, "vocab": 97}}
     return {
-        "ok": run_child(jax_python, folder, "ok", entry),
-        "wrong_vocab": run_child(jax_python, folder, "wrong_vocab", {
+        "ok": run_user_model(jax_python, folder, "ok", entry),
+        "wrong_vocab": run_user_model(jax_python, folder, "wrong_vocab", {
             **entry, "input": {"kind": "tokens", "seq_len": 16, "vocab": 50}}, n=1),
-        "not_flax": run_child(jax_python, folder, "not_flax", {
+        "not_flax": run_user_model(jax_python, folder, "not_flax", {
             **entry, "build": "mynets:not_flax", "args": {}}, n=1),
     }
 

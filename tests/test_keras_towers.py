@@ -6,9 +6,6 @@ on virtual CPU devices in the TF environment."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,19 +13,11 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.run.launch import launch
-from tests.helpers.cli import REPO
+from tests.helpers.cli import run_child
 from tests.helpers.equivalence import make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 CPU = "/job:localhost/replica:0/task:0/device:CPU:{}"
-
-
-def run_tf(python: str, code: str) -> dict:
-    """Run `code` in the TF environment from the repo root; it prints one JSON line last."""
-    proc = subprocess.run([python, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def child_spec(runner: str, n: int, global_batch: int, *, model: str = "probe",
@@ -54,58 +43,12 @@ def run(runner: str, n: int, batch: int, tmp_path: Path, python: str,
     return rec
 
 
-# Slicing: where each tower's rows are cut, read from the partition graphs of one session.run
-# of the parallel model's output, and how many rows each tower gets.
-SLICES = """
-import json
-import numpy as np
-import tensorflow as tf
-from runners.tf import towers as kt
-from runners.tf import keras_avolkov1 as keras_tf_avolkov1
-from runners.tf import keras_kuza55 as keras_tf_kuza55
-from runners.tf import keras_multi_gpu_model as keras_tf_multi_gpu_model
-from runners.tf.placement import graph_run_options, partition_graphs
-
-from tests.specs import run_spec
-spec = run_spec(num_devices=3, global_batch_size=10, model="probe", runner="keras_tf_kuza55")
-names, _, _ = kt.setup(spec)
-cases = {"kuza55": (keras_tf_kuza55, {}),
-         "mgm21": (keras_tf_multi_gpu_model, {"keras_version": "2.1"}),
-         "mgm22": (keras_tf_multi_gpu_model, {"keras_version": "2.2"}),
-         "avolkov1": (keras_tf_avolkov1, {})}
-runner_of = {keras_tf_kuza55: "keras_tf_kuza55", keras_tf_avolkov1: "keras_tf_avolkov1",
-             keras_tf_multi_gpu_model: "keras_tf_multi_gpu_model"}
-x = np.random.default_rng(0).standard_normal((10, 8, 8, 3)).astype(np.float32)
-out = {}
-for name, (module, options) in cases.items():
-    built, fields = module.make(run_spec(**{**spec.to_dict(), "runner": runner_of[module],
-                                            "options": options}), names, "feed_dict")
-    sess = kt.K.get_session()  # initialises the new model's variables
-    model = built.model
-    opts, md = graph_run_options()
-    tower = sess.run([l.output for l in model.layers if l.name.startswith("slice_")],
-                     feed_dict={model.inputs[0]: x}, options=opts, run_metadata=md)
-    merged = sess.run(model.outputs[0], feed_dict={model.inputs[0]: x}, options=opts,
-                      run_metadata=md)
-    plain = sess.run(built.template.outputs[0], feed_dict={built.template.inputs[0]: x})
-    cut = {}
-    for g in partition_graphs(md):
-        for node in g.node:
-            if node.op == "StridedSlice" and "/slice_" in "/" + node.name:
-                cut[node.name.split("/")[-2] if "/" in node.name else node.name] = node.device
-    out[name] = {"rows": [int(t.shape[0]) for t in tower], "merged": int(merged.shape[0]),
-                 "max_diff": float(np.abs(merged[:len(merged)] - plain[:len(merged)]).max()),
-                 "slice_devices": sorted(set(cut.values())), "split": fields["split"]}
-print(json.dumps(out))
-"""
-
-
 def test_slicing_follows_each_original(tf_python: str) -> None:
     """B=10 over 3 towers: kuza55 drops the remainder ([3, 3, 3]); multi_gpu_model and avolkov1
     give the last tower the rest ([3, 3, 4]). kuza55 and multi_gpu_model 2.1 slice on each
     tower's device, 2.2 on the input's device (CPU:0), avolkov1 on the parameter device: as TF
     placed the slices. The merged output equals the template's on the rows kept."""
-    out = run_tf(tf_python, SLICES)
+    out = run_child(tf_python, "tests/children/towers_slicing.py", timeout=600)
     assert out["kuza55"]["rows"] == out["kuza55"]["split"] == [3, 3, 3]
     assert out["kuza55"]["merged"] == 9
     for name in ("mgm21", "mgm22", "avolkov1"):
@@ -147,49 +90,6 @@ def test_kuza55_wraps_at_one_device(tmp_path: Path, tf_python: str) -> None:
     assert res["wrapped"] is True and res["tower_devices"] == ["/cpu:0"]
 
 
-# Each tower strategy at 2 devices, one traced fit step through the runner's own code path
-# (make -> compile_model -> placement_step): what each device executed, by op kind, and what
-# the parent makes of it. minigooglenet: 19 convolutions per tower, BatchNorm after each.
-WORK = """
-import json, os
-import numpy as np
-from bench.records.placement_check import check_work
-from models import get_spec
-from runners.tf import towers as kt
-from runners.tf import keras_avolkov1, keras_kuza55, keras_multi_gpu_model
-from runners.tf.placement import partition_graphs
-from runners.tf.towers_input import arrays_source, synthetic_arrays
-from runners.tf.towers_run import placement_step
-from tests.specs import run_spec
-
-cases = {"keras_tf_kuza55": (keras_kuza55, {}),
-         "keras_tf_multi_gpu_model": (keras_multi_gpu_model, {}),
-         "keras_tf_avolkov1": (keras_avolkov1, {}),
-         "keras_tf_avolkov1-average": (keras_avolkov1, {"average_gradients": True})}
-out = {}
-for name, (module, options) in cases.items():
-    spec = run_spec(num_devices=2, global_batch_size=8, model="minigooglenet",
-                    runner=name.split("-")[0], options=options)
-    kt.K.clear_session()  # each case in a graph of its own, as each run is
-    names, _, _ = kt.setup(spec)
-    built, fields = module.make(spec, names, "feed_dict")
-    bn = next(l for l in built.template.layers if "BatchNorm" in type(l).__name__)
-    before = kt.K.get_value(bn.moving_mean)
-    x, y = synthetic_arrays(get_spec("minigooglenet"), 8)
-    work = placement_step(built, arrays_source(x, y).fit_args(1, False), names,
-                             fields.get("gradient_copies", 1))
-    shown, problems = check_work(work)
-    ops = sorted({n.op for g in partition_graphs(built.run_metadata) for n in g.node})
-    out[name] = {**{k: work[k] for k in ("forward_convs_per_device",
-                                         "backward_convs_per_device", "convs_per_tower",
-                                         "conv_backprop_filter_ops_built")},
-                 "problems": problems, "checked": sorted(shown),
-                 "bn_moved": float(np.abs(kt.K.get_value(bn.moving_mean) - before).max()),
-                 "onednn_ops": any(op.startswith("_Mkl") for op in ops)}
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.parametrize("onednn", ["0", "1"], ids=["onednn-off", "onednn-on"])
 def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,7 +103,7 @@ def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
     TF runs both copies: through BatchNorm's learning-phase cond its common-subexpression
     elimination cannot merge them (on the probe, without BatchNorm, it does)."""
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
-    out = run_tf(tf_python, WORK)
+    out = run_child(tf_python, "tests/children/towers_work.py", timeout=600)
     one_tower = {CPU.format(0): 19, CPU.format(1): 19}
     assert out, "the check script counted no strategy"
     for name, o in out.items():
@@ -221,43 +121,11 @@ def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
             == 2 * out["keras_tf_avolkov1"]["conv_backprop_filter_ops_built"] > 0)
 
 
-NCCL = """
-import json
-from runners.tf import towers as kt
-from runners.tf import keras_avolkov1
-from tests.specs import run_spec
-
-spec = run_spec(num_devices=3, global_batch_size=9, model="probe", runner="keras_tf_avolkov1",
-                options={"average_gradients": True, "nccl": True})
-names, _, _ = kt.setup(spec)
-template = kt.build_template("probe", None)
-recipe = kt.Recipe(names, merge_device="/cpu:0", slice_device="/cpu:0", remainder="last")
-opt = kt.optimizer(spec, keras_avolkov1.SGDMultiGPU, devices=names, nccl=True)
-model = kt.compile_model(template, recipe, names[0], "feed_dict", opt).model
-model._make_train_function()  # builds the step; no session runs (NCCL has no CPU kernel)
-fn = model.train_function
-seen, stack = set(), [t.op for t in fn.outputs] + [fn.updates_op]
-while stack:  # every op the step's fetches reach
-    op = stack.pop()
-    if op.name not in seen:
-        seen.add(op.name)
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-ops = fn.updates_op.graph.get_operations()
-nccl = [op for op in ops if op.type == "NcclAllReduce"]
-print(json.dumps({"params": len(model.trainable_weights), "nccl": len(nccl),
-                  "fetched": sum(op.name in seen for op in nccl),
-                  "devices": sorted({op.device for op in nccl}),
-                  "updates": sum(op.type.startswith("ResourceApply") and op.name in seen
-                                 for op in ops)}))
-"""
-
-
 def test_avolkov1_nccl_step_fetches_every_devices_all_reduce(tf_python: str) -> None:
     """usenccl: one NcclAllReduce per device and variable, and the step fetches all of them
     (an NCCL all-reduce whose peers do not all run never completes), through one SGD update
     per device as SGD_MGPU's get_updates made them. Built, not run: NCCL has no CPU kernel."""
-    out = run_tf(tf_python, NCCL)
+    out = run_child(tf_python, "tests/children/towers_nccl.py", timeout=600)
     assert out["params"] == 4  # the probe: a convolution and a dense layer, kernel and bias
     assert out["nccl"] == out["fetched"] == 3 * 4, out
     assert len(out["devices"]) == 3, out
@@ -286,43 +154,11 @@ def test_multi_gpu_model_saves_its_template(options: dict, tmp_path: Path,
                                                              for k, v in options.items())
 
 
-STAGING = """
-import json, sys
-import numpy as np
-from runners.tf import towers as kt
-from runners.tf import keras_avolkov1 as keras_tf_avolkov1
-from runners.tf.towers_input import arrays_source
-from models.keras2_common import get_canonical_weights, set_canonical_weights
-
-from tests.specs import run_spec
-spec = run_spec(num_devices=2, global_batch_size=16, model="probe", runner="keras_tf_avolkov1",
-                options={"input": "staging"}, mode="equivalence",
-                equivalence={"inputs": sys.argv[1], "learning_rate": 0.5})
-names, _, _ = kt.setup(spec)
-weights, x, y, lr = spec.equivalence_inputs()
-other = x[::-1].copy() * 3
-
-def step(primed, fed):
-    built, _ = keras_tf_avolkov1.make(spec, names, "staging")  # lr: spec.equivalence
-    set_canonical_weights(built.template, weights)
-    kt.prime(built, *primed)
-    built.model.fit(**arrays_source(*fed).fit_args(1, True), verbose=0)
-    return get_canonical_weights(built.template)
-
-a = step((x, y), (other, y[::-1].copy()))   # trains on the primed batch
-b = step((x, y), (x, y))
-print(json.dumps({k: float(np.abs(a[k] - b[k]).max()) for k in a}))
-"""
-
-
 def test_staging_trains_on_the_batch_put_one_step_before(tmp_path: Path,
                                                         tf_python: str) -> None:
     """A step reads the StagingArea's previous put: primed with batch A and fed batch B, it
     gives the same weights as a step primed with A and fed A."""
     inputs = tmp_path / "inputs.npz"
     make_inputs(inputs)
-    proc = subprocess.run([tf_python, "-c", textwrap.dedent(STAGING), str(inputs)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    diffs = json.loads(proc.stdout.strip().splitlines()[-1])
+    diffs = run_child(tf_python, "tests/children/towers_staging.py", str(inputs), timeout=600)
     assert diffs and max(diffs.values()) < 1e-6, diffs

@@ -14,55 +14,15 @@ import pytest
 
 from bench.records.store import check_record, load_records
 from models import get_spec
-from tests.helpers.cli import run_check_script, run_cli
+from tests.helpers.cli import run_child, run_cli
 
 pytestmark = pytest.mark.slow
 BATCH, MEASURE = 4, 3
 
-# Runs in the jax interpreter: every builder's count_params, and describe() of the tiny ones, a
-# user's subclassed token model (built by describe's forward pass) and something not a model.
-PARITY = r"""
-import json
-import os
-os.environ["KERAS_BACKEND"] = "jax"
-import keras
-from models import get_spec, load_builder
-from models.custom import CustomModelError, model_spec
-from models.keras_common import describe
-
-out = {"params": {}, "described": {}}
-for name in ("gpt2", "gpt2_tiny", "vit_b16", "vit_tiny"):
-    model = load_builder(name, "keras")(get_spec(name))
-    out["params"][name] = model.count_params()
-    if name.endswith("_tiny"):
-        out["described"][name] = describe(model, get_spec(name))
-    del model
-
-
-class Net(keras.Model):
-    def __init__(self):
-        super().__init__()
-        self.embed = keras.layers.Embedding(100, 16)
-        self.head = keras.layers.Dense(100)
-
-    def call(self, x, training=False):
-        return self.head(self.embed(x))
-
-
-entry = {"name": "mine", "framework": "keras", "build": "m:f", "path": "/tmp",
-         "input": {"kind": "tokens", "seq_len": 8, "vocab": 100}}
-out["custom"] = describe(Net(), model_spec(entry))
-try:
-    describe(object(), model_spec(entry))
-except CustomModelError as exc:
-    out["not_a_model"] = str(exc)
-print("RESULT " + json.dumps(out))
-"""
-
 
 @pytest.mark.framework("jax")
 def test_keras_builders_match_the_spec(jax_python: str) -> None:
-    out = run_check_script(jax_python, PARITY)
+    out = run_child(jax_python, "tests/children/keras_transformer_builders.py")
     assert out["params"] == {n: get_spec(n).params
                              for n in ("gpt2", "gpt2_tiny", "vit_b16", "vit_tiny")}
     assert out["described"], "the check script described no model"

@@ -12,7 +12,7 @@ from bench.plan.config import ConfigError, load_config
 from bench.plan.runs import expand
 from bench.run.sweep import precheck
 from contract.launch_env import math_env
-from tests.helpers.cli import REPO, run_check_script, run_cli
+from tests.helpers.cli import REPO, run_child, run_cli
 
 
 def test_gpu_fp32_runs_get_tf32_switched_off_in_the_libraries() -> None:
@@ -55,21 +55,6 @@ def test_tf32_is_a_config_precision_and_others_are_not(tmp_path: Path) -> None:
         load_config(REPO / "configs/cpu-smoke.yaml", ["precision=fp64"])
 
 
-SCRIPT = """
-import json, sys
-import {module}
-from runners import math_mode
-math_mode.apply("fp32", "cpu")
-strict = math_mode.read_back()
-try:
-    math_mode.apply("tf32", "cpu")
-    refused = None
-except math_mode.MathModeUnavailable as exc:
-    refused = str(exc)
-print("RESULT " + json.dumps({{"strict": strict, "refused": refused}}))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family,module,key", [
     pytest.param("torch", "torch", "torch", marks=pytest.mark.framework("torch")),
@@ -79,7 +64,7 @@ print("RESULT " + json.dumps({{"strict": strict, "refused": refused}}))
 def test_each_framework_reports_ieee_float32_after_fp32_is_applied(
         family: str, module: str, key: str, request: pytest.FixtureRequest) -> None:
     python = request.getfixturevalue(f"{family}_python")
-    out = run_check_script(python, SCRIPT.format(module=module))
+    out = run_child(python, "tests/children/math_mode_readback.py", module)
     math = out["strict"][key]
     assert all(v == "ieee" for k, v in math.items() if k != "source"), math
     assert out["refused"] and "use fp32" in out["refused"]

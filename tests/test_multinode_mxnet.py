@@ -215,29 +215,6 @@ def test_one_step_across_two_nodes_equals_one_device(local_slurm: dict[str, str]
     check_roles_ended(result, port, output)
 
 
-# A worker outside SLURM (one node: the scheduler, one server and this worker) that meets its
-# roles in a dist_sync kvstore, says so, then, told to go on, dies as argv[1] says: killed (the
-# test SIGKILLs it) or by an exception inside the session.
-WORKER = """
-import os, sys, time
-from runners.mxnet import dist_launch
-try:
-    with dist_launch.session(1) as ps:
-        kv = ps.kvstore("dist_sync")
-        pids = " ".join(str(r.proc.pid) for r in ps.roles)
-        sys.stdout.write(f"READY {kv.num_workers} {pids}\\n")  # one write: one line
-        sys.stdout.flush()
-        sys.stdin.readline()  # the test has seen the roles
-        if sys.argv[1] == "raise":
-            raise RuntimeError("the run failed")
-        time.sleep(600)
-except RuntimeError as exc:
-    sys.stdout.write(f"RAISED {exc} {[r.ended for r in ps.roles]}\\n")
-    sys.stdout.flush()
-os._exit(0)  # as runners.common.main: the kvstore's destructor would wait for the roles
-"""
-
-
 READY = re.compile(r"READY (\d+) (\d+) (\d+)")
 
 
@@ -247,7 +224,8 @@ def test_roles_end_with_their_worker(how: str, mxnet_python: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MGBENCH_PROCESS_RANK": "0",
            "MGBENCH_NUM_NODES": "1", "MGBENCH_MASTER_ADDR": "localhost",
            "MGBENCH_MASTER_PORT": str(port), "DMLC_NODE_HOST": "127.0.0.1"}
-    worker = subprocess.Popen([mxnet_python, "-c", WORKER, how], cwd=REPO, env=env,
+    worker = subprocess.Popen([mxnet_python, str(REPO / "tests/children/mxnet_role_worker.py"),
+                               how], cwd=REPO, env=env,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []

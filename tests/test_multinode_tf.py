@@ -38,7 +38,7 @@ import pytest
 from bench.plan.runs import RunSpec
 from bench.run.verdict import validate_result
 from contract.reasons import sentence
-from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.cli import REPO, run_child
 from tests.helpers.equivalence import equivalence_spec, load_weights, make_inputs
 from tests.specs import run_spec
 
@@ -198,7 +198,6 @@ def test_one_host_ports_made_distinct_and_recorded(run: tuple) -> None:
     assert [n["address"] for n in result["nodes"]] == multi["cluster_spec"]["worker"]
 
 
-
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.parametrize("runner", sorted(MODULES))
@@ -231,16 +230,6 @@ def test_one_step_across_two_nodes_equals_one_device(runner: str, local_slurm: d
                                            "1 device")
 
 
-PORTS_SCRIPT = """
-import json, sys
-from runners.tf.devices import distinct_ports
-out = {}
-for name, cluster in json.loads(sys.argv[1]).items():
-    out[name] = distinct_ports(cluster, 5000)
-print("RESULT " + json.dumps(out))
-"""
-
-
 def test_ports_change_only_where_two_tasks_share_an_address(tf_python: str) -> None:
     clusters = {
         # one machine under two names (the local cluster): task 1 moves to 5000 + 1
@@ -251,7 +240,7 @@ def test_ports_change_only_where_two_tasks_share_an_address(tf_python: str) -> N
         "two_per_node": {"worker": ["127.0.0.1:5000", "127.0.0.1:5001", "localhost:5000",
                                     "localhost:5001"]},
     }
-    out = run_check_script(tf_python, PORTS_SCRIPT, json.dumps(clusters))
+    out = run_child(tf_python, "tests/children/tf_distinct_ports.py", json.dumps(clusters))
     cluster, changes = out["one_host"]
     assert cluster == {"worker": ["127.0.0.1:5000", "localhost:5001"]}
     assert [c["task"] for c in changes] == ["worker:1"]

@@ -25,7 +25,7 @@ from bench.data.prepare import (
     tfrecord_frame,
     unpack_record,
 )
-from tests.helpers.cli import run_check_script, run_cli
+from tests.helpers.cli import run_child, run_cli
 
 SHARDS = [f"train-{i:05d}-of-00004" for i in range(4)]
 
@@ -227,56 +227,10 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, option: str, value:
     assert not (out / "manifest.json").exists()
 
 
-TF_CHECK = r"""
-import hashlib, json, sys
-import tensorflow as tf
-files = sorted(tf.io.gfile.glob(sys.argv[1] + "/tfrecord/train-*"))
-spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
-        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
-        "image/height": tf.io.FixedLenFeature([], tf.int64),
-        "image/width": tf.io.FixedLenFeature([], tf.int64)}
-rows = []
-for raw in tf.data.TFRecordDataset(files):
-    ex = tf.io.parse_single_example(raw, spec)
-    img = tf.io.decode_jpeg(ex["image/encoded"])
-    assert img.shape[0] == int(ex["image/height"]) and img.shape[1] == int(ex["image/width"])
-    assert img.shape[2] == 3
-    rows.append([int(ex["image/class/label"]), int(img.shape[0]), int(img.shape[1]),
-                 hashlib.md5(ex["image/encoded"].numpy()).hexdigest()])
-print("RESULT " + json.dumps({"files": len(files), "rows": rows}))
-"""
-
-MXNET_CHECK = r"""
-import hashlib, json, sys
-import mxnet as mx
-out = sys.argv[1]
-reader = mx.recordio.MXIndexedRecordIO(out + "/train.idx", out + "/train.rec", "r")
-try:
-    import cv2  # noqa: F401  (unpack_img decodes with it)
-    have_cv2 = True
-except ImportError:
-    have_cv2 = False
-rows = []
-for key in sorted(reader.keys):
-    s = reader.read_idx(key)
-    header, jpeg = mx.recordio.unpack(s)
-    if have_cv2:
-        header2, img = mx.recordio.unpack_img(s)  # BGR numpy array
-        assert header2.label == header.label
-        shape = img.shape
-    else:
-        shape = mx.image.imdecode(jpeg).shape
-    assert header.id == key and header.flag == 0, header
-    rows.append([int(header.label), int(shape[0]), int(shape[1]),
-                 hashlib.md5(jpeg).hexdigest()])
-print("RESULT " + json.dumps({"rows": rows, "cv2": have_cv2}))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.framework("tf")
 def test_tfrecord_round_trip_in_tensorflow(prepared: Path, tf_python: str) -> None:
-    result = run_check_script(tf_python, TF_CHECK, str(prepared))
+    result = run_child(tf_python, "tests/children/prepared_tfrecords.py", str(prepared))
     assert result["files"] == 4
     assert sorted(result["rows"]) == sorted(expected(prepared))
 
@@ -284,6 +238,6 @@ def test_tfrecord_round_trip_in_tensorflow(prepared: Path, tf_python: str) -> No
 @pytest.mark.slow
 @pytest.mark.framework("mxnet")
 def test_recordio_round_trip_in_mxnet(prepared: Path, mxnet_python: str) -> None:
-    result = run_check_script(mxnet_python, MXNET_CHECK, str(prepared))
+    result = run_child(mxnet_python, "tests/children/prepared_recordio.py", str(prepared))
     # .rec ids follow files.csv order, so the rows match one for one.
     assert result["rows"] == expected(prepared)

@@ -17,80 +17,12 @@ from bench.catalog.registry import PIPELINES
 from bench.records.store import check_record
 from contract.reasons import sentence
 from contract.spec import spec_for
-from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.cli import REPO, run_child
 from tests.helpers.sweeps import real_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("jax")]
 
 WARMUP = 2  # real_sweep's warm-up steps: the first timed batch is batch 2 of the stream
-
-# Runs in the jax interpreter: file indices of Grain's batch WARMUP for each global batch size.
-GRAIN_ORDER = r"""
-import json, sys
-from runners.jax.data import batch_file_indices
-n, warmup = int(sys.argv[1]), int(sys.argv[2])
-print("RESULT " + json.dumps({b: batch_file_indices(n, int(b), warmup) for b in sys.argv[3:]}))
-"""
-
-# A script file for the jax interpreter on 2 virtual devices: Grain's batches (2 worker
-# processes) with augmentation none and crop-flip, the reference batches of the same files, and
-# one batch through device_batches split over the devices. A file with a main guard, not -c:
-# Grain's spawned workers import the parent's main module.
-PARITY = r"""
-import json, sys
-import numpy as np
-from runners.jax.common import setup_devices
-from contract.spec import spec_for
-from runners.real_data import load_batch, open_dataset
-
-
-def dataset(augmentation):
-    return open_dataset(spec_for(**{"data": "real", "dataset": {
-        "path": sys.argv[1], "augmentation": augmentation, "workers": 2}}))
-
-
-def take(augmentation, count):
-    from runners.jax.data import host_batches
-
-    it = iter(host_batches(dataset(augmentation), 32, 8))
-    out = [(np.array(x), np.array(y)) for x, y in (next(it) for _ in range(count))]
-    it.close()
-    return out
-
-
-def main():
-    devices, _ = setup_devices(spec_for(num_devices=2))
-    from runners.jax.data import batch_file_indices, device_batches
-    from runners.jax.flax_step import make_shardings
-
-    none, flip = take("none", 3), take("crop-flip", 3)
-    data = dataset("none")
-    diffs, labels_equal = [], []
-    for i, (x, y) in enumerate(none):
-        idx = np.array(batch_file_indices(len(data.files), 8, i))
-        rx, ry = load_batch(data.files, idx, 32, "none", np.random.default_rng(0))
-        diffs.append(float(np.abs(x - rx).mean()))
-        labels_equal.append(bool((y == ry).all()) and y.dtype == np.int32)
-    _, sharding = make_shardings(devices)
-    batches, line = device_batches(data, 32, 16, sharding)
-    x, y = next(batches)
-    rows = sorted(s.data.shape[0] for s in x.addressable_shards)
-    label_rows = sorted(s.data.shape[0] for s in y.addressable_shards)
-    batches.close()
-    fx = np.stack([x for x, _ in flip])
-    print("RESULT " + json.dumps({
-        "mean_abs_diff": diffs, "labels_equal": labels_equal,
-        "none_shape": list(none[0][0].shape), "none_dtype": str(none[0][0].dtype),
-        "flip_shape": list(flip[0][0].shape), "flip_dtype": str(flip[0][0].dtype),
-        "flip_min": float(fx.min()), "flip_max": float(fx.max()),
-        "flip_vs_none": float(np.abs(fx - np.stack([x for x, _ in none])).mean()),
-        "flip_labels_equal": all(bool((a[1] == b[1]).all()) for a, b in zip(none, flip)),
-        "device_rows": rows, "device_label_rows": label_rows, "device_line": line}))
-
-
-if __name__ == "__main__":
-    main()
-"""
 
 
 def dataset_labels(dataset: Path) -> list[int]:
@@ -125,7 +57,8 @@ def test_runner_reads_real_data_at_two_devices(runner: str, tmp_path: Path,
     records = real_sweep(tmp_path / runner, real_dataset, f"runners=[{runner}]", "devices=[2]")
     assert sorted(records) == [2]
     labels = dataset_labels(real_dataset)
-    order = run_check_script(jax_python, GRAIN_ORDER, str(len(labels)), str(WARMUP), "16")
+    order = run_child(jax_python, "tests/children/grain_batch_order.py", str(len(labels)),
+                      str(WARMUP), "16")
     for n, rec in records.items():
         result = check_real(rec, n)
         assert result["framework"]["grain"] == "0.2.18"
@@ -169,16 +102,9 @@ def test_keras_jax_keras_loader(tmp_path: Path, real_dataset: Path, jax_python: 
     assert sorted(rec["placement"].values()) == [8, 8]
 
 
-def test_grain_matches_the_reference_preprocessing(tmp_path: Path, real_dataset: Path,
-                                                    jax_python: str) -> None:
-    script = tmp_path / "parity.py"
-    script.write_text(PARITY)
-    proc = subprocess.run([jax_python, str(script), str(real_dataset)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": ""})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(next(ln for ln in proc.stdout.splitlines()
-                        if ln.startswith("RESULT "))[len("RESULT "):])
+def test_grain_matches_the_reference_preprocessing(real_dataset: Path, jax_python: str) -> None:
+    r = run_child(jax_python, "tests/children/grain_parity.py", str(real_dataset),
+                  env={"XLA_FLAGS": ""}, timeout=300)
     # augmentation none: Grain's workers decode exactly what load_batch gives for its files
     assert all(d < 0.02 for d in r["mean_abs_diff"]), r["mean_abs_diff"]
     assert r["labels_equal"] == [True, True, True]

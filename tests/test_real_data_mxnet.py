@@ -15,7 +15,7 @@ import pytest
 from bench.records.store import check_record
 from contract.reasons import sentence
 from contract.spec import spec_for
-from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.cli import REPO, run_child
 from tests.helpers.sweeps import real_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
@@ -81,58 +81,6 @@ def test_keras_mxnet_arrays_on_real_data_is_unavailable(tmp_path: Path, real_dat
     assert rec["status"] == "unavailable" and "input=arrays" in rec["reason"]
 
 
-PARITY = r"""
-import json, sys
-import numpy as np
-from runners import real_data
-from contract.spec import spec_for
-from runners.mxnet.data import numpy_batches, record_iter, stream
-
-def read(path, augmentation, batch, batches):
-    spec = {"data": "real", "dataset": {"path": path, "augmentation": augmentation,
-                                        "workers": 2}}
-    data = real_data.open_dataset(spec_for(**spec))
-    feed = numpy_batches(stream(record_iter(data, 32, batch, shuffle=False)))
-    got = [next(feed) for _ in range(batches)]
-    return data, np.concatenate([x for x, _ in got]), np.concatenate([y for _, y in got])
-
-def window(x, full):
-    # the (top, left, flipped) window of the full image closest to x, and its distance
-    best = None
-    for t in range(full.shape[1] - 31):
-        for l in range(full.shape[2] - 31):
-            for f in (0, 1):
-                c = full[:, t:t + 32, l:l + 32]
-                d = float(np.abs((c[:, :, ::-1] if f else c) - x).mean())
-                if best is None or d < best[0]:
-                    best = (d, t, l, f)
-    return best
-
-out = {}
-for name, path in (("kept", sys.argv[1]), ("upscaled", sys.argv[2])):
-    data, x, y = read(path, "none", 16, 3)
-    rx, ry = real_data.load_batch(data.files, np.arange(48), 32, "none",
-                                  np.random.default_rng(0), channels_first=True)
-    out[name] = {"shape": list(x.shape), "dtype": str(x.dtype),
-                 "labels_equal": bool((y == ry).all()),
-                 "mean_abs": float(np.abs(x - rx).mean()),
-                 "max_abs": float(np.abs(x - rx).max())}
-data, x, y = read(sys.argv[1], "crop-flip", 16, 3)
-_, none, _ = read(sys.argv[1], "none", 16, 3)
-full = [real_data.normalise(real_data.load_image(f)).transpose(2, 0, 1)
-        for f, _ in data.files]
-windows = [window(x[i], full[i]) for i in range(48)]
-out["crop_flip"] = {
-    "shape": list(x.shape), "min": float(x.min()), "max": float(x.max()),
-    "labels_equal": bool((y == np.array([l for _, l in data.files])).all()),
-    "differs_from_none": float(np.abs(x - none).mean()),
-    "worst_window": max(w[0] for w in windows),
-    "positions": len({w[1:3] for w in windows}), "flipped": sum(w[3] for w in windows),
-    "slots_repeat": [w[1:] for w in windows[:16]] == [w[1:] for w in windows[16:32]]}
-print("RESULT " + json.dumps(out))
-"""
-
-
 def test_record_iter_matches_the_reference(tmp_path: Path, real_dataset: Path,
                                            mxnet_python: str) -> None:
     """ImageRecordIter (shuffle off, file order) against real_data.load_batch: the same images
@@ -144,7 +92,8 @@ def test_record_iter_matches_the_reference(tmp_path: Path, real_dataset: Path,
     make_dataset(tmp_path / "src", classes=10, images=48, size=40, seed=0)
     small = tmp_path / "small"
     prepare_data(tmp_path / "src", small, resize=24, quality=90, shards=1, workers=1)
-    got = run_check_script(mxnet_python, PARITY, str(real_dataset), str(small))
+    got = run_child(mxnet_python, "tests/children/mxnet_record_iter_parity.py",
+                    str(real_dataset), str(small))
     for name in ("kept", "upscaled"):
         case = got[name]
         assert case["shape"] == [48, 3, 32, 32] and case["dtype"] == "float32", case
@@ -184,30 +133,6 @@ def test_pipeline_mode(tmp_path: Path, real_dataset: Path, mxnet_python: str) ->
     assert result["framework"]["mxnet"] == "1.9.1"
 
 
-RESIZE = r"""
-import json, sys
-from pathlib import Path
-from runners.common import Unavailable
-from runners.mxnet.data import record_iter, resize_for
-from contract.spec import spec_for
-from runners.real_data import RealData, open_dataset
-
-root = Path(sys.argv[1])
-files = [(str(p), 0) for p in sorted(root.glob("*.jpg"))]
-kept = RealData(root, "none", 1, files, 1, {"options": {"resize": 0}})
-small = RealData(root, "none", 1, files, 1, {"options": {"resize": 24}})
-out = {"mixed_32": resize_for(kept, 32), "mixed_16": resize_for(kept, 16),
-       "mixed_64": resize_for(kept, 64), "manifest_24": resize_for(small, 32)}
-data = open_dataset(spec_for(**{"data": "real", "dataset": {"path": sys.argv[2], "workers": 1,
-                                                            "augmentation": "crop-flip"}}))
-try:
-    record_iter(data, 32, 64)
-except Unavailable as exc:
-    out["too_small"] = str(exc)
-print("RESULT " + json.dumps(out))
-"""
-
-
 def test_resize_only_when_an_image_is_smaller(tmp_path: Path, real_dataset: Path,
                                              mxnet_python: str) -> None:
     """resize=S only when a shorter side is below S (from the manifest, or the JPEG headers
@@ -217,7 +142,8 @@ def test_resize_only_when_an_image_is_smaller(tmp_path: Path, real_dataset: Path
 
     for w, h in ((30, 20), (50, 40), (48, 64)):  # shorter sides 20, 40, 48
         Image.new("RGB", (w, h), (w, h, 0)).save(tmp_path / f"{w}x{h}.jpg")
-    got = run_check_script(mxnet_python, RESIZE, str(tmp_path), str(real_dataset))
+    got = run_child(mxnet_python, "tests/children/mxnet_resize_rule.py", str(tmp_path),
+                    str(real_dataset))
     assert got["mixed_16"][0] == -1
     assert got["mixed_32"][0] == 32 and "scaled down too" in got["mixed_32"][1]
     assert got["mixed_64"][0] == 64 and "resized up to 64" in got["mixed_64"][1]

@@ -15,7 +15,7 @@ from bench.plan.runs import RunSpec
 from bench.records.store import check_record
 from contract.spec import spec_for
 from runners.tf.cnn_benchmarks import ENV_VAR, build_flags
-from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.cli import REPO, run_child
 from tests.helpers.sweeps import real_sweep
 
 RUNNERS = ["tf_mirrored", "tf_native", "keras_tf_kuza55", "keras_tf_multi_gpu_model",
@@ -111,48 +111,12 @@ def test_tf_cnn_benchmarks_real_flags(real_dataset: Path) -> None:
         "train-00000-of-00002", "train-00001-of-00002"]  # the script's file pattern
 
 
-PARITY = r"""
-import json, sys
-import numpy as np
-from runners.tf import data as tf_data
-from contract.spec import spec_for
-from runners.real_data import load_batch, open_dataset
-
-path = sys.argv[1]
-def data(aug):
-    return open_dataset(spec_for(**{"data": "real",
-                         "dataset": {"path": path, "augmentation": aug, "workers": 2}}))
-none, flip = data("none"), data("crop-flip")
-out = {}
-for size in (32, 64):  # 40 x 40 images: crop only, and resize (40 -> 64) then crop
-    it = iter(tf_data.make_dataset(none, size, 8, shuffle=False))
-    diffs, labels_equal = [], True
-    for b in range(7):  # 6 batches make an epoch of 48; the 7th is the next epoch's first
-        x, y = (v.numpy() for v in next(it))
-        idx = np.arange(b * 8, b * 8 + 8) % 48
-        rx, ry = load_batch(none.files, idx, size, "none", np.random.default_rng(0))
-        assert x.shape == rx.shape and x.dtype == np.float32, (x.shape, x.dtype)
-        diffs.append(float(np.abs(x - rx).mean()))
-        labels_equal &= bool((y == ry).all())
-    out[size] = {"mean_abs": max(diffs), "labels_equal": labels_equal}
-xn = next(iter(tf_data.make_dataset(none, 32, 8, shuffle=False)))[0].numpy()
-xf, yf = (v.numpy() for v in next(iter(tf_data.make_dataset(flip, 32, 8, shuffle=False))))
-xc = next(iter(tf_data.make_dataset(none, 32, 8, shuffle=False, channels_first=True)))[0]
-out["flip"] = {"shape": list(xf.shape), "min": float(xf.min()), "max": float(xf.max()),
-               "diff_from_none": float(np.abs(xf - xn).mean()), "dtype": str(xf.dtype),
-               "labels": yf.tolist()}
-out["nchw"] = {"shape": list(xc.shape),
-               "equal": bool(np.array_equal(xc.numpy(), xn.transpose(0, 3, 1, 2)))}
-print("RESULT " + json.dumps(out))
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.framework("tf")
 def test_tf_data_matches_the_reference(real_dataset: Path, tf_python: str) -> None:
     """augmentation none: tf.data's batches equal real_data.load_batch's for the same files
     (files.csv order when unshuffled) within JPEG decoder noise; crop-flip differs from it."""
-    out = run_check_script(tf_python, PARITY, str(real_dataset))
+    out = run_child(tf_python, "tests/children/tf_data_parity.py", str(real_dataset))
     for size in ("32", "64"):
         assert out[size]["labels_equal"], out
         assert out[size]["mean_abs"] < 0.02, out  # measured ~0.001 (decode_and_crop edges)

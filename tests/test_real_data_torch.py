@@ -15,7 +15,7 @@ import pytest
 from bench.records.store import check_record
 from bench.run.envs import ensure_env
 from contract.spec import spec_for
-from tests.helpers.cli import REPO, run_check_script
+from tests.helpers.cli import REPO, run_child
 from tests.helpers.sweeps import real_sweep
 
 pytestmark = pytest.mark.slow
@@ -88,32 +88,9 @@ def test_horovod_on_real_data(tmp_path: Path, real_dataset: Path, horovod_python
                        ("torch DataLoader", "DistributedSampler", "1 worker process"))
 
 
-LOADER_SCRIPT = """
-import json, sys
-import numpy as np
-from contract.spec import spec_for
-from runners.real_data import open_dataset
-from runners.torch.data import make_dataloader, epochs
-
-def data(augmentation, workers):
-    return open_dataset(spec_for(**{"data": "real", "dataset": {"path": sys.argv[1],
-                         "augmentation": augmentation, "workers": workers}}))
-"""
-
-SHARES = LOADER_SCRIPT + """
-seen = {}
-for rank in (0, 1):
-    stream = epochs(make_dataloader(data("crop-flip", 1), 32, 8, rank, 2))
-    # 24 images per rank and epoch: 3 batches an epoch, two epochs
-    seen[rank] = [sorted(int(i) for b in [next(stream) for _ in range(3)] for i in b[2])
-                  for _ in range(2)]
-print("RESULT " + json.dumps(seen))
-"""
-
-
 @pytest.mark.framework("torch")
 def test_ranks_read_disjoint_shares(real_dataset: Path, torch_python: str) -> None:
-    seen = run_check_script(torch_python, SHARES, str(real_dataset))
+    seen = run_child(torch_python, "tests/children/torch_loader_shares.py", str(real_dataset))
     for epoch in (0, 1):
         zero, one = set(seen["0"][epoch]), set(seen["1"][epoch])
         assert len(zero) == len(one) == 24 and not zero & one
@@ -121,28 +98,12 @@ def test_ranks_read_disjoint_shares(real_dataset: Path, torch_python: str) -> No
     assert seen["0"][0] != seen["0"][1]  # set_epoch reshuffles the shares
 
 
-PARITY = LOADER_SCRIPT + """
-from runners.real_data import load_batch
-out = {}
-for aug in ("none", "crop-flip"):
-    x, y, idx = next(epochs(make_dataloader(data(aug, 2), 32, 8, 0, 1)))
-    again = next(epochs(make_dataloader(data(aug, 0), 32, 8, 0, 1)))
-    ref_x, ref_y = load_batch(data(aug, 0).files, idx.numpy(), 32, "none",
-                              np.random.default_rng(0), channels_first=True)
-    out[aug] = {"shape": list(x.shape), "dtype": str(x.dtype), "min": float(x.min()),
-                "max": float(x.max()), "mad_vs_centre": float(np.abs(x.numpy() - ref_x).mean()),
-                "labels_equal": bool((y.numpy() == ref_y).all()),
-                "rerun_equal": bool((again[0] == x).all() and (again[2] == idx).all())}
-print("RESULT " + json.dumps(out))
-"""
-
-
 @pytest.mark.framework("torch")
 def test_dataloader_matches_the_reference(real_dataset: Path, torch_python: str) -> None:
     """augmentation none equals real_data.load_batch (centre crop) on the same files;
     crop-flip keeps shape and range and differs; a rerun (other worker count) reads the same
     pixels."""
-    out = run_check_script(torch_python, PARITY, str(real_dataset))
+    out = run_child(torch_python, "tests/children/torch_loader_parity.py", str(real_dataset))
     none, flip = out["none"], out["crop-flip"]
     assert none["mad_vs_centre"] < 0.02 and none["labels_equal"]
     for r in (none, flip):

@@ -160,29 +160,11 @@ def test_a_lock_left_by_a_killed_sweep_is_taken_over(tmp_path: Path) -> None:
     resume_finishes(out, cfg)
 
 
-WRITE_UNDER_FSIZE = r"""
-import json, os, resource, signal, sys
-from pathlib import Path
-from bench.records.store import write_json_atomic
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail with EFBIG/ENOSPC
-path = Path(sys.argv[1])
-write_json_atomic(path, {"run_id": "r", "status": "ok"})  # the record as it was
-resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
-try:
-    write_json_atomic(path, {"run_id": "r", "status": "ok", "big": "x" * 100_000})
-    outcome = "written"
-except OSError as exc:
-    outcome = f"OSError errno {exc.errno}"
-print("RESULT " + json.dumps({"outcome": outcome,
-                              "files": sorted(p.name for p in path.parent.iterdir())}))
-"""
-
-
 def test_disk_full_while_a_record_is_written_leaves_no_half_record(tmp_path: Path) -> None:
-    from tests.helpers.cli import run_check_script
+    from tests.helpers.cli import run_child
 
     path = tmp_path / "runs" / "r.json"
-    out = run_check_script(sys.executable, WRITE_UNDER_FSIZE, str(path))
+    out = run_child(sys.executable, "tests/children/write_record_disk_full.py", str(path))
     assert out["outcome"].startswith("OSError")
     assert out["files"] == ["r.json"]  # no temporary file left beside it
     assert json.loads(path.read_text()) == {"run_id": "r", "status": "ok"}  # the old record

@@ -18,11 +18,10 @@ from bench.records.store import check_record, load_records
 from bench.run.launch import launch
 from contract.reasons import sentence
 from models import get_spec
-from tests.helpers.cli import run_check_script, run_cli
+from tests.helpers.cli import run_child, run_cli
 from tests.helpers.equivalence import BATCH, LR, RTOL, make_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
-
 
 
 def short(devices: list[str]) -> set[str]:
@@ -120,51 +119,16 @@ def test_eight_towers_hierarchical_equals_one_device(tmp_path: Path, tf_python: 
         np.testing.assert_allclose(eight[name], one[name], rtol=RTOL, atol=1e-6, err_msg=name)
 
 
-PACKER_SCRIPT = """
-import json, sys
-import numpy as np
-import tensorflow as tf
-from models import get_spec, load_builder
-from runners.tf import tensorpack as tp
-
-mode, out = sys.argv[1], sys.argv[2]
-model = get_spec("minigooglenet")
-with tf.Graph().as_default():  # the model's variables, for initial values both runs share
-    images = tf.compat.v1.placeholder(tf.float32, [1, *model.input_shape])
-    load_builder("minigooglenet", "tfv1")(model, images, training=True, data_format="channels_last")
-    shapes = {v.op.name: v.shape.as_list() for v in tf.compat.v1.global_variables()}
-    trainable = sorted(v.op.name for v in tf.compat.v1.trainable_variables())
-rng = np.random.default_rng(7)
-initial = {k: (rng.standard_normal(s) * 0.05).astype(np.float32) for k, s in shapes.items()}
-for k in initial:
-    if k.endswith("moving_variance"):
-        initial[k] = np.abs(initial[k]) + 1.0
-# the same batch for every tower: which tower dequeues which batch is a race, and each tower's
-# dropout mask is its own (fixed by the graph seed)
-feed = [[rng.standard_normal((2, *model.input_shape)).astype(np.float32),
-         rng.integers(0, model.num_classes, 2).astype(np.int32)]]
-tf.compat.v1.disable_eager_execution()
-tf.compat.v1.set_random_seed(1)
-from tests.specs import run_spec
-spec = run_spec(num_devices=8, batch_size_per_device=2, global_batch_size=16,
-                runner="tensorpack",
-                options={"trainer": "replicated", "input": "queue", "allreduce": mode})
-run = tp.train(spec, "minigooglenet", feed, tf.compat.v1.train.GradientDescentOptimizer(0.1),
-               (0, 1), initial=initial, read_vars=trainable)
-np.savez(out, **run["clock"].values)
-print("RESULT " + json.dumps({k: run[k] for k in ("allreduce", "gradient_packer", "placement")}))
-"""
-
-
 def test_gradient_packer_at_eight_towers(tmp_path: Path, tf_python: str) -> None:
     """MiniGoogLeNet at 8 towers: tensorpack's default packs the gradients into 8 splits for
     the hierarchical all-reduce, and the step equals the one without packer (mode gpu) from
     the same weights, batch and dropout seed."""
-    packed = run_check_script(tf_python, PACKER_SCRIPT, "auto", str(tmp_path / "packed.npz"))
+    packer = "tests/children/tensorpack_gradient_packer.py"
+    packed = run_child(tf_python, packer, "auto", str(tmp_path / "packed.npz"))
     assert packed["allreduce"] == "hierarchical"
     assert packed["gradient_packer"] == {"towers": 8, "splits": 8}
     assert short(packed["placement"]) == {f"CPU:{k}" for k in range(8)}
-    plain = run_check_script(tf_python, PACKER_SCRIPT, "gpu", str(tmp_path / "plain.npz"))
+    plain = run_child(tf_python, packer, "gpu", str(tmp_path / "plain.npz"))
     assert plain["allreduce"] == "gpu" and plain["gradient_packer"].startswith("not used")
     with np.load(tmp_path / "packed.npz") as a, np.load(tmp_path / "plain.npz") as b:
         assert sorted(a.files) == sorted(b.files) and len(a.files) > 20

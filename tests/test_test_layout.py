@@ -33,3 +33,18 @@ def test_conftest_holds_only_fixtures_and_hooks() -> None:
               if not f.name.startswith(("pytest_", "_"))
               and not any("fixture" in ast.unparse(d) for d in f.decorator_list)]
     assert not shared, f"move these to tests/helpers/: {shared}"
+
+
+def test_child_scripts_are_files_the_tests_name() -> None:
+    """A child script is a file in tests/children/ with a docstring: every one a test names
+    exists, and every file there is named by a test or imported by another child."""
+    children = {p.stem: p for p in (TESTS / "children").glob("*.py") if p.stem != "__init__"}
+    assert len(children) > 30, sorted(children)
+    named = re.compile(r"tests[/.]children[/.](\w+)")
+    used = {m.group(1) for path in TESTS.rglob("*.py")
+            for m in named.finditer(path.read_text()) if m.group(1) != path.stem}
+    assert used - set(children) == set(), "named but missing"
+    assert set(children) - used == set(), "in tests/children/ but run by no test"
+    undocumented = [name for name, path in children.items()
+                    if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert not undocumented, undocumented

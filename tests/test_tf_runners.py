@@ -51,54 +51,14 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, tf_python: s
             assert rec["result"]["departs_from_original"] == []
 
 
-FUSED_BN_CHECK = r"""
-import json
-import numpy as np, tensorflow as tf, keras
-from models import get_spec
-from models.keras_common import get_canonical_weights
-from runners.tf.native import FusedBatchNormalization, build_model
-
-diffs = {}
-for fmt, axis, shape in (("channels_last", -1, (4, 5, 6, 3)), ("channels_first", 1, (4, 3, 5, 6))):
-    x = tf.constant(np.random.default_rng(0).standard_normal(shape).astype("float32") * 2 + 1)
-    outs = []
-    for layer in (keras.layers.BatchNormalization(axis=axis, epsilon=1e-5, momentum=0.9),
-                  FusedBatchNormalization(axis=axis, epsilon=1e-5, momentum=0.9)):
-        layer.build(shape)
-        layer.gamma.assign([1.5, 0.5, 2.0])
-        layer.beta.assign([0.1, -0.2, 0.3])
-
-        @tf.function
-        def step(x, layer=layer):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                y = layer(x, training=True)
-                loss = tf.reduce_sum(tf.sin(y))
-            return [y, *tape.gradient(loss, [x, layer.gamma.value, layer.beta.value])]
-
-        got = step(x)
-        got += [layer.moving_mean.value, layer.moving_variance.value, layer(x, training=False)]
-        outs.append([np.asarray(v) for v in got])
-    diffs[fmt] = [float(np.abs(a - b).max() / max(1.0, np.abs(a).max()))
-                  for a, b in zip(*outs)]
-fused, swapped = build_model("resnet50", get_spec("resnet50"), "channels_last", True)
-plain, _ = build_model("resnet50", get_spec("resnet50"), "channels_last", False)
-print("RESULT " + json.dumps({
-    "diffs": diffs, "swapped": swapped, "params": fused.count_params(),
-    "fused_layers": sum(isinstance(l, FusedBatchNormalization) for l in fused.layers),
-    "same_names": sorted(get_canonical_weights(fused)) == sorted(get_canonical_weights(plain)),
-}))
-"""
-
-
 def test_tf_native_fused_batchnorm_is_keras_batchnorm(tf_python: str) -> None:
     """FusedBatchNormV3 in place of Keras 3's BatchNormalization: the same outputs, gradients
     and moving statistics (training and inference), in both layouts; the swapped ResNet-50 has
     the spec's parameters under the same canonical names."""
     from models import get_spec
-    from tests.helpers.cli import run_check_script
+    from tests.helpers.cli import run_child
 
-    out = run_check_script(tf_python, FUSED_BN_CHECK)
+    out = run_child(tf_python, "tests/children/tf_fused_batchnorm.py")
     assert out["diffs"], out
     for fmt, diffs in out["diffs"].items():
         assert max(diffs) < 1e-5, (fmt, diffs)

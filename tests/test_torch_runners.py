@@ -3,6 +3,7 @@ as a user runs them; what CPU ranks cannot do is unavailable; a dying rank ends 
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from bench.records.store import check_record
 from bench.run.launch import launch
 from contract.reasons import sentence
 from models import get_spec
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import REPO, run_cli
 from tests.helpers.equivalence import make_inputs, step
 from tests.helpers.sweeps import smoke_sweep
 
@@ -182,45 +183,6 @@ def test_torch_ddp_trains_the_transformers(transformer_sweep: dict, model: str, 
     assert result["cudnn_benchmark"]["in_effect"] is False
 
 
-MYNETS = """
-import torch
-from torch import nn
-
-
-class MyNet(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.conv = nn.Conv2d(3, width, 3, padding=1)
-        self.bn = nn.BatchNorm2d(width)
-        self.fc = nn.Linear(width, 10)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
-
-
-class MyLM(nn.Module):
-    def __init__(self, vocab, width):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.out = nn.Linear(width, vocab)
-
-    def forward(self, ids):
-        return self.out(torch.tanh(self.embed(ids)))
-
-
-def make_model(width):
-    return MyNet(width)
-
-
-def make_lm(vocab, width):
-    return MyLM(vocab, width)
-
-
-def make_nothing():
-    return "not a model"
-"""
-
-
 def custom_entry(folder: Path, build: str, args: dict[str, Any], inp: dict[str, Any]
                  ) -> dict[str, Any]:
     return {"name": "mynet", "framework": "torch", "build": f"mynets:{build}",
@@ -244,7 +206,7 @@ def custom_run(tmp_path: Path, torch_python: str, entry: dict[str, Any], n: int,
 def mynets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's models in a folder of their own, outside the repository."""
     folder = tmp_path_factory.mktemp("mynets")
-    (folder / "mynets.py").write_text(textwrap.dedent(MYNETS))
+    shutil.copy(REPO / "tests/children/torch_user_models.py", folder / "mynets.py")
     return folder
 
 

@@ -20,13 +20,14 @@ def run_cli(*args: str, timeout: float = 900, env: dict[str, str] | None = None
                           env={**os.environ, **(env or {})})
 
 
-def run_check_script(python: str, script: str, *args: str, env: dict[str, str] | None = None,
-                     timeout: float = 900) -> dict:
-    """Run a check script in a framework interpreter from the repo root; the JSON of its one
+def run_child(python: str, script: str, *args: str, env: dict[str, str] | None = None,
+              timeout: float = 900) -> dict:
+    """Run a child script (a path from the repo root, tests/children/...) with ARGS in a framework
+    interpreter, from the repo root with the repo on PYTHONPATH; the JSON of its one
     "RESULT <json>" output line (the test process itself never imports the framework)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    proc = subprocess.run([python, "-c", script, *args], cwd=REPO, capture_output=True,
+    proc = subprocess.run([python, str(REPO / script), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
