@@ -10,6 +10,7 @@ import pytest
 
 from bench.records.store import check_record
 from bench.run.verdict import validate_converge
+from contract.reasons import sentence
 from models import get_spec
 from tests.helpers.sweeps import converge_sweep
 
@@ -56,7 +57,7 @@ def test_record_passes_the_parents_converge_check(records: dict[int, dict]) -> N
                                 "images_per_sec", "converge")}) == []
         assert all(p["moving_stats_finite"] for p in rec["curve"])
         assert all(isinstance(p["train_loss"], float) for p in rec["curve"])  # finite
-        assert rec["result"]["moving_stats_source"].startswith("every context's copy")
+        assert sentence(rec["result"]["moving_stats_source"]).startswith("every context's copy")
 
 
 def test_placement_is_each_contexts_rows_of_the_epoch(records: dict[int, dict]) -> None:
