@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 # MXNet's OpenMP pool is sized to the machine; quiet its start-up chatter.
@@ -15,7 +15,8 @@ os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models import ModelSpec  # noqa: E402
+from models import ModelSpec, get_spec, load_builder  # noqa: E402
+from models.gluon_common import set_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, finite, timed_loop  # noqa: E402
 
 DTYPES = {"fp32": "float32", "fp16": "float16"}
@@ -36,6 +37,22 @@ def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
                              else " (this MXNet build has no CUDA: install envs/mxnet-gpu.txt)"))
     ctxs = [mx.gpu(i) for i in range(n)]
     return ctxs, [{"name": str(c), "kind": "GPU"} for c in ctxs]
+
+
+def gluon_model(name: str, ctxs: list[mx.Context], weights: dict[str, np.ndarray] | None = None,
+                inputs: Sequence[Any] = ()) -> mx.gluon.HybridBlock:
+    """The Gluon model `name` with a parameter copy on every context, hybridised (static memory
+    and shapes): Xavier initialised, or at the canonical `weights`, set once a forward pass on
+    each of `inputs` (one slice per context) has completed Gluon's shape inference."""
+    net = load_builder(name, "gluon")(get_spec(name))
+    net.initialize(mx.init.Zero() if weights is not None else
+                   mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
+    net.hybridize(static_alloc=True, static_shape=True)
+    if weights is not None:
+        for x in inputs:
+            net(x)
+        set_canonical_weights(net, weights)
+    return net
 
 
 def forever(x: Any, y: Any) -> Iterator[tuple[Any, Any]]:

@@ -17,20 +17,38 @@ import tensorflow as tf  # noqa: E402
 
 from contract.reasons import code
 from contract.result import join  # noqa: E402
-from models import ModelSpec  # noqa: E402
-from models.keras_common import get_canonical_weights  # noqa: E402
+from models import ModelSpec, get_spec, load_builder  # noqa: E402
+from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
 from runners.converge import Splits, train_to_accuracy  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf.data import open_real  # noqa: E402  (re-exported)
-from runners.tf.devices import setup_devices  # noqa: E402, F401  (re-exported)
+from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def framework_versions() -> dict[str, str]:
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
+
+
+def mirrored_model(spec: Spec, model: str, lr: float, momentum: float,
+                   weights: dict[str, np.ndarray] | None = None
+                   ) -> tuple[tf.distribute.MirroredStrategy, list[dict[str, Any]], keras.Model,
+                              keras.optimizers.Optimizer]:
+    """(MirroredStrategy over the run's devices, their descriptions, the Keras model `model`
+    from models/ (channels_last; `weights`: canonical weights to start from), Keras SGD with
+    its variables built), the variables mirrored on every device (made under the scope)."""
+    names, devices = setup_devices(spec)
+    strategy = tf.distribute.MirroredStrategy(devices=names)
+    with strategy.scope():
+        net = load_builder(model, "keras")(get_spec(model))
+        if weights is not None:
+            set_canonical_weights(net, weights)
+        optimizer = keras.optimizers.SGD(learning_rate=lr, momentum=momentum)
+        optimizer.build(net.trainable_variables)
+    return strategy, devices, net, optimizer
 
 
 def replica_slices(strategy: tf.distribute.Strategy, x: np.ndarray, y: np.ndarray
