@@ -17,7 +17,7 @@ from bench import REPO_ROOT
 from bench.analysis.compare import check_threshold
 from bench.analysis.converge import converge_rows
 from bench.analysis.explain import text as explain_text
-from bench.analysis.gate import run_gate
+from bench.analysis.gate import clear_gate, run_gate
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
 from bench.plan.config import ConfigError, json_schema, load_config, show_value
@@ -661,7 +661,7 @@ def report_end(out: Path, signum: int | None, baseline: str | None = None,
               f"in {out}; continue with --resume --out {out}", file=sys.stderr)
         build_report(out)
         return 128 + signum
-    outcome = run_gate(baseline, out, threshold) if baseline else None
+    outcome = run_gate(baseline, out, threshold) if baseline else clear_gate(out)
     rows, pipes, charts = build_report(out)
     step_summary(out)
     print()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.analysis.gate import NO_BASELINE, REGRESSION_EXIT, read_gate, run_gate
+from bench.analysis.gate import NO_BASELINE, REGRESSION_EXIT, clear_gate, read_gate, run_gate
 from bench.records.store import load_records
 from bench.report.junit import junit_xml
 from tests.helpers.cli import run_cli
@@ -64,6 +64,8 @@ def test_a_slower_sweep_fails_the_gate_and_an_equal_one_passes(tmp_path: Path) -
     slower = run_gate(str(fast), new, 0.05)
     assert slower.code == REGRESSION_EXIT and slower.regressed and "1 regression" in slower.line
     assert "| " in read_gate(new)[1]  # baseline.md: compare's table
+    clear_gate(new)  # a later sweep without --baseline: no stale comparison is shown
+    assert read_gate(new) == (None, None)
 
 
 @pytest.mark.slow

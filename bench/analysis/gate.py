@@ -58,6 +58,13 @@ def run_gate(baseline: str, out: Path, threshold: float) -> GateOutcome:
     return outcome
 
 
+def clear_gate(results_dir: Path) -> None:
+    """Remove an earlier gate's files: a sweep that ended without --baseline has records
+    that earlier comparison did not judge."""
+    for name in (MD_NAME, JSON_NAME):
+        (Path(results_dir) / name).unlink(missing_ok=True)
+
+
 def read_gate(results_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     """The gate's outcome (baseline.json) and comparison (baseline.md) kept in a results
     folder, each None where absent or unreadable."""
