@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from bench import REPO_ROOT
 from bench.catalog.registry import RUNNERS
 from bench.plan.config import SweepConfig, custom_entry
 from bench.run.envs import EnvError, ensure_env
+from bench.run.guard import cannot_start, run_guarded
 
 # A user's model's framework -> (the environment's family, variables the child needs): Keras
 # models are checked on JAX (as keras_jax runs them), tf ones on TensorFlow.
@@ -40,11 +40,12 @@ def check_entry(entry: dict[str, Any], variant: str, python: str | None = None
         except EnvError as exc:
             return {"error": f"models: {entry['name']}: the {family} environment: {exc}"}
     env = {**os.environ, **extra, "PYTHONPATH": str(REPO_ROOT)}
-    try:
-        proc = subprocess.run([python, "-m", "models.check_custom", json.dumps(entry)],
-                              cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    if reason := cannot_start(python):
+        return {"error": f"models: {entry['name']}: cannot start interpreter {python}: {reason}"}
+    # under a guard: what the user's build starts (detached too) ends with it
+    proc = run_guarded([python, "-m", "models.check_custom", json.dumps(entry)], REPO_ROOT,
+                       env, TIMEOUT_S)
+    if proc.returncode is None:
         return {"error": f"models: {entry['name']}: building it took more than {TIMEOUT_S} s"}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("CHECK "):

@@ -122,7 +122,8 @@ def gpu_topology() -> dict[str, Any]:
     if exe is None:
         return {"nvidia_smi_topo_m": None, "reason": "nvidia-smi is not on PATH"}
     try:
-        done = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
+        done = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True,
+                              errors="replace", timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"nvidia_smi_topo_m": None, "reason": f"nvidia-smi topo -m: {exc}"}
     if done.returncode != 0:
@@ -141,9 +142,9 @@ def git_commit() -> str | None:
     """The harness's commit, with '-dirty' when the work tree has changes."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
+                             text=True, errors="replace", timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO_ROOT, capture_output=True, text=True,
+                               cwd=REPO_ROOT, capture_output=True, text=True, errors="replace",
                                timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

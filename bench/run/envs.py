@@ -173,7 +173,7 @@ def pip_find_links() -> list[str]:
     found: list[str] = []
     try:
         out = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                             capture_output=True, text=True, timeout=60).stdout
+                             capture_output=True, text=True, errors="replace", timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
     values = [os.environ.get("PIP_FIND_LINKS", "")]
@@ -356,7 +356,8 @@ def _python() -> str:
 def _installer_version(tool: str, uv: Path | None, env: FamilyEnv) -> str:
     cmd = [str(uv), "--version"] if tool == "uv" else [str(env.python), "-m", "pip", "--version"]
     with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout.split()
+        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                             timeout=60).stdout.split()
         return f"{out[0]} {out[1]}"
     return tool
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 _PARENT_PIPE: tuple[int, int] | None = None
@@ -89,6 +90,46 @@ def descendants(pid: int) -> list[int]:
                 found.append(child)
             todo.append(child)
     return found
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a guarded helper command ended: its exit code (None: killed at its timeout) and its
+    output, decoded with replacement (a child's stray bytes are text, never an error)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+def run_guarded(cmd: list[str], cwd: str | Path, env: dict[str, str], timeout_s: float
+                ) -> Finished:
+    """Run a short helper command (the peak probe, check-model's build) under a guard in its
+    own session: whatever it starts, detached or not, ends with it, at its timeout and on
+    Ctrl-C too."""
+    guarded_cmd, watch_fd = guarded(cmd)
+    proc = subprocess.Popen(guarded_cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True, pass_fds=(watch_fd,))
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        return Finished(None, "", "")
+    except BaseException:  # Ctrl-C: leave nothing behind
+        kill_tree(proc)
+        raise
+    return Finished(proc.returncode, out, err)
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL a guard's tree (the descendants that left its group first), then its group."""
+    for pid in descendants(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
 
 
 def become_subreaper() -> bool:

@@ -12,8 +12,6 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
-import subprocess
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -23,7 +21,7 @@ from typing import Any
 from bench import REPO_ROOT
 from bench.records.store import write_json_atomic
 from bench.run.envs import env_root
-from bench.run.guard import cannot_start, guarded
+from bench.run.guard import cannot_start, run_guarded
 from bench.run.telemetry import CONTENDED_CPU_SHARE
 from contract.launch_env import POLICY_VAR, math_env, thread_env
 
@@ -122,28 +120,18 @@ def _run_probe(framework: str, python: str | Path, env: dict[str, str], device: 
         if reason:
             return {"status": "unavailable",
                     "reason": f"cannot start interpreter {python}: {reason}"}
-        guarded_cmd, watch_fd = guarded(cmd)  # the probe dies with the harness (bench/run/guard.py)
-        proc = subprocess.Popen(guarded_cmd, cwd=REPO_ROOT, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                pass_fds=(watch_fd,))
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
+        done = run_guarded(cmd, REPO_ROOT, env, timeout_s)  # the probe dies with the harness
+        if done.returncode is None:
             return {"status": "timeout", "reason": f"probe exceeded {timeout_s:g} s; killed"}
-        except BaseException:  # Ctrl-C: leave no probe behind
-            _kill(proc)
-            raise
         try:
             out = json.loads(result_path.read_text() or "null")
         except (OSError, ValueError):
             out = None
         if not isinstance(out, dict) or "status" not in out:
-            lines = [ln for ln in err.splitlines() if ln.strip()]
+            lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
             last = lines[-1].strip()[:300] if lines else "no output"
             return {"status": "failed",
-                    "reason": f"probe exited {proc.returncode} without a result: {last}"}
+                    "reason": f"probe exited {done.returncode} without a result: {last}"}
         out.setdefault("reason", None)
         out["probe_wall_s"] = round(time.monotonic() - t0, 3)
         return out
@@ -165,12 +153,6 @@ def _child_env(device: str, family: str, precision: str) -> dict[str, str]:
         visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
         env["CUDA_VISIBLE_DEVICES"] = visible[0] if visible else "0"
     return math_env(precision, device, env)
-
-
-def _kill(proc: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
 
 
 def machine_peak(device_type_name: str, precision: str, cache_dir: Path | None = None,

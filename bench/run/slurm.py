@@ -53,7 +53,8 @@ class SlurmError(RuntimeError):
 
 def _run(cmd: list[str], timeout: float = 60) -> str:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                              timeout=timeout)
     except FileNotFoundError:
         raise SlurmError(f"{cmd[0]} not found: cluster.backend slurm needs SLURM's commands "
                          "on this machine (tools/local_slurm.sh up starts a local cluster)"

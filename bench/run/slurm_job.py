@@ -85,7 +85,7 @@ def master_port(job_id: str) -> int:
 def hostnames(nodelist: str) -> list[str]:
     """SLURM's compressed node list (node[1-2]) expanded by SLURM itself."""
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                         text=True, timeout=60, check=True).stdout
+                         text=True, errors="replace", timeout=60, check=True).stdout
     return out.split()
 
 
@@ -96,7 +96,7 @@ def node_address(name: str) -> str:
         socket.getaddrinfo(name, None)
         return name
     out = subprocess.run(["scontrol", "show", "node", "-o", name], capture_output=True,
-                         text=True, timeout=60).stdout
+                         text=True, errors="replace", timeout=60).stdout
     found = re.search(r"\bNodeAddr=(\S+)", out)
     return found.group(1) if found else name
 
@@ -189,7 +189,7 @@ def _node_done(job: Path, place: NodePlace, info: dict[str, Any], code: int) -> 
 def scontrol_job(job_id: str) -> dict[str, str]:
     """The job as slurmctld has it (`scontrol show job -o`), field by field."""
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                         text=True, timeout=60).stdout
+                         text=True, errors="replace", timeout=60).stdout
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
