@@ -299,6 +299,12 @@ def _ignore_stop_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def _default_stop_signals() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def entry(argv: list[str] | None = None) -> None:
     """The process's whole life as a command: main, then an exit no late signal can break.
 
@@ -308,6 +314,7 @@ def entry(argv: list[str] | None = None) -> None:
     interrupted context's clean-up (death by SIGINT instead of exit 130)."""
     code: object = 130
     try:
+        _default_stop_signals()  # run_bench.py's quiet exit while importing ends here
         try:
             code = main(argv)
         except BrokenPipeError:  # output piped into `head` and closed early: not an error
