@@ -1,5 +1,6 @@
-"""Nothing outside the results folder is written through it (issue 43, item 3): the sweep's
-lock is opened without following a link and only as a regular file."""
+"""Nothing outside the results folder is written through it, and no input is read without
+bound (issue 43, items 3 and 8): the sweep's lock is opened without following a link and only
+as a regular file; make-dataset's --from only as a regular file (or a folder) of bounded size."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.run import sweep_lock
+from tests.helpers.cli import run_cli
 from tests.helpers.toy import config, toy
 
 
@@ -44,3 +46,17 @@ def test_a_sweep_onto_a_linked_lock_is_one_line_and_writes_nothing_through_it(
     assert "Traceback" not in proc.stdout + proc.stderr
     assert target.read_text() == "keep me\n"
     assert not (out / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO"])
+def test_make_dataset_from_a_device_or_fifo_is_refused_unread(kind: str, tmp_path: Path) -> None:
+    source = Path("/dev/zero")
+    if kind == "FIFO":
+        source = tmp_path / "cifar.tar.gz"
+        os.mkfifo(source)  # no writer: reading it would block for good
+    proc = run_cli("make-dataset", "--source", "cifar10", "--from", str(source),
+                   "--out", str(tmp_path / "out"), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"error: --from: {str(source)!r} is not a regular file; "
+                                   "allowed: cifar-10-python.tar.gz or the folder "
+                                   "cifar-10-batches-py")

@@ -21,7 +21,9 @@ Imports numpy, Pillow and (digits) scikit-learn; no framework.
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import stat
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -40,6 +42,7 @@ SIZE = 32
 DIGITS_HELDOUT = 360
 DIGITS_SEED = 0
 CIFAR_MEMBERS = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+FROM_MAX_BYTES = 2**30  # the CIFAR-10 python archive is 163 MiB, each batch 30 MiB
 
 
 def check_out(out: Path) -> None:
@@ -80,26 +83,43 @@ def _unpickle(raw: bytes, name: str) -> dict[Any, Any]:
     return data
 
 
+def _bounded_size(path: Path, st: os.stat_result) -> None:
+    """Refuse what make-dataset must not read: no regular file (a FIFO would block, /dev/zero
+    never end) or one past FROM_MAX_BYTES; stat only, nothing opened."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"--from: {str(path)!r} is not a regular file; allowed: "
+                          "cifar-10-python.tar.gz or the folder cifar-10-batches-py")
+    if st.st_size > FROM_MAX_BYTES:
+        raise ConfigError(f"--from: {str(path)!r} is {st.st_size:,} bytes, past "
+                          f"{FROM_MAX_BYTES:,}; allowed: cifar-10-python.tar.gz (163 MiB)")
+
+
 def _cifar_members(path: Path) -> dict[str, bytes]:
     """The batches of a cifar-10-python.tar.gz or of its unpacked cifar-10-batches-py."""
     found: dict[str, bytes] = {}
     if path.is_dir():
         for name in CIFAR_MEMBERS:
-            if (path / name).is_file():
+            if (path / name).exists():
+                _bounded_size(path / name, (path / name).stat())
                 found[name] = (path / name).read_bytes()
-    else:
-        try:
-            with tarfile.open(path) as tar:
-                for member in tar.getmembers():
-                    name = member.name.rsplit("/", 1)[-1]
-                    if member.isfile() and name in CIFAR_MEMBERS:
-                        fh = tar.extractfile(member)
-                        if fh is not None:
-                            found[name] = fh.read()
-        except (OSError, tarfile.TarError) as exc:
-            raise ConfigError(f"--from: {str(path)!r} is not a readable tar archive ({exc}); "
-                              "allowed: cifar-10-python.tar.gz or the folder "
-                              "cifar-10-batches-py") from None
+        return _all_members(path, found)
+    _bounded_size(path, path.stat())
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar.getmembers():
+                name = member.name.rsplit("/", 1)[-1]
+                if member.isfile() and name in CIFAR_MEMBERS and member.size <= FROM_MAX_BYTES:
+                    fh = tar.extractfile(member)
+                    if fh is not None:
+                        found[name] = fh.read()
+    except (OSError, tarfile.TarError) as exc:
+        raise ConfigError(f"--from: {str(path)!r} is not a readable tar archive ({exc}); "
+                          "allowed: cifar-10-python.tar.gz or the folder "
+                          "cifar-10-batches-py") from None
+    return _all_members(path, found)
+
+
+def _all_members(path: Path, found: dict[str, bytes]) -> dict[str, bytes]:
     missing = [n for n in CIFAR_MEMBERS if n not in found]
     if missing:
         raise ConfigError(f"--from: {str(path)!r} lacks {', '.join(missing)}; allowed: "
