@@ -562,15 +562,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.detach and cfg.cluster["backend"] != "slurm":  # before any folder is made
         raise ConfigError("--detach: allowed only with cluster.backend: slurm (a local sweep "
                           "runs in this process)")
-    if args.out:
+    if args.out is not None:
         check_out(args.out)
+    _resume_flags(args)  # in the dry run too: it answers as the run would
     out = results_folder(cfg, args.out, args.resume)
     runs = expand(cfg, out.name)
     if args.dry_run:
         return _dry_run(args, cfg, runs, out)
-    if args.new_fingerprint and not args.resume:
-        raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
-                          "its own fingerprint)")
     if args.out:
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -585,6 +583,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if end.detached:
         return 0
     return _report_sweep(out, end.signum, args.baseline, args.threshold)
+
+
+def _resume_flags(args: argparse.Namespace) -> None:
+    """--new-fingerprint and --retry-failed mean something only with --resume: refused, not
+    ignored, without it."""
+    if args.new_fingerprint and not args.resume:
+        raise ConfigError("--new-fingerprint: allowed only with --resume (a new sweep writes "
+                          "its own fingerprint)")
+    if args.retry_failed and not args.resume:
+        raise ConfigError("--retry-failed: allowed only with --resume (a new sweep has no "
+                          "failed runs to run again)")
 
 
 def _dry_run(args: argparse.Namespace, cfg: Any, runs: list[Any], out: Path) -> int:
@@ -705,6 +714,8 @@ def check_out(text: str) -> None:
     filesystem's 255 bytes, not a file nor under one, and writable (or its nearest existing
     folder, where it is to be made); a ConfigError naming --out otherwise."""
     shown = show_value(text)
+    if not text.strip():
+        raise ConfigError(f"--out: {shown} is not allowed: an empty path; allowed: {OUT_WORDS}")
     path = Path(os.path.abspath(text))
     for part in path.parts:
         if len(os.fsencode(part)) > NAME_MAX:

@@ -1,0 +1,32 @@
+"""Flags that mean something only together are refused alone, in the dry run as in the run,
+and an empty --out is refused, not taken for the default folder (issue 43, item 10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import run_cli
+
+SMOKE = ("--config", "configs/cpu-smoke.yaml")
+
+
+@pytest.mark.parametrize("dry", [True, False])
+@pytest.mark.parametrize("flag", ["--retry-failed", "--new-fingerprint"])
+def test_a_resume_flag_without_resume_is_one_line(flag: str, dry: bool, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_cli(*SMOKE, "--out", str(out), flag, *(["--dry-run"] if dry else []),
+                   timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == f"error: {flag}: allowed only with --resume " + {
+        "--retry-failed": "(a new sweep has no failed runs to run again)",
+        "--new-fingerprint": "(a new sweep writes its own fingerprint)"}[flag]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_an_empty_out_is_refused_naming_out(dry: bool, tmp_path: Path) -> None:
+    proc = run_cli(*SMOKE, "--out", "", *(["--dry-run"] if dry else []), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith("error: --out: '' is not allowed: an empty path")
