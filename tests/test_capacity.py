@@ -328,7 +328,7 @@ def test_depth_search_torch_ddp(tmp_path: Path, torch_python: str) -> None:
     out, _ = run_sweep(tmp_path, "cap-depth", {
         "runners": "torch_ddp", "models": "gpt2_tiny", "devices": [1], "scale": "depth",
         "batch_size_per_device": 4, "device_memory": budget,
-        "capacity": {"start": 8, "max": 32, "resolution": 8}})
+        "capacity": {"start": 16, "max": 32, "resolution": 8}})
     [rec] = load_capacity(out)
     check_search(out, rec, budget, 1)
     assert rec["model_layers"] == rec["largest_fit"] and rec["batch_size_per_device"] == 4
@@ -356,7 +356,7 @@ def test_sharding_fits_a_larger_batch_than_ddp(tmp_path: Path, torch_python: str
         "models": [{"name": "wide_lm", "framework": "torch", "build": "mynets:make_wide_lm",
                     "path": str(REPO_ROOT / "examples" / "mynets"), "args": {"layers": 4},
                     "input": {"kind": "tokens", "seq_len": 8, "vocab": 2048}}],
-        "capacity": {"start": 16, "max": 1024, "resolution": 32}})
+        "capacity": {"start": 32, "max": 1024, "resolution": 32}})
     found = {r["runner"]: r for r in load_capacity(out)}
     for rec in found.values():
         check_search(out, rec, budget, 2)
@@ -367,7 +367,7 @@ def test_sharding_fits_a_larger_batch_than_ddp(tmp_path: Path, torch_python: str
     ddp_state = max(sum(d.values()) for d in ddp["state_bytes_per_device"].values())
     fsdp_state = max(sum(d.values()) for d in fsdp["state_bytes_per_device"].values())
     assert fsdp_state <= 0.55 * ddp_state, (fsdp_state, ddp_state)
-    assert [p["value"] for p in ddp["probes"]][:2] == [16, 32]  # doubling from start
+    assert [p["value"] for p in ddp["probes"]][:2] == [32, 64]  # doubling from start
     assert ddp["model_state"]["total_bytes"] < ddp["peak_bytes_at_largest"]
     assert "Capacity (mode: capacity)" in stdout
     with open(out / "capacity.csv") as fh:

@@ -13,6 +13,7 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
 from bench.run.launch import launch
+from models.small_cnn.spec import FILTERS as SMALL_CNN_FILTERS
 from tests.helpers.cli import run_child
 from tests.helpers.equivalence import make_inputs
 
@@ -94,8 +95,9 @@ def test_kuza55_wraps_at_one_device(tmp_path: Path, tf_python: str) -> None:
 def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """At 2 devices every tower strategy executes, per device, one tower's forward and filter
-    gradient convolutions (19 each for MiniGoogLeNet) and nothing on the template's whole
-    batch: before Keras 2's owned-node updates came back, CPU:0 ran 38 forward convolutions.
+    gradient convolutions (small_cnn's 2 each: the mechanics, on the smallest CNN with
+    BatchNorm) and nothing on the template's whole batch: before Keras 2's owned-node updates
+    came back, CPU:0 ran twice its tower's forward convolutions.
     The tower BatchNorm updates still run (the shared moving mean moves). Counted by op kind,
     so oneDNN's op names (TF_ENABLE_ONEDNN_OPTS=1, the default on AVX-512 hosts) count the
     same as the plain ones: both settings run on any host. avolkov1's average_gradients builds
@@ -103,12 +105,13 @@ def test_each_tower_device_runs_one_towers_work(onednn: str, tf_python: str,
     TF runs both copies: through BatchNorm's learning-phase cond its common-subexpression
     elimination cannot merge them (on the probe, without BatchNorm, it does)."""
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", onednn)
-    out = run_child(tf_python, "tests/children/towers_work.py", timeout=600)
-    one_tower = {CPU.format(0): 19, CPU.format(1): 19}
+    out = run_child(tf_python, "tests/children/towers_work.py", "small_cnn", timeout=600)
+    convs = len(SMALL_CNN_FILTERS)  # one conv layer per filter block (models/small_cnn/spec.py)
+    one_tower = {CPU.format(0): convs, CPU.format(1): convs}
     assert out, "the check script counted no strategy"
     for name, o in out.items():
         assert o["onednn_ops"] is (onednn == "1"), (name, "the setting did not reach TF")
-        assert o["convs_per_tower"] == 19, name
+        assert o["convs_per_tower"] == convs, name
         assert o["forward_convs_per_device"] == one_tower, (name, o)
         # SGD_MGPU's two gradient copies both run: BatchNorm's cond stops TF's CSE
         copies = 2 if name.endswith("-average") else 1

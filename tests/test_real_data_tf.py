@@ -21,6 +21,9 @@ from tests.helpers.sweeps import real_sweep
 RUNNERS = ["tf_mirrored", "tf_native", "keras_tf_kuza55", "keras_tf_multi_gpu_model",
            "keras_tf_avolkov1", "tensorpack"]
 IMAGES, CLASSES = 48, 10  # the real_dataset fixture
+# the Keras runners read the data on small_cnn (the input path is what is tested; it has a Keras
+# builder); tf_native and tensorpack build MiniGoogLeNet in TF1 (small_cnn has no tfv1 builder)
+KERAS = ("tf_mirrored", "keras_tf_kuza55", "keras_tf_multi_gpu_model", "keras_tf_avolkov1")
 
 
 def check_real(rec: dict, n: int, batch: int = 8, workers: int = 1,
@@ -50,7 +53,9 @@ def test_runner_on_real_data(runner: str, tmp_path: Path, real_dataset: Path,
                              tf_python: str) -> None:
     """At 2 devices, where the real batch is split over the replicas (each runner's 1-device
     path is the same input pipeline, and runs in test_tf_runners and test_equivalence)."""
-    records = real_sweep(tmp_path / runner, real_dataset, f"runners=[{runner}]", "devices=[2]")
+    model = "small_cnn" if runner in KERAS else "minigooglenet"
+    records = real_sweep(tmp_path / runner, real_dataset, f"runners=[{runner}]", "devices=[2]",
+                         f"models=[{model}]")
     assert sorted(records) == [2]
     for n, rec in records.items():
         res = check_real(rec, n)
@@ -59,8 +64,8 @@ def test_runner_on_real_data(runner: str, tmp_path: Path, real_dataset: Path,
             assert "get_next per tower" in res["input_pipeline"]
         else:
             assert f"batch {8 * n} (whole)" in res["input_pipeline"]
-        if runner in ("tf_mirrored", "keras_tf_kuza55", "keras_tf_multi_gpu_model",
-                      "keras_tf_avolkov1"):
+        assert rec["model"] == model
+        if runner in KERAS:
             assert res["loader"] == "framework"
 
 
@@ -69,7 +74,8 @@ def test_runner_on_real_data(runner: str, tmp_path: Path, real_dataset: Path,
 def test_keras_loader(tmp_path: Path, real_dataset: Path, tf_python: str) -> None:
     """`loader: keras` feeds fit with the Keras 3 PyDataset over the JPEG files."""
     records = real_sweep(tmp_path / "keras", real_dataset, "runners=[tf_mirrored]",
-                         "devices=[2]", "runner_options.tf_mirrored.loader=keras")
+                         "devices=[2]", "models=[small_cnn]",
+                         "runner_options.tf_mirrored.loader=keras")
     assert sorted(records) == [2]
     res = check_real(records[2], 2, pipeline="Keras PyDataset over the JPEG file list")
     assert res["loader"] == "keras" and records[2]["options"]["loader"] == "keras"

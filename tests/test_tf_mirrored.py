@@ -21,6 +21,9 @@ from tests.helpers.sweeps import smoke_sweep
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 SMOKE = ("--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
          "--set", "measure_steps=4", "--set", "batch_size_per_device=8")
+# the option tests check mechanics (the step loop, the all-reduce, XLA, the layout): on small_cnn,
+# whose graph TF builds in a quarter of MiniGoogLeNet's time; the smoke sweep keeps the config's
+MECHANICS = "models=[small_cnn]"
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +120,8 @@ def test_timeout_is_recorded_and_sweep_finishes(tmp_path: Path, tf_python: str) 
 def test_steps_per_execution_and_hierarchical_copy(tmp_path: Path, tf_python: str) -> None:
     """Two steps per tf.function call (a tf.while_loop of strategy.run) with the hierarchical-
     copy all-reduce: both replicas' devices run the compiled loop; every step is counted."""
-    records = smoke_sweep(tmp_path / "out", "runner_options.tf_mirrored.steps_per_execution=2",
+    records = smoke_sweep(tmp_path / "out", MECHANICS,
+                          "runner_options.tf_mirrored.steps_per_execution=2",
                           "warmup_steps=2", "measure_steps=4", "devices=[2]",
                           "runner_options.tf_mirrored.cross_device_ops=hierarchical_copy")
     assert sorted(records) == [2]
@@ -128,7 +132,8 @@ def test_steps_per_execution_and_hierarchical_copy(tmp_path: Path, tf_python: st
         assert rec["result"]["cross_device_ops"] == "HierarchicalCopyAllReduce"
         check_placement(rec, n)
     # with MirroredStrategy's own all-reduce (CollectiveAllReduce) TF fails inside that loop
-    records = smoke_sweep(tmp_path / "auto", "devices=[2]", "warmup_steps=2", "measure_steps=4",
+    records = smoke_sweep(tmp_path / "auto", MECHANICS, "devices=[2]", "warmup_steps=2",
+                          "measure_steps=4",
                           "runner_options.tf_mirrored.steps_per_execution=2")
     assert records[2]["status"] == "unavailable", (records[2]["status"], records[2]["reason"])
     assert "CollectiveAllReduce" in records[2]["reason"], records[2]["reason"]
@@ -138,7 +143,7 @@ def test_xla_runs_on_one_device_and_says_why_not_on_two(tmp_path: Path, tf_pytho
     """Keras 3 jit-compiles its step function with strategy.run inside it, one XLA cluster on
     the first device; XLA cannot reach the second replica's variables, so 2 devices are
     unavailable with TF's reason, never an ok record with the work on one device."""
-    records = smoke_sweep(tmp_path / "out", "runner_options.tf_mirrored.xla=true")
+    records = smoke_sweep(tmp_path / "out", MECHANICS, "runner_options.tf_mirrored.xla=true")
     one, two = records[1], records[2]
     assert one["status"] == "ok", (one["reason"], Path(one["log_path"]).read_text()[-3000:])
     assert one["result"]["xla"] is True
@@ -148,7 +153,7 @@ def test_xla_runs_on_one_device_and_says_why_not_on_two(tmp_path: Path, tf_pytho
 
 
 def test_channels_first_is_unavailable_on_cpu(tmp_path: Path, tf_python: str) -> None:
-    records = smoke_sweep(tmp_path / "out", "devices=[1]",
+    records = smoke_sweep(tmp_path / "out", MECHANICS, "devices=[1]",
                           "runner_options.tf_mirrored.data_format=channels_first")
     assert records[1]["status"] == "unavailable"
     assert "NHWC" in records[1]["reason"]
