@@ -18,25 +18,11 @@ from mxnet import autograd, gluon
 from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, get_spec, load_builder
-from models.gluon_common import (
-    count_flops_gluon,
-    count_params_gluon,
-    get_canonical_weights,
-    set_canonical_weights,
-)
+from models import gluon_common as gc
 from runners.common import Invalid, Spec, Unavailable, finite, main
 from runners.converge import Batch, Recipe, Splits, load_splits, stepwise, train_to_accuracy
+from runners.mxnet import common as mxc
 from runners.mxnet import dist_launch
-from runners.mxnet.common import (
-    DTYPES,
-    contexts,
-    forever,
-    framework_versions,
-    input_shape_nchw,
-    mean_loss,
-    synthetic_arrays,
-    timed_context_steps,
-)
 from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, stream
 from runners.real_data import RealData, describe, open_for_model
 
@@ -138,12 +124,12 @@ class GluonRun:
     @classmethod
     def open(cls, spec: Spec) -> GluonRun:
         """This node's contexts, the global batch split over the run's, and the dtype."""
-        ctxs, devices = contexts(spec)
+        ctxs, devices = mxc.contexts(spec)
         nodes, n = spec.num_nodes, len(ctxs)
         if n * nodes != spec.num_devices:
             raise Invalid(f"{spec.num_devices} devices do not divide over {nodes} nodes")
         spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers")
-        dtype = DTYPES[spec.precision]
+        dtype = mxc.DTYPES[spec.precision]
         if dtype == "float16" and spec.device == "cpu":
             raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
                               "kernels for the CPU; run fp16 on GPUs")
@@ -171,14 +157,14 @@ class GluonRun:
     def fields(self, replicas: int) -> dict[str, Any]:
         """The record's fields of the model and its Trainer, read after the steps."""
         kv = self.trainer._kvstore
-        return {"replicas": replicas, "framework": framework_versions(),
+        return {"replicas": replicas, "framework": mxc.framework_versions(),
                 "devices": self.devices, "layout": "channels_first", "dtype": self.dtype,
                 "api": "gluon", "hybridize": self.hybridize,
                 "kvstore": kv.type if kv is not None else
                 f"none (kvstore {self.spec.options['kvstore']!r} skipped: one context)",
-                "params": count_params_gluon(self.net),
-                "flops_per_sample": count_flops_gluon(self.net,
-                                                      input_shape_nchw(self.model_spec))}
+                "params": gc.count_params_gluon(self.net),
+                "flops_per_sample": gc.count_flops_gluon(self.net,
+                                                      mxc.input_shape_nchw(self.model_spec))}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -202,10 +188,10 @@ class BenchmarkInput:
         run = self.run
         if self.it is not None:
             return real_feed(nd_batches(stream(self.it)), run.ctxs, run.dtype, self.labels)
-        x, y = synthetic_arrays(run.model_spec, run.spec.global_batch_size)
+        x, y = mxc.synthetic_arrays(run.model_spec, run.spec.global_batch_size)
         rows = slice(self.rank * self.local, (self.rank + 1) * self.local)
-        return forever(split_to_contexts(x[rows], run.ctxs, run.dtype),
-                       split_to_contexts(y[rows], run.ctxs))
+        return mxc.forever(split_to_contexts(x[rows], run.ctxs, run.dtype),
+                           split_to_contexts(y[rows], run.ctxs))
 
     def record(self) -> dict[str, Any]:
         if self.data is None:
@@ -232,7 +218,7 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
     run.compile({"learning_rate": 0.01, "momentum": 0.9}, dist_kv=kv)
     feed = source.feed()
     # on N nodes each step's loss is this worker's share of the global mean
-    window, steps, last = timed_context_steps(
+    window, steps, last = mxc.timed_context_steps(
         spec, lambda: run.step(*next(feed), global_batch), run.trainer, global_batch)
     out = join(window.summary(global_batch, steps * global_batch),
                {"loss_kind": "global mean cross-entropy of each step's batch"},
@@ -252,7 +238,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
-    ctxs, devices = contexts(spec)
+    ctxs, devices = mxc.contexts(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     n, nodes = len(ctxs), spec.num_nodes
     spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers",
@@ -267,15 +253,15 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     ys = split_to_contexts(y[rows].astype("float32"), ctxs)
     for s in xs:  # completes deferred shape inference on every context (no gradient)
         net(s)
-    set_canonical_weights(net, weights)
+    gc.set_canonical_weights(net, weights)
     trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr}, dist_kv=kv)
     broadcast_before_first_push(trainer, kv)
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys, len(x))
-    loss = mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
+    loss = mxc.mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
     mx.nd.waitall()
     if ps is None or ps.place.rank == 0:  # every worker holds the same weights
-        spec.save_equivalence_output(get_canonical_weights(net))
-    out = {"replicas": n * nodes, "framework": framework_versions(), "devices": devices,
+        spec.save_equivalence_output(gc.get_canonical_weights(net))
+    out = {"replicas": n * nodes, "framework": mxc.framework_versions(), "devices": devices,
            "loss": loss, "hybridize": hybridize, **read_placement(losses, net),
            "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}
     if ps is not None:

@@ -20,18 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from contract import tf_cnn_checkout as checkout
 from contract.reasons import code
 from contract.result import join
-from contract.tf_cnn_checkout import (  # noqa: F401
-    ENV_VAR,
-    HOW_TO_GET,
-    MODEL_NAMES,
-    SCRIPT,
-    SCRIPT_MODELS,
-    check_model_in_checkout,
-    find_script,
-    script_model,
-)
+from contract.tf_cnn_checkout import ENV_VAR, find_script  # noqa: F401  (re-exported)
 from models import get_spec
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.real_data import RealData, check_classes, describe, open_dataset
@@ -93,10 +85,10 @@ def build_flags(spec: Spec, options: Mapping[str, Any] | None = None,
     if precision not in PRECISION_FLAGS:
         raise Unavailable(f"tf_cnn_benchmarks runs fp32 or fp16 (--use_fp16), not {precision}")
     device = spec.device
-    model = opts["script_model"] or script_model(spec.model)
-    if model not in SCRIPT_MODELS.get(spec.model, (model,)):
+    model = opts["script_model"] or checkout.script_model(spec.model)
+    if model not in checkout.SCRIPT_MODELS.get(spec.model, (model,)):
         raise Unavailable(f"script_model {model!r} is not a {spec.model}: "
-                          f"{', '.join(SCRIPT_MODELS[spec.model])}")
+                          f"{', '.join(checkout.SCRIPT_MODELS[spec.model])}")
     flags = [
         f"--model={model}",
         f"--num_gpus={n}",
@@ -338,7 +330,7 @@ def run_traced(spec: Spec, script: Path) -> tuple[list[str], int, list[str], dic
         trace_path = Path(tmp) / "trace.json"
         flags = build_flags(spec, spec.options, trace_file=str(trace_path))
         model = flags[0].split("=", 1)[1]
-        check_model_in_checkout(script, model)
+        checkout.check_model_in_checkout(script, model)
         # leave the launcher time to record what happened before it kills our process group
         timeout = max(float(spec.timeout_s) - max(15.0, 0.05 * float(spec.timeout_s)),
                       1.0)
