@@ -4,6 +4,7 @@ colocated gradients (Keras2SGD) and clipped loss. docs/runners/keras2_towers.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -41,9 +42,6 @@ def sparse_categorical_crossentropy(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=log_p)
 
 
-LOSS = sparse_categorical_crossentropy
-INPUTS = ("feed_dict", "staging", "tf_data")
-
 
 def setup(spec: Spec) -> tuple[list[str], list[dict[str, Any]], dict[str, Any]]:
     """The run's device names and descriptions; a Keras session that has them, XLA off."""
@@ -68,11 +66,8 @@ def framework_versions() -> dict[str, str]:
 def build_template(model: str, device: str | None) -> Any:
     """The model from models/ built by Keras 2, its variables (and input placeholder) created
     under `device` (None: no device scope, TF's default placement)."""
-    build = load_builder(model, "keras")
-    if device is None:
-        return build(get_spec(model), data_format=DATA_FORMAT)
-    with tf.device(device):
-        return build(get_spec(model), data_format=DATA_FORMAT)
+    with tf.device(device) if device is not None else contextlib.nullcontext():
+        return load_builder(model, "keras")(get_spec(model), data_format=DATA_FORMAT)
 
 
 def slice_rows(x: tf.Tensor, index: int, parts: int, remainder: str) -> tf.Tensor:
@@ -231,7 +226,7 @@ def compile_model(template: Any, recipe: Recipe | None, device: str, input_mode:
     if stager is not None:
         kwargs["fetches"] = stager.puts  # every step puts the next batch
         kwargs["target_tensors"] = [labels]
-    model.compile(optimizer=optimizer, loss=LOSS, **kwargs)
+    model.compile(optimizer=optimizer, loss=sparse_categorical_crossentropy, **kwargs)
     return Built(model, template, stager, run_metadata, {}, recipe)
 
 
