@@ -7,6 +7,7 @@ Gluon API instead of Symbol/Module. docs/runners/mxnet_native.md, "Notes from th
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -53,9 +54,11 @@ def broadcast_before_first_push(trainer: gluon.Trainer, kv: Any) -> None:
     kv._barrier()
 
 
-def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32") -> list[Any]:
-    """Equal slices of a host array along the batch axis, each copied to its context."""
-    return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=True)
+def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32",
+                      even: bool = True) -> list[Any]:
+    """Slices of a host array along the batch axis (equal unless `even` False), each copied to
+    its context."""
+    return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=even)
 
 
 def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype: str,
@@ -89,11 +92,8 @@ def add_rows(rows: dict[str, int], losses: list[Any]) -> dict[str, int]:
 def read_placement(losses: list[Any], net: gluon.Block) -> dict[str, Any]:
     """Where a step ran, read from MXNet's arrays: the context of each slice's loss (computed
     by the forward on that slice) with its rows, and the parameter copies per context."""
-    copies: dict[str, int] = {}
-    for param in net.collect_params().values():
-        for data in param.list_data():
-            copies[str(data.context)] = copies.get(str(data.context), 0) + 1
-    return {"placement": add_rows({}, losses), "parameter_copies": copies,
+    copies = Counter(str(d.context) for p in net.collect_params().values() for d in p.list_data())
+    return {"placement": add_rows({}, losses), "parameter_copies": dict(copies),
             "placement_source": code("mxnet.ndarray_context_rows")}
 
 
@@ -282,10 +282,6 @@ class ConvergeSteps:
         self.first = True
         self.epoch_steps = stepwise(self.step, self.mean_loss)
 
-    def split(self, array: np.ndarray, dtype: str) -> list[Any]:
-        return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), self.run.ctxs,
-                                          even_split=False)
-
     def train_epoch(self, epoch: int, batches: list[Batch], lr_at: Callable[[int], float]
                     ) -> float:
         self.rows.clear()
@@ -294,8 +290,8 @@ class ConvergeSteps:
 
     def step(self, b: Batch, lr: float, epoch: int) -> Any:
         run = self.run
-        xs = self.split(b.x.transpose(0, 3, 1, 2), run.dtype)
-        ys = self.split(b.y, "float32")
+        xs = split_to_contexts(b.x.transpose(0, 3, 1, 2), run.ctxs, run.dtype, even=False)
+        ys = split_to_contexts(b.y, run.ctxs, even=False)
         run.trainer.set_learning_rate(lr)
         if self.first:
             self.applied.append(float(run.trainer.learning_rate))
@@ -315,7 +311,7 @@ class ConvergeSteps:
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
         """Inference mode (BatchNorm's moving statistics): the held-out split over the
         contexts, each predicting its share with its own parameters, as Gluon's test()."""
-        xs = self.split(x.transpose(0, 3, 1, 2), self.run.dtype)
+        xs = split_to_contexts(x.transpose(0, 3, 1, 2), self.run.ctxs, self.run.dtype, even=False)
         predicted = [self.run.net(s).argmax(axis=1).asnumpy() for s in xs]
         return float((np.concatenate(predicted).astype(np.int64) == y).mean())
 

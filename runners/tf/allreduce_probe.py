@@ -61,30 +61,19 @@ def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
     return strategy.experimental_distribute_values_from_function(value)
 
 
-def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function: the replica context's all_reduce inside strategy.run (as Keras 3's)."""
+def replica_fn(strategy: tf.distribute.Strategy, gather: bool) -> Any:
+    """A tf.function: the replica context's all_reduce(SUM) (as Keras 3's), or its all_gather
+    (axis 0), inside strategy.run."""
 
     def replica(x: tf.Tensor) -> tf.Tensor:
-        return tf.distribute.get_replica_context().all_reduce(SUM, x)
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_gather(x, axis=0) if gather else ctx.all_reduce(SUM, x)
 
     @tf.function
-    def all_reduce(values: Any) -> Any:
+    def collective(values: Any) -> Any:
         return strategy.run(replica, args=(values,))
 
-    return all_reduce
-
-
-def all_gather_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function: the replica context's all_gather (axis 0) inside strategy.run."""
-
-    def replica(x: tf.Tensor) -> tf.Tensor:
-        return tf.distribute.get_replica_context().all_gather(x, axis=0)
-
-    @tf.function
-    def all_gather(values: Any) -> Any:
-        return strategy.run(replica, args=(values,))
-
-    return all_gather
+    return collective
 
 
 def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
@@ -117,7 +106,7 @@ class AllReduceSizes:
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy) -> None:
         self.spec, self.strategy = spec, strategy
         self.n = strategy.num_replicas_in_sync  # the parent checks it against the run's devices
-        self.all_reduce = all_reduce_fn(strategy)
+        self.all_reduce = replica_fn(strategy, gather=False)
         self.expected = expected_sum(self.n)
         self.seen: dict[str, Any] = {}
 
@@ -145,7 +134,7 @@ def other_collectives(spec: Spec, strategy: tf.distribute.Strategy) -> dict[str,
     """All-gather measured (each replica's S/n-byte part, replica r's filled with r + 1);
     reduce-scatter recorded unavailable (tf.distribute's ReplicaContext has none)."""
     n = strategy.num_replicas_in_sync
-    all_gather = all_gather_fn(strategy)
+    all_gather = replica_fn(strategy, gather=True)
 
     def measure_all_gather(nbytes: int) -> dict[str, Any]:
         part = nbytes // DTYPE_BYTES // n

@@ -383,24 +383,25 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         placement = code("tf.tensorpack_tower_get_next") + staged
     else:
         placement = code("tf.tensorpack_staging_queue") + staged
-    result = {
+    return {
         **clock.window.summary(global_batch, (clock.gs1 - clock.gs0) * global_batch),
         "loss_kind": "mean of the towers' cross-entropy on the measured step's batches",
-        "replicas": spec.num_devices,
-        "framework": framework_versions(),
-        "devices": run["devices"],
-        "tower_devices": run["tower_devices"],
-        "variable_devices": run["variable_devices"],
         "layout": DATA_FORMAT,
-        "input": run["input"],
         "data_placement": placement,
         **data_info,
         "params": params,
         "trainable_params": trainable,
         "flops_per_sample": model_spec.flops_per_sample,
-        **{k: run[k] for k in RUN_FIELDS if k in run},
+        **run_fields(spec, run),
     }
-    return result
+
+
+def run_fields(spec: Spec, run: dict[str, Any]) -> dict[str, Any]:
+    """What benchmark and equivalence both report of train()'s towers, trainer and placement."""
+    return {"replicas": spec.num_devices, "framework": framework_versions(),
+            "devices": run["devices"], "tower_devices": run["tower_devices"],
+            "variable_devices": run["variable_devices"], "input": run["input"],
+            **{k: run[k] for k in RUN_FIELDS if k in run}}
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -422,10 +423,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         if not np.allclose(after[key], main_copy, rtol=1e-6, atol=1e-7):
             raise Invalid(f"replica {key} differs from tower 0's copy after the step")
     spec.save_equivalence_output({k: after[k] for k in names})
-    return {"replicas": n, "framework": framework_versions(), "devices": run["devices"],
-            "tower_devices": run["tower_devices"], "input": run["input"],
-            "variable_devices": run["variable_devices"],
-            **{k: run[k] for k in RUN_FIELDS if k in run}}
+    return run_fields(spec, run)
 
 
 if __name__ == "__main__":
