@@ -16,7 +16,7 @@ from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_
 from contract.reasons import code
 from runners.common import Spec, Unavailable, main
 from runners.tf.devices import setup_devices
-from runners.tf.placement import device_key, eager_placement, partition_graphs
+from runners.tf.placement import collective_nodes, device_key, eager_placement
 
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -86,17 +86,12 @@ def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
 def collective_placement(run_metadata: Any) -> dict[str, Any]:
     """The collective ops TF ran, from the instantiated function's partition graphs: per device
     the count of each collective op type, and their communication_hint attributes."""
+    nodes, hints = collective_nodes(run_metadata)
     by_device: dict[str, dict[str, int]] = {}
-    hints: set[str] = set()
-    for graph in partition_graphs(run_metadata):
-        for node in graph.node:
-            if node.op.startswith("Collective"):
-                ops = by_device.setdefault(device_key(node.device), {})
-                ops[node.op] = ops.get(node.op, 0) + 1
-                if "communication_hint" in node.attr:
-                    hints.add(node.attr["communication_hint"].s.decode())
-    return {"by_device": dict(sorted(by_device.items())),
-            "communication_hints": sorted(hints)}
+    for node in nodes:
+        ops = by_device.setdefault(device_key(node.device), {})
+        ops[node.op] = ops.get(node.op, 0) + 1
+    return {"by_device": dict(sorted(by_device.items())), "communication_hints": hints}
 
 
 class AllReduceSizes:

@@ -86,12 +86,6 @@ def synthetic_tokens(seq_len: int, vocab: int, batch: int) -> tuple[tf.Tensor, t
     return ids[:, :-1], ids[:, 1:]
 
 
-def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
-                      repeat: bool = True) -> tf.data.Dataset:
-    """One synthetic global batch, repeated; not sharded when a strategy distributes it."""
-    return global_batch_dataset(synthetic_batch(shape, classes, batch), repeat)
-
-
 def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
     """A dataset of one global batch (repeated, or once), split over replicas, not sharded."""
     ds = tf.data.Dataset.from_tensors(batch)
@@ -133,8 +127,8 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
     the `loader`'s global batches (framework: tf.data; keras: the PyDataset, `steps` long)."""
     batch = spec.global_batch_size
     if spec.data == "synthetic":
-        return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
-                                 batch), {}
+        return global_batch_dataset(synthetic_batch(input_shape(model_spec, data_format),
+                                                    model_spec.num_classes, batch)), {}
     data = open_real(spec, model_spec)
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
     loader = spec.options["loader"]

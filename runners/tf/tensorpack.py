@@ -21,7 +21,7 @@ import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, main  # noqa: E402
-from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
+from runners.real_data import RealData, describe, open_for_model  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402
 from runners.tf.placement import graph_placement, graph_run_options  # noqa: E402
@@ -361,8 +361,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     feed: list[list[np.ndarray]] | RealData
     data_info: dict[str, Any] = {}
     if spec.data == "real":
-        feed = open_dataset(spec)
-        check_classes(feed, model_spec.num_classes, spec.model)
+        feed = open_for_model(spec, model_spec)
         size = model_spec.input_shape[0]
         data_info = {**describe(feed, size),
                      "input_pipeline": tf_data.describe_pipeline(feed, per)

@@ -23,6 +23,7 @@ from runners.tf import towers as kt
 from runners.tf.towers_input import arrays_source, input_option, make_source
 
 Make = Callable[[Spec, list[str], str], tuple[kt.Built, dict[str, Any]]]
+After = Callable[[kt.Built], dict[str, Any]]  # a runner's fields read from the trained model
 
 
 class Clock(tf_keras.callbacks.Callback):
@@ -153,7 +154,7 @@ class TowerRun:
         }, self.xla, self.fields, {"departs_from_original": kt.departures(self.spec)})
 
 
-def benchmark(spec: Spec, make: Make) -> dict[str, Any]:
+def benchmark(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
     """make's model: one traced placement step, then the timed steps in one fit call."""
     names, devices, xla = kt.setup(spec)
     input_mode = input_option(spec)
@@ -173,7 +174,8 @@ def benchmark(spec: Spec, make: Make) -> dict[str, Any]:
     return join(clock.window.summary(batch, steps * batch),
                 {"loss_kind": "Keras 2 per-batch loss",
                  "placement_step": "one extra traced step before the warm-up"},
-                run.record(placement, "tf_keras (Keras 2) in TF1 graph mode, fit"), source.info)
+                run.record(placement, "tf_keras (Keras 2) in TF1 graph mode, fit"), source.info,
+                after(built) if after else {})
 
 
 def equivalence(spec: Spec, make: Make) -> dict[str, Any]:
@@ -286,7 +288,7 @@ class TowerConverge:
         return batchnorm_moving_stats(self.run.built.template)
 
 
-def converge(spec: Spec, make: Make) -> dict[str, Any]:
+def converge(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
     """Mode converge as seed 004 trained: TowerConverge on make's model with converge_loss and the
     recipe's SGD, initial weights seeded by tf_keras.utils.set_random_seed(recipe.seed)."""
     from runners.converge import Recipe, load_splits, train_to_accuracy
@@ -319,4 +321,5 @@ def converge(spec: Spec, make: Make) -> dict[str, Any]:
         "loss_kind": "Keras 2 per-batch loss, mean over the epoch's steps",
         "evaluation": "the template's predict on the held-out split (inference mode)",
     }, run.record(adapter.placement,
-                  "tf_keras (Keras 2) in TF1 graph mode, fit per epoch, LR per step by callback"))
+                  "tf_keras (Keras 2) in TF1 graph mode, fit per epoch, LR per step by callback"),
+        after(run.built) if after else {})
