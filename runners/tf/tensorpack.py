@@ -52,11 +52,6 @@ def count_params(model: str) -> tuple[int, int]:
     return total, trainable
 
 
-def tensorpack_devices(n: int) -> list[str]:
-    """Tower k's device as tensorpack 0.11 names it: "/gpu:k" (hard-coded in its builders)."""
-    return [f"/gpu:{k}" for k in range(n)]
-
-
 def relocate_towers(graph: Any, devices: list[str]) -> int:
     """Put every op tensorpack placed on "/gpu:k" on the run's device k (the identity on GPUs);
     call on the finished graph, before the session sees it. Returns how many ops moved."""
@@ -112,7 +107,7 @@ def parameter_server_builder(n: int, ps_device: str) -> Any:
         SyncMultiGPUParameterServerBuilder,
     )
 
-    raw = tensorpack_devices(n)
+    raw = [f"/gpu:{k}" for k in range(n)]  # tower k's device as tensorpack 0.11 names it
 
     class ParameterServerBuilder(SyncMultiGPUParameterServerBuilder):
         def call_for_each_tower(self, tower_fn: Any) -> Any:

@@ -182,11 +182,6 @@ class Keras2Network(tf_keras.Model):
         return updates
 
 
-def keras2_gradients(loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
-    """Keras 2.0-2.2's K.gradients: each gradient op on its forward op's device."""
-    return tfv1.gradients(loss, params, colocate_gradients_with_ops=True)
-
-
 class Keras2SGD(tf_keras.optimizers.legacy.SGD):
     """tf_keras' legacy SGD, with the gradients Keras 2.2 took; `weight_decay` (mode converge's
     recipe, which Keras 2's SGD lacked) added to every gradient, g + wd x w, as torch's SGD."""
@@ -196,7 +191,8 @@ class Keras2SGD(tf_keras.optimizers.legacy.SGD):
         self.l2_decay = float(weight_decay)
 
     def get_gradients(self, loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
-        grads = keras2_gradients(loss, params)
+        # Keras 2.0-2.2's K.gradients: each gradient op on its forward op's device
+        grads = tfv1.gradients(loss, params, colocate_gradients_with_ops=True)
         if any(g is None for g in grads):
             raise ValueError("a variable has no gradient")
         if self.l2_decay:

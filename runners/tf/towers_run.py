@@ -252,14 +252,12 @@ class TowerConverge:
         self.run, self.placement = run, {}
         self.batch = run.spec.global_batch_size
 
-    def _trace(self) -> None:
-        self.placement.update(self.run.trace())
-
     def train_epoch(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]
                     ) -> float:
         x = np.concatenate([b.x for b in batches])
         y = np.concatenate([b.y for b in batches])
-        steps = StepLR(lr_at, None if self.placement else self._trace)
+        steps = StepLR(lr_at, None if self.placement else
+                       lambda: self.placement.update(self.run.trace()))
         try:
             self.run.built.model.fit(x, y, batch_size=self.batch, epochs=epoch + 1,
                                      initial_epoch=epoch, shuffle=False, callbacks=[steps],
