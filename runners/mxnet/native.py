@@ -164,7 +164,7 @@ class GluonRun:
                 f"none (kvstore {self.spec.options['kvstore']!r} skipped: one context)",
                 "params": gc.count_params_gluon(self.net),
                 "flops_per_sample": gc.count_flops_gluon(self.net,
-                                                      mxc.input_shape_nchw(self.model_spec))}
+                                                         mxc.input_shape_nchw(self.model_spec))}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:

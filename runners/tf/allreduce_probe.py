@@ -147,15 +147,15 @@ def other_collectives(spec: Spec, strategy: tf.distribute.Strategy) -> dict[str,
 
     context = tf.distribute.ReplicaContext
     collectives = {
-        ar.ALL_GATHER: ar.measure_collective(ar.ALL_GATHER, spec.model, n, measure_all_gather,
-                                       "MirroredStrategy ReplicaContext.all_gather "
-                                       "(CollectiveGatherV2)"),
+        ar.ALL_GATHER: ar.measure_collective(
+            ar.ALL_GATHER, spec.model, n, measure_all_gather,
+            "MirroredStrategy ReplicaContext.all_gather (CollectiveGatherV2)"),
         ar.REDUCE_SCATTER: ar.unavailable_section(
             ar.REDUCE_SCATTER,
             f"tf.distribute (TensorFlow {tf.__version__}) has no reduce-scatter: "
-            "ReplicaContext has " + ", ".join(m for m in ("all_reduce", "all_gather",
-                                                           "reduce_scatter")
-                                              if hasattr(context, m)) + " only"),
+            "ReplicaContext has " + ", ".join(
+                m for m in ("all_reduce", "all_gather", "reduce_scatter")
+                if hasattr(context, m)) + " only"),
     }
     if hasattr(context, "reduce_scatter"):  # a TensorFlow that has one: say so, not measured
         collectives[ar.REDUCE_SCATTER]["reason"] = (

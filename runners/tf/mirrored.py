@@ -134,9 +134,8 @@ def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any,
         return tfc.fit_input(spec, model_spec, data_format, spec.warmup_steps + spec.measure_steps)
     if spec.data == "real":
         raise Unavailable(TOKENS_REAL)
-    return tfc.global_batch_dataset(tfc.synthetic_tokens(model_spec.input_shape[0],
-                                                         model_spec.num_classes,
-                                                         spec.global_batch_size)), {}
+    return tfc.global_batch_dataset(tfc.synthetic_tokens(
+        model_spec.input_shape[0], model_spec.num_classes, spec.global_batch_size)), {}
 
 
 class StopPlacement(keras.callbacks.Callback):

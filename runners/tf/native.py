@@ -251,7 +251,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     if multi is not None:
         result.update(multi.record(placed["placement"], run_metadata,
                                    {"first_batch": tfc.local_batch(strategy, (xs, ys),
-                                                               "the step's input")}))
+                                                                   "the step's input")}))
     return result
 
 

@@ -107,7 +107,7 @@ def parameter_server_builder(n: int, ps_device: str) -> Any:
         SyncMultiGPUParameterServerBuilder,
     )
 
-    raw = [f"/gpu:{k}" for k in range(n)]  # tower k's device as tensorpack 0.11 names it
+    raw = [f"/gpu:{k}" for k in range(n)]  # tower k's device, as tensorpack 0.11 hard-codes it
 
     class ParameterServerBuilder(SyncMultiGPUParameterServerBuilder):
         def call_for_each_tower(self, tower_fn: Any) -> Any:
