@@ -28,8 +28,8 @@ from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, strea
 from runners.real_data import RealData, describe, open_for_model
 
 
-def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer: str,
-                 params: dict[str, Any], dist_kv: Any = None) -> gluon.Trainer:
+def make_trainer(spec: Spec, net: gluon.Block, optimizer: str, params: dict[str, Any],
+                 dist_kv: Any = None) -> gluon.Trainer:
     """A gluon.Trainer with the configured kvstore; on several nodes over the worker's
     dist kvstore `dist_kv`, the servers only summing (update_on_kvstore=False)."""
     if dist_kv is not None:
@@ -147,7 +147,7 @@ class GluonRun:
     def compile(self, sgd: dict[str, Any], dist_kv: Any = None) -> None:
         """hybridize as configured, then the SGD Trainer over the kvstore and the loss."""
         self.hybridize = hybridize_as_configured(self.net, self.spec)
-        self.trainer = make_trainer(self.spec, self.net, self.ctxs, "sgd", {
+        self.trainer = make_trainer(self.spec, self.net, "sgd", {
             **sgd, "multi_precision": self.dtype == "float16"}, dist_kv=dist_kv)
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -254,7 +254,7 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     for s in xs:  # completes deferred shape inference on every context (no gradient)
         net(s)
     gc.set_canonical_weights(net, weights)
-    trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr}, dist_kv=kv)
+    trainer = make_trainer(spec, net, "sgd", {"learning_rate": lr}, dist_kv=kv)
     broadcast_before_first_push(trainer, kv)
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys, len(x))
     loss = mxc.mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
