@@ -16,24 +16,13 @@ import numpy as np
 from contract.reasons import code
 from contract.result import join
 from models import get_spec, load_builder
-from models.keras2_common import (
-    count_flops_keras2,
-    count_params_keras2,
-    get_canonical_weights,
-    set_canonical_weights,
-)
+from models import keras2_common as k2
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite, main
-from runners.mxnet.common import (
-    contexts,
-    forever,
-    framework_versions,
-    import_keras_mxnet,
-    synthetic_arrays,
-)
+from runners.mxnet import common as mxc
 from runners.mxnet.data import describe_pipeline, numpy_batches, record_iter, stream
 from runners.real_data import RealData, batch_at, describe, open_for_model
 
-keras = import_keras_mxnet()
+keras = mxc.import_keras_mxnet()
 
 
 class StepClock(keras.callbacks.Callback):
@@ -141,7 +130,7 @@ def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     opts = spec.options
-    ctxs, _ = contexts(spec)
+    ctxs, _ = mxc.contexts(spec)
     n, global_batch = len(ctxs), spec.global_batch_size
     spec.split_batch(n, "contexts")
     warmup, measure = spec.warmup_steps, spec.measure_steps
@@ -164,9 +153,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     clock = StepClock(warmup, measure)
     arrays = None
     if not real:
-        x, y = synthetic_arrays(model_spec, global_batch)
+        x, y = mxc.synthetic_arrays(model_spec, global_batch)
         arrays = (x, y.reshape(-1, 1))
-        source, fit_kwargs = forever(*arrays), {}
+        source, fit_kwargs = mxc.forever(*arrays), {}
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
     train(model, spec, source, fit_kwargs, warmup + measure, clock, arrays)
@@ -175,11 +164,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     updates = model.optimizer.num_update - start - warmup  # the warm-up's updates are not timed
     return join(clock.window.summary(global_batch, updates * global_batch), {
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
-        "replicas": n, "framework": framework_versions(), "devices": devices,
+        "replicas": n, "framework": mxc.framework_versions(), "devices": devices,
         "layout": keras.backend.image_data_format(), "input": feed,
         "gradient_reduce": opts["gradient_reduce"],
         "kvstore": model._kvstore,  # keras-mxnet's default; Model(..., kvstore=) would change it
-        "params": count_params_keras2(model), "flops_per_sample": count_flops_keras2(model)},
+        "params": k2.count_params_keras2(model), "flops_per_sample": k2.count_flops_keras2(model)},
         read_placement(model, n),
         {**describe(data, size), "loader": opts["loader"], "first_batch_labels": labels,
          "input_pipeline": pipeline} if real else {})
@@ -188,20 +177,20 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model through the benchmark's path (compile with the
     context list, then fit_generator or fit as the input option says); weights saved."""
-    ctxs, _ = contexts(spec)
+    ctxs, _ = mxc.contexts(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     n = len(ctxs)
     spec.split_batch(n, "contexts", rows=len(x))
     model = load_builder("probe", "keras")(get_spec("probe"), data_format="channels_first")
-    set_canonical_weights(model, weights)
+    k2.set_canonical_weights(model, weights)
     devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),
                             ctxs)
     arrays = (x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
     clock = StepClock(0, 1)
-    train(model, spec, forever(*arrays), {}, 1, clock, arrays)
+    train(model, spec, mxc.forever(*arrays), {}, 1, clock, arrays)
     mx.nd.waitall()
-    spec.save_equivalence_output(get_canonical_weights(model))
-    return {"replicas": n, "framework": framework_versions(), "devices": devices,
+    spec.save_equivalence_output(k2.get_canonical_weights(model))
+    return {"replicas": n, "framework": mxc.framework_versions(), "devices": devices,
             "loss": finite(clock.window.losses[0]), "input": spec.options["input"],
             "gradient_reduce": spec.options["gradient_reduce"],
             **read_placement(model, n)}

@@ -7,6 +7,7 @@ Gluon API instead of Symbol/Module. docs/runners/mxnet_native.md, "Notes from th
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,31 +19,17 @@ from mxnet import autograd, gluon
 from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, get_spec, load_builder
-from models.gluon_common import (
-    count_flops_gluon,
-    count_params_gluon,
-    get_canonical_weights,
-    set_canonical_weights,
-)
+from models import gluon_common as gc
 from runners.common import Invalid, Spec, Unavailable, finite, main
 from runners.converge import Batch, Recipe, Splits, load_splits, stepwise, train_to_accuracy
+from runners.mxnet import common as mxc
 from runners.mxnet import dist_launch
-from runners.mxnet.common import (
-    DTYPES,
-    contexts,
-    forever,
-    framework_versions,
-    input_shape_nchw,
-    mean_loss,
-    synthetic_arrays,
-    timed_context_steps,
-)
 from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, stream
 from runners.real_data import RealData, describe, open_for_model
 
 
-def make_trainer(spec: Spec, net: gluon.Block, ctxs: list[mx.Context], optimizer: str,
-                 params: dict[str, Any], dist_kv: Any = None) -> gluon.Trainer:
+def make_trainer(spec: Spec, net: gluon.Block, optimizer: str, params: dict[str, Any],
+                 dist_kv: Any = None) -> gluon.Trainer:
     """A gluon.Trainer with the configured kvstore; on several nodes over the worker's
     dist kvstore `dist_kv`, the servers only summing (update_on_kvstore=False)."""
     if dist_kv is not None:
@@ -67,9 +54,11 @@ def broadcast_before_first_push(trainer: gluon.Trainer, kv: Any) -> None:
     kv._barrier()
 
 
-def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32") -> list[Any]:
-    """Equal slices of a host array along the batch axis, each copied to its context."""
-    return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=True)
+def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32",
+                      even: bool = True) -> list[Any]:
+    """Slices of a host array along the batch axis (equal unless `even` False), each copied to
+    its context."""
+    return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=even)
 
 
 def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype: str,
@@ -103,11 +92,8 @@ def add_rows(rows: dict[str, int], losses: list[Any]) -> dict[str, int]:
 def read_placement(losses: list[Any], net: gluon.Block) -> dict[str, Any]:
     """Where a step ran, read from MXNet's arrays: the context of each slice's loss (computed
     by the forward on that slice) with its rows, and the parameter copies per context."""
-    copies: dict[str, int] = {}
-    for param in net.collect_params().values():
-        for data in param.list_data():
-            copies[str(data.context)] = copies.get(str(data.context), 0) + 1
-    return {"placement": add_rows({}, losses), "parameter_copies": copies,
+    copies = Counter(str(d.context) for p in net.collect_params().values() for d in p.list_data())
+    return {"placement": add_rows({}, losses), "parameter_copies": dict(copies),
             "placement_source": code("mxnet.ndarray_context_rows")}
 
 
@@ -138,12 +124,12 @@ class GluonRun:
     @classmethod
     def open(cls, spec: Spec) -> GluonRun:
         """This node's contexts, the global batch split over the run's, and the dtype."""
-        ctxs, devices = contexts(spec)
+        ctxs, devices = mxc.contexts(spec)
         nodes, n = spec.num_nodes, len(ctxs)
         if n * nodes != spec.num_devices:
             raise Invalid(f"{spec.num_devices} devices do not divide over {nodes} nodes")
         spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers")
-        dtype = DTYPES[spec.precision]
+        dtype = mxc.DTYPES[spec.precision]
         if dtype == "float16" and spec.device == "cpu":
             raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
                               "kernels for the CPU; run fp16 on GPUs")
@@ -161,7 +147,7 @@ class GluonRun:
     def compile(self, sgd: dict[str, Any], dist_kv: Any = None) -> None:
         """hybridize as configured, then the SGD Trainer over the kvstore and the loss."""
         self.hybridize = hybridize_as_configured(self.net, self.spec)
-        self.trainer = make_trainer(self.spec, self.net, self.ctxs, "sgd", {
+        self.trainer = make_trainer(self.spec, self.net, "sgd", {
             **sgd, "multi_precision": self.dtype == "float16"}, dist_kv=dist_kv)
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
@@ -171,14 +157,14 @@ class GluonRun:
     def fields(self, replicas: int) -> dict[str, Any]:
         """The record's fields of the model and its Trainer, read after the steps."""
         kv = self.trainer._kvstore
-        return {"replicas": replicas, "framework": framework_versions(),
+        return {"replicas": replicas, "framework": mxc.framework_versions(),
                 "devices": self.devices, "layout": "channels_first", "dtype": self.dtype,
                 "api": "gluon", "hybridize": self.hybridize,
                 "kvstore": kv.type if kv is not None else
                 f"none (kvstore {self.spec.options['kvstore']!r} skipped: one context)",
-                "params": count_params_gluon(self.net),
-                "flops_per_sample": count_flops_gluon(self.net,
-                                                      input_shape_nchw(self.model_spec))}
+                "params": gc.count_params_gluon(self.net),
+                "flops_per_sample": gc.count_flops_gluon(self.net,
+                                                         mxc.input_shape_nchw(self.model_spec))}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -202,10 +188,10 @@ class BenchmarkInput:
         run = self.run
         if self.it is not None:
             return real_feed(nd_batches(stream(self.it)), run.ctxs, run.dtype, self.labels)
-        x, y = synthetic_arrays(run.model_spec, run.spec.global_batch_size)
+        x, y = mxc.synthetic_arrays(run.model_spec, run.spec.global_batch_size)
         rows = slice(self.rank * self.local, (self.rank + 1) * self.local)
-        return forever(split_to_contexts(x[rows], run.ctxs, run.dtype),
-                       split_to_contexts(y[rows], run.ctxs))
+        return mxc.forever(split_to_contexts(x[rows], run.ctxs, run.dtype),
+                           split_to_contexts(y[rows], run.ctxs))
 
     def record(self) -> dict[str, Any]:
         if self.data is None:
@@ -232,7 +218,7 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
     run.compile({"learning_rate": 0.01, "momentum": 0.9}, dist_kv=kv)
     feed = source.feed()
     # on N nodes each step's loss is this worker's share of the global mean
-    window, steps, last = timed_context_steps(
+    window, steps, last = mxc.timed_context_steps(
         spec, lambda: run.step(*next(feed), global_batch), run.trainer, global_batch)
     out = join(window.summary(global_batch, steps * global_batch),
                {"loss_kind": "global mean cross-entropy of each step's batch"},
@@ -252,7 +238,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 
 
 def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
-    ctxs, devices = contexts(spec)
+    ctxs, devices = mxc.contexts(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     n, nodes = len(ctxs), spec.num_nodes
     spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers",
@@ -267,15 +253,15 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     ys = split_to_contexts(y[rows].astype("float32"), ctxs)
     for s in xs:  # completes deferred shape inference on every context (no gradient)
         net(s)
-    set_canonical_weights(net, weights)
-    trainer = make_trainer(spec, net, ctxs, "sgd", {"learning_rate": lr}, dist_kv=kv)
+    gc.set_canonical_weights(net, weights)
+    trainer = make_trainer(spec, net, "sgd", {"learning_rate": lr}, dist_kv=kv)
     broadcast_before_first_push(trainer, kv)
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys, len(x))
-    loss = mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
+    loss = mxc.mean_loss(losses, len(x))  # on N nodes: this worker's share of the mean
     mx.nd.waitall()
     if ps is None or ps.place.rank == 0:  # every worker holds the same weights
-        spec.save_equivalence_output(get_canonical_weights(net))
-    out = {"replicas": n * nodes, "framework": framework_versions(), "devices": devices,
+        spec.save_equivalence_output(gc.get_canonical_weights(net))
+    out = {"replicas": n * nodes, "framework": mxc.framework_versions(), "devices": devices,
            "loss": loss, "hybridize": hybridize, **read_placement(losses, net),
            "kvstore": trainer._kvstore.type if trainer._kvstore is not None else "none"}
     if ps is not None:
@@ -296,10 +282,6 @@ class ConvergeSteps:
         self.first = True
         self.epoch_steps = stepwise(self.step, self.mean_loss)
 
-    def split(self, array: np.ndarray, dtype: str) -> list[Any]:
-        return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), self.run.ctxs,
-                                          even_split=False)
-
     def train_epoch(self, epoch: int, batches: list[Batch], lr_at: Callable[[int], float]
                     ) -> float:
         self.rows.clear()
@@ -308,8 +290,8 @@ class ConvergeSteps:
 
     def step(self, b: Batch, lr: float, epoch: int) -> Any:
         run = self.run
-        xs = self.split(b.x.transpose(0, 3, 1, 2), run.dtype)
-        ys = self.split(b.y, "float32")
+        xs = split_to_contexts(b.x.transpose(0, 3, 1, 2), run.ctxs, run.dtype, even=False)
+        ys = split_to_contexts(b.y, run.ctxs, even=False)
         run.trainer.set_learning_rate(lr)
         if self.first:
             self.applied.append(float(run.trainer.learning_rate))
@@ -329,7 +311,7 @@ class ConvergeSteps:
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
         """Inference mode (BatchNorm's moving statistics): the held-out split over the
         contexts, each predicting its share with its own parameters, as Gluon's test()."""
-        xs = self.split(x.transpose(0, 3, 1, 2), self.run.dtype)
+        xs = split_to_contexts(x.transpose(0, 3, 1, 2), self.run.ctxs, self.run.dtype, even=False)
         predicted = [self.run.net(s).argmax(axis=1).asnumpy() for s in xs]
         return float((np.concatenate(predicted).astype(np.int64) == y).mean())
 

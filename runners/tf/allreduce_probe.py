@@ -16,7 +16,7 @@ from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_
 from contract.reasons import code
 from runners.common import Spec, Unavailable, main
 from runners.tf.devices import setup_devices
-from runners.tf.placement import device_key, eager_placement, partition_graphs
+from runners.tf.placement import collective_nodes, device_key, eager_placement
 
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -61,30 +61,19 @@ def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
     return strategy.experimental_distribute_values_from_function(value)
 
 
-def all_reduce_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function: the replica context's all_reduce inside strategy.run (as Keras 3's)."""
+def replica_fn(strategy: tf.distribute.Strategy, gather: bool) -> Any:
+    """A tf.function: the replica context's all_reduce(SUM) (as Keras 3's), or its all_gather
+    (axis 0), inside strategy.run."""
 
     def replica(x: tf.Tensor) -> tf.Tensor:
-        return tf.distribute.get_replica_context().all_reduce(SUM, x)
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_gather(x, axis=0) if gather else ctx.all_reduce(SUM, x)
 
     @tf.function
-    def all_reduce(values: Any) -> Any:
+    def collective(values: Any) -> Any:
         return strategy.run(replica, args=(values,))
 
-    return all_reduce
-
-
-def all_gather_fn(strategy: tf.distribute.Strategy) -> Any:
-    """A tf.function: the replica context's all_gather (axis 0) inside strategy.run."""
-
-    def replica(x: tf.Tensor) -> tf.Tensor:
-        return tf.distribute.get_replica_context().all_gather(x, axis=0)
-
-    @tf.function
-    def all_gather(values: Any) -> Any:
-        return strategy.run(replica, args=(values,))
-
-    return all_gather
+    return collective
 
 
 def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
@@ -97,17 +86,12 @@ def sync(strategy: tf.distribute.Strategy, out: Any) -> None:
 def collective_placement(run_metadata: Any) -> dict[str, Any]:
     """The collective ops TF ran, from the instantiated function's partition graphs: per device
     the count of each collective op type, and their communication_hint attributes."""
+    nodes, hints = collective_nodes(run_metadata)
     by_device: dict[str, dict[str, int]] = {}
-    hints: set[str] = set()
-    for graph in partition_graphs(run_metadata):
-        for node in graph.node:
-            if node.op.startswith("Collective"):
-                ops = by_device.setdefault(device_key(node.device), {})
-                ops[node.op] = ops.get(node.op, 0) + 1
-                if "communication_hint" in node.attr:
-                    hints.add(node.attr["communication_hint"].s.decode())
-    return {"by_device": dict(sorted(by_device.items())),
-            "communication_hints": sorted(hints)}
+    for node in nodes:
+        ops = by_device.setdefault(device_key(node.device), {})
+        ops[node.op] = ops.get(node.op, 0) + 1
+    return {"by_device": dict(sorted(by_device.items())), "communication_hints": hints}
 
 
 class AllReduceSizes:
@@ -117,7 +101,7 @@ class AllReduceSizes:
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy) -> None:
         self.spec, self.strategy = spec, strategy
         self.n = strategy.num_replicas_in_sync  # the parent checks it against the run's devices
-        self.all_reduce = all_reduce_fn(strategy)
+        self.all_reduce = replica_fn(strategy, gather=False)
         self.expected = expected_sum(self.n)
         self.seen: dict[str, Any] = {}
 
@@ -145,7 +129,7 @@ def other_collectives(spec: Spec, strategy: tf.distribute.Strategy) -> dict[str,
     """All-gather measured (each replica's S/n-byte part, replica r's filled with r + 1);
     reduce-scatter recorded unavailable (tf.distribute's ReplicaContext has none)."""
     n = strategy.num_replicas_in_sync
-    all_gather = all_gather_fn(strategy)
+    all_gather = replica_fn(strategy, gather=True)
 
     def measure_all_gather(nbytes: int) -> dict[str, Any]:
         part = nbytes // DTYPE_BYTES // n
@@ -163,15 +147,15 @@ def other_collectives(spec: Spec, strategy: tf.distribute.Strategy) -> dict[str,
 
     context = tf.distribute.ReplicaContext
     collectives = {
-        ar.ALL_GATHER: ar.measure_collective(ar.ALL_GATHER, spec.model, n, measure_all_gather,
-                                       "MirroredStrategy ReplicaContext.all_gather "
-                                       "(CollectiveGatherV2)"),
+        ar.ALL_GATHER: ar.measure_collective(
+            ar.ALL_GATHER, spec.model, n, measure_all_gather,
+            "MirroredStrategy ReplicaContext.all_gather (CollectiveGatherV2)"),
         ar.REDUCE_SCATTER: ar.unavailable_section(
             ar.REDUCE_SCATTER,
             f"tf.distribute (TensorFlow {tf.__version__}) has no reduce-scatter: "
-            "ReplicaContext has " + ", ".join(m for m in ("all_reduce", "all_gather",
-                                                           "reduce_scatter")
-                                              if hasattr(context, m)) + " only"),
+            "ReplicaContext has " + ", ".join(
+                m for m in ("all_reduce", "all_gather", "reduce_scatter")
+                if hasattr(context, m)) + " only"),
     }
     if hasattr(context, "reduce_scatter"):  # a TensorFlow that has one: say so, not measured
         collectives[ar.REDUCE_SCATTER]["reason"] = (

@@ -16,22 +16,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from contract import tf_cnn_checkout as checkout
 from contract.reasons import code
 from contract.result import join
-from contract.tf_cnn_checkout import (  # noqa: F401
-    ENV_VAR,
-    HOW_TO_GET,
-    MODEL_NAMES,
-    SCRIPT,
-    SCRIPT_MODELS,
-    check_model_in_checkout,
-    find_script,
-    script_model,
-)
+from contract.tf_cnn_checkout import ENV_VAR, find_script  # noqa: F401  (re-exported)
 from models import get_spec
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.real_data import RealData, check_classes, describe, open_dataset
@@ -93,10 +85,10 @@ def build_flags(spec: Spec, options: Mapping[str, Any] | None = None,
     if precision not in PRECISION_FLAGS:
         raise Unavailable(f"tf_cnn_benchmarks runs fp32 or fp16 (--use_fp16), not {precision}")
     device = spec.device
-    model = opts["script_model"] or script_model(spec.model)
-    if model not in SCRIPT_MODELS.get(spec.model, (model,)):
+    model = opts["script_model"] or checkout.script_model(spec.model)
+    if model not in checkout.SCRIPT_MODELS.get(spec.model, (model,)):
         raise Unavailable(f"script_model {model!r} is not a {spec.model}: "
-                          f"{', '.join(SCRIPT_MODELS[spec.model])}")
+                          f"{', '.join(checkout.SCRIPT_MODELS[spec.model])}")
     flags = [
         f"--model={model}",
         f"--num_gpus={n}",
@@ -136,32 +128,30 @@ def left_to_script(flags: list[str]) -> dict[str, str]:
     return {k: v for k, v in SCRIPT_DEFAULTS.items() if k not in passed}
 
 
-def compute_processes(trace: Mapping[str, Any]) -> dict[int, str]:
-    """{pid: device} of the trace's "<device> Compute" processes (its metadata events)."""
+def compute_events(trace: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(device, args, op) of each "X" event of the trace's "<device> Compute" processes (named
+    by its metadata events)."""
     devices: dict[int, str] = {}
     for ev in trace.get("traceEvents", []):
         if ev.get("ph") == "M" and ev.get("name") == "process_name":
             name = str((ev.get("args") or {}).get("name", ""))
             if name.endswith(" Compute"):
                 devices[ev["pid"]] = name[: -len(" Compute")]
-    return devices
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") == "X" and ev.get("pid") in devices:
+            args = ev.get("args") or {}
+            yield devices[ev["pid"]], ev, str(args.get("op", ev.get("name", "?")))
 
 
 def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     """From the script's Chrome trace (pure): the nodes executed on each device and how many of
     each op type, from the "X" events of each "<device> Compute" process."""
-    devices = compute_processes(trace)
     by_device: dict[str, int] = {}
     by_type: dict[str, int] = {}
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") != "X" or ev.get("pid") not in devices:
+    for dev, ev, op in compute_events(trace):
+        if (ev.get("args") or {}).get("name") in ("_SOURCE", "_SINK"):
             continue
-        args = ev.get("args") or {}
-        if args.get("name") in ("_SOURCE", "_SINK"):
-            continue
-        dev = devices[ev["pid"]]
         by_device[dev] = by_device.get(dev, 0) + 1
-        op = str(args.get("op", ev.get("name", "?")))
         by_type[op] = by_type.get(op, 0) + 1
     return dict(sorted(by_device.items())), dict(sorted(by_type.items(), key=lambda kv: -kv[1]))
 
@@ -169,12 +159,9 @@ def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str,
 def trace_op_seconds(trace: Mapping[str, Any]) -> dict[str, float]:
     """Seconds per op type summed over the traced step's executed nodes (all devices; the
     FULL_TRACE step runs slower than an untraced one, so read shares, not totals)."""
-    compute = compute_processes(trace)
     seconds: dict[str, float] = {}
-    for ev in trace.get("traceEvents", []):
-        if ev.get("ph") == "X" and ev.get("pid") in compute:
-            op = str((ev.get("args") or {}).get("op", ev.get("name", "?")))
-            seconds[op] = seconds.get(op, 0.0) + float(ev.get("dur", 0)) / 1e6
+    for _, ev, op in compute_events(trace):
+        seconds[op] = seconds.get(op, 0.0) + float(ev.get("dur", 0)) / 1e6
     return {k: round(v, 6) for k, v in sorted(seconds.items(), key=lambda kv: -kv[1])}
 
 
@@ -338,7 +325,7 @@ def run_traced(spec: Spec, script: Path) -> tuple[list[str], int, list[str], dic
         trace_path = Path(tmp) / "trace.json"
         flags = build_flags(spec, spec.options, trace_file=str(trace_path))
         model = flags[0].split("=", 1)[1]
-        check_model_in_checkout(script, model)
+        checkout.check_model_in_checkout(script, model)
         # leave the launcher time to record what happened before it kills our process group
         timeout = max(float(spec.timeout_s) - max(15.0, 0.05 * float(spec.timeout_s)),
                       1.0)

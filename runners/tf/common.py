@@ -23,7 +23,6 @@ from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # no
 from runners.converge import Splits, train_to_accuracy  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
-from runners.tf.data import open_real  # noqa: E402  (re-exported)
 from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -86,12 +85,6 @@ def synthetic_tokens(seq_len: int, vocab: int, batch: int) -> tuple[tf.Tensor, t
     return ids[:, :-1], ids[:, 1:]
 
 
-def synthetic_dataset(shape: tuple[int, ...], classes: int, batch: int,
-                      repeat: bool = True) -> tf.data.Dataset:
-    """One synthetic global batch, repeated; not sharded when a strategy distributes it."""
-    return global_batch_dataset(synthetic_batch(shape, classes, batch), repeat)
-
-
 def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
     """A dataset of one global batch (repeated, or once), split over replicas, not sharded."""
     ds = tf.data.Dataset.from_tensors(batch)
@@ -133,9 +126,9 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
     the `loader`'s global batches (framework: tf.data; keras: the PyDataset, `steps` long)."""
     batch = spec.global_batch_size
     if spec.data == "synthetic":
-        return synthetic_dataset(input_shape(model_spec, data_format), model_spec.num_classes,
-                                 batch), {}
-    data = open_real(spec, model_spec)
+        return global_batch_dataset(synthetic_batch(input_shape(model_spec, data_format),
+                                                    model_spec.num_classes, batch)), {}
+    data = tf_data.open_real(spec, model_spec)
     size, channels_first = model_spec.input_shape[0], data_format == "channels_first"
     loader = spec.options["loader"]
     if loader == "keras":

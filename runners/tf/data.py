@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from runners.common import Spec, Unavailable  # noqa: E402
-from runners.real_data import RealData, check_classes, open_dataset  # noqa: E402
+from runners.real_data import RealData, open_for_model  # noqa: E402
 
 SHUFFLE_BUFFER = 10_000  # images; ImageNet input pipelines commonly use 10k
 # libjpeg's accurate IDCT, as Pillow (the reference) decodes; TF's fast default differs
@@ -25,9 +25,7 @@ def open_real(spec: Spec, model_spec: Any) -> RealData:
     """The run's prepared dataset checked against the model; Unavailable for other data."""
     if spec.data != "real":
         raise Unavailable(f"data {spec.data!r} is neither synthetic nor real")
-    data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec.model)
-    return data
+    return open_for_model(spec, model_spec)
 
 
 def versions() -> dict[str, str]:

@@ -55,10 +55,12 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
         "split": kt.split_rows(spec.global_batch_size, len(devices), "last")}
 
 
-def check_saveable(template: Any) -> bool:
-    """Save the template to HDF5 and load it back; Invalid unless every weight matches."""
+def saved_template(built: kt.Built) -> dict[str, Any]:
+    """saved_template_ok: the trained template saved to HDF5 and loaded back; Invalid unless
+    every weight matches."""
     import tf_keras
 
+    template = built.template
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "template.h5")
         template.save(path)
@@ -69,31 +71,11 @@ def check_saveable(template: Any) -> bool:
             a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
             for a, b in zip(ours, theirs, strict=True)):
         raise Invalid("the saved and reloaded template's weights differ from the template's")
-    return True
-
-
-class KeepTemplate:
-    """`make`, keeping the template it built (to save and reload after the run)."""
-
-    def __init__(self) -> None:
-        self.template: Any = None
-
-    def __call__(self, spec: Spec, devices: list[str], input_mode: str
-                 ) -> tuple[kt.Built, dict[str, Any]]:
-        built, fields = make(spec, devices, input_mode)
-        self.template = built.template
-        return built, fields
-
-
-def with_saved_template(run: Any, spec: Spec) -> dict[str, Any]:
-    """run(spec, make) with the trained template saved and reloaded after (saved_template_ok)."""
-    keep = KeepTemplate()
-    result = run(spec, keep)
-    return join(result, {"saved_template_ok": check_saveable(keep.template)})
+    return {"saved_template_ok": True}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    return with_saved_template(towers_run.benchmark, spec)
+    return towers_run.benchmark(spec, make, saved_template)
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -103,7 +85,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
 def converge(spec: Spec) -> dict[str, Any]:
     """towers_run.converge, the trained template saved and reloaded after; a short kept last
     batch is sliced as get_slice slices it (the last replica takes the remainder)."""
-    return with_saved_template(towers_run.converge, spec)
+    return towers_run.converge(spec, make, saved_template)
 
 
 if __name__ == "__main__":

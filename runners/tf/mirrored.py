@@ -17,33 +17,12 @@ import tensorflow as tf
 from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, get_spec, load_builder, spec_of
+from models import keras_common as kc
 from models.custom import CustomModelError
-from models.keras_common import (
-    build_run_model,
-    get_canonical_weights,
-    loss_for,
-    model_record,
-    set_canonical_weights,
-)
 from runners.common import Invalid, Spec, Unavailable, main, one_line, process_rank
 from runners.converge import Recipe, load_splits
 from runners.memory import model_state_keras
-from runners.tf.common import (
-    POLICIES,
-    SHARDING_NOTE,
-    StrategyConverge,
-    check_converge_model,
-    epoch_dataset,
-    fit_input,
-    framework_versions,
-    global_batch_dataset,
-    local_batch,
-    recipe_optimizer,
-    setup_devices,
-    shard_across_workers,
-    synthetic_tokens,
-    timed_fit,
-)
+from runners.tf import common as tfc
 from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_guard
 from runners.tf.placement import EagerPlacement
 from runners.tf.state import keras_policy, state_bytes_tf
@@ -106,7 +85,7 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
                 "sharded by this runner); loader framework (tf.data) shards by worker")
         multi = multi_worker_strategy(spec, choice, FitMultiWorkerStrategy)
         return multi.strategy, multi.devices, multi
-    names, devices = setup_devices(spec)
+    names, devices = tfc.setup_devices(spec)
     cross = CROSS_DEVICE_OPS[choice]
     strategy = tf.distribute.MirroredStrategy(devices=names,
                                               cross_device_ops=cross() if cross else None)
@@ -130,15 +109,15 @@ def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str
         if model_name is None:
             model_spec = spec_of(spec)
             try:
-                model, described = build_run_model(spec, model_spec,
-                                                   data_format=opts["data_format"])
+                model, described = kc.build_run_model(spec, model_spec,
+                                                      data_format=opts["data_format"])
             except CustomModelError as exc:
                 raise Invalid(str(exc)) from None
         else:
             model_spec = get_spec(model_name)
             model = load_builder(model_name, "keras")(model_spec,
                                                       data_format=opts["data_format"])
-        model.compile(optimizer=optimizer(), loss=loss_for(model_spec),
+        model.compile(optimizer=optimizer(), loss=kc.loss_for(model_spec),
                       steps_per_execution=opts["steps_per_execution"],
                       jit_compile=bool(opts["xla"]))
     return model, described
@@ -152,12 +131,11 @@ def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any,
     """fit_input's data, or for a token model one synthetic global batch of token ids in tf.data,
     split by the distributed iterator as the synthetic images are."""
     if model_spec.input_kind != "tokens":
-        return fit_input(spec, model_spec, data_format, spec.warmup_steps + spec.measure_steps)
+        return tfc.fit_input(spec, model_spec, data_format, spec.warmup_steps + spec.measure_steps)
     if spec.data == "real":
         raise Unavailable(TOKENS_REAL)
-    return global_batch_dataset(synthetic_tokens(model_spec.input_shape[0],
-                                                 model_spec.num_classes,
-                                                 spec.global_batch_size)), {}
+    return tfc.global_batch_dataset(tfc.synthetic_tokens(
+        model_spec.input_shape[0], model_spec.num_classes, spec.global_batch_size)), {}
 
 
 class StopPlacement(keras.callbacks.Callback):
@@ -216,7 +194,7 @@ def compile_info(spec: Spec, strategy: tf.distribute.Strategy, devices: list[dic
     opts = spec.options
     return {
         "replicas": strategy.num_replicas_in_sync,
-        "framework": framework_versions(),
+        "framework": tfc.framework_versions(),
         "devices": devices,
         "layout": layout or opts["data_format"],
         "steps_per_execution": opts["steps_per_execution"],
@@ -230,13 +208,13 @@ def worker_input(strategy: Any, data: Any, multi: Any) -> tuple[Any, Any]:
     replicas get of its first global batch as fit distributes it; one machine: (data, None)."""
     if multi is None:
         return data, None
-    data = shard_across_workers(data)
-    return data, local_batch(strategy, next(iter(strategy.experimental_distribute_dataset(data))),
-                             PROBE_SOURCE)
+    data = tfc.shard_across_workers(data)
+    first = next(iter(strategy.experimental_distribute_dataset(data)))
+    return data, tfc.local_batch(strategy, first, PROBE_SOURCE)
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
+    keras.mixed_precision.set_global_policy(tfc.POLICIES[spec.precision])
     strategy, devices, multi = make_strategy(spec)
     model_spec = spec_of(spec)
     tokens = model_spec.input_kind == "tokens"
@@ -249,19 +227,19 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     placement = EagerPlacement()
     placement.start()  # before fit's first call, which instantiates its train function
     with known_limits(spec, strategy):
-        timed = timed_fit(spec, model, data, spec.options["steps_per_execution"],
-                          callbacks=[StopPlacement(placement)])
+        timed = tfc.timed_fit(spec, model, data, spec.options["steps_per_execution"],
+                              callbacks=[StopPlacement(placement)])
     layout = "tokens (batch, sequence)" if tokens else data_format
     result = join(
         timed, compile_info(spec, strategy, devices, layout), placement.result(),
-        {"dtype_policy": POLICIES[spec.precision],
+        {"dtype_policy": tfc.POLICIES[spec.precision],
          "data_placement": DATA_PLACEMENT["tokens" if tokens else spec.data]},
-        data_info, model_record(model, model_spec, described), model_state_keras(model),
+        data_info, kc.model_record(model, model_spec, described), model_state_keras(model),
         keras_policy(model, spec.precision),
         # one worker's devices only: a multi-worker run would need every worker's (not read)
         state_bytes_tf(model) if multi is None else {})
     if multi is not None:  # last: a collective every worker joins
-        result["input_sharding"] = SHARDING_NOTE
+        result["input_sharding"] = tfc.SHARDING_NOTE
         result.update(multi.record(
             result["placement"], placement.run_metadata, {"first_batch": first_batch},
             {"FitMultiWorkerStrategy.reduce": FIT_REDUCE_NOTE}))
@@ -275,10 +253,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     model, _ = build_compiled(spec, strategy, "probe",
                               lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
-        set_canonical_weights(model, weights)
+        kc.set_canonical_weights(model, weights)
     if spec.options["data_format"] == "channels_first":
         x = x.transpose(0, 3, 1, 2)
-    data = global_batch_dataset((x, y), repeat=False)
+    data = tfc.global_batch_dataset((x, y), repeat=False)
     data, first_batch = worker_input(strategy, data, multi)
     placement = EagerPlacement()
     placement.start()
@@ -290,7 +268,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     if steps != 1:
         raise Invalid(f"the equivalence fit ran {steps} optimizer steps, not 1")
     if process_rank() == 0:  # several workers: each holds the same weights, one writes them
-        spec.save_equivalence_output(get_canonical_weights(model))
+        spec.save_equivalence_output(kc.get_canonical_weights(model))
     result = {**compile_info(spec, strategy, devices), **placement.result()}
     if multi is not None:
         result.update(multi.record(
@@ -311,7 +289,7 @@ class StepLearningRate(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = self.lr_at(batch)
 
 
-class MirroredConverge(StrategyConverge):
+class MirroredConverge(tfc.StrategyConverge):
     """Keras 3 fit, one call per epoch on that epoch's batches in tf.data, the rate set before every
     step (StepLearningRate); the placement from the first train call."""
 
@@ -328,7 +306,7 @@ class MirroredConverge(StrategyConverge):
             self.placement.start()
             callbacks.append(StopPlacement(self.placement))
         with self.empty_replicas(batches), known_limits(self.spec, self.strategy):
-            history = self.model.fit(epoch_dataset(batches, self.data_format),
+            history = self.model.fit(tfc.epoch_dataset(batches, self.data_format),
                                      epochs=epoch + 1, initial_epoch=epoch,
                                      callbacks=callbacks, verbose=0, shuffle=False)
         return float(history.history["loss"][-1])
@@ -340,23 +318,23 @@ def converge(spec: Spec) -> dict[str, Any]:
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
     model_spec = spec_of(spec)
-    check_converge_model(spec, model_spec, splits)
+    tfc.check_converge_model(spec, model_spec, splits)
     if spec.options["steps_per_execution"] > 1:
         raise Unavailable(
             f"steps_per_execution={spec.options['steps_per_execution']} in mode converge: "
             "fit calls on_train_batch_begin once per call of that many steps, so the "
             "recipe's learning rate could not be set before every step")
-    keras.mixed_precision.set_global_policy(POLICIES[spec.precision])
+    keras.mixed_precision.set_global_policy(tfc.POLICIES[spec.precision])
     strategy, devices, _ = make_strategy(spec)
     keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
-    model, described = build_compiled(spec, strategy, None, lambda: recipe_optimizer(recipe))
+    model, described = build_compiled(spec, strategy, None, lambda: tfc.recipe_optimizer(recipe))
     adapter = MirroredConverge(spec, strategy, model)
-    result = adapter.run(spec, splits, POLICIES[spec.precision])
+    result = adapter.run(spec, splits, tfc.POLICIES[spec.precision])
     return join(result, compile_info(spec, strategy, devices), adapter.placement.result(), {
         "data_placement": DATA_PLACEMENT["converge"],
         "lr_setting": "StepLearningRate callback: model.optimizer.learning_rate before each step",
         "train_loss_kind": code("tf.keras_epoch_loss"),
-    }, model_record(model, model_spec, described), keras_policy(model, spec.precision))
+    }, kc.model_record(model, model_spec, described), keras_policy(model, spec.precision))
 
 
 if __name__ == "__main__":

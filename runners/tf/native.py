@@ -17,12 +17,7 @@ import tensorflow as tf
 from contract.reasons import code
 from contract.result import join
 from models import ModelSpec, get_spec, load_builder
-from models.keras_common import (
-    count_flops_keras,
-    count_params_keras,
-    get_canonical_weights,
-    set_canonical_weights,
-)
+from models import keras_common as kc
 from runners.common import Invalid, Spec, finite, main, process_rank, timed_loop
 from runners.converge import Recipe, load_splits
 from runners.real_data import describe
@@ -167,8 +162,8 @@ class NativeModel:
             "xla": self.xla,
             "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
                                  else BATCHNORM_KERNEL[self.fused]),
-            "params": count_params_keras(self.model),
-            "flops_per_sample": count_flops_keras(self.model),
+            "params": kc.count_params_keras(self.model),
+            "flops_per_sample": kc.count_flops_keras(self.model),
         }, placed)
 
 
@@ -243,20 +238,20 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     with strategy.scope():
         model, _ = build_model("probe", get_spec("probe"), data_format,
                                bool(opts["fused_batchnorm"]))
-        set_canonical_weights(model, weights)
+        kc.set_canonical_weights(model, weights)
         optimizer = keras.optimizers.SGD(learning_rate=lr)
         optimizer.build(model.trainable_variables)
     xs, ys = tfc.replica_slices(strategy, images, y)
     step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
     loss, placed, run_metadata = first_step(step, xs, ys)
     if process_rank() == 0:  # several workers: each holds the same weights, one writes them
-        spec.save_equivalence_output(get_canonical_weights(model))
+        spec.save_equivalence_output(kc.get_canonical_weights(model))
     result = {"replicas": n, "framework": tfc.framework_versions(), "devices": devices,
               "loss": loss, "layout": data_format, **placed}
     if multi is not None:
         result.update(multi.record(placed["placement"], run_metadata,
                                    {"first_batch": tfc.local_batch(strategy, (xs, ys),
-                                                               "the step's input")}))
+                                                                   "the step's input")}))
     return result
 
 

@@ -166,18 +166,20 @@ def graph_placement(run_metadata: Any) -> dict[str, Any]:
             "placement_source": code("tf.session_partition_graphs")}
 
 
+def collective_nodes(run_metadata: Any) -> tuple[list[Any], list[str]]:
+    """The collective ops' nodes in the partition graphs TF ran, and their communication_hint
+    attributes (auto, ring, nccl), sorted."""
+    nodes = [node for graph in partition_graphs(run_metadata) for node in graph.node
+             if node.op.startswith("Collective")]
+    return nodes, sorted({node.attr["communication_hint"].s.decode() for node in nodes
+                          if "communication_hint" in node.attr})
+
+
 def collective_ops(run_metadata: Any) -> dict[str, Any]:
-    """The collective ops in the partition graphs TF ran: how many of each op type, and their
-    communication_hint attributes (auto, ring, nccl)."""
-    ops: Counter[str] = Counter()
-    hints: set[str] = set()
-    for graph in partition_graphs(run_metadata) if run_metadata is not None else []:
-        for node in graph.node:
-            if node.op.startswith("Collective"):
-                ops[node.op] += 1
-                if "communication_hint" in node.attr:
-                    hints.add(node.attr["communication_hint"].s.decode())
-    return {"ops": dict(sorted(ops.items())), "communication_hints": sorted(hints)}
+    """How many collective ops of each type TF ran, and their communication hints."""
+    nodes, hints = collective_nodes(run_metadata) if run_metadata is not None else ([], [])
+    return {"ops": dict(sorted(Counter(node.op for node in nodes).items())),
+            "communication_hints": hints}
 
 
 def all_gather_json(strategy: tf.distribute.Strategy, obj: Any) -> list[Any]:

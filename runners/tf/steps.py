@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from runners.common import Invalid, finite
 from runners.tf.devices import xla_collectives_guard
-from runners.tf.placement import BOOKKEEPING_OPS, EagerPlacement
+from runners.tf.placement import BOOKKEEPING_OPS, eager_placement
 
 
 def device_batches(strategy: tf.distribute.Strategy, shape: tuple[int, ...], classes: int,
@@ -78,10 +78,8 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any
                ) -> tuple[float, dict[str, Any], Any]:
     """Run the step once while TF collects its partition graphs: (loss, placement, RunMetadata);
     XLA's "Trying to access resource" on N virtual CPU devices raised Invalid."""
-    placement = EagerPlacement()
-    placement.start()
     try:
-        with xla_collectives_guard():
+        with eager_placement() as placement, xla_collectives_guard():
             loss = finite(step(*args))
     except tf.errors.InvalidArgumentError as exc:
         if XLA_DEVICE_ERROR.search(str(exc)):
@@ -90,8 +88,6 @@ def first_step(step: Callable[..., tf.Tensor], *args: Any
             raise Invalid("XLA ran the replicas' step on one device that cannot reach the "
                           f"other replicas' variables: {said[:300]}") from exc
         raise
-    finally:
-        placement.stop()
     # eager run metadata lists each partition graph twice: count the functions' graphs once
     rm = placement.run_metadata
     graphs = ([g for fg in rm.function_graphs for g in fg.partition_graphs]

@@ -21,7 +21,7 @@ import tensorflow as tf  # noqa: E402
 
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, main  # noqa: E402
-from runners.real_data import RealData, check_classes, describe, open_dataset  # noqa: E402
+from runners.real_data import RealData, describe, open_for_model  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402
 from runners.tf.placement import graph_placement, graph_run_options  # noqa: E402
@@ -50,11 +50,6 @@ def count_params(model: str) -> tuple[int, int]:
         total = sum(int(np.prod(v.shape)) for v in tfv1.global_variables())
         trainable = sum(int(np.prod(v.shape)) for v in tfv1.trainable_variables())
     return total, trainable
-
-
-def tensorpack_devices(n: int) -> list[str]:
-    """Tower k's device as tensorpack 0.11 names it: "/gpu:k" (hard-coded in its builders)."""
-    return [f"/gpu:{k}" for k in range(n)]
 
 
 def relocate_towers(graph: Any, devices: list[str]) -> int:
@@ -112,7 +107,7 @@ def parameter_server_builder(n: int, ps_device: str) -> Any:
         SyncMultiGPUParameterServerBuilder,
     )
 
-    raw = tensorpack_devices(n)
+    raw = [f"/gpu:{k}" for k in range(n)]  # tower k's device, as tensorpack 0.11 hard-codes it
 
     class ParameterServerBuilder(SyncMultiGPUParameterServerBuilder):
         def call_for_each_tower(self, tower_fn: Any) -> Any:
@@ -361,8 +356,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     feed: list[list[np.ndarray]] | RealData
     data_info: dict[str, Any] = {}
     if spec.data == "real":
-        feed = open_dataset(spec)
-        check_classes(feed, model_spec.num_classes, spec.model)
+        feed = open_for_model(spec, model_spec)
         size = model_spec.input_shape[0]
         data_info = {**describe(feed, size),
                      "input_pipeline": tf_data.describe_pipeline(feed, per)
@@ -383,24 +377,25 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         placement = code("tf.tensorpack_tower_get_next") + staged
     else:
         placement = code("tf.tensorpack_staging_queue") + staged
-    result = {
+    return {
         **clock.window.summary(global_batch, (clock.gs1 - clock.gs0) * global_batch),
         "loss_kind": "mean of the towers' cross-entropy on the measured step's batches",
-        "replicas": spec.num_devices,
-        "framework": framework_versions(),
-        "devices": run["devices"],
-        "tower_devices": run["tower_devices"],
-        "variable_devices": run["variable_devices"],
         "layout": DATA_FORMAT,
-        "input": run["input"],
         "data_placement": placement,
         **data_info,
         "params": params,
         "trainable_params": trainable,
         "flops_per_sample": model_spec.flops_per_sample,
-        **{k: run[k] for k in RUN_FIELDS if k in run},
+        **run_fields(spec, run),
     }
-    return result
+
+
+def run_fields(spec: Spec, run: dict[str, Any]) -> dict[str, Any]:
+    """What benchmark and equivalence both report of train()'s towers, trainer and placement."""
+    return {"replicas": spec.num_devices, "framework": framework_versions(),
+            "devices": run["devices"], "tower_devices": run["tower_devices"],
+            "variable_devices": run["variable_devices"], "input": run["input"],
+            **{k: run[k] for k in RUN_FIELDS if k in run}}
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -422,10 +417,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         if not np.allclose(after[key], main_copy, rtol=1e-6, atol=1e-7):
             raise Invalid(f"replica {key} differs from tower 0's copy after the step")
     spec.save_equivalence_output({k: after[k] for k in names})
-    return {"replicas": n, "framework": framework_versions(), "devices": run["devices"],
-            "tower_devices": run["tower_devices"], "input": run["input"],
-            "variable_devices": run["variable_devices"],
-            **{k: run[k] for k in RUN_FIELDS if k in run}}
+    return run_fields(spec, run)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ colocated gradients (Keras2SGD) and clipped loss. docs/runners/keras2_towers.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -41,9 +42,6 @@ def sparse_categorical_crossentropy(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=log_p)
 
 
-LOSS = sparse_categorical_crossentropy
-INPUTS = ("feed_dict", "staging", "tf_data")
-
 
 def setup(spec: Spec) -> tuple[list[str], list[dict[str, Any]], dict[str, Any]]:
     """The run's device names and descriptions; a Keras session that has them, XLA off."""
@@ -68,11 +66,8 @@ def framework_versions() -> dict[str, str]:
 def build_template(model: str, device: str | None) -> Any:
     """The model from models/ built by Keras 2, its variables (and input placeholder) created
     under `device` (None: no device scope, TF's default placement)."""
-    build = load_builder(model, "keras")
-    if device is None:
-        return build(get_spec(model), data_format=DATA_FORMAT)
-    with tf.device(device):
-        return build(get_spec(model), data_format=DATA_FORMAT)
+    with tf.device(device) if device is not None else contextlib.nullcontext():
+        return load_builder(model, "keras")(get_spec(model), data_format=DATA_FORMAT)
 
 
 def slice_rows(x: tf.Tensor, index: int, parts: int, remainder: str) -> tf.Tensor:
@@ -187,11 +182,6 @@ class Keras2Network(tf_keras.Model):
         return updates
 
 
-def keras2_gradients(loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
-    """Keras 2.0-2.2's K.gradients: each gradient op on its forward op's device."""
-    return tfv1.gradients(loss, params, colocate_gradients_with_ops=True)
-
-
 class Keras2SGD(tf_keras.optimizers.legacy.SGD):
     """tf_keras' legacy SGD, with the gradients Keras 2.2 took; `weight_decay` (mode converge's
     recipe, which Keras 2's SGD lacked) added to every gradient, g + wd x w, as torch's SGD."""
@@ -201,7 +191,8 @@ class Keras2SGD(tf_keras.optimizers.legacy.SGD):
         self.l2_decay = float(weight_decay)
 
     def get_gradients(self, loss: tf.Tensor, params: list[Any]) -> list[tf.Tensor]:
-        grads = keras2_gradients(loss, params)
+        # Keras 2.0-2.2's K.gradients: each gradient op on its forward op's device
+        grads = tfv1.gradients(loss, params, colocate_gradients_with_ops=True)
         if any(g is None for g in grads):
             raise ValueError("a variable has no gradient")
         if self.l2_decay:
@@ -231,7 +222,7 @@ def compile_model(template: Any, recipe: Recipe | None, device: str, input_mode:
     if stager is not None:
         kwargs["fetches"] = stager.puts  # every step puts the next batch
         kwargs["target_tensors"] = [labels]
-    model.compile(optimizer=optimizer, loss=LOSS, **kwargs)
+    model.compile(optimizer=optimizer, loss=sparse_categorical_crossentropy, **kwargs)
     return Built(model, template, stager, run_metadata, {}, recipe)
 
 

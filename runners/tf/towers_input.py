@@ -84,11 +84,11 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
     if input_mode == "tf_data":
         if loader != "framework":
             raise Invalid("input tf_data reads the TFRecord shards (loader: framework)")
-        first = tf_data.make_dataset(data, size, batch)
+        first = tfv1.data.make_one_shot_iterator(tf_data.make_dataset(data, size, batch))
         return dataset_source(lambda: tf_data.make_dataset(data, size, batch), {
             **base, "input_pipeline": tf_data.describe_pipeline(data, batch)
             + ", passed to fit (iterator get_next in the graph)",
-            "labels_first_batch": _first_labels_graph(first)})
+            "labels_first_batch": [int(v) for v in K.get_session().run(first.get_next())[1]]})
     if loader == "keras":
         return _keras_source(data, size, batch, steps, base)
     if loader != "framework":
@@ -131,8 +131,3 @@ def _cycle(seq: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     while True:
         yield seq[i % len(seq)]
         i += 1
-
-
-def _first_labels_graph(ds: Any) -> list[int]:
-    nxt = tfv1.data.make_one_shot_iterator(ds).get_next()
-    return [int(v) for v in K.get_session().run(nxt)[1]]

@@ -15,35 +15,15 @@ import tf_keras
 from contract.reasons import code
 from contract.result import join
 from models import get_spec
-from models.keras2_common import (
-    count_flops_keras2,
-    count_params_keras2,
-    get_canonical_weights,
-    set_canonical_weights,
-)
+from models import keras2_common as k2
 from runners.common import Invalid, Spec, TimedWindow, Unavailable
 from runners.tf import op_kinds
-from runners.tf.placement import (
-    compute_ops_by_device,
-    device_key,
-    executed_kinds_by_device,
-    graph_run_options,
-    partition_graphs,
-)
-from runners.tf.towers import (
-    DATA_FORMAT,
-    Built,
-    K,
-    departures,
-    framework_versions,
-    prime,
-    setup,
-    sparse_categorical_crossentropy,
-    split_rows,
-)
+from runners.tf import placement as tfp
+from runners.tf import towers as kt
 from runners.tf.towers_input import arrays_source, input_option, make_source
 
-Make = Callable[[Spec, list[str], str], tuple[Built, dict[str, Any]]]
+Make = Callable[[Spec, list[str], str], tuple[kt.Built, dict[str, Any]]]
+After = Callable[[kt.Built], dict[str, Any]]  # a runner's fields read from the trained model
 
 
 class Clock(tf_keras.callbacks.Callback):
@@ -56,7 +36,7 @@ class Clock(tf_keras.callbacks.Callback):
         self.start_iteration = 0
 
     def _start(self) -> None:
-        self.start_iteration = int(K.get_value(self.model.optimizer.iterations))
+        self.start_iteration = int(kt.K.get_value(self.model.optimizer.iterations))
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self.window.step_begin()
@@ -79,14 +59,14 @@ def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: in
                     ) -> dict[str, Any]:
     """What each device executed in the traced step, by op kind, beside what the original runs
     (one forward and one filter-gradient convolution per conv layer per tower device)."""
-    kinds = executed_kinds_by_device(run_metadata)
+    kinds = tfp.executed_kinds_by_device(run_metadata)
 
     def of(kind: str) -> dict[str, int]:
         return {d: k[kind] for d, k in kinds.items() if k.get(kind)}
 
-    expected = {device_key(_full(d)): convs for d in towers}
+    expected = {tfp.device_key(_full(d)): convs for d in towers}
     backward = expected if copies == 1 else \
-        {device_key(_full(d)): [convs, copies * convs] for d in towers}
+        {tfp.device_key(_full(d)): [convs, copies * convs] for d in towers}
     return {
         "forward_convs_per_device": of(op_kinds.CONV_FORWARD),
         "backward_convs_per_device": of(op_kinds.CONV_BACKPROP_FILTER),
@@ -98,28 +78,28 @@ def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: in
     }
 
 
-def placement_step(built: Built, fit_args: dict[str, Any], devices: list[str],
+def placement_step(built: kt.Built, fit_args: dict[str, Any], devices: list[str],
                    gradient_copies: int = 1) -> dict[str, Any]:
     """Run one traced fit step (FULL_TRACE) and read it (traced_placement)."""
     built.model.fit(**fit_args, verbose=0)
     return traced_placement(built, devices, gradient_copies)
 
 
-def traced_placement(built: Built, devices: list[str], gradient_copies: int = 1
+def traced_placement(built: kt.Built, devices: list[str], gradient_copies: int = 1
                      ) -> dict[str, Any]:
     """The traced step's placement and each device's executed convolutions; the step's callable
     then rebuilt without tracing. Invalid if a tower device did no compute."""
-    placement = compute_ops_by_device(built.run_metadata)
+    placement = tfp.compute_ops_by_device(built.run_metadata)
     fn = built.model.train_function
     fn.run_options, fn.run_metadata = None, None
     fn._callable_fn = None  # rebuilt, untraced, on the next step (a warm-up step)
-    missing = [d for d in devices if placement.get(device_key(_full(d)), 0) <= 0]
+    missing = [d for d in devices if placement.get(tfp.device_key(_full(d)), 0) <= 0]
     if missing:
         raise Invalid(f"no compute ops ran on {missing}: TF placed the step on "
                       f"{sorted(placement)}")
     # the step's convolution weight gradients: as built in the graph, and as TF ran them
     # after its graph optimisations (common-subexpression elimination merges identical ones)
-    backprop = sum(1 for g in partition_graphs(built.run_metadata) for node in g.node
+    backprop = sum(1 for g in tfp.partition_graphs(built.run_metadata) for node in g.node
                    if op_kinds.op_kind(node.op) == op_kinds.CONV_BACKPROP_FILTER)
     backprop_built = sum(1 for op in built.model.train_function.updates_op.graph
                          .get_operations()
@@ -150,7 +130,7 @@ class TowerRun:
     devices: list[dict[str, Any]]
     xla: dict[str, Any]
     input_mode: str
-    built: Built
+    built: kt.Built
     fields: dict[str, Any]
 
     @property
@@ -166,17 +146,17 @@ class TowerRun:
         template = self.built.template
         return join(placement, {
             "replicas": len(placement.get("forward_convs_per_device", {})),
-            "framework": framework_versions(), "api": api, "devices": self.devices,
-            "input": self.input_mode, "layout": DATA_FORMAT, "dtype_policy": "float32",
-            "params": count_params_keras2(template),
-            "flops_per_sample": count_flops_keras2(template),
+            "framework": kt.framework_versions(), "api": api, "devices": self.devices,
+            "input": self.input_mode, "layout": kt.DATA_FORMAT, "dtype_policy": "float32",
+            "params": k2.count_params_keras2(template),
+            "flops_per_sample": k2.count_flops_keras2(template),
             "variables_device": template.weights[0].device,
-        }, self.xla, self.fields, {"departs_from_original": departures(self.spec)})
+        }, self.xla, self.fields, {"departs_from_original": kt.departures(self.spec)})
 
 
-def benchmark(spec: Spec, make: Make) -> dict[str, Any]:
+def benchmark(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
     """make's model: one traced placement step, then the timed steps in one fit call."""
-    names, devices, xla = setup(spec)
+    names, devices, xla = kt.setup(spec)
     input_mode = input_option(spec)
     warmup, measure = spec.warmup_steps, spec.measure_steps
     source = make_source(spec, get_spec(spec.model), input_mode, 1 + warmup + measure)
@@ -184,38 +164,39 @@ def benchmark(spec: Spec, make: Make) -> dict[str, Any]:
     built, staged = run.built, run.built.stager is not None
     if staged:
         assert source.first is not None
-        prime(built, *source.first())
+        kt.prime(built, *source.first())
     built.model.fit(**source.fit_args(1, staged), verbose=0)
     placement = run.trace()
     clock = Clock(warmup, measure)
     built.model.fit(**source.fit_args(warmup + measure, staged), callbacks=[clock], verbose=0)
-    steps = int(K.get_value(built.model.optimizer.iterations)) - clock.start_iteration
+    steps = int(kt.K.get_value(built.model.optimizer.iterations)) - clock.start_iteration
     batch = spec.global_batch_size
     return join(clock.window.summary(batch, steps * batch),
                 {"loss_kind": "Keras 2 per-batch loss",
                  "placement_step": "one extra traced step before the warm-up"},
-                run.record(placement, "tf_keras (Keras 2) in TF1 graph mode, fit"), source.info)
+                run.record(placement, "tf_keras (Keras 2) in TF1 graph mode, fit"), source.info,
+                after(built) if after else {})
 
 
 def equivalence(spec: Spec, make: Make) -> dict[str, Any]:
     """One plain-SGD step through fit on the probe, by the benchmark's input option (a primed
     StagingArea holds the test's batch, so the step trains on it); weights saved after."""
-    names, devices, xla = setup(spec)
+    names, devices, xla = kt.setup(spec)
     input_mode = input_option(spec)
     weights, x, y, lr = spec.equivalence_inputs()
     built, fields = make(replace(spec, model="probe"), names, input_mode)
     run = TowerRun(spec, names, devices, xla, input_mode, built, fields)
-    set_canonical_weights(built.template, weights)
+    k2.set_canonical_weights(built.template, weights)
     if input_mode == "tf_data":
         args: dict[str, Any] = {"x": tf.data.Dataset.from_tensors((x, y)).repeat(),
                                 "steps_per_epoch": 1, "epochs": 1}
     else:
-        prime(built, x, y)
+        kt.prime(built, x, y)
         args = arrays_source(x, y).fit_args(1, built.stager is not None)
     placement = placement_step(built, args, run.towers, fields.get("gradient_copies", 1))
-    spec.save_equivalence_output(get_canonical_weights(built.template))
+    spec.save_equivalence_output(k2.get_canonical_weights(built.template))
     return {"replicas": len(placement["forward_convs_per_device"]),
-            "framework": framework_versions(),
+            "framework": kt.framework_versions(),
             "devices": devices, "input": input_mode, **placement, **xla, **fields}
 
 
@@ -226,7 +207,7 @@ def converge_loss(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
     """The 2017 loss on the labels of the rows the towers trained on (kuza55's get_slice drops a
     short batch's remainder: those labels are left out too)."""
     rows = tf.shape(y_pred)[0]
-    return sparse_categorical_crossentropy(tf.reshape(y_true, [-1])[:rows], y_pred)
+    return kt.sparse_categorical_crossentropy(tf.reshape(y_true, [-1])[:rows], y_pred)
 
 
 class StepLR(tf_keras.callbacks.Callback):
@@ -240,7 +221,7 @@ class StepLR(tf_keras.callbacks.Callback):
         self.losses: list[float] = []
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        K.set_value(self.model.optimizer.lr, self.lr_at(batch))
+        kt.K.set_value(self.model.optimizer.lr, self.lr_at(batch))
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.losses.append(float((logs or {})["loss"]))
@@ -256,7 +237,7 @@ def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
                  if (v := getattr(layer, name, None)) is not None]
     if not variables:
         return True, "no BatchNorm layers"
-    for v, value in zip(variables, K.batch_get_value(variables), strict=True):
+    for v, value in zip(variables, kt.K.batch_get_value(variables), strict=True):
         bad = int(np.size(value) - np.isfinite(value).sum())
         if bad:
             return False, f"{v.name}: {bad} of {np.size(value)} values not finite"
@@ -271,14 +252,12 @@ class TowerConverge:
         self.run, self.placement = run, {}
         self.batch = run.spec.global_batch_size
 
-    def _trace(self) -> None:
-        self.placement.update(self.run.trace())
-
     def train_epoch(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]
                     ) -> float:
         x = np.concatenate([b.x for b in batches])
         y = np.concatenate([b.y for b in batches])
-        steps = StepLR(lr_at, None if self.placement else self._trace)
+        steps = StepLR(lr_at, None if self.placement else
+                       lambda: self.placement.update(self.run.trace()))
         try:
             self.run.built.model.fit(x, y, batch_size=self.batch, epochs=epoch + 1,
                                      initial_epoch=epoch, shuffle=False, callbacks=[steps],
@@ -307,12 +286,12 @@ class TowerConverge:
         return batchnorm_moving_stats(self.run.built.template)
 
 
-def converge(spec: Spec, make: Make) -> dict[str, Any]:
+def converge(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
     """Mode converge as seed 004 trained: TowerConverge on make's model with converge_loss and the
     recipe's SGD, initial weights seeded by tf_keras.utils.set_random_seed(recipe.seed)."""
     from runners.converge import Recipe, load_splits, train_to_accuracy
 
-    names, devices, xla = setup(spec)
+    names, devices, xla = kt.setup(spec)
     input_mode = input_option(spec)
     if input_mode != "feed_dict":
         raise Unavailable(f"mode converge feeds the recipe's numpy batches to fit (input "
@@ -322,7 +301,7 @@ def converge(spec: Spec, make: Make) -> dict[str, Any]:
     tf_keras.utils.set_random_seed(recipe.seed)
     run = TowerRun(spec, names, devices, xla, input_mode, *make(spec, names, input_mode))
     model = run.built.model
-    options, _ = graph_run_options(full_trace=True)
+    options, _ = tfp.graph_run_options(full_trace=True)
     model.compile(optimizer=model.optimizer, loss=converge_loss, options=options,
                   run_metadata=run.built.run_metadata)
     adapter = TowerConverge(run)
@@ -334,10 +313,11 @@ def converge(spec: Spec, make: Make) -> dict[str, Any]:
     slicing = run.built.slicing
     return join(result, {
         # rows of a short kept last batch each tower trains on (seed 002's trap: 0 rows)
-        "short_batch_rows_per_tower": (([short] if slicing is None else split_rows(
+        "short_batch_rows_per_tower": (([short] if slicing is None else kt.split_rows(
             short, len(slicing.devices), slicing.remainder)) if short else None),
         "placement_step": "the run's first training step, traced",
         "loss_kind": "Keras 2 per-batch loss, mean over the epoch's steps",
         "evaluation": "the template's predict on the held-out split (inference mode)",
     }, run.record(adapter.placement,
-                  "tf_keras (Keras 2) in TF1 graph mode, fit per epoch, LR per step by callback"))
+                  "tf_keras (Keras 2) in TF1 graph mode, fit per epoch, LR per step by callback"),
+        after(run.built) if after else {})
