@@ -1,5 +1,6 @@
-"""Flags that mean something only together are refused alone, in the dry run as in the run,
-and an empty --out is refused, not taken for the default folder (issue 43, item 10)."""
+"""Flags that mean something only together are refused alone, in the dry run as in the run;
+an empty --out is refused, not taken for the default folder; a steps_per_execution that cannot
+fill the timed window is refused at validation, not after the run started (issue 43, item 10)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,14 @@ def test_an_empty_out_is_refused_naming_out(dry: bool, tmp_path: Path) -> None:
     proc = run_cli(*SMOKE, "--out", "", *(["--dry-run"] if dry else []), timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().startswith("error: --out: '' is not allowed: an empty path")
+
+
+@pytest.mark.parametrize("value", ["3", "[1, 3]"])
+def test_steps_per_execution_that_does_not_divide_the_steps_fails_validation(value: str) -> None:
+    proc = run_cli(*SMOKE, "--set", f"runner_options.tf_mirrored.steps_per_execution={value}",
+                   "--dry-run", timeout=60)  # warmup_steps 3, measure_steps 10
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        "error: runner_options.tf_mirrored.steps_per_execution: 3 is not allowed; allowed: a "
+        "divisor of warmup_steps (3) and measure_steps (10): the timed window counts whole "
+        "calls")

@@ -244,12 +244,26 @@ def _check_modes(s: Any) -> None:
         if not s.runners:
             raise _fail("runners", s.runners, "a value or a list of values" if s.runners is None
                         else "a non-empty list or a single value")
+        _check_steps_per_call(s)
     if max(s.nodes) > 1 and s.cluster.backend != "slurm":
         raise _fail("nodes", s.nodes, "[1] unless cluster.backend is slurm (a run over "
                     "several nodes is one SLURM job; set cluster: {backend: slurm})")
     if s.until_stable is not None and s.cluster.backend == "slurm":
         raise _fail("until_stable", s.until_stable.model_dump(), "nothing with cluster.backend: "
                     "slurm (its repeats are decided run by run; use repeats)")
+
+
+def _check_steps_per_call(s: Any) -> None:
+    """A runner's steps_per_execution (Keras: steps per call) divides warmup_steps and
+    measure_steps: the timed window counts whole calls (runners/common.py TimedWindow)."""
+    for runner in s.runners:
+        value = s.options_of(runner).get("steps_per_execution")
+        for per_call in value if isinstance(value, list) else [value]:
+            if isinstance(per_call, int) and per_call > 1 and (
+                    s.warmup_steps % per_call or s.measure_steps % per_call):
+                raise _fail(f"runner_options.{runner}.steps_per_execution", per_call,
+                            f"a divisor of warmup_steps ({s.warmup_steps}) and measure_steps "
+                            f"({s.measure_steps}): the timed window counts whole calls")
 
 
 def _scaling_and_batches(s: Any) -> tuple[str, list[int]]:
