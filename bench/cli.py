@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import os
 import re
@@ -246,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         print(overview(_parser()), end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
+        if not argv[0].startswith("-"):  # `run` is implied only before its options
+            close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+            print(f"error: {show_value(argv[0])} is not a command; allowed: "
+                  f"{', '.join(COMMANDS)}{f' (did you mean {close[0]}?)' if close else ''}",
+                  file=sys.stderr)
+            return 2
         argv.insert(0, "run")
     args = _parser().parse_args(argv)
     try:

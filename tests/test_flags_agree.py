@@ -1,6 +1,7 @@
 """Flags that mean something only together are refused alone, in the dry run as in the run;
 an empty --out is refused, not taken for the default folder; a steps_per_execution that cannot
-fill the timed window is refused at validation, not after the run started (issue 43, item 10)."""
+fill the timed window is refused at validation, not after the run started; a mistyped command
+is named, not taken for `run` (issue 43, items 10 and 11)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,13 @@ def test_steps_per_execution_that_does_not_divide_the_steps_fails_validation(val
         "error: runner_options.tf_mirrored.steps_per_execution: 3 is not allowed; allowed: a "
         "divisor of warmup_steps (3) and measure_steps (10): the timed window counts whole "
         "calls")
+
+
+@pytest.mark.parametrize(("word", "hint"), [("reprot", " (did you mean report?)"),
+                                            ("configs/cpu-smoke.yaml", "")])
+def test_a_word_that_is_no_command_is_named_not_taken_for_run(word: str, hint: str) -> None:
+    proc = run_cli(word, "results", timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith(f"error: {word!r} is not a command; allowed: run, ") and \
+        line.endswith(f"check-model, new-runner{hint}"), line
