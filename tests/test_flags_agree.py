@@ -53,3 +53,13 @@ def test_a_word_that_is_no_command_is_named_not_taken_for_run(word: str, hint: s
     line = proc.stderr.strip()
     assert line.startswith(f"error: {word!r} is not a command; allowed: run, ") and \
         line.endswith(f"check-model, new-runner{hint}"), line
+
+
+def test_keys_that_differ_in_yaml_but_not_once_read_are_named_as_written() -> None:
+    from bench.plan.config import ConfigError
+    from bench.plan.config.yaml_reader import parse_yaml
+
+    with pytest.raises(ConfigError) as info:
+        parse_yaml("name: x\n1: a\ntrue: b\n", "m")
+    assert str(info.value) == ("m: keys '1' (line 2) and 'true' (line 3) are one key once read "
+                               "(both True); give each key once")

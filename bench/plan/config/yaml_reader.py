@@ -17,10 +17,19 @@ from bench.plan.config.messages import SHOW_CHARS, _show, _show_path
 class DuplicateKeyError(yaml.constructor.ConstructorError):
     """A mapping in the YAML gives one key twice (YAML forbids it; PyYAML keeps the last)."""
 
-    def __init__(self, key: Any, line: int, first_line: int) -> None:
+    def __init__(self, key: Any, line: int, first_line: int, texts: tuple[str, str]) -> None:
         self.key, self.line, self.first_line = key, line, first_line
+        self.texts = texts  # as written: `1` and `true` differ in YAML, not in a Python dict
         super().__init__(problem=f"key {_show(key)} appears twice (lines {first_line} and "
                          f"{line})")
+
+    def message(self, where: str) -> str:
+        if self.texts[0] == self.texts[1]:
+            return (f"{where}: key {_show(self.key)} at line {self.line} appears twice (first "
+                    f"at line {self.first_line}); give each key once")
+        return (f"{where}: keys {self.texts[0]!r} (line {self.first_line}) and "
+                f"{self.texts[1]!r} (line {self.line}) are one key once read (both "
+                f"{_show(self.key)}); give each key once")
 
 
 # What a sweep file (or a --set value) may hold, checked before anything is built from it:
@@ -125,7 +134,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     continue
                 if first is not key_node:
                     raise DuplicateKeyError(key, key_node.start_mark.line + 1,
-                                            first.start_mark.line + 1)
+                                            first.start_mark.line + 1,
+                                            (str(first.value), str(key_node.value)))
         super().flatten_mapping(node)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
@@ -147,8 +157,7 @@ def parse_yaml(text: str, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except DuplicateKeyError as exc:
-        raise ConfigError(f"{where}: key {_show(exc.key)} at line {exc.line} appears twice (first "
-                          f"at line {exc.first_line}); give each key once") from None
+        raise ConfigError(exc.message(where)) from None
     except YamlTooLarge as exc:
         raise ConfigError(f"{where} is not allowed: {exc.what}; allowed: {exc.allowed}"
                           ) from None
