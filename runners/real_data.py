@@ -20,6 +20,8 @@ import numpy as np
 from runners.common import Invalid, Spec, Unavailable, timed_loop
 
 AUGMENTATIONS = ("none", "crop-flip")
+TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
+               "tokens")
 
 
 @dataclass(frozen=True)

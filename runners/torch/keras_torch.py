@@ -30,7 +30,7 @@ from models.keras_common import (
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.converge import Recipe, fitting_splits
 from runners.memory import model_state_torch
-from runners.real_data import batch_at, check_classes, open_dataset, rank_files
+from runners.real_data import batch_at, open_for_model, rank_files
 from runners.torch import dist as td
 from runners.torch.data import Batch, LoaderConfig, RealInput, equivalence_input, rank_input
 from runners.torch.equivalence import equivalence_step
@@ -92,8 +92,7 @@ def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, batch: int,
 
     from runners.keras_data import JpegSequence
 
-    data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec.model)
+    data = open_for_model(spec, model_spec)
     share = rank_files(data.files, ranks.rank, ranks.world)
     size = model_spec.input_shape[0]
     steps = spec.warmup_steps + spec.measure_steps

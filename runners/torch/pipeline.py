@@ -13,7 +13,7 @@ import torch
 
 from models import get_spec
 from runners.common import Spec, Unavailable, main
-from runners.real_data import check_classes, open_dataset, time_pipeline
+from runners.real_data import open_for_model, time_pipeline
 from runners.torch.data import Place, open_input
 
 
@@ -26,9 +26,8 @@ def device_of(spec: Spec) -> torch.device:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    data = open_dataset(spec)
     model_spec = get_spec(spec.model)
-    check_classes(data, model_spec.num_classes, spec.model)
+    data = open_for_model(spec, model_spec)
     size = model_spec.input_shape[0]
     batch = spec.global_batch_size
     device = device_of(spec)
