@@ -157,11 +157,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ranks, cudnn = start(spec)
     reported: dict[str, Any] = {}
 
-    def make_step(net: nn.Module, feed: td.Feed, lr: float
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
         parts, own = ddp_parts(spec, ranks, net, lr, 0.0)
         reported.update(own)
-        return td.sgd_step(ranks, spec.precision, parts, feed), parts.counter, parts.tracker
+        return td.sgd_step(ranks, spec.precision, parts, feed), parts
 
     result = probe_equivalence(spec, ranks, make_step, spec.options["memory_format"])
     return join(result, compile_record(spec), cudnn, reported)

@@ -21,7 +21,7 @@ from runners.torch.data import LoaderConfig, equivalence_input
 
 def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
                       make_step: Callable[[nn.Module, td.Feed, float],
-                                          tuple[td.Step, td.StepCounter, td.PlacementTracker]],
+                                          tuple[td.Step, td.StepParts]],
                       layout: str = "channels_first",
                       whole: Callable[[nn.Module], nn.Module] = lambda net: net,
                       **own: Any) -> dict[str, Any]:
@@ -39,9 +39,9 @@ def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
     net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
     set_canonical_weights(net, weights)
     net = net.to(ranks.device)
-    step, counter, tracker = make_step(net, feed, lr)
+    step, parts = make_step(net, feed, lr)
     own = {"framework": td.framework_versions(), "layout": layout, **own}
-    return equivalence_step(spec, ranks, step, counter, tracker,
+    return equivalence_step(spec, ranks, step, parts.counter, parts.tracker,
                             lambda: get_canonical_weights(whole(net)), **own)
 
 

@@ -164,11 +164,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     check_fsdp_precision(spec, ranks)
     reported: dict[str, Any] = {}
 
-    def make_step(net: nn.Module, feed: td.Feed, lr: float
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
         step, parts, mesh = training_step(spec, ranks, net, feed, lr, 0.0)
         reported.update(fsdp_record(net, mesh)["fsdp"])
-        return step, parts.counter, parts.tracker
+        return step, parts
 
     return probe_equivalence(spec, ranks, make_step, whole=whole_probe, strategy=STRATEGY,
                              reshard_after_forward=spec.options["reshard_after_forward"],

@@ -100,10 +100,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ranks = td.init_ranks(spec, spec.options["backend"])
     td.check_precision(spec, ranks)
 
-    def make_step(net: nn.Module, feed: td.Feed, lr: float
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
-        step, parts, _ = training_step(spec, ranks, net, feed, lr, 0.0)
-        return step, parts.counter, parts.tracker
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
+        return training_step(spec, ranks, net, feed, lr, 0.0)[:2]
 
     return probe_equivalence(spec, ranks, make_step, strategy=STRATEGY)
 
