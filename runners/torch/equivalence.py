@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from contract.result import join
 from models import get_spec, load_builder
 from runners.common import Invalid, Spec, finite
 from runners.torch import dist as td
@@ -65,6 +64,4 @@ def equivalence_step(spec: Spec, ranks: td.DeviceRank, step: Callable[[], torch.
     weights = canonical()  # on every rank: a sharded strategy gathers its weights collectively
     if ranks.rank == 0:
         spec.save_equivalence_output(weights)
-    result = join(placement, ranks.record(), {"loss": global_loss}, own)
-    ranks.close()
-    return result
+    return td.closing(ranks, placement, ranks.record(), {"loss": global_loss}, own)

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from contract.reasons import code
-from contract.result import join
 from runners.common import Spec, Unavailable, main
 from runners.memory import model_state_torch
 from runners.torch import dist as td
@@ -81,7 +80,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     step, parts = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
     optimizer = parts.optimizer
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
-    result = join(result, {
+    return td.closing(ranks, result, {
         "framework": framework_versions(),
         "layout": "channels_first",
         "fp16_allreduce": fp16_allreduce,
@@ -93,8 +92,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                         "no autocast: float32 parameters and compute" + (
                             "; gradients all-reduced in float16 (hvd.Compression.fp16)"
                             if fp16_allreduce else "")))
-    ranks.close()
-    return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
