@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from models import get_spec
 from runners.common import Spec, Unavailable, main
-from runners.real_data import open_for_model, time_pipeline
+from runners.real_data import pipeline_data, time_pipeline
 from runners.torch.data import Place, open_input
 
 
@@ -26,10 +25,7 @@ def device_of(spec: Spec) -> torch.device:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    model_spec = get_spec(spec.model)
-    data = open_for_model(spec, model_spec)
-    size = model_spec.input_shape[0]
-    batch = spec.global_batch_size
+    data, size, batch = pipeline_data(spec)
     device = device_of(spec)
     feed = open_input(spec, data, size, batch, Place(device=device))
 
