@@ -10,15 +10,12 @@ from typing import Any
 import numpy as np
 import PIL
 
-from models import get_spec
 from runners.common import Spec, main
-from runners.real_data import describe, open_dataset, pil_batches, time_pipeline
+from runners.real_data import describe, pil_batches, pipeline_data, time_pipeline
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    data = open_dataset(spec)
-    size = get_spec(spec.model).input_shape[0]
-    batch = spec.global_batch_size
+    data, size, batch = pipeline_data(spec, checked=False)
     batches = pil_batches(data.files, size, data.augmentation, batch)
     result = time_pipeline(spec, batches, batch)
     result.update(describe(data, size))

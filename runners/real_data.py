@@ -20,6 +20,8 @@ import numpy as np
 from runners.common import Invalid, Spec, Unavailable, timed_loop
 
 AUGMENTATIONS = ("none", "crop-flip")
+TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
+               "tokens")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,17 @@ def open_for_model(spec: Spec, model_spec: Any) -> RealData:
     data = open_dataset(spec)
     check_classes(data, model_spec.num_classes, spec.model)
     return data
+
+
+def pipeline_data(spec: Spec, checked: bool = True) -> tuple[RealData, int, int]:
+    """A pipeline run's dataset (`checked` against its model's outputs), image size, batch."""
+    from models import get_spec
+
+    data = open_dataset(spec)
+    model_spec = get_spec(spec.model)
+    if checked:
+        check_classes(data, model_spec.num_classes, spec.model)
+    return data, model_spec.input_shape[0], spec.global_batch_size
 
 
 def rank_files(files: list[tuple[str, int]], rank: int, world: int) -> list[tuple[str, int]]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 from runners.converge import Recipe
-from runners.real_data import RealData, check_classes, open_dataset
+from runners.real_data import RealData, open_for_model
 
 if TYPE_CHECKING:
     import jax
@@ -206,9 +206,7 @@ def real_dataset(spec: Spec, model_spec: ModelSpec) -> RealData | None:
     """The run's prepared dataset (None for synthetic data), checked against the model."""
     if spec.data == "synthetic":
         return None
-    data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec.model)
-    return data
+    return open_for_model(spec, model_spec)
 
 
 def host_labels(y: jax.Array) -> list[int]:

@@ -17,13 +17,11 @@ from runners.jax import common, flax_step
 from runners.jax.flax_step import BATCHNORM_RECORD
 from runners.jax.state import compute_dtype, precision_record, state_record
 from runners.memory import model_state_jax
-from runners.real_data import RealData, describe
+from runners.real_data import TOKENS_REAL, RealData, describe
 
 VERSIONS = ("flax", "optax")
 PLACEMENT_SOURCE = ("rows of the first timed batch per device, from the batch jax.Array's "
                     "addressable_shards")
-TOKENS_REAL_DATA = ("data real: the prepared datasets are images; a token model trains on "
-                    "synthetic tokens")
 MULTI_NODE_REAL_DATA = (
     "data: real across nodes: the Grain pipeline (runners/jax/data.py) makes whole global "
     "batches, so every process would decode all of each batch; a per-process shard of the file "
@@ -203,7 +201,7 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
         raise Unavailable(MULTI_NODE_REAL_DATA)
     model_spec = spec_of(spec)
     if model_spec.input_kind == "tokens" and spec.data != "synthetic":
-        raise Unavailable(TOKENS_REAL_DATA)
+        raise Unavailable(TOKENS_REAL)
     run = FlaxRun.start(spec, model_spec)
     import optax
 

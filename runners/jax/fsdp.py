@@ -6,10 +6,11 @@ linen. docs/runners/jax_fsdp.md."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from contract.reasons import code
-from runners.common import Spec, main
+from runners.common import main
 from runners.jax.flax_run import benchmark as run_benchmark
 from runners.jax.flax_run import equivalence as run_equivalence
 from runners.jax.flax_step import Layout
@@ -63,13 +64,8 @@ FSDP = Layout(
     AXIS, state_shardings, lambda spec: "global", params_record,
     code("jax.fsdp_state_source"), constrain_grads=True)
 
-
-def benchmark(spec: Spec) -> dict[str, Any]:
-    return run_benchmark(spec, FSDP)
-
-
-def equivalence(spec: Spec) -> dict[str, Any]:
-    return run_equivalence(spec, FSDP)
+benchmark = partial(run_benchmark, layout=FSDP)
+equivalence = partial(run_equivalence, layout=FSDP)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ GRAIN_HOST_PLACEMENT = code("jax.keras_grain_host_batches")
 GRAIN_HOST_LINE = "numpy batches to Keras fit, which lays each out over the devices itself"
 PYDATASET_PLACEMENT = code("jax.keras_pydataset_batches")
 INPUTS = ("numpy", "preplaced")
-TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
-               "tokens")
 HOST_DATA_CAP = 2 << 30  # bytes of synthetic numpy data at most
 
 

@@ -7,6 +7,7 @@ Converge: one fit per epoch, the rate set per step by a callback. docs/runners/k
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from contract.reasons import code
@@ -28,13 +29,8 @@ if TYPE_CHECKING:
 
 DATA_PARALLEL = Strategy(lambda spec, name: make_distribution(spec))
 
-
-def benchmark(spec: Spec) -> dict[str, Any]:
-    return run_benchmark(spec, DATA_PARALLEL)
-
-
-def equivalence(spec: Spec) -> dict[str, Any]:
-    return run_equivalence(spec, DATA_PARALLEL)
+benchmark = partial(run_benchmark, strategy=DATA_PARALLEL)
+equivalence = partial(run_equivalence, strategy=DATA_PARALLEL)
 
 
 MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "

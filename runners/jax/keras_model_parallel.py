@@ -6,6 +6,7 @@ docs/runners/keras_model_parallel.md."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from contract.reasons import code
@@ -108,13 +109,8 @@ MP_STATE_SOURCE = code("jax.keras_model_parallel_state_source")
 
 MODEL_PARALLEL = Strategy(model_parallel, describe, MP_STATE_SOURCE)
 
-
-def benchmark(spec: Spec) -> dict[str, Any]:
-    return run_benchmark(spec, MODEL_PARALLEL)
-
-
-def equivalence(spec: Spec) -> dict[str, Any]:
-    return run_equivalence(spec, MODEL_PARALLEL)
+benchmark = partial(run_benchmark, strategy=MODEL_PARALLEL)
+equivalence = partial(run_equivalence, strategy=MODEL_PARALLEL)
 
 
 if __name__ == "__main__":

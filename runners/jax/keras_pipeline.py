@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from models import get_spec
 from runners.common import Spec, main
 from runners.jax.common import framework_versions, ready_rows, setup_devices
-from runners.real_data import check_classes, describe, open_dataset, time_pipeline
+from runners.real_data import describe, pipeline_data, time_pipeline
 
 
 def fit_adapter(sequence: Any) -> Any:
@@ -41,10 +40,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     keras = import_keras()
     from runners.keras_data import describe_keras, jpeg_sequence
 
-    data = open_dataset(spec)
-    model_spec = get_spec(spec.model)
-    check_classes(data, model_spec.num_classes, spec.model)
-    size, batch = model_spec.input_shape[0], spec.global_batch_size
+    data, size, batch = pipeline_data(spec)
     steps = spec.warmup_steps + spec.measure_steps
     adapter = fit_adapter(jpeg_sequence(data, size, batch, steps))
     adapter.on_epoch_begin()  # starts the enqueuer's workers, as fit does at each epoch

@@ -19,9 +19,10 @@ from runners.common import Invalid, Spec, Unavailable, one_line
 from runners.jax import common, keras_batchnorm, keras_fit
 from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD, NO_BATCHNORM
 from runners.jax.keras_fit import KERAS_MECHANISM, PLACEMENT_SOURCE, POLICIES
-from runners.jax.keras_input import TOKENS_REAL, device_batch, fit_input, input_mode, preplaced
+from runners.jax.keras_input import device_batch, fit_input, input_mode, preplaced
 from runners.jax.state import keras_state
 from runners.memory import model_state_keras
+from runners.real_data import TOKENS_REAL
 
 MULTI_NODE_PREPLACED = (
     "input: preplaced across nodes: Keras 3.15's jax trainer hands every batch to "

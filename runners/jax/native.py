@@ -7,6 +7,7 @@ record: flax_step.py and flax_run.py (shared with jax_fsdp). docs/runners/jax_na
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from contract.reasons import code
@@ -32,13 +33,8 @@ DATA_PARALLEL = Layout(
     lambda replicated, params: common.sharding_record(replicated),
     code("jax.native_state_source"))
 
-
-def benchmark(spec: Spec) -> dict[str, Any]:
-    return run_benchmark(spec, DATA_PARALLEL)
-
-
-def equivalence(spec: Spec) -> dict[str, Any]:
-    return run_equivalence(spec, DATA_PARALLEL)
+benchmark = partial(run_benchmark, layout=DATA_PARALLEL)
+equivalence = partial(run_equivalence, layout=DATA_PARALLEL)
 
 
 MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from models import get_spec
 from runners.common import Spec, main
 from runners.jax.common import framework_versions, ready_rows, setup_devices
-from runners.real_data import check_classes, describe, open_dataset, time_pipeline
+from runners.real_data import describe, pipeline_data, time_pipeline
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -21,10 +20,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     from runners.jax.data import device_batches, grain_version
     from runners.jax.flax_step import make_shardings
 
-    data = open_dataset(spec)
-    model_spec = get_spec(spec.model)
-    check_classes(data, model_spec.num_classes, spec.model)
-    size, batch = model_spec.input_shape[0], spec.global_batch_size
+    data, size, batch = pipeline_data(spec)
     _, sharding = make_shardings(devices)
     batches, line = device_batches(data, size, batch, sharding)
 

@@ -114,8 +114,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                            (ar.REDUCE_SCATTER, "reduce_scatter_tensor"))
     }
     end = time.time()
-    devices: list[Any] = [None] * world
-    dist.all_gather_object(devices, f"rank{dist.get_rank()}:{ranks.device}")
+    devices = ranks.gather(f"rank{dist.get_rank()}:{ranks.device}")
     evidence = {
         "replicas": world, "backend": backend, "devices": devices,
         "source": f"torch.distributed process group (get_world_size()={world}, "
@@ -128,8 +127,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     result = probe_result(rows, spec.model, f"torch.distributed.all_reduce ({backend})",
                           evidence, td.framework_versions(), window=(start, end),
                           collectives=collectives, devices=ranks.devices, rank_threads=threads)
-    ranks.close()
-    return result
+    return td.closing(ranks, result)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from models import ModelSpec
 from runners.common import Spec, Unavailable, rows_per_device
-from runners.real_data import RealData, check_classes, describe, open_dataset, preprocess
+from runners.real_data import TOKENS_REAL, RealData, describe, open_for_model, preprocess
 
 LOADERS = ("auto", "dataloader", "dali")  # runner option `data_loader` (auto: DALI on GPUs
 # when installed, else the DataLoader)
@@ -302,8 +302,6 @@ def synthetic_tokens(place: Place, seq_len: int, vocab: int, batch: int,
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
 
-TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
-               "tokens")
 
 
 def rank_input(spec: Spec, place: Place, model_spec: ModelSpec, shape: tuple[int, ...],
@@ -321,8 +319,7 @@ def rank_input(spec: Spec, place: Place, model_spec: ModelSpec, shape: tuple[int
     if spec.data != "real":
         return SyntheticInput(*synthetic_slice(place, shape, model_spec.num_classes, batch,
                                                config.memory_format))
-    data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec.model)
+    data = open_for_model(spec, model_spec)
     return open_input(spec, data, model_spec.input_shape[0], batch, place, config)
 
 

@@ -109,10 +109,8 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     parts, reported = ddp_parts(spec, ranks, net, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, td.sgd_step(ranks, spec.precision, parts, feed),
                          parts.counter, parts.tracker, feed)
-    result = join(result, run_fields(spec, ranks, net, model_spec, parts, AFTER_WINDOW), cudnn,
-                  reported)
-    ranks.close()
-    return result
+    return td.closing(ranks, result, run_fields(spec, ranks, net, model_spec, parts, AFTER_WINDOW),
+                      cudnn, reported)
 
 
 def converge(spec: Spec) -> dict[str, Any]:
@@ -143,12 +141,10 @@ def converge(spec: Spec) -> dict[str, Any]:
 
     loop = RankConverge(ranks, spec.precision, parts,
                         ConvergeModel(to_input, infer, lambda: torch_bn_stats(net)))
-    result = join(loop.run(spec, splits),
-                  run_fields(spec, ranks, net, model_spec, parts,
-                             "read after the last epoch's last step"), cudnn, reported,
-                  {"loop": code("torch.ddp_converge_loop")})
-    ranks.close()
-    return result
+    return td.closing(ranks, loop.run(spec, splits),
+                      run_fields(spec, ranks, net, model_spec, parts,
+                                 "read after the last epoch's last step"), cudnn, reported,
+                      {"loop": code("torch.ddp_converge_loop")})
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -157,11 +153,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ranks, cudnn = start(spec)
     reported: dict[str, Any] = {}
 
-    def make_step(net: nn.Module, feed: td.Feed, lr: float
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
         parts, own = ddp_parts(spec, ranks, net, lr, 0.0)
         reported.update(own)
-        return td.sgd_step(ranks, spec.precision, parts, feed), parts.counter, parts.tracker
+        return td.sgd_step(ranks, spec.precision, parts, feed), parts
 
     result = probe_equivalence(spec, ranks, make_step, spec.options["memory_format"])
     return join(result, compile_record(spec), cudnn, reported)

@@ -49,8 +49,8 @@ def import_deepspeed(spec: Spec) -> Any:
 
 
 def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
-    """The torchrun process group, adopted by deepspeed.init_distributed; the backend DeepSpeed's
-    accelerator would pick must be the group's."""
+    """The torchrun process group, adopted by deepspeed.init_distributed (the backend DeepSpeed's
+    accelerator would pick must be the group's); the precision checked."""
     deepspeed = import_deepspeed(spec)
     ranks = td.init_ranks(spec, "auto")
     from deepspeed.accelerator import get_accelerator
@@ -61,6 +61,7 @@ def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
         raise Unavailable(f"DeepSpeed's {accel.device_name()} accelerator communicates over "
                           f"{wanted}; the harness's torchrun group is {ranks.backend}")
     deepspeed.init_distributed(dist_backend=ranks.backend, verbose=False)
+    td.check_precision(spec, ranks)
     return deepspeed, ranks
 
 
@@ -214,9 +215,8 @@ class Engine:
         loss = td.loss_of(self.engine(x), y)
         self.engine.backward(loss)
         mine = self.local_state()
-        rows: list[Any] = [None] * self.ranks.world
-        dist.all_gather_object(rows, {"rank": self.ranks.rank, "device": str(self.ranks.device),
-                                      **mine})
+        rows = self.ranks.gather({"rank": self.ranks.rank, "device": str(self.ranks.device),
+                                  **mine})
         per_device = {f"rank{r['rank']}:{r['device']}": r["local"] for r in rows}
         if any(r["global"] != rows[0]["global"] for r in rows):
             raise Invalid(f"the ranks state different global sizes: {[r['global'] for r in rows]}")
@@ -241,12 +241,11 @@ class Engine:
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     deepspeed, ranks = init_deepspeed(spec)
-    td.check_precision(spec, ranks)
     model_spec, feed, net = td.rank_model(spec, ranks)
     model = td.model_record(net, model_spec)  # before ZeRO-3 partitions the parameters away
     engine = Engine(deepspeed, spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
-    result = join(result, {
+    return td.closing(ranks, result, {
         "framework": {**td.framework_versions(), "deepspeed": deepspeed.__version__},
         "precision_policy": engine.precision_policy(),
         "strategy": f"DeepSpeed ZeRO stage {engine.stage}, one process per device (torchrun); "
@@ -254,8 +253,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                        2: "optimizer state and gradients partitioned",
                        3: "parameters, gradients and optimizer state partitioned"}[engine.stage],
     }, engine.reported(), model, engine.state_record())
-    ranks.close()
-    return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -266,7 +263,6 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     from models.torch_common import get_canonical_weights, set_canonical_weights
 
     deepspeed, ranks = init_deepspeed(spec)
-    td.check_precision(spec, ranks)
     weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks.place)
     net = load_builder("probe", "torch")(get_spec("probe"), data_format="channels_first")

@@ -116,11 +116,10 @@ class Ranks(DeviceRank):
 def multi_node_record(ranks: Ranks) -> dict[str, Any]:
     """`nodes` (each rank's node_identity gathered over the process group, by node) and
     `multi_node` (what torch.distributed says of the group) of a multi-node run."""
-    out: list[Any] = [None] * ranks.world
-    dist.all_gather_object(out, {**node_identity(), "rank": dist.get_rank(),
-                                 "local_rank": ranks.local_rank,
-                                 "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 0)),
-                                 "group_rank": int(os.environ.get("GROUP_RANK", -1))})
+    out = ranks.gather({**node_identity(), "rank": dist.get_rank(),
+                        "local_rank": ranks.local_rank,
+                        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 0)),
+                        "group_rank": int(os.environ.get("GROUP_RANK", -1))})
     return {"nodes": group_nodes(out), "multi_node": {
         "mechanism": "torchrun, c10d rendezvous",
         "rendezvous": {k: os.environ.get(k) for k in (
@@ -347,6 +346,13 @@ def timed_steps(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Tensor],
         "batch_size_per_rank": batch,
     }, ranks.record(), feed.record())
     feed.close()
+    return result
+
+
+def closing(ranks: DeviceRank, *fields: dict[str, Any]) -> dict[str, Any]:
+    """The result joined from `fields` (contract.result.join), then the ranks closed."""
+    result = join(*fields)
+    ranks.close()
     return result
 
 

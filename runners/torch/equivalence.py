@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from contract.result import join
 from models import get_spec, load_builder
 from runners.common import Invalid, Spec, finite
 from runners.torch import dist as td
@@ -21,7 +20,7 @@ from runners.torch.data import LoaderConfig, equivalence_input
 
 def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
                       make_step: Callable[[nn.Module, td.Feed, float],
-                                          tuple[td.Step, td.StepCounter, td.PlacementTracker]],
+                                          tuple[td.Step, td.StepParts]],
                       layout: str = "channels_first",
                       whole: Callable[[nn.Module], nn.Module] = lambda net: net,
                       **own: Any) -> dict[str, Any]:
@@ -39,9 +38,9 @@ def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
     net = load_builder("probe", "torch")(get_spec("probe"), data_format=layout)
     set_canonical_weights(net, weights)
     net = net.to(ranks.device)
-    step, counter, tracker = make_step(net, feed, lr)
+    step, parts = make_step(net, feed, lr)
     own = {"framework": td.framework_versions(), "layout": layout, **own}
-    return equivalence_step(spec, ranks, step, counter, tracker,
+    return equivalence_step(spec, ranks, step, parts.counter, parts.tracker,
                             lambda: get_canonical_weights(whole(net)), **own)
 
 
@@ -65,6 +64,4 @@ def equivalence_step(spec: Spec, ranks: td.DeviceRank, step: Callable[[], torch.
     weights = canonical()  # on every rank: a sharded strategy gathers its weights collectively
     if ranks.rank == 0:
         spec.save_equivalence_output(weights)
-    result = join(placement, ranks.record(), {"loss": global_loss}, own)
-    ranks.close()
-    return result
+    return td.closing(ranks, placement, ranks.record(), {"loss": global_loss}, own)

@@ -16,7 +16,6 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from contract.reasons import code
-from contract.result import join
 from models import get_spec, load_builder
 from runners.common import Spec, main
 from runners.memory import model_state_torch
@@ -136,16 +135,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     fields = td.model_record(net, model_spec)  # counted on the whole model, before sharding
     step, parts, mesh = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
-    result = join(result, td.nchw_fields(STRATEGY),
-                  {"reshard_after_forward": spec.options["reshard_after_forward"]},
-                  fsdp_record(net, mesh),
+    return td.closing(
+        ranks, result, td.nchw_fields(STRATEGY),
+        {"reshard_after_forward": spec.options["reshard_after_forward"]}, fsdp_record(net, mesh),
         state_bytes(ranks, net.parameters(), parts.optimizer.state.values(),
                     code("torch.fsdp2_read_after_window")),
         torch_precision(spec.precision, parts.tracker, net, reduce_dtype(net),
                         how(net, parts.scaler), "dynamic" if parts.scaler is not None else None),
         fields, model_state_torch(net, parts.optimizer))
-    ranks.close()
-    return result
 
 
 def whole_probe(net: nn.Module) -> nn.Module:
@@ -164,11 +161,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     check_fsdp_precision(spec, ranks)
     reported: dict[str, Any] = {}
 
-    def make_step(net: nn.Module, feed: td.Feed, lr: float
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
         step, parts, mesh = training_step(spec, ranks, net, feed, lr, 0.0)
         reported.update(fsdp_record(net, mesh)["fsdp"])
-        return step, parts.counter, parts.tracker
+        return step, parts
 
     return probe_equivalence(spec, ranks, make_step, whole=whole_probe, strategy=STRATEGY,
                              reshard_after_forward=spec.options["reshard_after_forward"],

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from contract.reasons import code
-from contract.result import join
 from runners.common import Spec, Unavailable, main
 from runners.memory import model_state_torch
 from runners.torch import dist as td
@@ -50,7 +49,7 @@ def worker_context() -> str | None:
 
 
 def training_step(net: nn.Module, feed: td.Feed, lr: float, momentum: float, fp16_allreduce: bool
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
+                  ) -> tuple[td.Step, td.StepParts]:
     """The one step function of both modes: `net` (on the rank's device, in train mode) with
     distributed_sgd, the batch from `feed`; it returns this rank's loss."""
     optimizer = distributed_sgd(net, lr, momentum, fp16_allreduce)
@@ -66,7 +65,7 @@ def training_step(net: nn.Module, feed: td.Feed, lr: float, momentum: float, fp1
         optimizer.step()  # waits for all of them, then applies the averaged gradient
         return loss.detach()
 
-    return step, counter, tracker
+    return step, td.StepParts(net, counter, tracker)
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -78,22 +77,21 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     # the run's model (a built-in CNN or a user's torch model), seeded alike on every rank:
     # rank 0's weights are broadcast anyway; this makes runs repeatable
     model_spec, feed, net = td.rank_model(spec, ranks, "channels_first", worker_context())
-    step, counter, tracker = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
-    result = td.timed_steps(spec, ranks, step, counter, tracker, feed)
-    result = join(result, {
+    step, parts = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
+    optimizer = parts.optimizer
+    result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
+    return td.closing(ranks, result, {
         "framework": framework_versions(),
         "layout": "channels_first",
         "fp16_allreduce": fp16_allreduce,
         "strategy": code("torch.horovod_strategy"),
-    }, td.model_record(net, model_spec), model_state_torch(net, counter.optimizer),
-        state_bytes(ranks, net.parameters(), counter.optimizer.state.values(), AFTER_WINDOW),
-        torch_precision(spec.precision, tracker, net,
-                        "float16" if fp16_allreduce_in(counter.optimizer) else grad_dtype(net),
+    }, td.model_record(net, model_spec), model_state_torch(net, optimizer),
+        state_bytes(ranks, net.parameters(), optimizer.state.values(), AFTER_WINDOW),
+        torch_precision(spec.precision, parts.tracker, net,
+                        "float16" if fp16_allreduce_in(optimizer) else grad_dtype(net),
                         "no autocast: float32 parameters and compute" + (
                             "; gradients all-reduced in float16 (hvd.Compression.fp16)"
                             if fp16_allreduce else "")))
-    ranks.close()
-    return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -102,13 +100,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     batch; weights saved."""
     fp16_allreduce = spec.options["fp16_allreduce"]
     ranks = init_ranks(spec)
-
-    def make_step(net: nn.Module, feed: td.Feed, lr: float
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
-        return training_step(net, feed, lr, 0.0, fp16_allreduce)
-
-    return probe_equivalence(spec, ranks, make_step, framework=framework_versions(),
-                             fp16_allreduce=fp16_allreduce)
+    return probe_equivalence(
+        spec, ranks, lambda net, feed, lr: training_step(net, feed, lr, 0.0, fp16_allreduce),
+        framework=framework_versions(), fp16_allreduce=fp16_allreduce)
 
 
 if __name__ == "__main__":

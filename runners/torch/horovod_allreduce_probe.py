@@ -20,7 +20,7 @@ import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, main
-from runners.torch.dist import threads_record
+from runners.torch.dist import closing, threads_record
 from runners.torch.horovod_ranks import (
     THREADS_NOTE,
     HorovodRanks,
@@ -204,8 +204,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                           evidence, framework_versions(), window=window,
                           collectives=collectives, devices=ranks.devices,
                           rank_threads=threads_record(ranks, THREADS_NOTE))
-    ranks.close()
-    return result
+    return closing(ranks, result)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from models.keras_common import (
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.converge import Recipe, fitting_splits
 from runners.memory import model_state_torch
-from runners.real_data import batch_at, check_classes, open_dataset, rank_files
+from runners.real_data import batch_at, open_for_model, rank_files
 from runners.torch import dist as td
 from runners.torch.data import Batch, LoaderConfig, RealInput, equivalence_input, rank_input
 from runners.torch.equivalence import equivalence_step
@@ -92,8 +92,7 @@ def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, batch: int,
 
     from runners.keras_data import JpegSequence
 
-    data = open_dataset(spec)
-    check_classes(data, model_spec.num_classes, spec.model)
+    data = open_for_model(spec, model_spec)
     share = rank_files(data.files, ranks.rank, ranks.world)
     size = model_spec.input_shape[0]
     steps = spec.warmup_steps + spec.measure_steps
@@ -190,14 +189,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model, logits, described = build_run_logits(spec, model_spec, data_format, ranks)
     step, parts = training_step(ranks, logits, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
-    result = join(result, {
+    return td.closing(ranks, result, {
         "layout": "tokens (batch, sequence)" if tokens else data_format,
         "loop": code("torch.keras_sgd_cross_entropy"),
         **({"loader_option": loader} if spec.data == "real" else {}),
     }, keras_fields(spec, ranks, policy, logits, parts.optimizer, AFTER_WINDOW),
         model_record(model, model_spec, described))
-    ranks.close()
-    return result
 
 
 def keras_bn_stats(model: keras.Model) -> list[tuple[str, torch.Tensor]]:
@@ -240,13 +237,11 @@ def converge(spec: Spec) -> dict[str, Any]:
 
     loop = RankConverge(ranks, spec.precision, parts, ConvergeModel(
         to_input, lambda x: logits(x, training=False), lambda: keras_bn_stats(model)))
-    result = join(loop.run(spec, splits), {
+    return td.closing(ranks, loop.run(spec, splits), {
         "layout": data_format,
         "loop": code("torch.keras_guide_loop"),
     }, keras_fields(spec, ranks, policy, logits, parts.optimizer,
                     "read after the last epoch's last step"), model_record(model, model_spec, None))
-    ranks.close()
-    return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:

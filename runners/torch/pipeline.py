@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from models import get_spec
 from runners.common import Spec, Unavailable, main
-from runners.real_data import check_classes, open_dataset, time_pipeline
+from runners.real_data import pipeline_data, time_pipeline
 from runners.torch.data import Place, open_input
 
 
@@ -26,11 +25,7 @@ def device_of(spec: Spec) -> torch.device:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    data = open_dataset(spec)
-    model_spec = get_spec(spec.model)
-    check_classes(data, model_spec.num_classes, spec.model)
-    size = model_spec.input_shape[0]
-    batch = spec.global_batch_size
+    data, size, batch = pipeline_data(spec)
     device = device_of(spec)
     feed = open_input(spec, data, size, batch, Place(device=device))
 

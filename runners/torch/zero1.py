@@ -12,7 +12,6 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from contract.reasons import code
-from contract.result import join
 from runners.common import Invalid, Spec, main
 from runners.memory import model_state_torch
 from runners.torch import dist as td
@@ -80,7 +79,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     model_spec, feed, net = td.rank_model(spec, ranks)
     step, parts, zero = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
-    result = join(result, td.nchw_fields(STRATEGY), {
+    return td.closing(ranks, result, td.nchw_fields(STRATEGY), {
         "optimizer": {"class": "torch.distributed.optim.ZeroRedundancyOptimizer",
                       "optimizer_class": type(zero.optim).__name__},
     }, partition_record(zero, ranks),
@@ -90,8 +89,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                         autocast_how(spec.precision, ranks, parts.scaler),
                         "dynamic" if parts.scaler is not None else None),
         td.model_record(net, model_spec), model_state_torch(net, zero.optim))
-    ranks.close()
-    return result
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
@@ -100,10 +97,8 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ranks = td.init_ranks(spec, spec.options["backend"])
     td.check_precision(spec, ranks)
 
-    def make_step(net: nn.Module, feed: td.Feed, lr: float
-                  ) -> tuple[td.Step, td.StepCounter, td.PlacementTracker]:
-        step, parts, _ = training_step(spec, ranks, net, feed, lr, 0.0)
-        return step, parts.counter, parts.tracker
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
+        return training_step(spec, ranks, net, feed, lr, 0.0)[:2]
 
     return probe_equivalence(spec, ranks, make_step, strategy=STRATEGY)
 
