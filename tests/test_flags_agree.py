@@ -1,7 +1,8 @@
 """Flags that mean something only together are refused alone, in the dry run as in the run;
 an empty --out is refused, not taken for the default folder; a steps_per_execution that cannot
 fill the timed window is refused at validation, not after the run started; a mistyped command
-is named, not taken for `run` (issue 43, items 10 and 11)."""
+is named, not taken for `run`; YAML keys are named as written; predict's --busbw is a physical
+bandwidth (issue 43, items 10 and 11)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,14 @@ def test_keys_that_differ_in_yaml_but_not_once_read_are_named_as_written() -> No
         parse_yaml("name: x\n1: a\ntrue: b\n", "m")
     assert str(info.value) == ("m: keys '1' (line 2) and 'true' (line 3) are one key once read "
                                "(both True); give each key once")
+
+
+@pytest.mark.parametrize("busbw", [1e-300, 0.0, -1.0, float("nan"), float("inf"), 1e7])
+def test_a_bus_bandwidth_outside_a_physical_range_is_refused(busbw: float) -> None:
+    from bench.analysis.predict import fixed_bandwidth
+    from bench.plan.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^busbw: .* is not allowed; allowed: a bus bandwidth "
+                       r"in GB/s, from 1e-06 \(1 kB/s\) to 1e\+06 \(1 PB/s\)$"):
+        fixed_bandwidth(busbw, None)
+    assert fixed_bandwidth(1e-6, None) is not None and fixed_bandwidth(1e6, None) is not None

@@ -268,13 +268,17 @@ def environment_bandwidth(results_dir: Path) -> Bandwidth | None:
                      f"{link['nominal_gbps']:.3g} GB/s")
 
 
+BUSBW_RANGE = (1e-6, 1e6)  # GB/s: 1 kB/s to 1 PB/s; past either a figure means nothing
+
+
 def fixed_bandwidth(busbw: float | None, interconnect: str | None) -> Bandwidth | None:
     """The bandwidth --busbw or --interconnect names (ConfigError on a bad one); None when
     neither was given."""
     if busbw is not None:
-        if not (isinstance(busbw, (int, float)) and math.isfinite(busbw) and busbw > 0):
+        if not (isinstance(busbw, (int, float)) and BUSBW_RANGE[0] <= busbw <= BUSBW_RANGE[1]):
             raise ConfigError(f"busbw: {busbw!r} is not allowed; allowed: a bus bandwidth in "
-                              "GB/s, a number > 0")
+                              f"GB/s, from {BUSBW_RANGE[0]:g} (1 kB/s) to {BUSBW_RANGE[1]:g} "
+                              "(1 PB/s)")
         return Bandwidth(float(busbw), 0.0, f"--busbw {busbw:g} GB/s (no latency term)")
     if interconnect is not None:
         try:
