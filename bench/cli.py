@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     except SlurmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # stdout's reader went away (`| head`): entry ends quietly
+        raise
     except OSError as exc:  # a folder this user cannot write, a full disk: one line, no trace
         print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; nothing half-written "
               "is left (every file is written whole or not at all)", file=sys.stderr)

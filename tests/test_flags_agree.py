@@ -2,7 +2,7 @@
 an empty --out is refused, not taken for the default folder; a steps_per_execution that cannot
 fill the timed window is refused at validation, not after the run started; a mistyped command
 is named, not taken for `run`; YAML keys are named as written; predict's --busbw is a physical
-bandwidth (issue 43, items 10 and 11)."""
+bandwidth; a closed output pipe is named as such (issue 43, items 10 and 11)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import REPO, run_cli
 
 SMOKE = ("--config", "configs/cpu-smoke.yaml")
 
@@ -75,3 +75,20 @@ def test_a_bus_bandwidth_outside_a_physical_range_is_refused(busbw: float) -> No
                        r"in GB/s, from 1e-06 \(1 kB/s\) to 1e\+06 \(1 PB/s\)$"):
         fixed_bandwidth(busbw, None)
     assert fixed_bandwidth(1e-6, None) is not None and fixed_bandwidth(1e6, None) is not None
+
+
+def test_a_sweep_whose_output_pipe_closes_says_so_not_free_space(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.helpers.toy import TOY, config
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*TOY, "--config", str(config(tmp_path)), "--out", str(out)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("sweep toy: 2 runs")
+    proc.stdout.close()  # as `| head -1` does
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.wait(timeout=120) == 1
+    assert err.strip() == ("stopped: the reader of this sweep's output went away (a closed "
+                           f"pipe, e.g. `| head`); finished records are kept; --resume --out "
+                           f"{out} runs the rest")

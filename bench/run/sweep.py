@@ -302,7 +302,15 @@ def interpreters(runs: list[RunSpec], variant: str, quiet: bool) -> dict[str, An
 
 
 def cannot_write(out: Path, exc: OSError) -> int:
-    """A full disk or a folder gone: one line, exit 1; what was written stays whole."""
+    """A full disk or a folder gone, or the terminal's reader gone (a closed pipe): one line
+    naming which, exit 1; what was written stays whole."""
+    if isinstance(exc, BrokenPipeError) and exc.filename is None:
+        with contextlib.suppress(OSError):  # nothing more reaches the closed pipe
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"stopped: the reader of this sweep's output went away (a closed pipe, e.g. "
+              f"`| head`); finished records are kept; --resume --out {out} runs the rest",
+              file=sys.stderr)
+        return 1
     print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
           f"finished records are kept; free space, then --resume --out {out}", file=sys.stderr)
     return 1
