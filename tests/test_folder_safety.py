@@ -1,6 +1,8 @@
-"""Nothing outside the results folder is written through it, and no input is read without
-bound (issue 43, items 3 and 8): the sweep's lock is opened without following a link and only
-as a regular file; make-dataset's --from only as a regular file (or a folder) of bounded size."""
+"""Nothing outside the results folder is written or read through it, and no input is read
+without bound (issue 43, items 3, 4, 8 and 9): the sweep's lock is opened without following a
+link and only as a regular file; a record's telemetry path only inside the folder, its series
+tolerantly, its chart drawn once; make-dataset's --from only as a regular file (or a folder)
+of bounded size."""
 
 from __future__ import annotations
 
@@ -60,3 +62,56 @@ def test_make_dataset_from_a_device_or_fifo_is_refused_unread(kind: str, tmp_pat
     assert proc.stderr.strip() == (f"error: --from: {str(source)!r} is not a regular file; "
                                    "allowed: cifar-10-python.tar.gz or the folder "
                                    "cifar-10-batches-py")
+
+
+def telemetry_record(run_id: str, path: str) -> dict:
+    return {"run_id": run_id, "status": "ok", "environment": {"cpu_cores": 2},
+            "telemetry": {"path": path, "window_s": 1.0}}
+
+
+SERIES = "t_rel,host_cpu_pct,run_cpu_cores,run_rss_bytes\n0.0,50,1,1000\n0.5,60,1,2000\n"
+
+
+def test_a_telemetry_path_out_of_the_folder_is_never_read(tmp_path: Path) -> None:
+    from bench.report.telemetry_chart import render_telemetry_charts, series_path
+
+    outside = tmp_path / "outside.csv"
+    outside.write_text(SERIES)
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "linked.csv").symlink_to(outside)
+    records = [telemetry_record("up", "../outside.csv"),
+               telemetry_record("absolute", str(outside)),
+               telemetry_record("linked", "runs/linked.csv"),
+               telemetry_record("passwd", "/etc/passwd")]
+    assert [series_path(r, out) for r in records] == [None] * 4
+    assert render_telemetry_charts(out, records) == []
+
+
+def test_a_damaged_telemetry_series_is_no_chart_and_no_traceback(tmp_path: Path) -> None:
+    from bench.report.telemetry_chart import render_telemetry_charts
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "words.csv").write_text("t_rel,host_cpu_pct\nabc,def\n")
+    (tmp_path / "runs" / "latin1.csv").write_bytes(b"t_rel,host_cpu_pct\n0.0,\xe9\n")
+    (tmp_path / "runs" / "good.csv").write_text(SERIES)
+    records = [telemetry_record(n, f"runs/{n}.csv") for n in ("words", "latin1", "good")]
+    charts = render_telemetry_charts(tmp_path, records)
+    assert charts == [tmp_path / "charts" / "telemetry" / "good.png"]
+
+
+def test_a_telemetry_chart_is_drawn_once_while_newer_than_its_series(tmp_path: Path) -> None:
+    from bench.report.telemetry_chart import render_telemetry_charts
+
+    (tmp_path / "runs").mkdir()
+    series = tmp_path / "runs" / "r.csv"
+    series.write_text(SERIES)
+    records = [telemetry_record("r", "runs/r.csv")]
+    [chart] = render_telemetry_charts(tmp_path, records)
+    os.utime(chart, (1.1e9, 1.1e9))  # drawn after the series: kept as it is
+    os.utime(series, (1e9, 1e9))
+    assert render_telemetry_charts(tmp_path, records) == [chart]
+    assert chart.stat().st_mtime == 1.1e9
+    os.utime(series, (1.2e9, 1.2e9))  # a newer series (a rerun): drawn again
+    assert render_telemetry_charts(tmp_path, records) == [chart]
+    assert chart.stat().st_mtime > 1.2e9
