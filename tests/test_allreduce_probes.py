@@ -69,6 +69,7 @@ def horovod_python() -> str:
     return str(ensure_env("horovod", "cpu").python)
 
 
+@pytest.mark.slow  # the framework runs in a child
 @pytest.mark.framework("tf")
 def test_tf_probe_sums_with_collective_ring_on_two_virtual_cpus(tmp_path: Path,
                                                                 tf_python: str) -> None:
@@ -90,6 +91,7 @@ def test_tf_probe_sums_with_collective_ring_on_two_virtual_cpus(tmp_path: Path,
     assert "has no reduce-scatter" in sections["reduce_scatter"]["reason"]
 
 
+@pytest.mark.slow  # the framework runs in a child
 @pytest.mark.framework("mxnet")
 def test_mxnet_probe_sums_through_device_kvstore_over_two_cpu_contexts(tmp_path: Path,
                                                                       mxnet_python: str
@@ -104,6 +106,7 @@ def test_mxnet_probe_sums_through_device_kvstore_over_two_cpu_contexts(tmp_path:
     assert "KVStore" in sections["all_gather"]["reason"]
 
 
+@pytest.mark.slow  # the framework runs in a child
 @pytest.mark.framework("jax")
 def test_jax_probe_runs_xlas_collectives_under_shard_map_on_two_virtual_cpus(
         tmp_path: Path, jax_python: str) -> None:

@@ -37,9 +37,18 @@ def toy_cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None
                           env={**os.environ, **(env or {})})
 
 
-def test_ok_sweep_writes_records_summary_and_charts(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ok_sweep(tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One toy sweep that goes well (1 and 2 devices), shared by the tests that read it."""
+    tmp_path = tmp_path_factory.mktemp("ok_sweep")
     out = tmp_path / "out"
-    proc = toy_cli("--config", str(toy_config(tmp_path, "ok")), "--out", str(out))
+    return out, toy_cli("--config", str(toy_config(tmp_path, "ok")), "--out", str(out))
+
+
+def test_ok_sweep_writes_records_summary_and_charts(
+        ok_sweep: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, proc = ok_sweep
     assert proc.returncode == 0, proc.stderr
     assert "[1/2] toy probe n=1" in proc.stdout and "[2/2] toy probe n=2" in proc.stdout
     assert f"results: {out}" in proc.stdout
@@ -81,10 +90,11 @@ def test_resume_skips_finished_runs(tmp_path: Path) -> None:
 
 def test_retry_failed_reruns_failures(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert toy_cli("--config", str(toy_config(tmp_path, "crash")), "--out",
-                   str(out)).returncode == 0
+    cfg = str(toy_config(tmp_path, "crash", devices=[1]))
+    assert toy_cli("--config", cfg, "--out", str(out)).returncode == 0
+    assert {r["status"] for r in load_records(out)} == {"failed"}
     # the same settings (a resume refuses others), the cause of the failure gone
-    proc = toy_cli("--config", str(toy_config(tmp_path, "crash")), "--out", str(out), "--resume",
+    proc = toy_cli("--config", cfg, "--out", str(out), "--resume",
                    "--retry-failed", env={"MGBENCH_TOY_BEHAVIOUR": "ok"})
     assert "0 already done" in proc.stdout
     assert {r["status"] for r in load_records(out)} == {"ok"}
@@ -131,8 +141,15 @@ def test_gpu_runs_without_gpus_are_unavailable(tmp_path: Path) -> None:
     assert reasons == {"needs 1 GPUs; NVML sees 0", "needs 2 GPUs; NVML sees 0"}
 
 
-def test_list_shows_runners_models_and_families() -> None:
-    proc = run_cli("list", timeout=60)
+@pytest.fixture(scope="module")
+def listing() -> subprocess.CompletedProcess[str]:
+    """`run_bench.py list`, once for the tests that read it."""
+    return run_cli("list", timeout=60)
+
+
+def test_list_shows_runners_models_and_families(
+        listing: subprocess.CompletedProcess[str]) -> None:
+    proc = listing
     assert proc.returncode == 0, proc.stderr
     for word in ("tf_mirrored", "family=tf", "minigooglenet", "resnet50", "params=1,656,250"):
         assert word in proc.stdout
@@ -148,9 +165,9 @@ def test_report_on_a_folder_without_runs_is_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "has no runs/ folder" in proc.stderr
 
 
-def test_keras_cntk_is_listed_and_recorded_unavailable(tmp_path: Path) -> None:
+def test_keras_cntk_is_listed_and_recorded_unavailable(
+        tmp_path: Path, listing: subprocess.CompletedProcess[str]) -> None:
     """A runner that can never run here: `list` says why, a sweep naming it gets records."""
-    listing = run_cli("list", timeout=60)
     assert listing.returncode == 0, listing.stderr
     line = next(ln for ln in listing.stdout.splitlines() if ln.strip().startswith("keras_cntk"))
     assert "unavailable" in line and "CNTK 2.7 ships wheels only for Python 2.7, 3.5 and 3.6" \
@@ -227,9 +244,9 @@ def test_sweep_clock_estimates_what_is_left_from_launched_runs() -> None:
     assert _clock(3725) == "1:02:05" and _clock(65) == "1:05"
 
 
-def test_progress_lines_say_how_much_is_done(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    proc = toy_cli("--config", str(toy_config(tmp_path, "ok")), "--out", str(out))
+def test_progress_lines_say_how_much_is_done(
+        ok_sweep: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    proc = ok_sweep[1]
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
     assert "[1/2 done, " in lines[0] and "left]" in lines[0]

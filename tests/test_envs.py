@@ -15,7 +15,9 @@ from bench.catalog.registry import FAMILIES, Family
 from bench.run import envs
 from tools import lock_envs
 
-INSTALLERS = ["pip"] + (["uv"] if envs.find_uv() else [])
+# pip's builds take 6-16 s each: slow where uv is there to run the same path in the fast set
+INSTALLERS = [pytest.param("pip", marks=pytest.mark.slow) if envs.find_uv() else "pip"] + \
+    (["uv"] if envs.find_uv() else [])
 
 
 @pytest.fixture

@@ -115,6 +115,7 @@ def test_srun_spans_both_nodes(local_slurm):
     assert {r[4] for r in rows} == {"node[1-2]"}
 
 
+@pytest.mark.slow  # waits for a two-node job to run and be recorded final
 def test_sbatch_wait_completes(local_slurm, tmp_path):
     log = tmp_path / "job.out"
     job_id = submit(local_slurm, "--wait", "-N2", "--time=1", f"--output={log}", "--wrap",

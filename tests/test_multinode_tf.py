@@ -230,6 +230,7 @@ def test_one_step_across_two_nodes_equals_one_device(runner: str, local_slurm: d
                                            "1 device")
 
 
+@pytest.mark.slow  # runners.tf.devices imports tensorflow in the child
 def test_ports_change_only_where_two_tasks_share_an_address(tf_python: str) -> None:
     clusters = {
         # one machine under two names (the local cluster): task 1 moves to 5000 + 1

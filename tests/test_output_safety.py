@@ -138,12 +138,22 @@ def read_only(folder: Path) -> None:
         pytest.skip("this host cannot make a folder unwritable to the tests")
 
 
+@pytest.fixture(scope="module")
+def toy_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-run toy sweep's folder, made once; tests copy it before they change it."""
+    tmp_path = tmp_path_factory.mktemp("toy_sweep")
+    out = tmp_path / "out"
+    proc = toy("--config", str(config(tmp_path, devices=[1])), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
 @pytest.mark.parametrize("command", [["report"], ["predict", "--busbw", "10"]])
-def test_an_unwritable_folder_is_one_line_naming_the_path(tmp_path: Path,
+def test_an_unwritable_folder_is_one_line_naming_the_path(tmp_path: Path, toy_sweep: Path,
                                                           command: list[str]) -> None:
     """A colleague's report or predict on a folder they may read but not write."""
-    out, cfg = tmp_path / "out", config(tmp_path, devices=[1])
-    assert toy("--config", str(cfg), "--out", str(out)).returncode == 0
+    out = tmp_path / "out"
+    shutil.copytree(toy_sweep, out)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     read_only(out)
     try:

@@ -74,7 +74,7 @@ def test_a_stale_result_of_another_attempt_is_never_read(tmp_path: Path) -> None
     """A straggler (an orphan of a killed sweep) writes its result while this attempt runs;
     this attempt's child writes none: the record must say so, not take the straggler's."""
     out = tmp_path / "out"
-    cfg = config(tmp_path, "quiet_exit", devices=[1], options={"busy_s": 2.0})
+    cfg = config(tmp_path, "quiet_exit", devices=[1], options={"busy_s": 1.0})
     fake = {"status": "ok", "images_per_sec": 1e9, "samples": 24, "timed_steps": 3,
             "step_times_s": [0.1] * 3, "window_s": 0.3, "first_loss": 1.0, "last_loss": 1.0,
             "placement": {"toy:shard0": 8}}

@@ -6,6 +6,7 @@ before anything is written, naming each change, unless `--new-fingerprint` takes
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +27,19 @@ def first_sweep(tmp_path: Path, **extra: object) -> tuple[Path, Path]:
     return out, cfg
 
 
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """first_sweep once for the module: (its folder, its config file); not to be changed."""
+    return first_sweep(tmp_path_factory.mktemp("swept"))
+
+
+def copy_of(swept: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """The module's first sweep copied into tmp_path/out: (the copy, the config file)."""
+    out = tmp_path / "out"
+    shutil.copytree(swept[0], out)
+    return out, swept[1]
+
+
 def snapshot(out: Path) -> dict[str, tuple[int, bytes]]:
     """Every file of the folder but the lock: (mtime, bytes)."""
     return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes())
@@ -33,8 +47,8 @@ def snapshot(out: Path) -> dict[str, tuple[int, bytes]]:
 
 
 def test_a_resume_with_other_settings_is_refused_before_anything_is_written(
-        tmp_path: Path) -> None:
-    out, cfg = first_sweep(tmp_path)
+        tmp_path: Path, swept: tuple[Path, Path]) -> None:
+    out, cfg = copy_of(swept, tmp_path)
     before = snapshot(out)
     proc = toy("--config", str(cfg), "--out", str(out), "--resume", "--set", "measure_steps=5",
                "--set", "batch_size_per_device=16", "--set", "runner_options.toy.busy_s=0.01")
@@ -109,8 +123,9 @@ def test_a_folder_from_before_fingerprints_resumes_and_gets_one(tmp_path: Path) 
     assert proc.returncode == 2 and "warmup_steps: 1 -> 2" in proc.stderr
 
 
-def test_a_damaged_fingerprint_is_a_difference_not_a_traceback(tmp_path: Path) -> None:
-    out, cfg = first_sweep(tmp_path)
+def test_a_damaged_fingerprint_is_a_difference_not_a_traceback(
+        tmp_path: Path, swept: tuple[Path, Path]) -> None:
+    out, cfg = copy_of(swept, tmp_path)
     for damage in (b"\xff\xfe not json", b'{"settings": [1, 2]}', b"[" * 100_000):
         (out / "fingerprint.json").write_bytes(damage)
         proc = toy("--config", str(cfg), "--out", str(out), "--resume")
@@ -139,11 +154,11 @@ def test_the_fingerprint_leaves_out_only_what_changes_no_figure() -> None:
 
 @pytest.mark.slurm
 def test_new_fingerprint_waits_for_the_earlier_sweeps_slurm_jobs(
-        tmp_path: Path, local_slurm: dict[str, str]) -> None:
+        tmp_path: Path, local_slurm: dict[str, str], swept: tuple[Path, Path]) -> None:
     """--new-fingerprint on a folder whose book holds a job SLURM still runs: exit 2 naming
     the job, nothing moved; once the job has ended the new settings are taken. A real job on
     the local cluster stands for the earlier sweep's run."""
-    out, cfg = first_sweep(tmp_path)
+    out, cfg = copy_of(swept, tmp_path)
     job = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/job-%j.out",
                           "--wrap", "sleep 120"], env=local_slurm, cwd=tmp_path,
                          capture_output=True, text=True, timeout=60, check=True

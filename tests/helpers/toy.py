@@ -87,7 +87,7 @@ def run_until_second_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, P
     (with a worker process of its own) is under way."""
     out, pids = tmp_path / "out", tmp_path / "worker.pid"
     cfg = config(tmp_path, measure_steps=4,
-                 options={"busy_s": 1.0, "worker_pid_file": str(pids)})
+                 options={"busy_s": 0.5, "worker_pid_file": str(pids)})
     proc = start_toy("--config", str(cfg), "--out", str(out))
     deadline = time.monotonic() + 120
     while True:
@@ -97,5 +97,5 @@ def run_until_second_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, P
         if spec2 and pids.exists() and pids.stat().st_mtime_ns >= spec2[0].stat().st_mtime_ns:
             break  # run 2's own worker is up
         time.sleep(0.1)
-    time.sleep(1.0)  # run 2 is training
+    time.sleep(0.3)  # run 2 is training (for 4 x 0.5 s)
     return proc, out, pids, cfg
