@@ -41,8 +41,12 @@ def stopped_after(delay_s: float, sig: int, *args: str) -> subprocess.CompletedP
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_the_command_starts_is_its_exit_code_and_no_traceback(
         sig: int, tmp_path: Path) -> None:
+    codes = []
     for delay in DELAYS_S:
         done = stopped_after(delay, sig, "report", str(tmp_path))
         assert "Traceback" not in done.stderr, (delay, done.stderr)
-        # 128 + signal from the harness; killed by the signal itself only before Python ran
-        assert done.returncode in (128 + sig, -sig), (delay, done.returncode, done.stderr)
+        codes.append(done.returncode)
+    # 128 + signal from the harness (killed by the signal itself only before Python ran), or
+    # 2 where `report` of an empty folder ended before a late signal came
+    assert set(codes) <= {128 + sig, -sig, 2}, codes
+    assert codes[0] in (128 + sig, -sig), codes  # the first lands while the command lives
