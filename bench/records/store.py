@@ -137,6 +137,20 @@ FIELDS: dict[str, str] = {
     **dict.fromkeys(_BOOL, "bool"), **dict.fromkeys(_NUM, "num"),
     **dict.fromkeys(_DICT, "dict"), **dict.fromkeys(_LIST, "list"),
 }
+# ... and the physical range of a number (a value outside it is no measurement: 1e308
+# images/sec, a batch of 0): (lowest, highest), throughputs 0 or from THROUGHPUT_MIN
+THROUGHPUT_MIN = 1e-9
+_RATES = ("images_per_sec", "tokens_per_sec", "tokens_per_sec_per_device", "samples_per_sec")
+_SECONDS = ("time_to_target_s", "train_time_s", "eval_time_s", "converge_time_s",
+            "wall_time_s", "timeout_s")
+RANGES: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(_RATES, (0, 1e12)), **dict.fromkeys(_SECONDS, (0, 1e9)),
+    **dict.fromkeys(("batch_size_per_device", "global_batch_size"), (1, 10**12)),
+    **dict.fromkeys(("num_devices", "num_nodes"), (1, 2**24)),
+    **dict.fromkeys(("warmup_steps", "measure_steps", "samples", "epochs_run",
+                     "epochs_to_target", "repeat"), (0, 10**12)),
+    **dict.fromkeys(("final_accuracy", "best_accuracy"), (0, 1)),
+}
 KIND_TEXT = {"str": "a string", "int": "an integer", "bool": "true or false",
              "num": "a finite number", "dict": "an object", "list": "a list"}
 # what each element of a list field must be
@@ -157,6 +171,19 @@ def is_kind(value: Any, kind: str) -> bool:
         return (isinstance(value, int) and abs(value) <= MAX_INT) or (
             isinstance(value, float) and math.isfinite(value))
     return isinstance(value, {"dict": dict, "list": list}[kind])
+
+
+def out_of_range(key: str, value: Any, mode: Any = None) -> str | None:
+    """Why a number of a RANGES field is no measurement (None: it is in range); an all-reduce
+    probe feeds no images (its batch sizes are 0)."""
+    low, high = RANGES[key]
+    if mode == "allreduce" and key in ("batch_size_per_device", "global_batch_size"):
+        low = 0
+    rate = key in _RATES
+    if low <= value <= high and not (rate and 0 < value < THROUGHPUT_MIN):
+        return None
+    allowed = f"0 or {THROUGHPUT_MIN:g} to {high:g}" if rate else f"{low:g} to {high:g}"
+    return f"field {key!r} {value:g} is out of range; allowed: {allowed}"
 
 
 def _what(value: Any) -> str:
@@ -208,6 +235,8 @@ def record_problems(rec: Any, name: str | None = None) -> list[str]:
         elif key in ELEMENTS and not all(is_kind(v, ELEMENTS[key]) for v in value):
             problems.append(f"field {key!r} holds an element that is not "
                             f"{KIND_TEXT[ELEMENTS[key]]}")
+        elif key in RANGES and (why := out_of_range(key, value, rec.get("mode"))):
+            problems.append(why)
     status = rec.get("status")
     if isinstance(status, str) and status not in STATUSES:
         problems.append(f"status {_short(status)} is not one of {', '.join(STATUSES)}")
