@@ -24,7 +24,13 @@ from bench.data.labelled import SOURCES
 from bench.plan.config import ConfigError, json_schema, load_config, show_value
 from bench.plan.runs import RunSpec, expand
 from bench.records.grouping import runner_label
-from bench.records.store import done_run_ids, folder_damage, load_records, read_environment
+from bench.records.store import (
+    done_run_ids,
+    folder_damage,
+    load_records,
+    read_environment,
+    record_files,
+)
 from bench.report.allreduce import CSV_NAME, allreduce_table
 from bench.report.capacity import CSV_NAME as CAPACITY_CSV
 from bench.report.capacity import capacity_table
@@ -34,7 +40,7 @@ from bench.report.summary import build_report, format_table
 from bench.run import environment, forecast, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
-from bench.run.sweep import NAME_MAX, results_folder, run_sweep, stop_signals_interrupt
+from bench.run.sweep import FINGERPRINT, NAME_MAX, results_folder, run_sweep, stop_signals_interrupt
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict", "check-model")
@@ -575,6 +581,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_out(args.out)
     _resume_flags(args)  # in the dry run too: it answers as the run would
     out = results_folder(cfg, args.out, args.resume)
+    if not args.resume:
+        check_new_folder(out)
     runs = expand(cfg, out.name)
     if args.dry_run:
         return _dry_run(args, cfg, runs, out)
@@ -592,6 +600,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if end.detached:
         return 0
     return _report_sweep(out, end.signum, args.baseline, args.threshold)
+
+
+def check_new_folder(out: Path) -> None:
+    """A sweep without --resume writes into a folder of its own: one that holds another
+    sweep's results (its fingerprint, a record, a capacity search) is refused, naming it and
+    the choices, so two configurations never mix in one summary."""
+    held = [p for p in (out / FINGERPRINT, out / "capacity") if p.exists()] or \
+        record_files(out)[:1]
+    if held:
+        raise ConfigError(f"--out {show_value(str(out))}: it holds another sweep's results "
+                          f"({held[0].relative_to(out)}); allowed: --resume to finish or grow "
+                          "that sweep (its settings), or --out a new folder")
 
 
 def _resume_flags(args: argparse.Namespace) -> None:

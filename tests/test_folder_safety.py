@@ -1,8 +1,8 @@
-"""Nothing outside the results folder is written or read through it, and no input is read
-without bound (issue 43, items 3, 4, 8 and 9): the sweep's lock is opened without following a
-link and only as a regular file; a record's telemetry path only inside the folder, its series
-tolerantly, its chart drawn once; make-dataset's --from only as a regular file (or a folder)
-of bounded size."""
+"""A results folder belongs to one sweep; nothing outside it is written or read through it,
+and no input is read without bound (issue 43, items 1, 3, 4, 8 and 9): a new sweep into another
+sweep's folder is refused; the sweep's lock is opened without following a link and only as a
+regular file; a record's telemetry path only inside the folder, its series tolerantly, its
+chart drawn once; make-dataset's --from only as a regular file (or a folder) of bounded size."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.plan.config import show_value
 from bench.run import sweep_lock
 from tests.helpers.cli import run_cli
 from tests.helpers.toy import config, toy
@@ -115,3 +116,18 @@ def test_a_telemetry_chart_is_drawn_once_while_newer_than_its_series(tmp_path: P
     os.utime(series, (1.2e9, 1.2e9))  # a newer series (a rerun): drawn again
     assert render_telemetry_charts(tmp_path, records) == [chart]
     assert chart.stat().st_mtime > 1.2e9
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_new_sweep_into_another_sweeps_folder_is_refused(dry: bool, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert toy("--config", str(config(tmp_path)), "--out", str(out)).returncode == 0
+    before = sorted(p.name for p in (out / "runs").iterdir())
+    other = config(tmp_path, measure_steps=5, devices=[1])
+    proc = toy("--config", str(other), "--out", str(out), *(["--dry-run"] if dry else []))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: --out {show_value(str(out))}: it holds another sweep's results "
+        "(fingerprint.json); "
+        "allowed: --resume to finish or grow that sweep (its settings), or --out a new folder")
+    assert sorted(p.name for p in (out / "runs").iterdir()) == before
