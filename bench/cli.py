@@ -28,6 +28,7 @@ from bench.records.store import (
     done_run_ids,
     folder_damage,
     load_records,
+    one_scan,
     read_environment,
     record_files,
 )
@@ -487,6 +488,11 @@ def cmd_report(results_dir: Path) -> int:
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder (nor a "
                           "capacity/ one); "
                           "allowed: a results folder written by a sweep")
+    with one_scan():  # the records read once for every part of the report
+        return _report(results_dir)
+
+
+def _report(results_dir: Path) -> int:
     damaged = folder_damage(results_dir)  # one line each, never a number from them
     rows, pipes, charts = build_report(results_dir)
     records = load_records(results_dir)
@@ -707,10 +713,11 @@ def report_end(out: Path, signum: int | None, baseline: str | None = None,
         build_report(out)
         return 128 + signum
     outcome = run_gate(baseline, out, threshold) if baseline else clear_gate(out)
-    rows, pipes, charts = build_report(out)
+    with one_scan():
+        rows, pipes, charts = build_report(out)
+        records = load_records(out)
     step_summary(out)
     print()
-    records = load_records(out)
     print(format_table(rows, pipes, allreduce_table(out), strategy_text(records),
                        capacity_table(out), converge_text(records)))
     print(f"\nresults: {out}")

@@ -131,3 +131,39 @@ def test_a_new_sweep_into_another_sweeps_folder_is_refused(dry: bool, tmp_path: 
         "(fingerprint.json); "
         "allowed: --resume to finish or grow that sweep (its settings), or --out a new folder")
     assert sorted(p.name for p in (out / "runs").iterdir()) == before
+
+
+def test_a_report_draws_at_most_max_new_charts_flagged_runs_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    from bench.report import telemetry_chart
+
+    (tmp_path / "runs").mkdir()
+    records = []
+    for i, status in enumerate(("ok", "failed", "ok")):
+        (tmp_path / "runs" / f"r{i}.csv").write_text(SERIES)
+        records.append({**telemetry_record(f"r{i}", f"runs/r{i}.csv"), "status": status,
+                        "finished_at": f"2026-11-27T10:0{i}:00+00:00"})
+    monkeypatch.setattr(telemetry_chart, "MAX_NEW", 2)
+    charts = telemetry_chart.render_telemetry_charts(tmp_path, records)
+    # the failed run first, then the latest; the third waits for the next report
+    assert [c.stem for c in charts] == ["r1", "r2"]
+    assert "telemetry charts: 1 of 3 new ones left for the next report" in capsys.readouterr().out
+    assert [c.stem for c in telemetry_chart.render_telemetry_charts(tmp_path, records)] == \
+        ["r1", "r2", "r0"]
+
+
+def test_a_report_reads_each_record_file_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from bench import cli
+    from bench.records import store
+
+    out = tmp_path / "f"
+    shutil.copytree(Path(__file__).parent / "golden" / "converge-results", out)
+    reads: list[str] = []
+    real = store.read_record
+    monkeypatch.setattr(store, "read_record", lambda p: reads.append(p.name) or real(p))
+    assert cli.main(["report", str(out)]) == 0
+    assert reads and len(reads) == len(set(reads)) == len(store.record_files(out))

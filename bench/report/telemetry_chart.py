@@ -14,7 +14,7 @@ from bench.plotting import pyplot, save_figure
 from bench.run.telemetry import gpu_indices_of
 
 CHART_DIR = "telemetry"
-MAX_NEW = 100  # charts a report draws (~0.1-0.3 s each); the rest wait for the next report
+MAX_NEW = 40  # charts a report draws (0.2-0.6 s each here); the rest wait for the next report
 
 
 MAX_SERIES_BYTES = 16 * 2**20  # a run's series is a few KB a minute (records' bound)
