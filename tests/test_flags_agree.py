@@ -2,7 +2,8 @@
 an empty --out is refused, not taken for the default folder; a steps_per_execution that cannot
 fill the timed window is refused at validation, not after the run started; a mistyped command
 is named, not taken for `run`; YAML keys are named as written; predict's --busbw is a physical
-bandwidth; a closed output pipe is named as such (issue 43, items 10 and 11)."""
+bandwidth; a closed output pipe is named as such; an empty `python` is refused (issue 43, items 10
+and 11)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,13 @@ def test_a_sweep_whose_output_pipe_closes_says_so_not_free_space(tmp_path: Path)
     assert err.strip() == ("stopped: the reader of this sweep's output went away (a closed "
                            f"pipe, e.g. `| head`); finished records are kept; --resume --out "
                            f"{out} runs the rest")
+
+
+@pytest.mark.parametrize("value", ['""', "'  '"])
+def test_an_empty_python_is_refused_not_taken_for_the_environment(value: str) -> None:
+    proc = run_cli(*SMOKE, "--set", f"runner_options.tf_mirrored.python={value}", "--dry-run",
+                   timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith("error: runner_options.tf_mirrored.python: ") and \
+        proc.stderr.strip().endswith("is not allowed; allowed: a non-empty path of the Python "
+                                     "interpreter to use"), proc.stderr

@@ -85,6 +85,8 @@ def _no_axis(name: str, says: Says) -> Any:
         if isinstance(value, list):
             raise _refuse(f"one value ({says.allowed}): {name} is the launcher's, the same for "
                           "every run of the runner, and no option axis")
+        if isinstance(value, str) and not value.strip():  # it was taken for "not given"
+            raise _refuse("a non-empty path of the Python interpreter to use")
         return value
     return BeforeValidator(check)
 
