@@ -21,6 +21,7 @@ from bench.analysis.explain import text as explain_text
 from bench.analysis.gate import clear_gate, run_gate
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
+from bench.errors import write_remedy
 from bench.plan.config import ConfigError, json_schema, load_config, show_value
 from bench.plan.runs import RunSpec, expand
 from bench.records.grouping import runner_label
@@ -303,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except OSError as exc:  # a folder this user cannot write, a full disk: one line, no trace
         print(f"error: {exc.filename or 'a file'}: {exc.strerror or exc}; nothing half-written "
-              "is left (every file is written whole or not at all)", file=sys.stderr)
+              f"is left (every file is written whole or not at all); {write_remedy(exc)}",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
@@ -670,7 +672,8 @@ def _report_sweep(out: Path, signum: int | None, baseline: str | None = None,
         if (interrupt := interrupted_by(exc)) is not None:
             return report_interrupted(out, signum, interrupt)
         print(f"cannot write {exc.filename or out}: {exc.strerror or exc}; the records are "
-              f"kept in {out}; free space, then `run_bench.py report {out}`", file=sys.stderr)
+              f"kept in {out}; {write_remedy(exc)}, then `run_bench.py report {out}`",
+              file=sys.stderr)
         return 1
     except Exception as exc:  # a Ctrl-C inside a C extension's import comes as ImportError
         if (interrupt := interrupted_by(exc)) is None:

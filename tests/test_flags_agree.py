@@ -2,8 +2,8 @@
 an empty --out is refused, not taken for the default folder; a steps_per_execution that cannot
 fill the timed window is refused at validation, not after the run started; a mistyped command
 is named, not taken for `run`; YAML keys are named as written; predict's --busbw is a physical
-bandwidth; a closed output pipe is named as such; an empty `python` is refused (issue 43, items 10
-and 11)."""
+bandwidth; a closed output pipe is named as such; an empty `python` is refused; a failed write
+names its remedy, "free space" only for a full disk (issue 43, items 10 and 11)."""
 
 from __future__ import annotations
 
@@ -103,3 +103,32 @@ def test_an_empty_python_is_refused_not_taken_for_the_environment(value: str) ->
     assert proc.stderr.strip().startswith("error: runner_options.tf_mirrored.python: ") and \
         proc.stderr.strip().endswith("is not allowed; allowed: a non-empty path of the Python "
                                      "interpreter to use"), proc.stderr
+
+
+def test_a_folder_where_summary_csv_belongs_is_named_not_free_space(tmp_path: Path) -> None:
+    from tests.helpers.toy import config, toy
+
+    out = tmp_path / "out"
+    (out / "summary.csv").mkdir(parents=True)
+    proc = toy("--config", str(config(tmp_path)), "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "free space" not in line and line.endswith(
+        f"move the folder {out / 'summary.csv'} away (a file is written there), then "
+        f"`run_bench.py report {out}`"), line
+    report = run_cli("report", str(out))
+    assert report.returncode == 1 and report.stderr.strip().endswith(
+        f"move the folder {out / 'summary.csv'} away (a file is written there)"), report.stderr
+
+
+def test_the_remedy_of_a_failed_write_follows_its_cause() -> None:
+    import errno
+
+    from bench.errors import write_remedy
+
+    assert write_remedy(OSError(errno.ENOSPC, "No space left", "/r/x.json")) == "free space"
+    assert write_remedy(OSError(errno.EFBIG, "File too large", "/r/x.json")) == "free space"
+    assert write_remedy(OSError(errno.EACCES, "Permission denied", "/r")) == \
+        "let this user write /r"
+    assert write_remedy(OSError(errno.ENOTDIR, "Not a directory", "/r/runs")) == \
+        "move the file in the path /r/runs away (a folder belongs there)"

@@ -22,7 +22,7 @@ import yaml
 
 from bench import REPO_ROOT
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
-from bench.errors import ConfigError
+from bench.errors import ConfigError, write_remedy
 from bench.plan.config import SweepConfig, show_value
 from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
 from bench.records import store
@@ -311,8 +311,9 @@ def cannot_write(out: Path, exc: OSError) -> int:
               f"`| head`); finished records are kept; --resume --out {out} runs the rest",
               file=sys.stderr)
         return 1
-    print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a record'}); "
-          f"finished records are kept; free space, then --resume --out {out}", file=sys.stderr)
+    print(f"cannot write in {out}: {exc.strerror or exc} ({exc.filename or 'a file'}); "
+          f"finished records are kept; {write_remedy(exc)}, then --resume --out {out}",
+          file=sys.stderr)
     return 1
 
 
