@@ -167,3 +167,20 @@ def test_a_report_reads_each_record_file_once(
     monkeypatch.setattr(store, "read_record", lambda p: reads.append(p.name) or real(p))
     assert cli.main(["report", str(out)]) == 0
     assert reads and len(reads) == len(set(reads)) == len(store.record_files(out))
+
+
+def test_a_record_that_is_a_link_is_damaged_and_its_target_never_read(tmp_path: Path) -> None:
+    import shutil
+
+    from bench.records.store import scan_records
+
+    out = tmp_path / "f"
+    shutil.copytree(Path(__file__).parent / "golden" / "converge-results", out)
+    first = sorted((out / "runs").glob("*__r0.json"))[0]
+    outside = tmp_path / "outside.json"
+    first.rename(outside)  # a whole record, outside the folder, linked in under its name
+    first.symlink_to(outside)
+    records, damaged = scan_records(out)
+    assert [(d.path, d.reason) for d in damaged] == [
+        (first, "a link (a results folder's files are read only as its own)")]
+    assert first.stem not in {r["run_id"] for r in records}

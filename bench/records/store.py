@@ -301,15 +301,18 @@ def _reject_constant(name: str) -> Any:
 
 def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Any, str | None]:
     """A JSON file's value, read bounded: (value, None), or (None, a one-line reason) when it
-    is not a regular file, is over max_bytes, not UTF-8, not strict JSON (NaN, Infinity), or
-    nested deeper than MAX_DEPTH."""
+    is a link or not a regular file, is over max_bytes, not UTF-8, not strict JSON (NaN,
+    Infinity), or nested deeper than MAX_DEPTH."""
     try:
-        info = os.stat(path)
+        info = os.lstat(path)  # a link is not followed: nothing outside the folder is read
+        if stat.S_ISLNK(info.st_mode):
+            return None, "a link (a results folder's files are read only as its own)"
         if not stat.S_ISREG(info.st_mode):
             return None, "not a regular file"
         if info.st_size > max_bytes:
             return None, f"{info.st_size:,} bytes; allowed: at most {max_bytes:,}"
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
             data = fh.read(max_bytes + 1)
     except OSError as exc:
         return None, f"unreadable ({exc.strerror or exc})"
