@@ -184,3 +184,14 @@ def test_a_record_that_is_a_link_is_damaged_and_its_target_never_read(tmp_path: 
     assert [(d.path, d.reason) for d in damaged] == [
         (first, "a link (a results folder's files are read only as its own)")]
     assert first.stem not in {r["run_id"] for r in records}
+
+
+def test_a_telemetry_series_that_cannot_be_written_leaves_no_temporary(tmp_path: Path) -> None:
+    from bench.run.telemetry import write_series
+
+    path = tmp_path / "runs" / "r.telemetry.csv"
+    path.mkdir(parents=True)  # in the way of the rename, as a full disk is of the write
+    with pytest.raises(OSError) as info:
+        write_series(path, [{"t": 1.0}], None, None)
+    assert info.value.filename == str(path)  # the series named, not "a record"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["r.telemetry.csv"]

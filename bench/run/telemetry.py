@@ -22,6 +22,8 @@ from typing import Any
 
 import psutil
 
+from bench.atomic import atomic_file
+
 HOST_FIELDS = ("host_cpu_pct", "host_mem_used_bytes", "run_cpu_cores", "run_rss_bytes",
                "other_cpu_cores")
 # CONTENDED: processes outside the run (and outside this harness) used more than this share of
@@ -382,15 +384,12 @@ def write_series(path: Path, samples: Sequence[dict[str, Any]],
     flags = in_window(samples, window_start, window_end)
     origin = window_start if window_start is not None else (samples[0]["t"] if samples else 0)
     gpu_cols = [f"gpu{i}_{k}" for i in gpu_indices_of(samples) for k in GPU_FIELDS]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as fh:
+    with atomic_file(path, newline="") as fh:  # whole or not at all; no temporary left
         w = csv.writer(fh)
         w.writerow(["t", "t_rel", "in_window", *HOST_FIELDS, *gpu_cols])
         for s, f in zip(samples, flags, strict=True):
             w.writerow([f"{s['t']:.3f}", f"{s['t'] - origin:.3f}", int(f),
                         *(_cell(s.get(k)) for k in (*HOST_FIELDS, *gpu_cols))])
-    tmp.replace(path)
 
 
 def _cell(v: Any) -> str:
