@@ -195,3 +195,24 @@ def test_a_telemetry_series_that_cannot_be_written_leaves_no_temporary(tmp_path:
         write_series(path, [{"t": 1.0}], None, None)
     assert info.value.filename == str(path)  # the series named, not "a record"
     assert sorted(p.name for p in path.parent.iterdir()) == ["r.telemetry.csv"]
+
+
+def test_a_record_that_contradicts_its_sweeps_fingerprint_is_damaged_and_runs_again(
+        tmp_path: Path) -> None:
+    import json
+
+    from bench.records.store import scan_records
+
+    cfg, out = config(tmp_path), tmp_path / "out"
+    assert toy("--config", str(cfg), "--out", str(out)).returncode == 0
+    edited = sorted((out / "runs").glob("*__n1__*__r0.json"))[0]
+    rec = json.loads(edited.read_text())
+    edited.write_text(json.dumps({**rec, "measure_steps": 500}))
+    _, damaged = scan_records(out)
+    assert [(d.path, d.reason) for d in damaged] == [
+        (edited, "field 'measure_steps' '500' is not its sweep's (fingerprint.json: '3')")]
+    resumed = toy("--config", str(cfg), "--out", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "2 runs, 1 already done" in resumed.stdout
+    assert json.loads(edited.read_text())["measure_steps"] == 3  # run again
+    assert edited.with_name(edited.name + ".damaged").exists()  # the edited one kept beside

@@ -414,13 +414,44 @@ def scan_records(results_dir: Path) -> tuple[list[dict[str, Any]], list[Damaged]
 
 def _scan(results_dir: Path) -> tuple[list[dict[str, Any]], list[Damaged]]:
     records, damaged = [], []
+    sweep = sweep_settings(results_dir)
     for path in record_files(results_dir):
         rec, reason = read_record(path)
+        if rec is not None and (reason := not_the_sweeps(rec, sweep)):
+            rec = None
         if rec is None:
             damaged.append(Damaged(path, reason or "unreadable"))
         else:
             records.append(rec)
     return records, damaged
+
+
+# what every benchmark and converge record of a sweep holds as its fingerprint.json says
+SWEEP_WIDE = ("warmup_steps", "measure_steps", "device", "scaling", "precision")
+
+
+def sweep_settings(results_dir: Path) -> dict[str, Any]:
+    """The folder's fingerprint settings (fingerprint.json, read bounded); {} without one."""
+    path = Path(results_dir) / "fingerprint.json"
+    value = read_json(path)[0] if path.exists() else None
+    settings = value.get("settings") if isinstance(value, dict) else None
+    return settings if isinstance(settings, dict) else {}
+
+
+def not_the_sweeps(rec: dict[str, Any], sweep: dict[str, Any]) -> str | None:
+    """Why a record is not one of its folder's sweep (a field that contradicts the
+    fingerprint: an edited or stray record), or None; pipeline and probe records count their
+    own steps."""
+    if rec.get("mode") not in (None, "benchmark", "converge"):
+        return None
+    for key in SWEEP_WIDE:
+        want, have = sweep.get(key), rec.get(key)
+        if want is None or have is None or have == want or (
+                isinstance(want, list) and have in want):
+            continue
+        return f"field {key!r} {_short(str(have))} is not its sweep's (fingerprint.json: " \
+               f"{_short(str(want))})"
+    return None
 
 
 def load_records(results_dir: Path) -> list[dict[str, Any]]:
