@@ -216,3 +216,17 @@ def test_a_record_that_contradicts_its_sweeps_fingerprint_is_damaged_and_runs_ag
     assert "2 runs, 1 already done" in resumed.stdout
     assert json.loads(edited.read_text())["measure_steps"] == 3  # run again
     assert edited.with_name(edited.name + ".damaged").exists()  # the edited one kept beside
+
+
+def test_a_record_whose_runner_or_model_contradicts_its_run_id_is_damaged(
+        tmp_path: Path) -> None:
+    import json
+
+    from bench.records.store import read_record
+
+    rec = json.loads(sorted((Path(__file__).parent / "golden" / "converge-results" / "runs")
+                            .glob("*__r0.json"))[0].read_text())
+    path = tmp_path / f"{rec['run_id']}.json"
+    path.write_text(json.dumps({**rec, "runner": "tf_mirrored", "model": "resnet50"}))
+    assert read_record(path) == (None, "field 'runner' 'tf_mirrored' is not in its run id; "
+                                       "field 'model' 'resnet50' is not in its run id")

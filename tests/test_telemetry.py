@@ -154,7 +154,7 @@ def record(ips: float, repeat: int, starved: bool = False, mfu: float | None = N
            ) -> dict:
     """A crafted ok record of one configuration (1 GPU)."""
     return {
-        "run_id": f"r__n1__r{repeat}", "runner": "torch_ddp", "model": "resnet50",
+        "run_id": f"torch_ddp__resnet50__n1__r{repeat}", "runner": "torch_ddp", "model": "resnet50",
         "device": "gpu", "virtual_devices": False, "num_devices": 1, "scaling": "weak",
         "batch_size_per_device": 64, "global_batch_size": 64, "data": "synthetic",
         "data_label": "synthetic", "precision": "fp32", "status": "ok", "reason": None,
@@ -184,21 +184,22 @@ def test_report_html_lists_flagged_rows_and_telemetry_charts(tmp_path: Path) -> 
     runs = tmp_path / "runs"
     runs.mkdir()
     samples = gpu_samples([20, 30, 20, 30], power=150.0)
-    write_series(runs / "r__n1__r0.telemetry.csv", samples, 100.2, 101.5)
+    write_series(runs / "torch_ddp__resnet50__n1__r0.telemetry.csv", samples, 100.2, 101.5)
     rec = record(100.0, 0, starved=True)
-    rec["telemetry"].update(path="runs/r__n1__r0.telemetry.csv", window_s=1.3,
+    rec["telemetry"].update(path="runs/torch_ddp__resnet50__n1__r0.telemetry.csv", window_s=1.3,
                             starved_below_pct=50.0)
-    (runs / "r__n1__r0.json").write_text(json.dumps(rec))
+    (runs / "torch_ddp__resnet50__n1__r0.json").write_text(json.dumps(rec))
     rows, _, charts = build_report(tmp_path)
     assert rows[0]["starved"] is True
-    assert (tmp_path / "charts" / "telemetry" / "r__n1__r0.png").stat().st_size > 5000
+    chart = tmp_path / "charts" / "telemetry" / "torch_ddp__resnet50__n1__r0.png"
+    assert chart.stat().st_size > 5000
     page = (tmp_path / "report.html").read_text()
     assert tmp_path / "report.html" in charts
     assert "<i>starved</i>" in page and '<summary>telemetry</summary><img src="data:image/png' \
-        ';base64,' in page and 'alt="telemetry r__n1__r0"' in page
+        ';base64,' in page and 'alt="telemetry torch_ddp__resnet50__n1__r0"' in page
     df = load_results(tmp_path)
     assert df.loc[0, "starved"] and df.loc[0, "gpu_util_pct"] == 30.0
-    assert df.loc[0, "telemetry_path"] == "runs/r__n1__r0.telemetry.csv"
+    assert df.loc[0, "telemetry_path"] == "runs/torch_ddp__resnet50__n1__r0.telemetry.csv"
 
 
 @pytest.mark.gpu

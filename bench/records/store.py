@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,10 +251,24 @@ def record_problems(rec: Any, name: str | None = None) -> list[str]:
     run_id = rec.get("run_id")
     if isinstance(run_id, str) and name is not None and run_id != name:
         problems.append(f"run_id {_short(run_id)} is not the file's name")
+    elif isinstance(run_id, str) and HARNESS_ID.search(run_id):
+        problems += _contradicts_its_id(rec, run_id.split("__"))
     env = rec.get("environment")
     if isinstance(env, dict):
         problems += [f"field 'environment': {p}" for p in environment_problems(env)]
     return problems
+
+
+# a run id the harness made (bench/plan/runs.py make_run_id): parts joined by "__", the repeat last
+HARNESS_ID = re.compile(r"__r\d+$")
+
+
+def _contradicts_its_id(rec: dict[str, Any], parts: list[str]) -> list[str]:
+    """The fields a harness-made run id names (runner, model) where the record holds another
+    value: an edited or misplaced record."""
+    return [f"field {key!r} {_short(rec[key])} is not in its run id"
+            for key in ("runner", "model") if isinstance(rec.get(key), str)
+            and rec[key] not in parts]
 
 
 # what the readers of an environment capture (environment.json, a record's environment) use
