@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -769,9 +770,19 @@ def check_out(text: str) -> None:
         raise ConfigError(f"--out: {shown} is not allowed: {where} is "
                           f"{'a file' if there.exists() else 'a broken link'}; "
                           f"allowed: {OUT_WORDS}")
-    if not os.access(there, os.W_OK | os.X_OK):
+    if not os.access(there, os.W_OK | os.X_OK) or not _can_make_in(there):
         raise ConfigError(f"--out: {shown} is not allowed: {where} is not writable by this "
                           f"user; allowed: {OUT_WORDS}")
+
+
+def _can_make_in(folder: Path) -> bool:
+    """Whether a folder can be made in `folder`, tried (and removed at once): access() says
+    yes to root anywhere, /proc and read-only mounts included."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mgbench-out-", dir=folder))
+    except OSError:
+        return False
+    return True
 
 
 PREDICT_MAX_DEVICES = 1_000_000  # a device count predict takes (one past 64 bits broke numpy)

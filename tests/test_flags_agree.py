@@ -132,3 +132,10 @@ def test_the_remedy_of_a_failed_write_follows_its_cause() -> None:
         "let this user write /r"
     assert write_remedy(OSError(errno.ENOTDIR, "Not a directory", "/r/runs")) == \
         "move the file in the path /r/runs away (a folder belongs there)"
+
+
+def test_an_out_under_proc_is_refused_in_the_dry_run_as_in_the_run() -> None:
+    proc = run_cli(*SMOKE, "--out", "/proc/mgbench-results", "--dry-run", timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith(
+        "error: --out: '/proc/mgbench-results' is not allowed: '/proc' is not writable")
