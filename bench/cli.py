@@ -43,7 +43,14 @@ from bench.report.summary import build_report, format_table
 from bench.run import environment, forecast, slurm
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
-from bench.run.sweep import FINGERPRINT, NAME_MAX, results_folder, run_sweep, stop_signals_interrupt
+from bench.run.sweep import (
+    FINGERPRINT,
+    NAME_MAX,
+    check_fingerprint,
+    results_folder,
+    run_sweep,
+    stop_signals_interrupt,
+)
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict", "check-model")
@@ -594,6 +601,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_new_folder(out)
     runs = expand(cfg, out.name)
     if args.dry_run:
+        if args.resume and not args.new_fingerprint:
+            check_fingerprint(cfg, out, False)  # refused as the run would refuse it
         return _dry_run(args, cfg, runs, out)
     if args.out:
         try:

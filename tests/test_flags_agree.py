@@ -139,3 +139,17 @@ def test_an_out_under_proc_is_refused_in_the_dry_run_as_in_the_run() -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().startswith(
         "error: --out: '/proc/mgbench-results' is not allowed: '/proc' is not writable")
+
+
+def test_a_dry_run_of_a_resume_with_other_settings_is_refused_as_the_run_is(
+        tmp_path: Path) -> None:
+    from tests.helpers.toy import config, toy
+
+    out = tmp_path / "out"
+    assert toy("--config", str(config(tmp_path)), "--out", str(out)).returncode == 0
+    other = config(tmp_path, measure_steps=5)
+    dry = toy("--config", str(other), "--out", str(out), "--resume", "--dry-run")
+    real = toy("--config", str(other), "--out", str(out), "--resume")
+    assert dry.returncode == real.returncode == 2, dry.stdout + dry.stderr
+    assert dry.stderr == real.stderr and dry.stderr.startswith(
+        "error: --resume: the settings differ from those of the results in ")
