@@ -264,10 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         if not argv[0].startswith("-"):  # `run` is implied only before its options
-            close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
-            print(f"error: {show_value(argv[0])} is not a command; allowed: "
-                  f"{', '.join(COMMANDS)}{f' (did you mean {close[0]}?)' if close else ''}",
-                  file=sys.stderr)
+            print(f"error: {not_a_command(argv[0])}", file=sys.stderr)
             return 2
         argv.insert(0, "run")
     args = _parser().parse_args(argv)
@@ -318,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+
+
+def not_a_command(word: str) -> str:
+    """The line for a first word that is no command, naming the closest one."""
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    return (f"{show_value(word)} is not a command; allowed: {', '.join(COMMANDS)}"
+            f"{f' (did you mean {close[0]}?)' if close else ''}")
 
 
 def _ignore_stop_signals() -> None:
