@@ -46,7 +46,7 @@ def record(runner: str, n: int, tokens: float, options: dict[str, Any] | None = 
         memory_per_device={f"rank{r}:cpu": 300 * MB for r in range(n)},
         mfu={"mfu": 0.05, "peak_flops": 1e11} if status == "ok" else None,
         state_bytes_per_device=per_device, precision_policy=policy,
-        run_id=f"{runner}{tag}__{model}__n{n}__r{repeat}")
+        run_id=f"{runner}__{model}__n{n}{'__' + tag if tag else ''}__r{repeat}")
     return rec
 
 
