@@ -41,6 +41,7 @@ from bench.report.converge import recipe_line, table_lines
 from bench.report.strategies import format_strategies, strategy_rows
 from bench.report.summary import build_report, format_table
 from bench.run import environment, forecast, slurm
+from bench.run.capacity import CAPACITY_DIR
 from bench.run.envs import EnvError, ensure_env, family_env
 from bench.run.slurm import SlurmError
 from bench.run.sweep import (
@@ -628,7 +629,7 @@ def check_new_folder(out: Path) -> None:
     """A sweep without --resume writes into a folder of its own: one that holds another
     sweep's results (its fingerprint, a record, a capacity search) is refused, naming it and
     the choices, so two configurations never mix in one summary."""
-    held = [p for p in (out / FINGERPRINT, out / "capacity") if p.exists()] or \
+    held = [p for p in (out / FINGERPRINT, out / CAPACITY_DIR) if p.exists()] or \
         record_files(out)[:1]
     if held:
         raise ConfigError(f"--out {show_value(str(out))}: it holds another sweep's results "

@@ -443,11 +443,12 @@ def _scan(results_dir: Path) -> tuple[list[dict[str, Any]], list[Damaged]]:
 
 # what every benchmark and converge record of a sweep holds as its fingerprint.json says
 SWEEP_WIDE = ("warmup_steps", "measure_steps", "device", "scaling", "precision")
+FINGERPRINT_NAME = "fingerprint.json"  # written by bench/run/sweep.py
 
 
 def sweep_settings(results_dir: Path) -> dict[str, Any]:
     """The folder's fingerprint settings (fingerprint.json, read bounded); {} without one."""
-    path = Path(results_dir) / "fingerprint.json"
+    path = Path(results_dir) / FINGERPRINT_NAME
     value = read_json(path)[0] if path.exists() else None
     settings = value.get("settings") if isinstance(value, dict) else None
     return settings if isinstance(settings, dict) else {}

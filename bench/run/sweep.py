@@ -154,7 +154,7 @@ def acquire_folder(out: Path) -> IO[str]:
         raise ConfigError(str(exc)) from None
 
 
-FINGERPRINT = "fingerprint.json"
+FINGERPRINT = store.FINGERPRINT_NAME
 SUPERSEDED = "superseded"
 # keys that change no figure: labels, a time limit, what is sampled beside the run, where it
 # runs, and how many repeats of the same configuration (they add or omit runs, never mix)
