@@ -154,8 +154,8 @@ TABLE_BEFORE = (
     ' repeats; too few for a confidence interval\n'
     '\n'
     "STARVED: the GPUs' mean utilisation in the timed window was below the threshold "
-    "(telemetry.starved_below_pct): input, synchronisation or the host's own per-step"
-    ' work (Python, kernel launches: a model too small for the GPU) starves them\n'
+    "(telemetry.starved_below_pct) and no host thread was busy throughout: input or sync"
+    'hronisation starves them\n'
     '\n'
     "CONTENDED: other processes used more than a quarter of the machine's CPUs in a r"
     "un's timed window, or held its GPUs; the record's telemetry.contention names the"

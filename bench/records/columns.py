@@ -384,9 +384,14 @@ COLUMNS: tuple[Column, ...] = (
     Column("noisy", "noisy", "flag", "images/sec varied across repeats by more than the CV "
            "target (until_stable.target_cv, else 5%)", ("csv", *DISPLAY_VIEWS)),
     Column("starved", "STARVED", "flag", "the GPUs' mean utilisation in the timed window was "
-           "below the threshold (telemetry.starved_below_pct): input, synchronisation or the "
-           "host's own per-step work (Python, kernel launches: a model too small for the GPU) "
-           "starves them", run=_at("telemetry", "starved"), over_runs="any"),
+           "below the threshold (telemetry.starved_below_pct) and no host thread was busy "
+           "throughout: input or synchronisation starves them",
+           run=_at("telemetry", "starved"), over_runs="any"),
+    Column("host_bound", "HOST-BOUND", "flag", "the GPUs were below the STARVED threshold "
+           "while one host thread kept 90% of a core or more through the timed window: the "
+           "host's own per-step work (Python, kernel launches) sets the pace; a larger batch, "
+           "compilation or CUDA graphs give the GPU more per launch",
+           run=_at("telemetry", "host_bound"), over_runs="any"),
     Column("contended", "CONTENDED", "flag", "other processes used more than a quarter of the "
            "machine's CPUs in a run's timed window, or held its GPUs; the record's "
            "telemetry.contention names them (docs/RELIABILITY.md)", over_runs="any"),

@@ -25,7 +25,11 @@ import psutil
 from bench.atomic import atomic_file
 
 HOST_FIELDS = ("host_cpu_pct", "host_mem_used_bytes", "run_cpu_cores", "run_rss_bytes",
-               "other_cpu_cores")
+               "other_cpu_cores", "run_top_thread_cores")
+# HOST-BOUND: the GPUs below starved_below_pct while the run's busiest thread (a rank's Python
+# loop launching kernels) kept this much of one core through the timed window: the host's own
+# per-step work sets the pace, not input or synchronisation (STARVED).
+HOST_BOUND_CORES = 0.9
 # CONTENDED: processes outside the run (and outside this harness) used more than this share of
 # the machine's logical CPUs on average over the timed window, or any other process held one of
 # the run's GPUs. A quarter: on 2 cores half a core, which is what an orphaned CPU run or a
@@ -61,21 +65,33 @@ class ProcessTree:
         self.root = psutil.Process(pid)
         self._cpu: dict[tuple[int, float], float] = {}
         self.pids: set[int] = {pid}
+        self.threads: dict[tuple[int, int], float] = {}
 
     def read(self) -> tuple[float, int]:
-        """(CPU seconds so far, RSS bytes now) of the tree."""
+        """(CPU seconds so far, RSS bytes now) of the tree; each live thread's CPU seconds so
+        far in `threads`."""
         try:
             procs = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
             procs = []
         self.pids = {p.pid for p in procs}
-        rss = 0
+        rss, threads = 0, {}
         for proc in procs:
             with contextlib.suppress(psutil.Error), proc.oneshot():
                 times = proc.cpu_times()
                 self._cpu[(proc.pid, proc.create_time())] = times.user + times.system
                 rss += proc.memory_info().rss
+                threads.update({(proc.pid, th.id): th.user_time + th.system_time
+                                for th in proc.threads()})
+        self.threads = threads
         return sum(self._cpu.values()), rss
+
+
+def busiest_thread(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float],
+                   seconds: float) -> float | None:
+    """The most CPU cores one thread used between two readings (None with no common thread)."""
+    used = [after[k] - before[k] for k in after.keys() & before.keys()]
+    return max(0.0, max(used) / seconds) if used and seconds > 0 else None
 
 
 def _cpu_by_process() -> dict[tuple[int, float], tuple[str, float]]:
@@ -199,10 +215,12 @@ class Sampler:
     def sample(self) -> dict[str, Any]:
         """One reading of the host, the run's process tree and each GPU."""
         t = time.time()
+        before = self.tree.threads
         cpu_s, rss = self.tree.read()
-        cores = None
+        cores = top_thread = None
         if self._prev is not None and t > self._prev[0]:
             cores = max(0.0, (cpu_s - self._prev[1]) / (t - self._prev[0]))
+            top_thread = busiest_thread(before, self.tree.threads, t - self._prev[0])
         self._prev = (t, cpu_s)
         host_pct = psutil.cpu_percent(interval=None)
         row: dict[str, Any] = {
@@ -212,6 +230,7 @@ class Sampler:
             # the host's busy cores less the run's: the harness's own share is in it (small)
             "other_cpu_cores": (max(0.0, host_pct / 100 * self.logical_cpus - cores)
                                 if cores is not None else None),
+            "run_top_thread_cores": top_thread,
         }
         pcie = t - self._last_pcie >= PCIE_EVERY_S
         if pcie:
@@ -334,6 +353,7 @@ def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
         "mem_used_max_bytes": _max([s["host_mem_used_bytes"] for s in samples]),
         "run_cpu_cores_mean": _mean([s["run_cpu_cores"] for s in inside]),
         "run_rss_max_bytes": _max([s["run_rss_bytes"] for s in samples]),
+        "top_thread_cores_mean": _mean([s.get("run_top_thread_cores") for s in inside]),
     }
     gpus = [_gpu_summary(i, samples, inside, window_s) for i in gpu_indices_of(samples)]
     out["gpus"] = gpus
@@ -343,14 +363,28 @@ def summarise(samples: Sequence[dict[str, Any]], window_start: float | None,
     out["energy_j"] = sum(energies) if gpus and all(e is not None for e in energies) else None
     out["joules_per_image"] = (out["energy_j"] / images
                                if out["energy_j"] is not None and images else None)
-    out["starved_below_pct"] = starved_below_pct
-    out["starved"] = (out["gpu_util_mean_pct"] < starved_below_pct
-                      if out["gpu_util_mean_pct"] is not None else None)
+    out.update(idle_gpus(out["gpu_util_mean_pct"], out["host"]["top_thread_cores_mean"],
+                         starved_below_pct))
     out["contention"] = contention(inside, sampling.logical_cpus or psutil.cpu_count() or 1,
                                    sampling.top_others, sampling.gpu_holders)
     if not sampling.sampled_gpus and out["note"] is None:
         out["note"] = "CPU run: no GPU sampled"
     return out
+
+
+def idle_gpus(util_pct: float | None, top_thread_cores: float | None,
+              starved_below_pct: float) -> dict[str, Any]:
+    """Why the GPUs sat below starved_below_pct, if they did: host_bound when the busiest
+    thread kept HOST_BOUND_CORES of a core (per-step launch work), else starved (input or
+    synchronisation); None where no GPU was read."""
+    if util_pct is None:
+        return {"starved_below_pct": starved_below_pct, "starved": None, "host_bound": None,
+                "host_bound_cores": HOST_BOUND_CORES}
+    host_bound = (util_pct < starved_below_pct and top_thread_cores is not None
+                  and top_thread_cores >= HOST_BOUND_CORES)
+    return {"starved_below_pct": starved_below_pct,
+            "starved": util_pct < starved_below_pct and not host_bound,
+            "host_bound": host_bound, "host_bound_cores": HOST_BOUND_CORES}
 
 
 def _gpu_summary(i: int, samples: Sequence[dict[str, Any]], inside: list[dict[str, Any]],
