@@ -142,7 +142,8 @@ def _idle(row: dict[str, Any], step: float) -> str:
     util = row.get("gpu_util_pct")
     if util is not None:
         idle = max(0.0, 1 - util / 100)
-        return f"GPUs idle {idle:.0%} of the window (~{_ms(idle * step)} a step)"
+        why = "; HOST-BOUND: one host thread busy throughout" if row.get("host_bound") else ""
+        return f"GPUs idle {idle:.0%} of the window (~{_ms(idle * step)} a step){why}"
     if row.get("run_cpu_cores") is not None:
         return f"no GPU telemetry; the run kept {row['run_cpu_cores']:.2g} CPU cores busy"
     return "no utilisation telemetry"

@@ -131,7 +131,10 @@ def render_telemetry_charts(results_dir: Path, records: list[dict[str, Any]]) ->
 
 
 def _reading_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Flagged runs (not ok, contended, starved) first, then the latest finished."""
+    """Flagged runs (not ok, contended, starved, host-bound) first, then the latest finished."""
     latest = sorted(records, key=lambda r: str(r.get("finished_at") or ""), reverse=True)
-    return sorted(latest, key=lambda r: not (r.get("status") != "ok" or r.get("contended")
-                                             or (r.get("telemetry") or {}).get("starved")))
+    def flagged(r: dict[str, Any]) -> bool:
+        tel = r.get("telemetry") or {}
+        return bool(r.get("status") != "ok" or r.get("contended") or tel.get("starved")
+                    or tel.get("host_bound"))
+    return sorted(latest, key=lambda r: not flagged(r))
