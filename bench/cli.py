@@ -12,6 +12,7 @@ import signal
 import sys
 import tempfile
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,14 @@ from bench import REPO_ROOT
 from bench.analysis.compare import check_threshold
 from bench.analysis.converge import converge_rows
 from bench.analysis.explain import text as explain_text
-from bench.analysis.gate import clear_gate, run_gate
+from bench.analysis.gate import (
+    FAIL_ON_CHOICES,
+    FAIL_ON_DEFAULT,
+    clear_gate,
+    parse_fail_on,
+    run_gate,
+    runs_exit,
+)
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
 from bench.errors import write_remedy
@@ -169,6 +177,10 @@ def _run_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
                           "baseline passes with a note (docs/CI.md)")
     run.add_argument("--threshold", type=float, default=0.05,
                      help="with --baseline: the smallest slowdown that counts (default 0.05)")
+    run.add_argument("--fail-on", metavar="STATUSES", default=",".join(FAIL_ON_DEFAULT),
+                     help="exit 3 when any run ends with one of these statuses (comma-"
+                          f"separated: {', '.join(FAIL_ON_CHOICES)}; or none); default "
+                          f"{','.join(FAIL_ON_DEFAULT)} (docs/CI.md)")
 
 
 def _flags(parser: argparse.ArgumentParser, **helps: str) -> None:
@@ -601,6 +613,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_out(args.out)
     _resume_flags(args)  # in the dry run too: it answers as the run would
+    fail_on = parse_fail_on(args.fail_on)
     out = results_folder(cfg, args.out, args.resume)
     if not args.resume:
         check_new_folder(out)
@@ -622,7 +635,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return end.code
     if end.detached:
         return 0
-    return _report_sweep(out, end.signum, args.baseline, args.threshold)
+    return _report_sweep(out, end.signum, Judge(args.baseline, args.threshold, fail_on))
 
 
 def check_new_folder(out: Path) -> None:
@@ -674,13 +687,21 @@ def _dry_run(args: argparse.Namespace, cfg: Any, runs: list[Any], out: Path) -> 
     return 0
 
 
-def _report_sweep(out: Path, signum: int | None, baseline: str | None = None,
-                  threshold: float = 0.05) -> int:
-    """The report of an ended sweep (judged against `baseline` where given); a second Ctrl-C,
-    or a full disk, ends it cleanly."""
+@dataclass(frozen=True)
+class Judge:
+    """How an ended sweep's exit status is decided: the baseline to compare with (None: no
+    comparison), compare's threshold, and the run statuses that fail it (--fail-on)."""
+    baseline: str | None = None
+    threshold: float = 0.05
+    fail_on: tuple[str, ...] = FAIL_ON_DEFAULT
+
+
+def _report_sweep(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
+    """The report of an ended sweep, judged; a second Ctrl-C, or a full disk, ends it
+    cleanly."""
     try:  # a second Ctrl-C (or a SIGTERM) during the report ends quietly: every file is whole
         with stop_signals_interrupt():
-            return report_end(out, signum, baseline, threshold)
+            return report_end(out, signum, judge)
     except KeyboardInterrupt as exc:
         return report_interrupted(out, signum, exc)
     except OSError as exc:  # a full disk: the records stay, no half file, no temporary
@@ -720,17 +741,18 @@ def report_interrupted(out: Path, first: int | None, exc: KeyboardInterrupt) -> 
     return 128 + (first or now)
 
 
-def report_end(out: Path, signum: int | None, baseline: str | None = None,
-               threshold: float = 0.05) -> int:
+def report_end(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
     """The end of a sweep that ran here: judged against the baseline (where given), the
     report written and shown (after a stop signal: the line saying so, and the report
-    written); the gate's exit code."""
+    written); the exit code: RUNS_FAILED_EXIT when a run's status is one of judge.fail_on,
+    else the gate's; the last line says which decided."""
     if signum is not None:
         print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept "
               f"in {out}; continue with --resume --out {out}", file=sys.stderr)
         build_report(out)
         return 128 + signum
-    outcome = run_gate(baseline, out, threshold) if baseline else clear_gate(out)
+    outcome = (run_gate(judge.baseline, out, judge.threshold) if judge.baseline
+               else clear_gate(out))
     with one_scan():
         rows, pipes, charts = build_report(out)
         records = load_records(out)
@@ -741,10 +763,12 @@ def report_end(out: Path, signum: int | None, baseline: str | None = None,
     print(f"\nresults: {out}")
     print(f"summary: {out / 'summary.csv'}   charts: {out / 'charts'}   "
           f"report: {out / 'report.html'}   {out / 'results.md'}   {out / 'junit.xml'}")
-    if outcome is None:
-        return 0
-    print(outcome.line)
-    return outcome.code
+    code, runs_line = runs_exit(records, judge.fail_on)
+    if outcome is not None:
+        print(outcome.line)
+    code = code or (outcome.code if outcome is not None else 0)
+    print(f"exit {code}: {runs_line}" + (f"; baseline: {outcome.status}" if outcome else ""))
+    return code
 
 
 def step_summary(out: Path) -> None:

@@ -20,6 +20,15 @@ def run_cli(*args: str, timeout: float = 900, env: dict[str, str] | None = None
                           env={**os.environ, **(env or {})})
 
 
+# the statuses a sweep exits 3 on by default (--fail-on; docs/CI.md)
+FAILING = ("failed", "timeout", "oom", "invalid")
+
+
+def sweep_exit(records: list[dict]) -> int:
+    """The exit status a sweep with these records ends with under the default --fail-on."""
+    return 3 if any(r.get("status") in FAILING for r in records) else 0
+
+
 def run_child(python: str, script: str, *args: str, env: dict[str, str] | None = None,
               timeout: float = 900) -> dict:
     """Run a child script (a path from the repo root, tests/children/...) with ARGS in a framework

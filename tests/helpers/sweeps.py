@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.records.store import load_records
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, sweep_exit
 
 
 def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
@@ -17,8 +17,9 @@ def smoke_sweep(out: Path, *sets: str) -> dict[int, dict]:
     for s in sets:
         args += ["--set", s]
     proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {r["num_devices"]: r for r in load_records(out)}
+    records = load_records(out)
+    assert proc.returncode == sweep_exit(records), proc.stdout + proc.stderr
+    return {r["num_devices"]: r for r in records}
 
 
 def real_sweep(out: Path, dataset: Path, *sets: str) -> dict[int, dict]:
@@ -35,8 +36,9 @@ def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
     for s in sets:
         args += ["--set", s]
     proc = run_cli(*args)
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    return load_records(out)
+    records = load_records(out)
+    assert proc.returncode in (sweep_exit(records), 1), proc.stdout + proc.stderr
+    return records
 
 
 def assert_stopped_at_target(rec: dict, target: float) -> None:
