@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.junit import assert_valid_junit
 from tests.helpers.toy import config, toy
 
 
@@ -36,6 +37,7 @@ def test_a_failed_run_exits_3_naming_it(crashed: tuple[Path, object]) -> None:
         "exit 3: runs: 2 failed; failing (--fail-on failed,timeout,oom,invalid): "
         "toy__probe__n1__b8__synthetic__fp32__r0; toy__probe__n2__b8__synthetic__fp32__r0")
     assert "Traceback" not in proc.stderr
+    assert_valid_junit(crashed[0] / "out" / "junit.xml")  # the failures, as a CI reads them
 
 
 def test_fail_on_chooses_the_statuses(crashed: tuple[Path, object]) -> None:

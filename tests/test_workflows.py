@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from bench import REPO_ROOT
+from tests.helpers.junit import assert_valid_junit
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 GITLAB = REPO_ROOT / "docs" / "ci" / "gitlab-ci.yml"
@@ -99,6 +100,7 @@ def test_the_gpu_smoke_workflow_runs_on_cpu_and_uploads_its_results(
         "BASELINE": str(tmp_path / "baseline")})
     assert uploads and all(p.exists() for p in uploads), [p for p in uploads if not p.exists()]
     assert {p.name for p in uploads} >= {"report.html", "results.md", "junit.xml", "runs"}
+    assert_valid_junit(out / "junit.xml")
     cases = ET.parse(out / "junit.xml").getroot().iter("testcase")
     assert [c.get("classname") for c in cases] == ["mgbench.torch_ddp"]
     assert list((out / "runs").glob("torch_ddp__small_cnn__*.json"))

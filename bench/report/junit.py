@@ -9,6 +9,7 @@ configuration the baseline gate found slower (baseline.json) is a failure saying
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,9 @@ from bench.analysis.compare import label_of
 from bench.atomic import write_text_atomic
 
 NAME = "junit.xml"
+# characters XML 1.0 cannot hold at all (a reason may carry a terminal's colour codes):
+# written as \\xNN so the file stays well-formed and the text readable
+NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 PROPERTIES = (("status", ("status",)), ("images_per_sec", ("images_per_sec",)),
               ("mfu", ("mfu", "mfu")), ("memory_per_device_max", ("memory_per_device",)),
               ("time_to_target_s", ("time_to_target_s",)))
@@ -33,6 +37,10 @@ def _value(rec: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     return node
 
 
+def _text(value: Any) -> str:
+    return NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
 def _label(rec: Mapping[str, Any]) -> str | None:
     try:
         return label_of(dict(rec))
@@ -42,7 +50,7 @@ def _label(rec: Mapping[str, Any]) -> str | None:
 
 def _case(suites: ET.Element, rec: Mapping[str, Any], regressed: set[str]) -> tuple[int, int]:
     """One run's suite and case; (failures, skipped) it adds."""
-    run_id = str(rec.get("run_id") or "?")
+    run_id = _text(rec.get("run_id") or "?")
     wall = rec.get("wall_time_s")
     time = f"{wall:.3f}" if isinstance(wall, (int, float)) else "0"
     suite = ET.SubElement(suites, "testsuite", name=run_id, tests="1", time=time)
@@ -50,10 +58,10 @@ def _case(suites: ET.Element, rec: Mapping[str, Any], regressed: set[str]) -> tu
     for name, path in PROPERTIES:
         value = _value(rec, path)
         if value is not None:
-            ET.SubElement(props, "property", name=name, value=str(value))
+            ET.SubElement(props, "property", name=name, value=_text(value))
     case = ET.SubElement(suite, "testcase", classname=f"mgbench.{rec.get('runner')}",
                          name=run_id, time=time)
-    status, reason = rec.get("status"), str(rec.get("reason") or "no reason recorded")
+    status, reason = rec.get("status"), _text(rec.get("reason") or "no reason recorded")
     failures = skipped = 0
     if status == "unavailable":
         ET.SubElement(case, "skipped", message=f"unavailable: {reason}")
