@@ -76,10 +76,13 @@ def test_the_sampler_reads_the_busiest_thread_of_the_run() -> None:
     proc = subprocess.Popen([sys.executable, "-c", code])
     samples = Sampler(proc.pid, [], 0.1).start()
     proc.wait(timeout=30)
-    read = [s for s in samples.stop() if s["run_top_thread_cores"] is not None]
+    read = [s for s in samples.stop() if s["run_top_thread_cores"] is not None
+            and s["run_cpu_cores"] is not None and s["run_cpu_cores"] > 0.05]
     assert len(read) >= 5
-    # the spinning thread (sharing this machine's cores with whatever else runs)
-    assert max(s["run_top_thread_cores"] for s in read) > 0.25
+    # the spinning thread does nearly all of its process's work, however much of a core this
+    # machine's load left it (a mean over the five threads would be a fifth of it)
+    shares = sorted(s["run_top_thread_cores"] / s["run_cpu_cores"] for s in read)
+    assert shares[len(shares) // 2] > 0.7, shares
     # one thread never uses more than its whole process tree (give or take a clock tick of
     # 10 ms in a 0.1 s interval, read a moment apart)
     assert all(s["run_top_thread_cores"] <= s["run_cpu_cores"] + 0.25 for s in read
