@@ -90,14 +90,17 @@ def test_run_with_baseline_on_real_runs(tmp_path: Path, tf_python: str) -> None:
                        env={"GITHUB_STEP_SUMMARY": str(summary)})
         return proc.returncode, proc.stdout + proc.stderr
 
+    # the gate's line, then the last line: what decided the exit status
     code, text = judged(same)
-    assert code == 0 and "0 regressions" in text.splitlines()[-1], text
+    assert code == 0 and "0 regressions" in text.splitlines()[-2], text
+    assert text.splitlines()[-1].startswith("exit 0: runs: 1 ok;") and "baseline: pass" in text
     code, text = judged(fast)
-    assert code == REGRESSION_EXIT and "1 regression" in text.splitlines()[-1], text
+    assert code == REGRESSION_EXIT and "1 regression" in text.splitlines()[-2], text
+    assert text.splitlines()[-1].startswith("exit 4: ") and "baseline: regression" in text
     failures = list(ET.parse(out / "junit.xml").getroot().iter("failure"))
     assert [f.get("type") for f in failures] == ["regression"]
     assert "## Against the baseline" in (out / "results.md").read_text()
     assert "Against the baseline" in (out / "report.html").read_text()
     code, text = judged(tmp_path / "none")
-    assert code == 0 and "nothing to compare" in text.splitlines()[-1], text
+    assert code == 0 and "nothing to compare" in text.splitlines()[-2], text
     assert summary.read_text().count("# Benchmark results") == 3
