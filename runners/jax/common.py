@@ -286,11 +286,16 @@ def ready_rows(batch: tuple[jax.Array, jax.Array]) -> int:
     return int(batch[0].shape[0])
 
 
-def sgd_recipe(spec: Spec, runner: str, multi_node: str) -> Recipe:
-    """A converge run's recipe; Unavailable across nodes (`multi_node` says why) or with an
-    optimizer other than sgd."""
+MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
+                       "process (runners/converge.py); a per-process share ")
+EVAL_CHUNK = 1024  # held-out rows per evaluation call at most (eval_chunk)
+
+
+def sgd_recipe(spec: Spec, runner: str, missing: str) -> Recipe:
+    """A converge run's recipe; Unavailable across nodes (`missing`: what of a per-process
+    share the runner lacks) or with an optimizer other than sgd."""
     if spec.num_nodes > 1:
-        raise Unavailable(multi_node)
+        raise Unavailable(MULTI_NODE_CONVERGE + missing)
     recipe = Recipe.of(spec)
     if recipe.optimizer != "sgd":
         raise Unavailable(f"optimizer {recipe.optimizer!r}: {runner} converges with sgd only")
@@ -305,3 +310,10 @@ def check_short_batch(recipe: Recipe, train_rows: int, n: int, layout: str) -> N
         raise Unavailable(f"last_batch keep: the short last batch of {rest} rows does not "
                           f"divide over {n} devices ({layout} lays out even shares only); "
                           "use drop or pad")
+
+
+def eval_chunk(heldout_rows: int, n: int) -> int:
+    """Held-out rows per evaluation call: at most EVAL_CHUNK, padded up to a multiple of the n
+    devices (every device the same rows)."""
+    chunk = min(EVAL_CHUNK, heldout_rows)
+    return chunk + -chunk % n

@@ -15,7 +15,7 @@ from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
 from runners.converge import Batch, fitting_splits, train_to_accuracy
-from runners.jax.common import check_short_batch, framework_versions, sgd_recipe
+from runners.jax.common import check_short_batch, eval_chunk, framework_versions, sgd_recipe
 from runners.jax.keras_batchnorm import keras_moving_stats
 from runners.jax.keras_fit import EpochRows, make_distribution
 from runners.jax.keras_input import ARRAYS_PLACEMENT, input_mode
@@ -33,11 +33,7 @@ benchmark = partial(run_benchmark, strategy=DATA_PARALLEL)
 equivalence = partial(run_equivalence, strategy=DATA_PARALLEL)
 
 
-MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
-                       "process (runners/converge.py); a per-process share of them is not fed "
-                       "yet")
 CONVERGE_PLACEMENT_SOURCE = code("jax.keras_converge_rows")
-EVAL_CHUNK = 1024  # held-out rows per predict batch at most (padded to a multiple of N)
 
 
 def converge_callbacks(keras: Any, lr_at: Callable[[int], float], rows: EpochRows) -> list[Any]:
@@ -82,8 +78,7 @@ class KerasConverge:
         self.rows_fed: list[int] = []
         self.lrs: list[float] = []  # the optimizer's learning rate after each epoch's fit
         self.read: str | None = None  # what the last moving_stats() read
-        chunk = min(EVAL_CHUNK, heldout_rows)
-        self.chunk = chunk + -chunk % run.n  # a multiple of N: every device the same rows
+        self.chunk = eval_chunk(heldout_rows, run.n)  # held-out rows per predict batch
 
     def train_epoch(self, epoch: int, batches: list[Batch], lr_at: Callable[[int], float]
                     ) -> float:
@@ -122,7 +117,7 @@ class KerasConverge:
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: train_to_accuracy with the benchmark's model under DataParallel, one fit
     per epoch, the learning rate set per step by a callback."""
-    recipe = sgd_recipe(spec, "keras_jax", MULTI_NODE_CONVERGE)
+    recipe = sgd_recipe(spec, "keras_jax", "of them is not fed yet")
     mode = input_mode(spec)
     splits = fitting_splits(spec, spec_of(spec))
     run = KerasRun.start(spec, DATA_PARALLEL)

@@ -37,11 +37,7 @@ benchmark = partial(run_benchmark, layout=DATA_PARALLEL)
 equivalence = partial(run_equivalence, layout=DATA_PARALLEL)
 
 
-MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
-                       "process (runners/converge.py); a per-process share fed through "
-                       "make_array_from_process_local_data is not built yet")
 CONVERGE_PLACEMENT_SOURCE = code("jax.batch_rows_first_epoch")
-EVAL_CHUNK = 1024  # held-out rows per inference call at most (padded to a multiple of N)
 
 
 def converge_optimizer(momentum: float, weight_decay: float, lr: float
@@ -120,8 +116,7 @@ class NativeConverge:
         self.read: str | None = None  # what the last moving_stats() read
         self.predict = make_predict(run.model, train_kwargs(run.model, False), run.cast,
                                     run.replicated, run.batch)
-        chunk = min(EVAL_CHUNK, heldout_rows)
-        self.chunk = chunk + -chunk % run.n  # a multiple of N: every device the same rows
+        self.chunk = common.eval_chunk(heldout_rows, run.n)  # held-out rows per inference call
 
     def step(self, b: Batch, lr: float, epoch: int) -> Any:
         import jax
@@ -170,7 +165,8 @@ class NativeConverge:
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: train_to_accuracy with the benchmark's model, mesh and jitted step, the
     learning rate set per step in the optax state."""
-    recipe = common.sgd_recipe(spec, "jax_native", MULTI_NODE_CONVERGE)
+    recipe = common.sgd_recipe(
+        spec, "jax_native", "fed through make_array_from_process_local_data is not built yet")
     model_spec = spec_of(spec)
     splits = fitting_splits(spec, model_spec)
     run = FlaxRun.start(spec, model_spec)

@@ -6,6 +6,7 @@ docs/runners/keras_tf_avolkov1.md, "Notes from the code"."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import tensorflow as tf
@@ -95,12 +96,8 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
                    "split": kt.split_rows(spec.global_batch_size, n, "last")}
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    return towers_run.benchmark(spec, make)
-
-
-def equivalence(spec: Spec) -> dict[str, Any]:
-    return towers_run.equivalence(spec, make)
+benchmark = partial(towers_run.benchmark, make=make)
+equivalence = partial(towers_run.equivalence, make=make)
 
 
 if __name__ == "__main__":

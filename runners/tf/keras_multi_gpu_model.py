@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -74,18 +75,11 @@ def saved_template(built: kt.Built) -> dict[str, Any]:
     return {"saved_template_ok": True}
 
 
-def benchmark(spec: Spec) -> dict[str, Any]:
-    return towers_run.benchmark(spec, make, saved_template)
-
-
-def equivalence(spec: Spec) -> dict[str, Any]:
-    return towers_run.equivalence(spec, make)
-
-
-def converge(spec: Spec) -> dict[str, Any]:
-    """towers_run.converge, the trained template saved and reloaded after; a short kept last
-    batch is sliced as get_slice slices it (the last replica takes the remainder)."""
-    return towers_run.converge(spec, make, saved_template)
+benchmark = partial(towers_run.benchmark, make=make, after=saved_template)
+equivalence = partial(towers_run.equivalence, make=make)
+# converge: the trained template saved and reloaded after; a short kept last batch is sliced
+# as get_slice slices it (the last replica takes the remainder)
+converge = partial(towers_run.converge, make=make, after=saved_template)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from models.custom import CustomModelError
 from runners.common import Invalid, Spec, Unavailable, main, one_line, process_rank
 from runners.converge import Recipe, load_splits
 from runners.memory import model_state_keras
+from runners.real_data import TOKENS_REAL
 from runners.tf import common as tfc
 from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_guard
 from runners.tf.placement import EagerPlacement
@@ -121,10 +122,6 @@ def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str
                       steps_per_execution=opts["steps_per_execution"],
                       jit_compile=bool(opts["xla"]))
     return model, described
-
-
-TOKENS_REAL = ("data real: the prepared datasets are images; a token model trains on synthetic "
-               "tokens")
 
 
 def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any, dict[str, Any]]:

@@ -192,7 +192,10 @@ class Towers:
 
 class Clock:
     """Drives the timed window after each step's session.run; the first step also fetches the
-    towers' labels and the partition graphs; after training, the global step and read_vars."""
+    towers' labels and the partition graphs; after training, the global step and read_vars.
+    Its methods are tensorpack Callback hooks (clock_callback makes it one)."""
+
+    trainer: Any  # the tensorpack trainer, set by Callback.setup_graph
 
     def __init__(self, steps: tuple[int, int], device: str, towers: Towers,
                  read_vars: list[str] | None) -> None:
@@ -202,12 +205,11 @@ class Clock:
         self.placement: dict[str, Any] = {}
         self.values: dict[str, np.ndarray] = {}
         self.first_labels: list[int] = []
-        self.sess: Any = None
 
     def _start(self) -> None:
-        self.gs0 = int(self.sess.run(self.gs))
+        self.gs0 = int(self.trainer.sess.run(self.gs))
 
-    def setup_graph(self) -> None:
+    def _setup_graph(self) -> None:
         from tensorpack.tfutils import get_global_step_var
 
         with tf.device(self.device):
@@ -216,7 +218,7 @@ class Clock:
         by_name = {v.op.name: v for v in tfv1.global_variables() + tfv1.local_variables()}
         self.read = {k: by_name[k] for k in self.read_vars}
 
-    def before_run(self) -> Any:
+    def _before_run(self, ctx: Any) -> Any:
         self.window.step_begin()
         options = None
         fetches: dict[str, Any] = {"loss": self.loss}
@@ -225,7 +227,7 @@ class Clock:
             options, _ = graph_run_options()  # the hooked session fills its RunMetadata
         return tfv1.train.SessionRunArgs(fetches=fetches, options=options)
 
-    def after_run(self, values: Any) -> None:
+    def _after_run(self, ctx: Any, values: Any) -> None:
         self.window.step_done(float(values.results["loss"]))
         if "labels" in values.results:
             self.first_labels = [int(v) for t in values.results["labels"] for v in t]
@@ -233,31 +235,22 @@ class Clock:
         if self.window.calls == 1 and metadata is not None:
             self.placement = graph_placement(metadata)
 
-    def after_train(self) -> None:
-        self.gs1 = int(self.sess.run(self.gs))
-        self.values = self.sess.run(self.read) if self.read else {}
+    def _after_train(self) -> None:
+        sess = self.trainer.sess
+        self.gs1 = int(sess.run(self.gs))
+        self.values = sess.run(self.read) if self.read else {}
 
 
-def clock_callback(clock: Clock) -> Any:
-    """The clock as a tensorpack Callback (the trainer's session handed to it)."""
+def clock_callback(steps: tuple[int, int], device: str, towers: Towers,
+                   read_vars: list[str] | None) -> Clock:
+    """A Clock that is the trainer's tensorpack Callback (tensorpack imported here, as
+    everywhere in this module; the class name is the callback's name scope)."""
     from tensorpack.callbacks import Callback
 
-    class ClockCallback(Callback):
-        def _setup_graph(self) -> None:
-            clock.setup_graph()
+    class ClockCallback(Clock, Callback):
+        """Clock's hooks, called by tensorpack's Callback."""
 
-        def _before_run(self, ctx: Any) -> Any:
-            clock.sess = self.trainer.sess
-            return clock.before_run()
-
-        def _after_run(self, ctx: Any, values: Any) -> None:
-            clock.after_run(values)
-
-        def _after_train(self) -> None:
-            clock.sess = self.trainer.sess
-            clock.after_train()
-
-    return ClockCallback()
+    return ClockCallback(steps, device, towers, read_vars)
 
 
 def relocating_session_creator(names: list[str], config: Any) -> Any:
@@ -291,9 +284,9 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
     if hasattr(trainer._builder, "_mode"):  # the mode tensorpack's builder settled on
         trainer_info["allreduce"] = trainer._builder._mode
         trainer_info["gradient_packer"] = packer or packer_absent(trainer._builder._mode)
-    clock = Clock(steps, names[0], towers, read_vars)
+    clock = clock_callback(steps, names[0], towers, read_vars)
     warmup, measure = steps
-    trainer.train(callbacks=[clock_callback(clock)], monitors=[],
+    trainer.train(callbacks=[clock], monitors=[],
                   session_creator=relocating_session_creator(names, config),
                   session_init=DictRestore(initial) if initial else JustCurrentSession(),
                   steps_per_epoch=warmup + measure, starting_epoch=1, max_epoch=1)
