@@ -32,11 +32,12 @@ JAX_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "jax")
 # tests/test_model_parity.py check)
 MODEL_COUNTS = {"small_cnn": (60_746, 11_288_576)}
 MECHANICS = "models=[small_cnn]"
-# the golden runs' timed steps and telemetry interval: small_cnn's 3 steps may take less than
-# one default interval (0.25 s), leaving no telemetry sample in the window and the record's
-# `contended` null where the golden record has a boolean
-GOLDEN_STEPS = 10
-GOLDEN_TELEMETRY = "telemetry.interval_s=0.1"
+# the golden runs' timed steps and telemetry interval: small_cnn's 3 steps (10-60 ms each) may
+# take less than one default interval (0.25 s), leaving no telemetry sample in the window and
+# the record's `contended` null where the golden record has a boolean: 20 steps (0.15 s or more)
+# sampled every 0.05 s
+GOLDEN_STEPS = 20
+GOLDEN_TELEMETRY = "telemetry.interval_s=0.05"
 
 
 def check_spec(runner: str, **fields: Any) -> str:
