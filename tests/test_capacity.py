@@ -323,14 +323,17 @@ def check_search(out: Path, rec: dict[str, Any], budget: int, devices: int) -> N
 
 @pytest.mark.slow
 def test_depth_search_torch_ddp(tmp_path: Path, torch_python: str) -> None:
-    # at batch 4 the peak is ~94 MiB with 8 layers, ~165 with 24 and ~200 with 32
+    # at batch 4 the peak is ~94 MiB with 8 layers, ~165 with 24 and ~200 with 32: the search
+    # fits 16, misfits 32 and stops there (resolution 16), two probes either side of the budget
+    # (the bisection between them: test_sharding_fits_a_larger_batch_than_ddp's FSDP2 search)
     budget = 182 * MiB
     out, _ = run_sweep(tmp_path, "cap-depth", {
         "runners": "torch_ddp", "models": "gpt2_tiny", "devices": [1], "scale": "depth",
         "batch_size_per_device": 4, "device_memory": budget,
-        "capacity": {"start": 16, "max": 32, "resolution": 8}})
+        "capacity": {"start": 16, "max": 32, "resolution": 16}})
     [rec] = load_capacity(out)
     check_search(out, rec, budget, 1)
+    assert (rec["largest_fit"], rec["first_misfit"]) == (16, 32)
     assert rec["model_layers"] == rec["largest_fit"] and rec["batch_size_per_device"] == 4
     tiny = get_spec("gpt2_tiny")
     for probe in rec["probes"]:

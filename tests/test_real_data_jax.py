@@ -57,16 +57,22 @@ def check_real(rec: dict, n: int) -> dict:
     return result
 
 
+@pytest.fixture(scope="module")
+def grain_order(real_dataset: Path, jax_python: str) -> dict[str, list[int]]:
+    """The file indices of Grain's first timed global batch of 16, by batch size (one child for
+    both runners' tests)."""
+    return run_child(jax_python, "tests/children/grain_batch_order.py",
+                     str(len(dataset_labels(real_dataset))), str(WARMUP), "16")
+
+
 @pytest.mark.parametrize("runner", ["jax_native", "keras_jax"])
 def test_runner_reads_real_data_at_two_devices(runner: str, tmp_path: Path,
-                                               real_dataset: Path, jax_python: str) -> None:
+                                               real_dataset: Path, grain_order: dict) -> None:
     """At 2 devices, where Grain's global batch is laid out over the mesh (the 1-device path
     is the same pipeline; the runners' 1-device runs are in test_jax_runners)."""
     records = real_run(tmp_path / runner, real_dataset, f"runners=[{runner}]")
     assert sorted(records) == [2]
-    labels = dataset_labels(real_dataset)
-    order = run_child(jax_python, "tests/children/grain_batch_order.py", str(len(labels)),
-                      str(WARMUP), "16")
+    labels, order = dataset_labels(real_dataset), grain_order
     for n, rec in records.items():
         result = check_real(rec, n)
         assert result["framework"]["grain"] == "0.2.18"
