@@ -13,9 +13,10 @@ import pytest
 from bench.records.store import check_record
 from bench.run.envs import ensure_env
 from contract.reasons import sentence
+from models import get_spec
 from tests.helpers.cli import REPO
 from tests.helpers.equivalence import make_inputs, step
-from tests.helpers.sweeps import smoke_sweep
+from tests.helpers.sweeps import SAMPLED, SAMPLED_STEPS, smoke_sweep
 
 
 def load_build_script() -> ModuleType:
@@ -57,24 +58,29 @@ def horovod_python() -> str:
     return str(ensure_env("horovod", "cpu").python)
 
 
+# the runs check the runner's mechanics (ranks, placement, fp16 all-reduce), not the model;
+# the golden-checked one times SAMPLED steps (tests/helpers/sweeps.py)
+MECHANICS = "models=[small_cnn]"
+
 
 @pytest.mark.slow
 @pytest.mark.framework("horovod")
 def test_horovod_at_one_and_two_ranks(tmp_path: Path, horovod_python: str) -> None:
-    records = smoke_sweep(tmp_path, "runners=[horovod]")
+    records = smoke_sweep(tmp_path, "runners=[horovod]", MECHANICS, *SAMPLED)
+    small_cnn = get_spec("small_cnn")
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         assert check_record(rec) == []
         log = Path(rec["log_path"]).read_text()[-3000:]
         assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
         assert rec["virtual_devices"] is True
-        assert rec["samples"] == 3 * 8 * n
+        assert rec["samples"] == SAMPLED_STEPS * 8 * n
         assert rec["images_per_sec"] > 0
         result = rec["result"]
         # DistributedOptimizer.step() runs the step hooks twice (its own and SGD's): counted once
-        assert result["replicas"] == n and result["steps_per_rank"] == [3] * n
+        assert result["replicas"] == n and result["steps_per_rank"] == [SAMPLED_STEPS] * n
         # read back from Horovod: hvd.size() ranks, each one's device and the rows it stepped on
-        assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
+        assert rec["placement"] == {f"rank{i}:cpu": SAMPLED_STEPS * 8 for i in range(n)}
         assert f"hvd.size()={n}, controller gloo" in sentence(result["placement_source"])
         assert len(rec["environment"]["devices"]) == n
         assert result["rank_threads"]["processes"] == n
@@ -82,14 +88,15 @@ def test_horovod_at_one_and_two_ranks(tmp_path: Path, horovod_python: str) -> No
         assert result["layout"] == "channels_first" and result["fp16_allreduce"] is False
         assert result["controller"] == "gloo"
         assert rec["environment"]["framework"]["horovod"] == "0.28.1"
-        assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
+        assert result["params"] == small_cnn.params == 60_746
+        assert result["flops_per_sample"] == small_cnn.flops_per_sample == 11_288_576
 
 
 @pytest.mark.slow
 @pytest.mark.framework("horovod")
 def test_horovod_fp16_allreduce(tmp_path: Path, horovod_python: str) -> None:
     """Gradients compressed to float16 for the all-reduce still train at 2 ranks."""
-    records = smoke_sweep(tmp_path, "runners=[horovod]", "devices=[2]",
+    records = smoke_sweep(tmp_path, "runners=[horovod]", "devices=[2]", MECHANICS,
                           "runner_options.horovod.fp16_allreduce=true")
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]

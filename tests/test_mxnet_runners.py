@@ -11,7 +11,7 @@ import pytest
 from bench.catalog.registry import RUNNERS
 from bench.records.store import check_record
 from tests.helpers.equivalence import make_inputs, step
-from tests.helpers.sweeps import smoke_sweep
+from tests.helpers.sweeps import by_runner, smoke_runs, smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 MXNET_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "mxnet")
@@ -21,9 +21,18 @@ def test_mxnet_family_is_registered() -> None:
     assert MXNET_RUNNERS == ["keras_mxnet", "mxnet_native"]
 
 
+@pytest.fixture(scope="module")
+def mxnet_sweep(tmp_path_factory: pytest.TempPathFactory, mxnet_python: str
+                ) -> dict[str, dict[int, dict]]:
+    """The smoke config shortened, every runner of MXNET_RUNNERS in one sweep at 1 and 2
+    contexts; records by runner and devices."""
+    out = tmp_path_factory.mktemp("mxnet-runners")
+    return by_runner(smoke_runs(out, f"runners=[{','.join(MXNET_RUNNERS)}]"))
+
+
 @pytest.mark.parametrize("runner", MXNET_RUNNERS)
-def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, mxnet_python: str) -> None:
-    records = smoke_sweep(tmp_path / runner, f"runners=[{runner}]")
+def test_runner_at_one_and_two_devices(runner: str, mxnet_sweep: dict) -> None:
+    records = mxnet_sweep[runner]
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         assert check_record(rec) == []
@@ -50,21 +59,31 @@ PLACEMENT = {"mxnet_native": {1: {"cpu(0)": 8}, 2: {"cpu(0)": 8, "cpu(1)": 8}},
              "keras_mxnet": {1: {"cpu(0)": 8}, 2: {"cpu(0)": 16}}}
 
 
-def test_keras_mxnet_collapses_cpu_contexts(tmp_path: Path, mxnet_python: str) -> None:
-    """Two executors, one slice each, both on cpu(0): the record shows it and says why."""
-    rec = smoke_sweep(tmp_path, "runners=[keras_mxnet]", "devices=[2]")[2]
+def test_keras_mxnet_collapses_cpu_contexts(mxnet_sweep: dict) -> None:
+    """Two executors, one slice each, both on cpu(0): the record shows it and says why (the
+    2-context run of the sweep above)."""
+    rec = mxnet_sweep["keras_mxnet"][2]
     assert rec["status"] == "ok", rec["reason"]
     result = rec["result"]
     assert result["placement_executors"] == [["cpu(0)", 8], ["cpu(0)", 8]]
     assert "maps every 'cpu(i)' to mx.cpu()" in result["placement_collapsed"]
 
 
-def test_mxnet_native_options(tmp_path: Path, mxnet_python: str) -> None:
+@pytest.fixture(scope="module")
+def options_sweep(tmp_path_factory: pytest.TempPathFactory, mxnet_python: str
+                  ) -> dict[str, dict[int, dict]]:
+    """Both runners at 2 contexts in one sweep, each with its other options (mxnet_native:
+    kvstore local, not hybridised; keras_mxnet: fit on arrays); records by runner and devices."""
+    out = tmp_path_factory.mktemp("mxnet-options")
+    return by_runner(smoke_runs(out, f"runners=[{','.join(MXNET_RUNNERS)}]", "devices=[2]",
+                                "runner_options.mxnet_native.kvstore=local",
+                                "runner_options.mxnet_native.hybridize=false",
+                                "runner_options.keras_mxnet.input=arrays"))
+
+
+def test_mxnet_native_options(options_sweep: dict) -> None:
     """kvstore local and an imperative (not hybridised) net both train at 2 contexts."""
-    records = smoke_sweep(tmp_path, "runners=[mxnet_native]", "devices=[2]",
-                    "runner_options.mxnet_native.kvstore=local",
-                    "runner_options.mxnet_native.hybridize=false")
-    rec = records[2]
+    rec = options_sweep["mxnet_native"][2]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["kvstore"] == "local" and rec["result"]["hybridize"] is False
     assert rec["placement"] == {"cpu(0)": 8, "cpu(1)": 8}
@@ -72,10 +91,8 @@ def test_mxnet_native_options(tmp_path: Path, mxnet_python: str) -> None:
         "cpu(1)"] > 0
 
 
-def test_keras_mxnet_fit_on_arrays(tmp_path: Path, mxnet_python: str) -> None:
-    records = smoke_sweep(tmp_path, "runners=[keras_mxnet]", "devices=[2]",
-                    "runner_options.keras_mxnet.input=arrays")
-    rec = records[2]
+def test_keras_mxnet_fit_on_arrays(options_sweep: dict) -> None:
+    rec = options_sweep["keras_mxnet"][2]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["input"] == "arrays" and rec["samples"] == 3 * 16
 

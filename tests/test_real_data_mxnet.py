@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.records.store import check_record
+from bench.records.store import check_record, load_records
 from contract.reasons import sentence
 from contract.spec import spec_for
 from tests.helpers.cli import REPO, run_child
-from tests.helpers.sweeps import real_sweep
+from tests.helpers.sweeps import by_runner, real_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("mxnet")]
 
@@ -47,10 +47,20 @@ def assert_trained_on_dataset(rec: dict, dataset: Path, n: int) -> dict:
     return result
 
 
+@pytest.fixture(scope="module")
+def real_mxnet_sweep(tmp_path_factory: pytest.TempPathFactory, real_dataset: Path,
+                     mxnet_python: str) -> dict[str, dict[int, dict]]:
+    """Both runners on the real dataset at 1 and 2 contexts in one sweep; records by runner
+    and devices."""
+    out = tmp_path_factory.mktemp("real-mxnet")
+    real_sweep(out, real_dataset, "runners=[mxnet_native,keras_mxnet]")
+    return by_runner(load_records(out))
+
+
 @pytest.mark.parametrize("runner", ["mxnet_native", "keras_mxnet"])
-def test_real_data_at_one_and_two_devices(runner: str, tmp_path: Path, real_dataset: Path,
-                                          mxnet_python: str) -> None:
-    records = real_sweep(tmp_path / runner, real_dataset, f"runners=[{runner}]")
+def test_real_data_at_one_and_two_devices(runner: str, real_mxnet_sweep: dict,
+                                          real_dataset: Path) -> None:
+    records = real_mxnet_sweep[runner]
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         result = assert_trained_on_dataset(rec, real_dataset, n)

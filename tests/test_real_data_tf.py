@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from bench.plan.runs import RunSpec
-from bench.records.store import check_record
+from bench.records.store import check_record, load_records
 from contract.spec import spec_for
 from runners.tf.cnn_benchmarks import ENV_VAR, build_flags
 from tests.helpers.cli import REPO, run_child
-from tests.helpers.sweeps import real_sweep
+from tests.helpers.sweeps import by_runner, real_sweep
 
 RUNNERS = ["tf_mirrored", "tf_native", "keras_tf_kuza55", "keras_tf_multi_gpu_model",
            "keras_tf_avolkov1", "tensorpack"]
@@ -46,16 +46,29 @@ def check_real(rec: dict, n: int, batch: int = 8, workers: int = 1,
     return res
 
 
+@pytest.fixture(scope="module")
+def real_tf_sweep(tmp_path_factory: pytest.TempPathFactory, real_dataset: Path,
+                  tf_python: str) -> dict[str, dict[int, dict]]:
+    """Every runner of RUNNERS on the real dataset at 2 devices, one sweep per model (KERAS on
+    small_cnn, the TF1 ones on MiniGoogLeNet); records by runner and devices."""
+    records: dict[str, dict[int, dict]] = {}
+    for model in ("small_cnn", "minigooglenet"):
+        runners = [r for r in RUNNERS if (r in KERAS) == (model == "small_cnn")]
+        out = tmp_path_factory.mktemp("real-tf") / model
+        real_sweep(out, real_dataset, f"runners=[{','.join(runners)}]", "devices=[2]",
+                   f"models=[{model}]")
+        records.update(by_runner(load_records(out)))
+    return records
+
+
 @pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.slow
 @pytest.mark.framework("tf")
-def test_runner_on_real_data(runner: str, tmp_path: Path, real_dataset: Path,
-                             tf_python: str) -> None:
+def test_runner_on_real_data(runner: str, real_tf_sweep: dict) -> None:
     """At 2 devices, where the real batch is split over the replicas (each runner's 1-device
     path is the same input pipeline, and runs in test_tf_runners and test_equivalence)."""
     model = "small_cnn" if runner in KERAS else "minigooglenet"
-    records = real_sweep(tmp_path / runner, real_dataset, f"runners=[{runner}]", "devices=[2]",
-                         f"models=[{model}]")
+    records = real_tf_sweep[runner]
     assert sorted(records) == [2]
     for n, rec in records.items():
         res = check_real(rec, n)

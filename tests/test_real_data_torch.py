@@ -1,6 +1,10 @@
 """Real data in the PyTorch and Horovod families: torch_ddp, keras_torch (both loaders) and
-horovod through the CLI at 1 and 2 ranks, the ranks' disjoint shares, the DataLoader's output
-against the numpy/Pillow reference, and the torch_dataloader pipeline mode."""
+horovod through the CLI at 2 ranks on small_cnn, the ranks' disjoint shares, the DataLoader's
+output against the numpy/Pillow reference, and the torch_dataloader pipeline mode. The input
+path is what is tested (small_cnn has a torch and a Keras builder); 2 ranks split the data
+(DistributedSampler's share, the keras loader's files rank, rank + N), where 1 rank runs the
+same loader over all of it, as each runner's 1-rank synthetic run in test_torch_runners.py and
+test_horovod.py starts the same runner."""
 
 from __future__ import annotations
 
@@ -12,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.records.store import check_record
+from bench.records.store import check_record, load_records
 from bench.run.envs import ensure_env
 from contract.spec import spec_for
 from tests.helpers.cli import REPO, run_child
 from tests.helpers.sweeps import real_sweep
 
 pytestmark = pytest.mark.slow
+REAL = ("devices=[2]", "models=[small_cnn]")  # the sweeps' device count and model
 
 
 def dataset_labels(dataset: Path) -> dict[str, int]:
@@ -29,9 +34,9 @@ def dataset_labels(dataset: Path) -> dict[str, int]:
 
 def check_real_records(records: dict[int, dict], dataset: Path, loader: str,
                        pipeline_words: tuple[str, ...]) -> None:
-    """What every real-data record of these runners must say, at 1 and 2 ranks."""
+    """What every real-data record of these runners must say, at 2 ranks (REAL)."""
     labels = dataset_labels(dataset)
-    assert sorted(records) == [1, 2]
+    assert sorted(records) == [2]
     for n, rec in records.items():
         log = Path(rec["log_path"]).read_text()[-3000:]
         assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
@@ -53,11 +58,20 @@ def check_real_records(records: dict[int, dict], dataset: Path, loader: str,
         assert first["labels"] == [labels[f] for f in first["files"]]
 
 
+@pytest.fixture(scope="module")
+def torchrun_sweep(tmp_path_factory: pytest.TempPathFactory, real_dataset: Path,
+                   torch_python: str) -> dict[str, dict]:
+    """torch_ddp and keras_torch on the real dataset in one sweep; the records by runner."""
+    out = tmp_path_factory.mktemp("real-torchrun")
+    real_sweep(out, real_dataset, "runners=[torch_ddp,keras_torch]", *REAL)
+    return {r["runner"]: r for r in load_records(out)}
+
+
 @pytest.mark.framework("torch")
 @pytest.mark.parametrize("runner", ["torch_ddp", "keras_torch"])
-def test_torchrun_runners_on_real_data(runner: str, tmp_path: Path, real_dataset: Path,
-                                       torch_python: str) -> None:
-    records = real_sweep(tmp_path, real_dataset, f"runners=[{runner}]")
+def test_torchrun_runners_on_real_data(runner: str, torchrun_sweep: dict,
+                                       real_dataset: Path) -> None:
+    records = {torchrun_sweep[runner]["num_devices"]: torchrun_sweep[runner]}
     check_real_records(records, real_dataset, "dataloader",
                        ("torch DataLoader", "DistributedSampler", "1 worker process"))
 
@@ -67,7 +81,7 @@ def test_keras_torch_keras_loader(tmp_path: Path, real_dataset: Path,
                                   torch_python: str) -> None:
     """loader: keras feeds the torch loop from JpegSequence (a Keras 3 PyDataset); each rank
     reads files rank, rank + N, ..."""
-    records = real_sweep(tmp_path, real_dataset, "runners=[keras_torch]",
+    records = real_sweep(tmp_path, real_dataset, "runners=[keras_torch]", *REAL,
                          "runner_options.keras_torch.loader=keras")
     check_real_records(records, real_dataset, "keras", ("PyDataset", "1 worker process"))
     order = list(dataset_labels(real_dataset))
@@ -83,7 +97,7 @@ def horovod_python() -> str:
 
 @pytest.mark.framework("horovod")
 def test_horovod_on_real_data(tmp_path: Path, real_dataset: Path, horovod_python: str) -> None:
-    records = real_sweep(tmp_path, real_dataset, "runners=[horovod]")
+    records = real_sweep(tmp_path, real_dataset, "runners=[horovod]", *REAL)
     check_real_records(records, real_dataset, "dataloader",
                        ("torch DataLoader", "DistributedSampler", "1 worker process"))
 

@@ -3,7 +3,8 @@ and the plain queue input at 2 devices, towers on 2 distinct devices that Tensor
 running the step (placement), parameter counts equal to the spec, and tensorpack's own choice at
 8 towers (hierarchical all-reduce, with its GradientPacker where the gradients are big enough):
 one step equal to one device's on the probe, and equal to the unpacked all-reduce on
-MiniGoogLeNet."""
+MiniGoogLeNet. The registry defaults (replicated, staging input) at 1 and 2 devices:
+test_tf_runners.py, on the runs of its sweep."""
 
 from __future__ import annotations
 
@@ -14,73 +15,32 @@ import pytest
 
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
-from bench.records.store import check_record, load_records
+from bench.records.store import check_record
 from bench.run.launch import launch
-from contract.reasons import sentence
-from models import get_spec
-from tests.helpers.cli import run_child, run_cli
+from tests.helpers.cli import run_child
 from tests.helpers.equivalence import BATCH, LR, RTOL, make_inputs
+from tests.helpers.sweeps import smoke_sweep
+from tests.helpers.tensorpack import check_towers, short
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 
 
-def short(devices: list[str]) -> set[str]:
-    """Device names without the job/replica/task prefix: {"CPU:0", "CPU:1"}."""
-    return {d.split("/device:")[-1] for d in devices}
-
-
-def sweep(tmp_path: Path, *options: str) -> dict[int, dict]:
-    """minigooglenet at 1 and 2 virtual CPU devices, 3 measured steps, with runner options."""
-    sets = [a for opt in options for a in ("--set", f"runner_options.tensorpack.{opt}")]
-    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--set", "runners=[tensorpack]",
-                   "--set", "warmup_steps=2", "--set", "measure_steps=3",
-                   "--set", "batch_size_per_device=8", *sets, "--out", str(tmp_path / "out"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = {r["num_devices"]: r for r in load_records(tmp_path / "out")}
-    assert sorted(records) == [1, 2]
+def test_parameter_server_with_queue_input(tmp_path: Path, tf_python: str) -> None:
+    """At 2 devices, where the parameter server (/cpu:0) is not the second tower's device (at 1
+    device both are CPU:0; tensorpack's 1-device run: test_tf_runners.py)."""
+    records = smoke_sweep(tmp_path / "out", "runners=[tensorpack]", "devices=[2]",
+                          "runner_options.tensorpack.trainer=parameter_server",
+                          "runner_options.tensorpack.input=queue")
+    assert sorted(records) == [2]
     for n, rec in records.items():
         assert check_record(rec) == []
         assert rec["status"] == "ok", (rec["reason"], Path(rec["log_path"]).read_text()[-3000:])
         assert rec["samples"] == 3 * 8 * n
-    return records
-
-
-def check_towers(result: dict, n: int) -> None:
-    """One tower per device, each on its own device, and the devices really ran a step."""
-    spec = get_spec("minigooglenet")
-    assert result["replicas"] == n
-    assert len(result["tower_devices"]) == n
-    assert len(set(result["tower_devices"])) == n, result["tower_devices"]
-    # where TF ran the first step's compute ops, read from its partition graphs
-    assert short(result["placement"]) == short(result["tower_devices"])
-    assert all(v > 0 for v in result["placement"].values())
-    assert "partition graphs" in sentence(result["placement_source"])
-    if n == 2:
-        assert short(result["tower_devices"]) == {"CPU:0", "CPU:1"}
-    assert result["params"] == spec.params
-    assert result["trainable_params"] == spec.trainable_params
-
-
-def test_parameter_server_with_queue_input(tmp_path: Path, tf_python: str) -> None:
-    records = sweep(tmp_path, "trainer=parameter_server", "input=queue")
-    for n, rec in records.items():
         result = rec["result"]
         assert result["trainer"] == "SyncMultiGPUTrainerParameterServer"
         assert result["input"] == "QueueInput"
         assert result["ps_device"] == "cpu"
         assert short(result["variable_devices"]) == {"CPU:0"}  # one shared copy, on /cpu:0
-        check_towers(result, n)
-
-
-def test_replicated_with_staging_input_on_distinct_devices(tmp_path: Path,
-                                                            tf_python: str) -> None:
-    records = sweep(tmp_path)  # the registry defaults: replicated, staging
-    for n, rec in records.items():
-        result = rec["result"]
-        assert result["trainer"] == "SyncMultiGPUTrainerReplicated"
-        assert result["input"] == "StagingInput(QueueInput)"
-        assert result["allreduce"] == "gpu"  # tensorpack's own choice below 8 GPUs on TF 2
-        assert result["gradient_packer"].startswith("not used"), result["gradient_packer"]
         check_towers(result, n)
 
 

@@ -15,15 +15,18 @@ from bench.analysis.loader import load_results
 from bench.records.store import check_record, load_records
 from bench.report.charts import CHARTS
 from contract.reasons import sentence
+from models import get_spec
 from tests.helpers.cli import run_cli
 from tests.helpers.sweeps import smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
-SMOKE = ("--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
-         "--set", "measure_steps=4", "--set", "batch_size_per_device=8")
-# the option tests check mechanics (the step loop, the all-reduce, XLA, the layout): on small_cnn,
-# whose graph TF builds in a quarter of MiniGoogLeNet's time; the smoke sweep keeps the config's
+# every sweep here checks mechanics (records, summary, charts, resume, the step loop, the
+# all-reduce, XLA, the layout): on small_cnn, whose graph TF builds in a quarter of
+# MiniGoogLeNet's time (the runner is what is checked here, not the model)
 MECHANICS = "models=[small_cnn]"
+SMOKE = ("--config", "configs/cpu-smoke.yaml", "--set", "warmup_steps=2",
+         "--set", "measure_steps=4", "--set", "batch_size_per_device=8", "--set", MECHANICS)
+PARAMS = 60_746  # small_cnn's, BatchNorm's moving statistics included (models/small_cnn)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def test_smoke_sweep_records(smoke: Path) -> None:
         assert len(rec["environment"]["devices"]) == n
         assert rec["environment"]["framework"]["tensorflow"].startswith("2.")
         assert rec["environment"]["cpu_cores"] >= 1
-        assert rec["result"]["params"] == 1_656_250
+        assert rec["result"]["params"] == get_spec("small_cnn").params == PARAMS
         assert Path(rec["log_path"]).exists()
         check_placement(rec, n)
 
@@ -170,7 +173,7 @@ def test_memory_and_model_state_in_the_records(smoke: Path) -> None:
         assert list(mem) == [key] and 10 * 2**20 < mem[key] < 20 * 2**30, mem
         assert "VmHWM" in sentence(rec["memory_source"])
         state = rec["model_state"]
-        assert state["params_bytes"] == 4 * 1_656_250  # float32 weights, BN statistics too
+        assert state["params_bytes"] == 4 * PARAMS  # float32 weights, BN statistics too
         assert state["grads_bytes"] > 0 and state["optimizer_bytes"] > 0
 
 
@@ -185,7 +188,7 @@ def test_state_per_device_shows_full_replicas_and_the_policy_is_read_back(smoke:
         state, whole = rec["state_bytes_per_device"], rec["state_bytes_global"]
         assert len(state) == n and all(d.endswith(f"CPU:{i}") for i, d in
                                        enumerate(sorted(state))), state
-        assert whole["params"] == 4 * 1_656_250
+        assert whole["params"] == 4 * PARAMS
         assert all(v == whole for v in state.values()), (state, whole)
         assert rec["state_check"]["sharded"] == []
         assert rec["state_check"]["parts"]["optimizer"]["expected"] == "replica"

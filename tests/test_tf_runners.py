@@ -9,27 +9,45 @@ from pathlib import Path
 import pytest
 
 from bench.catalog.registry import RUNNERS
-from bench.records.store import check_record, load_records
-from tests.helpers.cli import run_cli
+from bench.records.store import check_record
+from tests.helpers.sweeps import SAMPLED, SAMPLED_STEPS, by_runner, smoke_runs
+from tests.helpers.tensorpack import check_towers
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("tf")]
 TF_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "tf" and n != "tf_mirrored")
 # Runners that need something from outside the project to run; without it they must say so.
 NEEDS = {"tf_cnn_benchmarks": "TF_CNN_BENCHMARKS_DIR"}
 TOWERS = ("keras_tf_kuza55", "keras_tf_multi_gpu_model", "keras_tf_avolkov1")
+# the towers run small_cnn (a Keras builder; its 2 convolutions per tower); tf_native and
+# tensorpack build MiniGoogLeNet in TF1 (small_cnn has no tfv1 builder): one sweep per model
+MODELS = {"small_cnn": [r for r in TF_RUNNERS if r in TOWERS]}
+MODELS["minigooglenet"] = [r for r in TF_RUNNERS if r not in TOWERS]
+CONVS = {"small_cnn": 2, "minigooglenet": 19}
+# timed steps and their sets by model: small_cnn's golden-checked records need SAMPLED
+STEPS = {"small_cnn": (SAMPLED_STEPS, SAMPLED), "minigooglenet": (3, ())}
+
+
+@pytest.fixture(scope="module")
+def tf_sweep(tmp_path_factory: pytest.TempPathFactory, tf_python: str
+             ) -> dict[str, dict[int, dict]]:
+    """Every runner of TF_RUNNERS at 1 and 2 virtual devices, the smoke config shortened (one
+    sweep per model, several runners each, as a user runs them); records by runner and devices
+    (a runner whose NEEDS variable is set is left out: its real runs have their own file)."""
+    records: dict[str, dict[int, dict]] = {}
+    for model, runners in MODELS.items():
+        chosen = [r for r in runners if not (NEEDS.get(r) and os.environ.get(NEEDS[r]))]
+        out = tmp_path_factory.mktemp("tf-runners") / model
+        records.update(by_runner(smoke_runs(out, f"runners=[{','.join(chosen)}]",
+                                            f"models=[{model}]", *STEPS[model][1])))
+    return records
 
 
 @pytest.mark.parametrize("runner", TF_RUNNERS)
-def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, tf_python: str) -> None:
+def test_runner_at_one_and_two_devices(runner: str, tf_sweep: dict) -> None:
     if NEEDS.get(runner) and os.environ.get(NEEDS[runner]):
         pytest.skip(f"{runner} has no MiniGoogLeNet; with {NEEDS[runner]} set, its real runs "
                     "are tested on ResNet-50 in its own test file")
-    out = tmp_path / runner
-    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--set", f"runners=[{runner}]",
-                   "--set", "warmup_steps=2", "--set", "measure_steps=3",
-                   "--set", "batch_size_per_device=8", "--out", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = {r["num_devices"]: r for r in load_records(out)}
+    records = tf_sweep[runner]
     assert sorted(records) == [1, 2]
     missing = NEEDS.get(runner)
     for n, rec in records.items():
@@ -40,15 +58,27 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, tf_python: s
         log = Path(rec["log_path"]).read_text()[-3000:]
         assert rec["status"] == "ok", f"{rec['reason']}\n{log}"
         assert rec["virtual_devices"] is True
-        assert rec["samples"] == 3 * 8 * n
+        assert rec["samples"] == STEPS[rec["model"]][0] * 8 * n
         assert rec["images_per_sec"] > 0
         assert len(rec["environment"]["devices"]) == n
         assert len(rec["placement_check"]["devices"]) == n  # distinct, as TF names them
         if runner in TOWERS:  # one tower's convolutions on each device, from the trace
             work = rec["placement_check"]["work"]["forward_convs_per_device"]
             assert work["measured"] == work["expected"] == \
-                {f"cpu:{i}": 19 for i in range(n)}, work
+                {f"cpu:{i}": CONVS[rec["model"]] for i in range(n)}, work
             assert rec["result"]["departs_from_original"] == []
+
+
+def test_tensorpack_replicated_with_staging_input_on_distinct_devices(tf_sweep: dict) -> None:
+    """tensorpack's registry defaults (replicated, staging), read from the sweep above (the
+    same runs; its other trainers: tests/test_tensorpack.py)."""
+    for n, rec in tf_sweep["tensorpack"].items():
+        result = rec["result"]
+        assert result["trainer"] == "SyncMultiGPUTrainerReplicated"
+        assert result["input"] == "StagingInput(QueueInput)"
+        assert result["allreduce"] == "gpu"  # tensorpack's own choice below 8 GPUs on TF 2
+        assert result["gradient_packer"].startswith("not used"), result["gradient_packer"]
+        check_towers(result, n)
 
 
 def test_tf_native_fused_batchnorm_is_keras_batchnorm(tf_python: str) -> None:

@@ -20,15 +20,16 @@ from contract.reasons import sentence
 from models import get_spec
 from tests.helpers.cli import REPO, run_cli
 from tests.helpers.equivalence import make_inputs, step
-from tests.helpers.sweeps import smoke_sweep
+from tests.helpers.sweeps import SAMPLED, SAMPLED_STEPS, by_runner, smoke_runs, smoke_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.framework("torch")]
 # the data-parallel ones; the sharded torch_zero1 and torch_fsdp2: tests/test_torch_sharded.py
 TORCH_RUNNERS = sorted(n for n, r in RUNNERS.items() if r.family == "torch" and not r.shards)
 LAYOUTS = {"torch_ddp": "channels_first", "keras_torch": "channels_last"}
-# the option tests check mechanics (layout, precision, what CPU ranks refuse) on small_cnn;
-# test_runner_at_one_and_two_devices keeps the smoke config's MiniGoogLeNet (golden records)
+# every sweep here checks mechanics (the runners at 1 and 2 ranks, layout, precision, what CPU
+# ranks refuse) on small_cnn; torch's MiniGoogLeNet: test_torch_models.py
 MECHANICS = "models=[small_cnn]"
+STEPS = SAMPLED_STEPS  # torch_sweep's timed steps
 
 
 def test_torch_family_is_registered() -> None:
@@ -38,9 +39,21 @@ def test_torch_family_is_registered() -> None:
     assert all(RUNNERS[n].launcher == "torchrun" for n in TORCH_RUNNERS)
 
 
+@pytest.fixture(scope="module")
+def torch_sweep(tmp_path_factory: pytest.TempPathFactory, torch_python: str
+                ) -> dict[str, dict[int, dict]]:
+    """The smoke config shortened with every runner of TORCH_RUNNERS in one sweep, on small_cnn
+    (what is checked is the runners' mechanics, not the model) for SAMPLED steps (golden
+    records); records by runner and devices."""
+    out = tmp_path_factory.mktemp("torch-runners")
+    return by_runner(smoke_runs(out, f"runners=[{','.join(TORCH_RUNNERS)}]", MECHANICS,
+                                *SAMPLED))
+
+
 @pytest.mark.parametrize("runner", TORCH_RUNNERS)
-def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python: str) -> None:
-    records = smoke_sweep(tmp_path / runner, f"runners=[{runner}]")
+def test_runner_at_one_and_two_devices(runner: str, torch_sweep: dict) -> None:
+    records = torch_sweep[runner]
+    small_cnn = get_spec("small_cnn")
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         assert check_record(rec) == []
@@ -49,8 +62,8 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         assert f"-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={n} " \
                f"-m {RUNNERS[runner].module}" in log.splitlines()[0]
         assert rec["virtual_devices"] is True
-        assert rec["samples"] == 3 * 8 * n
-        assert rec["images_per_sec"] > 0 and len(rec["step_times_s"]) == 3
+        assert rec["samples"] == STEPS * 8 * n
+        assert rec["images_per_sec"] > 0 and len(rec["step_times_s"]) == STEPS
         result = rec["result"]
         assert result["replicas"] == n and result["backend"] == "gloo"
         assert result["layout"] == LAYOUTS[runner]
@@ -58,14 +71,15 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         assert [d["name"] for d in rec["environment"]["devices"]] == [
             f"cpu (rank {i})" for i in range(n)]
         # every rank's optimizer-hook count, its threads and its process (runners/torch/dist.py)
-        assert result["steps_per_rank"] == [3] * n and result["batch_size_per_rank"] == 8
+        assert result["steps_per_rank"] == [STEPS] * n and result["batch_size_per_rank"] == 8
         assert [t["rank"] for t in result["rank_threads"]["per_rank"]] == list(range(n))
         assert all(t["torch_threads"] >= 1 for t in result["rank_threads"]["per_rank"])
         assert result["rank_threads"]["processes"] == n
-        assert result["params"] == 1_656_250 and result["flops_per_sample"] == 469_195_840
+        assert result["params"] == small_cnn.params == 60_746
+        assert result["flops_per_sample"] == small_cnn.flops_per_sample == 11_288_576
         # where the timed steps ran, read back from the process group: each rank's device and
-        # the rows it stepped on (3 steps of 8), gathered over gloo
-        assert rec["placement"] == {f"rank{i}:cpu": 3 * 8 for i in range(n)}
+        # the rows it stepped on (STEPS steps of 8), gathered over gloo
+        assert rec["placement"] == {f"rank{i}:cpu": STEPS * 8 for i in range(n)}
         assert f"get_backend()=gloo, get_world_size()={n}" in sentence(result["placement_source"])
         assert [r["param_devices"] for r in result["placement_ranks"]] == [["cpu"]] * n
         # fp32 is IEEE float32, read back from torch's own switches (runners/math_mode.py)
@@ -73,21 +87,29 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, torch_python
         assert result["math"]["torch"]["conv"] == "ieee"
 
 
-def test_torch_ddp_channels_last_bf16(tmp_path: Path, torch_python: str) -> None:
-    records = smoke_sweep(tmp_path, "runners=[torch_ddp]", "devices=[2]", "precision=bf16",
-                          MECHANICS, "runner_options.torch_ddp.memory_format=channels_last")
-    rec = records[2]
-    assert rec["status"] == "ok", rec["reason"]
+@pytest.fixture(scope="module")
+def bf16_sweep(tmp_path_factory: pytest.TempPathFactory, torch_python: str) -> dict[str, dict]:
+    """Both runners at 2 ranks in bf16 in one sweep, each in its other layout (torch_ddp
+    channels_last, keras_torch channels_first); the records by runner."""
+    out = tmp_path_factory.mktemp("torch-bf16")
+    records = smoke_runs(out, f"runners=[{','.join(TORCH_RUNNERS)}]", "devices=[2]",
+                         "precision=bf16", MECHANICS,
+                         "runner_options.torch_ddp.memory_format=channels_last",
+                         "runner_options.keras_torch.data_format=channels_first")
+    return {r["runner"]: r for r in records}
+
+
+def test_torch_ddp_channels_last_bf16(bf16_sweep: dict) -> None:
+    rec = bf16_sweep["torch_ddp"]
+    assert rec["num_devices"] == 2 and rec["status"] == "ok", rec["reason"]
     assert rec["samples"] == 3 * 16
     assert rec["result"]["layout"] == "channels_last"
     assert rec["result"]["precision_details"]["autocast"] == "bfloat16"
 
 
-def test_keras_torch_bf16_channels_first(tmp_path: Path, torch_python: str) -> None:
-    records = smoke_sweep(tmp_path, "runners=[keras_torch]", "devices=[2]", "precision=bf16",
-                          MECHANICS, "runner_options.keras_torch.data_format=channels_first")
-    rec = records[2]
-    assert rec["status"] == "ok", rec["reason"]
+def test_keras_torch_bf16_channels_first(bf16_sweep: dict) -> None:
+    rec = bf16_sweep["keras_torch"]
+    assert rec["num_devices"] == 2 and rec["status"] == "ok", rec["reason"]
     assert rec["result"]["dtype_policy"] == "mixed_bfloat16" and rec["samples"] == 3 * 16
     assert rec["result"]["layout"] == "channels_first"
 

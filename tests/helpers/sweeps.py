@@ -52,3 +52,26 @@ def assert_stopped_at_target(rec: dict, target: float) -> None:
     assert all(p["accuracy"] < target for p in rec["curve"][:epoch - 1])
     assert rec["time_to_target_s"] == point["wall_s"] > 0
     assert rec["time_to_target_s"] >= rec["train_time_s"] > 0  # evaluations included
+
+
+def smoke_runs(out: Path, *sets: str) -> list[dict]:
+    """smoke_sweep's records as a list, for a sweep of several runners or models (whose
+    records share a device count)."""
+    smoke_sweep(out, *sets)
+    return load_records(out)
+
+
+def by_runner(records: list[dict]) -> dict[str, dict[int, dict]]:
+    """A sweep's records by runner, then by device count."""
+    out: dict[str, dict[int, dict]] = {}
+    for rec in records:
+        out.setdefault(rec["runner"], {})[rec["num_devices"]] = rec
+    return out
+
+
+# A few small_cnn steps can time a window shorter than the parent's telemetry interval (0.25 s):
+# no sample falls in it and the record's `contended` is null where a golden record (captured on
+# MiniGoogLeNet's longer steps) has a boolean. Sweeps on small_cnn whose records a golden checks
+# time SAMPLED_STEPS steps, sampled every 0.05 s (the config's shortest interval).
+SAMPLED_STEPS = 20
+SAMPLED = (f"measure_steps={SAMPLED_STEPS}", "telemetry.interval_s=0.05")
