@@ -2,7 +2,8 @@
 the same weights as one step on 1 device. Every runner registered with equivalence=True
 plugs in here by name; it implements `equivalence(spec)` in its module. A runner's 1-device step
 runs once for all its cases whose options cannot change it (tests/helpers/equivalence.py
-ONE_DEVICE_UNCHANGED); every case runs its own 2-device step."""
+ONE_DEVICE_UNCHANGED); every case runs its own 2-device step, at the same time as the 1-device
+step where that runs too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from bench.catalog.equivalence_coverage import cases_run_here
 from bench.catalog.registry import RUNNERS
 from bench.run.envs import ensure_env
-from tests.helpers.equivalence import RTOL, make_inputs, one_device_options, step
+from tests.helpers.equivalence import RTOL, make_inputs, one_device_options, step, steps_at_once
 
 pytestmark = pytest.mark.slow
 # Every runner with its default options, then each option set that changes the reduction or
@@ -24,8 +25,6 @@ EQUIVALENCE_CASES = [
     pytest.param(name, options, id=name + "".join(f"-{k}={v}" for k, v in options.items()))
     for name, options in cases_run_here()
 ]
-
-
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +50,12 @@ def test_one_step_on_two_devices_equals_one_device(runner: str, options: dict, t
     # option of how replicas reduce, shard or place), from an earlier case where it ran
     reference = one_device_options(runner, options)
     key = (runner, tuple(sorted(reference.items())))
-    if key not in one_device_steps:
-        one_device_steps[key] = step(runner, 1, inputs, tmp_path, python, reference)
+    if key in one_device_steps:
+        two = step(runner, 2, inputs, tmp_path, python, options)
+    else:
+        one_device_steps[key], two = steps_at_once(runner, inputs, tmp_path, python,
+                                                   (reference, options))
     one = one_device_steps[key]
-    two = step(runner, 2, inputs, tmp_path, python, options)
     with np.load(inputs) as data:
         initial = {k[2:]: data[k] for k in data.files if k.startswith("w:")}
     assert set(one) == set(two) == set(initial)

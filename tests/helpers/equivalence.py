@@ -3,6 +3,8 @@ runner on n devices through the harness's launch, and the weights it wrote."""
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -105,3 +107,15 @@ def one_device_options(runner: str, options: dict) -> dict:
     same = ONE_DEVICE_UNCHANGED.get(runner, {})
     assert set(same) <= set(RUNNERS[runner].options), (runner, same)  # a misspelt option
     return {k: v for k, v in options.items() if k not in same}
+
+
+def steps_at_once(runner: str, inputs: Path, tmp_path: Path, python: str,
+                  options: tuple[dict, dict]) -> tuple[dict, dict]:
+    """step() on 1 device (at options[0]) in a forked process while this one runs it on 2
+    devices (at options[1]): the two children start, import and build at the same time, each
+    through the harness's launch in a process of its own (launch handles signals, so it runs
+    in a main thread)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        one = pool.submit(step, runner, 1, inputs, tmp_path, python, options[0])
+        two = step(runner, 2, inputs, tmp_path, python, options[1])
+        return one.result(), two
