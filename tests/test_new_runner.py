@@ -9,9 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from xml.etree import ElementTree
 
 import pytest
 
@@ -79,72 +77,33 @@ def test_generated_module_compiles_and_its_catalog_entry_parses(name: str) -> No
     assert kind.family in ("tf", "torch", "mxnet", "jax")
 
 
-@dataclass(frozen=True)
-class Generated:
-    """One repository copy holding a runner generated from every template (my_<template>),
-    with what `list`, the project's equivalence test and one short sweep of them all gave."""
-
-    root: Path
-    listed: str
-    equivalence: dict[str, str]  # case id -> passed, failed, error or skipped
-    equivalence_output: str
-    sweep: subprocess.CompletedProcess[str]
-    records: list[dict]
-
-
-def case_outcomes(junit: Path) -> dict[str, str]:
-    """Each test case's outcome in a pytest --junitxml report, by its parameter id."""
-    outcomes = {}
-    for case in ElementTree.parse(junit).iter("testcase"):
-        kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        outcomes[case.get("name", "").partition("[")[2].rstrip("]")] = \
-            kinds[0] if kinds else "passed"
-    return outcomes
-
-
-@pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-              ) -> Generated:
-    """Every template's runner generated in one repo copy, listed, run through the equivalence
-    test in one pytest and through one sweep at 1 and 2 devices on the probe model (one parent
-    process each, in place of one per template)."""
-    for name in TEMPLATES:  # the environments, built once
-        request.getfixturevalue(f"{template(name).family}_python")
-    tmp = tmp_path_factory.mktemp("new_runner")
-    root = repo_copy(tmp)
-    for name in TEMPLATES:
-        made = cli_in(root, "new-runner", f"my_{name}", name, "--description", "a test runner")
-        assert made.returncode == 0, made.stderr
-    # the project's own equivalence test, run in the copy: it picks the runners up from there
-    junit = tmp / "equivalence.xml"
-    eq = subprocess.run([sys.executable, "-m", "pytest", "tests/test_equivalence.py", "-q",
-                         "-k", " or ".join(f"my_{name}" for name in TEMPLATES),
-                         "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={junit}"],
-                        cwd=root, capture_output=True, text=True, timeout=1800,
-                        env={**os.environ, "PYTHONPATH": str(root)})
-    out = tmp / "results"
-    sets = ("runners=[" + ",".join(f"my_{name}" for name in TEMPLATES) + "]", "models=[probe]",
-            "warmup_steps=1", "measure_steps=2", "batch_size_per_device=8")
-    sweep = cli_in(root, "--config", "configs/cpu-smoke.yaml", "--out", str(out),
-                   *(arg for s in sets for arg in ("--set", s)), timeout=1800)
-    return Generated(root, cli_in(root, "list").stdout,
-                     case_outcomes(junit) if junit.exists() else {},
-                     eq.stdout[-4000:] + eq.stderr, sweep, load_records(out))
-
-
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=[pytest.mark.slow, pytest.mark.framework(template(name).family)])
     for name in TEMPLATES])
-def test_template_runner_passes_equivalence_and_the_contract(name: str,
-                                                             generated: Generated) -> None:
-    """Generated in the repo copy: listed, the equivalence test (1 vs 2 devices) passes, and a
+def test_template_runner_passes_equivalence_and_the_contract(
+        name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Generated in one repo copy: listed, the equivalence test (1 vs 2 devices) passes, and a
     short benchmark at 1 and 2 devices on the probe model gives valid records."""
-    runner = f"my_{name}"
-    assert (generated.root / "runners" / template(name).package / f"{runner}.py").is_file()
-    assert f"{runner} " in generated.listed and "a test runner" in generated.listed
-    assert generated.equivalence.get(runner) == "passed", generated.equivalence_output
-    assert generated.sweep.returncode == 0, generated.sweep.stdout + generated.sweep.stderr
-    records = {r["num_devices"]: r for r in generated.records if r["runner"] == runner}
+    request.getfixturevalue(f"{template(name).family}_python")  # the environment, built once
+    root = repo_copy(tmp_path)
+    made = cli_in(root, "new-runner", "my_runner", name, "--description", "a test runner")
+    assert made.returncode == 0, made.stderr
+    assert (root / "runners" / template(name).package / "my_runner.py").is_file()
+    listed = cli_in(root, "list")
+    assert "my_runner" in listed.stdout and "a test runner" in listed.stdout
+    # the project's own equivalence test, run in the copy: it picks the runner up from there
+    eq = subprocess.run([sys.executable, "-m", "pytest", "tests/test_equivalence.py", "-q",
+                         "-k", "my_runner", "-p", "no:cacheprovider", "-o", "addopts="],
+                        cwd=root, capture_output=True, text=True, timeout=600,
+                        env={**os.environ, "PYTHONPATH": str(root)})
+    assert eq.returncode == 0 and "1 passed" in eq.stdout, eq.stdout[-4000:] + eq.stderr
+    out = tmp_path / "results"
+    sets = ("runners=[my_runner]", "models=[probe]", "warmup_steps=1", "measure_steps=2",
+            "batch_size_per_device=8")
+    proc = cli_in(root, "--config", "configs/cpu-smoke.yaml", "--out", str(out),
+                  *(arg for s in sets for arg in ("--set", s)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = {r["num_devices"]: r for r in load_records(out)}
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         assert rec["status"] == "ok", rec.get("reason")
