@@ -3,8 +3,8 @@
 The unit tests check what the parent asks of SLURM and plans; the tests marked `slurm` run
 real sweeps on the local 2-node cluster (tools/local_slurm.sh, the `local_slurm` fixture):
 a 2-node torch_ddp run through the CLI, a parent stopped while it waits, --detach with
-`run_bench.py status`. A job SLURM kills at its time limit becoming a record is checked in
-tests/test_local_slurm.py, on the job whose minute that file already waits for."""
+`run_bench.py status`, and a job SLURM kills at its time limit becoming a record (its minute
+passing on one node while the 1-node sweeps run on the other)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,10 @@ import yaml
 
 from bench.plan.config import validate
 from bench.plan.runs import expand
-from bench.run.slurm import batch_script, sbatch_command, time_limit_minutes
+from bench.run.slurm import batch_script, collect, sbatch_command, time_limit_minutes
 from bench.run.sweep import precheck
 from tests.helpers.cli import REPO, run_cli
+from tests.helpers.slurm import assert_state, submit, wait_final
 
 SMOKE = {"runners": ["torch_ddp"], "models": ["minigooglenet"], "nodes": [2], "devices": [1],
          "batch_size_per_device": 8, "warmup_steps": 1, "measure_steps": 3, "timeout_s": 300,
@@ -75,7 +77,19 @@ def test_a_multi_node_run_id_names_nodes_and_devices_per_node() -> None:
                    "torch_ddp__minigooglenet__2x2__b8__synthetic__fp32__r0"]
 
 
-# ---- on the local cluster ----
+# ---- on the local cluster: first the 1-node runs, on node1 while a job's time limit passes
+# on node2 (its sweeps' jobs ask --exclusive); then the 2-node runs ----
+
+@pytest.fixture(scope="module")
+def time_limited_job(local_slurm: dict[str, str]) -> Iterator[tuple[str, float]]:
+    """A one-minute-limit job on node2 that sleeps for five, submitted with the first 1-node
+    run so that its minute (and the up to 30 s SLURM takes to notice) passes while the 1-node
+    runs go on on node1."""
+    job_id = submit(local_slurm, "-N1", "--nodelist=node2", "--time=00:01:00",
+                    "--output=/dev/null", "--wrap", "sleep 300")
+    yield job_id, time.monotonic()
+    subprocess.run(["scancel", job_id], capture_output=True, env=local_slurm)
+
 
 def _config(tmp_path: Path, **changes: object) -> Path:
     path = tmp_path / "sweep.yaml"
@@ -94,6 +108,103 @@ def _records(out: Path) -> dict[str, dict]:
 def _squeue(env: dict[str, str]) -> str:
     return subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True,
                           env=env, timeout=60).stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.usefixtures("time_limited_job")  # its minute starts now
+def test_detach_submits_and_status_collects(local_slurm: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = run_cli("--config", str(_config(tmp_path, nodes=[1])), "--out", str(out),
+                   "--detach", env=local_slurm)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 jobs submitted" in proc.stdout and time.monotonic() - t0 < 120
+    run_id = "torch_ddp__minigooglenet__n1__b8__synthetic__fp32__r0"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = run_cli("status", str(out), env=local_slurm)
+        assert status.returncode == 0, status.stdout + status.stderr
+        if "recorded" in status.stdout:
+            break
+        assert run_id in status.stdout and ("pending" in status.stdout
+                                            or "running" in status.stdout)
+        time.sleep(3)
+    assert "recorded: ok" in status.stdout and (out / "summary.csv").exists()
+    rec = _records(out)[run_id]
+    assert rec["status"] == "ok" and rec["slurm"]["state"] == "COMPLETED"
+    # a resume finds nothing to do: the run has its record
+    again = run_cli("--config", str(_config(tmp_path, nodes=[1])), "--out", str(out),
+                    "--resume", env=local_slurm)
+    assert again.returncode == 0 and "1 already done" in again.stdout
+    assert "submitted" not in again.stdout
+
+
+def _field_paths(rec: dict, depth: int = 2, prefix: str = "") -> set[str]:
+    """The record's field names, nested ones as a.b down to depth (the values' shapes)."""
+    paths = set()
+    for key, value in rec.items():
+        paths.add(prefix + key)
+        if depth > 1 and isinstance(value, dict) and key not in ("slurm", "environment"):
+            paths |= _field_paths(value, depth - 1, f"{prefix}{key}.")
+    return paths
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_slurm_record_and_a_local_record_of_the_same_run_carry_the_same_fields(
+        local_slurm: dict, tmp_path: Path) -> None:
+    """One supervision path (bench.run.launch.watch and complete): the same run launched here
+    and as a SLURM job gives records with the same fields, MFU, placement check and
+    telemetry included; the SLURM one adds only its `slurm` section."""
+    one_node = {"runners": ["torch_ddp"], "nodes": [1], "devices": [1]}
+    recs = {}
+    for backend in ("slurm", "local"):
+        out = tmp_path / backend
+        cluster = {**SMOKE["cluster"], "backend": backend}
+        proc = run_cli("--config", str(_config(tmp_path, cluster=cluster, **one_node)),
+                       "--out", str(out), env=local_slurm, timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        [recs[backend]] = _records(out).values()
+    for backend, rec in recs.items():
+        assert rec["status"] == "ok", (backend, rec["reason"])
+        assert isinstance(rec["mfu"]["mfu"], float) and rec["mfu"]["mfu"] > 0, backend
+        assert len(rec["placement_check"]["devices"]) == 1, backend
+        assert rec["telemetry"]["samples"] > 0, backend
+    assert "slurm" in recs["slurm"] and "slurm" not in recs["local"]
+    slurm_fields, local_fields = _field_paths(recs["slurm"]), _field_paths(recs["local"])
+    assert slurm_fields - {"slurm"} == local_fields, (
+        f"only in the SLURM record: {sorted(slurm_fields - local_fields - {'slurm'})}; "
+        f"only in the local one: {sorted(local_fields - slurm_fields)}")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_time_limit_gives_timeout(local_slurm: dict, time_limited_job: tuple[str, float]
+                                  ) -> None:
+    job_id, submitted = time_limited_job
+    fields = wait_final(local_slurm, job_id, timeout=150 - (time.monotonic() - submitted))
+    assert_state(fields, "TIMEOUT")
+    assert (fields["Reason"], fields["TimeLimit"]) == ("TimeLimit", "00:01:00")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_harness_records_a_job_slurm_timed_out(
+        local_slurm: dict, time_limited_job: tuple[str, float], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench.run.slurm.collect on a job SLURM killed at its time limit before the run wrote a
+    record (the same job as above, ended by now): a `timeout` record with SLURM's state."""
+    job_id, submitted = time_limited_job
+    wait_final(local_slurm, job_id, timeout=150 - (time.monotonic() - submitted))
+    monkeypatch.setenv("SLURM_CONF", local_slurm["SLURM_CONF"])
+    [spec] = expand(validate({"runners": ["torch_ddp"], "models": ["minigooglenet"],
+                              "devices": [1], "batch_size_per_device": 8,
+                              "cluster": {"backend": "slurm"}}), "s")
+    rec = collect(spec, {"job_id": job_id, "python": "python"}, tmp_path, {"host": "h"})
+    assert rec["status"] == "timeout" and "TIMEOUT" in rec["reason"], rec["reason"]
+    assert rec["slurm"]["state"] == "TIMEOUT" and rec["slurm"]["job_id"] == job_id
+    assert json.loads((tmp_path / "runs" / f"{spec.run_id}.json").read_text()) == rec
 
 
 @pytest.mark.slurm
@@ -168,70 +279,3 @@ def test_stopping_the_waiting_parent_cancels_its_jobs(local_slurm: dict, tmp_pat
     assert rec["status"] == "cancelled", rec["reason"]
     assert rec["slurm"]["state"] == "CANCELLED" and rec["slurm"]["job_id"] == job
     assert sig.name in rec["reason"]
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_detach_submits_and_status_collects(local_slurm: dict, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    t0 = time.monotonic()
-    proc = run_cli("--config", str(_config(tmp_path, nodes=[1])), "--out", str(out),
-                   "--detach", env=local_slurm)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 jobs submitted" in proc.stdout and time.monotonic() - t0 < 120
-    run_id = "torch_ddp__minigooglenet__n1__b8__synthetic__fp32__r0"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        status = run_cli("status", str(out), env=local_slurm)
-        assert status.returncode == 0, status.stdout + status.stderr
-        if "recorded" in status.stdout:
-            break
-        assert run_id in status.stdout and ("pending" in status.stdout
-                                            or "running" in status.stdout)
-        time.sleep(3)
-    assert "recorded: ok" in status.stdout and (out / "summary.csv").exists()
-    rec = _records(out)[run_id]
-    assert rec["status"] == "ok" and rec["slurm"]["state"] == "COMPLETED"
-    # a resume finds nothing to do: the run has its record
-    again = run_cli("--config", str(_config(tmp_path, nodes=[1])), "--out", str(out),
-                    "--resume", env=local_slurm)
-    assert again.returncode == 0 and "1 already done" in again.stdout
-    assert "submitted" not in again.stdout
-
-
-def _field_paths(rec: dict, depth: int = 2, prefix: str = "") -> set[str]:
-    """The record's field names, nested ones as a.b down to depth (the values' shapes)."""
-    paths = set()
-    for key, value in rec.items():
-        paths.add(prefix + key)
-        if depth > 1 and isinstance(value, dict) and key not in ("slurm", "environment"):
-            paths |= _field_paths(value, depth - 1, f"{prefix}{key}.")
-    return paths
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_slurm_record_and_a_local_record_of_the_same_run_carry_the_same_fields(
-        local_slurm: dict, tmp_path: Path) -> None:
-    """One supervision path (bench.run.launch.watch and complete): the same run launched here
-    and as a SLURM job gives records with the same fields, MFU, placement check and
-    telemetry included; the SLURM one adds only its `slurm` section."""
-    one_node = {"runners": ["torch_ddp"], "nodes": [1], "devices": [1]}
-    recs = {}
-    for backend in ("slurm", "local"):
-        out = tmp_path / backend
-        cluster = {**SMOKE["cluster"], "backend": backend}
-        proc = run_cli("--config", str(_config(tmp_path, cluster=cluster, **one_node)),
-                       "--out", str(out), env=local_slurm, timeout=900)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        [recs[backend]] = _records(out).values()
-    for backend, rec in recs.items():
-        assert rec["status"] == "ok", (backend, rec["reason"])
-        assert isinstance(rec["mfu"]["mfu"], float) and rec["mfu"]["mfu"] > 0, backend
-        assert len(rec["placement_check"]["devices"]) == 1, backend
-        assert rec["telemetry"]["samples"] > 0, backend
-    assert "slurm" in recs["slurm"] and "slurm" not in recs["local"]
-    slurm_fields, local_fields = _field_paths(recs["slurm"]), _field_paths(recs["local"])
-    assert slurm_fields - {"slurm"} == local_fields, (
-        f"only in the SLURM record: {sorted(slurm_fields - local_fields - {'slurm'})}; "
-        f"only in the local one: {sorted(local_fields - slurm_fields)}")
