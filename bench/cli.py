@@ -19,15 +19,9 @@ from typing import Any
 from bench import REPO_ROOT
 from bench.analysis.compare import check_threshold
 from bench.analysis.converge import converge_rows
+from bench.analysis.exit_status import FAIL_ON_CHOICES, FAIL_ON_DEFAULT, parse_fail_on, runs_exit
 from bench.analysis.explain import text as explain_text
-from bench.analysis.gate import (
-    FAIL_ON_CHOICES,
-    FAIL_ON_DEFAULT,
-    clear_gate,
-    parse_fail_on,
-    run_gate,
-    runs_exit,
-)
+from bench.analysis.gate import clear_gate, run_gate
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
 from bench.errors import write_remedy

@@ -2,7 +2,6 @@
 folder with compare's rules (bench/analysis/compare.py), for a CI job.
 
 The outcome is one line and an exit code: REGRESSION_EXIT on a significant regression, else 0.
-`runs_exit` decides the sweep's own exit status from its runs' statuses (`--fail-on`).
 A baseline that is missing, damaged or shares no configuration passes with a note (the first
 run of a new runner or model has nothing to be slower than). The comparison is written to
 baseline.md and baseline.json in the results folder; results.md, report.html and junit.xml
@@ -12,8 +11,6 @@ show it.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +21,6 @@ from bench.errors import ConfigError
 from bench.records.store import write_json_atomic
 
 REGRESSION_EXIT = 4  # docs/CI.md: 0 all ok, 2 bad input, 3 runs failed, 4 slower than the baseline
-RUNS_FAILED_EXIT = 3
-FAIL_ON_DEFAULT = ("failed", "timeout", "oom", "invalid")
-FAIL_ON_CHOICES = (*FAIL_ON_DEFAULT, "cancelled", "unavailable")
 MD_NAME, JSON_NAME = "baseline.md", "baseline.json"
 PASS, REGRESSED, NO_BASELINE = "pass", "regression", "no baseline"
 
@@ -83,30 +77,3 @@ def read_gate(results_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     except (OSError, UnicodeDecodeError):
         text = None
     return (outcome if isinstance(outcome, dict) else None), text
-
-
-def parse_fail_on(text: str) -> tuple[str, ...]:
-    """--fail-on's statuses (comma-separated, or none); a ConfigError naming what is allowed."""
-    words = tuple(w.strip() for w in text.split(","))
-    if words == ("none",):
-        return ()
-    bad = [w for w in words if w not in FAIL_ON_CHOICES]
-    if bad or len(set(words)) != len(words):
-        raise ConfigError(f"--fail-on: {text!r} is not allowed; allowed: none, or one or more "
-                          f"of {', '.join(FAIL_ON_CHOICES)} separated by commas, each once "
-                          f"(default {','.join(FAIL_ON_DEFAULT)})")
-    return words
-
-
-def runs_exit(records: Sequence[dict[str, Any]], fail_on: Sequence[str]) -> tuple[int, str]:
-    """The sweep's exit status from its records' statuses: RUNS_FAILED_EXIT when any run's
-    status is one of `fail_on`, naming them; 0 otherwise. The line says which decided."""
-    tally = Counter(str(r.get("status")) for r in records)
-    shown = ", ".join(f"{n} {s}" for s, n in sorted(tally.items(), key=lambda t: -t[1]))
-    rule = f"--fail-on {','.join(fail_on) or 'none'}"
-    failing = sorted(str(r.get("run_id")) for r in records if r.get("status") in fail_on)
-    if not failing:
-        return 0, f"runs: {shown or 'none recorded'}; none counts as a failure ({rule})"
-    named = "; ".join(failing[:5]) + (f"; and {len(failing) - 5} more" if len(failing) > 5
-                                     else "")
-    return RUNS_FAILED_EXIT, f"runs: {shown}; failing ({rule}): {named}"
