@@ -372,9 +372,8 @@ def test_a_run_listed_twice_is_refused_on_the_command_line(tmp_path: Path) -> No
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr == ("error: runners: 'tf_mirrored' appears twice; list each value "
                            "once\n")
-    # a --set that repeats a value is refused the same way
-    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--dry-run", "--set", "devices=[2,2]",
-                   timeout=60)
+    # a --set that repeats a value is refused the same way (the same command, in this process)
+    proc = main_here("--config", "configs/cpu-smoke.yaml", "--dry-run", "--set", "devices=[2,2]")
     assert proc.returncode == 2
     assert proc.stderr == "error: devices: 2 appears twice; list each value once\n"
 
