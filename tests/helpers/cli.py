@@ -33,8 +33,8 @@ def main_here(*args: str) -> subprocess.CompletedProcess[str]:
     with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(list(args))
-        except SystemExit as exc:  # argparse's exits: a usage error, --help
-            code = exc.code if isinstance(exc.code, int) else 1
+        except SystemExit as exc:  # argparse's exits (a usage error, --help), as entry ends
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     return subprocess.CompletedProcess(["run_bench.py", *args], code, out.getvalue(),
                                        err.getvalue())
 
