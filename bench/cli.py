@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import importlib
 import json
 import os
 import re
@@ -14,46 +15,17 @@ import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import REPO_ROOT
-from bench.analysis.compare import check_threshold
-from bench.analysis.converge import converge_rows
 from bench.analysis.exit_status import FAIL_ON_CHOICES, FAIL_ON_DEFAULT, parse_fail_on, runs_exit
-from bench.analysis.explain import text as explain_text
-from bench.analysis.gate import clear_gate, run_gate
 from bench.catalog.registry import FAMILIES, PIPELINES, PROBES, RUNNERS
 from bench.data.labelled import SOURCES
-from bench.errors import write_remedy
-from bench.plan.config import ConfigError, json_schema, load_config, show_value
-from bench.plan.runs import RunSpec, expand
-from bench.records.grouping import runner_label
-from bench.records.store import (
-    done_run_ids,
-    folder_damage,
-    load_records,
-    one_scan,
-    read_environment,
-    record_files,
-)
-from bench.report.allreduce import CSV_NAME, allreduce_table
-from bench.report.capacity import CSV_NAME as CAPACITY_CSV
-from bench.report.capacity import capacity_table
-from bench.report.converge import recipe_line, table_lines
-from bench.report.strategies import format_strategies, strategy_rows
-from bench.report.summary import build_report, format_table
-from bench.run import environment, forecast, slurm
-from bench.run.capacity import CAPACITY_DIR
-from bench.run.envs import EnvError, ensure_env, family_env
-from bench.run.slurm import SlurmError
-from bench.run.sweep import (
-    FINGERPRINT,
-    NAME_MAX,
-    check_fingerprint,
-    results_folder,
-    run_sweep,
-    stop_signals_interrupt,
-)
+from bench.errors import ConfigError, write_remedy
+
+if TYPE_CHECKING:
+    from bench.plan.runs import RunSpec
+    from bench.run.forecast import Prediction
 
 COMMANDS = ("run", "setup", "list", "report", "make-dataset", "prepare-data", "new-runner",
             "schema", "status", "compare", "predict", "check-model")
@@ -265,6 +237,15 @@ def _tool_arguments(parsers: dict[str, argparse.ArgumentParser]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if isinstance(args, int):
+        return args
+    return run_command(args)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace | int:
+    """The command line's arguments (`run` implied before an option), or the exit code of
+    --help or of a first word that is no command (already said)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(overview(_parser()), end="", file=sys.stdout if argv else sys.stderr)
@@ -274,44 +255,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {not_a_command(argv[0])}", file=sys.stderr)
             return 2
         argv.insert(0, "run")
-    args = _parser().parse_args(argv)
+    return _parser().parse_args(argv)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The parsed command run; its bad input, a SLURM or write failure, a Ctrl-C: one line."""
     try:
-        if args.command == "setup":
-            return cmd_setup(args)
-        if args.command == "list":
-            return cmd_list()
-        if args.command == "report":
-            return cmd_report(Path(args.results_dir))
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "make-dataset":
-            return cmd_make_dataset(args)
-        if args.command == "prepare-data":
-            return cmd_prepare_data(args)
-        if args.command == "schema":
-            print(json.dumps(json_schema(), indent=2))
-            return 0
-        if args.command == "new-runner":
-            return cmd_new_runner(args)
-        if args.command == "check-model":
-            return cmd_check_model(Path(args.config))
-        if args.command == "status":
-            return cmd_status(Path(args.results_dir))
-        if args.command == "compare":
-            from bench.analysis.compare import cmd_compare
-            return cmd_compare(args)
-        if args.command == "predict":
-            from bench.analysis.predict import cmd_predict
-            check_predict_devices(args.devices)
-            return cmd_predict(args)
-        _parser().print_help()
-        return 2
+        return _dispatch(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except SlurmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     except BrokenPipeError:  # stdout's reader went away (`| head`): entry ends quietly
         raise
     except OSError as exc:  # a folder this user cannot write, a full disk: one line, no trace
@@ -322,10 +275,53 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a SlurmError (bench.run.slurm, imported by the commands using it)
+        slurm = sys.modules.get("bench.run.slurm")
+        if slurm is None or not isinstance(exc, slurm.SlurmError):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "setup":
+        return cmd_setup(args)
+    if args.command == "list":
+        return cmd_list()
+    if args.command == "report":
+        return cmd_report(Path(args.results_dir))
+    if args.command == "run":
+        return cmd_run(args)
+    if args.command == "make-dataset":
+        return cmd_make_dataset(args)
+    if args.command == "prepare-data":
+        return cmd_prepare_data(args)
+    if args.command == "schema":
+        from bench.plan.config import json_schema
+
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    if args.command == "new-runner":
+        return cmd_new_runner(args)
+    if args.command == "check-model":
+        return cmd_check_model(Path(args.config))
+    if args.command == "status":
+        return cmd_status(Path(args.results_dir))
+    if args.command == "compare":
+        from bench.analysis.compare import cmd_compare
+        return cmd_compare(args)
+    if args.command == "predict":
+        from bench.analysis.predict import cmd_predict
+        check_predict_devices(args.devices)
+        return cmd_predict(args)
+    _parser().print_help()
+    return 2
 
 
 def not_a_command(word: str) -> str:
     """The line for a first word that is no command, naming the closest one."""
+    from bench.plan.config import show_value
+
     close = difflib.get_close_matches(word, COMMANDS, n=1)
     return (f"{show_value(word)} is not a command; allowed: {', '.join(COMMANDS)}"
             f"{f' (did you mean {close[0]}?)' if close else ''}")
@@ -351,9 +347,8 @@ def entry(argv: list[str] | None = None) -> None:
     interrupted context's clean-up (death by SIGINT instead of exit 130)."""
     code: object = 130
     try:
-        _default_stop_signals()  # run_bench.py's quiet exit while importing ends here
         try:
-            code = main(argv)
+            code = _started(argv)
         except BrokenPipeError:  # output piped into `head` and closed early: not an error
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             code = 0
@@ -372,11 +367,52 @@ def entry(argv: list[str] | None = None) -> None:
     os._exit(code or 0)
 
 
+# the modules each command imports (inside its functions, so that --help, a usage error and
+# the light commands start fast), imported by entry before the command's own stop handling
+COMMAND_MODULES = {
+    "run": ("bench.analysis.compare", "bench.analysis.converge", "bench.analysis.gate",
+            "bench.plan.config", "bench.plan.runs", "bench.records.grouping",
+            "bench.records.store", "bench.report.allreduce", "bench.report.capacity",
+            "bench.report.converge", "bench.report.strategies", "bench.report.summary",
+            "bench.run.capacity", "bench.run.forecast", "bench.run.sweep"),
+    "report": ("bench.analysis.converge", "bench.analysis.explain", "bench.records.store",
+               "bench.report.allreduce", "bench.report.capacity", "bench.report.converge",
+               "bench.report.strategies", "bench.report.summary"),
+    "setup": ("bench.run.environment", "bench.run.envs"),
+    "list": ("bench.run.environment", "bench.run.envs", "models"),
+    "status": ("bench.plan.config", "bench.plan.runs", "bench.records.store",
+               "bench.report.summary", "bench.run.slurm"),
+    "schema": ("bench.plan.config",),
+    "check-model": ("bench.plan.config", "bench.run.check_model", "bench.run.environment"),
+    "make-dataset": ("bench.plan.config", "bench.data.datasets", "bench.data.labelled"),
+    "prepare-data": ("bench.data.prepare",),
+    "compare": ("bench.analysis.compare",),
+    "predict": ("bench.analysis.predict", "bench.plan.config"),
+    "new-runner": ("bench.catalog.new_runner",),
+}
+
+
+def _started(argv: list[str] | None) -> int:
+    """main as a process runs it: the command's modules imported while run_bench.py's quiet
+    exit on a stop signal holds (nothing is written yet), then the command's own handling."""
+    args = parse(argv)
+    if isinstance(args, int):
+        return args
+    for name in COMMAND_MODULES.get(args.command, ()):
+        importlib.import_module(name)
+    _default_stop_signals()  # run_bench.py's quiet exit while importing ends here
+    return run_command(args)
+
+
 def default_variant() -> str:
+    from bench.run import environment
+
     return "gpu" if environment.gpus() else "cpu"
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
+    from bench.run.envs import EnvError, ensure_env
+
     variant = default_variant() if args.device == "auto" else args.device
     for fam in args.families:
         if fam not in FAMILIES:
@@ -394,6 +430,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 
 def cmd_list() -> int:
+    from bench.run.envs import family_env
     from models import available_models, get_spec
 
     variant = default_variant()
@@ -453,6 +490,7 @@ def cmd_new_runner(args: argparse.Namespace) -> int:
 
 
 def cmd_check_model(config: Path) -> int:
+    from bench.plan.config import load_config
     from bench.run.check_model import check_models, describe
 
     cfg = load_config(config)
@@ -471,6 +509,12 @@ def cmd_check_model(config: Path) -> int:
 
 def cmd_status(results_dir: Path) -> int:
     """A SLURM sweep's jobs: ended ones collected into records, the others' queue states."""
+    from bench.plan.config import load_config
+    from bench.plan.runs import expand
+    from bench.records.store import read_environment
+    from bench.report.summary import build_report
+    from bench.run import slurm
+
     if not (results_dir / slurm.BOOK).exists():
         raise ConfigError(f"results_dir: {str(results_dir)!r} has no {slurm.BOOK}; allowed: "
                           "the results folder of a sweep with cluster.backend: slurm")
@@ -496,15 +540,22 @@ def cmd_status(results_dir: Path) -> int:
 
 def strategy_text(records: list[dict]) -> str | None:
     """The strategy tables of a folder's records (None without a comparison)."""
+    from bench.report.strategies import format_strategies, strategy_rows
+
     return format_strategies(strategy_rows(records))
 
 
 def converge_text(records: list[dict[str, Any]]) -> str | None:
     """Mode converge's seed-form table, or None when the folder has no converge record."""
+    from bench.analysis.converge import converge_rows
+    from bench.report.converge import table_lines
+
     return "\n".join(table_lines(converge_rows(records))) or None
 
 
 def cmd_report(results_dir: Path) -> int:
+    from bench.records.store import one_scan
+
     if not ((results_dir / "runs").is_dir() or (results_dir / "capacity").is_dir()):
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder (nor a "
                           "capacity/ one); "
@@ -514,6 +565,13 @@ def cmd_report(results_dir: Path) -> int:
 
 
 def _report(results_dir: Path) -> int:
+    from bench.analysis.explain import text as explain_text
+    from bench.records.store import folder_damage, load_records
+    from bench.report.allreduce import CSV_NAME, allreduce_table
+    from bench.report.capacity import CSV_NAME as CAPACITY_CSV
+    from bench.report.capacity import capacity_table
+    from bench.report.summary import build_report, format_table
+
     damaged = folder_damage(results_dir)  # one line each, never a number from them
     rows, pipes, charts = build_report(results_dir)
     records = load_records(results_dir)
@@ -540,6 +598,7 @@ def _report(results_dir: Path) -> int:
 
 def cmd_make_dataset(args: argparse.Namespace) -> int:
     from bench.data.datasets import make_dataset, validate
+    from bench.plan.config import show_value
 
     out = Path(args.out)
     if args.source != "synthetic":
@@ -599,6 +658,11 @@ def cmd_prepare_data(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from bench.analysis.compare import check_threshold
+    from bench.plan.config import load_config, show_value
+    from bench.plan.runs import expand
+    from bench.run.sweep import check_fingerprint, results_folder, run_sweep
+
     cfg = load_config(args.config, args.set)
     check_threshold(args.threshold)
     if args.detach and cfg.cluster["backend"] != "slurm":  # before any folder is made
@@ -636,6 +700,11 @@ def check_new_folder(out: Path) -> None:
     """A sweep without --resume writes into a folder of its own: one that holds another
     sweep's results (its fingerprint, a record, a capacity search) is refused, naming it and
     the choices, so two configurations never mix in one summary."""
+    from bench.plan.config import show_value
+    from bench.records.store import record_files
+    from bench.run.capacity import CAPACITY_DIR
+    from bench.run.sweep import FINGERPRINT
+
     held = [p for p in (out / FINGERPRINT, out / CAPACITY_DIR) if p.exists()] or \
         record_files(out)[:1]
     if held:
@@ -657,6 +726,10 @@ def _resume_flags(args: argparse.Namespace) -> None:
 
 def _dry_run(args: argparse.Namespace, cfg: Any, runs: list[Any], out: Path) -> int:
     """`run --dry-run`: the planned runs with what each will do here, and the forecast."""
+    from bench.records.store import done_run_ids
+    from bench.report.converge import recipe_line
+    from bench.run import forecast
+
     if "capacity" in cfg.mode:
         print(f"sweep {cfg.name}: {len(runs)} capacity searches ({cfg.scale}: start "
               f"{cfg.capacity['start']}, max {cfg.capacity['max']}, resolution "
@@ -693,6 +766,8 @@ class Judge:
 def _report_sweep(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
     """The report of an ended sweep, judged; a second Ctrl-C, or a full disk, ends it
     cleanly."""
+    from bench.run.sweep import stop_signals_interrupt
+
     try:  # a second Ctrl-C (or a SIGTERM) during the report ends quietly: every file is whole
         with stop_signals_interrupt():
             return report_end(out, signum, judge)
@@ -740,6 +815,12 @@ def report_end(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
     report written and shown (after a stop signal: the line saying so, and the report
     written); the exit code: RUNS_FAILED_EXIT when a run's status is one of judge.fail_on,
     else the gate's; the last line says which decided."""
+    from bench.analysis.gate import clear_gate, run_gate
+    from bench.records.store import load_records, one_scan
+    from bench.report.allreduce import allreduce_table
+    from bench.report.capacity import capacity_table
+    from bench.report.summary import build_report, format_table
+
     if signum is not None:
         print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept "
               f"in {out}; continue with --resume --out {out}", file=sys.stderr)
@@ -785,6 +866,9 @@ def check_out(text: str) -> None:
     """--out, before anything runs or is made (in the dry run too): each name within the
     filesystem's 255 bytes, not a file nor under one, and writable (or its nearest existing
     folder, where it is to be made); a ConfigError naming --out otherwise."""
+    from bench.plan.config import show_value
+    from bench.run.sweep import NAME_MAX
+
     shown = show_value(text)
     if not text.strip():
         raise ConfigError(f"--out: {shown} is not allowed: an empty path; allowed: {OUT_WORDS}")
@@ -825,6 +909,8 @@ def check_predict_devices(text: str) -> None:
     """predict --devices, before it is parsed: each count ASCII digits from 1 to
     PREDICT_MAX_DEVICES, at most PREDICT_MAX_COUNTS of them (parse_devices refuses a count
     given twice); a one-line ConfigError otherwise."""
+    from bench.plan.config import show_value
+
     allowed = (f"comma-separated device counts, integers from 1 to {PREDICT_MAX_DEVICES} "
                "(e.g. 2,4,8)")
     parts = str(text).split(",")
@@ -837,9 +923,11 @@ def check_predict_devices(text: str) -> None:
                               f"allowed; allowed: {allowed}")
 
 
-def print_plan(runs: list[RunSpec], predicted: list[forecast.Prediction]) -> None:
+def print_plan(runs: list[RunSpec], predicted: list[Prediction]) -> None:
     """The plan's table, each run's predicted status (bench/run/forecast.py) in its last
     column; the reasons follow it (forecast.summary_lines)."""
+    from bench.records.grouping import runner_label
+
     head = ("#", "run_id", "runner", "model", "devices", "per-dev", "global", "prec", "data",
             "predicted")
     rows = [head] + [

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from bench.plan.config import KEYS, ConfigError, apply_override, load_config, parse_yaml, validate
-from tests.helpers.cli import REPO, run_cli
+from tests.helpers.cli import REPO, main_here, run_cli
 
 BASE = {
     "runners": ["tf_mirrored"], "models": ["minigooglenet"], "devices": [1, 2],
@@ -143,7 +143,8 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path: Path, content: str | None, 
     path = tmp_path / "c.yaml"
     if content is not None:
         path.write_text(content)
-    proc = run_cli("--config", str(path), "--dry-run", *args, timeout=60)
+    cli = run_cli if content is None else main_here  # one case through the real CLI
+    proc = cli("--config", str(path), "--dry-run", *args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
@@ -371,9 +372,8 @@ def test_a_run_listed_twice_is_refused_on_the_command_line(tmp_path: Path) -> No
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr == ("error: runners: 'tf_mirrored' appears twice; list each value "
                            "once\n")
-    # a --set that repeats a value is refused the same way
-    proc = run_cli("--config", "configs/cpu-smoke.yaml", "--dry-run", "--set", "devices=[2,2]",
-                   timeout=60)
+    # a --set that repeats a value is refused the same way (the same command, in this process)
+    proc = main_here("--config", "configs/cpu-smoke.yaml", "--dry-run", "--set", "devices=[2,2]")
     assert proc.returncode == 2
     assert proc.stderr == "error: devices: 2 appears twice; list each value once\n"
 

@@ -18,7 +18,7 @@ from bench.run.sweep import precheck
 from bench.run.verdict import validate_converge
 from contract.spec import spec_for
 from runners import converge as cv
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import main_here, run_cli
 
 RECIPE = dict(target_accuracy=0.9, max_epochs=10, optimizer="sgd", momentum=0.9,
               weight_decay=0.0, base_lr=0.01, reference_batch=32, lr_scaling="none",
@@ -258,7 +258,8 @@ def test_bad_converge_input_is_one_line_and_exit_2(tmp_path: Path, digits_datase
     args = ["--config", str(config), "--dry-run"]
     for s in sets:
         args += ["--set", s]
-    proc = run_cli(*args)
+    cli = run_cli if says == "converge: " else main_here  # one case through the real CLI
+    proc = cli(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -364,7 +365,8 @@ def test_cifar10_is_converted_from_the_users_archive(tmp_path: Path) -> None:
 ])
 def test_bad_make_dataset_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
                                                        says: str) -> None:
-    proc = run_cli("make-dataset", "--out", str(tmp_path / "o"), *args)
+    cli = run_cli if says == "--from: missing" else main_here  # one case through the real CLI
+    proc = cli("make-dataset", "--out", str(tmp_path / "o"), *args)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

@@ -118,10 +118,19 @@ def test_a_telemetry_chart_is_drawn_once_while_newer_than_its_series(tmp_path: P
     assert chart.stat().st_mtime > 1.2e9
 
 
-@pytest.mark.parametrize("dry", [False, True])
-def test_a_new_sweep_into_another_sweeps_folder_is_refused(dry: bool, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One toy sweep's results folder, for the tests that only try (and fail) to write it."""
+    tmp_path = tmp_path_factory.mktemp("finished")
     out = tmp_path / "out"
     assert toy("--config", str(config(tmp_path)), "--out", str(out)).returncode == 0
+    return out
+
+
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_new_sweep_into_another_sweeps_folder_is_refused(
+        dry: bool, tmp_path: Path, finished_sweep: Path) -> None:
+    out = finished_sweep
     before = sorted(p.name for p in (out / "runs").iterdir())
     other = config(tmp_path, measure_steps=5, devices=[1])
     proc = toy("--config", str(other), "--out", str(out), *(["--dry-run"] if dry else []))

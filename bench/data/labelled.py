@@ -28,13 +28,12 @@ import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from PIL import Image
-
-from bench.data.prepare import prepare_data
 from bench.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SOURCES = ("synthetic", "digits", "cifar10")
 SPLITS_FILE = "splits.npz"
@@ -53,6 +52,9 @@ def check_out(out: Path) -> None:
 
 def digits_arrays() -> tuple[dict[str, np.ndarray], list[str]]:
     """scikit-learn's digits as the split's arrays (32x32 RGB uint8) and class names."""
+    import numpy as np
+    from PIL import Image
+
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:
@@ -129,6 +131,8 @@ def _all_members(path: Path, found: dict[str, bytes]) -> dict[str, bytes]:
 
 
 def _cifar_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
     data = _unpickle(raw, name)
     try:
         x = np.asarray(data[b"data"], dtype=np.uint8).reshape(-1, 3, SIZE, SIZE)
@@ -144,6 +148,8 @@ def _cifar_batch(raw: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def cifar10_arrays(path: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     """CIFAR-10's published split as arrays (N, 32, 32, 3) and its class names."""
+    import numpy as np
+
     if not path.exists():
         raise ConfigError(f"--from: {str(path)!r} does not exist; allowed: "
                           "cifar-10-python.tar.gz or the folder cifar-10-batches-py")
@@ -167,6 +173,11 @@ def write_labelled(out: Path, source: str, from_file: str | None = None, workers
                    log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write source's splits into out (a prepare-data folder of the training split, plus
     splits.npz); returns the manifest."""
+    import numpy as np
+    from PIL import Image
+
+    from bench.data.prepare import prepare_data
+
     out = Path(out)
     check_out(out)
     if source == "digits":

@@ -3,6 +3,8 @@ framework: framework code runs in a child interpreter)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -27,6 +29,23 @@ FAILING = ("failed", "timeout", "oom", "invalid")
 def sweep_exit(records: list[dict]) -> int:
     """The exit status a sweep with these records ends with under the default --fail-on."""
     return 3 if any(r.get("status") in FAILING for r in records) else 0
+
+
+def main_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`run_bench.py ARGS` as bench.cli.main runs it in this process, from the repo root: its
+    exit code (argparse's included) and what it printed, as run_cli returns them, without a
+    process's start-up. For the cases of a behaviour beside its one run_cli case (a traceback
+    here is the test's exception)."""
+    from bench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's exits (a usage error, --help), as entry ends
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return subprocess.CompletedProcess(["run_bench.py", *args], code, out.getvalue(),
+                                       err.getvalue())
 
 
 def run_child(python: str, script: str, *args: str, env: dict[str, str] | None = None,
