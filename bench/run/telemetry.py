@@ -377,14 +377,13 @@ def idle_gpus(util_pct: float | None, top_thread_cores: float | None,
     """Why the GPUs sat below starved_below_pct, if they did: host_bound when the busiest
     thread kept HOST_BOUND_CORES of a core (per-step launch work), else starved (input or
     synchronisation); None where no GPU was read."""
-    if util_pct is None:
-        return {"starved_below_pct": starved_below_pct, "starved": None, "host_bound": None,
-                "host_bound_cores": HOST_BOUND_CORES}
-    host_bound = (util_pct < starved_below_pct and top_thread_cores is not None
-                  and top_thread_cores >= HOST_BOUND_CORES)
-    return {"starved_below_pct": starved_below_pct,
-            "starved": util_pct < starved_below_pct and not host_bound,
-            "host_bound": host_bound, "host_bound_cores": HOST_BOUND_CORES}
+    out = {"starved_below_pct": starved_below_pct, "host_bound_cores": HOST_BOUND_CORES,
+           "starved": None, "host_bound": None}
+    if util_pct is not None:
+        idle = util_pct < starved_below_pct
+        busy = top_thread_cores is not None and top_thread_cores >= HOST_BOUND_CORES
+        out.update(starved=idle and not busy, host_bound=idle and busy)
+    return out
 
 
 def _gpu_summary(i: int, samples: Sequence[dict[str, Any]], inside: list[dict[str, Any]],
