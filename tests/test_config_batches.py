@@ -176,3 +176,23 @@ def test_a_resume_sees_a_model_s_batch_change() -> None:
     # from one list for every model to a mapping: a change too
     flat = fingerprint(validate({**BASE, "batch_size_per_device": 256}))
     assert fingerprint_changes(flat, new)
+
+
+def test_set_models_drops_the_file_s_entries_for_the_models_it_leaves_out(
+        tmp_path: Path) -> None:
+    """A --set models=[...] narrowing the file's models leaves their batch entries out, with
+    a note once the sweep is valid (as --set runners does with runner_options); an entry the
+    file did not owe to a model of its own still fails."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "batch_size_per_device": PER_MODEL}))
+    proc = main_here("--config", str(path), "--dry-run", "--set", "models=[resnet50]")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == ["note: batch_size_per_device.minigooglenet not used: "
+                                        "--set models left minigooglenet out of this sweep"]
+    assert "__minigooglenet__" not in proc.stdout and "__resnet50__n2__b256__" in proc.stdout
+    # the mapping a --set gives is taken as given
+    proc = main_here("--config", str(path), "--dry-run", "--set", "models=[resnet50]", "--set",
+                     "batch_size_per_device={minigooglenet: 8, resnet50: 4}")
+    assert proc.returncode == 2 and proc.stderr.startswith(
+        "error: batch_size_per_device: 'minigooglenet' is not one of this sweep's models"), \
+        proc.stderr

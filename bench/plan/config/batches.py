@@ -12,6 +12,7 @@ from pydantic_core.core_schema import ValidationInfo
 
 from bench.errors import ConfigError
 from bench.plan.config.messages import _fail, _hint, _show, _sub
+from bench.plan.config.sweep_config import BATCH_KEYS
 from bench.plan.config.translate import leaf_error
 
 DEFAULT = "default"  # a mapping's entry for the models it does not name
@@ -66,3 +67,28 @@ def batch_entries(key: str, batches: list[int] | dict[str, list[int]]
     if isinstance(batches, dict):
         return [(_sub(key, model), own) for model, own in batches.items()]
     return [(key, batches)]
+
+
+def model_names(models: Any) -> set[str]:
+    """The names a `models:` value gives, read before validation: a name, or a mapping's
+    name (anything else is its own error later)."""
+    items = models if isinstance(models, list) else [models]
+    names = [m if isinstance(m, str) else m.get("name") if isinstance(m, dict) else None
+             for m in items]
+    return {n for n in names if isinstance(n, str)}
+
+
+def narrow_batches(raw: dict[str, Any], file_models: set[str], keep: set[str]) -> list[str]:
+    """After a --set models=[...]: a batch mapping's entries for models the file named and the
+    new models leave out, dropped (or the mapping would name no model of the sweep), with a
+    note each; the batch keys in `keep` (given by a --set of their own) are left as given."""
+    kept, notes = model_names(raw.get("models")), []
+    for key in BATCH_KEYS:
+        given = raw.get(key)
+        if key in keep or not isinstance(given, dict):
+            continue
+        dropped = [n for n in given if n in file_models and n not in kept]
+        raw[key] = {n: v for n, v in given.items() if n not in dropped}
+        notes += [f"note: {key}.{n} not used: --set models left {n} out of this sweep"
+                  for n in dropped]
+    return notes
