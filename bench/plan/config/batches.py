@@ -22,7 +22,7 @@ ENTRY_WORDS = "an integer >= 1 or a list of them"
 def per_model(axis: Any) -> Any:
     """The type of a batch key: `axis` (its declared type: one value or a list), or a mapping
     of name to such a value, each entry validated as the axis is (its error names key.name).
-    The rule that span keys (the names are the sweep's models) is model_batches'."""
+    The rule that spans keys (the names are the sweep's models) is model_batches'."""
     info = FieldInfo.from_annotation(axis)
 
     def check(value: Any, handler: ValidatorFunctionWrapHandler, where: ValidationInfo) -> Any:
