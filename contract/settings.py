@@ -144,11 +144,13 @@ SETTINGS: tuple[Setting, ...] = (
             key=Key("devices", [1], "device counts; required with mode benchmark", axis=True,
                     minimum=1)),
     Setting("batch_size_per_device", int, help="The batch on each device in one step.",
-            key=Key(default=None, help="weak scaling: global batch = this x devices",
-                    axis=True, minimum=1)),
+            key=Key(default=None, help="weak scaling: global batch = this x devices; a "
+                    "mapping of model name (or default) to it: each model's own", axis=True,
+                    minimum=1)),
     Setting("global_batch_size", int, help="The batch over all devices in one step.",
             key=Key(default=None, help="strong scaling: a fixed global batch, divided by "
-                    "every device count", axis=True, minimum=1)),
+                    "every device count; a mapping of model name (or default) to it: each "
+                    "model's own", axis=True, minimum=1)),
     Setting("scaling", str, help="weak (the batch per device is fixed) or strong (the global "
             "batch is fixed).", key=Key(default=None, choices=SCALING)),
     Setting("data", str, help="synthetic or real (the tables show the data label, which "

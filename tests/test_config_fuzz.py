@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.catalog.registry import PIPELINES, RUNNERS, runner_options
-from bench.plan.config import KEYS, ConfigError, SweepConfig, load_config, validate
+from bench.plan.config import KEYS, ConfigError, SweepConfig, load_config, model_name, validate
 from bench.plan.runs import expand
 from tests.helpers.cli import REPO, run_cli
 
@@ -60,6 +60,7 @@ PLAUSIBLE = st.sampled_from([
     str(_DATASET), {"path": str(_DATASET)}, {"path": str(_DATASET), "workers": [1, 1]},
     {"target_cv": 0.05}, {"tf_mirrored": {"xla": True}}, {"tf_mirored": {}}, list(PIPELINES),
     float("nan"), float("inf"), -0.0, 1e308, 10**30, [], {}, [[]], [{}], "fp16", "tf32",
+    {"minigooglenet": 8}, {"default": [2, 4]}, {"resnet50": 0, "default": 1},  # batch per model
 ])
 SCALARS = (st.none() | st.booleans() | st.integers() | st.floats() | TEXT)
 # YAML source of values that PyYAML resolves and then fails to build, or that nest deeply
@@ -98,10 +99,11 @@ def names_a_key(message: str) -> bool:
 def _runs(cfg: SweepConfig) -> int:
     """How many runs the plan has, without making them (a fuzzed repeats can be 10**30)."""
     workers = len(cfg.dataset["workers"]) if cfg.dataset else 1
-    per = (len(cfg.runners) * len(cfg.models) * len(cfg.data) * workers * len(cfg.precision)
-           * len(cfg.batch_sizes) * len(cfg.devices))
-    return cfg.repeats * (per + len(cfg.pipelines) * len(cfg.models) * len(cfg.batch_sizes)
-                          * workers)
+    # each model at its batches (one list for all, or a mapping by model)
+    batches = sum(len(cfg.batches_of(model_name(m))) for m in cfg.models)
+    per = (len(cfg.runners) * len(cfg.data) * workers * len(cfg.precision) * batches
+           * len(cfg.devices))
+    return cfg.repeats * (per + len(cfg.pipelines) * batches * workers)
 
 
 def ends_well(load: Any) -> None:

@@ -68,9 +68,17 @@ def _one_type(node: dict[str, Any]) -> str:
 
 def type_text(node: dict[str, Any], defs: dict[str, Any]) -> str:
     """A value's allowed forms in a few words: `a \\| b`, `integer >= 1`, `list of ...`;
-    a value or a list of the same values: `one or a list of: ...`."""
+    a value or a list of the same values: `one or a list of: ...`; a mapping of names to
+    values last: `; or a mapping of name to: ...`."""
     seen: list[str] = []
-    for alt in _branches(node, defs):
+    alts = _branches(node, defs)
+    named = [alt["additionalProperties"] for alt in alts if alt.get("type") == "object"
+             and isinstance(alt.get("additionalProperties"), dict)]
+    if named:
+        others = {**node, "anyOf": [a for a in alts if a.get("type") != "object"]}
+        return f"{type_text(others, defs)}; or a mapping of name to: " \
+            f"{type_text(named[0], defs)}"
+    for alt in alts:
         text = _one_type(alt)
         if alt.get("type") == "array" and alt.get("items"):
             text = f"list of {type_text(alt['items'], defs)}"

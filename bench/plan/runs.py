@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -146,8 +147,8 @@ def expand(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     if "benchmark" not in cfg.mode:
         return runs
     for repeat, (runner, opts, variant), model, data, precision, batch, nodes, per_node in \
-            itertools.product(range(cfg.repeats), _strategies(cfg), cfg.models, cfg.data,
-                              cfg.precision, cfg.batch_sizes, cfg.nodes, cfg.devices):
+            _matrix(cfg, range(cfg.repeats), _strategies(cfg), MODELS, cfg.data,
+                    cfg.precision, BATCHES, cfg.nodes, cfg.devices):
         for dataset in _datasets(cfg, data):
             runs.append(_benchmark_run(cfg, sweep_id, Cell(
                 runner, model, nodes * per_node, batch, precision=precision, repeat=repeat,
@@ -162,6 +163,27 @@ def _strategies(cfg: SweepConfig) -> list[tuple[str, dict[str, Any], dict[str, A
             for opts, variant in option_variants(runner, cfg.runner_options.get(runner, {}))]
 
 
+MODELS, BATCHES = object(), object()  # _matrix's axes of the models and of their batches
+
+
+def _matrix(cfg: SweepConfig, *axes: Any,
+            batches: Callable[[str], list[int]] | None = None) -> Iterator[tuple[Any, ...]]:
+    """itertools.product(*axes), MODELS standing for cfg.models and BATCHES (an axis after
+    it) for the batches of the tuple's model (`batches`, by model name; default: the sweep's,
+    SweepConfig.batches_of): each model's in their order. Where every model has the same
+    batches, the product over them, in its order."""
+    own = batches or cfg.batches_of
+    lists = [own(_model(m)[0]) for m in cfg.models]
+    at_model, at_batch = axes.index(MODELS), axes.index(BATCHES)
+    grid = [range(len(cfg.models)) if a is MODELS else
+            range(max(map(len, lists), default=0)) if a is BATCHES else a for a in axes]
+    for combo in itertools.product(*grid):
+        mine = lists[combo[at_model]]
+        if combo[at_batch] < len(mine):
+            yield tuple(cfg.models[v] if k == at_model else mine[v] if k == at_batch else v
+                        for k, v in enumerate(combo))
+
+
 def _model(model: str | dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """(name, the run's custom_model) of a `models:` value: a built-in's name, or a user's
     entry (bench.plan.config validated it, its path absolute)."""
@@ -173,8 +195,8 @@ def expand_pipelines(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     baseline once, with none)."""
     assert cfg.dataset is not None  # config validation requires it in pipeline mode
     runs = []
-    for name, model, batch, repeat in itertools.product(
-        cfg.pipelines, cfg.models, cfg.batch_sizes, range(cfg.repeats),
+    for name, model, batch, repeat in _matrix(
+        cfg, cfg.pipelines, MODELS, BATCHES, range(cfg.repeats),
     ):
         info = PIPELINES[name]
         for workers in [0] if name == BASELINE_PIPELINE else cfg.dataset["workers"]:
@@ -220,9 +242,10 @@ def expand_capacity(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     the search's value: the batch per device (scale batch) or the layers of the GPT (scale
     depth, model_layers)."""
     runs = []
-    batches = cfg.batch_sizes if cfg.scale == "depth" else [cfg.capacity["start"]]
-    for (runner, opts, variant), model, precision, batch, n in itertools.product(
-            _strategies(cfg), cfg.models, cfg.precision, batches, cfg.devices):
+    start = [cfg.capacity["start"]]
+    for (runner, opts, variant), model, precision, batch, n in _matrix(
+            cfg, _strategies(cfg), MODELS, cfg.precision, BATCHES, cfg.devices,
+            batches=None if cfg.scale == "depth" else lambda model: start):
         # weak scaling (config's rule for mode capacity): the batch is per device
         run = _benchmark_run(cfg, sweep_id, Cell(runner, model, n, batch, precision=precision,
                                                  options=opts, variant=variant))
@@ -244,8 +267,8 @@ def expand_converge(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
     assert cfg.converge is not None  # mode converge's recipe (config fills every key)
     runs = []
     for repeat, (runner, opts, variant), model, precision, batch, nodes, per_node in \
-            itertools.product(range(cfg.repeats), _strategies(cfg), cfg.models, cfg.precision,
-                              cfg.batch_sizes, cfg.nodes, cfg.devices):
+            _matrix(cfg, range(cfg.repeats), _strategies(cfg), MODELS, cfg.precision,
+                    BATCHES, cfg.nodes, cfg.devices):
         cell = Cell(runner, model, nodes * per_node, batch, precision=precision, repeat=repeat,
                     data="real", dataset=dataset, nodes=nodes, options=opts, variant=variant)
         run = _benchmark_run(cfg, sweep_id, cell)

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bench.errors import ConfigError
+from bench.plan.config.batches import model_names, narrow_batches
 from bench.plan.config.messages import SHOW_CHARS, _show, _show_path
 from bench.plan.config.model import sweep_model
 from bench.plan.config.rules import _resolve
@@ -17,14 +18,15 @@ from bench.plan.config.translate import _first_error
 from bench.plan.config.yaml_reader import MAX_SET_BYTES, MAX_SET_PARTS, parse_yaml, read_config_text
 
 
-def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = frozenset()
-             ) -> SweepConfig:
-    """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError."""
+def validate(raw: Any, default_name: str = "sweep", narrowed: frozenset[str] = frozenset(),
+             notes: tuple[str, ...] = ()) -> SweepConfig:
+    """Turn a parsed YAML mapping into a SweepConfig, or raise ConfigError; once it is valid,
+    print the notes (the --set narrowing's) and the validation's own."""
     if not isinstance(raw, dict):
         raise ConfigError("config: expected a mapping of keys at the top level, got "
                           f"{_show(raw)}")
     model = sweep_model()
-    context: dict[str, Any] = {"narrowed": narrowed, "notes": []}
+    context: dict[str, Any] = {"narrowed": narrowed, "notes": list(notes)}
     try:
         sweep = model.model_validate(raw, context=context)
     except ValidationError as exc:
@@ -82,7 +84,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     own = runners if isinstance(runners, list) else [runners]
     opts = options if isinstance(options, dict) else {}
     given = frozenset(r for r in opts if isinstance(r, str) and r in own)
+    file_models = model_names(raw.get("models"))  # a batch mapping may name them
     for assignment in overrides:
         apply_override(raw, assignment)
-    sets_runners = any(str(a).split("=", 1)[0].strip() == "runners" for a in overrides)
-    return validate(raw, default_name=path.stem, narrowed=given if sets_runners else frozenset())
+    keys_set = {str(a).split("=", 1)[0].strip() for a in overrides}
+    notes = narrow_batches(raw, file_models, keys_set) if "models" in keys_set else []
+    return validate(raw, default_name=path.stem, narrowed=given if "runners" in keys_set
+                    else frozenset(), notes=tuple(notes))

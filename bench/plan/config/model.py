@@ -17,6 +17,7 @@ from pydantic.fields import FieldInfo
 
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, runner_options
 from bench.errors import ConfigError
+from bench.plan.config.batches import per_model
 from bench.plan.config.custom_models import _models_key
 from bench.plan.config.declared import (
     INT_MAX,
@@ -39,7 +40,7 @@ from bench.plan.config.sections import (
     UntilStable,
     _telemetry_shorthand,
 )
-from bench.plan.config.sweep_config import KEYS
+from bench.plan.config.sweep_config import BATCH_KEYS, KEYS
 from contract import settings
 from contract.settings import DEVICES, REQUIRED, SCALING, Setting
 from models import available_models
@@ -176,7 +177,8 @@ def _own_types(options: type[BaseModel], model_names: tuple[str, ...]) -> dict[s
 
 def _declared(s: Setting, choices: tuple[str, ...]) -> Any:
     """The type of a key from its declaration: a count, a number, true or false, one of its
-    choices or a string; an axis takes a list of them; a default of None admits null."""
+    choices or a string; an axis takes a list of them, a batch key a mapping of model name to
+    them too (batches.per_model); a default of None admits null."""
     key = s.key
     assert key is not None
     choices = choices or key.choices
@@ -193,6 +195,8 @@ def _declared(s: Setting, choices: tuple[str, ...]) -> Any:
                         "; declare one, or type the key in bench/plan/config/model.py _own_types")
     if key.axis:
         kind = _axis(kind, empty_ok=key.empty_ok)
+    if s.key_name in BATCH_KEYS:  # or a mapping of model name to them
+        kind = per_model(kind)
     return kind | None if s.key_default is None else kind
 
 

@@ -10,16 +10,18 @@ from pydantic import BaseModel
 
 from bench.catalog.registry import PIPELINES, PROBES
 from bench.errors import ConfigError
+from bench.plan.config.batches import batch_entries, model_batches
 from bench.plan.config.custom_models import custom_entry, model_name
 from bench.plan.config.messages import _fail, _show
 from bench.plan.config.sections import CapacitySearch, Converge
 from bench.plan.config.sweep_config import BATCH_KEYS, KEYS, SweepConfig
 from models import available_models, get_spec
 
+Batches = list[int] | dict[str, list[int]]  # one list for every model, or each model's
 
-def _batch_sizes(per_device: list[int] | None, global_batch: list[int] | None,
-                 scaling: str | None, devices: list[int]) -> tuple[str, list[int]]:
-    """The scaling (given, or that of the batch key given) and its batch sizes."""
+
+def _batch_key(per_device: Any, global_batch: Any, scaling: str | None) -> tuple[str, str]:
+    """The scaling (given, or that of the batch key given) and the batch key it takes."""
     if per_device is not None and global_batch is not None:
         raise ConfigError(
             "batch_size_per_device and global_batch_size: both given; allowed: exactly one "
@@ -30,22 +32,31 @@ def _batch_sizes(per_device: list[int] | None, global_batch: list[int] | None,
                           "or global_batch_size (strong scaling)")
     if scaling is None:
         scaling = "weak" if per_device is not None else "strong"
-    if scaling == "weak":
-        if per_device is None:
-            raise _fail("global_batch_size", global_batch,
-                        "batch_size_per_device with scaling: weak (or set scaling: strong)")
-        return scaling, per_device
-    if global_batch is None:
+    if scaling == "weak" and per_device is None:
+        raise _fail("global_batch_size", global_batch,
+                    "batch_size_per_device with scaling: weak (or set scaling: strong)")
+    if scaling == "strong" and global_batch is None:
         raise _fail("batch_size_per_device", per_device,
                     "global_batch_size with scaling: strong (or set scaling: weak)")
-    for b in global_batch:
-        for n in devices:
-            if b % n:
-                raise ConfigError(
-                    f"global_batch_size: {b} does not divide by {n} devices; allowed: a "
-                    f"multiple of every device count in {_show(devices)} (a remainder would be "
-                    "dropped or give a short batch)")
-    return scaling, global_batch
+    return scaling, "batch_size_per_device" if scaling == "weak" else "global_batch_size"
+
+
+def _batch_sizes(s: Any, devices: list[int]) -> tuple[str, Batches]:
+    """The scaling and its batch sizes: a list, or each model's (a mapping resolved against
+    the sweep's models); a global batch divides by every device count."""
+    scaling, key = _batch_key(s.batch_size_per_device, s.global_batch_size, s.scaling)
+    batches: Batches = getattr(s, key)
+    if isinstance(batches, dict):
+        batches = model_batches(key, batches, [model_name(m) for m in s.models])
+    for path, own in batch_entries(key, batches) if scaling == "strong" else []:
+        for b in own:
+            for n in devices:
+                if b % n:
+                    raise ConfigError(
+                        f"{path}: {b} does not divide by {n} devices; allowed: a multiple of "
+                        f"every device count in {_show(devices)} (a remainder would be "
+                        "dropped or give a short batch)")
+    return scaling, batches
 
 
 def _check_classes(dataset: dict[str, Any], models: list[Any]) -> None:
@@ -266,14 +277,14 @@ def _check_steps_per_call(s: Any) -> None:
                             f"({s.measure_steps}): the timed window counts whole calls")
 
 
-def _scaling_and_batches(s: Any) -> tuple[str, list[int]]:
+def _scaling_and_batches(s: Any) -> tuple[str, Batches]:
     """The scaling and its batch sizes; none for the probes alone (mode allreduce)."""
     # strong scaling divides the global batch by the devices of all nodes
     totals = s.devices if s.nodes == [1] else sorted({n * d for n in s.nodes for d in s.devices})
     if not ({"benchmark", "pipeline", "converge"} & set(s.mode)) \
             and s.batch_size_per_device is None and s.global_batch_size is None:
         return s.scaling or "weak", []  # the probe alone: no batch
-    return _batch_sizes(s.batch_size_per_device, s.global_batch_size, s.scaling, totals)
+    return _batch_sizes(s, totals)
 
 
 def _dataset(s: Any) -> dict[str, Any] | None:

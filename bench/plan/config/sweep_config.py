@@ -1,6 +1,7 @@
 """SweepConfig, a validated sweep, written out: one field per key of the sweep file (an axis: a
-list), both batch keys as batch_sizes. `sweep_fields()` derives the same fields from
-contract/settings.py; tests/test_settings.py holds the two equal. Stdlib and contract only."""
+list), both batch keys as batch_sizes (one list, or a mapping of model name to its own).
+`sweep_fields()` derives the same fields from contract/settings.py; tests/test_settings.py
+holds the two equal. Stdlib and contract only."""
 
 from dataclasses import asdict, dataclass
 from types import GenericAlias
@@ -28,7 +29,8 @@ def sweep_fields() -> list[tuple[str, Any]]:
     types: dict[str, Any] = {
         s.key_name: GenericAlias(list, s.type) if s.key and s.key.axis else s.type
         for s in settings.config_settings() if s.key_name not in BATCH_KEYS}
-    types["batch_sizes"] = list[int]  # per device (weak) or global (strong)
+    # per device (weak) or global (strong): one list for every model, or each model's
+    types["batch_sizes"] = list[int] | dict[str, list[int]]
     return [(name, types[name]) for name in settings.in_order(list(types), SWEEP_ORDER)]
 
 
@@ -41,7 +43,7 @@ class SweepConfig:
     models: list[str]
     devices: list[int]
     scaling: str
-    batch_sizes: list[int]
+    batch_sizes: list[int] | dict[str, list[int]]
     data: list[str]
     precision: list[str]
     device: str
@@ -73,3 +75,8 @@ class SweepConfig:
         if batch_sizes:  # an all-reduce-only sweep has no batch
             d[batch_key] = batch_sizes
         return d
+
+    def batches_of(self, model: str) -> list[int]:
+        """The batch sizes of a model of the sweep (by its name)."""
+        return self.batch_sizes[model] if isinstance(self.batch_sizes, dict) \
+            else self.batch_sizes

@@ -4,6 +4,7 @@ key it is about (its path, the value, the words its field declares)."""
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from bench.errors import ConfigError
 from bench.plan.config.messages import Says, _fail, _models_in, _says_in, _show, _sub, _unknown
@@ -31,6 +32,13 @@ def _translate(err: Any, model: type[BaseModel], raw: dict[str, Any]) -> ConfigE
     if kind in ("extra_forbidden", "invalid_key") and section is not None and loc:
         key = value if kind == "invalid_key" else loc[0]
         return section.unknown_key(path, key, node.get(key) if isinstance(node, dict) else None)
+    return leaf_error(err, path, info)
+
+
+def leaf_error(err: Any, path: str, info: FieldInfo | None) -> ConfigError:
+    """The error of a value (no mapping of the config below it) at path, in the words of its
+    field (info)."""
+    ctx, kind, value = err.get("ctx") or {}, err["type"], err.get("input")
     if kind == "missing":
         return ConfigError(f"{path}: missing; this key is required")
     if kind == "repeated":
