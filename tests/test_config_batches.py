@@ -178,6 +178,20 @@ def test_a_resume_sees_a_model_s_batch_change() -> None:
     assert fingerprint_changes(flat, new)
 
 
+def test_a_resume_may_add_a_model_with_its_batch_or_a_batch_to_a_model() -> None:
+    """The matrix grows (new runs beside the old, as a device count added): allowed; a model's
+    batch replaced, or an entry for a model the sweep already had, is not."""
+    old = fingerprint(validate({**BASE, "models": ["resnet50"],
+                                "batch_size_per_device": {"resnet50": 256}}))
+    new = fingerprint(validate({**BASE, "batch_size_per_device": {**PER_MODEL,
+                                                                  "resnet50": [256, 512]}}))
+    changes = fingerprint_changes(old, new)
+    assert {c[0] for c in changes} == {"models", "batch_size_per_device.minigooglenet",
+                                       "batch_size_per_device.resnet50"}
+    assert all(matrix_grows(*c, old, new) for c in changes), changes
+    assert not matrix_grows("batch_size_per_device.resnet50", [256, 512], [256], new, old)
+
+
 def test_set_models_drops_the_file_s_entries_for_the_models_it_leaves_out(
         tmp_path: Path) -> None:
     """A --set models=[...] narrowing the file's models leaves their batch entries out, with

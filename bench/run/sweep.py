@@ -24,6 +24,8 @@ from bench import REPO_ROOT
 from bench.catalog.registry import PIPELINES, PROBES, RUNNERS, RunnerInfo
 from bench.errors import ConfigError, write_remedy
 from bench.plan.config import SweepConfig, show_value
+from bench.plan.config.custom_models import model_name
+from bench.plan.config.sweep_config import BATCH_KEYS
 from bench.plan.runs import RunSpec, another_repeat, config_id, search_id
 from bench.records import store
 from bench.records.grouping import runner_label
@@ -187,13 +189,24 @@ def fingerprint_changes(old: Any, new: Any, key: str = "") -> list[tuple[str, An
 def matrix_grows(key: str, old: Any, new: Any, stored: dict[str, Any],
                  current: dict[str, Any]) -> bool:
     """A change a resume may make: an axis that keeps all its earlier values and adds some
-    (a device count, a runner, a batch size: new runs beside the old, each record's settings
-    the same), or the options of a runner so added. config.yaml then describes every record."""
-    if key in AXES:
-        return isinstance(old, list) and isinstance(new, list) and all(v in new for v in old)
-    runner = key.split(".")[1] if key.startswith("runner_options.") else None
-    return (old is _ABSENT and runner is not None and key.count(".") == 1
-            and runner not in (stored.get("runners") or []) and runner in current["runners"])
+    (a device count, a runner, a batch size, a model's batch: new runs beside the old, each
+    record's settings the same), or the options of a runner or the batch of a model so added.
+    config.yaml then describes every record."""
+    head, _, entry = key.partition(".")
+    if key in AXES or (head in BATCH_KEYS and entry):  # a batch mapping's entry: a model's axis
+        if isinstance(old, list) and isinstance(new, list):
+            return all(v in new for v in old)
+        return old is _ABSENT and head in BATCH_KEYS and _added(entry, "models", stored, current)
+    return (old is _ABSENT and head == "runner_options" and entry != "" and "." not in entry
+            and _added(entry, "runners", stored, current))
+
+
+def _added(name: str, axis: str, stored: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether the resume adds `name` to the axis (runners, models): its entry is new too."""
+    def names(values: Any) -> list[str]:
+        return [model_name(v) for v in values or []]
+
+    return name not in names(stored.get(axis)) and name in names(current.get(axis))
 
 
 def _short(value: Any, width: int = 30) -> str:
