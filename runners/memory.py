@@ -57,10 +57,6 @@ def _torch_end(devices: Any) -> dict[str, int]:
             for i in devices or ()}
 
 
-_TORCH = ("torch", _torch_start, _torch_end,
-          code("memory.torch_max_allocated"))
-
-
 def _jax_gpus(jax: Any) -> list[Any] | None:
     # never initialise a backend the run did not (it would take GPU memory)
     from jax._src import xla_bridge
@@ -80,10 +76,6 @@ def _jax_end(devices: Any) -> dict[str, int]:
     return out
 
 
-_JAX = ("jax", _jax_gpus, _jax_end,
-        code("memory.jax_peak_bytes_in_use"))
-
-
 def _tf_start(tf: Any) -> Any:
     from tensorflow.python.eager import context
 
@@ -101,15 +93,9 @@ def _tf_end(devices: Any) -> dict[str, int]:
     tf = sys.modules["tensorflow"]
     out = {}
     for name in devices or ():
-        try:
+        with contextlib.suppress(Exception):
             out[name] = int(tf.config.experimental.get_memory_info(name)["peak"])
-        except Exception:
-            continue
     return out
-
-
-_TENSORFLOW = ("tf", _tf_start, _tf_end,
-               code("memory.tf_memory_info_peak"))
 
 
 def _mxnet_gpus(mx: Any) -> list[int] | None:
@@ -126,18 +112,12 @@ def _mxnet_end(devices: Any) -> dict[str, int]:
     return out
 
 
-_MXNET = ("mxnet", _mxnet_gpus, _mxnet_end,
-          code("memory.mxnet_gpu_memory_info"))
-
-
 # name: (family, devices at the start (reset there), the bytes at the end, what it is)
 ALLOCATORS: dict[str, tuple[str, Any, Any, str]] = {
-    "torch": _TORCH, "jax": _JAX, "tensorflow": _TENSORFLOW, "mxnet": _MXNET}
-
-
-def _order() -> list[str]:
-    names = list(ALLOCATORS)
-    return sorted(names, key=lambda n: ALLOCATORS[n][0] != _family)
+    "torch": ("torch", _torch_start, _torch_end, code("memory.torch_max_allocated")),
+    "jax": ("jax", _jax_gpus, _jax_end, code("memory.jax_peak_bytes_in_use")),
+    "tensorflow": ("tf", _tf_start, _tf_end, code("memory.tf_memory_info_peak")),
+    "mxnet": ("mxnet", _mxnet_gpus, _mxnet_end, code("memory.mxnet_gpu_memory_info"))}
 
 
 # -- the process's resident memory -----------------------------------------------------------
@@ -183,7 +163,7 @@ def window_start() -> None:
     """Just before the timed window's clock starts: reset the peaks that can be reset."""
     global _start
     started: dict[str, Any] = {}
-    for name in _order():
+    for name in sorted(ALLOCATORS, key=lambda n: ALLOCATORS[n][0] != _family):
         if name in sys.modules:
             try:
                 devices = ALLOCATORS[name][1](sys.modules[name])

@@ -91,10 +91,8 @@ def pipeline_data(spec: Spec, checked: bool = True) -> tuple[RealData, int, int]
     """A pipeline run's dataset (`checked` against its model's outputs), image size, batch."""
     from models import get_spec
 
-    data = open_dataset(spec)
     model_spec = get_spec(spec.model)
-    if checked:
-        check_classes(data, model_spec.num_classes, spec.model)
+    data = open_for_model(spec, model_spec) if checked else open_dataset(spec)
     return data, model_spec.input_shape[0], spec.global_batch_size
 
 
@@ -167,12 +165,6 @@ def batch_at(n: int, batch: int, i: int, seed: int = 0) -> np.ndarray:
     return np.array([epoch_order(n, int(p // n), seed)[p % n] for p in pos])
 
 
-def batch_indices(n: int, batch: int, seed: int = 0) -> Iterator[np.ndarray]:
-    """batch_at(0), batch_at(1), ... forever."""
-    for i in itertools.count():
-        yield batch_at(n, batch, i, seed)
-
-
 def load_batch(files: list[tuple[str, int]], idx: np.ndarray, size: int, augmentation: str,
                rng: np.random.Generator, channels_first: bool = False) -> tuple[np.ndarray,
                                                                               np.ndarray]:
@@ -187,7 +179,8 @@ def pil_batches(files: list[tuple[str, int]], size: int, augmentation: str, batc
                                                                               np.ndarray]]:
     """The naive loop: one process decodes and augments every image of every batch in turn."""
     rng = np.random.default_rng(seed)
-    for idx in batch_indices(len(files), batch, seed):
+    for i in itertools.count():  # batch_at(0), batch_at(1), ... forever
+        idx = batch_at(len(files), batch, i, seed)
         yield load_batch(files, idx, size, augmentation, rng, channels_first)
 
 

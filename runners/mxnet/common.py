@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # MXNet's OpenMP pool is sized to the machine; quiet its start-up chatter.
@@ -40,25 +40,21 @@ def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
 
 
 def gluon_model(name: str, ctxs: list[mx.Context], weights: dict[str, np.ndarray] | None = None,
-                inputs: Sequence[Any] = ()) -> mx.gluon.HybridBlock:
+                inputs: Sequence[Any] = (), hybridize: bool = True) -> mx.gluon.HybridBlock:
     """The Gluon model `name` with a parameter copy on every context, hybridised (static memory
-    and shapes): Xavier initialised, or at the canonical `weights`, set once a forward pass on
-    each of `inputs` (one slice per context) has completed Gluon's shape inference."""
+    and shapes) unless `hybridize` is False: Xavier initialised, or at the canonical `weights`,
+    set once a forward pass on each of `inputs` (one slice per context) has completed Gluon's
+    shape inference."""
     net = load_builder(name, "gluon")(get_spec(name))
     net.initialize(mx.init.Zero() if weights is not None else
                    mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
-    net.hybridize(static_alloc=True, static_shape=True)
+    if hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
     if weights is not None:
         for x in inputs:
             net(x)
         set_canonical_weights(net, weights)
     return net
-
-
-def forever(x: Any, y: Any) -> Iterator[tuple[Any, Any]]:
-    """The same batch (or per-context slices) every step."""
-    while True:
-        yield x, y
 
 
 def mean_loss(losses: list[Any], global_batch: int) -> float:

@@ -98,21 +98,15 @@ def nd_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[Any, Any]]:
         yield batch.data[0], batch.label[0]
 
 
-def decode_threads(data: RealData) -> tuple[int, str]:
-    """The decode threads MXNet runs (the run's workers, at least 1, capped at the cores this
-    process may use, as MXNet caps them) and a note when capped."""
+def describe_pipeline(data: RealData, size: int, device: str = "cpu") -> str:
+    """One line saying what the ImageRecordIter does; its decode threads are the run's workers,
+    at least 1, capped at the cores this process may use, as MXNet caps them."""
+    aug = ("random crop + random mirror" if data.augmentation == "crop-flip"
+           else "centre crop")
     asked = max(1, data.workers)
     threads = min(asked, cores())
     note = (f" (workers {data.workers} capped at the {cores()} cores, as MXNet does)"
             if threads < asked else "")
-    return threads, note
-
-
-def describe_pipeline(data: RealData, size: int, device: str = "cpu") -> str:
-    """One line saying what the ImageRecordIter does."""
-    aug = ("random crop + random mirror" if data.augmentation == "crop-flip"
-           else "centre crop")
-    threads, note = decode_threads(data)
     return (f"mx.io.ImageRecordIter over train.rec: OpenCV decode in "
             f"{threads} preprocess thread(s){note}, {resize_for(data, size)[1]}, "
             f"{aug} to {size}x{size}, (x-127.5)/127.5, NCHW float32, shuffled per epoch, "

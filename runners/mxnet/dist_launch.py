@@ -174,8 +174,11 @@ class PsLite:
         self._gathers = 0
         self._closing = threading.Event()
 
-    def start(self) -> None:
-        """Start this node's roles, set this process's DMLC settings, watch the roles."""
+    def kvstore(self, kind: str) -> Any:
+        """Start this node's roles, set this process's DMLC settings, watch the roles; then this
+        worker's kvstore of type `kind` (all nodes registered)."""
+        import mxnet as mx
+
         if self.place.rank == 0:
             self._start_role("scheduler")
         self._start_role("server")
@@ -188,6 +191,11 @@ class PsLite:
         os.environ.pop("PORT", None)  # ps-lite's own variable: only ours may reach it
         os.environ.update(env)
         threading.Thread(target=self._watch, daemon=True).start()
+        self.kv = mx.kv.create(kind)
+        if self.kv.num_workers != self.place.count:
+            raise Invalid(f"the kvstore has {self.kv.num_workers} workers; the run has "
+                          f"{self.place.count} nodes")
+        return self.kv
 
     def _watch(self) -> None:
         """Kill the other roles and end this worker when a role exits before close()."""
@@ -223,23 +231,6 @@ class PsLite:
         say(f"[mxnet dist] node {self.place.rank}: started the {role} (pid {proc.pid}, "
             f"{item.record()['address']})")
 
-    def kvstore(self, kind: str) -> Any:
-        """Start the roles, then this worker's kvstore of type `kind` (all nodes registered)."""
-        import mxnet as mx
-
-        self.start()
-        self.kv = mx.kv.create(kind)
-        if self.kv.num_workers != self.place.count:
-            raise Invalid(f"the kvstore has {self.kv.num_workers} workers; the run has "
-                          f"{self.place.count} nodes")
-        return self.kv
-
-    def _check_roles(self) -> None:
-        for role in self.roles:
-            if role.proc.poll() is not None:
-                raise RuntimeError(f"the ps-lite {role.role} (pid {role.proc.pid}) exited "
-                                   f"with {role.proc.returncode} before the run ended")
-
     def allgather(self, obj: Any) -> list[Any]:
         """Every worker's JSON-able `obj`, in kv.rank order (its row of a zero array, summed by
         dist_sync). A collective: every worker calls it, in the same order."""
@@ -273,7 +264,11 @@ class PsLite:
         self._closing.set()
         try:
             if ok and self.kv is not None:
-                self._check_roles()
+                for role in self.roles:
+                    if role.proc.poll() is not None:
+                        raise RuntimeError(f"the ps-lite {role.role} (pid {role.proc.pid}) "
+                                           f"exited with {role.proc.returncode} before the run "
+                                           "ended")
                 from mxnet.base import _LIB, check_call
 
                 t0, handle = time.time(), self.kv.handle

@@ -6,6 +6,7 @@ option gradient_reduce mean divides the rate by N. Differs from seed 000 (Keras 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -77,16 +78,14 @@ def check_memory(nbytes: int) -> None:
                           f"quarter of this host's {total / 2**30:.0f} GiB; use input=generator")
 
 
-def learning_rate(spec: Spec, lr: float, n: int) -> float:
-    """The lr to give keras-mxnet: / N for gradient_reduce mean (see the docstring)."""
-    return lr / n if spec.options["gradient_reduce"] == "mean" else lr
-
-
-def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
-                  ) -> list[dict[str, Any]]:
-    """compile with the context list; the device records of the contexts keras-mxnet resolved."""
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
-                  context=[str(c) for c in ctxs])
+def compile_model(model: Any, spec: Spec, ctxs: list[mx.Context], lr: float,
+                  momentum: float = 0.0) -> list[dict[str, Any]]:
+    """compile with keras-mxnet's SGD (the rate / N for gradient_reduce mean, see the docstring)
+    and the context list; the device records of the contexts keras-mxnet resolved."""
+    if spec.options["gradient_reduce"] == "mean":
+        lr /= len(ctxs)
+    model.compile(optimizer=keras.optimizers.SGD(lr=lr, momentum=momentum),
+                  loss="sparse_categorical_crossentropy", context=[str(c) for c in ctxs])
     # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu()
     kind = ("executor on a shared CPU context (keras-mxnet maps cpu(i) to cpu(0))"
             if spec.device == "cpu" else "GPU")
@@ -147,15 +146,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         size = model_spec.input_shape[0]
         source, fit_kwargs, pipeline = real_feed(spec, data, size, global_batch,
                                                  warmup + measure, labels)
-    model = load_builder(spec.model, "keras")(model_spec, data_format="channels_first")
-    optimizer = keras.optimizers.SGD(lr=learning_rate(spec, 0.01, n), momentum=0.9)
-    devices = compile_model(model, spec, optimizer, ctxs)
-    clock = StepClock(warmup, measure)
-    arrays = None
-    if not real:
+        arrays = None
+    else:
         x, y = mxc.synthetic_arrays(model_spec, global_batch)
         arrays = (x, y.reshape(-1, 1))
-        source, fit_kwargs = mxc.forever(*arrays), {}
+        source, fit_kwargs = itertools.repeat(arrays), {}
+    model = load_builder(spec.model, "keras")(model_spec, data_format="channels_first")
+    devices = compile_model(model, spec, ctxs, 0.01, momentum=0.9)
+    clock = StepClock(warmup, measure)
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
     train(model, spec, source, fit_kwargs, warmup + measure, clock, arrays)
@@ -183,11 +181,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     spec.split_batch(n, "contexts", rows=len(x))
     model = load_builder("probe", "keras")(get_spec("probe"), data_format="channels_first")
     k2.set_canonical_weights(model, weights)
-    devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),
-                            ctxs)
+    devices = compile_model(model, spec, ctxs, lr)
     arrays = (x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
     clock = StepClock(0, 1)
-    train(model, spec, mxc.forever(*arrays), {}, 1, clock, arrays)
+    train(model, spec, itertools.repeat(arrays), {}, 1, clock, arrays)
     mx.nd.waitall()
     spec.save_equivalence_output(k2.get_canonical_weights(model))
     return {"replicas": n, "framework": mxc.framework_versions(), "devices": devices,

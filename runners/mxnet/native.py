@@ -7,6 +7,7 @@ Gluon API instead of Symbol/Module. docs/runners/mxnet_native.md, "Notes from th
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from mxnet import autograd, gluon
 
 from contract.reasons import code
 from contract.result import join
-from models import ModelSpec, get_spec, load_builder
+from models import ModelSpec, get_spec
 from models import gluon_common as gc
 from runners.common import Invalid, Spec, Unavailable, finite, main
 from runners.converge import Batch, Recipe, Splits, load_splits, stepwise, train_to_accuracy
@@ -72,14 +73,6 @@ def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype:
         if dtype != "float32":
             xs = [s.astype(dtype) for s in xs]
         yield xs, gluon.utils.split_and_load(y, ctxs, even_split=True)
-
-
-def hybridize_as_configured(net: gluon.HybridBlock, spec: Spec) -> bool:
-    """Option hybridize: a static graph (static memory and shapes), or the imperative net."""
-    hybridize = bool(spec.options["hybridize"])
-    if hybridize:
-        net.hybridize(static_alloc=True, static_shape=True)
-    return hybridize
 
 
 def add_rows(rows: dict[str, int], losses: list[Any]) -> dict[str, int]:
@@ -137,16 +130,17 @@ class GluonRun:
 
     def build(self) -> gluon.HybridBlock:
         """The model, Xavier initialised on every context (cast for fp16)."""
-        self.net = load_builder(self.spec.model, "gluon")(self.model_spec)
-        self.net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2),
-                            ctx=self.ctxs)
+        self.net = mxc.gluon_model(self.spec.model, self.ctxs, hybridize=False)
         if self.dtype == "float16":
             self.net.cast("float16")  # fp32 master weights are kept by multi_precision below
         return self.net
 
     def compile(self, sgd: dict[str, Any], dist_kv: Any = None) -> None:
-        """hybridize as configured, then the SGD Trainer over the kvstore and the loss."""
-        self.hybridize = hybridize_as_configured(self.net, self.spec)
+        """Option hybridize (a static graph, static memory and shapes, or the imperative net),
+        then the SGD Trainer over the kvstore and the loss."""
+        self.hybridize = bool(self.spec.options["hybridize"])
+        if self.hybridize:
+            self.net.hybridize(static_alloc=True, static_shape=True)
         self.trainer = make_trainer(self.spec, self.net, "sgd", {
             **sgd, "multi_precision": self.dtype == "float16"}, dist_kv=dist_kv)
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -190,8 +184,8 @@ class BenchmarkInput:
             return real_feed(nd_batches(stream(self.it)), run.ctxs, run.dtype, self.labels)
         x, y = mxc.synthetic_arrays(run.model_spec, run.spec.global_batch_size)
         rows = slice(self.rank * self.local, (self.rank + 1) * self.local)
-        return mxc.forever(split_to_contexts(x[rows], run.ctxs, run.dtype),
-                           split_to_contexts(y[rows], run.ctxs))
+        return itertools.repeat((split_to_contexts(x[rows], run.ctxs, run.dtype),
+                                 split_to_contexts(y[rows], run.ctxs)))
 
     def record(self) -> dict[str, Any]:
         if self.data is None:
@@ -246,14 +240,10 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     kv = ps.kvstore(dist_launch.kvstore_type(spec)) if ps is not None else None
     local = len(x) // nodes
     rows = slice(kv.rank * local, (kv.rank + 1) * local) if kv is not None else slice(None)
-    net = load_builder("probe", "gluon")(get_spec("probe"))
-    net.initialize(mx.init.Zero(), ctx=ctxs)
-    hybridize = hybridize_as_configured(net, spec)
+    hybridize = bool(spec.options["hybridize"])
     xs = split_to_contexts(x[rows].transpose(0, 3, 1, 2), ctxs)  # inputs come NHWC
     ys = split_to_contexts(y[rows].astype("float32"), ctxs)
-    for s in xs:  # completes deferred shape inference on every context (no gradient)
-        net(s)
-    gc.set_canonical_weights(net, weights)
+    net = mxc.gluon_model("probe", ctxs, weights, xs, hybridize)  # forward on xs: no gradient
     trainer = make_trainer(spec, net, "sgd", {"learning_rate": lr}, dist_kv=kv)
     broadcast_before_first_push(trainer, kv)
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys, len(x))
@@ -316,7 +306,17 @@ class ConvergeSteps:
         return float((np.concatenate(predicted).astype(np.int64) == y).mean())
 
     def moving_stats(self) -> tuple[bool, str]:
-        return read_moving_stats(self.run.net)
+        """(all finite, the first that is not) of every context's BatchNorm moving statistics."""
+        for name, param in self.run.net.collect_params().items():
+            if not name.endswith(("running_mean", "running_var")):
+                continue
+            for data in param.list_data():
+                values = data.asnumpy()
+                if not np.isfinite(values).all():
+                    return False, (f"{name} on {data.context}: "
+                                   f"{int((~np.isfinite(values)).sum())} of {values.size} "
+                                   "not finite")
+        return True, "every context's BatchNorm running_mean and running_var is finite"
 
     def record(self) -> dict[str, Any]:
         """The converge record's evidence of the steps, read after training."""
@@ -384,19 +384,6 @@ def check_splits(splits: Splits, model_spec: Any, recipe: Recipe, n: int) -> Non
         raise Unavailable(f"last_batch keep: the short last batch of {rest} rows cannot be "
                           f"split over {n} contexts (MXNet's split_and_load cannot copy an "
                           "empty slice to a context); use drop or pad")
-
-
-def read_moving_stats(net: gluon.Block) -> tuple[bool, str]:
-    """(all finite, the first that is not) of every context's BatchNorm moving statistics."""
-    for name, param in net.collect_params().items():
-        if not name.endswith(("running_mean", "running_var")):
-            continue
-        for data in param.list_data():
-            values = data.asnumpy()
-            if not np.isfinite(values).all():
-                return False, (f"{name} on {data.context}: "
-                               f"{int((~np.isfinite(values)).sum())} of {values.size} not finite")
-    return True, "every context's BatchNorm running_mean and running_var is finite"
 
 
 if __name__ == "__main__":
