@@ -7,6 +7,7 @@ in the child". Imports numpy only."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -247,10 +248,7 @@ def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
     for epoch in range(recipe.max_epochs):
         batches = epoch_batches(recipe, splits, epoch, rank, world)
         steps = len(batches)
-
-        def lr_at(step: int, epoch: int = epoch, steps: int = steps) -> float:
-            return recipe.lr(epoch, step, steps)
-
+        lr_at = functools.partial(recipe.lr, epoch, steps=steps)  # lr_at(step)
         start = time.perf_counter()
         loss = float(train_epoch(epoch, batches, lr_at))
         mid = time.perf_counter()

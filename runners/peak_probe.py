@@ -8,6 +8,7 @@ only an agreed, uncontended peak."""
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import sys
 import time
@@ -43,6 +44,18 @@ def _one_line(exc: BaseException) -> str:
     return (text if text.startswith(f"{name}:") else f"{name}: {text}")[:300]
 
 
+def _chain(a: Any, b: Any, product: Callable[[Any, Any], Any], wait: Callable[[Any], Any]
+           ) -> Run:
+    """run(k): k chained products from `a` (c = product(c, b)), then wait(c), a device sync."""
+
+    def run(k: int) -> None:
+        c = a
+        for _ in range(k):
+            c = product(c, b)
+        wait(c)
+    return run
+
+
 def _torch(device: str, dtype: str) -> tuple[str, str, Setup]:
     import torch
 
@@ -56,14 +69,7 @@ def _torch(device: str, dtype: str) -> tuple[str, str, Setup]:
         a = torch.randn(n, n, generator=gen, device=dev).to(getattr(torch, dtype))
         # scaled by 1/sqrt(n) so a chain of products keeps entries near 1 (no inf, no denormal)
         b = (torch.randn(n, n, generator=gen, device=dev) / n**0.5).to(getattr(torch, dtype))
-
-        def run(k: int) -> None:
-            c = a
-            with torch.no_grad():
-                for _ in range(k):
-                    c = c @ b
-            sync()
-        return run
+        return torch.no_grad()(_chain(a, b, operator.matmul, lambda c: sync()))
     name = torch.cuda.get_device_name(0) if device == "gpu" else cpu_model()
     return torch.__version__, name, setup
 
@@ -81,13 +87,7 @@ def _jax(device: str, dtype: str) -> tuple[str, str, Setup]:
         ka, kb = jax.random.split(jax.random.PRNGKey(0))
         a = jax.device_put(jax.random.normal(ka, (n, n)).astype(dtype), dev)
         b = jax.device_put((jax.random.normal(kb, (n, n)) / n**0.5).astype(dtype), dev)
-
-        def run(k: int) -> None:
-            c = a
-            for _ in range(k):
-                c = step(c, b)
-            c.block_until_ready()
-        return run
+        return _chain(a, b, step, lambda c: c.block_until_ready())
     return jax.__version__, dev.device_kind if device == "gpu" else cpu_model(), setup
 
 
@@ -129,13 +129,7 @@ def _mxnet(device: str, dtype: str) -> tuple[str, str, Setup]:
         mx.random.seed(0)
         a = mx.nd.random.normal(shape=(n, n), ctx=ctx).astype(dtype)
         b = (mx.nd.random.normal(shape=(n, n), ctx=ctx) / n**0.5).astype(dtype)
-
-        def run(k: int) -> None:
-            c = a
-            for _ in range(k):
-                c = mx.nd.dot(c, b)
-            mx.nd.waitall()
-        return run
+        return _chain(a, b, mx.nd.dot, lambda c: mx.nd.waitall())
     return mx.__version__, "gpu(0)" if device == "gpu" else cpu_model(), setup
 
 
