@@ -279,10 +279,7 @@ class PsLite:
                                          daemon=True)
                 ender.start()
                 ender.join(STOP_WAIT_S)
-                deadline = time.time() + STOP_WAIT_S
-                for role in self.roles if not ender.is_alive() else ():
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        role.proc.wait(max(0.1, deadline - time.time()))
+                for role in _waited(self.roles if not ender.is_alive() else [], STOP_WAIT_S):
                     if role.proc.returncode is not None:
                         role.ended = "exited after the workers ended the kvstore"
                 say(f"[mxnet dist] node {self.place.rank}: kvstore "
@@ -301,16 +298,12 @@ class PsLite:
             if role.proc.poll() is not None and role.ended == "running":
                 role.ended = "exited during the run"
         alive = [r for r in self.roles if r.proc.poll() is None]
-        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             for role in alive:
                 with contextlib.suppress(ProcessLookupError):
                     role.proc.send_signal(sig)
                 role.ended = f"killed ({sig.name}) by the worker"
-            deadline = time.time() + wait
-            for role in alive:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    role.proc.wait(max(0.1, deadline - time.time()))
-            alive = [r for r in alive if r.proc.poll() is None]
+            alive = [r for r in _waited(alive, KILL_GRACE_S) if r.proc.poll() is None]
         for role in self.roles:
             if role.reader is not None and role.reader.is_alive():
                 role.reader.join(timeout=5)
@@ -336,6 +329,15 @@ class PsLite:
                 "dmlc": {k: os.environ[k] for k in DMLC_VARS if k in os.environ},
                 "roles": [{"role": r.role, "pid": r.proc.pid, "address": r.record()["address"],
                            "running_at_gather": r.proc.poll() is None} for r in self.roles]}
+
+
+def _waited(roles: list[Role], seconds: float) -> list[Role]:
+    """The roles, once each has exited or `seconds` in all have passed."""
+    deadline = time.time() + seconds
+    for role in roles:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            role.proc.wait(max(0.1, deadline - time.time()))
+    return roles
 
 
 def _relay(proc: subprocess.Popen[bytes], log: list[str], role: str) -> None:
