@@ -68,12 +68,8 @@ def _jax_gpus(jax: Any) -> list[Any] | None:
 
 
 def _jax_end(devices: Any) -> dict[str, int]:
-    out = {}
-    for d in devices or ():
-        stats = d.memory_stats()
-        if stats and "peak_bytes_in_use" in stats:
-            out[str(d)] = int(stats["peak_bytes_in_use"])
-    return out
+    stats = {str(d): d.memory_stats() or {} for d in devices or ()}
+    return {d: int(s["peak_bytes_in_use"]) for d, s in stats.items() if "peak_bytes_in_use" in s}
 
 
 def _tf_start(tf: Any) -> Any:
@@ -105,11 +101,8 @@ def _mxnet_gpus(mx: Any) -> list[int] | None:
 
 def _mxnet_end(devices: Any) -> dict[str, int]:
     mx = sys.modules["mxnet"]
-    out = {}
-    for i in devices or ():
-        free, total = mx.context.gpu_memory_info(i)
-        out[f"gpu({i})"] = int(total - free)
-    return out
+    free_total = {i: mx.context.gpu_memory_info(i) for i in devices or ()}
+    return {f"gpu({i})": int(total - free) for i, (free, total) in free_total.items()}
 
 
 # name: (family, devices at the start (reset there), the bytes at the end, what it is)

@@ -196,7 +196,7 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
     """CPU seconds (user + system, threads included) used so far by a process, its live
     descendants and the ones they reaped (a pipeline's workers); None without /proc."""
     root = root or os.getpid()
-    parents: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
@@ -208,14 +208,11 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
         except OSError:  # gone since the listing
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces
-        parents[int(name)] = int(fields[1])
+        children.setdefault(int(fields[1]), []).append(int(name))
         # utime, stime, and cutime, cstime of reaped children (fields 14-17 of proc(5))
         ticks[int(name)] = sum(int(f) for f in fields[11:15])
     if root not in ticks:
         return None
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()

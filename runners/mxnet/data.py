@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -90,12 +89,6 @@ def numpy_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[np.ndarr
     """Each batch as host numpy copies: x float32 NCHW, y int32."""
     for batch in batches:
         yield batch.data[0].asnumpy(), batch.label[0].asnumpy().astype(np.int32)
-
-
-def nd_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[Any, Any]]:
-    """Each batch as the iterator's NDArrays (x NCHW float32, y float32 class ids), no copy."""
-    for batch in batches:
-        yield batch.data[0], batch.label[0]
 
 
 def describe_pipeline(data: RealData, size: int, device: str = "cpu") -> str:

@@ -26,7 +26,6 @@ from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, finite, node_identity
 
 MODULE = "runners.mxnet.dist_launch"
-MECHANISM = code("mxnet.dist_sync_mechanism")
 REPO = Path(__file__).resolve().parents[2]
 PORTS = 10  # MGBENCH_MASTER_PORT .. +9 are the job's (bench/run/slurm_job.py)
 STOP_WAIT_S = 60.0  # how long close() waits for the kvstore's end, then for the roles' exits
@@ -412,7 +411,7 @@ def gather_workers(ps: PsLite, trainer: Any, local: dict[str, Any],
         "nodes": [{k: w[k] for k in ("node", "host", "slurm_procid", "slurm_job_id", "pid",
                                      "kv_rank", "process_rank")} for w in workers],
         "multi_node": {
-            "mechanism": MECHANISM,
+            "mechanism": code("mxnet.dist_sync_mechanism"),
             "kv_type": kv.type, "kv_num_workers": kv.num_workers, "kv_rank": kv.rank,
             "update_on_kvstore": trainer._update_on_kvstore,
             "kv_rank_is_node_rank": all(w["kv_rank"] == w["process_rank"] for w in workers),

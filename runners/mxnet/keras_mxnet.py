@@ -55,18 +55,18 @@ def keras_batches(batches: Iterator[tuple[np.ndarray, np.ndarray]], labels: list
 
 
 def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: int,
-              labels: list[int]) -> tuple[Any, dict[str, Any], str]:
-    """fit_generator's real-data source, its worker arguments, the input_pipeline line."""
+              labels: list[int]) -> tuple[tuple[Any, dict[str, Any]], str]:
+    """(fit_generator's real-data source, its worker arguments), the input_pipeline line."""
     if spec.options["loader"] == "keras":
         from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
         labels.extend(data.files[i][1] for i in batch_at(len(data.files), global_batch, 0))
         kwargs = {**fit_worker_kwargs(data), "shuffle": False}  # the Sequence shuffles itself
-        return (jpeg_sequence(data, size, global_batch, steps, channels_first=True), kwargs,
+        return ((jpeg_sequence(data, size, global_batch, steps, channels_first=True), kwargs),
                 f"{describe_keras(data)}; fit_generator(workers={kwargs['workers']}, "
                 f"use_multiprocessing={kwargs['use_multiprocessing']})")
     it = record_iter(data, size, global_batch)  # plain host memory: Keras copies it to numpy
-    return (keras_batches(numpy_batches(stream(it)), labels), {},
+    return ((keras_batches(numpy_batches(stream(it)), labels), {}),
             f"{describe_pipeline(data, size)}; {code('mxnet.keras_numpy_generator')}")
 
 
@@ -113,10 +113,14 @@ def read_placement(model: Any, n: int) -> dict[str, Any]:
     return out
 
 
-def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps: int,
-          clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None) -> None:
-    """Train `steps` steps: fit_generator on the source, or fit on `steps` copies of the arrays."""
+def train(model: Any, spec: Spec, clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None,
+          fed: tuple[Any, dict[str, Any]] | None = None) -> None:
+    """Train the clock's warm-up and measured steps: fit_generator on the real-data source and
+    its worker arguments `fed`, else on the arrays repeated; or (input arrays) fit on that many
+    copies of the arrays."""
+    steps = clock.window.warmup + clock.window.measure
     if spec.options["input"] == "generator":
+        source, fit_kwargs = fed if fed is not None else (itertools.repeat(arrays), {})
         model.fit_generator(source, steps_per_epoch=steps, epochs=1, callbacks=[clock],
                             verbose=0, **fit_kwargs)
         return
@@ -144,19 +148,17 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                               "times; use input=generator (loader framework or keras)")
         data = open_for_model(spec, model_spec)
         size = model_spec.input_shape[0]
-        source, fit_kwargs, pipeline = real_feed(spec, data, size, global_batch,
-                                                 warmup + measure, labels)
+        fed, pipeline = real_feed(spec, data, size, global_batch, warmup + measure, labels)
         arrays = None
     else:
         x, y = mxc.synthetic_arrays(model_spec, global_batch)
-        arrays = (x, y.reshape(-1, 1))
-        source, fit_kwargs = itertools.repeat(arrays), {}
+        arrays, fed = (x, y.reshape(-1, 1)), None
     model = load_builder(spec.model, "keras")(model_spec, data_format="channels_first")
     devices = compile_model(model, spec, ctxs, 0.01, momentum=0.9)
     clock = StepClock(warmup, measure)
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
-    train(model, spec, source, fit_kwargs, warmup + measure, clock, arrays)
+    train(model, spec, clock, arrays, fed)
     if not clock.window.losses:
         raise Invalid("no measured step reported a loss")
     updates = model.optimizer.num_update - start - warmup  # the warm-up's updates are not timed
@@ -184,7 +186,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     devices = compile_model(model, spec, ctxs, lr)
     arrays = (x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
     clock = StepClock(0, 1)
-    train(model, spec, itertools.repeat(arrays), {}, 1, clock, arrays)
+    train(model, spec, clock, arrays)
     mx.nd.waitall()
     spec.save_equivalence_output(k2.get_canonical_weights(model))
     return {"replicas": n, "framework": mxc.framework_versions(), "devices": devices,

@@ -25,7 +25,7 @@ from runners.common import Invalid, Spec, Unavailable, finite, main
 from runners.converge import Batch, Recipe, Splits, load_splits, stepwise, train_to_accuracy
 from runners.mxnet import common as mxc
 from runners.mxnet import dist_launch
-from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, stream
+from runners.mxnet.data import describe_pipeline, record_iter, stream
 from runners.real_data import RealData, describe, open_for_model
 
 
@@ -62,11 +62,13 @@ def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32"
     return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=even)
 
 
-def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype: str,
+def real_feed(batches: Iterator[mx.io.DataBatch], ctxs: list[mx.Context], dtype: str,
               labels: list[int]) -> Iterator[tuple[list[Any], list[Any]]]:
-    """Each global batch of the iterator split over the contexts (cast there for fp16); the
-    first batch's labels are appended to `labels`, as the record's evidence of what trained."""
-    for x, y in batches:
+    """Each global batch of the ImageRecordIter (its NDArrays, x NCHW float32, y float32 class
+    ids) split over the contexts (cast there for fp16); the first batch's labels are appended
+    to `labels`, as the record's evidence of what trained."""
+    for batch in batches:
+        x, y = batch.data[0], batch.label[0]
         if not labels:
             labels.extend(int(v) for v in y.asnumpy())
         xs = gluon.utils.split_and_load(x, ctxs, even_split=True)
@@ -181,7 +183,7 @@ class BenchmarkInput:
     def feed(self) -> Iterator[tuple[list[Any], list[Any]]]:
         run = self.run
         if self.it is not None:
-            return real_feed(nd_batches(stream(self.it)), run.ctxs, run.dtype, self.labels)
+            return real_feed(stream(self.it), run.ctxs, run.dtype, self.labels)
         x, y = mxc.synthetic_arrays(run.model_spec, run.spec.global_batch_size)
         rows = slice(self.rank * self.local, (self.rank + 1) * self.local)
         return itertools.repeat((split_to_contexts(x[rows], run.ctxs, run.dtype),
