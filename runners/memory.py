@@ -20,7 +20,6 @@ from contract.reasons import code
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
-WORKERS_NOTE = "the process itself: DataLoader/Grain/loader workers are processes of their own"
 
 # the family whose framework a run trains with (runners.common.main sets it from the spec);
 # its allocator is read first when several frameworks are imported
@@ -147,7 +146,8 @@ def _cpu_end(reset: bool) -> tuple[int | None, str]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     why = "/proc/self/clear_refs is not writable" if not reset else "no VmHWM to read"
     return peak, (f"peak resident memory since the process started (getrusage ru_maxrss; {why}"
-                  f", so not the window's alone) of {WORKERS_NOTE}")
+                  ", so not the window's alone) of the process itself: DataLoader/Grain/loader "
+                  "workers are processes of their own")
 
 
 # -- the window ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.run.environment import cpu_model
 from runners import math_mode
-from runners.common import write_json_atomic
+from runners.common import Unavailable, write_json_atomic
 
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MIN_MATMUL_S = 0.02  # calibrate n up to where one matmul takes this long
@@ -29,10 +29,6 @@ MAX_N = {"cpu": 4096, "gpu": 8192}
 Run = Callable[[int], None]
 Setup = Callable[[int], Run]
 Backend = Callable[[str, str], tuple[str, str, Setup]]
-
-
-class Unavailable(RuntimeError):
-    """The framework, the device or the dtype is not there; the message says which."""
 
 
 def _one_line(exc: BaseException) -> str:
@@ -235,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:
         traceback.print_exc()
-        write_json_atomic(args.result, {"status": "failed",
-                                        "reason": _one_line(exc)})
+        write_json_atomic(args.result, {"status": "failed", "reason": _one_line(exc)})
         return 1
     write_json_atomic(args.result, result)
     return 0

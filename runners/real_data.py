@@ -174,14 +174,13 @@ def load_batch(files: list[tuple[str, int]], idx: np.ndarray, size: int, augment
     return (x.transpose(0, 3, 1, 2) if channels_first else x), y
 
 
-def pil_batches(files: list[tuple[str, int]], size: int, augmentation: str, batch: int,
-                channels_first: bool = False, seed: int = 0) -> Iterator[tuple[np.ndarray,
-                                                                              np.ndarray]]:
-    """The naive loop: one process decodes and augments every image of every batch in turn."""
-    rng = np.random.default_rng(seed)
+def pil_batches(files: list[tuple[str, int]], size: int, augmentation: str, batch: int
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The naive loop: one process decodes and augments every image of every batch in turn
+    (NHWC, seed 0)."""
+    rng = np.random.default_rng(0)
     for i in itertools.count():  # batch_at(0), batch_at(1), ... forever
-        idx = batch_at(len(files), batch, i, seed)
-        yield load_batch(files, idx, size, augmentation, rng, channels_first)
+        yield load_batch(files, batch_at(len(files), batch, i), size, augmentation, rng)
 
 
 def cores() -> int:
@@ -192,10 +191,10 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def tree_cpu_seconds(root: int | None = None) -> float | None:
-    """CPU seconds (user + system, threads included) used so far by a process, its live
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds (user + system, threads included) used so far by this process, its live
     descendants and the ones they reaped (a pipeline's workers); None without /proc."""
-    root = root or os.getpid()
+    root = os.getpid()
     children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
     try:

@@ -17,8 +17,6 @@ from contract.reasons import code
 from runners.common import Spec, Unavailable, main
 from runners.mxnet.common import contexts, framework_versions
 
-KVSTORE = "device"  # mxnet_native's default kvstore
-
 
 def distinct_contexts(arrays: list[Any]) -> list[str]:
     """The contexts the arrays live on, as MXNet names them, in order, once each."""
@@ -58,7 +56,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         raise Unavailable("the MXNet all-reduce probe runs on one machine (a 'device' kvstore "
                           "over its contexts); dist_sync kvstores across nodes are not built")
     ctxs, devices = contexts(spec)
-    kv = mx.kv.create(KVSTORE)
+    kv = mx.kv.create("device")  # mxnet_native's default kvstore
     n = len(ctxs)
     rows: list[dict[str, Any]] = []
     start = time.time()

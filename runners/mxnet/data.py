@@ -48,9 +48,8 @@ def resize_for(data: RealData, size: int) -> tuple[int, str]:
                   "scaled down too (MXNet's resize has no up-only mode)")
 
 
-def record_iter(data: RealData, size: int, batch: int, device: str = "cpu",
-                shuffle: bool = True, seed: int = 0, part_index: int = 0,
-                num_parts: int = 1) -> mx.io.ImageRecordIter:
+def record_iter(data: RealData, size: int, batch: int, device: str = "cpu", shuffle: bool = True,
+                part_index: int = 0, num_parts: int = 1) -> mx.io.ImageRecordIter:
     """The ImageRecordIter over train.rec giving `batch` images of S x S per batch; part_index
     of num_parts reads a disjoint share (a multi-node worker's)."""
     share = len(data.files[part_index::num_parts])
@@ -64,7 +63,7 @@ def record_iter(data: RealData, size: int, batch: int, device: str = "cpu",
     # ctx "gpu": ImageRecordIter2 (pinned for a GPU id); seed_aug unset (repeats the crops)
     return mx.io.ImageRecordIter(
         path_imgrec=str(rec), path_imgidx=str(idx), data_shape=(3, size, size),
-        batch_size=batch, label_width=1, shuffle=shuffle, seed=seed, round_batch=True,
+        batch_size=batch, label_width=1, shuffle=shuffle, seed=0, round_batch=True,
         resize=resize, inter_method=1, rand_crop=flip, rand_mirror=flip,
         mean_r=127.5, mean_g=127.5, mean_b=127.5, scale=1 / 127.5, dtype="float32",
         preprocess_threads=max(1, data.workers), prefetch_buffer=PREFETCH,

@@ -27,11 +27,8 @@ from runners.common import Invalid, Spec, Unavailable, finite, node_identity
 
 MODULE = "runners.mxnet.dist_launch"
 REPO = Path(__file__).resolve().parents[2]
-PORTS = 10  # MGBENCH_MASTER_PORT .. +9 are the job's (bench/run/slurm_job.py)
 STOP_WAIT_S = 60.0  # how long close() waits for the kvstore's end, then for the roles' exits
 KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
-# the gathers' kvstore keys: above the Trainer's, below MXNet's int overflow at 215,326
-GATHER_KEY = 1 << 16
 DMLC_VARS = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
              "DMLC_NUM_SERVER", "DMLC_NODE_HOST", "PORT", "DMLC_INTERFACE", "PS_VERBOSE")
 # ps-lite's scheduler log (PS_VLOG(1), van.cc) as MXNet 1.9.1 prints it
@@ -110,7 +107,7 @@ class Place:
 
     def port(self, role: str) -> int | None:
         """This node's server or worker port; None (ps-lite picks one) past the job's ports."""
-        if 1 + 2 * self.count > PORTS:
+        if 1 + 2 * self.count > 10:  # MGBENCH_MASTER_PORT .. +9 are the job's (slurm_job.py)
             return None
         return self.root_port + 1 + self.rank + (self.count if role == "worker" else 0)
 
@@ -240,7 +237,8 @@ class PsLite:
         data = np.frombuffer(json.dumps(obj, default=str).encode(), np.uint8)
 
         def exchange(row: np.ndarray) -> np.ndarray:
-            key = GATHER_KEY + self._gathers
+            # above the Trainer's keys, below MXNet's int overflow at 215,326
+            key = (1 << 16) + self._gathers
             self._gathers += 1
             mine = np.zeros((n, row.size), np.float32)  # float32 holds bytes and sizes exactly
             mine[rank] = row

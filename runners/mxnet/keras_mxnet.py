@@ -70,14 +70,6 @@ def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: i
             f"{describe_pipeline(data, size)}; {code('mxnet.keras_numpy_generator')}")
 
 
-def check_memory(nbytes: int) -> None:
-    """input: arrays holds every step's batch in memory; refuse rather than swap."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if nbytes > total // 4:
-        raise Unavailable(f"input=arrays needs {nbytes / 2**30:.1f} GiB of host arrays, over a "
-                          f"quarter of this host's {total / 2**30:.0f} GiB; use input=generator")
-
-
 def compile_model(model: Any, spec: Spec, ctxs: list[mx.Context], lr: float,
                   momentum: float = 0.0) -> list[dict[str, Any]]:
     """compile with keras-mxnet's SGD (the rate / N for gradient_reduce mean, see the docstring)
@@ -126,7 +118,10 @@ def train(model: Any, spec: Spec, clock: StepClock, arrays: tuple[np.ndarray, np
         return
     assert arrays is not None
     x, y = arrays
-    check_memory(x.nbytes * steps)
+    nbytes, total = x.nbytes * steps, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if nbytes > total // 4:  # every step's batch held in memory: refuse rather than swap
+        raise Unavailable(f"input=arrays needs {nbytes / 2**30:.1f} GiB of host arrays, over a "
+                          f"quarter of this host's {total / 2**30:.0f} GiB; use input=generator")
     model.fit(np.concatenate([x] * steps), np.concatenate([y] * steps), batch_size=len(x),
               epochs=1, shuffle=False, callbacks=[clock], verbose=0)
 

@@ -124,7 +124,7 @@ class GluonRun:
         if n * nodes != spec.num_devices:
             raise Invalid(f"{spec.num_devices} devices do not divide over {nodes} nodes")
         spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers")
-        dtype = mxc.DTYPES[spec.precision]
+        dtype = {"fp32": "float32", "fp16": "float16"}[spec.precision]
         if dtype == "float16" and spec.device == "cpu":
             raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
                               "kernels for the CPU; run fp16 on GPUs")
@@ -146,9 +146,6 @@ class GluonRun:
         self.trainer = make_trainer(self.spec, self.net, "sgd", {
             **sgd, "multi_precision": self.dtype == "float16"}, dist_kv=dist_kv)
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-
-    def step(self, xs: list[Any], ys: list[Any], rows: int) -> list[Any]:
-        return train_step(self.net, self.trainer, self.loss_fn, xs, ys, rows)
 
     def fields(self, replicas: int) -> dict[str, Any]:
         """The record's fields of the model and its Trainer, read after the steps."""
@@ -215,7 +212,8 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
     feed = source.feed()
     # on N nodes each step's loss is this worker's share of the global mean
     window, steps, last = mxc.timed_context_steps(
-        spec, lambda: run.step(*next(feed), global_batch), run.trainer, global_batch)
+        spec, lambda: train_step(run.net, run.trainer, run.loss_fn, *next(feed), global_batch),
+        run.trainer, global_batch)
     out = join(window.summary(global_batch, steps * global_batch),
                {"loss_kind": "global mean cross-entropy of each step's batch"},
                run.fields(len(run.ctxs) * spec.num_nodes), read_placement(last, run.net),
@@ -288,7 +286,7 @@ class ConvergeSteps:
         if self.first:
             self.applied.append(float(run.trainer.learning_rate))
             self.first = False
-        losses = run.step(xs, ys, b.global_rows)
+        losses = train_step(run.net, run.trainer, run.loss_fn, xs, ys, b.global_rows)
         loss = mx.nd.add_n(*[part.sum().astype("float32").as_in_context(run.ctxs[0])
                              for part in losses]) / b.global_rows
         add_rows(self.rows, losses)
