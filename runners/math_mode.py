@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from contract.launch_env import STRICT, TF32, _want, math_env  # noqa: F401  (re-exported)
+from contract.launch_env import STRICT, TF32, _want
 
 
 class MathModeUnavailable(RuntimeError):
