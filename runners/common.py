@@ -26,7 +26,7 @@ from contract import result as declared
 from contract.launch_env import side_file
 
 # the contract's spec and refusals, re-exported: a runner imports what it uses from here
-from contract.spec import Invalid, Spec, Unavailable, rows_per_device, spec_for  # noqa: F401
+from contract.spec import Invalid, Spec, Unavailable, rows_per_device  # noqa: F401
 from runners import math_mode, memory
 from runners.threads import observed as observed_threads
 

@@ -7,6 +7,7 @@ in the child". Imports numpy only."""
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -18,7 +19,6 @@ import numpy as np
 
 from runners.common import Spec, Unavailable
 
-SPLITS_FILE = "splits.npz"
 SHIFT = 0.1  # seed 004's width_shift_range and height_shift_range
 SCALE = 255.0  # pixels less the mean image, over 255 (see the module docstring)
 
@@ -53,7 +53,7 @@ def load_splits(spec: Spec) -> Splits:
     """The run's dataset's splits.npz; Unavailable when the folder has none."""
     if not spec.dataset:
         raise Unavailable("mode converge needs a dataset (dataset.path)")
-    path = Path(spec.dataset["path"]) / SPLITS_FILE
+    path = Path(spec.dataset["path"]) / "splits.npz"
     try:
         with np.load(path) as data:
             arrays = {k: data[k] for k in ("x_train", "y_train", "x_heldout", "y_heldout")}
@@ -200,11 +200,10 @@ def epoch_batches(recipe: Recipe, splits: Splits, epoch: int, rank: int = 0,
 TrainEpoch = Callable[[int, list[Batch], Callable[[int], float]], float]
 Evaluate = Callable[[np.ndarray, np.ndarray], float]
 MovingStats = Callable[[], tuple[bool, str]]
-TrainStep = Callable[[Batch, float, int], Any]
 
 
-def stepwise(step: TrainStep, mean_loss: Callable[[list[Any]], float] | None = None
-             ) -> TrainEpoch:
+def stepwise(step: Callable[[Batch, float, int], Any],
+             mean_loss: Callable[[list[Any]], float] | None = None) -> TrainEpoch:
     """The epoch loop of a runner with its own step function: `step(batch, lr, epoch)` sets the
     rate and launches one step on one batch, returning its loss (a device value is fine);
     `mean_loss(losses)` waits for them and gives the epoch's mean (default: float each)."""
@@ -247,10 +246,7 @@ def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
     for epoch in range(recipe.max_epochs):
         batches = epoch_batches(recipe, splits, epoch, rank, world)
         steps = len(batches)
-
-        def lr_at(step: int, epoch: int = epoch, steps: int = steps) -> float:
-            return recipe.lr(epoch, step, steps)
-
+        lr_at = functools.partial(recipe.lr, epoch, steps=steps)  # lr_at(step)
         start = time.perf_counter()
         loss = float(train_epoch(epoch, batches, lr_at))
         mid = time.perf_counter()
@@ -268,7 +264,7 @@ def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
         if moving_stats is not None:
             finite, detail = moving_stats()
             point["moving_stats_finite"] = bool(finite)
-            if not finite and run.problem is None:
+            if not finite:
                 run.problem = (f"BatchNorm moving statistics are not finite after epoch "
                                f"{epoch + 1} ({detail}): the model predicts from them")
         run.curve.append(point)
@@ -276,8 +272,7 @@ def train_to_accuracy(spec: Spec, train_epoch: TrainEpoch, evaluate: Evaluate,
             run.problem = f"train loss is {loss} in epoch {epoch + 1}"
         if run.problem:
             break
-        if run.reached is None and recipe.target_accuracy is not None \
-                and accuracy >= recipe.target_accuracy:
+        if recipe.target_accuracy is not None and accuracy >= recipe.target_accuracy:
             run.reached = point
             break
     return _result(recipe, splits, run, time.perf_counter() - run.t0)

@@ -58,9 +58,7 @@ def fit_worker_kwargs(data: RealData) -> dict[str, Any]:
             "max_queue_size": max(10, 2 * data.workers)}
 
 
-DESCRIPTION = ("Keras {api} over the JPEG file list: Pillow decode and numpy crop/flip in "
-               "{workers} worker process(es), batches queued for fit")
-
-
 def describe_keras(data: RealData) -> str:
-    return DESCRIPTION.format(api="PyDataset" if KERAS3 else "Sequence", workers=data.workers)
+    return (f"Keras {'PyDataset' if KERAS3 else 'Sequence'} over the JPEG file list: Pillow "
+            f"decode and numpy crop/flip in {data.workers} worker process(es), batches queued "
+            "for fit")

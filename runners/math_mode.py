@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from contract.launch_env import STRICT, TF32, _want, math_env  # noqa: F401  (re-exported)
+from contract.launch_env import STRICT, TF32, _want
 
 
 class MathModeUnavailable(RuntimeError):
@@ -23,12 +23,9 @@ def apply(precision: str, device: str) -> None:
     if want == TF32 and device != "gpu":
         raise MathModeUnavailable("tf32 is NVIDIA GPU tensor-core math (Ampere and newer); "
                                   "a CPU computes float32 in IEEE: use fp32")
-    if "torch" in sys.modules:
-        _torch(want, device)
-    if "jax" in sys.modules:
-        _jax(want, device)
-    if "tensorflow" in sys.modules:
-        _tf(want, device)
+    for name, set_math in (("torch", _torch), ("jax", _jax), ("tensorflow", _tf)):
+        if name in sys.modules:
+            set_math(want, device)
 
 
 def _torch(want: str, device: str) -> None:

@@ -20,7 +20,6 @@ from contract.reasons import code
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
-WORKERS_NOTE = "the process itself: DataLoader/Grain/loader workers are processes of their own"
 
 # the family whose framework a run trains with (runners.common.main sets it from the spec);
 # its allocator is read first when several frameworks are imported
@@ -57,10 +56,6 @@ def _torch_end(devices: Any) -> dict[str, int]:
             for i in devices or ()}
 
 
-_TORCH = ("torch", _torch_start, _torch_end,
-          code("memory.torch_max_allocated"))
-
-
 def _jax_gpus(jax: Any) -> list[Any] | None:
     # never initialise a backend the run did not (it would take GPU memory)
     from jax._src import xla_bridge
@@ -72,16 +67,8 @@ def _jax_gpus(jax: Any) -> list[Any] | None:
 
 
 def _jax_end(devices: Any) -> dict[str, int]:
-    out = {}
-    for d in devices or ():
-        stats = d.memory_stats()
-        if stats and "peak_bytes_in_use" in stats:
-            out[str(d)] = int(stats["peak_bytes_in_use"])
-    return out
-
-
-_JAX = ("jax", _jax_gpus, _jax_end,
-        code("memory.jax_peak_bytes_in_use"))
+    stats = {str(d): d.memory_stats() or {} for d in devices or ()}
+    return {d: int(s["peak_bytes_in_use"]) for d, s in stats.items() if "peak_bytes_in_use" in s}
 
 
 def _tf_start(tf: Any) -> Any:
@@ -101,15 +88,9 @@ def _tf_end(devices: Any) -> dict[str, int]:
     tf = sys.modules["tensorflow"]
     out = {}
     for name in devices or ():
-        try:
+        with contextlib.suppress(Exception):
             out[name] = int(tf.config.experimental.get_memory_info(name)["peak"])
-        except Exception:
-            continue
     return out
-
-
-_TENSORFLOW = ("tf", _tf_start, _tf_end,
-               code("memory.tf_memory_info_peak"))
 
 
 def _mxnet_gpus(mx: Any) -> list[int] | None:
@@ -119,25 +100,16 @@ def _mxnet_gpus(mx: Any) -> list[int] | None:
 
 def _mxnet_end(devices: Any) -> dict[str, int]:
     mx = sys.modules["mxnet"]
-    out = {}
-    for i in devices or ():
-        free, total = mx.context.gpu_memory_info(i)
-        out[f"gpu({i})"] = int(total - free)
-    return out
-
-
-_MXNET = ("mxnet", _mxnet_gpus, _mxnet_end,
-          code("memory.mxnet_gpu_memory_info"))
+    free_total = {i: mx.context.gpu_memory_info(i) for i in devices or ()}
+    return {f"gpu({i})": int(total - free) for i, (free, total) in free_total.items()}
 
 
 # name: (family, devices at the start (reset there), the bytes at the end, what it is)
 ALLOCATORS: dict[str, tuple[str, Any, Any, str]] = {
-    "torch": _TORCH, "jax": _JAX, "tensorflow": _TENSORFLOW, "mxnet": _MXNET}
-
-
-def _order() -> list[str]:
-    names = list(ALLOCATORS)
-    return sorted(names, key=lambda n: ALLOCATORS[n][0] != _family)
+    "torch": ("torch", _torch_start, _torch_end, code("memory.torch_max_allocated")),
+    "jax": ("jax", _jax_gpus, _jax_end, code("memory.jax_peak_bytes_in_use")),
+    "tensorflow": ("tf", _tf_start, _tf_end, code("memory.tf_memory_info_peak")),
+    "mxnet": ("mxnet", _mxnet_gpus, _mxnet_end, code("memory.mxnet_gpu_memory_info"))}
 
 
 # -- the process's resident memory -----------------------------------------------------------
@@ -174,7 +146,8 @@ def _cpu_end(reset: bool) -> tuple[int | None, str]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     why = "/proc/self/clear_refs is not writable" if not reset else "no VmHWM to read"
     return peak, (f"peak resident memory since the process started (getrusage ru_maxrss; {why}"
-                  f", so not the window's alone) of {WORKERS_NOTE}")
+                  ", so not the window's alone) of the process itself: DataLoader/Grain/loader "
+                  "workers are processes of their own")
 
 
 # -- the window ------------------------------------------------------------------------------
@@ -183,7 +156,7 @@ def window_start() -> None:
     """Just before the timed window's clock starts: reset the peaks that can be reset."""
     global _start
     started: dict[str, Any] = {}
-    for name in _order():
+    for name in sorted(ALLOCATORS, key=lambda n: ALLOCATORS[n][0] != _family):
         if name in sys.modules:
             try:
                 devices = ALLOCATORS[name][1](sys.modules[name])

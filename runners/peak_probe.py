@@ -8,6 +8,7 @@ only an agreed, uncontended peak."""
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 from bench.run.environment import cpu_model
 from runners import math_mode
-from runners.common import write_json_atomic
+from runners.common import Unavailable, write_json_atomic
 
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MIN_MATMUL_S = 0.02  # calibrate n up to where one matmul takes this long
@@ -30,10 +31,6 @@ Setup = Callable[[int], Run]
 Backend = Callable[[str, str], tuple[str, str, Setup]]
 
 
-class Unavailable(RuntimeError):
-    """The framework, the device or the dtype is not there; the message says which."""
-
-
 def _one_line(exc: BaseException) -> str:
     """The exception's name and the first informative line of its message."""
     # MXNet's messages open with a C++ traceback header; the check that failed comes after
@@ -41,6 +38,18 @@ def _one_line(exc: BaseException) -> str:
     text = next((ln for ln in lines if not ln.startswith(("Traceback", "File "))), "")
     name = type(exc).__name__
     return (text if text.startswith(f"{name}:") else f"{name}: {text}")[:300]
+
+
+def _chain(a: Any, b: Any, product: Callable[[Any, Any], Any], wait: Callable[[Any], Any]
+           ) -> Run:
+    """run(k): k chained products from `a` (c = product(c, b)), then wait(c), a device sync."""
+
+    def run(k: int) -> None:
+        c = a
+        for _ in range(k):
+            c = product(c, b)
+        wait(c)
+    return run
 
 
 def _torch(device: str, dtype: str) -> tuple[str, str, Setup]:
@@ -56,14 +65,7 @@ def _torch(device: str, dtype: str) -> tuple[str, str, Setup]:
         a = torch.randn(n, n, generator=gen, device=dev).to(getattr(torch, dtype))
         # scaled by 1/sqrt(n) so a chain of products keeps entries near 1 (no inf, no denormal)
         b = (torch.randn(n, n, generator=gen, device=dev) / n**0.5).to(getattr(torch, dtype))
-
-        def run(k: int) -> None:
-            c = a
-            with torch.no_grad():
-                for _ in range(k):
-                    c = c @ b
-            sync()
-        return run
+        return torch.no_grad()(_chain(a, b, operator.matmul, lambda c: sync()))
     name = torch.cuda.get_device_name(0) if device == "gpu" else cpu_model()
     return torch.__version__, name, setup
 
@@ -81,13 +83,7 @@ def _jax(device: str, dtype: str) -> tuple[str, str, Setup]:
         ka, kb = jax.random.split(jax.random.PRNGKey(0))
         a = jax.device_put(jax.random.normal(ka, (n, n)).astype(dtype), dev)
         b = jax.device_put((jax.random.normal(kb, (n, n)) / n**0.5).astype(dtype), dev)
-
-        def run(k: int) -> None:
-            c = a
-            for _ in range(k):
-                c = step(c, b)
-            c.block_until_ready()
-        return run
+        return _chain(a, b, step, lambda c: c.block_until_ready())
     return jax.__version__, dev.device_kind if device == "gpu" else cpu_model(), setup
 
 
@@ -129,13 +125,7 @@ def _mxnet(device: str, dtype: str) -> tuple[str, str, Setup]:
         mx.random.seed(0)
         a = mx.nd.random.normal(shape=(n, n), ctx=ctx).astype(dtype)
         b = (mx.nd.random.normal(shape=(n, n), ctx=ctx) / n**0.5).astype(dtype)
-
-        def run(k: int) -> None:
-            c = a
-            for _ in range(k):
-                c = mx.nd.dot(c, b)
-            mx.nd.waitall()
-        return run
+        return _chain(a, b, mx.nd.dot, lambda c: mx.nd.waitall())
     return mx.__version__, "gpu(0)" if device == "gpu" else cpu_model(), setup
 
 
@@ -241,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:
         traceback.print_exc()
-        write_json_atomic(args.result, {"status": "failed",
-                                        "reason": _one_line(exc)})
+        write_json_atomic(args.result, {"status": "failed", "reason": _one_line(exc)})
         return 1
     write_json_atomic(args.result, result)
     return 0

@@ -17,9 +17,7 @@ from runners.real_data import describe, pil_batches, pipeline_data, time_pipelin
 def benchmark(spec: Spec) -> dict[str, Any]:
     data, size, batch = pipeline_data(spec, checked=False)
     batches = pil_batches(data.files, size, data.augmentation, batch)
-    result = time_pipeline(spec, batches, batch)
-    result.update(describe(data, size))
-    return {**result,
+    return {**time_pipeline(spec, batches, batch), **describe(data, size),
             "pipeline": "one Python process: Pillow decode, numpy crop/flip, np.stack; "
                         "no workers, no prefetch",
             "framework": {"pillow": PIL.__version__, "numpy": np.__version__}}

@@ -91,10 +91,8 @@ def pipeline_data(spec: Spec, checked: bool = True) -> tuple[RealData, int, int]
     """A pipeline run's dataset (`checked` against its model's outputs), image size, batch."""
     from models import get_spec
 
-    data = open_dataset(spec)
     model_spec = get_spec(spec.model)
-    if checked:
-        check_classes(data, model_spec.num_classes, spec.model)
+    data = open_for_model(spec, model_spec) if checked else open_dataset(spec)
     return data, model_spec.input_shape[0], spec.global_batch_size
 
 
@@ -167,12 +165,6 @@ def batch_at(n: int, batch: int, i: int, seed: int = 0) -> np.ndarray:
     return np.array([epoch_order(n, int(p // n), seed)[p % n] for p in pos])
 
 
-def batch_indices(n: int, batch: int, seed: int = 0) -> Iterator[np.ndarray]:
-    """batch_at(0), batch_at(1), ... forever."""
-    for i in itertools.count():
-        yield batch_at(n, batch, i, seed)
-
-
 def load_batch(files: list[tuple[str, int]], idx: np.ndarray, size: int, augmentation: str,
                rng: np.random.Generator, channels_first: bool = False) -> tuple[np.ndarray,
                                                                               np.ndarray]:
@@ -182,13 +174,13 @@ def load_batch(files: list[tuple[str, int]], idx: np.ndarray, size: int, augment
     return (x.transpose(0, 3, 1, 2) if channels_first else x), y
 
 
-def pil_batches(files: list[tuple[str, int]], size: int, augmentation: str, batch: int,
-                channels_first: bool = False, seed: int = 0) -> Iterator[tuple[np.ndarray,
-                                                                              np.ndarray]]:
-    """The naive loop: one process decodes and augments every image of every batch in turn."""
-    rng = np.random.default_rng(seed)
-    for idx in batch_indices(len(files), batch, seed):
-        yield load_batch(files, idx, size, augmentation, rng, channels_first)
+def pil_batches(files: list[tuple[str, int]], size: int, augmentation: str, batch: int
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The naive loop: one process decodes and augments every image of every batch in turn
+    (NHWC, seed 0)."""
+    rng = np.random.default_rng(0)
+    for i in itertools.count():  # batch_at(0), batch_at(1), ... forever
+        yield load_batch(files, batch_at(len(files), batch, i), size, augmentation, rng)
 
 
 def cores() -> int:
@@ -199,11 +191,11 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def tree_cpu_seconds(root: int | None = None) -> float | None:
-    """CPU seconds (user + system, threads included) used so far by a process, its live
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds (user + system, threads included) used so far by this process, its live
     descendants and the ones they reaped (a pipeline's workers); None without /proc."""
-    root = root or os.getpid()
-    parents: dict[int, int] = {}
+    root = os.getpid()
+    children: dict[int, list[int]] = {}
     ticks: dict[int, int] = {}
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
@@ -215,14 +207,11 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
         except OSError:  # gone since the listing
             continue
         fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces
-        parents[int(name)] = int(fields[1])
+        children.setdefault(int(fields[1]), []).append(int(name))
         # utime, stime, and cutime, cstime of reaped children (fields 14-17 of proc(5))
         ticks[int(name)] = sum(int(f) for f in fields[11:15])
     if root not in ticks:
         return None
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parents.items():
-        children.setdefault(ppid, []).append(pid)
     total, todo = 0, [root]
     while todo:
         pid = todo.pop()

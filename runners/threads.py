@@ -1,7 +1,7 @@
-"""Thread settings: what a run actually used (child side); the policy is contract/launch_env.py's,
-re-exported here. `observed()` (after the benchmark, runners.common.main) reads the thread
-variables, what each imported framework reports and the CPU seconds of the busiest threads; it
-imports no framework and never raises. Reasons: docs/runners/shared.md."""
+"""Thread settings: what a run actually used (child side); the policy is contract/launch_env.py's.
+`observed()` (after the benchmark, runners.common.main) reads the thread variables, what each
+imported framework reports and the CPU seconds of the busiest threads; it imports no framework
+and never raises. Reasons: docs/runners/shared.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from contract.launch_env import POLICY_VAR, THREAD_VARS, physical_cores, thread_env  # noqa: F401
+from contract.launch_env import POLICY_VAR, THREAD_VARS, physical_cores
 
 
 def _tensorflow(tf: Any) -> dict[str, Any]:

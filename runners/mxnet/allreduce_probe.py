@@ -17,14 +17,6 @@ from contract.reasons import code
 from runners.common import Spec, Unavailable, main
 from runners.mxnet.common import contexts, framework_versions
 
-KVSTORE = "device"  # mxnet_native's default kvstore
-
-
-def replica_arrays(ctxs: list[mx.Context], elements: int, fill: bool) -> list[Any]:
-    """One float32 vector per context: context i's filled with i + 1 (inputs), or zeros."""
-    return [mx.nd.full((elements,), float(i + 1) if fill else 0.0, ctx=ctx, dtype="float32")
-            for i, ctx in enumerate(ctxs)]
-
 
 def distinct_contexts(arrays: list[Any]) -> list[str]:
     """The contexts the arrays live on, as MXNet names them, in order, once each."""
@@ -37,8 +29,9 @@ class KeyAllReduce:
 
     def __init__(self, kv: Any, key: int, ctxs: list[mx.Context], elements: int) -> None:
         self.kv, self.key = kv, key
-        self.inputs = replica_arrays(ctxs, elements, fill=True)
-        self.outputs = replica_arrays(ctxs, elements, fill=False)
+        self.inputs = [mx.nd.full((elements,), float(i + 1), ctx=ctx, dtype="float32")
+                       for i, ctx in enumerate(ctxs)]
+        self.outputs = [mx.nd.full((elements,), 0.0, ctx=ctx, dtype="float32") for ctx in ctxs]
         kv.init(key, mx.nd.zeros((elements,), ctx=ctxs[0], dtype="float32"))
 
     def __call__(self) -> list[Any]:
@@ -63,7 +56,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         raise Unavailable("the MXNet all-reduce probe runs on one machine (a 'device' kvstore "
                           "over its contexts); dist_sync kvstores across nodes are not built")
     ctxs, devices = contexts(spec)
-    kv = mx.kv.create(KVSTORE)
+    kv = mx.kv.create("device")  # mxnet_native's default kvstore
     n = len(ctxs)
     rows: list[dict[str, Any]] = []
     start = time.time()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # MXNet's OpenMP pool is sized to the machine; quiet its start-up chatter.
@@ -19,46 +19,38 @@ from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.gluon_common import set_canonical_weights  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, finite, timed_loop  # noqa: E402
 
-DTYPES = {"fp32": "float32", "fp16": "float16"}
-
 
 def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
     """This node's spec.devices_per_node contexts, mx.cpu(i) (virtual devices, each with its own
     parameter copy) or mx.gpu(i), and their device records."""
     n = spec.devices_per_node
     if spec.device == "cpu":
-        ctxs = [mx.cpu(i) for i in range(n)]
-        return ctxs, [{"name": str(c), "kind": "virtual CPU device (MXNet context)"}
-                      for c in ctxs]
-    have = mx.context.num_gpus()
-    if have < n:
-        raise Unavailable(f"needs {n} GPUs; MXNet sees {have}"
+        ctxs, kind = [mx.cpu(i) for i in range(n)], "virtual CPU device (MXNet context)"
+    elif mx.context.num_gpus() < n:
+        raise Unavailable(f"needs {n} GPUs; MXNet sees {mx.context.num_gpus()}"
                           + ("" if mx.runtime.Features().is_enabled("CUDA")
                              else " (this MXNet build has no CUDA: install envs/mxnet-gpu.txt)"))
-    ctxs = [mx.gpu(i) for i in range(n)]
-    return ctxs, [{"name": str(c), "kind": "GPU"} for c in ctxs]
+    else:
+        ctxs, kind = [mx.gpu(i) for i in range(n)], "GPU"
+    return ctxs, [{"name": str(c), "kind": kind} for c in ctxs]
 
 
 def gluon_model(name: str, ctxs: list[mx.Context], weights: dict[str, np.ndarray] | None = None,
-                inputs: Sequence[Any] = ()) -> mx.gluon.HybridBlock:
+                inputs: Sequence[Any] = (), hybridize: bool = True) -> mx.gluon.HybridBlock:
     """The Gluon model `name` with a parameter copy on every context, hybridised (static memory
-    and shapes): Xavier initialised, or at the canonical `weights`, set once a forward pass on
-    each of `inputs` (one slice per context) has completed Gluon's shape inference."""
+    and shapes) unless `hybridize` is False: Xavier initialised, or at the canonical `weights`,
+    set once a forward pass on each of `inputs` (one slice per context) has completed Gluon's
+    shape inference."""
     net = load_builder(name, "gluon")(get_spec(name))
     net.initialize(mx.init.Zero() if weights is not None else
                    mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctxs)
-    net.hybridize(static_alloc=True, static_shape=True)
+    if hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
     if weights is not None:
         for x in inputs:
             net(x)
         set_canonical_weights(net, weights)
     return net
-
-
-def forever(x: Any, y: Any) -> Iterator[tuple[Any, Any]]:
-    """The same batch (or per-context slices) every step."""
-    while True:
-        yield x, y
 
 
 def mean_loss(losses: list[Any], global_batch: int) -> float:
@@ -104,10 +96,9 @@ def input_shape_nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
     return (c, h, w)
 
 
-def synthetic_arrays(model_spec: ModelSpec, batch: int, seed: int = 0
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def synthetic_arrays(model_spec: ModelSpec, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """One random global batch (NCHW float32 images, integer labels), the same in every run."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, *input_shape_nchw(model_spec)), dtype=np.float32)
     y = rng.integers(0, model_spec.num_classes, batch).astype(np.float32)
     return x, y

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -49,9 +48,8 @@ def resize_for(data: RealData, size: int) -> tuple[int, str]:
                   "scaled down too (MXNet's resize has no up-only mode)")
 
 
-def record_iter(data: RealData, size: int, batch: int, device: str = "cpu",
-                shuffle: bool = True, seed: int = 0, part_index: int = 0,
-                num_parts: int = 1) -> mx.io.ImageRecordIter:
+def record_iter(data: RealData, size: int, batch: int, device: str = "cpu", shuffle: bool = True,
+                part_index: int = 0, num_parts: int = 1) -> mx.io.ImageRecordIter:
     """The ImageRecordIter over train.rec giving `batch` images of S x S per batch; part_index
     of num_parts reads a disjoint share (a multi-node worker's)."""
     share = len(data.files[part_index::num_parts])
@@ -65,7 +63,7 @@ def record_iter(data: RealData, size: int, batch: int, device: str = "cpu",
     # ctx "gpu": ImageRecordIter2 (pinned for a GPU id); seed_aug unset (repeats the crops)
     return mx.io.ImageRecordIter(
         path_imgrec=str(rec), path_imgidx=str(idx), data_shape=(3, size, size),
-        batch_size=batch, label_width=1, shuffle=shuffle, seed=seed, round_batch=True,
+        batch_size=batch, label_width=1, shuffle=shuffle, seed=0, round_batch=True,
         resize=resize, inter_method=1, rand_crop=flip, rand_mirror=flip,
         mean_r=127.5, mean_g=127.5, mean_b=127.5, scale=1 / 127.5, dtype="float32",
         preprocess_threads=max(1, data.workers), prefetch_buffer=PREFETCH,
@@ -92,27 +90,15 @@ def numpy_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[np.ndarr
         yield batch.data[0].asnumpy(), batch.label[0].asnumpy().astype(np.int32)
 
 
-def nd_batches(batches: Iterator[mx.io.DataBatch]) -> Iterator[tuple[Any, Any]]:
-    """Each batch as the iterator's NDArrays (x NCHW float32, y float32 class ids), no copy."""
-    for batch in batches:
-        yield batch.data[0], batch.label[0]
-
-
-def decode_threads(data: RealData) -> tuple[int, str]:
-    """The decode threads MXNet runs (the run's workers, at least 1, capped at the cores this
-    process may use, as MXNet caps them) and a note when capped."""
+def describe_pipeline(data: RealData, size: int, device: str = "cpu") -> str:
+    """One line saying what the ImageRecordIter does; its decode threads are the run's workers,
+    at least 1, capped at the cores this process may use, as MXNet caps them."""
+    aug = ("random crop + random mirror" if data.augmentation == "crop-flip"
+           else "centre crop")
     asked = max(1, data.workers)
     threads = min(asked, cores())
     note = (f" (workers {data.workers} capped at the {cores()} cores, as MXNet does)"
             if threads < asked else "")
-    return threads, note
-
-
-def describe_pipeline(data: RealData, size: int, device: str = "cpu") -> str:
-    """One line saying what the ImageRecordIter does."""
-    aug = ("random crop + random mirror" if data.augmentation == "crop-flip"
-           else "centre crop")
-    threads, note = decode_threads(data)
     return (f"mx.io.ImageRecordIter over train.rec: OpenCV decode in "
             f"{threads} preprocess thread(s){note}, {resize_for(data, size)[1]}, "
             f"{aug} to {size}x{size}, (x-127.5)/127.5, NCHW float32, shuffled per epoch, "

@@ -26,13 +26,9 @@ from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, finite, node_identity
 
 MODULE = "runners.mxnet.dist_launch"
-MECHANISM = code("mxnet.dist_sync_mechanism")
 REPO = Path(__file__).resolve().parents[2]
-PORTS = 10  # MGBENCH_MASTER_PORT .. +9 are the job's (bench/run/slurm_job.py)
 STOP_WAIT_S = 60.0  # how long close() waits for the kvstore's end, then for the roles' exits
 KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
-# the gathers' kvstore keys: above the Trainer's, below MXNet's int overflow at 215,326
-GATHER_KEY = 1 << 16
 DMLC_VARS = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER",
              "DMLC_NUM_SERVER", "DMLC_NODE_HOST", "PORT", "DMLC_INTERFACE", "PS_VERBOSE")
 # ps-lite's scheduler log (PS_VLOG(1), van.cc) as MXNet 1.9.1 prints it
@@ -111,7 +107,7 @@ class Place:
 
     def port(self, role: str) -> int | None:
         """This node's server or worker port; None (ps-lite picks one) past the job's ports."""
-        if 1 + 2 * self.count > PORTS:
+        if 1 + 2 * self.count > 10:  # MGBENCH_MASTER_PORT .. +9 are the job's (slurm_job.py)
             return None
         return self.root_port + 1 + self.rank + (self.count if role == "worker" else 0)
 
@@ -174,8 +170,11 @@ class PsLite:
         self._gathers = 0
         self._closing = threading.Event()
 
-    def start(self) -> None:
-        """Start this node's roles, set this process's DMLC settings, watch the roles."""
+    def kvstore(self, kind: str) -> Any:
+        """Start this node's roles, set this process's DMLC settings, watch the roles; then this
+        worker's kvstore of type `kind` (all nodes registered)."""
+        import mxnet as mx
+
         if self.place.rank == 0:
             self._start_role("scheduler")
         self._start_role("server")
@@ -188,6 +187,11 @@ class PsLite:
         os.environ.pop("PORT", None)  # ps-lite's own variable: only ours may reach it
         os.environ.update(env)
         threading.Thread(target=self._watch, daemon=True).start()
+        self.kv = mx.kv.create(kind)
+        if self.kv.num_workers != self.place.count:
+            raise Invalid(f"the kvstore has {self.kv.num_workers} workers; the run has "
+                          f"{self.place.count} nodes")
+        return self.kv
 
     def _watch(self) -> None:
         """Kill the other roles and end this worker when a role exits before close()."""
@@ -223,23 +227,6 @@ class PsLite:
         say(f"[mxnet dist] node {self.place.rank}: started the {role} (pid {proc.pid}, "
             f"{item.record()['address']})")
 
-    def kvstore(self, kind: str) -> Any:
-        """Start the roles, then this worker's kvstore of type `kind` (all nodes registered)."""
-        import mxnet as mx
-
-        self.start()
-        self.kv = mx.kv.create(kind)
-        if self.kv.num_workers != self.place.count:
-            raise Invalid(f"the kvstore has {self.kv.num_workers} workers; the run has "
-                          f"{self.place.count} nodes")
-        return self.kv
-
-    def _check_roles(self) -> None:
-        for role in self.roles:
-            if role.proc.poll() is not None:
-                raise RuntimeError(f"the ps-lite {role.role} (pid {role.proc.pid}) exited "
-                                   f"with {role.proc.returncode} before the run ended")
-
     def allgather(self, obj: Any) -> list[Any]:
         """Every worker's JSON-able `obj`, in kv.rank order (its row of a zero array, summed by
         dist_sync). A collective: every worker calls it, in the same order."""
@@ -250,7 +237,8 @@ class PsLite:
         data = np.frombuffer(json.dumps(obj, default=str).encode(), np.uint8)
 
         def exchange(row: np.ndarray) -> np.ndarray:
-            key = GATHER_KEY + self._gathers
+            # above the Trainer's keys, below MXNet's int overflow at 215,326
+            key = (1 << 16) + self._gathers
             self._gathers += 1
             mine = np.zeros((n, row.size), np.float32)  # float32 holds bytes and sizes exactly
             mine[rank] = row
@@ -273,7 +261,11 @@ class PsLite:
         self._closing.set()
         try:
             if ok and self.kv is not None:
-                self._check_roles()
+                for role in self.roles:
+                    if role.proc.poll() is not None:
+                        raise RuntimeError(f"the ps-lite {role.role} (pid {role.proc.pid}) "
+                                           f"exited with {role.proc.returncode} before the run "
+                                           "ended")
                 from mxnet.base import _LIB, check_call
 
                 t0, handle = time.time(), self.kv.handle
@@ -284,10 +276,7 @@ class PsLite:
                                          daemon=True)
                 ender.start()
                 ender.join(STOP_WAIT_S)
-                deadline = time.time() + STOP_WAIT_S
-                for role in self.roles if not ender.is_alive() else ():
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        role.proc.wait(max(0.1, deadline - time.time()))
+                for role in _waited(self.roles if not ender.is_alive() else [], STOP_WAIT_S):
                     if role.proc.returncode is not None:
                         role.ended = "exited after the workers ended the kvstore"
                 say(f"[mxnet dist] node {self.place.rank}: kvstore "
@@ -306,16 +295,12 @@ class PsLite:
             if role.proc.poll() is not None and role.ended == "running":
                 role.ended = "exited during the run"
         alive = [r for r in self.roles if r.proc.poll() is None]
-        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             for role in alive:
                 with contextlib.suppress(ProcessLookupError):
                     role.proc.send_signal(sig)
                 role.ended = f"killed ({sig.name}) by the worker"
-            deadline = time.time() + wait
-            for role in alive:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    role.proc.wait(max(0.1, deadline - time.time()))
-            alive = [r for r in alive if r.proc.poll() is None]
+            alive = [r for r in _waited(alive, KILL_GRACE_S) if r.proc.poll() is None]
         for role in self.roles:
             if role.reader is not None and role.reader.is_alive():
                 role.reader.join(timeout=5)
@@ -341,6 +326,15 @@ class PsLite:
                 "dmlc": {k: os.environ[k] for k in DMLC_VARS if k in os.environ},
                 "roles": [{"role": r.role, "pid": r.proc.pid, "address": r.record()["address"],
                            "running_at_gather": r.proc.poll() is None} for r in self.roles]}
+
+
+def _waited(roles: list[Role], seconds: float) -> list[Role]:
+    """The roles, once each has exited or `seconds` in all have passed."""
+    deadline = time.time() + seconds
+    for role in roles:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            role.proc.wait(max(0.1, deadline - time.time()))
+    return roles
 
 
 def _relay(proc: subprocess.Popen[bytes], log: list[str], role: str) -> None:
@@ -415,7 +409,7 @@ def gather_workers(ps: PsLite, trainer: Any, local: dict[str, Any],
         "nodes": [{k: w[k] for k in ("node", "host", "slurm_procid", "slurm_job_id", "pid",
                                      "kv_rank", "process_rank")} for w in workers],
         "multi_node": {
-            "mechanism": MECHANISM,
+            "mechanism": code("mxnet.dist_sync_mechanism"),
             "kv_type": kv.type, "kv_num_workers": kv.num_workers, "kv_rank": kv.rank,
             "update_on_kvstore": trainer._update_on_kvstore,
             "kv_rank_is_node_rank": all(w["kv_rank"] == w["process_rank"] for w in workers),

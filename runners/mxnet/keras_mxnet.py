@@ -6,6 +6,7 @@ option gradient_reduce mean divides the rate by N. Differs from seed 000 (Keras 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -54,39 +55,29 @@ def keras_batches(batches: Iterator[tuple[np.ndarray, np.ndarray]], labels: list
 
 
 def real_feed(spec: Spec, data: RealData, size: int, global_batch: int, steps: int,
-              labels: list[int]) -> tuple[Any, dict[str, Any], str]:
-    """fit_generator's real-data source, its worker arguments, the input_pipeline line."""
+              labels: list[int]) -> tuple[tuple[Any, dict[str, Any]], str]:
+    """(fit_generator's real-data source, its worker arguments), the input_pipeline line."""
     if spec.options["loader"] == "keras":
         from runners.keras_data import describe_keras, fit_worker_kwargs, jpeg_sequence
 
         labels.extend(data.files[i][1] for i in batch_at(len(data.files), global_batch, 0))
         kwargs = {**fit_worker_kwargs(data), "shuffle": False}  # the Sequence shuffles itself
-        return (jpeg_sequence(data, size, global_batch, steps, channels_first=True), kwargs,
+        return ((jpeg_sequence(data, size, global_batch, steps, channels_first=True), kwargs),
                 f"{describe_keras(data)}; fit_generator(workers={kwargs['workers']}, "
                 f"use_multiprocessing={kwargs['use_multiprocessing']})")
     it = record_iter(data, size, global_batch)  # plain host memory: Keras copies it to numpy
-    return (keras_batches(numpy_batches(stream(it)), labels), {},
+    return ((keras_batches(numpy_batches(stream(it)), labels), {}),
             f"{describe_pipeline(data, size)}; {code('mxnet.keras_numpy_generator')}")
 
 
-def check_memory(nbytes: int) -> None:
-    """input: arrays holds every step's batch in memory; refuse rather than swap."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if nbytes > total // 4:
-        raise Unavailable(f"input=arrays needs {nbytes / 2**30:.1f} GiB of host arrays, over a "
-                          f"quarter of this host's {total / 2**30:.0f} GiB; use input=generator")
-
-
-def learning_rate(spec: Spec, lr: float, n: int) -> float:
-    """The lr to give keras-mxnet: / N for gradient_reduce mean (see the docstring)."""
-    return lr / n if spec.options["gradient_reduce"] == "mean" else lr
-
-
-def compile_model(model: Any, spec: Spec, optimizer: Any, ctxs: list[mx.Context]
-                  ) -> list[dict[str, Any]]:
-    """compile with the context list; the device records of the contexts keras-mxnet resolved."""
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
-                  context=[str(c) for c in ctxs])
+def compile_model(model: Any, spec: Spec, ctxs: list[mx.Context], lr: float,
+                  momentum: float = 0.0) -> list[dict[str, Any]]:
+    """compile with keras-mxnet's SGD (the rate / N for gradient_reduce mean, see the docstring)
+    and the context list; the device records of the contexts keras-mxnet resolved."""
+    if spec.options["gradient_reduce"] == "mean":
+        lr /= len(ctxs)
+    model.compile(optimizer=keras.optimizers.SGD(lr=lr, momentum=momentum),
+                  loss="sparse_categorical_crossentropy", context=[str(c) for c in ctxs])
     # keras-mxnet's _get_mxnet_context turns every "cpu(i)" into mx.cpu()
     kind = ("executor on a shared CPU context (keras-mxnet maps cpu(i) to cpu(0))"
             if spec.device == "cpu" else "GPU")
@@ -114,16 +105,23 @@ def read_placement(model: Any, n: int) -> dict[str, Any]:
     return out
 
 
-def train(model: Any, spec: Spec, source: Any, fit_kwargs: dict[str, Any], steps: int,
-          clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None) -> None:
-    """Train `steps` steps: fit_generator on the source, or fit on `steps` copies of the arrays."""
+def train(model: Any, spec: Spec, clock: StepClock, arrays: tuple[np.ndarray, np.ndarray] | None,
+          fed: tuple[Any, dict[str, Any]] | None = None) -> None:
+    """Train the clock's warm-up and measured steps: fit_generator on the real-data source and
+    its worker arguments `fed`, else on the arrays repeated; or (input arrays) fit on that many
+    copies of the arrays."""
+    steps = clock.window.warmup + clock.window.measure
     if spec.options["input"] == "generator":
+        source, fit_kwargs = fed if fed is not None else (itertools.repeat(arrays), {})
         model.fit_generator(source, steps_per_epoch=steps, epochs=1, callbacks=[clock],
                             verbose=0, **fit_kwargs)
         return
     assert arrays is not None
     x, y = arrays
-    check_memory(x.nbytes * steps)
+    nbytes, total = x.nbytes * steps, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if nbytes > total // 4:  # every step's batch held in memory: refuse rather than swap
+        raise Unavailable(f"input=arrays needs {nbytes / 2**30:.1f} GiB of host arrays, over a "
+                          f"quarter of this host's {total / 2**30:.0f} GiB; use input=generator")
     model.fit(np.concatenate([x] * steps), np.concatenate([y] * steps), batch_size=len(x),
               epochs=1, shuffle=False, callbacks=[clock], verbose=0)
 
@@ -145,20 +143,17 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                               "times; use input=generator (loader framework or keras)")
         data = open_for_model(spec, model_spec)
         size = model_spec.input_shape[0]
-        source, fit_kwargs, pipeline = real_feed(spec, data, size, global_batch,
-                                                 warmup + measure, labels)
-    model = load_builder(spec.model, "keras")(model_spec, data_format="channels_first")
-    optimizer = keras.optimizers.SGD(lr=learning_rate(spec, 0.01, n), momentum=0.9)
-    devices = compile_model(model, spec, optimizer, ctxs)
-    clock = StepClock(warmup, measure)
-    arrays = None
-    if not real:
+        fed, pipeline = real_feed(spec, data, size, global_batch, warmup + measure, labels)
+        arrays = None
+    else:
         x, y = mxc.synthetic_arrays(model_spec, global_batch)
-        arrays = (x, y.reshape(-1, 1))
-        source, fit_kwargs = mxc.forever(*arrays), {}
+        arrays, fed = (x, y.reshape(-1, 1)), None
+    model = load_builder(spec.model, "keras")(model_spec, data_format="channels_first")
+    devices = compile_model(model, spec, ctxs, 0.01, momentum=0.9)
+    clock = StepClock(warmup, measure)
     # keras-mxnet's SGD is an mx.optimizer.SGD: num_update counts the updates it applied
     start = model.optimizer.num_update
-    train(model, spec, source, fit_kwargs, warmup + measure, clock, arrays)
+    train(model, spec, clock, arrays, fed)
     if not clock.window.losses:
         raise Invalid("no measured step reported a loss")
     updates = model.optimizer.num_update - start - warmup  # the warm-up's updates are not timed
@@ -183,11 +178,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     spec.split_batch(n, "contexts", rows=len(x))
     model = load_builder("probe", "keras")(get_spec("probe"), data_format="channels_first")
     k2.set_canonical_weights(model, weights)
-    devices = compile_model(model, spec, keras.optimizers.SGD(lr=learning_rate(spec, lr, n)),
-                            ctxs)
+    devices = compile_model(model, spec, ctxs, lr)
     arrays = (x.transpose(0, 3, 1, 2), y.reshape(-1, 1))  # inputs come NHWC
     clock = StepClock(0, 1)
-    train(model, spec, mxc.forever(*arrays), {}, 1, clock, arrays)
+    train(model, spec, clock, arrays)
     mx.nd.waitall()
     spec.save_equivalence_output(k2.get_canonical_weights(model))
     return {"replicas": n, "framework": mxc.framework_versions(), "devices": devices,

@@ -7,6 +7,7 @@ Gluon API instead of Symbol/Module. docs/runners/mxnet_native.md, "Notes from th
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,13 +19,13 @@ from mxnet import autograd, gluon
 
 from contract.reasons import code
 from contract.result import join
-from models import ModelSpec, get_spec, load_builder
+from models import ModelSpec, get_spec
 from models import gluon_common as gc
 from runners.common import Invalid, Spec, Unavailable, finite, main
 from runners.converge import Batch, Recipe, Splits, load_splits, stepwise, train_to_accuracy
 from runners.mxnet import common as mxc
 from runners.mxnet import dist_launch
-from runners.mxnet.data import describe_pipeline, nd_batches, record_iter, stream
+from runners.mxnet.data import describe_pipeline, record_iter, stream
 from runners.real_data import RealData, describe, open_for_model
 
 
@@ -61,25 +62,19 @@ def split_to_contexts(array: Any, ctxs: list[mx.Context], dtype: str = "float32"
     return gluon.utils.split_and_load(mx.nd.array(array, dtype=dtype), ctxs, even_split=even)
 
 
-def real_feed(batches: Iterator[tuple[Any, Any]], ctxs: list[mx.Context], dtype: str,
+def real_feed(batches: Iterator[mx.io.DataBatch], ctxs: list[mx.Context], dtype: str,
               labels: list[int]) -> Iterator[tuple[list[Any], list[Any]]]:
-    """Each global batch of the iterator split over the contexts (cast there for fp16); the
-    first batch's labels are appended to `labels`, as the record's evidence of what trained."""
-    for x, y in batches:
+    """Each global batch of the ImageRecordIter (its NDArrays, x NCHW float32, y float32 class
+    ids) split over the contexts (cast there for fp16); the first batch's labels are appended
+    to `labels`, as the record's evidence of what trained."""
+    for batch in batches:
+        x, y = batch.data[0], batch.label[0]
         if not labels:
             labels.extend(int(v) for v in y.asnumpy())
         xs = gluon.utils.split_and_load(x, ctxs, even_split=True)
         if dtype != "float32":
             xs = [s.astype(dtype) for s in xs]
         yield xs, gluon.utils.split_and_load(y, ctxs, even_split=True)
-
-
-def hybridize_as_configured(net: gluon.HybridBlock, spec: Spec) -> bool:
-    """Option hybridize: a static graph (static memory and shapes), or the imperative net."""
-    hybridize = bool(spec.options["hybridize"])
-    if hybridize:
-        net.hybridize(static_alloc=True, static_shape=True)
-    return hybridize
 
 
 def add_rows(rows: dict[str, int], losses: list[Any]) -> dict[str, int]:
@@ -129,7 +124,7 @@ class GluonRun:
         if n * nodes != spec.num_devices:
             raise Invalid(f"{spec.num_devices} devices do not divide over {nodes} nodes")
         spec.split_batch(n * nodes, "contexts" if nodes == 1 else f"contexts of {nodes} workers")
-        dtype = mxc.DTYPES[spec.precision]
+        dtype = {"fp32": "float32", "fp16": "float16"}[spec.precision]
         if dtype == "float16" and spec.device == "cpu":
             raise Unavailable("fp16 on CPU contexts: MXNet 1.9 has no float16 convolution "
                               "kernels for the CPU; run fp16 on GPUs")
@@ -137,22 +132,20 @@ class GluonRun:
 
     def build(self) -> gluon.HybridBlock:
         """The model, Xavier initialised on every context (cast for fp16)."""
-        self.net = load_builder(self.spec.model, "gluon")(self.model_spec)
-        self.net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2),
-                            ctx=self.ctxs)
+        self.net = mxc.gluon_model(self.spec.model, self.ctxs, hybridize=False)
         if self.dtype == "float16":
             self.net.cast("float16")  # fp32 master weights are kept by multi_precision below
         return self.net
 
     def compile(self, sgd: dict[str, Any], dist_kv: Any = None) -> None:
-        """hybridize as configured, then the SGD Trainer over the kvstore and the loss."""
-        self.hybridize = hybridize_as_configured(self.net, self.spec)
+        """Option hybridize (a static graph, static memory and shapes, or the imperative net),
+        then the SGD Trainer over the kvstore and the loss."""
+        self.hybridize = bool(self.spec.options["hybridize"])
+        if self.hybridize:
+            self.net.hybridize(static_alloc=True, static_shape=True)
         self.trainer = make_trainer(self.spec, self.net, "sgd", {
             **sgd, "multi_precision": self.dtype == "float16"}, dist_kv=dist_kv)
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-
-    def step(self, xs: list[Any], ys: list[Any], rows: int) -> list[Any]:
-        return train_step(self.net, self.trainer, self.loss_fn, xs, ys, rows)
 
     def fields(self, replicas: int) -> dict[str, Any]:
         """The record's fields of the model and its Trainer, read after the steps."""
@@ -187,11 +180,11 @@ class BenchmarkInput:
     def feed(self) -> Iterator[tuple[list[Any], list[Any]]]:
         run = self.run
         if self.it is not None:
-            return real_feed(nd_batches(stream(self.it)), run.ctxs, run.dtype, self.labels)
+            return real_feed(stream(self.it), run.ctxs, run.dtype, self.labels)
         x, y = mxc.synthetic_arrays(run.model_spec, run.spec.global_batch_size)
         rows = slice(self.rank * self.local, (self.rank + 1) * self.local)
-        return mxc.forever(split_to_contexts(x[rows], run.ctxs, run.dtype),
-                           split_to_contexts(y[rows], run.ctxs))
+        return itertools.repeat((split_to_contexts(x[rows], run.ctxs, run.dtype),
+                                 split_to_contexts(y[rows], run.ctxs)))
 
     def record(self) -> dict[str, Any]:
         if self.data is None:
@@ -219,7 +212,8 @@ def train(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
     feed = source.feed()
     # on N nodes each step's loss is this worker's share of the global mean
     window, steps, last = mxc.timed_context_steps(
-        spec, lambda: run.step(*next(feed), global_batch), run.trainer, global_batch)
+        spec, lambda: train_step(run.net, run.trainer, run.loss_fn, *next(feed), global_batch),
+        run.trainer, global_batch)
     out = join(window.summary(global_batch, steps * global_batch),
                {"loss_kind": "global mean cross-entropy of each step's batch"},
                run.fields(len(run.ctxs) * spec.num_nodes), read_placement(last, run.net),
@@ -246,14 +240,10 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
     kv = ps.kvstore(dist_launch.kvstore_type(spec)) if ps is not None else None
     local = len(x) // nodes
     rows = slice(kv.rank * local, (kv.rank + 1) * local) if kv is not None else slice(None)
-    net = load_builder("probe", "gluon")(get_spec("probe"))
-    net.initialize(mx.init.Zero(), ctx=ctxs)
-    hybridize = hybridize_as_configured(net, spec)
+    hybridize = bool(spec.options["hybridize"])
     xs = split_to_contexts(x[rows].transpose(0, 3, 1, 2), ctxs)  # inputs come NHWC
     ys = split_to_contexts(y[rows].astype("float32"), ctxs)
-    for s in xs:  # completes deferred shape inference on every context (no gradient)
-        net(s)
-    gc.set_canonical_weights(net, weights)
+    net = mxc.gluon_model("probe", ctxs, weights, xs, hybridize)  # forward on xs: no gradient
     trainer = make_trainer(spec, net, "sgd", {"learning_rate": lr}, dist_kv=kv)
     broadcast_before_first_push(trainer, kv)
     losses = train_step(net, trainer, gluon.loss.SoftmaxCrossEntropyLoss(), xs, ys, len(x))
@@ -296,7 +286,7 @@ class ConvergeSteps:
         if self.first:
             self.applied.append(float(run.trainer.learning_rate))
             self.first = False
-        losses = run.step(xs, ys, b.global_rows)
+        losses = train_step(run.net, run.trainer, run.loss_fn, xs, ys, b.global_rows)
         loss = mx.nd.add_n(*[part.sum().astype("float32").as_in_context(run.ctxs[0])
                              for part in losses]) / b.global_rows
         add_rows(self.rows, losses)
@@ -316,7 +306,17 @@ class ConvergeSteps:
         return float((np.concatenate(predicted).astype(np.int64) == y).mean())
 
     def moving_stats(self) -> tuple[bool, str]:
-        return read_moving_stats(self.run.net)
+        """(all finite, the first that is not) of every context's BatchNorm moving statistics."""
+        for name, param in self.run.net.collect_params().items():
+            if not name.endswith(("running_mean", "running_var")):
+                continue
+            for data in param.list_data():
+                values = data.asnumpy()
+                if not np.isfinite(values).all():
+                    return False, (f"{name} on {data.context}: "
+                                   f"{int((~np.isfinite(values)).sum())} of {values.size} "
+                                   "not finite")
+        return True, "every context's BatchNorm running_mean and running_var is finite"
 
     def record(self) -> dict[str, Any]:
         """The converge record's evidence of the steps, read after training."""
@@ -384,19 +384,6 @@ def check_splits(splits: Splits, model_spec: Any, recipe: Recipe, n: int) -> Non
         raise Unavailable(f"last_batch keep: the short last batch of {rest} rows cannot be "
                           f"split over {n} contexts (MXNet's split_and_load cannot copy an "
                           "empty slice to a context); use drop or pad")
-
-
-def read_moving_stats(net: gluon.Block) -> tuple[bool, str]:
-    """(all finite, the first that is not) of every context's BatchNorm moving statistics."""
-    for name, param in net.collect_params().items():
-        if not name.endswith(("running_mean", "running_var")):
-            continue
-        for data in param.list_data():
-            values = data.asnumpy()
-            if not np.isfinite(values).all():
-                return False, (f"{name} on {data.context}: "
-                               f"{int((~np.isfinite(values)).sum())} of {values.size} not finite")
-    return True, "every context's BatchNorm running_mean and running_var is finite"
 
 
 if __name__ == "__main__":

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from models import get_spec
 from runners.common import Spec, main
 from runners.mxnet.common import framework_versions
 from runners.mxnet.data import describe_pipeline, record_iter, stream
-from runners.real_data import describe, open_dataset, time_pipeline
+from runners.real_data import describe, pipeline_data, time_pipeline
 
 
 def count(batch: Any) -> int:
@@ -20,15 +19,12 @@ def count(batch: Any) -> int:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    data = open_dataset(spec)
-    size = get_spec(spec.model).input_shape[0]
-    batch = spec.global_batch_size
-    device = spec.device
-    it = record_iter(data, size, batch, device)
+    data, size, batch = pipeline_data(spec, checked=False)
+    it = record_iter(data, size, batch, spec.device)
     return {
         **time_pipeline(spec, stream(it), batch, count),
         **describe(data, size),
-        "pipeline": describe_pipeline(data, size, device),
+        "pipeline": describe_pipeline(data, size, spec.device),
         "framework": framework_versions(),
     }
 
