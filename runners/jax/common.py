@@ -252,6 +252,17 @@ def token_batch(seq_len: int, vocab: int, batch: int, sharding: jax.sharding.Sha
     return jax.block_until_ready(jax.jit(make, out_shardings=(sharding, sharding))())
 
 
+def device_batch(model_spec: Any, global_batch: int, shardings: tuple[Any, Any]
+                 ) -> tuple[Any, Any]:
+    """One synthetic global batch made on the devices in `shardings` (the inputs', the
+    labels'): token ids and their next tokens (token_batch), or images and labels."""
+    if model_spec.input_kind == "tokens":
+        return token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
+                           shardings[1])
+    return synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
+                           *shardings)
+
+
 def placement(array: jax.Array) -> dict[str, int]:
     """Where a batch array lives, read from jax: {device as jax names it: rows of the array's
     shards on it}, from array.addressable_shards (each shard's device and index into axis 0).

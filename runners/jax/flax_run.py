@@ -152,17 +152,11 @@ def input_batches(data: RealData | None, run: FlaxRun) -> tuple[Iterator[Any], A
     import jax.numpy as jnp
 
     model_spec, global_batch, batch = run.model_spec, run.spec.global_batch_size, run.batch
-    if data is None and run.tokens:
-        x, y = common.token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
-                           batch)
-        return itertools.repeat((x, y)), x, y, {
-            "data_placement": code("jax.flax_token_batch_on_devices")}
     if data is None:
-        x, y = common.synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
-                               batch)
-        return itertools.repeat((x, y)), x, y, {
-            "data_placement": "one synthetic global batch generated under jit into the batch "
-                              "sharding; no host copy per step"}
+        x, y = common.device_batch(model_spec, global_batch, (batch, batch))
+        where = (code("jax.flax_token_batch_on_devices") if run.tokens else "one synthetic "
+                 "global batch generated under jit into the batch sharding; no host copy per step")
+        return itertools.repeat((x, y)), x, y, {"data_placement": where}
     from runners.jax.data import device_batches
 
     size = model_spec.input_shape[0]

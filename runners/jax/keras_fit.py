@@ -222,10 +222,3 @@ def keras_counts(model: keras.Model) -> tuple[int, int]:
     from models.keras_common import count_flops_keras, count_params_keras
 
     return count_params_keras(model), count_flops_keras(model)
-
-def process_index() -> int:
-    """This process's index among the run's (0 on one node), as jax says."""
-    import jax
-
-    return jax.process_index()
-

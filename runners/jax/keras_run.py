@@ -19,7 +19,7 @@ from runners.common import Invalid, Spec, Unavailable, one_line
 from runners.jax import common, keras_batchnorm, keras_fit
 from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD, NO_BATCHNORM
 from runners.jax.keras_fit import KERAS_MECHANISM, PLACEMENT_SOURCE, POLICIES
-from runners.jax.keras_input import device_batch, fit_input, input_mode, preplaced
+from runners.jax.keras_input import fit_input, input_mode, preplaced
 from runners.jax.state import keras_state
 from runners.memory import model_state_keras
 from runners.real_data import TOKENS_REAL
@@ -32,11 +32,6 @@ MULTI_NODE_REAL_DATA = (
     "data: real across nodes: the Grain pipeline and the PyDataset make whole global batches "
     "(runners/jax/data.py, runners/keras_data.py), so every process would decode all of each "
     "batch; a per-process shard of the file stream is not built yet")
-STATE_SOURCE = code("jax.keras_state_source")
-
-
-def no_record(distribution: Any, model: Any) -> dict[str, Any]:
-    return {}
 
 
 @dataclass(frozen=True)
@@ -47,8 +42,8 @@ class Strategy:
     record's source."""
 
     distribute: Callable[[Spec, str | None], tuple[Any, Any, list[dict[str, Any]]]]
-    describe: Callable[[Any, Any], dict[str, Any]] = no_record
-    state_source: str = STATE_SOURCE
+    describe: Callable[[Any, Any], dict[str, Any]] = lambda distribution, model: {}
+    state_source: str = code("jax.keras_state_source")
 
 
 def build_model(keras: Any, spec: Spec, name: str | None, **kwargs: Any
@@ -183,7 +178,7 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
             owner.close()  # the Grain workers
     timing["placement"] = common.all_placement(timing["placement"])
     # after fit, untimed: the model state where the distribution holds it, and the precision
-    state = keras_state(model, device_batch(run.model_spec, spec.global_batch_size,
+    state = keras_state(model, common.device_batch(run.model_spec, spec.global_batch_size,
                                             run.shardings),
                         run.distribution.device_mesh.devices.flatten().tolist(),
                         strategy.state_source, spec.precision,
@@ -218,6 +213,8 @@ def equivalence(spec: Spec, strategy: Strategy) -> dict[str, Any]:
     rows)."""
     check_multi_node(spec)
     keras, distribution, described = strategy.distribute(spec, "probe")
+    import jax
+
     from models.keras_common import get_canonical_weights, set_canonical_weights
 
     weights, x, y, lr = spec.equivalence_inputs()
@@ -230,17 +227,15 @@ def equivalence(spec: Spec, strategy: Strategy) -> dict[str, Any]:
     mode = input_mode(spec)
     if mode == "numpy":
         rows = len(x) // spec.num_nodes  # this process's share, in process order
-        mine = slice(keras_fit.process_index() * rows, (keras_fit.process_index() + 1) * rows)
+        mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
         feed = {"x": x[mine], "y": y[mine], "batch_size": rows, "epochs": 1, "shuffle": True}
     else:
         layouts = (keras_fit.batch_sharding(distribution, x.shape),
                    keras_fit.batch_sharding(distribution, y.shape))
-        import jax
-
         feed = preplaced(*jax.device_put((x, y), layouts), 1)
     loss, probe = keras_fit.fit_one_step(spec, model, feed)
     canonical = get_canonical_weights(model)
-    if keras_fit.process_index() == 0:
+    if jax.process_index() == 0:
         spec.save_equivalence_output(canonical)
     return join({"replicas": n, "framework": common.framework_versions("keras"),
                  "devices": described, "loss": loss, "input": mode, "batchnorm": batchnorm,

@@ -15,10 +15,8 @@ from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
 from runners.converge import Batch, fitting_splits, stepwise, train_to_accuracy
-from runners.jax import common
+from runners.jax import common, flax_run
 from runners.jax.flax_run import VERSIONS, FlaxRun, StepRecord
-from runners.jax.flax_run import benchmark as run_benchmark
-from runners.jax.flax_run import equivalence as run_equivalence
 from runners.jax.flax_step import AXIS, Layout, cast_floats, compile_step
 
 if TYPE_CHECKING:
@@ -33,8 +31,8 @@ DATA_PARALLEL = Layout(
     lambda replicated, params: common.sharding_record(replicated),
     code("jax.native_state_source"))
 
-benchmark = partial(run_benchmark, layout=DATA_PARALLEL)
-equivalence = partial(run_equivalence, layout=DATA_PARALLEL)
+benchmark = partial(flax_run.benchmark, layout=DATA_PARALLEL)
+equivalence = partial(flax_run.equivalence, layout=DATA_PARALLEL)
 
 
 CONVERGE_PLACEMENT_SOURCE = code("jax.batch_rows_first_epoch")
