@@ -75,15 +75,6 @@ class Collectives:
         self.fns = {name: per_device_fn(self.mesh, name) for name in ar.COLLECTIVES}
         self.seen: dict[str, Any] = {"hlo": {}}
 
-    def zeros(self, per_device: int) -> Any:
-        """A global array of n blocks of per_device float32 zeros, one block on each device
-        (made on the devices)."""
-        import jax
-
-        return jax.block_until_ready(jax.jit(
-            lambda: jax.numpy.zeros((self.n * per_device,), jax.numpy.float32),
-            out_shardings=self.sharding)())
-
     def check(self, name: str, src: Any, want: Any) -> bool:
         """One call on filled input: every output block as expected; what it ran on, seen."""
         import numpy as np
@@ -108,7 +99,10 @@ class Collectives:
         n, fn = self.n, self.fns[name]
         part = nbytes // DTYPE_BYTES // n
         per_in = part if name == ar.ALL_GATHER else nbytes // DTYPE_BYTES
-        src = self.zeros(per_in)
+        # n blocks of per_in float32 zeros, one on each device (made there)
+        src = jax.block_until_ready(jax.jit(
+            lambda: jax.numpy.zeros((n * per_in,), jax.numpy.float32),
+            out_shardings=self.sharding)())
         if name == ar.ALL_GATHER:
             want = np.repeat(np.array(ar.expected_gather(n), np.float32), part)
         else:

@@ -209,13 +209,6 @@ def real_dataset(spec: Spec, model_spec: ModelSpec) -> RealData | None:
     return open_for_model(spec, model_spec)
 
 
-def host_labels(y: jax.Array) -> list[int]:
-    """A batch's labels as the model got them (copied to the host)."""
-    import numpy as np
-
-    return [int(v) for v in np.asarray(y)]
-
-
 def synthetic_batch(shape_hwc: tuple[int, int, int], classes: int, batch: int,
                     sharding: jax.sharding.Sharding,
                     label_sharding: jax.sharding.Sharding | None = None
@@ -297,8 +290,6 @@ def ready_rows(batch: tuple[jax.Array, jax.Array]) -> int:
     return int(batch[0].shape[0])
 
 
-MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
-                       "process (runners/converge.py); a per-process share ")
 EVAL_CHUNK = 1024  # held-out rows per evaluation call at most (eval_chunk)
 
 
@@ -306,7 +297,8 @@ def sgd_recipe(spec: Spec, runner: str, missing: str) -> Recipe:
     """A converge run's recipe; Unavailable across nodes (`missing`: what of a per-process
     share the runner lacks) or with an optimizer other than sgd."""
     if spec.num_nodes > 1:
-        raise Unavailable(MULTI_NODE_CONVERGE + missing)
+        raise Unavailable("mode converge across nodes: the recipe's batches are made whole on "
+                          "one process (runners/converge.py); a per-process share " + missing)
     recipe = Recipe.of(spec)
     if recipe.optimizer != "sgd":
         raise Unavailable(f"optimizer {recipe.optimizer!r}: {runner} converges with sgd only")

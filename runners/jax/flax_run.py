@@ -14,6 +14,7 @@ from contract.result import join
 from models import get_spec, load_builder, model_fields, spec_of
 from runners.common import Spec, Unavailable, finite, timed_loop
 from runners.jax import common, flax_step
+from runners.jax.data import grain_fields
 from runners.jax.flax_step import BATCHNORM_RECORD
 from runners.jax.state import compute_dtype, precision_record, state_record
 from runners.memory import model_state_jax
@@ -232,12 +233,8 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
 def timed_fields(run: FlaxRun, layout: flax_step.Layout, steps: TimedSteps, data: RealData | None,
                  input_record: dict[str, Any], grads: Any) -> dict[str, Any]:
     """The benchmark's own fields: the loss, versions, placement, input, state record."""
-    framework, extra = common.framework_versions(*VERSIONS), {}
-    if data is not None:
-        from runners.jax.data import grain_version
-
-        framework.update(grain_version())
-        extra = {"first_timed_labels": common.host_labels(steps.first[1])}
+    framework = common.framework_versions(*VERSIONS)
+    extra = grain_fields(framework, steps.first[1]) if data is not None else {}
     state = steps.state
     return join({
         "loss_kind": ("global mean next-token cross-entropy over every position of each "

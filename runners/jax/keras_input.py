@@ -3,6 +3,7 @@ lays out itself every step) or preplaced (batches already in the distribution's 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -18,16 +19,10 @@ INPUTS = ("numpy", "preplaced")
 HOST_DATA_CAP = 2 << 30  # bytes of synthetic numpy data at most
 
 
-def resident_batches(x: Any, y: Any) -> Any:
-    """The same (images, labels) global batch for ever."""
-    while True:
-        yield x, y
-
-
 def preplaced(x: Any, y: Any, steps: int) -> dict[str, Any]:
     """fit's data arguments for one global batch already on the devices in DataParallel's
-    layout, yielded for ever, `steps` per epoch."""
-    return {"x": resident_batches(x, y), "steps_per_epoch": steps}
+    layout, yielded for ever by a generator (what fit takes), `steps` per epoch."""
+    return {"x": (batch for batch in itertools.repeat((x, y))), "steps_per_epoch": steps}
 
 
 def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Iterator[Any]:

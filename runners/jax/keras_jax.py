@@ -32,9 +32,6 @@ benchmark = partial(keras_run.benchmark, strategy=DATA_PARALLEL)
 equivalence = partial(keras_run.equivalence, strategy=DATA_PARALLEL)
 
 
-CONVERGE_PLACEMENT_SOURCE = code("jax.keras_converge_rows")
-
-
 def converge_callbacks(keras: Any, lr_at: Callable[[int], float], rows: EpochRows) -> list[Any]:
     """fit's callbacks for one epoch: the learning rate set before every step, the rows probe
     installed once fit has made its train function."""
@@ -145,7 +142,7 @@ def converge(spec: Spec) -> dict[str, Any]:
         "lr_read_back": a.lrs,
         "moving_stats_read": a.read,
         "placement": a.rows.rows,
-        "placement_source": CONVERGE_PLACEMENT_SOURCE,
+        "placement_source": code("jax.keras_converge_rows"),
         "data_placement": (ARRAYS_PLACEMENT if mode == "numpy"
                            else code("jax.keras_converge_device_put")),
     })

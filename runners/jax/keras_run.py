@@ -17,7 +17,8 @@ from models import get_spec, load_builder, spec_of
 from models.custom import CustomModelError
 from runners.common import Invalid, Spec, Unavailable, one_line
 from runners.jax import common, keras_batchnorm, keras_fit
-from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD, NO_BATCHNORM
+from runners.jax.data import grain_fields
+from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD
 from runners.jax.keras_fit import KERAS_MECHANISM, PLACEMENT_SOURCE, POLICIES
 from runners.jax.keras_input import fit_input, input_mode, preplaced
 from runners.jax.state import keras_state
@@ -152,7 +153,8 @@ class KerasRun:
                           "variables": common.sharding_record(kernel.value.sharding)},
             # the summary's BN column: "none" for a model without BatchNorm (the option is moot)
             "batchnorm": self.batchnorm if bn else "none",
-            "batchnorm_statistics": BATCHNORM_RECORD[self.batchnorm] if bn else NO_BATCHNORM,
+            "batchnorm_statistics": (BATCHNORM_RECORD[self.batchnorm] if bn else
+                                     "the model has no BatchNormalization layer"),
         }, model_record(model, self.model_spec, self.counted),
             model_state_keras(trained if trained is not None else model))
 
@@ -185,10 +187,7 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
                         f"keras.mixed_precision.set_global_policy({run.policy!r})")
     framework = common.framework_versions("keras")
     if owner is not None:
-        from runners.jax.data import grain_version
-
-        framework.update(grain_version())
-        input_record["first_timed_labels"] = common.host_labels(noted[0])
+        input_record.update(grain_fields(framework, noted[0]))
     return join(timing, {"framework": framework}, run.record(), input_record, state,
                 strategy.describe(run.distribution, model),
                 multi_node_record(spec, run.distribution))
