@@ -1,6 +1,6 @@
 """JAX-family child code shared by its runners: the run's devices (virtual CPU devices through
-XLA_FLAGS, or the first N GPUs), versions, synthetic batches made under jit into a sharding, the
-real dataset, placement from addressable_shards, converge preconditions, and multi-node plumbing
+XLA_FLAGS, or the first N GPUs), versions, synthetic batches made under jit into a sharding,
+placement from addressable_shards, converge preconditions, and multi-node plumbing
 (jax.distributed.initialize; untested on a real multi-GPU cluster). Imports no framework at
 module level: call setup_devices(spec) before anything imports jax."""
 
@@ -16,12 +16,10 @@ from typing import TYPE_CHECKING, Any
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 from runners.converge import Recipe
-from runners.real_data import RealData, open_for_model
 
 if TYPE_CHECKING:
     import jax
 
-    from models import ModelSpec
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 CPU_KIND = "virtual CPU device (XLA host platform)"
@@ -157,12 +155,6 @@ def all_placement(local: dict[str, int]) -> dict[str, int]:
     return merged
 
 
-def agreed_min(value: int) -> int:
-    """The smallest of every process's `value` (through allgather_json): a count every
-    process must use alike (steps per epoch, say)."""
-    return min(int(v) for v in allgather_json(int(value)))
-
-
 def close_multihost(spec: Spec, mechanism: str = MECHANISM) -> dict[str, Any]:
     """The record of a multi-node run (`nodes`, each process as JAX sees it; `multi_node`, what JAX
     read back), then jax.distributed.shutdown(); {} on one node. Call it last, on every process."""
@@ -200,13 +192,6 @@ def framework_versions(*extra: str) -> dict[str, str]:
 
     names = ("jax", "jaxlib", *extra, "numpy")
     return {name: importlib.import_module(name).__version__ for name in names}
-
-
-def real_dataset(spec: Spec, model_spec: ModelSpec) -> RealData | None:
-    """The run's prepared dataset (None for synthetic data), checked against the model."""
-    if spec.data == "synthetic":
-        return None
-    return open_for_model(spec, model_spec)
 
 
 def synthetic_batch(shape_hwc: tuple[int, int, int], classes: int, batch: int,

@@ -18,7 +18,7 @@ from runners.jax.data import grain_fields
 from runners.jax.flax_step import BATCHNORM_RECORD
 from runners.jax.state import compute_dtype, precision_record, state_record
 from runners.memory import model_state_jax
-from runners.real_data import TOKENS_REAL, RealData, describe
+from runners.real_data import TOKENS_REAL, RealData, describe, open_for_model
 
 VERSIONS = ("flax", "optax")
 PLACEMENT_SOURCE = ("rows of the first timed batch per device, from the batch jax.Array's "
@@ -200,7 +200,7 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
     run = FlaxRun.start(spec, model_spec)
     import optax
 
-    data = common.real_dataset(spec, model_spec)
+    data = None if spec.data == "synthetic" else open_for_model(spec, model_spec)
     variables = run.build(layout.axis)
     state, state_sharding = layout.create_state(run.model, variables,
                                                 optax.sgd(0.01, momentum=0.9), run.replicated)

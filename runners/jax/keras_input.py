@@ -10,7 +10,7 @@ from typing import Any
 
 from contract.reasons import code
 from runners.common import Invalid, Spec
-from runners.jax.common import agreed_min, device_batch
+from runners.jax.common import allgather_json, device_batch
 from runners.real_data import RealData, describe
 
 SYNTHETIC_PLACEMENT = code("jax.keras_synthetic_on_devices")
@@ -60,7 +60,8 @@ def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int 
     if processes > 1:
         import jax
 
-        k, seed = agreed_min(k), jax.process_index()
+        # the smallest K of every process's, so that all run the same steps
+        k, seed = min(int(v) for v in allgather_json(int(k))), jax.process_index()
     rng = np.random.default_rng(seed)
     if tokens:  # ids (rows, T + 1): inputs ids[:, :-1], next-token targets ids[:, 1:]
         ids = rng.integers(0, model_spec.num_classes, (k * batch, sample), dtype=np.int32)

@@ -23,7 +23,7 @@ from runners.jax.keras_fit import KERAS_MECHANISM, PLACEMENT_SOURCE, POLICIES
 from runners.jax.keras_input import fit_input, input_mode, preplaced
 from runners.jax.state import keras_state
 from runners.memory import model_state_keras
-from runners.real_data import TOKENS_REAL
+from runners.real_data import TOKENS_REAL, open_for_model
 
 MULTI_NODE_PREPLACED = (
     "input: preplaced across nodes: Keras 3.15's jax trainer hands every batch to "
@@ -167,7 +167,7 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
 
     if run.tokens and spec.data == "real":
         raise Unavailable(TOKENS_REAL)
-    data = common.real_dataset(spec, run.model_spec)
+    data = None if spec.data == "synthetic" else open_for_model(spec, run.model_spec)
     model = run.build()
     model.compile(optimizer=run.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
                   loss=loss_for(run.model_spec))
