@@ -23,29 +23,20 @@ CALLS = {ar.ALL_REDUCE: "jax.lax.psum", ar.ALL_GATHER: "jax.lax.all_gather(tiled
 HLO_OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 
 
-def collective_fn(mesh: Any, collective: str) -> Callable[[Any], Any]:
-    """The jitted collective over the mesh's axis: each device's block in, its result out."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
-    def per_device(b: Any) -> Any:
-        if collective == ar.ALL_REDUCE:
-            return jax.lax.psum(b, AXIS)
-        if collective == ar.ALL_GATHER:
-            return jax.lax.all_gather(b, AXIS, tiled=True)
-        return jax.lax.psum_scatter(b, AXIS, scatter_dimension=0, tiled=True)
-
-    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
-
-
-def fill_fn(mesh: Any) -> Callable[[Any], Any]:
-    """A jitted function filling each device's block of an array with its index + 1, on the
-    device itself."""
+def per_device_fn(mesh: Any, name: str) -> Callable[[Any], Any]:
+    """The jitted shard_map over the mesh's axis of collective `name` (each device's block in,
+    its result out), or with name "fill" each device's block filled with its index + 1."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
     def per_device(b: Any) -> Any:
+        if name == ar.ALL_REDUCE:
+            return jax.lax.psum(b, AXIS)
+        if name == ar.ALL_GATHER:
+            return jax.lax.all_gather(b, AXIS, tiled=True)
+        if name == ar.REDUCE_SCATTER:
+            return jax.lax.psum_scatter(b, AXIS, scatter_dimension=0, tiled=True)
         return b + (jax.lax.axis_index(AXIS) + 1).astype(jnp.float32)
 
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
@@ -76,22 +67,13 @@ class Collectives:
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        self.devices = devices
+        self.platform = str(devices[0].platform)  # as jax names it: cpu, gpu
         self.mesh = Mesh(np.array(devices), (AXIS,))
         self.n = self.mesh.size
         self.sharding = NamedSharding(self.mesh, P(AXIS))
-        self.fill = fill_fn(self.mesh)
-        self.fns = {name: collective_fn(self.mesh, name) for name in ar.COLLECTIVES}
+        self.fill = per_device_fn(self.mesh, "fill")
+        self.fns = {name: per_device_fn(self.mesh, name) for name in ar.COLLECTIVES}
         self.seen: dict[str, Any] = {"hlo": {}}
-
-    def zeros(self, per_device: int) -> Any:
-        """A global array of n blocks of per_device float32 zeros, one block on each device
-        (made on the devices)."""
-        import jax
-
-        return jax.block_until_ready(jax.jit(
-            lambda: jax.numpy.zeros((self.n * per_device,), jax.numpy.float32),
-            out_shardings=self.sharding)())
 
     def check(self, name: str, src: Any, want: Any) -> bool:
         """One call on filled input: every output block as expected; what it ran on, seen."""
@@ -117,7 +99,10 @@ class Collectives:
         n, fn = self.n, self.fns[name]
         part = nbytes // DTYPE_BYTES // n
         per_in = part if name == ar.ALL_GATHER else nbytes // DTYPE_BYTES
-        src = self.zeros(per_in)
+        # n blocks of per_in float32 zeros, one on each device (made there)
+        src = jax.block_until_ready(jax.jit(
+            lambda: jax.numpy.zeros((n * per_in,), jax.numpy.float32),
+            out_shardings=self.sharding)())
         if name == ar.ALL_GATHER:
             want = np.repeat(np.array(ar.expected_gather(n), np.float32), part)
         else:
@@ -145,7 +130,7 @@ class Collectives:
             "devices": seen["input_devices"],
             "output_devices": seen["output_devices"],
             "mesh": dict(self.mesh.shape),
-            "platform": platform(self.devices),
+            "platform": self.platform,
             "hlo_collectives": self.seen["hlo"],
             "source": code("jax.allreduce_probe_source"),
         }
@@ -157,7 +142,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                           "devices); across nodes it is not built")
     devices, described = setup_devices(spec)
     probe = Collectives(devices)
-    how = f"under jax.shard_map, jitted (XLA {platform(devices)})"
+    how = f"under jax.shard_map, jitted (XLA {probe.platform})"
     start = time.time()
     rows = [probe.measure(spec, nbytes, ar.ALL_REDUCE) for nbytes in probe_sizes(spec.model)]
     all_reduce_seen = {k: probe.seen[k] for k in ("replicas", "input_devices", "output_devices")}
@@ -171,11 +156,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     return probe_result(rows, spec.model, f"{CALLS[ar.ALL_REDUCE]} {how}",
                         probe.evidence(all_reduce_seen), framework_versions(), window=window,
                         collectives=collectives, devices=described)
-
-
-def platform(devices: list[Any]) -> str:
-    """The devices' platform as jax names it (cpu, gpu)."""
-    return str(devices[0].platform)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """JAX-family child code shared by its runners: the run's devices (virtual CPU devices through
-XLA_FLAGS, or the first N GPUs), versions, synthetic batches made under jit into a sharding, the
-real dataset, placement from addressable_shards, converge preconditions, and multi-node plumbing
+XLA_FLAGS, or the first N GPUs), versions, synthetic batches made under jit into a sharding,
+placement from addressable_shards, converge preconditions, and multi-node plumbing
 (jax.distributed.initialize; untested on a real multi-GPU cluster). Imports no framework at
 module level: call setup_devices(spec) before anything imports jax."""
 
@@ -16,12 +16,10 @@ from typing import TYPE_CHECKING, Any
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 from runners.converge import Recipe
-from runners.real_data import RealData, open_for_model
 
 if TYPE_CHECKING:
     import jax
 
-    from models import ModelSpec
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 CPU_KIND = "virtual CPU device (XLA host platform)"
@@ -157,12 +155,6 @@ def all_placement(local: dict[str, int]) -> dict[str, int]:
     return merged
 
 
-def agreed_min(value: int) -> int:
-    """The smallest of every process's `value` (through allgather_json): a count every
-    process must use alike (steps per epoch, say)."""
-    return min(int(v) for v in allgather_json(int(value)))
-
-
 def close_multihost(spec: Spec, mechanism: str = MECHANISM) -> dict[str, Any]:
     """The record of a multi-node run (`nodes`, each process as JAX sees it; `multi_node`, what JAX
     read back), then jax.distributed.shutdown(); {} on one node. Call it last, on every process."""
@@ -202,20 +194,6 @@ def framework_versions(*extra: str) -> dict[str, str]:
     return {name: importlib.import_module(name).__version__ for name in names}
 
 
-def real_dataset(spec: Spec, model_spec: ModelSpec) -> RealData | None:
-    """The run's prepared dataset (None for synthetic data), checked against the model."""
-    if spec.data == "synthetic":
-        return None
-    return open_for_model(spec, model_spec)
-
-
-def host_labels(y: jax.Array) -> list[int]:
-    """A batch's labels as the model got them (copied to the host)."""
-    import numpy as np
-
-    return [int(v) for v in np.asarray(y)]
-
-
 def synthetic_batch(shape_hwc: tuple[int, int, int], classes: int, batch: int,
                     sharding: jax.sharding.Sharding,
                     label_sharding: jax.sharding.Sharding | None = None
@@ -252,6 +230,17 @@ def token_batch(seq_len: int, vocab: int, batch: int, sharding: jax.sharding.Sha
     return jax.block_until_ready(jax.jit(make, out_shardings=(sharding, sharding))())
 
 
+def device_batch(model_spec: Any, global_batch: int, shardings: tuple[Any, Any]
+                 ) -> tuple[Any, Any]:
+    """One synthetic global batch made on the devices in `shardings` (the inputs', the
+    labels'): token ids and their next tokens (token_batch), or images and labels."""
+    if model_spec.input_kind == "tokens":
+        return token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
+                           shardings[1])
+    return synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
+                           *shardings)
+
+
 def placement(array: jax.Array) -> dict[str, int]:
     """Where a batch array lives, read from jax: {device as jax names it: rows of the array's
     shards on it}, from array.addressable_shards (each shard's device and index into axis 0).
@@ -286,8 +275,6 @@ def ready_rows(batch: tuple[jax.Array, jax.Array]) -> int:
     return int(batch[0].shape[0])
 
 
-MULTI_NODE_CONVERGE = ("mode converge across nodes: the recipe's batches are made whole on one "
-                       "process (runners/converge.py); a per-process share ")
 EVAL_CHUNK = 1024  # held-out rows per evaluation call at most (eval_chunk)
 
 
@@ -295,7 +282,8 @@ def sgd_recipe(spec: Spec, runner: str, missing: str) -> Recipe:
     """A converge run's recipe; Unavailable across nodes (`missing`: what of a per-process
     share the runner lacks) or with an optimizer other than sgd."""
     if spec.num_nodes > 1:
-        raise Unavailable(MULTI_NODE_CONVERGE + missing)
+        raise Unavailable("mode converge across nodes: the recipe's batches are made whole on "
+                          "one process (runners/converge.py); a per-process share " + missing)
     recipe = Recipe.of(spec)
     if recipe.optimizer != "sgd":
         raise Unavailable(f"optimizer {recipe.optimizer!r}: {runner} converges with sgd only")

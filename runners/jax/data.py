@@ -23,8 +23,6 @@ INPUT_PIPELINE = ("Grain over the JPEG file list: shuffle, repeat, random_map(Pi
                   "crop/flip, scale), batch({batch}, drop_remainder) {where}; {placement}")
 WORKERS = "in {workers} worker process(es) (mp_prefetch)"
 MAIN = "in the main process (workers 0: no mp_prefetch)"
-PREFETCHED = "jax.device_put of each global batch into {sharding}, one batch ahead"
-INLINE = "jax.device_put of each global batch into {sharding} in the loop"
 
 
 @dataclass(frozen=True)
@@ -67,9 +65,7 @@ def host_batches(data: RealData, size: int, batch: int, seed: int = SEED) -> gra
     from absl import flags
 
     if not flags.FLAGS.is_parsed():
-        # grain 0.2.18 with jax installed reads an absl flag when an iterator starts, and
-        # absl refuses before flags are parsed (only absl.app programs parse them): keep the
-        # defaults. google/grain#1355, fixed after 0.2.18.
+        # grain 0.2.18 reads an absl flag (docs/runners/jax_native.md): keep the defaults
         flags.FLAGS.mark_as_parsed()
     ds = grain_batches(data.files, size, data.augmentation, batch, seed)
     # No read threads: each process (the main one for workers 0) decodes one batch at a time,
@@ -96,10 +92,11 @@ def device_batches(data: RealData, size: int, batch: int, sharding: jax.sharding
     if data.workers > 0:
         ds = grain.experimental.device_put(ds, shardings, cpu_buffer_size=1,
                                            device_buffer_size=1)
-        placement = PREFETCHED.format(sharding=sharding_record(sharding))
+        when = ", one batch ahead"
     else:
         ds = ds.map(lambda b: jax.device_put(b, shardings))
-        placement = INLINE.format(sharding=sharding_record(sharding))
+        when = " in the loop"
+    placement = f"jax.device_put of each global batch into {sharding_record(sharding)}{when}"
     where = WORKERS.format(workers=data.workers) if data.workers > 0 else MAIN
     line = INPUT_PIPELINE.format(batch=batch, where=where, placement=placement)
     return DeviceBatches(iter(ds)), line
@@ -142,3 +139,10 @@ def grain_version() -> dict[str, str]:
     from importlib.metadata import version
 
     return {"grain": version("grain")}
+
+
+def grain_fields(framework: dict[str, str], labels: jax.Array) -> dict[str, Any]:
+    """A run fed by this pipeline: Grain's version added to `framework`, and the record's
+    first_timed_labels (the first timed batch's labels as the model got them, on the host)."""
+    framework.update(grain_version())
+    return {"first_timed_labels": [int(v) for v in np.asarray(labels)]}

@@ -14,10 +14,11 @@ from contract.result import join
 from models import get_spec, load_builder, model_fields, spec_of
 from runners.common import Spec, Unavailable, finite, timed_loop
 from runners.jax import common, flax_step
+from runners.jax.data import grain_fields
 from runners.jax.flax_step import BATCHNORM_RECORD
 from runners.jax.state import compute_dtype, precision_record, state_record
 from runners.memory import model_state_jax
-from runners.real_data import TOKENS_REAL, RealData, describe
+from runners.real_data import TOKENS_REAL, RealData, describe, open_for_model
 
 VERSIONS = ("flax", "optax")
 PLACEMENT_SOURCE = ("rows of the first timed batch per device, from the batch jax.Array's "
@@ -152,17 +153,11 @@ def input_batches(data: RealData | None, run: FlaxRun) -> tuple[Iterator[Any], A
     import jax.numpy as jnp
 
     model_spec, global_batch, batch = run.model_spec, run.spec.global_batch_size, run.batch
-    if data is None and run.tokens:
-        x, y = common.token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
-                           batch)
-        return itertools.repeat((x, y)), x, y, {
-            "data_placement": code("jax.flax_token_batch_on_devices")}
     if data is None:
-        x, y = common.synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
-                               batch)
-        return itertools.repeat((x, y)), x, y, {
-            "data_placement": "one synthetic global batch generated under jit into the batch "
-                              "sharding; no host copy per step"}
+        x, y = common.device_batch(model_spec, global_batch, (batch, batch))
+        where = (code("jax.flax_token_batch_on_devices") if run.tokens else "one synthetic "
+                 "global batch generated under jit into the batch sharding; no host copy per step")
+        return itertools.repeat((x, y)), x, y, {"data_placement": where}
     from runners.jax.data import device_batches
 
     size = model_spec.input_shape[0]
@@ -205,7 +200,7 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
     run = FlaxRun.start(spec, model_spec)
     import optax
 
-    data = common.real_dataset(spec, model_spec)
+    data = None if spec.data == "synthetic" else open_for_model(spec, model_spec)
     variables = run.build(layout.axis)
     state, state_sharding = layout.create_state(run.model, variables,
                                                 optax.sgd(0.01, momentum=0.9), run.replicated)
@@ -238,12 +233,8 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
 def timed_fields(run: FlaxRun, layout: flax_step.Layout, steps: TimedSteps, data: RealData | None,
                  input_record: dict[str, Any], grads: Any) -> dict[str, Any]:
     """The benchmark's own fields: the loss, versions, placement, input, state record."""
-    framework, extra = common.framework_versions(*VERSIONS), {}
-    if data is not None:
-        from runners.jax.data import grain_version
-
-        framework.update(grain_version())
-        extra = {"first_timed_labels": common.host_labels(steps.first[1])}
+    framework = common.framework_versions(*VERSIONS)
+    extra = grain_fields(framework, steps.first[1]) if data is not None else {}
     state = steps.state
     return join({
         "loss_kind": ("global mean next-token cross-entropy over every position of each "

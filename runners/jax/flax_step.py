@@ -34,39 +34,29 @@ def make_shardings(devices: list[jax.Device], axis: str = AXIS) -> tuple[Any, An
     return NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
 
 
-def state_class() -> type[train_state.TrainState]:
-    """Flax's TrainState (params, optax state, step counter) plus the BatchNorm statistics."""
+def state_maker(model: nn.Module, tx: optax.GradientTransformation
+                ) -> Callable[[Any], train_state.TrainState]:
+    """The function of the initial variables that builds the train state: Flax's TrainState
+    (params, optax state, step counter) plus the BatchNorm statistics."""
     from flax.training import train_state
 
     class TrainState(train_state.TrainState):
         batch_stats: Any
 
-    return TrainState
-
-
-def state_maker(model: nn.Module, tx: optax.GradientTransformation
-                ) -> Callable[[Any], train_state.TrainState]:
-    """The function of the initial variables that builds the train state (state_class's)."""
-    cls = state_class()
-
     def make(variables: Any) -> train_state.TrainState:
-        return cls.create(apply_fn=model.apply, params=variables["params"], tx=tx,
-                          batch_stats=variables.get("batch_stats", {}))
+        return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
+                                 batch_stats=variables.get("batch_stats", {}))
 
     return make
 
 
 def create_state(model: nn.Module, variables: Any, tx: optax.GradientTransformation,
                  sharding: Any) -> train_state.TrainState:
-    """The train state built under jit directly into `sharding`: one sharding for every leaf
-    (replicated), or a function of the abstract state (jax.eval_shape's) giving the sharding
-    of each of its leaves (jax_fsdp's)."""
+    """The train state built under jit directly into `sharding` (one for every leaf, or a tree
+    of them shaped like the state)."""
     import jax
 
-    make = state_maker(model, tx)
-    if callable(sharding):
-        sharding = sharding(jax.eval_shape(make, variables))
-    return jax.jit(make, out_shardings=sharding)(variables)
+    return jax.jit(state_maker(model, tx), out_shardings=sharding)(variables)
 
 
 def init_variables(model: nn.Module, shape: tuple[int, ...], dtype: str = "float32",

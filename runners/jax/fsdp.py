@@ -11,8 +11,7 @@ from typing import Any
 
 from contract.reasons import code
 from runners.common import main
-from runners.jax.flax_run import benchmark as run_benchmark
-from runners.jax.flax_run import equivalence as run_equivalence
+from runners.jax import flax_run
 from runners.jax.flax_step import Layout
 
 AXIS = "fsdp"
@@ -64,8 +63,8 @@ FSDP = Layout(
     AXIS, state_shardings, lambda spec: "global", params_record,
     code("jax.fsdp_state_source"), constrain_grads=True)
 
-benchmark = partial(run_benchmark, layout=FSDP)
-equivalence = partial(run_equivalence, layout=FSDP)
+benchmark = partial(flax_run.benchmark, layout=FSDP)
+equivalence = partial(flax_run.equivalence, layout=FSDP)
 
 
 if __name__ == "__main__":

@@ -18,28 +18,12 @@ BATCHNORM_RECORD = {
 }
 
 
-NO_BATCHNORM = "the model has no BatchNormalization layer"
-
-
 def per_device_batchnorm(keras: Any, model: keras.Model) -> keras.Model:
     """The model cloned with every BatchNormalization replaced by PerDeviceBatchNormalization
-    (same config, same weights); a model without BatchNorm comes back as a clone too."""
-    cls = per_device_batchnorm_class(keras)
-
-    def clone(layer: Any) -> Any:
-        if type(layer) is keras.layers.BatchNormalization:
-            return cls.from_config(layer.get_config())
-        return layer.__class__.from_config(layer.get_config())
-
-    clone_model = keras.models.clone_model(model, clone_function=clone)
-    clone_model.set_weights(model.get_weights())
-    return clone_model
-
-
-def per_device_batchnorm_class(keras: Any) -> type:
-    """keras.layers.BatchNormalization whose training call normalises each device's rows with
-    their own moments (jax.shard_map over DataParallel's mesh, split along its batch axis) and
-    updates the moving statistics with the mean over devices of those moments."""
+    (same config, same weights; a model without BatchNorm comes back as a clone too): its
+    training call normalises each device's rows with their own moments (jax.shard_map over
+    DataParallel's mesh, split along its batch axis) and updates the moving statistics with
+    the mean over devices of those moments."""
     import jax
     from jax.sharding import PartitionSpec as P
 
@@ -76,7 +60,14 @@ def per_device_batchnorm_class(keras: Any) -> type:
                                         + ops.mean(variances, axis=0) * (1.0 - momentum))
             return ops.cast(y, self.compute_dtype)
 
-    return PerDeviceBatchNormalization
+    def clone(layer: Any) -> Any:
+        if type(layer) is keras.layers.BatchNormalization:
+            return PerDeviceBatchNormalization.from_config(layer.get_config())
+        return layer.__class__.from_config(layer.get_config())
+
+    clone_model = keras.models.clone_model(model, clone_function=clone)
+    clone_model.set_weights(model.get_weights())
+    return clone_model
 
 
 def keras_moving_stats(keras: Any, model: keras.Model) -> tuple[bool, str]:

@@ -44,11 +44,8 @@ def make_distribution(spec: Spec) -> tuple[Any, Any, list[dict[str, Any]]]:
     takes tf.data only)."""
     devices, described = setup_devices(spec, keras_initialize if spec.num_nodes > 1 else None)
     keras = import_keras()
-    if spec.num_nodes > 1:
-        distribution = keras.distribution.DataParallel(devices=devices,
-                                                       auto_shard_dataset=False)
-    else:
-        distribution = keras.distribution.DataParallel(devices=devices)
+    across_nodes = {"auto_shard_dataset": False} if spec.num_nodes > 1 else {}
+    distribution = keras.distribution.DataParallel(devices=devices, **across_nodes)
     keras.distribution.set_distribution(distribution)
     return keras, distribution, described
 
@@ -83,14 +80,6 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
                                  if v is optimizer.iterations)
             on_begin(self._model)
 
-        def _live_iterations(self) -> jax.Array:
-            """The step counter in the state the last step returned (not yet in the variables)."""
-            state = getattr(self._model, "_jax_state", None)
-            if not state:
-                raise RuntimeError(f"keras {keras.__version__}'s jax trainer exposes no "
-                                   "_jax_state to wait on")
-            return state["optimizer_variables"][self._counter]
-
         def _read_iteration(self) -> None:
             # before the first step the variables hold the counter; after one, the live state
             self.start_iteration = int(self._model.optimizer.iterations.numpy()
@@ -101,7 +90,13 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
                 self.window.start()
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-            self._live = self._live_iterations().block_until_ready()  # every device's copy
+            # the step counter in the state the last step returned (not yet in the variables),
+            # waited for on every device
+            state = getattr(self._model, "_jax_state", None)
+            if not state:
+                raise RuntimeError(f"keras {keras.__version__}'s jax trainer exposes no "
+                                   "_jax_state to wait on")
+            self._live = state["optimizer_variables"][self._counter].block_until_ready()
             self.window.step_done((logs or {})["loss"])
             if self.window.done:
                 self._model.stop_training = True
@@ -222,10 +217,3 @@ def keras_counts(model: keras.Model) -> tuple[int, int]:
     from models.keras_common import count_flops_keras, count_params_keras
 
     return count_params_keras(model), count_flops_keras(model)
-
-def process_index() -> int:
-    """This process's index among the run's (0 on one node), as jax says."""
-    import jax
-
-    return jax.process_index()
-

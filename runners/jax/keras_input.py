@@ -3,36 +3,26 @@ lays out itself every step) or preplaced (batches already in the distribution's 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
 
 from contract.reasons import code
 from runners.common import Invalid, Spec
-from runners.jax.common import agreed_min, synthetic_batch, token_batch
+from runners.jax.common import allgather_json, device_batch
 from runners.real_data import RealData, describe
 
 SYNTHETIC_PLACEMENT = code("jax.keras_synthetic_on_devices")
 ARRAYS_PLACEMENT = code("jax.keras_numpy_arrays")
-ARRAYS_PLACEMENT_PROCESSES = code("jax.keras_numpy_arrays_per_process")
-GRAIN_PLACEMENT = code("jax.keras_grain_device_put")
-GRAIN_HOST_PLACEMENT = code("jax.keras_grain_host_batches")
-GRAIN_HOST_LINE = "numpy batches to Keras fit, which lays each out over the devices itself"
-PYDATASET_PLACEMENT = code("jax.keras_pydataset_batches")
 INPUTS = ("numpy", "preplaced")
 HOST_DATA_CAP = 2 << 30  # bytes of synthetic numpy data at most
 
 
-def resident_batches(x: Any, y: Any) -> Any:
-    """The same (images, labels) global batch for ever."""
-    while True:
-        yield x, y
-
-
 def preplaced(x: Any, y: Any, steps: int) -> dict[str, Any]:
     """fit's data arguments for one global batch already on the devices in DataParallel's
-    layout, yielded for ever, `steps` per epoch."""
-    return {"x": resident_batches(x, y), "steps_per_epoch": steps}
+    layout, yielded for ever by a generator (what fit takes), `steps` per epoch."""
+    return {"x": (batch for batch in itertools.repeat((x, y))), "steps_per_epoch": steps}
 
 
 def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Iterator[Any]:
@@ -70,7 +60,8 @@ def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int 
     if processes > 1:
         import jax
 
-        k, seed = agreed_min(k), jax.process_index()
+        # the smallest K of every process's, so that all run the same steps
+        k, seed = min(int(v) for v in allgather_json(int(k))), jax.process_index()
     rng = np.random.default_rng(seed)
     if tokens:  # ids (rows, T + 1): inputs ids[:, :-1], next-token targets ids[:, 1:]
         ids = rng.integers(0, model_spec.num_classes, (k * batch, sample), dtype=np.int32)
@@ -78,17 +69,6 @@ def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int 
     x = rng.standard_normal((k * batch, *model_spec.input_shape), dtype=np.float32)
     y = rng.integers(0, model_spec.num_classes, k * batch, dtype=np.int32)
     return {"x": x, "y": y, "batch_size": batch, "shuffle": True}
-
-
-def device_batch(model_spec: Any, global_batch: int, shardings: tuple[Any, Any]
-                 ) -> tuple[Any, Any]:
-    """One synthetic global batch made on the devices in the distribution's layout (`shardings`:
-    the inputs', the labels'): token ids and their next tokens, or images and labels."""
-    if model_spec.input_kind == "tokens":
-        return token_batch(model_spec.input_shape[0], model_spec.num_classes, global_batch,
-                           shardings[1])
-    return synthetic_batch(model_spec.input_shape, model_spec.num_classes, global_batch,
-                           *shardings)
 
 
 def input_mode(spec: Spec) -> str:
@@ -125,7 +105,7 @@ def host_input(spec: Spec, model_spec: Any) -> tuple[dict[str, Any], dict[str, A
         "batches": k, "epochs": feed["epochs"], "shuffle": True},
         "warmup_steps_run": warmup}
     if spec.num_nodes > 1:
-        record["data_placement"] = ARRAYS_PLACEMENT_PROCESSES
+        record["data_placement"] = code("jax.keras_numpy_arrays_per_process")
         record["host_dataset"]["rows_per_process"] = feed["batch_size"]
     if warmup != spec.warmup_steps:
         record["warmup_extended"] = (
@@ -151,14 +131,15 @@ def real_input(spec: Spec, data: RealData, model_spec: Any, shardings: tuple[Any
 
         return {"x": jpeg_sequence(data, size, global_batch, steps)}, {
             **record, "input_pipeline": describe_keras(data),
-            "data_placement": PYDATASET_PLACEMENT}, None
+            "data_placement": code("jax.keras_pydataset_batches")}, None
     from runners.jax.data import device_batches, host_iterator
 
     if mode == "numpy":
-        batches, line = host_iterator(data, size, global_batch, GRAIN_HOST_LINE)
-        where = GRAIN_HOST_PLACEMENT
+        batches, line = host_iterator(data, size, global_batch, "numpy batches to Keras fit, "
+                                      "which lays each out over the devices itself")
+        where = code("jax.keras_grain_host_batches")
     else:
         batches, line = device_batches(data, size, global_batch, *shardings)
-        where = GRAIN_PLACEMENT
+        where = code("jax.keras_grain_device_put")
     return {"x": noting_labels(batches, spec.warmup_steps, noted), "steps_per_epoch": steps}, {
         **record, "input_pipeline": line, "data_placement": where}, batches

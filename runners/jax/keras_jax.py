@@ -15,13 +15,12 @@ from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
 from runners.converge import Batch, fitting_splits, train_to_accuracy
+from runners.jax import keras_run
 from runners.jax.common import check_short_batch, eval_chunk, framework_versions, sgd_recipe
 from runners.jax.keras_batchnorm import keras_moving_stats
 from runners.jax.keras_fit import EpochRows, make_distribution
 from runners.jax.keras_input import ARRAYS_PLACEMENT, input_mode
 from runners.jax.keras_run import KerasRun, Strategy
-from runners.jax.keras_run import benchmark as run_benchmark
-from runners.jax.keras_run import equivalence as run_equivalence
 
 if TYPE_CHECKING:
     import keras
@@ -29,11 +28,8 @@ if TYPE_CHECKING:
 
 DATA_PARALLEL = Strategy(lambda spec, name: make_distribution(spec))
 
-benchmark = partial(run_benchmark, strategy=DATA_PARALLEL)
-equivalence = partial(run_equivalence, strategy=DATA_PARALLEL)
-
-
-CONVERGE_PLACEMENT_SOURCE = code("jax.keras_converge_rows")
+benchmark = partial(keras_run.benchmark, strategy=DATA_PARALLEL)
+equivalence = partial(keras_run.equivalence, strategy=DATA_PARALLEL)
 
 
 def converge_callbacks(keras: Any, lr_at: Callable[[int], float], rows: EpochRows) -> list[Any]:
@@ -146,7 +142,7 @@ def converge(spec: Spec) -> dict[str, Any]:
         "lr_read_back": a.lrs,
         "moving_stats_read": a.read,
         "placement": a.rows.rows,
-        "placement_source": CONVERGE_PLACEMENT_SOURCE,
+        "placement_source": code("jax.keras_converge_rows"),
         "data_placement": (ARRAYS_PLACEMENT if mode == "numpy"
                            else code("jax.keras_converge_device_put")),
     })

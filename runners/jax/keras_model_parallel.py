@@ -10,13 +10,11 @@ from functools import partial
 from typing import Any
 
 from contract.reasons import code
-from models import get_spec, load_builder
 from runners.common import Spec, main
+from runners.jax import keras_run
 from runners.jax.common import setup_devices, sharding_record
 from runners.jax.keras_fit import import_keras
 from runners.jax.keras_run import Strategy, build_model
-from runners.jax.keras_run import benchmark as run_benchmark
-from runners.jax.keras_run import equivalence as run_equivalence
 
 BATCH, MODEL = "batch", "model"
 # (regex fullmatched against a variable's path, the layout of its dimensions)
@@ -36,12 +34,10 @@ RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
 
 
 def variable_shapes(spec: Spec, name: str | None) -> dict[str, tuple[int, ...]]:
-    """{path: shape} of the model's variables, from one build without a distribution."""
+    """{path: shape} of the model's variables, from one build (build_model's: the run's model,
+    or the model `name`; the probe's data_format is channels_last) without a distribution."""
     keras = import_keras()
-    if name is None:
-        model, _, _ = build_model(keras, spec, None, data_format="channels_last")
-    else:
-        model = load_builder(name, "keras")(get_spec(name))
+    model, _, _ = build_model(keras, spec, name, data_format="channels_last")
     shapes = {v.path: tuple(int(d) for d in v.shape) for v in model.variables}
     del model
     keras.utils.clear_session()
@@ -104,13 +100,11 @@ def describe(distribution: Any, model: Any) -> dict[str, Any]:
         "source": "each variable's jax Array .sharding after fit"}}
 
 
-MP_STATE_SOURCE = code("jax.keras_model_parallel_state_source")
+MODEL_PARALLEL = Strategy(model_parallel, describe,
+                          code("jax.keras_model_parallel_state_source"))
 
-
-MODEL_PARALLEL = Strategy(model_parallel, describe, MP_STATE_SOURCE)
-
-benchmark = partial(run_benchmark, strategy=MODEL_PARALLEL)
-equivalence = partial(run_equivalence, strategy=MODEL_PARALLEL)
+benchmark = partial(keras_run.benchmark, strategy=MODEL_PARALLEL)
+equivalence = partial(keras_run.equivalence, strategy=MODEL_PARALLEL)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ from models import get_spec, load_builder, spec_of
 from models.custom import CustomModelError
 from runners.common import Invalid, Spec, Unavailable, one_line
 from runners.jax import common, keras_batchnorm, keras_fit
-from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD, NO_BATCHNORM
+from runners.jax.data import grain_fields
+from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD
 from runners.jax.keras_fit import KERAS_MECHANISM, PLACEMENT_SOURCE, POLICIES
-from runners.jax.keras_input import device_batch, fit_input, input_mode, preplaced
+from runners.jax.keras_input import fit_input, input_mode, preplaced
 from runners.jax.state import keras_state
 from runners.memory import model_state_keras
-from runners.real_data import TOKENS_REAL
+from runners.real_data import TOKENS_REAL, open_for_model
 
 MULTI_NODE_PREPLACED = (
     "input: preplaced across nodes: Keras 3.15's jax trainer hands every batch to "
@@ -32,11 +33,6 @@ MULTI_NODE_REAL_DATA = (
     "data: real across nodes: the Grain pipeline and the PyDataset make whole global batches "
     "(runners/jax/data.py, runners/keras_data.py), so every process would decode all of each "
     "batch; a per-process shard of the file stream is not built yet")
-STATE_SOURCE = code("jax.keras_state_source")
-
-
-def no_record(distribution: Any, model: Any) -> dict[str, Any]:
-    return {}
 
 
 @dataclass(frozen=True)
@@ -47,8 +43,8 @@ class Strategy:
     record's source."""
 
     distribute: Callable[[Spec, str | None], tuple[Any, Any, list[dict[str, Any]]]]
-    describe: Callable[[Any, Any], dict[str, Any]] = no_record
-    state_source: str = STATE_SOURCE
+    describe: Callable[[Any, Any], dict[str, Any]] = lambda distribution, model: {}
+    state_source: str = code("jax.keras_state_source")
 
 
 def build_model(keras: Any, spec: Spec, name: str | None, **kwargs: Any
@@ -157,7 +153,8 @@ class KerasRun:
                           "variables": common.sharding_record(kernel.value.sharding)},
             # the summary's BN column: "none" for a model without BatchNorm (the option is moot)
             "batchnorm": self.batchnorm if bn else "none",
-            "batchnorm_statistics": BATCHNORM_RECORD[self.batchnorm] if bn else NO_BATCHNORM,
+            "batchnorm_statistics": (BATCHNORM_RECORD[self.batchnorm] if bn else
+                                     "the model has no BatchNormalization layer"),
         }, model_record(model, self.model_spec, self.counted),
             model_state_keras(trained if trained is not None else model))
 
@@ -170,7 +167,7 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
 
     if run.tokens and spec.data == "real":
         raise Unavailable(TOKENS_REAL)
-    data = common.real_dataset(spec, run.model_spec)
+    data = None if spec.data == "synthetic" else open_for_model(spec, run.model_spec)
     model = run.build()
     model.compile(optimizer=run.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
                   loss=loss_for(run.model_spec))
@@ -183,17 +180,14 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
             owner.close()  # the Grain workers
     timing["placement"] = common.all_placement(timing["placement"])
     # after fit, untimed: the model state where the distribution holds it, and the precision
-    state = keras_state(model, device_batch(run.model_spec, spec.global_batch_size,
+    state = keras_state(model, common.device_batch(run.model_spec, spec.global_batch_size,
                                             run.shardings),
                         run.distribution.device_mesh.devices.flatten().tolist(),
                         strategy.state_source, spec.precision,
                         f"keras.mixed_precision.set_global_policy({run.policy!r})")
     framework = common.framework_versions("keras")
     if owner is not None:
-        from runners.jax.data import grain_version
-
-        framework.update(grain_version())
-        input_record["first_timed_labels"] = common.host_labels(noted[0])
+        input_record.update(grain_fields(framework, noted[0]))
     return join(timing, {"framework": framework}, run.record(), input_record, state,
                 strategy.describe(run.distribution, model),
                 multi_node_record(spec, run.distribution))
@@ -218,6 +212,8 @@ def equivalence(spec: Spec, strategy: Strategy) -> dict[str, Any]:
     rows)."""
     check_multi_node(spec)
     keras, distribution, described = strategy.distribute(spec, "probe")
+    import jax
+
     from models.keras_common import get_canonical_weights, set_canonical_weights
 
     weights, x, y, lr = spec.equivalence_inputs()
@@ -230,17 +226,15 @@ def equivalence(spec: Spec, strategy: Strategy) -> dict[str, Any]:
     mode = input_mode(spec)
     if mode == "numpy":
         rows = len(x) // spec.num_nodes  # this process's share, in process order
-        mine = slice(keras_fit.process_index() * rows, (keras_fit.process_index() + 1) * rows)
+        mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
         feed = {"x": x[mine], "y": y[mine], "batch_size": rows, "epochs": 1, "shuffle": True}
     else:
         layouts = (keras_fit.batch_sharding(distribution, x.shape),
                    keras_fit.batch_sharding(distribution, y.shape))
-        import jax
-
         feed = preplaced(*jax.device_put((x, y), layouts), 1)
     loss, probe = keras_fit.fit_one_step(spec, model, feed)
     canonical = get_canonical_weights(model)
-    if keras_fit.process_index() == 0:
+    if jax.process_index() == 0:
         spec.save_equivalence_output(canonical)
     return join({"replicas": n, "framework": common.framework_versions("keras"),
                  "devices": described, "loss": loss, "input": mode, "batchnorm": batchnorm,

@@ -15,14 +15,11 @@ from contract.result import join
 from models import spec_of
 from runners.common import Invalid, Spec, main
 from runners.converge import Batch, fitting_splits, stepwise, train_to_accuracy
-from runners.jax import common
+from runners.jax import common, flax_run
 from runners.jax.flax_run import VERSIONS, FlaxRun, StepRecord
-from runners.jax.flax_run import benchmark as run_benchmark
-from runners.jax.flax_run import equivalence as run_equivalence
 from runners.jax.flax_step import AXIS, Layout, cast_floats, compile_step
 
 if TYPE_CHECKING:
-    import flax.linen as nn
     import jax
     import numpy as np
     import optax
@@ -33,18 +30,15 @@ DATA_PARALLEL = Layout(
     lambda replicated, params: common.sharding_record(replicated),
     code("jax.native_state_source"))
 
-benchmark = partial(run_benchmark, layout=DATA_PARALLEL)
-equivalence = partial(run_equivalence, layout=DATA_PARALLEL)
-
-
-CONVERGE_PLACEMENT_SOURCE = code("jax.batch_rows_first_epoch")
+benchmark = partial(flax_run.benchmark, layout=DATA_PARALLEL)
+equivalence = partial(flax_run.equivalence, layout=DATA_PARALLEL)
 
 
 def converge_optimizer(momentum: float, weight_decay: float, lr: float
                        ) -> optax.GradientTransformation:
     """torch.optim.SGD's update in optax: weight decay added to the gradient, the momentum
     trace, x -lr; the learning rate a hyperparameter held in the optax state
-    (inject_hyperparams), so that it can be set before every step (with_lr)."""
+    (inject_hyperparams), so that it can be set before every step (NativeConverge.step)."""
     import optax
 
     def make(learning_rate: float) -> optax.GradientTransformation:
@@ -54,40 +48,16 @@ def converge_optimizer(momentum: float, weight_decay: float, lr: float
     return optax.inject_hyperparams(make)(learning_rate=lr)
 
 
-def with_lr(state: train_state.TrainState, lr: float, sharding: Any) -> train_state.TrainState:
-    """The state with the optax state's learning rate replaced by `lr` (float32, laid out in
-    `sharding`, the state's replicated one)."""
-    import jax
-    import numpy as np
-
-    opt = state.opt_state
-    value = jax.device_put(np.float32(lr), sharding)
-    return state.replace(opt_state=opt._replace(
-        hyperparams={**opt.hyperparams, "learning_rate": value}))
-
-
-def first_non_finite(stats: Any) -> tuple[bool, str]:
-    """(whether every leaf of a batch_stats tree is finite, which is not / how many were
-    read): Flax's BatchNorm keeps "mean" and "var" per layer."""
-    import jax
-    import numpy as np
-    from flax.core import unfreeze
-    from flax.traverse_util import flatten_dict
-
-    flat = flatten_dict(unfreeze(jax.device_get(stats))) if stats else {}
-    for path, leaf in flat.items():
-        bad = int(np.size(leaf) - np.isfinite(leaf).sum())
-        if bad:
-            return False, f"batch_stats/{'/'.join(path)}: {bad} of {np.size(leaf)} not finite"
-    return True, f"{len(flat)} batch_stats arrays finite"
-
-
-def make_predict(model: nn.Module, call: dict[str, Any], cast: Any, replicated: Any,
-                 batch: Any) -> Callable[..., Any]:
-    """The jitted inference forward (params, batch_stats, x) -> argmax class per row, x in the
-    batch sharding (each device its rows), the variables replicated; `cast` as in the step."""
+def make_predict(run: FlaxRun) -> Callable[..., Any]:
+    """The jitted inference forward of the run's model (params, batch_stats, x) -> argmax class
+    per row, x in the batch sharding (each device its rows), the variables replicated; the
+    run's `cast` as in the step."""
     import jax
     import jax.numpy as jnp
+
+    from models.flax_common import train_kwargs
+
+    model, cast, call = run.model, run.cast, train_kwargs(run.model, False)
 
     def predict(params: Any, stats: Any, x: jax.Array) -> jax.Array:
         if cast is not None:
@@ -95,7 +65,8 @@ def make_predict(model: nn.Module, call: dict[str, Any], cast: Any, replicated: 
         variables = {"params": params, **({"batch_stats": stats} if stats else {})}
         return jnp.argmax(model.apply(variables, x, **call), axis=-1)
 
-    return jax.jit(predict, in_shardings=(replicated, replicated, batch), out_shardings=batch)
+    return jax.jit(predict, in_shardings=(run.replicated, run.replicated, run.batch),
+                   out_shardings=run.batch)
 
 
 class NativeConverge:
@@ -104,8 +75,6 @@ class NativeConverge:
 
     def __init__(self, run: FlaxRun, state: train_state.TrainState, jitted: Any,
                  heldout_rows: int) -> None:
-        from models.flax_common import train_kwargs
-
         self.run, self.state, self.jitted = run, state, jitted
         self.compiled: dict[tuple[int, ...], Any] = {}  # the step compiled per batch shape
         self.collectives: dict[str, int] = {}
@@ -114,19 +83,23 @@ class NativeConverge:
         self.rows_fed: list[int] = []  # the first epoch's global batches' rows, as made
         self.lrs: list[float] = []  # the optax state's rate after each epoch's last step
         self.read: str | None = None  # what the last moving_stats() read
-        self.predict = make_predict(run.model, train_kwargs(run.model, False), run.cast,
-                                    run.replicated, run.batch)
+        self.predict = make_predict(run)
         self.chunk = common.eval_chunk(heldout_rows, run.n)  # held-out rows per inference call
 
     def step(self, b: Batch, lr: float, epoch: int) -> Any:
         import jax
+        import numpy as np
 
         x, y = jax.device_put((b.x, b.y), self.run.batch)
         if epoch == 0:
             self.rows_fed.append(b.global_rows)
             for device, count in common.placement(x).items():
                 self.rows[device] = self.rows.get(device, 0) + count
-        self.state = with_lr(self.state, lr, self.run.replicated)
+        # the optax state's learning rate replaced by lr (float32, replicated)
+        opt = self.state.opt_state
+        value = jax.device_put(np.float32(lr), self.run.replicated)
+        self.state = self.state.replace(opt_state=opt._replace(
+            hyperparams={**opt.hyperparams, "learning_rate": value}))
         if x.shape not in self.compiled:
             self.compiled[x.shape], counts = compile_step(self.jitted, self.state, x, y)
             if self.hlo is None:
@@ -158,8 +131,22 @@ class NativeConverge:
         return correct / len(y)
 
     def moving_stats(self) -> tuple[bool, str]:
-        finite, self.read = first_non_finite(self.state.batch_stats)
-        return finite, self.read
+        """(whether every leaf of the batch_stats tree is finite, which is not / how many were
+        read): Flax's BatchNorm keeps "mean" and "var" per layer."""
+        import jax
+        import numpy as np
+        from flax.core import unfreeze
+        from flax.traverse_util import flatten_dict
+
+        stats = self.state.batch_stats
+        flat = flatten_dict(unfreeze(jax.device_get(stats))) if stats else {}
+        for path, leaf in flat.items():
+            bad = int(np.size(leaf) - np.isfinite(leaf).sum())
+            if bad:
+                self.read = f"batch_stats/{'/'.join(path)}: {bad} of {np.size(leaf)} not finite"
+                return False, self.read
+        self.read = f"{len(flat)} batch_stats arrays finite"
+        return True, self.read
 
 
 def converge(spec: Spec) -> dict[str, Any]:
@@ -195,7 +182,7 @@ def converge(spec: Spec) -> dict[str, Any]:
         "lr_read_back": a.lrs,
         "moving_stats_read": a.read,
         "placement": a.rows,
-        "placement_source": CONVERGE_PLACEMENT_SOURCE,
+        "placement_source": code("jax.batch_rows_first_epoch"),
         "data_placement": "the recipe's host numpy batches (runners/converge.py) device_put "
                           "into the batch sharding every step",
     })

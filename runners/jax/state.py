@@ -38,11 +38,6 @@ def bytes_per_device(tree: Any) -> dict[str, int]:
     return held
 
 
-def global_bytes(tree: Any) -> int:
-    """The tree's logical size: the sum of its arrays' nbytes (unsharded shape x itemsize)."""
-    return sum(int(a.nbytes) for a in arrays(tree))
-
-
 def state_record(parts: dict[str, Any], devices: list[Any], source: str) -> dict[str, Any]:
     """The record's state_bytes_per_device (every device of the run, each part; a device
     holding none of a part: 0), state_bytes_global and state_source, from the trees of
@@ -58,7 +53,9 @@ def state_record(parts: dict[str, Any], devices: list[Any], source: str) -> dict
         for device in devices:  # one process: a device holding nothing is shown so
             per_device.setdefault(str(device), dict.fromkeys(PARTS, 0))
     return {"state_bytes_per_device": per_device,
-            "state_bytes_global": {part: global_bytes(parts[part]) for part in PARTS},
+            # each part's logical size: its arrays' nbytes (unsharded shape x itemsize)
+            "state_bytes_global": {part: sum(int(a.nbytes) for a in arrays(parts[part]))
+                                   for part in PARTS},
             "state_source": source}
 
 
