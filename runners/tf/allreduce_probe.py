@@ -42,12 +42,6 @@ def cross_device_ops(strategy: tf.distribute.Strategy) -> Any:
     return strategy.extended._cross_device_ops  # noqa: SLF001 (no public accessor)
 
 
-def implementation(strategy: tf.distribute.Strategy) -> str:
-    """The collective implementation MirroredStrategy set for its CollectiveAllReduce."""
-    impl = strategy.extended._communication_options.implementation  # noqa: SLF001
-    return getattr(impl, "name", str(impl))
-
-
 def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
     """A PerReplica float32 vector of `elements` per replica, replica i's filled with i + 1, each
     made on its replica's device (the value function runs without a device scope)."""
@@ -172,7 +166,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     rows = [sizes.measure(nbytes) for nbytes in probe_sizes(spec.model)]
     collectives = other_collectives(spec, strategy)
     window = (start, time.time())
-    impl = implementation(strategy)
+    # the collective implementation MirroredStrategy set for its CollectiveAllReduce
+    impl = strategy.extended._communication_options.implementation  # noqa: SLF001
+    impl = getattr(impl, "name", str(impl))
     cross = type(cross_device_ops(strategy)).__name__
     evidence = {
         "replicas": n,

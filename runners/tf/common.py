@@ -19,7 +19,7 @@ from contract.reasons import code
 from contract.result import join  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
-from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
+from runners.common import Invalid, Spec, TimedWindow, Unavailable, one_line, rows_per_device  # noqa: E402
 from runners.converge import Splits, train_to_accuracy  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
@@ -137,13 +137,11 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
         source: Any = jpeg_sequence(data, size, batch, steps, channels_first)
         info = {"input_pipeline": describe_keras(data),
                 "labels_first_batch": [int(v) for v in source[0][1]]}
-    elif loader == "framework":
+    else:  # framework (the catalog's choices: framework, keras)
         source = tf_data.make_dataset(data, size, batch, channels_first=channels_first,
                                       seed=worker_seed(spec))
         info = {"input_pipeline": tf_data.describe_pipeline(data, batch, channels_first),
                 "labels_first_batch": tf_data.first_labels(source)}
-    else:
-        raise Unavailable(f"loader {loader!r} is neither framework nor keras")
     return source, {**describe(data, size), "loader": loader, **info}
 
 
@@ -316,9 +314,6 @@ class StrategyAccuracy:
         return hits / self.rows
 
 
-EVALUATION = code("tf.strategy_evaluation")
-
-
 class StrategyConverge:
     """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy: a subclass's
     `train` runs one epoch; this class reads the rate back, evaluates, reads BatchNorm
@@ -344,14 +339,21 @@ class StrategyConverge:
 
     @contextlib.contextmanager
     def empty_replicas(self, batches: Sequence[Any]) -> Iterator[None]:
-        """A failed step on `batches` re-raised as empty_replica_failure's Invalid, if any."""
+        """A step failed on `batches` where a replica got no rows (a short kept last batch of
+        fewer rows than replicas: seed 002's trap) re-raised Invalid, saying why."""
         try:
             yield
         except tf.errors.InvalidArgumentError as exc:
-            failure = empty_replica_failure(exc, batches, self.strategy.num_replicas_in_sync)
-            if failure is None:
+            replicas = self.strategy.num_replicas_in_sync
+            short = [b.global_rows for b in batches if b.global_rows < replicas]
+            if not short:
                 raise
-            raise failure from exc
+            raise Invalid(
+                f"a replica got no rows of the short kept last batch ({short[0]} row(s) over "
+                f"{replicas} replicas) and TensorFlow failed on its empty slice "
+                f"({one_line(str(exc), 160)}): oneDNN's CPU Conv2D gives an empty batch the "
+                "wrong shape; without oneDNN the replica's BatchNorm moving statistics become "
+                "NaN") from exc
 
     def run(self, spec: Spec, splits: Splits, policy: str) -> dict[str, Any]:
         """train_to_accuracy's result and the fields both runners report."""
@@ -365,7 +367,7 @@ class StrategyConverge:
             "dtype_policy": policy,
             "batchnorm": "per_device",
             "optimizer": code("tf.keras3_sgd_weight_decay"),
-            "evaluation": EVALUATION,
+            "evaluation": code("tf.strategy_evaluation"),
             "initial_weights_sha256": self.initial})
 
 
@@ -377,18 +379,3 @@ def weights_digest(model: keras.Model) -> str:
         digest.update(np.ascontiguousarray(value, np.float32).tobytes())
     return digest.hexdigest()
 
-
-def empty_replica_failure(exc: Exception, batches: Sequence[Any], replicas: int
-                          ) -> Exception | None:
-    """Invalid, saying why, when a step failed on an epoch where a replica got no rows (a short
-    kept last batch of fewer rows than replicas: seed 002's trap); else None."""
-    from runners.common import Invalid, one_line
-
-    short = [b.global_rows for b in batches if b.global_rows < replicas]
-    if not short:
-        return None
-    return Invalid(
-        f"a replica got no rows of the short kept last batch ({short[0]} row(s) over {replicas} "
-        f"replicas) and TensorFlow failed on its empty slice ({one_line(str(exc), 160)}): "
-        "oneDNN's CPU Conv2D gives an empty batch the wrong shape; without oneDNN the "
-        "replica's BatchNorm moving statistics become NaN")

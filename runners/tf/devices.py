@@ -230,9 +230,8 @@ def multi_worker_strategy(spec: Spec, communication: str = "auto",
     except RuntimeError as exc:  # "SLURM_PROCID not found in environment. Not running ..."
         raise Unavailable(f"SlurmClusterResolver: {exc}") from exc
     check_resolved(spec, resolver)
-    impl = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[communication]
+    impl = getattr(tf.distribute.experimental.CommunicationImplementation,
+                   communication.upper())
     strategy = strategy_class(
         cluster_resolver=resolver,
         communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -248,27 +247,20 @@ def multi_worker_strategy(spec: Spec, communication: str = "auto",
 XLA_CPU_COLLECTIVES = "Collectives are not yet implemented for CPU devices when compiling with XLA"
 
 
-def xla_collectives_unavailable(exc: BaseException) -> Unavailable | None:
-    """Unavailable with TF's words when XLA could not compile the step's cross-worker all-reduce
-    on CPU; None for any other error."""
-    said = next((line.strip() for line in str(exc).splitlines()
-                 if XLA_CPU_COLLECTIVES in line), None)
-    if said is None:
-        return None
-    return Unavailable(f"xla on several workers on CPU: TensorFlow {tf.__version__} does not "
-                       f"compile the cross-worker all-reduce with XLA on CPU ({said[:300]})")
-
-
 @contextlib.contextmanager
 def xla_collectives_guard() -> Iterator[None]:
-    """Re-raises xla_collectives_unavailable's Unavailable for the error it recognises."""
+    """Re-raises Unavailable, with TF's words, the error XLA gives when it could not compile the
+    step's cross-worker all-reduce on CPU (xla on several workers); any other error as it is."""
     try:
         yield
-    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
-        unavailable = xla_collectives_unavailable(exc)
-        if unavailable is not None:
-            raise unavailable from exc
-        raise
+    except tf.errors.UnimplementedError as exc:
+        said = next((line.strip() for line in str(exc).splitlines()
+                     if XLA_CPU_COLLECTIVES in line), None)
+        if said is None:
+            raise
+        raise Unavailable(f"xla on several workers on CPU: TensorFlow {tf.__version__} does not "
+                          "compile the cross-worker all-reduce with XLA on CPU "
+                          f"({said[:300]})") from exc
 
 
 def check_resolved(spec: Spec, resolver: SlurmResolver) -> None:

@@ -42,10 +42,6 @@ CROSS_DEVICE_OPS = {
 }
 
 
-PROBE_SOURCE = code("tf.mirrored_probe_first_batch")
-FIT_REDUCE_NOTE = code("tf.fit_reduce_patch")
-
-
 class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     """MultiWorkerMirroredStrategy with the reduce() Keras 3's fit expects (keras-team/keras#20585):
     mapped over nested structures, scalars reduced with axis=None (docs/runners/tf_mirrored.md)."""
@@ -207,7 +203,7 @@ def worker_input(strategy: Any, data: Any, multi: Any) -> tuple[Any, Any]:
         return data, None
     data = tfc.shard_across_workers(data)
     first = next(iter(strategy.experimental_distribute_dataset(data)))
-    return data, tfc.local_batch(strategy, first, PROBE_SOURCE)
+    return data, tfc.local_batch(strategy, first, code("tf.mirrored_probe_first_batch"))
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -221,8 +217,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
     data, data_info = run_input(spec, model_spec, data_format)
     data, first_batch = worker_input(strategy, data, multi)
-    placement = EagerPlacement()
-    placement.start()  # before fit's first call, which instantiates its train function
+    placement = EagerPlacement().start()  # before fit's first call makes its train function
     with known_limits(spec, strategy):
         timed = tfc.timed_fit(spec, model, data, spec.options["steps_per_execution"],
                               callbacks=[StopPlacement(placement)])
@@ -237,9 +232,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         state_bytes_tf(model) if multi is None else {})
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = tfc.SHARDING_NOTE
-        result.update(multi.record(
-            result["placement"], placement.run_metadata, {"first_batch": first_batch},
-            {"FitMultiWorkerStrategy.reduce": FIT_REDUCE_NOTE}))
+        result.update(multi_record(multi, result, placement, first_batch))
     return result
 
 
@@ -255,8 +248,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         x = x.transpose(0, 3, 1, 2)
     data = tfc.global_batch_dataset((x, y), repeat=False)
     data, first_batch = worker_input(strategy, data, multi)
-    placement = EagerPlacement()
-    placement.start()
+    placement = EagerPlacement().start()
     # the benchmark's input path, given once: fit stops after exactly one step
     with known_limits(spec, strategy):
         model.fit(data, epochs=1, verbose=0, shuffle=False,
@@ -268,10 +260,15 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         spec.save_equivalence_output(kc.get_canonical_weights(model))
     result = {**compile_info(spec, strategy, devices), **placement.result()}
     if multi is not None:
-        result.update(multi.record(
-            result["placement"], placement.run_metadata, {"first_batch": first_batch},
-            {"FitMultiWorkerStrategy.reduce": FIT_REDUCE_NOTE}))
+        result.update(multi_record(multi, result, placement, first_batch))
     return result
+
+
+def multi_record(multi: MultiWorker, result: dict[str, Any], placement: EagerPlacement,
+                 first_batch: Any) -> dict[str, Any]:
+    """MultiWorker.record of fit's step, FitMultiWorkerStrategy's reduce said (a collective)."""
+    return multi.record(result["placement"], placement.run_metadata, {"first_batch": first_batch},
+                        {"FitMultiWorkerStrategy.reduce": code("tf.fit_reduce_patch")})
 
 
 class StepLearningRate(keras.callbacks.Callback):

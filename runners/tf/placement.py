@@ -4,11 +4,9 @@ TF collective. Child processes only. docs/runners/tf_family.md, "Notes from the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -105,18 +103,25 @@ def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
 
 
 class EagerPlacement:
-    """Collects the partition graphs of the tf.functions instantiated between start() and stop():
-    around the step function's first call, outside the timed window."""
+    """Collects the partition graphs of the tf.functions instantiated between start() and stop()
+    (or in a `with` block): around the step function's first call, outside the timed window."""
 
     def __init__(self) -> None:
         self.run_metadata: Any = None
         self._on = False
 
-    def start(self) -> None:
+    def start(self) -> EagerPlacement:
         ctx = context.context()
         ctx.export_run_metadata()  # drop whatever an earlier collection left
         ctx.enable_run_metadata()
         self._on = True
+        return self
+
+    def __enter__(self) -> EagerPlacement:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if not self._on:
@@ -134,15 +139,7 @@ class EagerPlacement:
                 "placement_source": code("tf.function_partition_graphs")}
 
 
-@contextlib.contextmanager
-def eager_placement() -> Iterator[EagerPlacement]:
-    """`with eager_placement() as p: <first step>`; then p.result()."""
-    p = EagerPlacement()
-    p.start()
-    try:
-        yield p
-    finally:
-        p.stop()
+eager_placement = EagerPlacement  # `with eager_placement() as p: <first step>`; p.result()
 
 
 def graph_run_options(full_trace: bool = False) -> tuple[Any, Any]:

@@ -136,13 +136,11 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
         trainer.BROADCAST_EVERY_EPOCH = False  # tensorpack's advice for benchmarks
         return trainer, {"trainer": "SyncMultiGPUTrainerReplicated", "allreduce_asked": mode,
                          "gradients": "averaged over towers"}
-    if kind == "parameter_server":
-        ps_device = opts["ps_device"]
-        trainer = SyncMultiGPUTrainerParameterServer(n, ps_device=ps_device)
-        trainer._builder = parameter_server_builder(n, ps_device)
-        return trainer, {"trainer": "SyncMultiGPUTrainerParameterServer",
-                         "ps_device": ps_device, "gradients": "averaged next to each variable"}
-    raise ValueError(f"unknown trainer {kind!r}")
+    ps_device = opts["ps_device"]  # parameter_server (the catalog's choices)
+    trainer = SyncMultiGPUTrainerParameterServer(n, ps_device=ps_device)
+    trainer._builder = parameter_server_builder(n, ps_device)
+    return trainer, {"trainer": "SyncMultiGPUTrainerParameterServer", "ps_device": ps_device,
+                     "gradients": "averaged next to each variable"}
 
 
 def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:

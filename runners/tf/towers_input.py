@@ -11,19 +11,10 @@ import numpy as np
 import tensorflow as tf
 
 from models import ModelSpec
-from runners.common import Invalid, Spec, Unavailable
+from runners.common import Invalid, Spec
 from runners.real_data import describe
 from runners.tf import data as tf_data
 from runners.tf.towers import K, tfv1
-
-INPUTS = ("feed_dict", "staging", "tf_data")
-
-
-def input_option(spec: Spec) -> str:
-    value = spec.options["input"]
-    if value not in INPUTS:
-        raise Unavailable(f"input {value!r} is not one of {INPUTS}")
-    return value
 
 
 def synthetic_arrays(model_spec: ModelSpec, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,8 +82,6 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
             "labels_first_batch": [int(v) for v in K.get_session().run(first.get_next())[1]]})
     if loader == "keras":
         return _keras_source(data, size, batch, steps, base)
-    if loader != "framework":
-        raise Unavailable(f"loader {loader!r} is neither framework nor keras")
 
     def numpy_batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         # tf.data's batches pulled to numpy by session.run, then fed by fit's feed_dict
