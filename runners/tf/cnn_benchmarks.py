@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -146,13 +147,9 @@ def compute_events(trace: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, An
 def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     """From the script's Chrome trace (pure): the nodes executed on each device and how many of
     each op type, from the "X" events of each "<device> Compute" process."""
-    by_device: dict[str, int] = {}
-    by_type: dict[str, int] = {}
-    for dev, ev, op in compute_events(trace):
-        if (ev.get("args") or {}).get("name") in ("_SOURCE", "_SINK"):
-            continue
-        by_device[dev] = by_device.get(dev, 0) + 1
-        by_type[op] = by_type.get(op, 0) + 1
+    executed = [(dev, op) for dev, ev, op in compute_events(trace)
+                if (ev.get("args") or {}).get("name") not in ("_SOURCE", "_SINK")]
+    by_device, by_type = Counter(d for d, _ in executed), Counter(op for _, op in executed)
     return dict(sorted(by_device.items())), dict(sorted(by_type.items(), key=lambda kv: -kv[1]))
 
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from contract.result import join
 from runners.common import Invalid, Spec, main
 from runners.tf import towers as kt
 from runners.tf import towers_run
@@ -27,9 +26,9 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
     version = str(opts["keras_version"])  # the catalog's choices: SLICING's keys
     common = {"keras_version": version, "cpu_merge": bool(opts["cpu_merge"]),
               "cpu_relocation": bool(opts["cpu_relocation"])}
-    plain = kt.plain_baseline(spec, devices, input_mode, ORIGINAL)
+    plain = kt.plain_baseline(spec, devices, input_mode, ORIGINAL, common)
     if plain is not None:
-        return plain[0], join(common, plain[1])
+        return plain
     where = str(opts["template_device"])
     if where == "docs":  # the docstring's example for these arguments
         where = "cpu" if common["cpu_merge"] and not common["cpu_relocation"] else "default"

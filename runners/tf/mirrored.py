@@ -131,15 +131,9 @@ def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any,
         model_spec.input_shape[0], model_spec.num_classes, spec.global_batch_size)), {}
 
 
-class StopPlacement(keras.callbacks.Callback):
+def stop_placement(placement: EagerPlacement) -> keras.callbacks.Callback:
     """Stops collecting partition graphs at the end of fit's first call (its function made)."""
-
-    def __init__(self, placement: EagerPlacement) -> None:
-        super().__init__()
-        self.placement = placement
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.placement.stop()
+    return keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: placement.stop())
 
 
 @contextlib.contextmanager
@@ -220,7 +214,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     placement = EagerPlacement().start()  # before fit's first call makes its train function
     with known_limits(spec, strategy):
         timed = tfc.timed_fit(spec, model, data, spec.options["steps_per_execution"],
-                              callbacks=[StopPlacement(placement)])
+                              callbacks=[stop_placement(placement)])
     layout = "tokens (batch, sequence)" if tokens else data_format
     result = join(
         timed, compile_info(spec, strategy, devices, layout), placement.result(),
@@ -252,7 +246,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     # the benchmark's input path, given once: fit stops after exactly one step
     with known_limits(spec, strategy):
         model.fit(data, epochs=1, verbose=0, shuffle=False,
-                  callbacks=[StopPlacement(placement)])
+                  callbacks=[stop_placement(placement)])
     steps = int(model.optimizer.iterations.numpy())
     if steps != 1:
         raise Invalid(f"the equivalence fit ran {steps} optimizer steps, not 1")
@@ -298,7 +292,7 @@ class MirroredConverge(tfc.StrategyConverge):
         callbacks: list[keras.callbacks.Callback] = [self.step_lr]
         if epoch == 0:  # the train function's partition graphs, made by its first call
             self.placement.start()
-            callbacks.append(StopPlacement(self.placement))
+            callbacks.append(stop_placement(self.placement))
         with self.empty_replicas(batches), known_limits(self.spec, self.strategy):
             history = self.model.fit(tfc.epoch_dataset(batches, self.data_format),
                                      epochs=epoch + 1, initial_epoch=epoch,

@@ -49,11 +49,12 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
         fmt = "NHWC" if axis == 3 else "NCHW"
         # cuDNN's minimum epsilon, raised as tf.nn.fused_batch_norm raises it (1e-5 -> 1.001e-5)
         epsilon = max(self.epsilon, FUSED_MIN_EPSILON)
+        fused = {"x": x, "scale": scale, "offset": offset, "epsilon": epsilon,
+                 "exponential_avg_factor": 1.0, "data_format": fmt}
         if training and self.trainable:
             y, mean, unbiased, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=x, scale=scale, offset=offset, mean=tf.constant([], tf.float32),
-                variance=tf.constant([], tf.float32), epsilon=epsilon,
-                exponential_avg_factor=1.0, data_format=fmt, is_training=True)
+                mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
+                is_training=True, **fused)
             shape = tf.shape(x)
             n = tf.cast(tf.reduce_prod(shape) // shape[axis], tf.float32)
             variance = unbiased * ((n - 1.0) / tf.maximum(n, 1.0))
@@ -62,10 +63,9 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             self.moving_variance.assign(self.moving_variance.value * m + variance * (1.0 - m))
         else:
             y, _, _, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=x, scale=scale, offset=offset, mean=tf.cast(self.moving_mean.value, tf.float32),
-                variance=tf.cast(self.moving_variance.value, tf.float32),
-                epsilon=epsilon, exponential_avg_factor=1.0, data_format=fmt,
-                is_training=False)
+                mean=tf.cast(self.moving_mean.value, tf.float32),
+                variance=tf.cast(self.moving_variance.value, tf.float32), is_training=False,
+                **fused)
         return tf.cast(y, self.compute_dtype)
 
 
@@ -127,9 +127,6 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
     }
 
 
-BATCHNORM_KERNEL = {True: "none in this model", False: "Keras 3 BatchNormalization (unfused ops)"}
-
-
 class NativeModel:
     """The run's model and optimizer made under its strategy, as benchmark and converge build it
     (dtype policy, fused_batchnorm, loss scaling at fp16), and the record fields they share."""
@@ -161,7 +158,8 @@ class NativeModel:
             "loss_scaling": self.spec.precision == "fp16",
             "xla": self.xla,
             "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
-                                 else BATCHNORM_KERNEL[self.fused]),
+                                 else "none in this model" if self.fused
+                                 else "Keras 3 BatchNormalization (unfused ops)"),
             "params": kc.count_params_keras(self.model),
             "flops_per_sample": kc.count_flops_keras(self.model),
         }, placed)

@@ -23,6 +23,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 from tensorflow.python.ops import data_flow_ops  # noqa: E402
 
+from contract.result import join  # noqa: E402
 from models import get_spec, load_builder  # noqa: E402
 from runners.common import Invalid, Spec, Unavailable  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402
@@ -266,16 +267,16 @@ def departures(spec: Spec) -> list[str]:
             if name != "loader" and name in spec.options and spec.options[name] != opt.default]
 
 
-def plain_baseline(spec: Spec, devices: list[str], input_mode: str, original: str
-                   ) -> tuple[Built, dict[str, Any]] | None:
-    """At one device, the plain model compiled on it and its fields (an original that refuses or
-    bypasses one device); None with wrap_single_device or several devices."""
+def plain_baseline(spec: Spec, devices: list[str], input_mode: str, original: str,
+                   fields: dict[str, Any]) -> tuple[Built, dict[str, Any]] | None:
+    """At one device, the plain model compiled on it and `fields` with its own (an original
+    that refuses or bypasses one device); None with wrap_single_device or several devices."""
     if len(devices) > 1 or spec.options["wrap_single_device"]:
         return None
     template = build_template(spec.model, devices[0])
     built = compile_model(template, None, devices[0], input_mode, optimizer(spec))
-    return built, {"wrapped": False, "baseline": f"plain model, as {original} at 1 GPU",
-                   "tower_devices": devices[:1]}
+    return built, join(fields, {"wrapped": False, "baseline": f"plain model, as {original} at "
+                                "1 GPU", "tower_devices": devices[:1]})
 
 
 def split_rows(rows: int, parts: int, remainder: str) -> list[int]:
