@@ -91,14 +91,10 @@ def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
     return tf_data.auto_shard(ds.repeat() if repeat else ds)
 
 
-# the shuffle seed every worker of a multi-node run shares (worker_seed)
-MULTI_WORKER_SEED = 20240616
-
-
 def worker_seed(spec: Spec) -> int | None:
     """The real-data shuffle seed: on several nodes one seed every worker shares (the same
     global batches, each worker keeping its slice: auto-shard DATA), None on one node."""
-    return MULTI_WORKER_SEED if spec.num_nodes > 1 else None
+    return 20240616 if spec.num_nodes > 1 else None
 
 
 SHARDING_NOTE = code("tf.multi_worker_sharding")

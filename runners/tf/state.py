@@ -12,16 +12,13 @@ from runners.memory import _itemsize
 from runners.tf.placement import device_key
 
 
-def _components(variable: Any) -> list[Any]:
-    inner = getattr(variable, "value", variable)  # a Keras 3 Variable -> the tf variable
-    values = getattr(inner, "values", None)
-    return list(values) if values is not None else [inner]
-
-
 def _per_device(variables: Any) -> dict[str, int]:
+    """Bytes each device holds of `variables`: a distributed variable's per-device values."""
     held: dict[str, int] = {}
     for v in variables:
-        for part in _components(v):
+        inner = getattr(v, "value", v)  # a Keras 3 Variable -> the tf variable
+        values = getattr(inner, "values", None)
+        for part in (values if values is not None else [inner]):
             nbytes = math.prod(int(d) for d in part.shape) * _itemsize(part.dtype)
             key = device_key(part.device)
             held[key] = held.get(key, 0) + nbytes

@@ -52,11 +52,10 @@ def count_params(model: str) -> tuple[int, int]:
     return total, trainable
 
 
-def relocate_towers(graph: Any, devices: list[str]) -> int:
+def relocate_towers(graph: Any, devices: list[str]) -> None:
     """Put every op tensorpack placed on "/gpu:k" on the run's device k (the identity on GPUs);
-    call on the finished graph, before the session sees it. Returns how many ops moved."""
+    call on the finished graph, before the session sees it."""
     targets = [tfv1.DeviceSpec.from_string(d) for d in devices]
-    moved = 0
     for op in graph.get_operations():
         if not op.device:
             continue
@@ -66,8 +65,6 @@ def relocate_towers(graph: Any, devices: list[str]) -> int:
         target = spec.make_merged_spec(targets[spec.device_index]).to_string()
         if target != spec.to_string():
             op._set_device(target)
-            moved += 1
-    return moved
 
 
 def gradient_packer(graph: Any) -> dict[str, int] | None:

@@ -3,6 +3,7 @@ batches, StagingAreas one step ahead, or a tf.data dataset (docs/runners/keras2_
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +117,5 @@ def _keras_source(data: Any, size: int, batch: int, steps: int, base: dict[str, 
 
 
 def _cycle(seq: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    i = 0
-    while True:
-        yield seq[i % len(seq)]
-        i += 1
+    """seq's batches in order, endlessly, each loaded again (seq[i] at every turn)."""
+    return (seq[i % len(seq)] for i in itertools.count())
