@@ -50,6 +50,10 @@ HEADER = {"model": re.compile(r"^Model:\s+(?P<value>\S+)"),
           "all_reduce": re.compile(r"^AllReduce:\s+(?P<value>\S+)"),
           "tensorflow": re.compile(r"^TensorFlow:\s+(?P<value>\S+)"),
           "num_batches": re.compile(r"^Num batches:\s+(?P<value>\d+)")}
+# the record's names for what the script's header says (parse_output's keys)
+SCRIPT_HEADER = {"script_model": "model", "script_dataset": "dataset",
+                 "variable_update": "variables", "all_reduce": "all_reduce",
+                 "optimizer": "optimizer"}
 ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*")
 OOM = re.compile(r"ResourceExhaustedError|OOM when allocating|out of memory", re.IGNORECASE)
 
@@ -406,21 +410,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     return join({
         "images_per_sec": parsed["total_images_per_sec"],
         "images_per_sec_source": IMAGES_PER_SEC_SOURCE,
-        "timed_steps": parsed["timed_steps"],
-        "samples": parsed["samples"],
-        "first_loss": parsed["first_loss"],
-        "last_loss": parsed["last_loss"],
+        **{k: parsed[k] for k in ("timed_steps", "samples", "first_loss", "last_loss")},
         "loss_kind": "the script's total_loss of each displayed step (cross-entropy + L2)",
     }, window, {
         "replicas": n,
         "framework": {**_versions(), "tensorflow_reported": parsed["tensorflow"]},
         "devices": devices,
         "layout": "channels_last" if parsed["data_format"] == "NHWC" else "channels_first",
-        "script_model": parsed["model"],
-        "script_dataset": parsed["dataset"],
-        "variable_update": parsed["variables"],
-        "all_reduce": parsed["all_reduce"],
-        "optimizer": parsed["optimizer"],
+        **{ours: parsed[theirs] for ours, theirs in SCRIPT_HEADER.items()},
         "placement": placement,
         "placement_source": code("tf.cnn_trace_executed_nodes"),
         "traced_ops_by_type": ops_by_type,

@@ -23,13 +23,29 @@ from runners.common import Invalid, Spec, TimedWindow, Unavailable, one_line, ro
 from runners.converge import Splits, train_to_accuracy  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
-from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
+from runners.tf.devices import MultiWorker, multi_worker_strategy, setup_devices  # noqa: E402
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def framework_versions() -> dict[str, str]:
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
+
+
+def make_strategy(spec: Spec, cross_device_ops: Callable[[], Any] | None = None,
+                  communication: str = "auto",
+                  multi_class: type[tf.distribute.MultiWorkerMirroredStrategy]
+                  = tf.distribute.MultiWorkerMirroredStrategy
+                  ) -> tuple[tf.distribute.Strategy, list[dict[str, Any]], MultiWorker | None]:
+    """MirroredStrategy over the run's devices (all-reduce by `cross_device_ops()`, None: its
+    default); on several nodes `multi_class` (MultiWorkerMirroredStrategy, collective
+    `communication`), with what the record needs of it."""
+    if spec.num_nodes > 1:
+        multi = multi_worker_strategy(spec, communication, multi_class)
+        return multi.strategy, multi.devices, multi
+    names, devices = setup_devices(spec)
+    cross = cross_device_ops() if cross_device_ops else None
+    return tf.distribute.MirroredStrategy(devices=names, cross_device_ops=cross), devices, None
 
 
 def mirrored_model(spec: Spec, model: str, lr: float, momentum: float,

@@ -39,6 +39,12 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
                    for name, gpu in zip(names, gpus[:n], strict=True)]
 
 
+def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
+    """The all-reduce class MirroredStrategy uses (for auto: the one it chose itself)."""
+    ops = getattr(strategy.extended, "_cross_device_ops", None)
+    return type(ops).__name__ if ops is not None else "default"
+
+
 def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
     """The tf.compat.v1 Session config of the graph-mode runners: soft placement, GPU memory
     growth, inter-op threads >= 2N+2, and on CPU N CPU devices."""

@@ -24,7 +24,7 @@ from runners.converge import Recipe, load_splits
 from runners.memory import model_state_keras
 from runners.real_data import TOKENS_REAL
 from runners.tf import common as tfc
-from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_guard
+from runners.tf.devices import MultiWorker, cross_device_ops_used, xla_collectives_guard
 from runners.tf.placement import EagerPlacement
 from runners.tf.state import keras_policy, state_bytes_tf
 
@@ -80,19 +80,7 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
                 f"loader keras on {spec.num_nodes} nodes: not built for "
                 "MultiWorkerMirroredStrategy here (each worker's PyDataset would have to be "
                 "sharded by this runner); loader framework (tf.data) shards by worker")
-        multi = multi_worker_strategy(spec, choice, FitMultiWorkerStrategy)
-        return multi.strategy, multi.devices, multi
-    names, devices = tfc.setup_devices(spec)
-    cross = CROSS_DEVICE_OPS[choice]
-    strategy = tf.distribute.MirroredStrategy(devices=names,
-                                              cross_device_ops=cross() if cross else None)
-    return strategy, devices, None
-
-
-def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
-    """The all-reduce class MirroredStrategy uses (for auto: the one it chose itself)."""
-    ops = getattr(strategy.extended, "_cross_device_ops", None)
-    return type(ops).__name__ if ops is not None else "default"
+    return tfc.make_strategy(spec, CROSS_DEVICE_OPS[choice], choice, FitMultiWorkerStrategy)
 
 
 def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str | None,
@@ -238,9 +226,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
                               lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
         kc.set_canonical_weights(model, weights)
-    if spec.options["data_format"] == "channels_first":
-        x = x.transpose(0, 3, 1, 2)
-    data = tfc.global_batch_dataset((x, y), repeat=False)
+    data = tfc.global_batch_dataset((tfc.nchw(x, spec.options["data_format"]), y), repeat=False)
     data, first_batch = worker_input(strategy, data, multi)
     placement = EagerPlacement().start()
     # the benchmark's input path, given once: fit stops after exactly one step
