@@ -26,8 +26,6 @@ from runners.tf import data as tf_data
 from runners.tf.devices import MultiWorker
 from runners.tf.steps import device_batches, first_step, make_train_step
 
-FUSED_MIN_EPSILON = 1.001e-5
-
 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
     """Keras 3's BatchNormalization computed by TF's FusedBatchNormV3 as TF 1 computes it; Keras'
@@ -48,7 +46,7 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
                   else tf.zeros((channels,), tf.float32))
         fmt = "NHWC" if axis == 3 else "NCHW"
         # cuDNN's minimum epsilon, raised as tf.nn.fused_batch_norm raises it (1e-5 -> 1.001e-5)
-        epsilon = max(self.epsilon, FUSED_MIN_EPSILON)
+        epsilon = max(self.epsilon, 1.001e-5)
         fused = {"x": x, "scale": scale, "offset": offset, "epsilon": epsilon,
                  "exponential_avg_factor": 1.0, "data_format": fmt}
         if training and self.trainable:

@@ -68,17 +68,6 @@ def _executor_device(name: str) -> str | None:
     return None if _TRACER_STREAM.search(name) else device_key(name)
 
 
-def executed_ops_by_device(run_metadata: Any) -> dict[str, int]:
-    """Nodes that executed per device, from a FULL_TRACE step's step stats (empty without)."""
-    counts: Counter[str] = Counter()
-    for dev in run_metadata.step_stats.dev_stats:
-        device = _executor_device(dev.device)
-        n = sum(1 for s in dev.node_stats if s.node_name not in ("_SOURCE", "_SINK"))
-        if n and device:
-            counts[device] += n
-    return dict(sorted(counts.items()))
-
-
 def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
     """{device: {op kind: nodes executed}} from a FULL_TRACE step's RunMetadata, each node's op
     type classified by runners/tf/op_kinds.op_kind."""
@@ -153,10 +142,16 @@ def graph_run_options(full_trace: bool = False) -> tuple[Any, Any]:
 
 
 def graph_placement(run_metadata: Any) -> dict[str, Any]:
-    """`placement` and `placement_source` from a graph-mode session.run's RunMetadata."""
-    executed = executed_ops_by_device(run_metadata)
+    """`placement` and `placement_source` from a graph-mode session.run's RunMetadata: the nodes
+    that executed per device in a FULL_TRACE step's step stats, else its partition graphs'."""
+    executed: Counter[str] = Counter()
+    for dev in run_metadata.step_stats.dev_stats:
+        device = _executor_device(dev.device)
+        n = sum(1 for s in dev.node_stats if s.node_name not in ("_SOURCE", "_SINK"))
+        if n and device:
+            executed[device] += n
     if executed:
-        return {"placement": executed,
+        return {"placement": dict(sorted(executed.items())),
                 "placement_source": "nodes executed per device in a FULL_TRACE session.run's "
                                     "step stats"}
     return {"placement": compute_ops_by_device(run_metadata),

@@ -45,12 +45,13 @@ def arrays_source(x: np.ndarray, y: np.ndarray) -> Source:
 
 
 def batches_source(make: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
-                   info: dict[str, Any], fit_kwargs: dict[str, Any]) -> Source:
-    """A generator of numpy batches for fit (Keras 2's fit_generator path: feed_dict)."""
+                   info: dict[str, Any]) -> Source:
+    """A generator of numpy batches for fit (Keras 2's fit_generator path: feed_dict), read in
+    fit's own thread (workers 0)."""
     def fit_args(steps: int, staged: bool) -> dict[str, Any]:
         it = make()
         gen = (([bx, by],) for bx, by in it) if staged else it
-        return {"x": gen, "steps_per_epoch": steps, "epochs": 1, **fit_kwargs}
+        return {"x": gen, "steps_per_epoch": steps, "epochs": 1, "workers": 0}
     return Source(fit_args, lambda: next(make()), info)
 
 
@@ -97,7 +98,7 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
     return batches_source(numpy_batches, {
         **base, "input_pipeline": tf_data.describe_pipeline(data, batch)
         + ", pulled to numpy by session.run and fed to fit by feed_dict",
-        "labels_first_batch": [int(v) for v in first[1]]}, {"workers": 0})
+        "labels_first_batch": [int(v) for v in first[1]]})
 
 
 def _keras_source(data: Any, size: int, batch: int, steps: int, base: dict[str, Any]
