@@ -28,9 +28,10 @@ from runners.tf.placement import graph_placement, graph_run_options  # noqa: E40
 
 tfv1 = tf.compat.v1
 DATA_FORMAT = "channels_last"
-# what train() says about the trainer and where the step ran, copied into every result
-RUN_FIELDS = ("trainer", "allreduce_asked", "allreduce", "gradient_packer", "ps_device",
-              "gradients", "placement", "placement_source")
+# what train() says about the towers, the trainer and where the step ran, copied into every result
+RUN_FIELDS = ("devices", "tower_devices", "variable_devices", "input", "trainer",
+              "allreduce_asked", "allreduce", "gradient_packer", "ps_device", "gradients",
+              "placement", "placement_source")
 
 
 def framework_versions() -> dict[str, str]:
@@ -296,7 +297,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
         raise Invalid(f"tensorpack ran {ran} of {warmup + measure} steps")
     tower_devices = [canonical(loss.op.device) for loss in towers.losses]
     check_towers_ran(tower_devices, clock.placement.get("placement", {}))
-    return {"clock": clock, "devices": devices, "names": names, "input": input_name,
+    return {"clock": clock, "devices": devices, "input": input_name,
             "tower_devices": tower_devices, "variable_devices": variable_devices,
             **clock.placement, **trainer_info}
 
@@ -381,8 +382,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 def run_fields(spec: Spec, run: dict[str, Any]) -> dict[str, Any]:
     """What benchmark and equivalence both report of train()'s towers, trainer and placement."""
     return {"replicas": spec.num_devices, "framework": framework_versions(),
-            "devices": run["devices"], "tower_devices": run["tower_devices"],
-            "variable_devices": run["variable_devices"], "input": run["input"],
             **{k: run[k] for k in RUN_FIELDS if k in run}}
 
 

@@ -206,7 +206,6 @@ class Built:
     template: Any
     stager: Stager | None
     run_metadata: Any
-    fields: dict[str, Any]
     slicing: Recipe | None = None  # how the towers cut a batch (None: the plain model)
 
 
@@ -221,7 +220,7 @@ def compile_model(template: Any, recipe: Recipe | None, device: str, input_mode:
         kwargs["fetches"] = stager.puts  # every step puts the next batch
         kwargs["target_tensors"] = [labels]
     model.compile(optimizer=optimizer, loss=sparse_categorical_crossentropy, **kwargs)
-    return Built(model, template, stager, run_metadata, {}, recipe)
+    return Built(model, template, stager, run_metadata, recipe)
 
 
 def prime(built: Built, x: np.ndarray, y: np.ndarray) -> None:

@@ -156,8 +156,7 @@ def benchmark(spec: Spec, make: Make, after: After | None = None) -> dict[str, A
     source = make_source(spec, get_spec(spec.model), input_mode, 1 + warmup + measure)
     run = TowerRun(spec, names, devices, xla, input_mode, *make(spec, names, input_mode))
     built, staged = run.built, run.built.stager is not None
-    if staged:
-        assert source.first is not None
+    if staged:  # a staged source has its first batch (not tf_data)
         kt.prime(built, *source.first())
     built.model.fit(**source.fit_args(1, staged), verbose=0)
     placement = run.trace()
@@ -224,20 +223,6 @@ class StepLR(tf_keras.callbacks.Callback):
             hook()
 
 
-def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
-    """(all finite, the first that is not) of the template's BatchNorm moving statistics."""
-    variables = [v for layer in template._flatten_layers(include_self=False)
-                 for name in ("moving_mean", "moving_variance")
-                 if (v := getattr(layer, name, None)) is not None]
-    if not variables:
-        return True, "no BatchNorm layers"
-    for v, value in zip(variables, kt.K.batch_get_value(variables), strict=True):
-        bad = int(np.size(value) - np.isfinite(value).sum())
-        if bad:
-            return False, f"{v.name}: {bad} of {np.size(value)} values not finite"
-    return True, f"{len(variables)} BatchNorm moving statistics finite"
-
-
 class TowerConverge:
     """Mode converge's adapter: one fit call per epoch on the epoch's batches as numpy arrays,
     the rate set before every step (StepLR); evaluation by the template's predict."""
@@ -277,7 +262,17 @@ class TowerConverge:
         return float(np.mean(np.argmax(probs, axis=-1) == y))
 
     def moving_stats(self) -> tuple[bool, str]:
-        return batchnorm_moving_stats(self.run.built.template)
+        """(all finite, the first that is not) of the template's BatchNorm moving statistics."""
+        variables = [v for layer in self.run.built.template._flatten_layers(include_self=False)
+                     for name in ("moving_mean", "moving_variance")
+                     if (v := getattr(layer, name, None)) is not None]
+        if not variables:
+            return True, "no BatchNorm layers"
+        for v, value in zip(variables, kt.K.batch_get_value(variables), strict=True):
+            bad = int(np.size(value) - np.isfinite(value).sum())
+            if bad:
+                return False, f"{v.name}: {bad} of {np.size(value)} values not finite"
+        return True, f"{len(variables)} BatchNorm moving statistics finite"
 
 
 def converge(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
