@@ -26,7 +26,6 @@ from runners.real_data import TOKENS_REAL
 from runners.tf import common as tfc
 from runners.tf.devices import MultiWorker, cross_device_ops_used, xla_collectives_guard
 from runners.tf.placement import EagerPlacement
-from runners.tf.state import keras_policy, state_bytes_tf
 
 DATA_PLACEMENT = {
     "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",
@@ -209,9 +208,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         {"dtype_policy": tfc.POLICIES[spec.precision],
          "data_placement": DATA_PLACEMENT["tokens" if tokens else spec.data]},
         data_info, kc.model_record(model, model_spec, described), model_state_keras(model),
-        keras_policy(model, spec.precision),
+        tfc.keras_policy(model, spec.precision),
         # one worker's devices only: a multi-worker run would need every worker's (not read)
-        state_bytes_tf(model) if multi is None else {})
+        tfc.state_bytes_tf(model) if multi is None else {})
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = tfc.SHARDING_NOTE
         result.update(multi_record(multi, result, placement, first_batch))
@@ -308,7 +307,7 @@ def converge(spec: Spec) -> dict[str, Any]:
         "data_placement": DATA_PLACEMENT["converge"],
         "lr_setting": "StepLearningRate callback: model.optimizer.learning_rate before each step",
         "train_loss_kind": code("tf.keras_epoch_loss"),
-    }, kc.model_record(model, model_spec, described), keras_policy(model, spec.precision))
+    }, kc.model_record(model, model_spec, described), tfc.keras_policy(model, spec.precision))
 
 
 if __name__ == "__main__":
