@@ -59,7 +59,6 @@ def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
 
 # ---- multi-node: MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster ----------
 
-MECHANISM = code("tf.multi_worker_mechanism")
 CPU_GPUS_NOTE = code("tf.slurm_resolver_cpu_gpus")
 
 
@@ -180,7 +179,7 @@ class MultiWorker:
         ext = s.extended
         impl = ext._communication_options.implementation
         return {
-            "mechanism": MECHANISM,
+            "mechanism": code("tf.multi_worker_mechanism"),
             "tensorflow": tf.__version__,
             "resolver": type(r).__mro__[1].__name__,
             "cluster_spec_resolved": r.resolved,

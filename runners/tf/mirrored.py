@@ -213,7 +213,9 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         tfc.state_bytes_tf(model) if multi is None else {})
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = tfc.SHARDING_NOTE
-        result.update(multi_record(multi, result, placement, first_batch))
+        result.update(multi.record(
+            result["placement"], placement.run_metadata, {"first_batch": first_batch},
+            {"FitMultiWorkerStrategy.reduce": code("tf.fit_reduce_patch")}))
     return result
 
 
@@ -239,15 +241,10 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         spec.save_equivalence_output(kc.get_canonical_weights(model))
     result = {**compile_info(spec, strategy, devices), **placement.result()}
     if multi is not None:
-        result.update(multi_record(multi, result, placement, first_batch))
+        result.update(multi.record(
+            result["placement"], placement.run_metadata, {"first_batch": first_batch},
+            {"FitMultiWorkerStrategy.reduce": code("tf.fit_reduce_patch")}))
     return result
-
-
-def multi_record(multi: MultiWorker, result: dict[str, Any], placement: EagerPlacement,
-                 first_batch: Any) -> dict[str, Any]:
-    """MultiWorker.record of fit's step, FitMultiWorkerStrategy's reduce said (a collective)."""
-    return multi.record(result["placement"], placement.run_metadata, {"first_batch": first_batch},
-                        {"FitMultiWorkerStrategy.reduce": code("tf.fit_reduce_patch")})
 
 
 class StepLearningRate(keras.callbacks.Callback):

@@ -72,7 +72,8 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
     """The model from models/ and how many BatchNormalization layers were swapped for
     FusedBatchNormalization (same name and config, so the same canonical weights)."""
     built = load_builder(model, "keras")(model_spec, data_format=data_format)
-    if not fused_batchnorm:
+    if not fused_batchnorm or not any(type(layer) is keras.layers.BatchNormalization
+                                      for layer in built.layers):
         return built, 0
     swapped = 0
 
@@ -83,8 +84,6 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
             return FusedBatchNormalization.from_config(layer.get_config())
         return layer.__class__.from_config(layer.get_config())
 
-    if not any(type(layer) is keras.layers.BatchNormalization for layer in built.layers):
-        return built, 0
     cloned = keras.models.clone_model(built, clone_function=clone)
     cloned.set_weights(built.get_weights())  # the builder's initial weights, not fresh ones
     return cloned, swapped
