@@ -16,6 +16,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from contract.precision_policy import resolve
 from contract.reasons import code
 from contract.result import join  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
@@ -235,8 +236,6 @@ def state_bytes_tf(model: Any) -> dict[str, Any]:
 def keras_policy(model: Any, precision: str) -> dict[str, Any]:
     """The record's precision_policy of a compiled Keras 3 model, read back from it (dtype policy,
     variables' dtype, loss scaling; gradients reduced in the trainable variables' dtype)."""
-    from contract.precision_policy import resolve
-
     policy = model.dtype_policy
     optimizer = getattr(model, "optimizer", None)
     scaled = type(optimizer).__name__ == "LossScaleOptimizer"

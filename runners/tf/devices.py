@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
+from runners.tf.placement import all_gather_json, collective_ops
 
 
 def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
@@ -143,8 +144,6 @@ class MultiWorker:
         """`nodes`, `multi_node` and every worker's placement and devices, gathered through TF. A
         collective: call on every worker, last. Invalid when the workers are not tasks 0..N-1 or
         two report the same device."""
-        from runners.tf.placement import all_gather_json, collective_ops
-
         s, r = self.strategy, self.resolver
         ext = s.extended
         cluster = {job: list(tasks) for job, tasks in ext._cluster_spec.as_dict().items()}

@@ -12,6 +12,8 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
+import tf_keras
 
 from runners.common import Invalid, Spec, main
 from runners.tf import towers as kt
@@ -36,9 +38,6 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
     passed = kt.build_template(spec.model, kt.template_device(where, devices))
     template = passed
     if common["cpu_relocation"]:
-        import tensorflow as tf
-        import tf_keras
-
         with tf.device("/cpu:0"):
             template = tf_keras.models.clone_model(passed)
     merge = "/cpu:0" if common["cpu_merge"] else devices[0]
@@ -56,8 +55,6 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
 def saved_template(built: kt.Built) -> dict[str, Any]:
     """saved_template_ok: the trained template saved to HDF5 and loaded back; Invalid unless
     every weight matches."""
-    import tf_keras
-
     template = built.template
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "template.h5")

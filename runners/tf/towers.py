@@ -23,8 +23,10 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 from tensorflow.python.ops import data_flow_ops  # noqa: E402
 
+from contract.catalogs.tf import RUNNERS as TF_RUNNERS  # noqa: E402
 from contract.result import join  # noqa: E402
 from models import get_spec, load_builder  # noqa: E402
+from runners import converge  # noqa: E402
 from runners.common import Invalid, Spec, Unavailable  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402
 from runners.tf.placement import graph_run_options  # noqa: E402
@@ -237,9 +239,7 @@ def optimizer(spec: Spec, cls: type[Keras2SGD] = Keras2SGD, **kwargs: Any) -> Ke
     if spec.mode == "equivalence":  # the test's plain SGD at its learning rate
         return cls(learning_rate=float((spec.equivalence or {})["learning_rate"]), **kwargs)
     if spec.mode == "converge":  # the recipe's SGD; its rate is set before every step
-        from runners.converge import Recipe
-
-        recipe = Recipe.of(spec)
+        recipe = converge.Recipe.of(spec)
         if recipe.optimizer != "sgd":
             raise Unavailable(f"optimizer {recipe.optimizer!r}: the tower runners train with "
                               "Keras 2's SGD")
@@ -259,8 +259,6 @@ def template_device(value: str, devices: list[str]) -> str | None:
 def departures(spec: Spec) -> list[str]:
     """"name=value" of the options that differ from the original's own usage (the catalog's
     defaults); the real-data loader, the harness's own, left out."""
-    from contract.catalogs.tf import RUNNERS as TF_RUNNERS
-
     info = next(r for r in TF_RUNNERS if r.name == spec.runner)
     return [f"{name}={spec.options[name]}" for name, opt in info.options.items()
             if name != "loader" and name in spec.options and spec.options[name] != opt.default]

@@ -17,6 +17,7 @@ from contract.result import join
 from models import get_spec
 from models import keras2_common as k2
 from runners.common import Invalid, Spec, TimedWindow, Unavailable
+from runners.converge import Recipe, load_splits, train_to_accuracy
 from runners.tf import op_kinds
 from runners.tf import placement as tfp
 from runners.tf import towers as kt
@@ -278,8 +279,6 @@ class TowerConverge:
 def converge(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
     """Mode converge as seed 004 trained: TowerConverge on make's model with converge_loss and the
     recipe's SGD, initial weights seeded by tf_keras.utils.set_random_seed(recipe.seed)."""
-    from runners.converge import Recipe, load_splits, train_to_accuracy
-
     names, devices, xla = kt.setup(spec)
     input_mode = spec.options["input"]
     if input_mode != "feed_dict":
