@@ -15,7 +15,7 @@ import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from contract.reasons import code
 from runners.common import Spec, Unavailable, main
-from runners.tf.devices import setup_devices
+from runners.tf.devices import cross_device_ops_used, setup_devices
 from runners.tf.placement import collective_nodes, device_key, eager_placement
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -29,23 +29,12 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.MirroredStrategy, list[dict
                           "MirroredStrategy over its devices); across nodes it is not built")
     names, devices = setup_devices(spec)
     strategy = tf.distribute.MirroredStrategy(devices=names)
-    cross = cross_device_ops(strategy)
-    if type(cross).__name__ != "CollectiveAllReduce":
-        raise Unavailable(f"MirroredStrategy (TensorFlow {tf.__version__}) chose "
-                          f"{type(cross).__name__} over {names}, not CollectiveAllReduce: the "
-                          "collective all-reduce this probe measures is not what it runs here")
+    cross = cross_device_ops_used(strategy)
+    if cross != "CollectiveAllReduce":
+        raise Unavailable(f"MirroredStrategy (TensorFlow {tf.__version__}) chose {cross} over "
+                          f"{names}, not CollectiveAllReduce: the collective all-reduce this "
+                          "probe measures is not what it runs here")
     return strategy, devices
-
-
-def cross_device_ops(strategy: tf.distribute.Strategy) -> Any:
-    """The CrossDeviceOps MirroredStrategy reduces float32 values with (its own choice)."""
-    return strategy.extended._cross_device_ops  # noqa: SLF001 (no public accessor)
-
-
-def implementation(strategy: tf.distribute.Strategy) -> str:
-    """The collective implementation MirroredStrategy set for its CollectiveAllReduce."""
-    impl = strategy.extended._communication_options.implementation  # noqa: SLF001
-    return getattr(impl, "name", str(impl))
 
 
 def replica_buffers(strategy: tf.distribute.Strategy, elements: int) -> Any:
@@ -172,8 +161,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     rows = [sizes.measure(nbytes) for nbytes in probe_sizes(spec.model)]
     collectives = other_collectives(spec, strategy)
     window = (start, time.time())
-    impl = implementation(strategy)
-    cross = type(cross_device_ops(strategy)).__name__
+    # the collective implementation MirroredStrategy set for its CollectiveAllReduce
+    impl = strategy.extended._communication_options.implementation  # noqa: SLF001
+    impl = getattr(impl, "name", str(impl))
+    cross = cross_device_ops_used(strategy)
     evidence = {
         "replicas": n,
         "world_size": n,

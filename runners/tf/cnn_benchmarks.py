@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,10 @@ HEADER = {"model": re.compile(r"^Model:\s+(?P<value>\S+)"),
           "all_reduce": re.compile(r"^AllReduce:\s+(?P<value>\S+)"),
           "tensorflow": re.compile(r"^TensorFlow:\s+(?P<value>\S+)"),
           "num_batches": re.compile(r"^Num batches:\s+(?P<value>\d+)")}
+# the record's names for what the script's header says (parse_output's keys)
+SCRIPT_HEADER = {"script_model": "model", "script_dataset": "dataset",
+                 "variable_update": "variables", "all_reduce": "all_reduce",
+                 "optimizer": "optimizer"}
 ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*")
 OOM = re.compile(r"ResourceExhaustedError|OOM when allocating|out of memory", re.IGNORECASE)
 
@@ -146,13 +151,9 @@ def compute_events(trace: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, An
 def trace_placement(trace: Mapping[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     """From the script's Chrome trace (pure): the nodes executed on each device and how many of
     each op type, from the "X" events of each "<device> Compute" process."""
-    by_device: dict[str, int] = {}
-    by_type: dict[str, int] = {}
-    for dev, ev, op in compute_events(trace):
-        if (ev.get("args") or {}).get("name") in ("_SOURCE", "_SINK"):
-            continue
-        by_device[dev] = by_device.get(dev, 0) + 1
-        by_type[op] = by_type.get(op, 0) + 1
+    executed = [(dev, op) for dev, ev, op in compute_events(trace)
+                if (ev.get("args") or {}).get("name") not in ("_SOURCE", "_SINK")]
+    by_device, by_type = Counter(d for d, _ in executed), Counter(op for _, op in executed)
     return dict(sorted(by_device.items())), dict(sorted(by_type.items(), key=lambda kv: -kv[1]))
 
 
@@ -409,21 +410,14 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     return join({
         "images_per_sec": parsed["total_images_per_sec"],
         "images_per_sec_source": IMAGES_PER_SEC_SOURCE,
-        "timed_steps": parsed["timed_steps"],
-        "samples": parsed["samples"],
-        "first_loss": parsed["first_loss"],
-        "last_loss": parsed["last_loss"],
+        **{k: parsed[k] for k in ("timed_steps", "samples", "first_loss", "last_loss")},
         "loss_kind": "the script's total_loss of each displayed step (cross-entropy + L2)",
     }, window, {
         "replicas": n,
         "framework": {**_versions(), "tensorflow_reported": parsed["tensorflow"]},
         "devices": devices,
         "layout": "channels_last" if parsed["data_format"] == "NHWC" else "channels_first",
-        "script_model": parsed["model"],
-        "script_dataset": parsed["dataset"],
-        "variable_update": parsed["variables"],
-        "all_reduce": parsed["all_reduce"],
-        "optimizer": parsed["optimizer"],
+        **{ours: parsed[theirs] for ours, theirs in SCRIPT_HEADER.items()},
         "placement": placement,
         "placement_source": code("tf.cnn_trace_executed_nodes"),
         "traced_ops_by_type": ops_by_type,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -15,21 +16,40 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from contract.precision_policy import resolve
 from contract.reasons import code
 from contract.result import join  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
-from runners.common import Spec, TimedWindow, Unavailable, rows_per_device  # noqa: E402
+from runners.common import Invalid, Spec, TimedWindow, Unavailable, one_line, rows_per_device  # noqa: E402
 from runners.converge import Splits, train_to_accuracy  # noqa: E402
+from runners.memory import _itemsize  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
-from runners.tf.devices import setup_devices  # noqa: E402  (re-exported)
+from runners.tf.devices import MultiWorker, multi_worker_strategy, setup_devices  # noqa: E402
+from runners.tf.placement import device_key  # noqa: E402
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def framework_versions() -> dict[str, str]:
     return {"tensorflow": tf.__version__, "keras": keras.__version__, "numpy": np.__version__}
+
+
+def make_strategy(spec: Spec, cross_device_ops: Callable[[], Any] | None = None,
+                  communication: str = "auto",
+                  multi_class: type[tf.distribute.MultiWorkerMirroredStrategy]
+                  = tf.distribute.MultiWorkerMirroredStrategy
+                  ) -> tuple[tf.distribute.Strategy, list[dict[str, Any]], MultiWorker | None]:
+    """MirroredStrategy over the run's devices (all-reduce by `cross_device_ops()`, None: its
+    default); on several nodes `multi_class` (MultiWorkerMirroredStrategy, collective
+    `communication`), with what the record needs of it."""
+    if spec.num_nodes > 1:
+        multi = multi_worker_strategy(spec, communication, multi_class)
+        return multi.strategy, multi.devices, multi
+    names, devices = setup_devices(spec)
+    cross = cross_device_ops() if cross_device_ops else None
+    return tf.distribute.MirroredStrategy(devices=names, cross_device_ops=cross), devices, None
 
 
 def mirrored_model(spec: Spec, model: str, lr: float, momentum: float,
@@ -91,14 +111,10 @@ def global_batch_dataset(batch: Any, repeat: bool = True) -> tf.data.Dataset:
     return tf_data.auto_shard(ds.repeat() if repeat else ds)
 
 
-# the shuffle seed every worker of a multi-node run shares (worker_seed)
-MULTI_WORKER_SEED = 20240616
-
-
 def worker_seed(spec: Spec) -> int | None:
     """The real-data shuffle seed: on several nodes one seed every worker shares (the same
     global batches, each worker keeping its slice: auto-shard DATA), None on one node."""
-    return MULTI_WORKER_SEED if spec.num_nodes > 1 else None
+    return 20240616 if spec.num_nodes > 1 else None
 
 
 SHARDING_NOTE = code("tf.multi_worker_sharding")
@@ -137,13 +153,11 @@ def fit_input(spec: Spec, model_spec: ModelSpec, data_format: str, steps: int
         source: Any = jpeg_sequence(data, size, batch, steps, channels_first)
         info = {"input_pipeline": describe_keras(data),
                 "labels_first_batch": [int(v) for v in source[0][1]]}
-    elif loader == "framework":
+    else:  # framework (the catalog's choices: framework, keras)
         source = tf_data.make_dataset(data, size, batch, channels_first=channels_first,
                                       seed=worker_seed(spec))
         info = {"input_pipeline": tf_data.describe_pipeline(data, batch, channels_first),
                 "labels_first_batch": tf_data.first_labels(source)}
-    else:
-        raise Unavailable(f"loader {loader!r} is neither framework nor keras")
     return source, {**describe(data, size), "loader": loader, **info}
 
 
@@ -179,6 +193,59 @@ def timed_fit(spec: Spec, model: keras.Model, data: Any, per_call: int = 1, *,
         **clock.window.summary(spec.global_batch_size, steps * spec.global_batch_size),
         "loss_kind": "Keras running mean over the epoch (warm-up steps included)",
     }
+
+
+# ---- the model state each device holds under tf.distribute: the distributed variables'
+# per-device components (parameters, optimizer state, gradients as the trainable weights) ----
+
+def _per_device(variables: Any) -> dict[str, int]:
+    """Bytes each device holds of `variables`: a distributed variable's per-device values."""
+    held: dict[str, int] = {}
+    for v in variables:
+        inner = getattr(v, "value", v)  # a Keras 3 Variable -> the tf variable
+        values = getattr(inner, "values", None)
+        for part in (values if values is not None else [inner]):
+            nbytes = math.prod(int(d) for d in part.shape) * _itemsize(part.dtype)
+            key = device_key(part.device)
+            held[key] = held.get(key, 0) + nbytes
+    return held
+
+
+def _whole(variables: Any) -> int:
+    return sum(math.prod(int(d) for d in v.shape) * _itemsize(v.dtype) for v in variables)
+
+
+def state_bytes_tf(model: Any) -> dict[str, Any]:
+    """state_bytes_per_device, state_bytes_global and state_source of a Keras model trained
+    under a tf.distribute strategy (its optimizer: model.optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    opt_vars = list(getattr(optimizer, "variables", None) or ())
+    params, grads = _per_device(model.weights), _per_device(model.trainable_weights)
+    opt = _per_device(opt_vars)
+    devices = sorted(set(params) | set(opt))
+    return {
+        "state_bytes_per_device": {d: {"params": params.get(d, 0), "grads": grads.get(d, 0),
+                                       "optimizer": opt.get(d, 0)} for d in devices},
+        "state_bytes_global": {"params": _whole(model.weights),
+                               "grads": _whole(model.trainable_weights),
+                               "optimizer": _whole(opt_vars)},
+        "state_source": code("tf.distributed_variables_state"),
+    }
+
+
+def keras_policy(model: Any, precision: str) -> dict[str, Any]:
+    """The record's precision_policy of a compiled Keras 3 model, read back from it (dtype policy,
+    variables' dtype, loss scaling; gradients reduced in the trainable variables' dtype)."""
+    policy = model.dtype_policy
+    optimizer = getattr(model, "optimizer", None)
+    scaled = type(optimizer).__name__ == "LossScaleOptimizer"
+    variable = model.trainable_weights[0].dtype if model.trainable_weights else None
+    return {"precision_policy": resolve(
+        precision, how=f"keras dtype policy {policy.name!r} (keras.mixed_precision)"
+        + ("; compile's LossScaleOptimizer" if scaled else ""),
+        compute=policy.compute_dtype, params=variable or policy.variable_dtype,
+        reduce=variable or policy.variable_dtype,
+        loss_scaling="dynamic" if scaled else None)}
 
 
 # ---- mode converge (runners/converge.py): what tf_mirrored and tf_native share -------------
@@ -316,9 +383,6 @@ class StrategyAccuracy:
         return hits / self.rows
 
 
-EVALUATION = code("tf.strategy_evaluation")
-
-
 class StrategyConverge:
     """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy: a subclass's
     `train` runs one epoch; this class reads the rate back, evaluates, reads BatchNorm
@@ -344,14 +408,21 @@ class StrategyConverge:
 
     @contextlib.contextmanager
     def empty_replicas(self, batches: Sequence[Any]) -> Iterator[None]:
-        """A failed step on `batches` re-raised as empty_replica_failure's Invalid, if any."""
+        """A step failed on `batches` where a replica got no rows (a short kept last batch of
+        fewer rows than replicas: seed 002's trap) re-raised Invalid, saying why."""
         try:
             yield
         except tf.errors.InvalidArgumentError as exc:
-            failure = empty_replica_failure(exc, batches, self.strategy.num_replicas_in_sync)
-            if failure is None:
+            replicas = self.strategy.num_replicas_in_sync
+            short = [b.global_rows for b in batches if b.global_rows < replicas]
+            if not short:
                 raise
-            raise failure from exc
+            raise Invalid(
+                f"a replica got no rows of the short kept last batch ({short[0]} row(s) over "
+                f"{replicas} replicas) and TensorFlow failed on its empty slice "
+                f"({one_line(str(exc), 160)}): oneDNN's CPU Conv2D gives an empty batch the "
+                "wrong shape; without oneDNN the replica's BatchNorm moving statistics become "
+                "NaN") from exc
 
     def run(self, spec: Spec, splits: Splits, policy: str) -> dict[str, Any]:
         """train_to_accuracy's result and the fields both runners report."""
@@ -365,7 +436,7 @@ class StrategyConverge:
             "dtype_policy": policy,
             "batchnorm": "per_device",
             "optimizer": code("tf.keras3_sgd_weight_decay"),
-            "evaluation": EVALUATION,
+            "evaluation": code("tf.strategy_evaluation"),
             "initial_weights_sha256": self.initial})
 
 
@@ -377,18 +448,3 @@ def weights_digest(model: keras.Model) -> str:
         digest.update(np.ascontiguousarray(value, np.float32).tobytes())
     return digest.hexdigest()
 
-
-def empty_replica_failure(exc: Exception, batches: Sequence[Any], replicas: int
-                          ) -> Exception | None:
-    """Invalid, saying why, when a step failed on an epoch where a replica got no rows (a short
-    kept last batch of fewer rows than replicas: seed 002's trap); else None."""
-    from runners.common import Invalid, one_line
-
-    short = [b.global_rows for b in batches if b.global_rows < replicas]
-    if not short:
-        return None
-    return Invalid(
-        f"a replica got no rows of the short kept last batch ({short[0]} row(s) over {replicas} "
-        f"replicas) and TensorFlow failed on its empty slice ({one_line(str(exc), 160)}): "
-        "oneDNN's CPU Conv2D gives an empty batch the wrong shape; without oneDNN the "
-        "replica's BatchNorm moving statistics become NaN")

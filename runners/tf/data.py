@@ -28,11 +28,6 @@ def open_real(spec: Spec, model_spec: Any) -> RealData:
     return open_for_model(spec, model_spec)
 
 
-def versions() -> dict[str, str]:
-    """TensorFlow and numpy versions (no Keras: this module does not import it)."""
-    return {"tensorflow": tf.__version__, "numpy": np.__version__}
-
-
 def _window(h: tf.Tensor, w: tf.Tensor, size: int, augmentation: str) -> tuple[tf.Tensor,
                                                                               tf.Tensor]:
     """Top-left corner of the S x S crop: uniform for crop-flip, centred for none."""

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
+from runners.tf.placement import all_gather_json, collective_ops
 
 
 def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
@@ -39,6 +40,12 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
                    for name, gpu in zip(names, gpus[:n], strict=True)]
 
 
+def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
+    """The all-reduce class MirroredStrategy uses (for auto: the one it chose itself)."""
+    ops = getattr(strategy.extended, "_cross_device_ops", None)
+    return type(ops).__name__ if ops is not None else "default"
+
+
 def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
     """The tf.compat.v1 Session config of the graph-mode runners: soft placement, GPU memory
     growth, inter-op threads >= 2N+2, and on CPU N CPU devices."""
@@ -53,7 +60,6 @@ def session_config(spec: Spec) -> tf.compat.v1.ConfigProto:
 
 # ---- multi-node: MultiWorkerMirroredStrategy over SlurmClusterResolver's cluster ----------
 
-MECHANISM = code("tf.multi_worker_mechanism")
 CPU_GPUS_NOTE = code("tf.slurm_resolver_cpu_gpus")
 
 
@@ -138,8 +144,6 @@ class MultiWorker:
         """`nodes`, `multi_node` and every worker's placement and devices, gathered through TF. A
         collective: call on every worker, last. Invalid when the workers are not tasks 0..N-1 or
         two report the same device."""
-        from runners.tf.placement import all_gather_json, collective_ops
-
         s, r = self.strategy, self.resolver
         ext = s.extended
         cluster = {job: list(tasks) for job, tasks in ext._cluster_spec.as_dict().items()}
@@ -174,7 +178,7 @@ class MultiWorker:
         ext = s.extended
         impl = ext._communication_options.implementation
         return {
-            "mechanism": MECHANISM,
+            "mechanism": code("tf.multi_worker_mechanism"),
             "tensorflow": tf.__version__,
             "resolver": type(r).__mro__[1].__name__,
             "cluster_spec_resolved": r.resolved,
@@ -230,9 +234,8 @@ def multi_worker_strategy(spec: Spec, communication: str = "auto",
     except RuntimeError as exc:  # "SLURM_PROCID not found in environment. Not running ..."
         raise Unavailable(f"SlurmClusterResolver: {exc}") from exc
     check_resolved(spec, resolver)
-    impl = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}[communication]
+    impl = getattr(tf.distribute.experimental.CommunicationImplementation,
+                   communication.upper())
     strategy = strategy_class(
         cluster_resolver=resolver,
         communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -248,27 +251,20 @@ def multi_worker_strategy(spec: Spec, communication: str = "auto",
 XLA_CPU_COLLECTIVES = "Collectives are not yet implemented for CPU devices when compiling with XLA"
 
 
-def xla_collectives_unavailable(exc: BaseException) -> Unavailable | None:
-    """Unavailable with TF's words when XLA could not compile the step's cross-worker all-reduce
-    on CPU; None for any other error."""
-    said = next((line.strip() for line in str(exc).splitlines()
-                 if XLA_CPU_COLLECTIVES in line), None)
-    if said is None:
-        return None
-    return Unavailable(f"xla on several workers on CPU: TensorFlow {tf.__version__} does not "
-                       f"compile the cross-worker all-reduce with XLA on CPU ({said[:300]})")
-
-
 @contextlib.contextmanager
 def xla_collectives_guard() -> Iterator[None]:
-    """Re-raises xla_collectives_unavailable's Unavailable for the error it recognises."""
+    """Re-raises Unavailable, with TF's words, the error XLA gives when it could not compile the
+    step's cross-worker all-reduce on CPU (xla on several workers); any other error as it is."""
     try:
         yield
-    except tf.errors.UnimplementedError as exc:  # xla on several workers on CPU
-        unavailable = xla_collectives_unavailable(exc)
-        if unavailable is not None:
-            raise unavailable from exc
-        raise
+    except tf.errors.UnimplementedError as exc:
+        said = next((line.strip() for line in str(exc).splitlines()
+                     if XLA_CPU_COLLECTIVES in line), None)
+        if said is None:
+            raise
+        raise Unavailable(f"xla on several workers on CPU: TensorFlow {tf.__version__} does not "
+                          "compile the cross-worker all-reduce with XLA on CPU "
+                          f"({said[:300]})") from exc
 
 
 def check_resolved(spec: Spec, resolver: SlurmResolver) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
-from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.tf import towers as kt
 from runners.tf import towers_run
@@ -79,9 +78,9 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
         raise Unavailable("NCCL all-reduce runs on GPUs only")
     common = {"ps": opts["ps"], "template_device": opts["template_device"],
               "average_gradients": average, "nccl": nccl}
-    plain = kt.plain_baseline(spec, devices, input_mode, ORIGINAL)
+    plain = kt.plain_baseline(spec, devices, input_mode, ORIGINAL, common)
     if plain is not None:
-        return plain[0], join(common, plain[1])
+        return plain
     ps = "/cpu:0" if opts["ps"] == "cpu" else devices[0]
     template = kt.build_template(spec.model, kt.template_device(opts["template_device"],
                                                                 devices))

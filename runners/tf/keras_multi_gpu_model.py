@@ -12,8 +12,9 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
+import tf_keras
 
-from contract.result import join
 from runners.common import Invalid, Spec, main
 from runners.tf import towers as kt
 from runners.tf import towers_run
@@ -24,14 +25,12 @@ SLICING = {"2.1": None, "2.2": "input"}
 
 def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dict[str, Any]]:
     opts = spec.options
-    version = str(opts["keras_version"])
-    if version not in SLICING:
-        raise Invalid(f"keras_version {version!r} is not one of {sorted(SLICING)}")
+    version = str(opts["keras_version"])  # the catalog's choices: SLICING's keys
     common = {"keras_version": version, "cpu_merge": bool(opts["cpu_merge"]),
               "cpu_relocation": bool(opts["cpu_relocation"])}
-    plain = kt.plain_baseline(spec, devices, input_mode, ORIGINAL)
+    plain = kt.plain_baseline(spec, devices, input_mode, ORIGINAL, common)
     if plain is not None:
-        return plain[0], join(common, plain[1])
+        return plain
     where = str(opts["template_device"])
     if where == "docs":  # the docstring's example for these arguments
         where = "cpu" if common["cpu_merge"] and not common["cpu_relocation"] else "default"
@@ -39,9 +38,6 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
     passed = kt.build_template(spec.model, kt.template_device(where, devices))
     template = passed
     if common["cpu_relocation"]:
-        import tensorflow as tf
-        import tf_keras
-
         with tf.device("/cpu:0"):
             template = tf_keras.models.clone_model(passed)
     merge = "/cpu:0" if common["cpu_merge"] else devices[0]
@@ -59,8 +55,6 @@ def make(spec: Spec, devices: list[str], input_mode: str) -> tuple[kt.Built, dic
 def saved_template(built: kt.Built) -> dict[str, Any]:
     """saved_template_ok: the trained template saved to HDF5 and loaded back; Invalid unless
     every weight matches."""
-    import tf_keras
-
     template = built.template
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "template.h5")

@@ -24,9 +24,8 @@ from runners.converge import Recipe, load_splits
 from runners.memory import model_state_keras
 from runners.real_data import TOKENS_REAL
 from runners.tf import common as tfc
-from runners.tf.devices import MultiWorker, multi_worker_strategy, xla_collectives_guard
+from runners.tf.devices import MultiWorker, cross_device_ops_used, xla_collectives_guard
 from runners.tf.placement import EagerPlacement
-from runners.tf.state import keras_policy, state_bytes_tf
 
 DATA_PLACEMENT = {
     "synthetic": "one synthetic batch in tf.data, prefetched to each replica's device",
@@ -40,10 +39,6 @@ CROSS_DEVICE_OPS = {
     "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
     "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
 }
-
-
-PROBE_SOURCE = code("tf.mirrored_probe_first_batch")
-FIT_REDUCE_NOTE = code("tf.fit_reduce_patch")
 
 
 class FitMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
@@ -84,19 +79,7 @@ def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, An
                 f"loader keras on {spec.num_nodes} nodes: not built for "
                 "MultiWorkerMirroredStrategy here (each worker's PyDataset would have to be "
                 "sharded by this runner); loader framework (tf.data) shards by worker")
-        multi = multi_worker_strategy(spec, choice, FitMultiWorkerStrategy)
-        return multi.strategy, multi.devices, multi
-    names, devices = tfc.setup_devices(spec)
-    cross = CROSS_DEVICE_OPS[choice]
-    strategy = tf.distribute.MirroredStrategy(devices=names,
-                                              cross_device_ops=cross() if cross else None)
-    return strategy, devices, None
-
-
-def cross_device_ops_used(strategy: tf.distribute.Strategy) -> str:
-    """The all-reduce class MirroredStrategy uses (for auto: the one it chose itself)."""
-    ops = getattr(strategy.extended, "_cross_device_ops", None)
-    return type(ops).__name__ if ops is not None else "default"
+    return tfc.make_strategy(spec, CROSS_DEVICE_OPS[choice], choice, FitMultiWorkerStrategy)
 
 
 def build_compiled(spec: Spec, strategy: tf.distribute.Strategy, model_name: str | None,
@@ -135,15 +118,9 @@ def run_input(spec: Spec, model_spec: ModelSpec, data_format: str) -> tuple[Any,
         model_spec.input_shape[0], model_spec.num_classes, spec.global_batch_size)), {}
 
 
-class StopPlacement(keras.callbacks.Callback):
+def stop_placement(placement: EagerPlacement) -> keras.callbacks.Callback:
     """Stops collecting partition graphs at the end of fit's first call (its function made)."""
-
-    def __init__(self, placement: EagerPlacement) -> None:
-        super().__init__()
-        self.placement = placement
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.placement.stop()
+    return keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: placement.stop())
 
 
 @contextlib.contextmanager
@@ -207,7 +184,7 @@ def worker_input(strategy: Any, data: Any, multi: Any) -> tuple[Any, Any]:
         return data, None
     data = tfc.shard_across_workers(data)
     first = next(iter(strategy.experimental_distribute_dataset(data)))
-    return data, tfc.local_batch(strategy, first, PROBE_SOURCE)
+    return data, tfc.local_batch(strategy, first, code("tf.mirrored_probe_first_batch"))
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
@@ -221,25 +198,24 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
     data, data_info = run_input(spec, model_spec, data_format)
     data, first_batch = worker_input(strategy, data, multi)
-    placement = EagerPlacement()
-    placement.start()  # before fit's first call, which instantiates its train function
+    placement = EagerPlacement().start()  # before fit's first call makes its train function
     with known_limits(spec, strategy):
         timed = tfc.timed_fit(spec, model, data, spec.options["steps_per_execution"],
-                              callbacks=[StopPlacement(placement)])
+                              callbacks=[stop_placement(placement)])
     layout = "tokens (batch, sequence)" if tokens else data_format
     result = join(
         timed, compile_info(spec, strategy, devices, layout), placement.result(),
         {"dtype_policy": tfc.POLICIES[spec.precision],
          "data_placement": DATA_PLACEMENT["tokens" if tokens else spec.data]},
         data_info, kc.model_record(model, model_spec, described), model_state_keras(model),
-        keras_policy(model, spec.precision),
+        tfc.keras_policy(model, spec.precision),
         # one worker's devices only: a multi-worker run would need every worker's (not read)
-        state_bytes_tf(model) if multi is None else {})
+        tfc.state_bytes_tf(model) if multi is None else {})
     if multi is not None:  # last: a collective every worker joins
         result["input_sharding"] = tfc.SHARDING_NOTE
         result.update(multi.record(
             result["placement"], placement.run_metadata, {"first_batch": first_batch},
-            {"FitMultiWorkerStrategy.reduce": FIT_REDUCE_NOTE}))
+            {"FitMultiWorkerStrategy.reduce": code("tf.fit_reduce_patch")}))
     return result
 
 
@@ -251,16 +227,13 @@ def equivalence(spec: Spec) -> dict[str, Any]:
                               lambda: keras.optimizers.SGD(learning_rate=lr))
     with strategy.scope():
         kc.set_canonical_weights(model, weights)
-    if spec.options["data_format"] == "channels_first":
-        x = x.transpose(0, 3, 1, 2)
-    data = tfc.global_batch_dataset((x, y), repeat=False)
+    data = tfc.global_batch_dataset((tfc.nchw(x, spec.options["data_format"]), y), repeat=False)
     data, first_batch = worker_input(strategy, data, multi)
-    placement = EagerPlacement()
-    placement.start()
+    placement = EagerPlacement().start()
     # the benchmark's input path, given once: fit stops after exactly one step
     with known_limits(spec, strategy):
         model.fit(data, epochs=1, verbose=0, shuffle=False,
-                  callbacks=[StopPlacement(placement)])
+                  callbacks=[stop_placement(placement)])
     steps = int(model.optimizer.iterations.numpy())
     if steps != 1:
         raise Invalid(f"the equivalence fit ran {steps} optimizer steps, not 1")
@@ -270,7 +243,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     if multi is not None:
         result.update(multi.record(
             result["placement"], placement.run_metadata, {"first_batch": first_batch},
-            {"FitMultiWorkerStrategy.reduce": FIT_REDUCE_NOTE}))
+            {"FitMultiWorkerStrategy.reduce": code("tf.fit_reduce_patch")}))
     return result
 
 
@@ -301,7 +274,7 @@ class MirroredConverge(tfc.StrategyConverge):
         callbacks: list[keras.callbacks.Callback] = [self.step_lr]
         if epoch == 0:  # the train function's partition graphs, made by its first call
             self.placement.start()
-            callbacks.append(StopPlacement(self.placement))
+            callbacks.append(stop_placement(self.placement))
         with self.empty_replicas(batches), known_limits(self.spec, self.strategy):
             history = self.model.fit(tfc.epoch_dataset(batches, self.data_format),
                                      epochs=epoch + 1, initial_epoch=epoch,
@@ -331,7 +304,7 @@ def converge(spec: Spec) -> dict[str, Any]:
         "data_placement": DATA_PLACEMENT["converge"],
         "lr_setting": "StepLearningRate callback: model.optimizer.learning_rate before each step",
         "train_loss_kind": code("tf.keras_epoch_loss"),
-    }, kc.model_record(model, model_spec, described), keras_policy(model, spec.precision))
+    }, kc.model_record(model, model_spec, described), tfc.keras_policy(model, spec.precision))
 
 
 if __name__ == "__main__":

@@ -23,10 +23,8 @@ from runners.converge import Recipe, load_splits
 from runners.real_data import describe
 from runners.tf import common as tfc
 from runners.tf import data as tf_data
-from runners.tf.devices import MultiWorker, multi_worker_strategy
+from runners.tf.devices import MultiWorker
 from runners.tf.steps import device_batches, first_step, make_train_step
-
-FUSED_MIN_EPSILON = 1.001e-5
 
 
 class FusedBatchNormalization(keras.layers.BatchNormalization):
@@ -48,12 +46,13 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
                   else tf.zeros((channels,), tf.float32))
         fmt = "NHWC" if axis == 3 else "NCHW"
         # cuDNN's minimum epsilon, raised as tf.nn.fused_batch_norm raises it (1e-5 -> 1.001e-5)
-        epsilon = max(self.epsilon, FUSED_MIN_EPSILON)
+        epsilon = max(self.epsilon, 1.001e-5)
+        fused = {"x": x, "scale": scale, "offset": offset, "epsilon": epsilon,
+                 "exponential_avg_factor": 1.0, "data_format": fmt}
         if training and self.trainable:
             y, mean, unbiased, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=x, scale=scale, offset=offset, mean=tf.constant([], tf.float32),
-                variance=tf.constant([], tf.float32), epsilon=epsilon,
-                exponential_avg_factor=1.0, data_format=fmt, is_training=True)
+                mean=tf.constant([], tf.float32), variance=tf.constant([], tf.float32),
+                is_training=True, **fused)
             shape = tf.shape(x)
             n = tf.cast(tf.reduce_prod(shape) // shape[axis], tf.float32)
             variance = unbiased * ((n - 1.0) / tf.maximum(n, 1.0))
@@ -62,10 +61,9 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
             self.moving_variance.assign(self.moving_variance.value * m + variance * (1.0 - m))
         else:
             y, _, _, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-                x=x, scale=scale, offset=offset, mean=tf.cast(self.moving_mean.value, tf.float32),
-                variance=tf.cast(self.moving_variance.value, tf.float32),
-                epsilon=epsilon, exponential_avg_factor=1.0, data_format=fmt,
-                is_training=False)
+                mean=tf.cast(self.moving_mean.value, tf.float32),
+                variance=tf.cast(self.moving_variance.value, tf.float32), is_training=False,
+                **fused)
         return tf.cast(y, self.compute_dtype)
 
 
@@ -74,7 +72,8 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
     """The model from models/ and how many BatchNormalization layers were swapped for
     FusedBatchNormalization (same name and config, so the same canonical weights)."""
     built = load_builder(model, "keras")(model_spec, data_format=data_format)
-    if not fused_batchnorm:
+    if not fused_batchnorm or not any(type(layer) is keras.layers.BatchNormalization
+                                      for layer in built.layers):
         return built, 0
     swapped = 0
 
@@ -85,22 +84,9 @@ def build_model(model: str, model_spec: ModelSpec, data_format: str,
             return FusedBatchNormalization.from_config(layer.get_config())
         return layer.__class__.from_config(layer.get_config())
 
-    if not any(type(layer) is keras.layers.BatchNormalization for layer in built.layers):
-        return built, 0
     cloned = keras.models.clone_model(built, clone_function=clone)
     cloned.set_weights(built.get_weights())  # the builder's initial weights, not fresh ones
     return cloned, swapped
-
-
-def make_strategy(spec: Spec) -> tuple[tf.distribute.Strategy, list[dict[str, Any]],
-                                       MultiWorker | None]:
-    """MirroredStrategy over the run's devices (its default all-reduce); on several nodes
-    MultiWorkerMirroredStrategy (its default collective), with what the record needs of it."""
-    if spec.num_nodes > 1:
-        multi = multi_worker_strategy(spec)
-        return multi.strategy, multi.devices, multi
-    names, devices = tfc.setup_devices(spec)
-    return tf.distribute.MirroredStrategy(devices=names), devices, None
 
 
 def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelSpec,
@@ -127,25 +113,27 @@ def step_inputs(spec: Spec, strategy: tf.distribute.Strategy, model_spec: ModelS
     }
 
 
-BATCHNORM_KERNEL = {True: "none in this model", False: "Keras 3 BatchNormalization (unfused ops)"}
-
-
 class NativeModel:
     """The run's model and optimizer made under its strategy, as benchmark and converge build it
-    (dtype policy, fused_batchnorm, loss scaling at fp16), and the record fields they share."""
+    (dtype policy, fused_batchnorm, loss scaling at fp16), and the record fields they share;
+    with `weights` the equivalence test's probe at those weights (no loss scaling)."""
 
     def __init__(self, spec: Spec, strategy: tf.distribute.Strategy,
                  devices: list[dict[str, Any]],
-                 make_optimizer: Callable[[], keras.optimizers.Optimizer]) -> None:
+                 make_optimizer: Callable[[], keras.optimizers.Optimizer],
+                 weights: dict[str, np.ndarray] | None = None) -> None:
         opts = spec.options
         self.spec, self.strategy, self.devices = spec, strategy, devices
         self.data_format, self.xla = opts["data_format"], bool(opts["xla"])
         self.fused = bool(opts["fused_batchnorm"])
+        model = spec.model if weights is None else "probe"
         with strategy.scope():
-            self.model, self.swapped = build_model(spec.model, get_spec(spec.model),
-                                                   self.data_format, self.fused)
+            self.model, self.swapped = build_model(model, get_spec(model), self.data_format,
+                                                   self.fused)
+            if weights is not None:
+                kc.set_canonical_weights(self.model, weights)
             optimizer = make_optimizer()
-            if spec.precision == "fp16":
+            if spec.precision == "fp16" and weights is None:
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer.build(self.model.trainable_variables)
         self.optimizer = optimizer
@@ -161,7 +149,8 @@ class NativeModel:
             "loss_scaling": self.spec.precision == "fp16",
             "xla": self.xla,
             "batchnorm_kernel": (f"fused: FusedBatchNormV3 in {swapped} layers" if swapped
-                                 else BATCHNORM_KERNEL[self.fused]),
+                                 else "none in this model" if self.fused
+                                 else "Keras 3 BatchNormalization (unfused ops)"),
             "params": kc.count_params_keras(self.model),
             "flops_per_sample": kc.count_flops_keras(self.model),
         }, placed)
@@ -199,7 +188,7 @@ class TimedSteps:
 def benchmark(spec: Spec) -> dict[str, Any]:
     policy = tfc.POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
-    strategy, devices, multi = make_strategy(spec)
+    strategy, devices, multi = tfc.make_strategy(spec)
     model_spec = get_spec(spec.model)
     global_batch, n = spec.global_batch_size, strategy.num_replicas_in_sync
     spec.split_batch(n, "replicas")
@@ -229,25 +218,17 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step on the probe model through the timed path (strategy, fused_batchnorm,
     per-device slices, the same tf.function step, xla); weights saved, placement read back."""
-    opts = spec.options
-    strategy, devices, multi = make_strategy(spec)
+    strategy, devices, multi = tfc.make_strategy(spec)
     weights, x, y, lr = spec.equivalence_inputs()
-    data_format = opts["data_format"]
-    n = strategy.num_replicas_in_sync
-    images = tfc.nchw(np.asarray(x), data_format)
-    with strategy.scope():
-        model, _ = build_model("probe", get_spec("probe"), data_format,
-                               bool(opts["fused_batchnorm"]))
-        kc.set_canonical_weights(model, weights)
-        optimizer = keras.optimizers.SGD(learning_rate=lr)
-        optimizer.build(model.trainable_variables)
-    xs, ys = tfc.replica_slices(strategy, images, y)
-    step = make_train_step(strategy, model, optimizer, len(x), bool(opts["xla"]))
+    net = NativeModel(spec, strategy, devices, lambda: keras.optimizers.SGD(learning_rate=lr),
+                      weights)
+    xs, ys = tfc.replica_slices(strategy, tfc.nchw(np.asarray(x), net.data_format), y)
+    step = make_train_step(strategy, net.model, net.optimizer, len(x), net.xla)
     loss, placed, run_metadata = first_step(step, xs, ys)
     if process_rank() == 0:  # several workers: each holds the same weights, one writes them
-        spec.save_equivalence_output(kc.get_canonical_weights(model))
-    result = {"replicas": n, "framework": tfc.framework_versions(), "devices": devices,
-              "loss": loss, "layout": data_format, **placed}
+        spec.save_equivalence_output(kc.get_canonical_weights(net.model))
+    result = {"replicas": strategy.num_replicas_in_sync, "framework": tfc.framework_versions(),
+              "devices": devices, "loss": loss, "layout": net.data_format, **placed}
     if multi is not None:
         result.update(multi.record(placed["placement"], run_metadata,
                                    {"first_batch": tfc.local_batch(strategy, (xs, ys),
@@ -295,7 +276,7 @@ def converge(spec: Spec) -> dict[str, Any]:
     tfc.check_converge_model(spec, get_spec(spec.model), splits)
     policy = tfc.POLICIES[spec.precision]
     keras.mixed_precision.set_global_policy(policy)
-    strategy, devices, _ = make_strategy(spec)
+    strategy, devices, _ = tfc.make_strategy(spec)
     keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
     adapter = NativeConverge(NativeModel(spec, strategy, devices,
                                          lambda: tfc.recipe_optimizer(recipe)))

@@ -4,11 +4,9 @@ TF collective. Child processes only. docs/runners/tf_family.md, "Notes from the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -70,17 +68,6 @@ def _executor_device(name: str) -> str | None:
     return None if _TRACER_STREAM.search(name) else device_key(name)
 
 
-def executed_ops_by_device(run_metadata: Any) -> dict[str, int]:
-    """Nodes that executed per device, from a FULL_TRACE step's step stats (empty without)."""
-    counts: Counter[str] = Counter()
-    for dev in run_metadata.step_stats.dev_stats:
-        device = _executor_device(dev.device)
-        n = sum(1 for s in dev.node_stats if s.node_name not in ("_SOURCE", "_SINK"))
-        if n and device:
-            counts[device] += n
-    return dict(sorted(counts.items()))
-
-
 def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
     """{device: {op kind: nodes executed}} from a FULL_TRACE step's RunMetadata, each node's op
     type classified by runners/tf/op_kinds.op_kind."""
@@ -105,18 +92,25 @@ def executed_kinds_by_device(run_metadata: Any) -> dict[str, dict[str, int]]:
 
 
 class EagerPlacement:
-    """Collects the partition graphs of the tf.functions instantiated between start() and stop():
-    around the step function's first call, outside the timed window."""
+    """Collects the partition graphs of the tf.functions instantiated between start() and stop()
+    (or in a `with` block): around the step function's first call, outside the timed window."""
 
     def __init__(self) -> None:
         self.run_metadata: Any = None
         self._on = False
 
-    def start(self) -> None:
+    def start(self) -> EagerPlacement:
         ctx = context.context()
         ctx.export_run_metadata()  # drop whatever an earlier collection left
         ctx.enable_run_metadata()
         self._on = True
+        return self
+
+    def __enter__(self) -> EagerPlacement:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if not self._on:
@@ -134,15 +128,7 @@ class EagerPlacement:
                 "placement_source": code("tf.function_partition_graphs")}
 
 
-@contextlib.contextmanager
-def eager_placement() -> Iterator[EagerPlacement]:
-    """`with eager_placement() as p: <first step>`; then p.result()."""
-    p = EagerPlacement()
-    p.start()
-    try:
-        yield p
-    finally:
-        p.stop()
+eager_placement = EagerPlacement  # `with eager_placement() as p: <first step>`; p.result()
 
 
 def graph_run_options(full_trace: bool = False) -> tuple[Any, Any]:
@@ -156,10 +142,16 @@ def graph_run_options(full_trace: bool = False) -> tuple[Any, Any]:
 
 
 def graph_placement(run_metadata: Any) -> dict[str, Any]:
-    """`placement` and `placement_source` from a graph-mode session.run's RunMetadata."""
-    executed = executed_ops_by_device(run_metadata)
+    """`placement` and `placement_source` from a graph-mode session.run's RunMetadata: the nodes
+    that executed per device in a FULL_TRACE step's step stats, else its partition graphs'."""
+    executed: Counter[str] = Counter()
+    for dev in run_metadata.step_stats.dev_stats:
+        device = _executor_device(dev.device)
+        n = sum(1 for s in dev.node_stats if s.node_name not in ("_SOURCE", "_SINK"))
+        if n and device:
+            executed[device] += n
     if executed:
-        return {"placement": executed,
+        return {"placement": dict(sorted(executed.items())),
                 "placement_source": "nodes executed per device in a FULL_TRACE session.run's "
                                     "step stats"}
     return {"placement": compute_ops_by_device(run_metadata),

@@ -55,17 +55,9 @@ def make_train_step(strategy: tf.distribute.Strategy, model: keras.Model,
     replica_step = tf.autograph.experimental.do_not_convert(replica_step)
     inner = tf.function(replica_step, jit_compile=True) if xla else replica_step
 
-    if global_batch is None:
-        @tf.function
-        def rows_step(x: Any, y: Any, rows: tf.Tensor) -> tf.Tensor:
-            per_replica = strategy.run(inner, args=(x, y, rows))
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        return rows_step
-
     @tf.function
-    def train_step(x: Any, y: Any) -> tf.Tensor:
-        per_replica = strategy.run(inner, args=(x, y, global_batch))
+    def train_step(x: Any, y: Any, rows: Any = global_batch) -> tf.Tensor:
+        per_replica = strategy.run(inner, args=(x, y, rows))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     return train_step

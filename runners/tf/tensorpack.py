@@ -28,9 +28,10 @@ from runners.tf.placement import graph_placement, graph_run_options  # noqa: E40
 
 tfv1 = tf.compat.v1
 DATA_FORMAT = "channels_last"
-# what train() says about the trainer and where the step ran, copied into every result
-RUN_FIELDS = ("trainer", "allreduce_asked", "allreduce", "gradient_packer", "ps_device",
-              "gradients", "placement", "placement_source")
+# what train() says about the towers, the trainer and where the step ran, copied into every result
+RUN_FIELDS = ("devices", "tower_devices", "variable_devices", "input", "trainer",
+              "allreduce_asked", "allreduce", "gradient_packer", "ps_device", "gradients",
+              "placement", "placement_source")
 
 
 def framework_versions() -> dict[str, str]:
@@ -52,11 +53,10 @@ def count_params(model: str) -> tuple[int, int]:
     return total, trainable
 
 
-def relocate_towers(graph: Any, devices: list[str]) -> int:
+def relocate_towers(graph: Any, devices: list[str]) -> None:
     """Put every op tensorpack placed on "/gpu:k" on the run's device k (the identity on GPUs);
-    call on the finished graph, before the session sees it. Returns how many ops moved."""
+    call on the finished graph, before the session sees it."""
     targets = [tfv1.DeviceSpec.from_string(d) for d in devices]
-    moved = 0
     for op in graph.get_operations():
         if not op.device:
             continue
@@ -66,8 +66,6 @@ def relocate_towers(graph: Any, devices: list[str]) -> int:
         target = spec.make_merged_spec(targets[spec.device_index]).to_string()
         if target != spec.to_string():
             op._set_device(target)
-            moved += 1
-    return moved
 
 
 def gradient_packer(graph: Any) -> dict[str, int] | None:
@@ -136,13 +134,11 @@ def make_trainer(spec: Spec, n: int) -> tuple[Any, dict[str, Any]]:
         trainer.BROADCAST_EVERY_EPOCH = False  # tensorpack's advice for benchmarks
         return trainer, {"trainer": "SyncMultiGPUTrainerReplicated", "allreduce_asked": mode,
                          "gradients": "averaged over towers"}
-    if kind == "parameter_server":
-        ps_device = opts["ps_device"]
-        trainer = SyncMultiGPUTrainerParameterServer(n, ps_device=ps_device)
-        trainer._builder = parameter_server_builder(n, ps_device)
-        return trainer, {"trainer": "SyncMultiGPUTrainerParameterServer",
-                         "ps_device": ps_device, "gradients": "averaged next to each variable"}
-    raise ValueError(f"unknown trainer {kind!r}")
+    ps_device = opts["ps_device"]  # parameter_server (the catalog's choices)
+    trainer = SyncMultiGPUTrainerParameterServer(n, ps_device=ps_device)
+    trainer._builder = parameter_server_builder(n, ps_device)
+    return trainer, {"trainer": "SyncMultiGPUTrainerParameterServer", "ps_device": ps_device,
+                     "gradients": "averaged next to each variable"}
 
 
 def make_input(spec: Spec, feed: list[list[np.ndarray]] | RealData) -> tuple[Any, str]:
@@ -301,7 +297,7 @@ def train(spec: Spec, model: str, feed: list[list[np.ndarray]] | RealData, optim
         raise Invalid(f"tensorpack ran {ran} of {warmup + measure} steps")
     tower_devices = [canonical(loss.op.device) for loss in towers.losses]
     check_towers_ran(tower_devices, clock.placement.get("placement", {}))
-    return {"clock": clock, "devices": devices, "names": names, "input": input_name,
+    return {"clock": clock, "devices": devices, "input": input_name,
             "tower_devices": tower_devices, "variable_devices": variable_devices,
             **clock.placement, **trainer_info}
 
@@ -386,8 +382,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 def run_fields(spec: Spec, run: dict[str, Any]) -> dict[str, Any]:
     """What benchmark and equivalence both report of train()'s towers, trainer and placement."""
     return {"replicas": spec.num_devices, "framework": framework_versions(),
-            "devices": run["devices"], "tower_devices": run["tower_devices"],
-            "variable_devices": run["variable_devices"], "input": run["input"],
             **{k: run[k] for k in RUN_FIELDS if k in run}}
 
 

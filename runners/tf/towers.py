@@ -23,7 +23,10 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 from tensorflow.python.ops import data_flow_ops  # noqa: E402
 
+from contract.catalogs.tf import RUNNERS as TF_RUNNERS  # noqa: E402
+from contract.result import join  # noqa: E402
 from models import get_spec, load_builder  # noqa: E402
+from runners import converge  # noqa: E402
 from runners.common import Invalid, Spec, Unavailable  # noqa: E402
 from runners.tf import devices as tf_devices  # noqa: E402
 from runners.tf.placement import graph_run_options  # noqa: E402
@@ -40,7 +43,6 @@ def sparse_categorical_crossentropy(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.
     log_p = tf.math.log(tf.clip_by_value(y_pred, eps, 1 - eps))
     labels = tf.cast(tf.reshape(y_true, [-1]), tf.int64)
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=log_p)
-
 
 
 def setup(spec: Spec) -> tuple[list[str], list[dict[str, Any]], dict[str, Any]]:
@@ -78,8 +80,6 @@ def slice_rows(x: tf.Tensor, index: int, parts: int, remainder: str) -> tf.Tenso
     start = step * index
     if remainder == "last" and index == parts - 1:
         return x[start:]
-    if remainder not in ("drop", "last"):
-        raise ValueError(f"remainder must be 'drop' or 'last': {remainder!r}")
     return x[start:start + step]
 
 
@@ -208,7 +208,6 @@ class Built:
     template: Any
     stager: Stager | None
     run_metadata: Any
-    fields: dict[str, Any]
     slicing: Recipe | None = None  # how the towers cut a batch (None: the plain model)
 
 
@@ -223,7 +222,7 @@ def compile_model(template: Any, recipe: Recipe | None, device: str, input_mode:
         kwargs["fetches"] = stager.puts  # every step puts the next batch
         kwargs["target_tensors"] = [labels]
     model.compile(optimizer=optimizer, loss=sparse_categorical_crossentropy, **kwargs)
-    return Built(model, template, stager, run_metadata, {}, recipe)
+    return Built(model, template, stager, run_metadata, recipe)
 
 
 def prime(built: Built, x: np.ndarray, y: np.ndarray) -> None:
@@ -240,9 +239,7 @@ def optimizer(spec: Spec, cls: type[Keras2SGD] = Keras2SGD, **kwargs: Any) -> Ke
     if spec.mode == "equivalence":  # the test's plain SGD at its learning rate
         return cls(learning_rate=float((spec.equivalence or {})["learning_rate"]), **kwargs)
     if spec.mode == "converge":  # the recipe's SGD; its rate is set before every step
-        from runners.converge import Recipe
-
-        recipe = Recipe.of(spec)
+        recipe = converge.Recipe.of(spec)
         if recipe.optimizer != "sgd":
             raise Unavailable(f"optimizer {recipe.optimizer!r}: the tower runners train with "
                               "Keras 2's SGD")
@@ -262,23 +259,21 @@ def template_device(value: str, devices: list[str]) -> str | None:
 def departures(spec: Spec) -> list[str]:
     """"name=value" of the options that differ from the original's own usage (the catalog's
     defaults); the real-data loader, the harness's own, left out."""
-    from contract.catalogs.tf import RUNNERS as TF_RUNNERS
-
     info = next(r for r in TF_RUNNERS if r.name == spec.runner)
     return [f"{name}={spec.options[name]}" for name, opt in info.options.items()
             if name != "loader" and name in spec.options and spec.options[name] != opt.default]
 
 
-def plain_baseline(spec: Spec, devices: list[str], input_mode: str, original: str
-                   ) -> tuple[Built, dict[str, Any]] | None:
-    """At one device, the plain model compiled on it and its fields (an original that refuses or
-    bypasses one device); None with wrap_single_device or several devices."""
+def plain_baseline(spec: Spec, devices: list[str], input_mode: str, original: str,
+                   fields: dict[str, Any]) -> tuple[Built, dict[str, Any]] | None:
+    """At one device, the plain model compiled on it and `fields` with its own (an original
+    that refuses or bypasses one device); None with wrap_single_device or several devices."""
     if len(devices) > 1 or spec.options["wrap_single_device"]:
         return None
     template = build_template(spec.model, devices[0])
     built = compile_model(template, None, devices[0], input_mode, optimizer(spec))
-    return built, {"wrapped": False, "baseline": f"plain model, as {original} at 1 GPU",
-                   "tower_devices": devices[:1]}
+    return built, join(fields, {"wrapped": False, "baseline": f"plain model, as {original} at "
+                                "1 GPU", "tower_devices": devices[:1]})
 
 
 def split_rows(rows: int, parts: int, remainder: str) -> list[int]:

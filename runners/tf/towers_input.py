@@ -3,6 +3,7 @@ batches, StagingAreas one step ahead, or a tf.data dataset (docs/runners/keras2_
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,19 +12,10 @@ import numpy as np
 import tensorflow as tf
 
 from models import ModelSpec
-from runners.common import Invalid, Spec, Unavailable
+from runners.common import Invalid, Spec
 from runners.real_data import describe
 from runners.tf import data as tf_data
 from runners.tf.towers import K, tfv1
-
-INPUTS = ("feed_dict", "staging", "tf_data")
-
-
-def input_option(spec: Spec) -> str:
-    value = spec.options["input"]
-    if value not in INPUTS:
-        raise Unavailable(f"input {value!r} is not one of {INPUTS}")
-    return value
 
 
 def synthetic_arrays(model_spec: ModelSpec, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,12 +45,13 @@ def arrays_source(x: np.ndarray, y: np.ndarray) -> Source:
 
 
 def batches_source(make: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]],
-                   info: dict[str, Any], fit_kwargs: dict[str, Any]) -> Source:
-    """A generator of numpy batches for fit (Keras 2's fit_generator path: feed_dict)."""
+                   info: dict[str, Any]) -> Source:
+    """A generator of numpy batches for fit (Keras 2's fit_generator path: feed_dict), read in
+    fit's own thread (workers 0)."""
     def fit_args(steps: int, staged: bool) -> dict[str, Any]:
         it = make()
         gen = (([bx, by],) for bx, by in it) if staged else it
-        return {"x": gen, "steps_per_epoch": steps, "epochs": 1, **fit_kwargs}
+        return {"x": gen, "steps_per_epoch": steps, "epochs": 1, "workers": 0}
     return Source(fit_args, lambda: next(make()), info)
 
 
@@ -91,8 +84,6 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
             "labels_first_batch": [int(v) for v in K.get_session().run(first.get_next())[1]]})
     if loader == "keras":
         return _keras_source(data, size, batch, steps, base)
-    if loader != "framework":
-        raise Unavailable(f"loader {loader!r} is neither framework nor keras")
 
     def numpy_batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         # tf.data's batches pulled to numpy by session.run, then fed by fit's feed_dict
@@ -107,7 +98,7 @@ def make_source(spec: Spec, model_spec: ModelSpec, input_mode: str, steps: int) 
     return batches_source(numpy_batches, {
         **base, "input_pipeline": tf_data.describe_pipeline(data, batch)
         + ", pulled to numpy by session.run and fed to fit by feed_dict",
-        "labels_first_batch": [int(v) for v in first[1]]}, {"workers": 0})
+        "labels_first_batch": [int(v) for v in first[1]]})
 
 
 def _keras_source(data: Any, size: int, batch: int, steps: int, base: dict[str, Any]
@@ -127,7 +118,5 @@ def _keras_source(data: Any, size: int, batch: int, steps: int, base: dict[str, 
 
 
 def _cycle(seq: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    i = 0
-    while True:
-        yield seq[i % len(seq)]
-        i += 1
+    """seq's batches in order, endlessly, each loaded again (seq[i] at every turn)."""
+    return (seq[i % len(seq)] for i in itertools.count())

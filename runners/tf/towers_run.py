@@ -17,10 +17,11 @@ from contract.result import join
 from models import get_spec
 from models import keras2_common as k2
 from runners.common import Invalid, Spec, TimedWindow, Unavailable
+from runners.converge import Recipe, load_splits, train_to_accuracy
 from runners.tf import op_kinds
 from runners.tf import placement as tfp
 from runners.tf import towers as kt
-from runners.tf.towers_input import arrays_source, input_option, make_source
+from runners.tf.towers_input import arrays_source, make_source
 
 Make = Callable[[Spec, list[str], str], tuple[kt.Built, dict[str, Any]]]
 After = Callable[[kt.Built], dict[str, Any]]  # a runner's fields read from the trained model
@@ -64,9 +65,9 @@ def per_device_work(run_metadata: Any, towers: list[str], convs: int, copies: in
     def of(kind: str) -> dict[str, int]:
         return {d: k[kind] for d, k in kinds.items() if k.get(kind)}
 
-    expected = {tfp.device_key(_full(d)): convs for d in towers}
+    expected = {tfp.device_key(d): convs for d in towers}
     backward = expected if copies == 1 else \
-        {tfp.device_key(_full(d)): [convs, copies * convs] for d in towers}
+        {tfp.device_key(d): [convs, copies * convs] for d in towers}
     return {
         "forward_convs_per_device": of(op_kinds.CONV_FORWARD),
         "backward_convs_per_device": of(op_kinds.CONV_BACKPROP_FILTER),
@@ -93,7 +94,7 @@ def traced_placement(built: kt.Built, devices: list[str], gradient_copies: int =
     fn = built.model.train_function
     fn.run_options, fn.run_metadata = None, None
     fn._callable_fn = None  # rebuilt, untraced, on the next step (a warm-up step)
-    missing = [d for d in devices if placement.get(tfp.device_key(_full(d)), 0) <= 0]
+    missing = [d for d in devices if placement.get(tfp.device_key(d), 0) <= 0]
     if missing:
         raise Invalid(f"no compute ops ran on {missing}: TF placed the step on "
                       f"{sorted(placement)}")
@@ -110,12 +111,6 @@ def traced_placement(built: kt.Built, devices: list[str], gradient_copies: int =
             "conv_backprop_filter_ops_built": backprop_built,
             **per_device_work(built.run_metadata, devices, conv_layers(built.template),
                               gradient_copies)}
-
-
-def _full(name: str) -> str:
-    """"/cpu:1" as TF names it in partition graphs."""
-    kind, index = name.strip("/").split(":")
-    return f"/job:localhost/replica:0/task:0/device:{kind.upper()}:{index}"
 
 
 # -- one run: its model and the fields benchmark and converge share ---------------------------
@@ -157,13 +152,12 @@ class TowerRun:
 def benchmark(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
     """make's model: one traced placement step, then the timed steps in one fit call."""
     names, devices, xla = kt.setup(spec)
-    input_mode = input_option(spec)
+    input_mode = spec.options["input"]
     warmup, measure = spec.warmup_steps, spec.measure_steps
     source = make_source(spec, get_spec(spec.model), input_mode, 1 + warmup + measure)
     run = TowerRun(spec, names, devices, xla, input_mode, *make(spec, names, input_mode))
     built, staged = run.built, run.built.stager is not None
-    if staged:
-        assert source.first is not None
+    if staged:  # a staged source has its first batch (not tf_data)
         kt.prime(built, *source.first())
     built.model.fit(**source.fit_args(1, staged), verbose=0)
     placement = run.trace()
@@ -182,7 +176,7 @@ def equivalence(spec: Spec, make: Make) -> dict[str, Any]:
     """One plain-SGD step through fit on the probe, by the benchmark's input option (a primed
     StagingArea holds the test's batch, so the step trains on it); weights saved after."""
     names, devices, xla = kt.setup(spec)
-    input_mode = input_option(spec)
+    input_mode = spec.options["input"]
     weights, x, y, lr = spec.equivalence_inputs()
     built, fields = make(replace(spec, model="probe"), names, input_mode)
     run = TowerRun(spec, names, devices, xla, input_mode, built, fields)
@@ -230,20 +224,6 @@ class StepLR(tf_keras.callbacks.Callback):
             hook()
 
 
-def batchnorm_moving_stats(template: Any) -> tuple[bool, str]:
-    """(all finite, the first that is not) of the template's BatchNorm moving statistics."""
-    variables = [v for layer in template._flatten_layers(include_self=False)
-                 for name in ("moving_mean", "moving_variance")
-                 if (v := getattr(layer, name, None)) is not None]
-    if not variables:
-        return True, "no BatchNorm layers"
-    for v, value in zip(variables, kt.K.batch_get_value(variables), strict=True):
-        bad = int(np.size(value) - np.isfinite(value).sum())
-        if bad:
-            return False, f"{v.name}: {bad} of {np.size(value)} values not finite"
-    return True, f"{len(variables)} BatchNorm moving statistics finite"
-
-
 class TowerConverge:
     """Mode converge's adapter: one fit call per epoch on the epoch's batches as numpy arrays,
     the rate set before every step (StepLR); evaluation by the template's predict."""
@@ -283,16 +263,24 @@ class TowerConverge:
         return float(np.mean(np.argmax(probs, axis=-1) == y))
 
     def moving_stats(self) -> tuple[bool, str]:
-        return batchnorm_moving_stats(self.run.built.template)
+        """(all finite, the first that is not) of the template's BatchNorm moving statistics."""
+        variables = [v for layer in self.run.built.template._flatten_layers(include_self=False)
+                     for name in ("moving_mean", "moving_variance")
+                     if (v := getattr(layer, name, None)) is not None]
+        if not variables:
+            return True, "no BatchNorm layers"
+        for v, value in zip(variables, kt.K.batch_get_value(variables), strict=True):
+            bad = int(np.size(value) - np.isfinite(value).sum())
+            if bad:
+                return False, f"{v.name}: {bad} of {np.size(value)} values not finite"
+        return True, f"{len(variables)} BatchNorm moving statistics finite"
 
 
 def converge(spec: Spec, make: Make, after: After | None = None) -> dict[str, Any]:
     """Mode converge as seed 004 trained: TowerConverge on make's model with converge_loss and the
     recipe's SGD, initial weights seeded by tf_keras.utils.set_random_seed(recipe.seed)."""
-    from runners.converge import Recipe, load_splits, train_to_accuracy
-
     names, devices, xla = kt.setup(spec)
-    input_mode = input_option(spec)
+    input_mode = spec.options["input"]
     if input_mode != "feed_dict":
         raise Unavailable(f"mode converge feeds the recipe's numpy batches to fit (input "
                           f"feed_dict), not input {input_mode}")
