@@ -21,8 +21,8 @@ from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
 from runners.torch import dist as td
-from runners.torch.data import SyntheticInput, equivalence_input
-from runners.torch.equivalence import equivalence_step
+from runners.torch.data import SyntheticInput
+from runners.torch.equivalence import probe_equivalence
 
 
 def extensions_dir() -> Path:
@@ -99,7 +99,7 @@ class Engine:
         self.stage = int(spec.options["stage"])
         sgd = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
         self.counter = td.StepCounter(sgd)
-        config = ds_config(spec, td.per_rank_batch(spec, ranks), self.stage)
+        config = ds_config(spec, spec.split_batch(ranks.world, "ranks"), self.stage)
         self.config = config
         try:
             engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=sgd,
@@ -259,28 +259,24 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device; weights saved (stage 3: gathered from
     the partitions first, on every rank)."""
-    from models import get_spec, load_builder
-    from models.torch_common import get_canonical_weights, set_canonical_weights
+    from models.torch_common import get_canonical_weights
 
     deepspeed, ranks = init_deepspeed(spec)
-    weights, x, y, lr = spec.equivalence_inputs()
-    feed = equivalence_input(x, y, ranks.place)
-    net = load_builder("probe", "torch")(get_spec("probe"), data_format="channels_first")
-    set_canonical_weights(net, weights)
-    engine = Engine(deepspeed, spec, ranks, net.to(ranks.device), feed, lr, 0.0)
-    saved: dict[str, Any] = {}
+    reported: dict[str, Any] = {}
 
-    def step() -> torch.Tensor:
-        loss = engine.step()
-        params = list(engine.module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=engine.stage == 3):
-            saved.update(get_canonical_weights(engine.module))
-        return loss
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
+        engine = Engine(deepspeed, spec, ranks, net, feed, lr, 0.0)
+        reported.update(engine.reported())
+        return engine.step, td.StepParts(engine.module, engine.counter, engine.tracker)
 
-    return equivalence_step(spec, ranks, step, engine.counter, engine.tracker, lambda: saved,
-                            framework={**td.framework_versions(),
-                                       "deepspeed": deepspeed.__version__},
-                            layout="channels_first", **engine.reported())
+    def canonical(net: nn.Module) -> dict[str, Any]:
+        with deepspeed.zero.GatheredParameters(list(net.parameters()),
+                                               enabled=int(spec.options["stage"]) == 3):
+            return get_canonical_weights(net)
+
+    framework = {**td.framework_versions(), "deepspeed": deepspeed.__version__}
+    return join(probe_equivalence(spec, ranks, make_step, canonical=canonical,
+                                  framework=framework), reported)
 
 
 if __name__ == "__main__":

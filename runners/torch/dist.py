@@ -172,10 +172,8 @@ def init_ranks(spec: Spec, backend: str) -> Ranks:
     n = spec.num_devices
     backend = choose_backend(spec, backend)
     local_rank = int(os.environ["LOCAL_RANK"])
-    if spec.device == "gpu":
-        device = use_gpu(local_rank, spec.devices_per_node, "envs/torch-gpu.txt")
-    else:
-        device = torch.device("cpu")
+    device = (use_gpu(local_rank, spec.devices_per_node, "envs/torch-gpu.txt")
+              if spec.device == "gpu" else torch.device("cpu"))
     dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
     _KEEP_ALIVE.append(dist.group.WORLD)
     world = dist.get_world_size()
@@ -209,10 +207,6 @@ def synchronize(ranks: DeviceRank) -> None:
     """Wait for the device's queued work (a no-op on CPUs, which run eagerly)."""
     if ranks.cuda:
         torch.cuda.synchronize(ranks.device)
-
-
-def per_rank_batch(spec: Spec, ranks: DeviceRank) -> int:
-    return spec.split_batch(ranks.world, "ranks")
 
 
 class PlacementTracker:
@@ -332,7 +326,7 @@ def timed_steps(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Tensor],
     steps = [applied + skipped for applied, skipped in table]
     if len(set(steps)) != 1:
         raise Invalid(f"ranks disagree on the steps taken: {steps}")
-    batch = per_rank_batch(spec, ranks)
+    batch = spec.split_batch(ranks.world, "ranks")
     samples = sum(steps) * batch
     global_losses = global_mean_losses(window.losses, ranks)
     placement = ranks.placement(tracker)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -27,14 +28,6 @@ STRATEGY = code("torch.fsdp2_strategy")
 COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def mp_policy(precision: str) -> MixedPrecisionPolicy:
-    """torchtitan's policy for a reduced precision (compute dtype, float32 reduce); fp32 and
-    tf32: FSDP2's default (the parameters' own dtype throughout)."""
-    if precision not in COMPUTE:
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=COMPUTE[precision], reduce_dtype=torch.float32)
-
-
 def units(net: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules that become FSDP units before the root: each of `blocks` where the model
     has them (the transformers' blocks, minigooglenet's), else each top-level child that
@@ -49,8 +42,10 @@ def units(net: nn.Module) -> list[tuple[str, nn.Module]]:
 def apply_fsdp(net: nn.Module, mesh: DeviceMesh, reshard: bool, precision: str) -> None:
     """fully_shard on each BatchNorm (float32 parameters) where a policy casts, on each unit
     (every one but the last resharded after forward when `reshard`: torchtitan's default
-    policy), then on the root."""
-    policy = mp_policy(precision)
+    policy), then on the root. The policy: torchtitan's for a reduced precision (compute dtype,
+    float32 reduce); fp32 and tf32: FSDP2's default (the parameters' own dtype throughout)."""
+    policy = (MixedPrecisionPolicy(param_dtype=COMPUTE[precision], reduce_dtype=torch.float32)
+              if precision in COMPUTE else MixedPrecisionPolicy())
     if policy.param_dtype is not None:
         for m in net.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -78,11 +73,14 @@ def training_step(spec: Spec, ranks: td.Ranks, net: nn.Module, feed: td.Feed, lr
     return td.sgd_step(ranks, spec.precision, parts, feed), parts, mesh
 
 
-def check_fsdp_precision(spec: Spec, ranks: td.Ranks) -> None:
-    """bf16 needs a GPU with bfloat16 (dist.check_precision); fp16 runs on CPUs too (the policy
-    casts and ShardedGradScaler scales on any device)."""
+def start(spec: Spec) -> td.Ranks:
+    """The ranks (the run's backend), the precision checked: bf16 needs a GPU with bfloat16
+    (dist.check_precision); fp16 runs on CPUs too (the policy casts and ShardedGradScaler
+    scales on any device)."""
+    ranks = td.init_ranks(spec, spec.options["backend"])
     if spec.precision != "fp16":
         td.check_precision(spec, ranks)
+    return ranks
 
 
 def fsdp_record(net: nn.Module, mesh: DeviceMesh) -> dict[str, Any]:
@@ -129,8 +127,7 @@ def how(net: nn.Module, scaler: ShardedGradScaler | None) -> str:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    check_fsdp_precision(spec, ranks)
+    ranks = start(spec)
     model_spec, feed, net = td.rank_model(spec, ranks)
     fields = td.model_record(net, model_spec)  # counted on the whole model, before sharding
     step, parts, mesh = training_step(spec, ranks, net, feed, 0.01, 0.9)
@@ -141,24 +138,25 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         state_bytes(ranks, net.parameters(), parts.optimizer.state.values(),
                     code("torch.fsdp2_read_after_window")),
         torch_precision(spec.precision, parts.tracker, net, reduce_dtype(net),
-                        how(net, parts.scaler), "dynamic" if parts.scaler is not None else None),
+                        how(net, parts.scaler), parts.scaler),
         fields, model_state_torch(net, parts.optimizer))
 
 
-def whole_probe(net: nn.Module) -> nn.Module:
-    """A plain probe holding the sharded `net`'s full weights (DTensor.full_tensor(): an
-    all-gather every rank takes part in)."""
+def whole_weights(net: nn.Module) -> dict[str, np.ndarray]:
+    """The canonical weights of a plain probe holding the sharded `net`'s full weights
+    (DTensor.full_tensor(): an all-gather every rank takes part in)."""
+    from models.torch_common import get_canonical_weights
+
     plain = load_builder("probe", "torch")(get_spec("probe"))
     plain.load_state_dict({k: v.full_tensor() if isinstance(v, DTensor) else v
                            for k, v in net.state_dict().items()})
-    return plain
+    return get_canonical_weights(plain)
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device; the full weights saved."""
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    check_fsdp_precision(spec, ranks)
+    ranks = start(spec)
     reported: dict[str, Any] = {}
 
     def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
@@ -166,7 +164,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         reported.update(fsdp_record(net, mesh)["fsdp"])
         return step, parts
 
-    return probe_equivalence(spec, ranks, make_step, whole=whole_probe, strategy=STRATEGY,
+    return probe_equivalence(spec, ranks, make_step, canonical=whole_weights, strategy=STRATEGY,
                              reshard_after_forward=spec.options["reshard_after_forward"],
                              fsdp=reported)
 

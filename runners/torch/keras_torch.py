@@ -84,8 +84,8 @@ def build_run_logits(spec: Spec, model_spec: ModelSpec, data_format: str, ranks:
     return model, model.to(ranks.device), described
 
 
-def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, batch: int,
-                channels_first: bool) -> RealInput:
+def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, channels_first: bool
+                ) -> RealInput:
     """This rank's share (files rank, rank + N, ...) through JpegSequence, a Keras 3 PyDataset
     with `workers` processes, iterated as Keras' fit does on the torch backend."""
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
@@ -93,6 +93,7 @@ def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, batch: int,
     from runners.keras_data import JpegSequence
 
     data = open_for_model(spec, model_spec)
+    batch = spec.split_batch(ranks.world, "ranks")
     share = rank_files(data.files, ranks.rank, ranks.world)
     size = model_spec.input_shape[0]
     steps = spec.warmup_steps + spec.measure_steps
@@ -181,7 +182,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     channels_first = data_format == "channels_first"
     feed: td.Feed
     if spec.data == "real" and loader == "keras" and not tokens:
-        feed = keras_input(spec, ranks, model_spec, td.per_rank_batch(spec, ranks), channels_first)
+        feed = keras_input(spec, ranks, model_spec, channels_first)
     else:  # a token model's ids int32, what the Keras model's Input takes
         feed = rank_input(spec, ranks.place, model_spec, input_shape(model_spec, data_format),
                           LoaderConfig(channels_first=channels_first), torch.int32)

@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 from contract.precision_policy import resolve
 from contract.reasons import code
 from runners.common import Invalid
-from runners.torch.dist import DeviceRank, PlacementTracker
+from runners.torch.dist import DeviceRank, PlacementTracker, StepParts
 
 PARTS = ("params", "grads", "optimizer")
 AFTER_WINDOW = code("torch.read_after_window")
@@ -109,25 +109,29 @@ def compute_dtype(precision: str, computed: Any) -> str:
 
 
 def torch_precision(precision: str, compute: Any, module: nn.Module,
-                    reduce: Any, how: str, loss_scaling: str | None = None) -> dict[str, Any]:
+                    reduce: Any, how: str, scaler: Any = None) -> dict[str, Any]:
     """The record's precision_policy: compute dtype (from the tracker's logits, or as the framework
     states it), the parameters' dtype read from `module` (torch's master weights), `reduce` as the
-    runner read it back, the knobs (`how`)."""
+    runner read it back, the knobs (`how`), dynamic loss scaling where there is a `scaler`."""
     return {"precision_policy": resolve(
         precision, how=how, compute=compute_dtype(precision, compute),
         params=dtype_of(module.parameters(), "the parameters"), master=None, reduce=reduce,
-        loss_scaling=loss_scaling)}
+        loss_scaling="dynamic" if scaler is not None else None)}
 
 
-def autocast_how(precision: str, ranks: DeviceRank, scaler: Any = None) -> str:
-    """The knobs of a torch.autocast run (torch_ddp, torch_zero1), as used."""
+def autocast_precision(precision: str, ranks: DeviceRank, parts: StepParts, net: nn.Module
+                       ) -> dict[str, Any]:
+    """torch_precision of a torch.autocast run (torch_ddp, torch_zero1): the logits' dtype
+    `parts` tracked, the gradients' dtype, the knobs as used."""
     if precision in ("fp32", "tf32"):
-        return "no autocast: float32 parameters and compute" + (
+        how = "no autocast: float32 parameters and compute" + (
             " (TF32 matmuls and convolutions: torch.backends.cuda.matmul/cudnn.allow_tf32)"
             if precision == "tf32" else "")
-    dtype = "bfloat16" if precision == "bf16" else "float16"
-    return f"torch.autocast({ranks.device.type}, {dtype})" + (
-        " + torch.amp.GradScaler (dynamic loss scaling)" if scaler is not None else "")
+    else:
+        dtype = "bfloat16" if precision == "bf16" else "float16"
+        how = f"torch.autocast({ranks.device.type}, {dtype})" + (
+            " + torch.amp.GradScaler (dynamic loss scaling)" if parts.scaler is not None else "")
+    return torch_precision(precision, parts.tracker, net, grad_dtype(net), how, parts.scaler)
 
 
 def grad_dtype(module: nn.Module) -> torch.dtype:

@@ -16,7 +16,7 @@ from runners.common import Invalid, Spec, main
 from runners.memory import model_state_torch
 from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
-from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_bytes, torch_precision
+from runners.torch.state import AFTER_WINDOW, autocast_precision, state_bytes
 
 STRATEGY = code("torch.zero1_strategy")
 
@@ -85,9 +85,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     }, partition_record(zero, ranks),
         granular(state_bytes(ranks, net.parameters(), zero.optim.state.values(), AFTER_WINDOW,
                              partitioned=("optimizer",)), zero),
-        torch_precision(spec.precision, parts.tracker, net, grad_dtype(net),
-                        autocast_how(spec.precision, ranks, parts.scaler),
-                        "dynamic" if parts.scaler is not None else None),
+        autocast_precision(spec.precision, ranks, parts, net),
         td.model_record(net, model_spec), model_state_torch(net, zero.optim))
 
 
