@@ -123,10 +123,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     }
     if ranks.cuda:
         evidence["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-    threads = td.threads_record(ranks, td.THREADS_NOTE)
     result = probe_result(rows, spec.model, f"torch.distributed.all_reduce ({backend})",
                           evidence, td.framework_versions(), window=(start, end),
-                          collectives=collectives, devices=ranks.devices, rank_threads=threads)
+                          collectives=collectives, devices=ranks.devices,
+                          rank_threads=td.threads_record(ranks, td.THREADS_NOTE))
     return td.closing(ranks, result)
 
 

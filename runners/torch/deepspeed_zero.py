@@ -31,9 +31,11 @@ def extensions_dir() -> Path:
     return Path(sys.prefix) / "torch_extensions"
 
 
-def import_deepspeed(spec: Spec) -> Any:
-    """deepspeed, its accelerator set to the run's device and its environment as its launcher
-    would leave it (docs/runners/deepspeed.md, Processes); Unavailable if it is not installed."""
+def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
+    """deepspeed imported, its accelerator set to the run's device and its environment as its
+    launcher would leave it (docs/runners/deepspeed.md, Processes; Unavailable if it is not
+    installed); the torchrun process group, adopted by deepspeed.init_distributed (the backend
+    DeepSpeed's accelerator would pick must be the group's); the precision checked."""
     os.environ["DS_ACCELERATOR"] = "cuda" if spec.device == "gpu" else "cpu"
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
@@ -45,13 +47,6 @@ def import_deepspeed(spec: Spec) -> Any:
     except ImportError as exc:
         raise Unavailable(f"deepspeed is not installed in {sys.executable} ({exc}); it is in "
                           "envs/torch-cpu.txt and envs/torch-gpu.txt") from None
-    return deepspeed
-
-
-def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
-    """The torchrun process group, adopted by deepspeed.init_distributed (the backend DeepSpeed's
-    accelerator would pick must be the group's); the precision checked."""
-    deepspeed = import_deepspeed(spec)
     ranks = td.init_ranks(spec, "auto")
     from deepspeed.accelerator import get_accelerator
 
@@ -115,15 +110,11 @@ class Engine:
         self.module.train()
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self) -> torch.Tensor:
         x, y = self.feed.next()
         if x.is_floating_point() and x.dtype != self.dtype:
             x = x.to(self.dtype)
         self.last = (x, y)
-        return x, y
-
-    def step(self) -> torch.Tensor:
-        x, y = self.inputs()
         loss = td.loss_of(self.engine(self.tracker.saw(x)), y)
         skipped = self.engine.skipped_steps
         self.engine.backward(loss)
@@ -246,7 +237,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     engine = Engine(deepspeed, spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
     return td.closing(ranks, result, {
-        "framework": {**td.framework_versions(), "deepspeed": deepspeed.__version__},
+        "framework": td.framework_versions("deepspeed"),
         "precision_policy": engine.precision_policy(),
         "strategy": f"DeepSpeed ZeRO stage {engine.stage}, one process per device (torchrun); "
                     + {1: "optimizer state partitioned",
@@ -274,7 +265,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
                                                enabled=int(spec.options["stage"]) == 3):
             return get_canonical_weights(net)
 
-    framework = {**td.framework_versions(), "deepspeed": deepspeed.__version__}
+    framework = td.framework_versions("deepspeed")
     return join(probe_equivalence(spec, ranks, make_step, canonical=canonical,
                                   framework=framework), reported)
 

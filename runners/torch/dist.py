@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -142,8 +141,12 @@ def group_nodes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(nodes.values())
 
 
-def framework_versions() -> dict[str, str]:
-    return {"torch": torch.__version__, "numpy": np.__version__}
+def framework_versions(*extra: str) -> dict[str, str]:
+    """Versions of torch, numpy and the named extra packages (keras, horovod, deepspeed)."""
+    import importlib
+
+    names = ("torch", "numpy", *extra)
+    return {name: importlib.import_module(name).__version__ for name in names}
 
 
 def nchw_fields(strategy: str) -> dict[str, Any]:
@@ -385,11 +388,21 @@ class StepParts:
 def train_on(ranks: DeviceRank, precision: str, parts: StepParts, x: torch.Tensor,
              loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Gradients set to None, `x` through the model under the autocast, `loss_fn(logits)`,
-    backward and optimizer.step() (backward_and_step); this rank's loss, detached."""
-    parts.optimizer.zero_grad(set_to_none=True)
+    backward and one optimizer step, through fp16's GradScaler if any (a skipped step
+    counted); this rank's loss, detached."""
+    optimizer, scaler = parts.optimizer, parts.scaler
+    optimizer.zero_grad(set_to_none=True)
     with autocast(ranks, precision, parts.cast):
         loss = loss_fn(parts.tracker.computed(parts.model(parts.tracker.saw(x))))
-    backward_and_step(loss, parts.optimizer, parts.scaler, parts.counter)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        parts.counter.skipped += scaler.get_scale() < scale
     return loss.detach()
 
 
@@ -472,19 +485,3 @@ def rank_model(spec: Spec, ranks: DeviceRank, layout: str = "channels_first",
     torch.manual_seed(0)  # the same initial weights everywhere (DDP, Horovod broadcast anyway)
     net = build_model(spec, model_spec, layout, ranks.device)
     return model_spec, feed, net
-
-
-def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
-                      scaler: torch.amp.GradScaler | None, counter: StepCounter) -> None:
-    """Backward and one optimizer step, through fp16's GradScaler if any (a skip counted)."""
-    if scaler is None:
-        loss.backward()
-        optimizer.step()
-        return
-    scale = scaler.get_scale()
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    counter.skipped += scaler.get_scale() < scale
-
-

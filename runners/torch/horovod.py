@@ -16,7 +16,7 @@ from runners.common import Spec, Unavailable, main
 from runners.memory import model_state_torch
 from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
-from runners.torch.horovod_ranks import framework_versions, horovod, init_ranks
+from runners.torch.horovod_ranks import horovod, init_ranks
 from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision
 
 
@@ -69,7 +69,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     optimizer = parts.optimizer
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
     return td.closing(ranks, result, {
-        "framework": framework_versions(),
+        "framework": td.framework_versions("horovod"),
         "layout": "channels_first",
         "fp16_allreduce": fp16_allreduce,
         "strategy": code("torch.horovod_strategy"),
@@ -92,7 +92,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     ranks = init_ranks(spec)
     return probe_equivalence(
         spec, ranks, lambda net, feed, lr: training_step(net, feed, lr, 0.0, fp16_allreduce),
-        framework=framework_versions(), fp16_allreduce=fp16_allreduce)
+        framework=td.framework_versions("horovod"), fp16_allreduce=fp16_allreduce)
 
 
 if __name__ == "__main__":

@@ -20,15 +20,8 @@ import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, main
-from runners.torch.dist import closing, threads_record
-from runners.torch.horovod_ranks import (
-    THREADS_NOTE,
-    HorovodRanks,
-    controller,
-    framework_versions,
-    horovod,
-    init_ranks,
-)
+from runners.torch.dist import closing, framework_versions, threads_record
+from runners.torch.horovod_ranks import THREADS_NOTE, HorovodRanks, controller, horovod, init_ranks
 
 # Horovod reads this at hvd.init(): timelines can then be started and stopped at run time
 # (hvd.start_timeline); nothing is recorded until one is started.
@@ -49,13 +42,6 @@ def timeline_activities(path: Path) -> list[str]:
         return []
     names = [e.get("name") for e in events if isinstance(e, dict) and e.get("ph") == "B"]
     return list(dict.fromkeys(n for n in names if n and not n.startswith("allreduce.")))
-
-
-def reduction_activity(activities: list[str]) -> str | None:
-    """The timeline activity of the reduction itself (GLOO_ALLREDUCE, NCCL_ALLREDUCE,
-    MPI_ALLREDUCE, ...): not the negotiation, not the enclosing ALLREDUCE."""
-    return next((a for a in activities
-                 if a.endswith("_ALLREDUCE") and not a.startswith("NEGOTIATE")), None)
 
 
 def start_timeline(hvd: Any, path: Path) -> bool:
@@ -172,7 +158,10 @@ class Collectives:
             "nccl_built": bool(hvd.nccl_built()),
             "ranks": rank_devices,
             "timeline_activities": activities,
-            "operation": reduction_activity(activities),
+            # the reduction itself (GLOO_ALLREDUCE, NCCL_ALLREDUCE, MPI_ALLREDUCE, ...): not
+            # the negotiation, not the enclosing ALLREDUCE
+            "operation": next((a for a in activities if a.endswith("_ALLREDUCE")
+                               and not a.startswith("NEGOTIATE")), None),
             "source": code("torch.horovod_probe_source"),
         }
 
@@ -201,7 +190,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     scratch.cleanup()
     operation = f", {evidence['operation']}" if evidence["operation"] else ""
     result = probe_result(rows, spec.model, f"hvd.allreduce_ (sum), {how}{operation}",
-                          evidence, framework_versions(), window=window,
+                          evidence, framework_versions("horovod"), window=window,
                           collectives=collectives, devices=ranks.devices,
                           rank_threads=threads_record(ranks, THREADS_NOTE))
     return closing(ranks, result)

@@ -105,12 +105,6 @@ def controller() -> str:
     return "gloo" if horovod().gloo_enabled() else "mpi"
 
 
-def framework_versions() -> dict[str, str]:
-    import horovod as hvd_package
-
-    return {**td.framework_versions(), "horovod": hvd_package.__version__}
-
-
 def init_ranks(spec: Spec) -> HorovodRanks:
     """hvd.init(), pick this rank's device, and check horovodrun started one rank per device."""
     hvd = horovod()

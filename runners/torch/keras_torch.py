@@ -41,16 +41,6 @@ STRATEGY = code("torch.keras_ddp_strategy")
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
 
 
-def framework_versions() -> dict[str, str]:
-    return {"keras": keras.__version__, "torch": torch.__version__, "numpy": np.__version__}
-
-
-def check_backend() -> None:
-    if keras.backend.backend() != "torch":
-        raise Unavailable(f"keras {keras.__version__} loaded the {keras.backend.backend()} "
-                          "backend, not torch")
-
-
 def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, ...]:
     """One sample's shape in the data format; a token model's is its sequence."""
     if model_spec.input_kind == "tokens":
@@ -148,7 +138,11 @@ def training_step(ranks: td.Ranks, logits: keras.Model, feed: td.Feed, lr: float
 
 
 def dtype_policy(spec: Spec) -> str:
-    """Keras' dtype policy for the run's precision (set globally before the model is built)."""
+    """Keras' dtype policy for the run's precision (set globally before the model is built),
+    once Keras is checked to run on torch: every mode's first step."""
+    if keras.backend.backend() != "torch":
+        raise Unavailable(f"keras {keras.__version__} loaded the {keras.backend.backend()} "
+                          "backend, not torch")
     if spec.precision not in POLICIES:
         raise Unavailable(f"precision {spec.precision}: this runner has fp32 and bf16 "
                           "(Keras' mixed_bfloat16 policy)")
@@ -160,7 +154,7 @@ def keras_fields(spec: Spec, ranks: td.Ranks, policy: str, logits: keras.Model,
                  optimizer: torch.optim.Optimizer, when: str) -> dict[str, Any]:
     """What a benchmark and a converge result say alike: versions, the policy, the strategy,
     the model state (read `when`) and the precision read back."""
-    return join({"framework": framework_versions(), "dtype_policy": policy,
+    return join({"framework": td.framework_versions("keras"), "dtype_policy": policy,
                  "strategy": STRATEGY},
                 model_state_torch(logits, optimizer),
                 state_bytes(ranks, logits.parameters(), optimizer.state.values(), when),
@@ -171,7 +165,6 @@ def keras_fields(spec: Spec, ranks: td.Ranks, policy: str, logits: keras.Model,
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    check_backend()
     policy = dtype_policy(spec)
     # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
     data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
@@ -215,7 +208,6 @@ def converge(spec: Spec) -> dict[str, Any]:
     the recipe's momentum and weight decay), initial weights from keras.utils.set_random_seed(
     recipe.seed), through RankConverge; rank 0 evaluates the Keras model called with
     training=False (its BatchNormalization moving statistics, never broadcast by DDP)."""
-    check_backend()
     policy = dtype_policy(spec)
     recipe = Recipe.of(spec)
     if spec.custom_model:
@@ -249,19 +241,18 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device in the run's layout as the synthetic
     input is; weights saved."""
-    check_backend()
+    dtype_policy(spec)  # fp32: the equivalence step's precision
     data_format = spec.options["data_format"]
     ranks = td.init_ranks(spec, "auto")
     weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks.place,
                              LoaderConfig(channels_first=data_format == "channels_first"))
-    dtype_policy(spec)
     model, logits = build_logits_model("probe", data_format, ranks)
     set_canonical_weights(model, weights)
     step, parts = training_step(ranks, logits, feed, lr, 0.0)
     return equivalence_step(spec, ranks, step, parts.counter, parts.tracker,
                             lambda: get_canonical_weights(model),
-                            framework=framework_versions(), layout=data_format)
+                            framework=td.framework_versions("keras"), layout=data_format)
 
 
 if __name__ == "__main__":

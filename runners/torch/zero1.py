@@ -94,11 +94,9 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     on its slice of the batch, resident on its device; weights saved."""
     ranks = td.init_ranks(spec, spec.options["backend"])
     td.check_precision(spec, ranks)
-
-    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
-        return training_step(spec, ranks, net, feed, lr, 0.0)[:2]
-
-    return probe_equivalence(spec, ranks, make_step, strategy=STRATEGY)
+    return probe_equivalence(
+        spec, ranks, lambda net, feed, lr: training_step(spec, ranks, net, feed, lr, 0.0)[:2],
+        strategy=STRATEGY)
 
 
 if __name__ == "__main__":
