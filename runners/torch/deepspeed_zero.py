@@ -94,11 +94,10 @@ class Engine:
         self.stage = int(spec.options["stage"])
         sgd = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
         self.counter = td.StepCounter(sgd)
-        config = ds_config(spec, spec.split_batch(ranks.world, "ranks"), self.stage)
-        self.config = config
+        self.config = ds_config(spec, spec.split_batch(ranks.world, "ranks"), self.stage)
         try:
             engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=sgd,
-                                                           config=config)
+                                                           config=self.config)
         except (AssertionError, NotImplementedError, ValueError, RuntimeError) as exc:
             raise Unavailable(f"DeepSpeed {deepspeed.__version__} ZeRO stage {self.stage} on "
                               f"{ranks.device.type}: {type(exc).__name__}: {exc}") from None

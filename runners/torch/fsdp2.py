@@ -83,22 +83,21 @@ def start(spec: Spec) -> td.Ranks:
     return ranks
 
 
+def param_groups(net: nn.Module) -> list[tuple[str, Any]]:
+    """Each FSDP module of `net` by name ("(root)"), with its state's FSDPParamGroup (None
+    where it holds no parameters of its own)."""
+    return [(name or "(root)", fully_shard.state(module)._fsdp_param_group)
+            for name, module in net.named_modules() if isinstance(module, FSDPModule)]
+
+
 def fsdp_record(net: nn.Module, mesh: DeviceMesh) -> dict[str, Any]:
     """What FSDP2 reports of the units: each FSDP module's parameters, whether it reshards
-    after forward and its MixedPrecisionPolicy, read from its state's FSDPParamGroup."""
-    rows = []
-    for name, module in net.named_modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        group = fully_shard.state(module)._fsdp_param_group
-        if group is None:
-            rows.append({"module": name or "(root)", "params": 0})
-            continue
-        policy = group.mp_policy
-        rows.append({"module": name or "(root)", "params": len(group.fsdp_params),
-                     "reshard_after_forward": bool(group._reshard_after_forward),
-                     "param_dtype": str(policy.param_dtype), "reduce_dtype":
-                         str(policy.reduce_dtype)})
+    after forward and its MixedPrecisionPolicy, read from its param_groups."""
+    rows = [{"module": name, "params": 0} if group is None else {
+        "module": name, "params": len(group.fsdp_params),
+        "reshard_after_forward": bool(group._reshard_after_forward),
+        "param_dtype": str(group.mp_policy.param_dtype),
+        "reduce_dtype": str(group.mp_policy.reduce_dtype)} for name, group in param_groups(net)]
     return {"fsdp": {"mesh": {"shape": list(mesh.shape), "dim_names": list(
         mesh.mesh_dim_names or ()), "device_type": mesh.device_type}, "units": rows,
         "source": code("torch.fsdp2_param_group_source")}}
@@ -108,8 +107,7 @@ def reduce_dtype(net: nn.Module) -> torch.dtype:
     """The dtype FSDP2 reduce-scatters the gradients in, read from each sharded parameter
     (its reduce_dtype, else the dtype it computed its gradient in, else its own)."""
     dtypes = [torch.empty(0, dtype=fp.reduce_dtype or fp.param_dtype or fp.orig_dtype)
-              for module in net.modules() if isinstance(module, FSDPModule)
-              and (group := fully_shard.state(module)._fsdp_param_group) is not None
+              for _, group in param_groups(net) if group is not None
               for fp in group.fsdp_params]
     return dtype_of(dtypes, "FSDP2's reduce-scatters")
 

@@ -6,6 +6,7 @@ docs/runners/horovod.md."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from typing import Any
 
 import torch
@@ -18,14 +19,6 @@ from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
 from runners.torch.horovod_ranks import horovod, init_ranks
 from runners.torch.state import AFTER_WINDOW, grad_dtype, state_bytes, torch_precision
-
-
-def worker_context() -> str | None:
-    """Horovod's examples start DataLoader workers with forkserver where it exists (fork is
-    unsafe with some transports, e.g. InfiniBand verbs)."""
-    import multiprocessing as mp
-
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else None
 
 
 def training_step(net: nn.Module, feed: td.Feed, lr: float, momentum: float, fp16_allreduce: bool
@@ -64,7 +57,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     ranks = init_ranks(spec)
     # the run's model (a built-in CNN or a user's torch model), seeded alike on every rank:
     # rank 0's weights are broadcast anyway; this makes runs repeatable
-    model_spec, feed, net = td.rank_model(spec, ranks, "channels_first", worker_context())
+    # DataLoader workers started with forkserver where it exists, as Horovod's examples do
+    # (fork is unsafe with some transports, e.g. InfiniBand verbs)
+    context = "forkserver" if "forkserver" in mp.get_all_start_methods() else None
+    model_spec, feed, net = td.rank_model(spec, ranks, "channels_first", context)
     step, parts = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
     optimizer = parts.optimizer
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)

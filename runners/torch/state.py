@@ -20,25 +20,18 @@ PARTS = ("params", "grads", "optimizer")
 AFTER_WINDOW = code("torch.read_after_window")
 
 
-def tensor_bytes(t: torch.Tensor) -> tuple[int, int]:
-    """(the bytes this rank holds, the tensor's logical bytes): a DTensor's local shard
-    (to_local()) against its global shape; a plain tensor is whole where it is."""
-    size = t.element_size()
-    if isinstance(t, DTensor):
-        return t.to_local().numel() * size, t.numel() * size
-    return t.numel() * size, t.numel() * size
-
-
 def rank_state(params: Iterable[torch.Tensor], optimizer_states: Iterable[dict[str, Any]]
                ) -> dict[str, tuple[int, int]]:
     """This rank's (held, logical) bytes of the parameters, of the gradients they hold now and
-    of the optimizer state tensors in `optimizer_states` (one state dict per parameter)."""
+    of the optimizer state tensors in `optimizer_states` (one state dict per parameter): a
+    DTensor's local shard (to_local()) against its global shape; a plain tensor is whole
+    where it is."""
     sums = {part: [0, 0] for part in PARTS}
 
     def add(part: str, t: torch.Tensor) -> None:
-        held, whole = tensor_bytes(t)
-        sums[part][0] += held
-        sums[part][1] += whole
+        held = t.to_local() if isinstance(t, DTensor) else t
+        sums[part][0] += held.numel() * t.element_size()
+        sums[part][1] += t.numel() * t.element_size()
 
     for p in params:
         add("params", p)
