@@ -55,11 +55,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                           "the fp16_allreduce option for fp16 gradient exchange)")
     fp16_allreduce = spec.options["fp16_allreduce"]
     ranks = init_ranks(spec)
-    # the run's model (a built-in CNN or a user's torch model), seeded alike on every rank:
-    # rank 0's weights are broadcast anyway; this makes runs repeatable
     # DataLoader workers started with forkserver where it exists, as Horovod's examples do
     # (fork is unsafe with some transports, e.g. InfiniBand verbs)
     context = "forkserver" if "forkserver" in mp.get_all_start_methods() else None
+    # the run's model (a built-in CNN or a user's torch model), seeded alike on every rank:
+    # rank 0's weights are broadcast anyway; this makes runs repeatable
     model_spec, feed, net = td.rank_model(spec, ranks, "channels_first", context)
     step, parts = training_step(net, feed, 0.01, 0.9, fp16_allreduce)
     optimizer = parts.optimizer

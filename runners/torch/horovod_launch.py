@@ -136,10 +136,9 @@ def run_ranks(procs: dict[int, subprocess.Popen[bytes]]) -> int:
         time.sleep(POLL_S)
     if first is None:
         first = next(((r, p.returncode) for r, p in procs.items() if p.returncode != 0), None)
-        if first is not None:
-            say(f"Process {first[0]} exit with status code {first[1]}.")
-    if first is None:
-        return 0
+        if first is None:
+            return 0
+        say(f"Process {first[0]} exit with status code {first[1]}.")
     return 128 - first[1] if first[1] < 0 else first[1]  # killed by signal s: 128 + s
 
 
