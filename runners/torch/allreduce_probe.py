@@ -32,10 +32,7 @@ class Collectives:
         return float(t.item()) / self.world
 
     def barrier(self) -> None:
-        if self.ranks.cuda:
-            dist.barrier(device_ids=[self.device.index])
-        else:
-            dist.barrier()
+        dist.barrier(device_ids=[self.device.index] if self.ranks.cuda else None)
 
     def all_ranks_agree(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)

@@ -32,8 +32,7 @@ def start(spec: Spec) -> tuple[td.Ranks, dict[str, Any]]:
     """Every mode's first steps: the ranks (the run's backend), the precision checked,
     torch.backends.cudnn.benchmark as the run's option says (GPUs), read back; on CPUs there
     is no cuDNN and the option does nothing, recorded as such."""
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    td.check_precision(spec, ranks)
+    ranks = td.init_ranks(spec, spec.options["backend"], check=True)
     wanted = spec.options["cudnn_benchmark"]
     if ranks.cuda:
         torch.backends.cudnn.benchmark = wanted

@@ -168,8 +168,9 @@ def choose_backend(spec: Spec, requested: str) -> str:
     return backend
 
 
-def init_ranks(spec: Spec, backend: str) -> Ranks:
-    """Join the torchrun process group and pick this rank's device (Unavailable if absent)."""
+def init_ranks(spec: Spec, backend: str, check: bool = False) -> Ranks:
+    """Join the torchrun process group and pick this rank's device (Unavailable if absent);
+    when `check`, the run's precision checked on it (check_precision)."""
     if "LOCAL_RANK" not in os.environ:
         raise Unavailable("this runner needs torchrun (launcher torchrun) to start its ranks")
     n = spec.num_devices
@@ -182,13 +183,14 @@ def init_ranks(spec: Spec, backend: str) -> Ranks:
     world = dist.get_world_size()
     if world != n:
         raise Invalid(f"torchrun started {world} ranks for a {n}-device run")
-    if device.type == "cuda":
-        devices = [{"name": torch.cuda.get_device_name(i), "kind": "GPU", "rank": i}
-                   for i in range(world)]
-    else:
-        devices = [{"name": f"cpu (rank {i})", "kind": "virtual CPU device (gloo process)",
-                    "rank": i} for i in range(world)]
-    return Ranks(dist.get_rank(), local_rank, world, device, devices, backend)
+    devices = [{"name": torch.cuda.get_device_name(i), "kind": "GPU", "rank": i}
+               if device.type == "cuda" else
+               {"name": f"cpu (rank {i})", "kind": "virtual CPU device (gloo process)", "rank": i}
+               for i in range(world)]
+    ranks = Ranks(dist.get_rank(), local_rank, world, device, devices, backend)
+    if check:
+        check_precision(spec, ranks)
+    return ranks
 
 
 def use_gpu(index: int, needed: int, gpu_env: str) -> torch.device:

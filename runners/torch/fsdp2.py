@@ -77,10 +77,7 @@ def start(spec: Spec) -> td.Ranks:
     """The ranks (the run's backend), the precision checked: bf16 needs a GPU with bfloat16
     (dist.check_precision); fp16 runs on CPUs too (the policy casts and ShardedGradScaler
     scales on any device)."""
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    if spec.precision != "fp16":
-        td.check_precision(spec, ranks)
-    return ranks
+    return td.init_ranks(spec, spec.options["backend"], check=spec.precision != "fp16")
 
 
 def param_groups(net: nn.Module) -> list[tuple[str, Any]]:

@@ -41,14 +41,6 @@ STRATEGY = code("torch.keras_ddp_strategy")
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
 
 
-def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, ...]:
-    """One sample's shape in the data format; a token model's is its sequence."""
-    if model_spec.input_kind == "tokens":
-        return model_spec.input_shape
-    h, w, c = model_spec.input_shape
-    return (h, w, c) if data_format == "channels_last" else (c, h, w)
-
-
 def build_logits_model(name: str, data_format: str, ranks: td.Ranks) -> tuple[keras.Model,
                                                                             keras.Model]:
     """The builder's model, and one sharing its layers that returns the softmax's input."""
@@ -176,8 +168,11 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     feed: td.Feed
     if spec.data == "real" and loader == "keras" and not tokens:
         feed = keras_input(spec, ranks, model_spec, channels_first)
-    else:  # a token model's ids int32, what the Keras model's Input takes
-        feed = rank_input(spec, ranks.place, model_spec, input_shape(model_spec, data_format),
+    else:  # one sample's shape in the data format; a token model's: its sequence of int32
+        # ids, what the Keras model's Input takes
+        shape = (model_spec.input_shape if tokens or data_format == "channels_last"
+                 else td.nchw(model_spec))
+        feed = rank_input(spec, ranks.place, model_spec, shape,
                           LoaderConfig(channels_first=channels_first), torch.int32)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
     model, logits, described = build_run_logits(spec, model_spec, data_format, ranks)

@@ -74,8 +74,7 @@ def granular(state: dict[str, Any], zero: ZeroRedundancyOptimizer) -> dict[str, 
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    td.check_precision(spec, ranks)
+    ranks = td.init_ranks(spec, spec.options["backend"], check=True)
     model_spec, feed, net = td.rank_model(spec, ranks)
     step, parts, zero = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
@@ -92,8 +91,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device; weights saved."""
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    td.check_precision(spec, ranks)
+    ranks = td.init_ranks(spec, spec.options["backend"], check=True)
     return probe_equivalence(
         spec, ranks, lambda net, feed, lr: training_step(spec, ranks, net, feed, lr, 0.0)[:2],
         strategy=STRATEGY)
