@@ -32,10 +32,7 @@ class Collectives:
         return float(t.item()) / self.world
 
     def barrier(self) -> None:
-        if self.ranks.cuda:
-            dist.barrier(device_ids=[self.device.index])
-        else:
-            dist.barrier()
+        dist.barrier(device_ids=[self.device.index] if self.ranks.cuda else None)
 
     def all_ranks_agree(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
@@ -123,10 +120,10 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     }
     if ranks.cuda:
         evidence["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-    threads = td.threads_record(ranks, td.THREADS_NOTE)
     result = probe_result(rows, spec.model, f"torch.distributed.all_reduce ({backend})",
                           evidence, td.framework_versions(), window=(start, end),
-                          collectives=collectives, devices=ranks.devices, rank_threads=threads)
+                          collectives=collectives, devices=ranks.devices,
+                          rank_threads=td.threads_record(ranks, td.THREADS_NOTE))
     return td.closing(ranks, result)
 
 

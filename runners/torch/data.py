@@ -116,14 +116,6 @@ def epochs(loader: DataLoader) -> Iterator[Batch]:
     return passes()
 
 
-def device_batch(x: torch.Tensor, y: torch.Tensor, device: torch.device,
-                 memory_format: torch.memory_format = torch.contiguous_format
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A host batch on the device (asynchronous when it is in pinned memory)."""
-    x = x.to(device, non_blocking=x.is_pinned()).contiguous(memory_format=memory_format)
-    return x, y.to(device, non_blocking=y.is_pinned()).long()
-
-
 class SyntheticInput:
     """One rank's synthetic slice, made on its device once and fed at every step."""
 
@@ -143,8 +135,8 @@ class SyntheticInput:
 class RealInput:
     """One rank's real-data batches on its device, and what the record says about them.
 
-    `next()` returns (images, labels) on the device; the first batch's files and labels (as
-    they reach the model) are kept for the record."""
+    `next()` returns (images, labels) on the device (copied asynchronously from pinned memory);
+    the first batch's files and labels (as they reach the model) are kept for the record."""
 
     def __init__(self, kind: str, description: str, batches: Iterator[Batch],
                  device: torch.device, memory_format: torch.memory_format, data: RealData,
@@ -156,7 +148,9 @@ class RealInput:
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y, index = next(self._batches)
-        x, y = device_batch(x, y, self._device, self._memory_format)
+        x = x.to(self._device, non_blocking=x.is_pinned()).contiguous(
+            memory_format=self._memory_format)
+        y = y.to(self._device, non_blocking=y.is_pinned()).long()
         if self.first_batch is None:
             self.first_batch = {
                 "labels": [int(v) for v in y.tolist()],
@@ -300,8 +294,6 @@ def synthetic_tokens(place: Place, seq_len: int, vocab: int, batch: int,
     ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen, device=place.device)
     ids = ids.to(dtype)
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
-
-
 
 
 def rank_input(spec: Spec, place: Place, model_spec: ModelSpec, shape: tuple[int, ...],

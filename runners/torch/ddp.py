@@ -21,31 +21,25 @@ from runners.memory import model_state_torch
 from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
 from runners.torch.rank_converge import ConvergeModel, RankConverge, torch_bn_stats
-from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_bytes, torch_precision
+from runners.torch.state import AFTER_WINDOW, autocast_precision, state_bytes
 
 OPTIMIZER_IMPLS = {"foreach": {"foreach": True}, "fused": {"fused": True},
                    "for-loop": {"foreach": False}}
 STRATEGY = code("torch.ddp_strategy")
 
 
-def set_cudnn_benchmark(spec: Spec, ranks: td.Ranks) -> dict[str, Any]:
-    """torch.backends.cudnn.benchmark as the run's option says (GPUs), read back; on CPUs
-    there is no cuDNN and the option does nothing, recorded as such."""
+def start(spec: Spec) -> tuple[td.Ranks, dict[str, Any]]:
+    """Every mode's first steps: the ranks (the run's backend), the precision checked,
+    torch.backends.cudnn.benchmark as the run's option says (GPUs), read back; on CPUs there
+    is no cuDNN and the option does nothing, recorded as such."""
+    ranks = td.init_ranks(spec, spec.options["backend"], check=True)
     wanted = spec.options["cudnn_benchmark"]
     if ranks.cuda:
         torch.backends.cudnn.benchmark = wanted
-    return {"cudnn_benchmark": {"option": wanted,
-                                "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
-                                "in_effect": ranks.cuda and torch.backends.cudnn.is_available(),
-                                **({} if ranks.cuda else {"note": "no-op on CPU (no cuDNN)"})}}
-
-
-def start(spec: Spec) -> tuple[td.Ranks, dict[str, Any]]:
-    """The ranks (the run's backend), the precision checked, cudnn.benchmark set: every mode's
-    first steps."""
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    td.check_precision(spec, ranks)
-    return ranks, set_cudnn_benchmark(spec, ranks)
+    return ranks, {"cudnn_benchmark": {
+        "option": wanted, "torch.backends.cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "in_effect": ranks.cuda and torch.backends.cudnn.is_available(),
+        **({} if ranks.cuda else {"note": "no-op on CPU (no cuDNN)"})}}
 
 
 def ddp_parts(spec: Spec, ranks: td.Ranks, net: nn.Module, lr: float, momentum: float,
@@ -98,9 +92,7 @@ def run_fields(spec: Spec, ranks: td.Ranks, net: nn.Module, model_spec: ModelSpe
         "strategy": STRATEGY,
     }, compile_record(spec), td.model_record(net, model_spec), model_state_torch(net, optimizer),
         state_bytes(ranks, net.parameters(), optimizer.state.values(), when),
-        torch_precision(spec.precision, parts.tracker, net, grad_dtype(net),
-                        autocast_how(spec.precision, ranks, scaler),
-                        "dynamic" if scaler is not None else None))
+        autocast_precision(spec.precision, ranks, parts, net))
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:

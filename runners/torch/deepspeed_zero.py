@@ -21,8 +21,8 @@ from contract.result import join
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
 from runners.torch import dist as td
-from runners.torch.data import SyntheticInput, equivalence_input
-from runners.torch.equivalence import equivalence_step
+from runners.torch.data import SyntheticInput
+from runners.torch.equivalence import probe_equivalence
 
 
 def extensions_dir() -> Path:
@@ -31,9 +31,11 @@ def extensions_dir() -> Path:
     return Path(sys.prefix) / "torch_extensions"
 
 
-def import_deepspeed(spec: Spec) -> Any:
-    """deepspeed, its accelerator set to the run's device and its environment as its launcher
-    would leave it (docs/runners/deepspeed.md, Processes); Unavailable if it is not installed."""
+def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
+    """deepspeed imported, its accelerator set to the run's device and its environment as its
+    launcher would leave it (docs/runners/deepspeed.md, Processes; Unavailable if it is not
+    installed); the torchrun process group, adopted by deepspeed.init_distributed (the backend
+    DeepSpeed's accelerator would pick must be the group's); the precision checked."""
     os.environ["DS_ACCELERATOR"] = "cuda" if spec.device == "gpu" else "cpu"
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
@@ -45,13 +47,6 @@ def import_deepspeed(spec: Spec) -> Any:
     except ImportError as exc:
         raise Unavailable(f"deepspeed is not installed in {sys.executable} ({exc}); it is in "
                           "envs/torch-cpu.txt and envs/torch-gpu.txt") from None
-    return deepspeed
-
-
-def init_deepspeed(spec: Spec) -> tuple[Any, td.Ranks]:
-    """The torchrun process group, adopted by deepspeed.init_distributed (the backend DeepSpeed's
-    accelerator would pick must be the group's); the precision checked."""
-    deepspeed = import_deepspeed(spec)
     ranks = td.init_ranks(spec, "auto")
     from deepspeed.accelerator import get_accelerator
 
@@ -99,11 +94,10 @@ class Engine:
         self.stage = int(spec.options["stage"])
         sgd = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
         self.counter = td.StepCounter(sgd)
-        config = ds_config(spec, td.per_rank_batch(spec, ranks), self.stage)
-        self.config = config
+        self.config = ds_config(spec, spec.split_batch(ranks.world, "ranks"), self.stage)
         try:
             engine, optimizer, _, _ = deepspeed.initialize(model=net, optimizer=sgd,
-                                                           config=config)
+                                                           config=self.config)
         except (AssertionError, NotImplementedError, ValueError, RuntimeError) as exc:
             raise Unavailable(f"DeepSpeed {deepspeed.__version__} ZeRO stage {self.stage} on "
                               f"{ranks.device.type}: {type(exc).__name__}: {exc}") from None
@@ -115,15 +109,11 @@ class Engine:
         self.module.train()
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self) -> torch.Tensor:
         x, y = self.feed.next()
         if x.is_floating_point() and x.dtype != self.dtype:
             x = x.to(self.dtype)
         self.last = (x, y)
-        return x, y
-
-    def step(self) -> torch.Tensor:
-        x, y = self.inputs()
         loss = td.loss_of(self.engine(self.tracker.saw(x)), y)
         skipped = self.engine.skipped_steps
         self.engine.backward(loss)
@@ -246,7 +236,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     engine = Engine(deepspeed, spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, engine.step, engine.counter, engine.tracker, feed)
     return td.closing(ranks, result, {
-        "framework": {**td.framework_versions(), "deepspeed": deepspeed.__version__},
+        "framework": td.framework_versions("deepspeed"),
         "precision_policy": engine.precision_policy(),
         "strategy": f"DeepSpeed ZeRO stage {engine.stage}, one process per device (torchrun); "
                     + {1: "optimizer state partitioned",
@@ -259,28 +249,24 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device; weights saved (stage 3: gathered from
     the partitions first, on every rank)."""
-    from models import get_spec, load_builder
-    from models.torch_common import get_canonical_weights, set_canonical_weights
+    from models.torch_common import get_canonical_weights
 
     deepspeed, ranks = init_deepspeed(spec)
-    weights, x, y, lr = spec.equivalence_inputs()
-    feed = equivalence_input(x, y, ranks.place)
-    net = load_builder("probe", "torch")(get_spec("probe"), data_format="channels_first")
-    set_canonical_weights(net, weights)
-    engine = Engine(deepspeed, spec, ranks, net.to(ranks.device), feed, lr, 0.0)
-    saved: dict[str, Any] = {}
+    reported: dict[str, Any] = {}
 
-    def step() -> torch.Tensor:
-        loss = engine.step()
-        params = list(engine.module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=engine.stage == 3):
-            saved.update(get_canonical_weights(engine.module))
-        return loss
+    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
+        engine = Engine(deepspeed, spec, ranks, net, feed, lr, 0.0)
+        reported.update(engine.reported())
+        return engine.step, td.StepParts(engine.module, engine.counter, engine.tracker)
 
-    return equivalence_step(spec, ranks, step, engine.counter, engine.tracker, lambda: saved,
-                            framework={**td.framework_versions(),
-                                       "deepspeed": deepspeed.__version__},
-                            layout="channels_first", **engine.reported())
+    def canonical(net: nn.Module) -> dict[str, Any]:
+        with deepspeed.zero.GatheredParameters(list(net.parameters()),
+                                               enabled=int(spec.options["stage"]) == 3):
+            return get_canonical_weights(net)
+
+    framework = td.framework_versions("deepspeed")
+    return join(probe_equivalence(spec, ranks, make_step, canonical=canonical,
+                                  framework=framework), reported)
 
 
 if __name__ == "__main__":

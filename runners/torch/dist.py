@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -142,8 +141,12 @@ def group_nodes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(nodes.values())
 
 
-def framework_versions() -> dict[str, str]:
-    return {"torch": torch.__version__, "numpy": np.__version__}
+def framework_versions(*extra: str) -> dict[str, str]:
+    """Versions of torch, numpy and the named extra packages (keras, horovod, deepspeed)."""
+    import importlib
+
+    names = ("torch", "numpy", *extra)
+    return {name: importlib.import_module(name).__version__ for name in names}
 
 
 def nchw_fields(strategy: str) -> dict[str, Any]:
@@ -165,29 +168,29 @@ def choose_backend(spec: Spec, requested: str) -> str:
     return backend
 
 
-def init_ranks(spec: Spec, backend: str) -> Ranks:
-    """Join the torchrun process group and pick this rank's device (Unavailable if absent)."""
+def init_ranks(spec: Spec, backend: str, check: bool = False) -> Ranks:
+    """Join the torchrun process group and pick this rank's device (Unavailable if absent);
+    when `check`, the run's precision checked on it (check_precision)."""
     if "LOCAL_RANK" not in os.environ:
         raise Unavailable("this runner needs torchrun (launcher torchrun) to start its ranks")
     n = spec.num_devices
     backend = choose_backend(spec, backend)
     local_rank = int(os.environ["LOCAL_RANK"])
-    if spec.device == "gpu":
-        device = use_gpu(local_rank, spec.devices_per_node, "envs/torch-gpu.txt")
-    else:
-        device = torch.device("cpu")
+    device = (use_gpu(local_rank, spec.devices_per_node, "envs/torch-gpu.txt")
+              if spec.device == "gpu" else torch.device("cpu"))
     dist.init_process_group(backend=backend, device_id=device if backend == "nccl" else None)
     _KEEP_ALIVE.append(dist.group.WORLD)
     world = dist.get_world_size()
     if world != n:
         raise Invalid(f"torchrun started {world} ranks for a {n}-device run")
-    if device.type == "cuda":
-        devices = [{"name": torch.cuda.get_device_name(i), "kind": "GPU", "rank": i}
-                   for i in range(world)]
-    else:
-        devices = [{"name": f"cpu (rank {i})", "kind": "virtual CPU device (gloo process)",
-                    "rank": i} for i in range(world)]
-    return Ranks(dist.get_rank(), local_rank, world, device, devices, backend)
+    devices = [{"name": torch.cuda.get_device_name(i), "kind": "GPU", "rank": i}
+               if device.type == "cuda" else
+               {"name": f"cpu (rank {i})", "kind": "virtual CPU device (gloo process)", "rank": i}
+               for i in range(world)]
+    ranks = Ranks(dist.get_rank(), local_rank, world, device, devices, backend)
+    if check:
+        check_precision(spec, ranks)
+    return ranks
 
 
 def use_gpu(index: int, needed: int, gpu_env: str) -> torch.device:
@@ -209,10 +212,6 @@ def synchronize(ranks: DeviceRank) -> None:
     """Wait for the device's queued work (a no-op on CPUs, which run eagerly)."""
     if ranks.cuda:
         torch.cuda.synchronize(ranks.device)
-
-
-def per_rank_batch(spec: Spec, ranks: DeviceRank) -> int:
-    return spec.split_batch(ranks.world, "ranks")
 
 
 class PlacementTracker:
@@ -332,7 +331,7 @@ def timed_steps(spec: Spec, ranks: DeviceRank, step: Callable[[], torch.Tensor],
     steps = [applied + skipped for applied, skipped in table]
     if len(set(steps)) != 1:
         raise Invalid(f"ranks disagree on the steps taken: {steps}")
-    batch = per_rank_batch(spec, ranks)
+    batch = spec.split_batch(ranks.world, "ranks")
     samples = sum(steps) * batch
     global_losses = global_mean_losses(window.losses, ranks)
     placement = ranks.placement(tracker)
@@ -391,11 +390,21 @@ class StepParts:
 def train_on(ranks: DeviceRank, precision: str, parts: StepParts, x: torch.Tensor,
              loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Gradients set to None, `x` through the model under the autocast, `loss_fn(logits)`,
-    backward and optimizer.step() (backward_and_step); this rank's loss, detached."""
-    parts.optimizer.zero_grad(set_to_none=True)
+    backward and one optimizer step, through fp16's GradScaler if any (a skipped step
+    counted); this rank's loss, detached."""
+    optimizer, scaler = parts.optimizer, parts.scaler
+    optimizer.zero_grad(set_to_none=True)
     with autocast(ranks, precision, parts.cast):
         loss = loss_fn(parts.tracker.computed(parts.model(parts.tracker.saw(x))))
-    backward_and_step(loss, parts.optimizer, parts.scaler, parts.counter)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        parts.counter.skipped += scaler.get_scale() < scale
     return loss.detach()
 
 
@@ -478,19 +487,3 @@ def rank_model(spec: Spec, ranks: DeviceRank, layout: str = "channels_first",
     torch.manual_seed(0)  # the same initial weights everywhere (DDP, Horovod broadcast anyway)
     net = build_model(spec, model_spec, layout, ranks.device)
     return model_spec, feed, net
-
-
-def backward_and_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer,
-                      scaler: torch.amp.GradScaler | None, counter: StepCounter) -> None:
-    """Backward and one optimizer step, through fp16's GradScaler if any (a skip counted)."""
-    if scaler is None:
-        loss.backward()
-        optimizer.step()
-        return
-    scale = scaler.get_scale()
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    counter.skipped += scaler.get_scale() < scale
-
-

@@ -22,14 +22,14 @@ def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
                       make_step: Callable[[nn.Module, td.Feed, float],
                                           tuple[td.Step, td.StepParts]],
                       layout: str = "channels_first",
-                      whole: Callable[[nn.Module], nn.Module] = lambda net: net,
+                      canonical: Callable[[nn.Module], dict[str, np.ndarray]] | None = None,
                       **own: Any) -> dict[str, Any]:
     """The equivalence mode over a runner's step function: the probe model at the given
     canonical weights on the rank's device (`layout`), its slice of the batch resident there
     (equivalence_input), `make_step(net, feed, learning_rate)` (plain SGD) called once by
-    equivalence_step; rank 0 saves the weights of `whole(net)` (a sharded strategy's: a plain
-    copy with the full weights, gathered by every rank); the ranks closed. `own`: the runner's
-    fields (its `framework` replaces torch's)."""
+    equivalence_step; rank 0 saves `canonical(net)` (default: the probe's canonical weights; a
+    sharded strategy's full weights, gathered by every rank); the ranks closed. `own`: the
+    runner's fields (its `framework` replaces torch's)."""
     from models.torch_common import get_canonical_weights, set_canonical_weights
 
     weights, x, y, lr = spec.equivalence_inputs()
@@ -40,8 +40,9 @@ def probe_equivalence(spec: Spec, ranks: td.DeviceRank,
     net = net.to(ranks.device)
     step, parts = make_step(net, feed, lr)
     own = {"framework": td.framework_versions(), "layout": layout, **own}
+    weights_of = canonical or get_canonical_weights
     return equivalence_step(spec, ranks, step, parts.counter, parts.tracker,
-                            lambda: get_canonical_weights(whole(net)), **own)
+                            lambda: weights_of(net), **own)
 
 
 def equivalence_step(spec: Spec, ranks: td.DeviceRank, step: Callable[[], torch.Tensor],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -27,14 +28,6 @@ STRATEGY = code("torch.fsdp2_strategy")
 COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def mp_policy(precision: str) -> MixedPrecisionPolicy:
-    """torchtitan's policy for a reduced precision (compute dtype, float32 reduce); fp32 and
-    tf32: FSDP2's default (the parameters' own dtype throughout)."""
-    if precision not in COMPUTE:
-        return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=COMPUTE[precision], reduce_dtype=torch.float32)
-
-
 def units(net: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules that become FSDP units before the root: each of `blocks` where the model
     has them (the transformers' blocks, minigooglenet's), else each top-level child that
@@ -49,8 +42,10 @@ def units(net: nn.Module) -> list[tuple[str, nn.Module]]:
 def apply_fsdp(net: nn.Module, mesh: DeviceMesh, reshard: bool, precision: str) -> None:
     """fully_shard on each BatchNorm (float32 parameters) where a policy casts, on each unit
     (every one but the last resharded after forward when `reshard`: torchtitan's default
-    policy), then on the root."""
-    policy = mp_policy(precision)
+    policy), then on the root. The policy: torchtitan's for a reduced precision (compute dtype,
+    float32 reduce); fp32 and tf32: FSDP2's default (the parameters' own dtype throughout)."""
+    policy = (MixedPrecisionPolicy(param_dtype=COMPUTE[precision], reduce_dtype=torch.float32)
+              if precision in COMPUTE else MixedPrecisionPolicy())
     if policy.param_dtype is not None:
         for m in net.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -78,29 +73,28 @@ def training_step(spec: Spec, ranks: td.Ranks, net: nn.Module, feed: td.Feed, lr
     return td.sgd_step(ranks, spec.precision, parts, feed), parts, mesh
 
 
-def check_fsdp_precision(spec: Spec, ranks: td.Ranks) -> None:
-    """bf16 needs a GPU with bfloat16 (dist.check_precision); fp16 runs on CPUs too (the policy
-    casts and ShardedGradScaler scales on any device)."""
-    if spec.precision != "fp16":
-        td.check_precision(spec, ranks)
+def start(spec: Spec) -> td.Ranks:
+    """The ranks (the run's backend), the precision checked: bf16 needs a GPU with bfloat16
+    (dist.check_precision); fp16 runs on CPUs too (the policy casts and ShardedGradScaler
+    scales on any device)."""
+    return td.init_ranks(spec, spec.options["backend"], check=spec.precision != "fp16")
+
+
+def param_groups(net: nn.Module) -> list[tuple[str, Any]]:
+    """Each FSDP module of `net` by name ("(root)"), with its state's FSDPParamGroup (None
+    where it holds no parameters of its own)."""
+    return [(name or "(root)", fully_shard.state(module)._fsdp_param_group)
+            for name, module in net.named_modules() if isinstance(module, FSDPModule)]
 
 
 def fsdp_record(net: nn.Module, mesh: DeviceMesh) -> dict[str, Any]:
     """What FSDP2 reports of the units: each FSDP module's parameters, whether it reshards
-    after forward and its MixedPrecisionPolicy, read from its state's FSDPParamGroup."""
-    rows = []
-    for name, module in net.named_modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        group = fully_shard.state(module)._fsdp_param_group
-        if group is None:
-            rows.append({"module": name or "(root)", "params": 0})
-            continue
-        policy = group.mp_policy
-        rows.append({"module": name or "(root)", "params": len(group.fsdp_params),
-                     "reshard_after_forward": bool(group._reshard_after_forward),
-                     "param_dtype": str(policy.param_dtype), "reduce_dtype":
-                         str(policy.reduce_dtype)})
+    after forward and its MixedPrecisionPolicy, read from its param_groups."""
+    rows = [{"module": name, "params": 0} if group is None else {
+        "module": name, "params": len(group.fsdp_params),
+        "reshard_after_forward": bool(group._reshard_after_forward),
+        "param_dtype": str(group.mp_policy.param_dtype),
+        "reduce_dtype": str(group.mp_policy.reduce_dtype)} for name, group in param_groups(net)]
     return {"fsdp": {"mesh": {"shape": list(mesh.shape), "dim_names": list(
         mesh.mesh_dim_names or ()), "device_type": mesh.device_type}, "units": rows,
         "source": code("torch.fsdp2_param_group_source")}}
@@ -110,8 +104,7 @@ def reduce_dtype(net: nn.Module) -> torch.dtype:
     """The dtype FSDP2 reduce-scatters the gradients in, read from each sharded parameter
     (its reduce_dtype, else the dtype it computed its gradient in, else its own)."""
     dtypes = [torch.empty(0, dtype=fp.reduce_dtype or fp.param_dtype or fp.orig_dtype)
-              for module in net.modules() if isinstance(module, FSDPModule)
-              and (group := fully_shard.state(module)._fsdp_param_group) is not None
+              for _, group in param_groups(net) if group is not None
               for fp in group.fsdp_params]
     return dtype_of(dtypes, "FSDP2's reduce-scatters")
 
@@ -129,8 +122,7 @@ def how(net: nn.Module, scaler: ShardedGradScaler | None) -> str:
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    check_fsdp_precision(spec, ranks)
+    ranks = start(spec)
     model_spec, feed, net = td.rank_model(spec, ranks)
     fields = td.model_record(net, model_spec)  # counted on the whole model, before sharding
     step, parts, mesh = training_step(spec, ranks, net, feed, 0.01, 0.9)
@@ -141,24 +133,25 @@ def benchmark(spec: Spec) -> dict[str, Any]:
         state_bytes(ranks, net.parameters(), parts.optimizer.state.values(),
                     code("torch.fsdp2_read_after_window")),
         torch_precision(spec.precision, parts.tracker, net, reduce_dtype(net),
-                        how(net, parts.scaler), "dynamic" if parts.scaler is not None else None),
+                        how(net, parts.scaler), parts.scaler),
         fields, model_state_torch(net, parts.optimizer))
 
 
-def whole_probe(net: nn.Module) -> nn.Module:
-    """A plain probe holding the sharded `net`'s full weights (DTensor.full_tensor(): an
-    all-gather every rank takes part in)."""
+def whole_weights(net: nn.Module) -> dict[str, np.ndarray]:
+    """The canonical weights of a plain probe holding the sharded `net`'s full weights
+    (DTensor.full_tensor(): an all-gather every rank takes part in)."""
+    from models.torch_common import get_canonical_weights
+
     plain = load_builder("probe", "torch")(get_spec("probe"))
     plain.load_state_dict({k: v.full_tensor() if isinstance(v, DTensor) else v
                            for k, v in net.state_dict().items()})
-    return plain
+    return get_canonical_weights(plain)
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device; the full weights saved."""
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    check_fsdp_precision(spec, ranks)
+    ranks = start(spec)
     reported: dict[str, Any] = {}
 
     def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
@@ -166,7 +159,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         reported.update(fsdp_record(net, mesh)["fsdp"])
         return step, parts
 
-    return probe_equivalence(spec, ranks, make_step, whole=whole_probe, strategy=STRATEGY,
+    return probe_equivalence(spec, ranks, make_step, canonical=whole_weights, strategy=STRATEGY,
                              reshard_after_forward=spec.options["reshard_after_forward"],
                              fsdp=reported)
 

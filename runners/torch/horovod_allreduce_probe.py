@@ -20,15 +20,8 @@ import contract.collectives as ar
 from contract.collectives import DTYPE_BYTES, expected_sum, measure_size, probe_result, probe_sizes
 from contract.reasons import code
 from runners.common import Invalid, Spec, Unavailable, main
-from runners.torch.dist import closing, threads_record
-from runners.torch.horovod_ranks import (
-    THREADS_NOTE,
-    HorovodRanks,
-    controller,
-    framework_versions,
-    horovod,
-    init_ranks,
-)
+from runners.torch.dist import closing, framework_versions, threads_record
+from runners.torch.horovod_ranks import THREADS_NOTE, HorovodRanks, controller, horovod, init_ranks
 
 # Horovod reads this at hvd.init(): timelines can then be started and stopped at run time
 # (hvd.start_timeline); nothing is recorded until one is started.
@@ -49,13 +42,6 @@ def timeline_activities(path: Path) -> list[str]:
         return []
     names = [e.get("name") for e in events if isinstance(e, dict) and e.get("ph") == "B"]
     return list(dict.fromkeys(n for n in names if n and not n.startswith("allreduce.")))
-
-
-def reduction_activity(activities: list[str]) -> str | None:
-    """The timeline activity of the reduction itself (GLOO_ALLREDUCE, NCCL_ALLREDUCE,
-    MPI_ALLREDUCE, ...): not the negotiation, not the enclosing ALLREDUCE."""
-    return next((a for a in activities
-                 if a.endswith("_ALLREDUCE") and not a.startswith("NEGOTIATE")), None)
 
 
 def start_timeline(hvd: Any, path: Path) -> bool:
@@ -123,34 +109,28 @@ class Collectives:
         return self.measure(nbytes, lambda: hvd.allreduce_(buffer, op=hvd.Sum, name=name),
                             check)
 
-    def all_gather(self, nbytes: int) -> dict[str, Any]:
+    def sharded(self, nbytes: int, collective: str) -> dict[str, Any]:
+        """One row of hvd.allgather (a part in, S out) or hvd.reducescatter (sum; S in, a part
+        out); the check's input is rank + 1 everywhere, its output held to the expected one."""
         hvd, n, part = self.hvd, self.n, nbytes // DTYPE_BYTES // self.n
-        src = torch.zeros(part, dtype=torch.float32, device=self.device)
-        want = torch.tensor(ar.expected_gather(n), dtype=torch.float32,
-                            device=self.device).repeat_interleave(part)
-        name = f"allgather.probe.{nbytes}"
+        gather = collective == ar.ALL_GATHER
+        tag = "allgather" if gather else "reducescatter"
+        src = torch.zeros(part if gather else part * n, dtype=torch.float32, device=self.device)
+        want = (torch.tensor(ar.expected_gather(n), dtype=torch.float32, device=self.device)
+                .repeat_interleave(part) if gather
+                else torch.full((part,), expected_sum(n), device=self.device))
+        name = f"{tag}.probe.{nbytes}"
 
         def check() -> bool:
-            got = hvd.allgather(self.mine(part), name=name)
+            mine = self.mine(src.numel())
+            got = (hvd.allgather(mine, name=name) if gather
+                   else hvd.reducescatter(mine, op=hvd.Sum, name=name))
             self.sync(got)
-            return self.verdict(bool(torch.equal(got, want)), "probe.check.allgather")
+            return self.verdict(bool(torch.equal(got, want)), f"probe.check.{tag}")
 
-        return self.measure(nbytes, lambda: hvd.allgather(src, name=name), check,
-                            ar.ALL_GATHER)
-
-    def reduce_scatter(self, nbytes: int) -> dict[str, Any]:
-        hvd, n, part = self.hvd, self.n, nbytes // DTYPE_BYTES // self.n
-        src = torch.zeros(part * n, dtype=torch.float32, device=self.device)
-        name = f"reducescatter.probe.{nbytes}"
-
-        def check() -> bool:
-            got = hvd.reducescatter(self.mine(part * n), op=hvd.Sum, name=name)
-            self.sync(got)
-            ok = got.numel() == part and bool(torch.all(got == expected_sum(n)).item())
-            return self.verdict(ok, "probe.check.reducescatter")
-
-        return self.measure(nbytes, lambda: hvd.reducescatter(src, op=hvd.Sum, name=name),
-                            check, ar.REDUCE_SCATTER)
+        timed = ((lambda: hvd.allgather(src, name=name)) if gather
+                 else (lambda: hvd.reducescatter(src, op=hvd.Sum, name=name)))
+        return self.measure(nbytes, timed, check, collective)
 
     def evidence(self) -> dict[str, Any]:
         """What Horovod says of the ranks, their buffers' devices and the timeline."""
@@ -172,7 +152,10 @@ class Collectives:
             "nccl_built": bool(hvd.nccl_built()),
             "ranks": rank_devices,
             "timeline_activities": activities,
-            "operation": reduction_activity(activities),
+            # the reduction itself (GLOO_ALLREDUCE, NCCL_ALLREDUCE, MPI_ALLREDUCE, ...): not
+            # the negotiation, not the enclosing ALLREDUCE
+            "operation": next((a for a in activities if a.endswith("_ALLREDUCE")
+                               and not a.startswith("NEGOTIATE")), None),
             "source": code("torch.horovod_probe_source"),
         }
 
@@ -181,7 +164,6 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     if spec.num_nodes > 1:
         raise Unavailable("the Horovod all-reduce probe runs on one node (horovodrun's "
                           "local gloo launch); across nodes it is not built")
-    horovod()
     ranks = init_ranks(spec)  # hvd.init(), the rank's device; Invalid unless hvd.size() == N
     scratch = tempfile.TemporaryDirectory(prefix="hvd-timeline-")
     probe = Collectives(spec, ranks, Path(scratch.name) / "timeline.json")
@@ -190,18 +172,18 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     rows = [probe.allreduce(nbytes, nbytes == sizes[-1]) for nbytes in sizes]
     how = f"{controller()} controller"
     collectives = {
-        ar.ALL_GATHER: ar.measure_collective(ar.ALL_GATHER, spec.model, probe.n,
-                                             probe.all_gather, f"hvd.allgather, {how}"),
-        ar.REDUCE_SCATTER: ar.measure_collective(ar.REDUCE_SCATTER, spec.model, probe.n,
-                                                 probe.reduce_scatter,
-                                                 f"hvd.reducescatter (sum), {how}"),
+        name: ar.measure_collective(name, spec.model, probe.n,
+                                    lambda nbytes, name=name: probe.sharded(nbytes, name),
+                                    f"{call}, {how}")
+        for name, call in ((ar.ALL_GATHER, "hvd.allgather"),
+                           (ar.REDUCE_SCATTER, "hvd.reducescatter (sum)"))
     }
     window = (start, time.time())
     evidence = probe.evidence()
     scratch.cleanup()
     operation = f", {evidence['operation']}" if evidence["operation"] else ""
     result = probe_result(rows, spec.model, f"hvd.allreduce_ (sum), {how}{operation}",
-                          evidence, framework_versions(), window=window,
+                          evidence, framework_versions("horovod"), window=window,
                           collectives=collectives, devices=ranks.devices,
                           rank_threads=threads_record(ranks, THREADS_NOTE))
     return closing(ranks, result)

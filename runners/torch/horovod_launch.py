@@ -106,11 +106,6 @@ def _stop(signum: int, _frame: object) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-def exit_status(returncode: int) -> int:
-    """A rank's return code as a shell exit status (killed by signal s: 128 + s)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def end_ranks(procs: dict[int, subprocess.Popen[bytes]]) -> None:
     """SIGTERM every rank still running, SIGKILL what is left after the grace."""
     running = [p for p in procs.values() if p.poll() is None]
@@ -129,7 +124,7 @@ def end_ranks(procs: dict[int, subprocess.Popen[bytes]]) -> None:
 
 def run_ranks(procs: dict[int, subprocess.Popen[bytes]]) -> int:
     """Wait for the node's ranks; on the first failure end the others (gloo_run's
-    terminate_all_event); 0, or the first failing rank's exit status."""
+    terminate_all_event); 0, or the first failing rank's exit status (a shell's)."""
     first: tuple[int, int] | None = None
     while [p.poll() for p in procs.values()].count(None):  # every rank polled each time
         for rank, p in procs.items():
@@ -141,9 +136,10 @@ def run_ranks(procs: dict[int, subprocess.Popen[bytes]]) -> int:
         time.sleep(POLL_S)
     if first is None:
         first = next(((r, p.returncode) for r, p in procs.items() if p.returncode != 0), None)
-        if first is not None:
-            say(f"Process {first[0]} exit with status code {first[1]}.")
-    return 0 if first is None else exit_status(first[1])
+        if first is None:
+            return 0
+        say(f"Process {first[0]} exit with status code {first[1]}.")
+    return 128 - first[1] if first[1] < 0 else first[1]  # killed by signal s: 128 + s
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

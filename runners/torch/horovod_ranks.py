@@ -59,7 +59,6 @@ class HorovodRanks(td.DeviceRank):
         horovod().shutdown()
 
 
-MECHANISM = code("torch.horovod_gloo_rendezvous")
 RENDEZVOUS_ENV = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
                   "HOROVOD_GLOO_IFACE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
 SLOT_ENV = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
@@ -92,7 +91,7 @@ def multi_node_record() -> dict[str, Any]:
             raise Invalid(f"rank {row['rank']} on {row['node']}: Horovod reports "
                           f"{ {k: row[k] for k in given} }, its slot was {given}")
     return {"nodes": nodes, "multi_node": {
-        "mechanism": MECHANISM,
+        "mechanism": code("torch.horovod_gloo_rendezvous"),
         "rendezvous": {k: os.environ.get(k) for k in RENDEZVOUS_ENV},
         "world_size": hvd.size(), "size": hvd.size(), "cross_size": hvd.cross_size(),
         "local_size": hvd.local_size(), "controller": controller(),
@@ -103,12 +102,6 @@ def multi_node_record() -> dict[str, Any]:
 
 def controller() -> str:
     return "gloo" if horovod().gloo_enabled() else "mpi"
-
-
-def framework_versions() -> dict[str, str]:
-    import horovod as hvd_package
-
-    return {**td.framework_versions(), "horovod": hvd_package.__version__}
 
 
 def init_ranks(spec: Spec) -> HorovodRanks:

@@ -41,24 +41,6 @@ STRATEGY = code("torch.keras_ddp_strategy")
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}
 
 
-def framework_versions() -> dict[str, str]:
-    return {"keras": keras.__version__, "torch": torch.__version__, "numpy": np.__version__}
-
-
-def check_backend() -> None:
-    if keras.backend.backend() != "torch":
-        raise Unavailable(f"keras {keras.__version__} loaded the {keras.backend.backend()} "
-                          "backend, not torch")
-
-
-def input_shape(model_spec: ModelSpec, data_format: str) -> tuple[int, ...]:
-    """One sample's shape in the data format; a token model's is its sequence."""
-    if model_spec.input_kind == "tokens":
-        return model_spec.input_shape
-    h, w, c = model_spec.input_shape
-    return (h, w, c) if data_format == "channels_last" else (c, h, w)
-
-
 def build_logits_model(name: str, data_format: str, ranks: td.Ranks) -> tuple[keras.Model,
                                                                             keras.Model]:
     """The builder's model, and one sharing its layers that returns the softmax's input."""
@@ -84,8 +66,8 @@ def build_run_logits(spec: Spec, model_spec: ModelSpec, data_format: str, ranks:
     return model, model.to(ranks.device), described
 
 
-def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, batch: int,
-                channels_first: bool) -> RealInput:
+def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, channels_first: bool
+                ) -> RealInput:
     """This rank's share (files rank, rank + N, ...) through JpegSequence, a Keras 3 PyDataset
     with `workers` processes, iterated as Keras' fit does on the torch backend."""
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
@@ -93,6 +75,7 @@ def keras_input(spec: Spec, ranks: td.Ranks, model_spec: ModelSpec, batch: int,
     from runners.keras_data import JpegSequence
 
     data = open_for_model(spec, model_spec)
+    batch = spec.split_batch(ranks.world, "ranks")
     share = rank_files(data.files, ranks.rank, ranks.world)
     size = model_spec.input_shape[0]
     steps = spec.warmup_steps + spec.measure_steps
@@ -147,7 +130,11 @@ def training_step(ranks: td.Ranks, logits: keras.Model, feed: td.Feed, lr: float
 
 
 def dtype_policy(spec: Spec) -> str:
-    """Keras' dtype policy for the run's precision (set globally before the model is built)."""
+    """Keras' dtype policy for the run's precision (set globally before the model is built),
+    once Keras is checked to run on torch: every mode's first step."""
+    if keras.backend.backend() != "torch":
+        raise Unavailable(f"keras {keras.__version__} loaded the {keras.backend.backend()} "
+                          "backend, not torch")
     if spec.precision not in POLICIES:
         raise Unavailable(f"precision {spec.precision}: this runner has fp32 and bf16 "
                           "(Keras' mixed_bfloat16 policy)")
@@ -159,7 +146,7 @@ def keras_fields(spec: Spec, ranks: td.Ranks, policy: str, logits: keras.Model,
                  optimizer: torch.optim.Optimizer, when: str) -> dict[str, Any]:
     """What a benchmark and a converge result say alike: versions, the policy, the strategy,
     the model state (read `when`) and the precision read back."""
-    return join({"framework": framework_versions(), "dtype_policy": policy,
+    return join({"framework": td.framework_versions("keras"), "dtype_policy": policy,
                  "strategy": STRATEGY},
                 model_state_torch(logits, optimizer),
                 state_bytes(ranks, logits.parameters(), optimizer.state.values(), when),
@@ -170,7 +157,6 @@ def keras_fields(spec: Spec, ranks: td.Ranks, policy: str, logits: keras.Model,
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    check_backend()
     policy = dtype_policy(spec)
     # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
     data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
@@ -181,9 +167,12 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     channels_first = data_format == "channels_first"
     feed: td.Feed
     if spec.data == "real" and loader == "keras" and not tokens:
-        feed = keras_input(spec, ranks, model_spec, td.per_rank_batch(spec, ranks), channels_first)
-    else:  # a token model's ids int32, what the Keras model's Input takes
-        feed = rank_input(spec, ranks.place, model_spec, input_shape(model_spec, data_format),
+        feed = keras_input(spec, ranks, model_spec, channels_first)
+    else:  # one sample's shape in the data format; a token model's: its sequence of int32
+        # ids, what the Keras model's Input takes
+        shape = (model_spec.input_shape if tokens or data_format == "channels_last"
+                 else td.nchw(model_spec))
+        feed = rank_input(spec, ranks.place, model_spec, shape,
                           LoaderConfig(channels_first=channels_first), torch.int32)
     keras.utils.set_random_seed(0)  # the same initial weights everywhere (DDP broadcasts too)
     model, logits, described = build_run_logits(spec, model_spec, data_format, ranks)
@@ -214,7 +203,6 @@ def converge(spec: Spec) -> dict[str, Any]:
     the recipe's momentum and weight decay), initial weights from keras.utils.set_random_seed(
     recipe.seed), through RankConverge; rank 0 evaluates the Keras model called with
     training=False (its BatchNormalization moving statistics, never broadcast by DDP)."""
-    check_backend()
     policy = dtype_policy(spec)
     recipe = Recipe.of(spec)
     if spec.custom_model:
@@ -248,19 +236,18 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device in the run's layout as the synthetic
     input is; weights saved."""
-    check_backend()
+    dtype_policy(spec)  # fp32: the equivalence step's precision
     data_format = spec.options["data_format"]
     ranks = td.init_ranks(spec, "auto")
     weights, x, y, lr = spec.equivalence_inputs()
     feed = equivalence_input(x, y, ranks.place,
                              LoaderConfig(channels_first=data_format == "channels_first"))
-    dtype_policy(spec)
     model, logits = build_logits_model("probe", data_format, ranks)
     set_canonical_weights(model, weights)
     step, parts = training_step(ranks, logits, feed, lr, 0.0)
     return equivalence_step(spec, ranks, step, parts.counter, parts.tracker,
                             lambda: get_canonical_weights(model),
-                            framework=framework_versions(), layout=data_format)
+                            framework=td.framework_versions("keras"), layout=data_format)
 
 
 if __name__ == "__main__":

@@ -16,17 +16,11 @@ from runners.real_data import pipeline_data, time_pipeline
 from runners.torch.data import Place, open_input
 
 
-def device_of(spec: Spec) -> torch.device:
-    if spec.device != "gpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU")
-    return torch.device("cuda", 0)
-
-
 def benchmark(spec: Spec) -> dict[str, Any]:
     data, size, batch = pipeline_data(spec)
-    device = device_of(spec)
+    if spec.device == "gpu" and not torch.cuda.is_available():
+        raise Unavailable(f"device gpu: torch {torch.__version__} sees no CUDA GPU")
+    device = torch.device("cuda", 0) if spec.device == "gpu" else torch.device("cpu")
     feed = open_input(spec, data, size, batch, Place(device=device))
 
     def batches() -> Any:

@@ -14,31 +14,24 @@ from torch.distributed.tensor import DTensor
 from contract.precision_policy import resolve
 from contract.reasons import code
 from runners.common import Invalid
-from runners.torch.dist import DeviceRank, PlacementTracker
+from runners.torch.dist import DeviceRank, PlacementTracker, StepParts
 
 PARTS = ("params", "grads", "optimizer")
 AFTER_WINDOW = code("torch.read_after_window")
 
 
-def tensor_bytes(t: torch.Tensor) -> tuple[int, int]:
-    """(the bytes this rank holds, the tensor's logical bytes): a DTensor's local shard
-    (to_local()) against its global shape; a plain tensor is whole where it is."""
-    size = t.element_size()
-    if isinstance(t, DTensor):
-        return t.to_local().numel() * size, t.numel() * size
-    return t.numel() * size, t.numel() * size
-
-
 def rank_state(params: Iterable[torch.Tensor], optimizer_states: Iterable[dict[str, Any]]
                ) -> dict[str, tuple[int, int]]:
     """This rank's (held, logical) bytes of the parameters, of the gradients they hold now and
-    of the optimizer state tensors in `optimizer_states` (one state dict per parameter)."""
+    of the optimizer state tensors in `optimizer_states` (one state dict per parameter): a
+    DTensor's local shard (to_local()) against its global shape; a plain tensor is whole
+    where it is."""
     sums = {part: [0, 0] for part in PARTS}
 
     def add(part: str, t: torch.Tensor) -> None:
-        held, whole = tensor_bytes(t)
-        sums[part][0] += held
-        sums[part][1] += whole
+        held = t.to_local() if isinstance(t, DTensor) else t
+        sums[part][0] += held.numel() * t.element_size()
+        sums[part][1] += t.numel() * t.element_size()
 
     for p in params:
         add("params", p)
@@ -109,25 +102,29 @@ def compute_dtype(precision: str, computed: Any) -> str:
 
 
 def torch_precision(precision: str, compute: Any, module: nn.Module,
-                    reduce: Any, how: str, loss_scaling: str | None = None) -> dict[str, Any]:
+                    reduce: Any, how: str, scaler: Any = None) -> dict[str, Any]:
     """The record's precision_policy: compute dtype (from the tracker's logits, or as the framework
     states it), the parameters' dtype read from `module` (torch's master weights), `reduce` as the
-    runner read it back, the knobs (`how`)."""
+    runner read it back, the knobs (`how`), dynamic loss scaling where there is a `scaler`."""
     return {"precision_policy": resolve(
         precision, how=how, compute=compute_dtype(precision, compute),
         params=dtype_of(module.parameters(), "the parameters"), master=None, reduce=reduce,
-        loss_scaling=loss_scaling)}
+        loss_scaling="dynamic" if scaler is not None else None)}
 
 
-def autocast_how(precision: str, ranks: DeviceRank, scaler: Any = None) -> str:
-    """The knobs of a torch.autocast run (torch_ddp, torch_zero1), as used."""
+def autocast_precision(precision: str, ranks: DeviceRank, parts: StepParts, net: nn.Module
+                       ) -> dict[str, Any]:
+    """torch_precision of a torch.autocast run (torch_ddp, torch_zero1): the logits' dtype
+    `parts` tracked, the gradients' dtype, the knobs as used."""
     if precision in ("fp32", "tf32"):
-        return "no autocast: float32 parameters and compute" + (
+        how = "no autocast: float32 parameters and compute" + (
             " (TF32 matmuls and convolutions: torch.backends.cuda.matmul/cudnn.allow_tf32)"
             if precision == "tf32" else "")
-    dtype = "bfloat16" if precision == "bf16" else "float16"
-    return f"torch.autocast({ranks.device.type}, {dtype})" + (
-        " + torch.amp.GradScaler (dynamic loss scaling)" if scaler is not None else "")
+    else:
+        dtype = "bfloat16" if precision == "bf16" else "float16"
+        how = f"torch.autocast({ranks.device.type}, {dtype})" + (
+            " + torch.amp.GradScaler (dynamic loss scaling)" if parts.scaler is not None else "")
+    return torch_precision(precision, parts.tracker, net, grad_dtype(net), how, parts.scaler)
 
 
 def grad_dtype(module: nn.Module) -> torch.dtype:

@@ -16,7 +16,7 @@ from runners.common import Invalid, Spec, main
 from runners.memory import model_state_torch
 from runners.torch import dist as td
 from runners.torch.equivalence import probe_equivalence
-from runners.torch.state import AFTER_WINDOW, autocast_how, grad_dtype, state_bytes, torch_precision
+from runners.torch.state import AFTER_WINDOW, autocast_precision, state_bytes
 
 STRATEGY = code("torch.zero1_strategy")
 
@@ -74,8 +74,7 @@ def granular(state: dict[str, Any], zero: ZeroRedundancyOptimizer) -> dict[str, 
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    td.check_precision(spec, ranks)
+    ranks = td.init_ranks(spec, spec.options["backend"], check=True)
     model_spec, feed, net = td.rank_model(spec, ranks)
     step, parts, zero = training_step(spec, ranks, net, feed, 0.01, 0.9)
     result = td.timed_steps(spec, ranks, step, parts.counter, parts.tracker, feed)
@@ -85,22 +84,17 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     }, partition_record(zero, ranks),
         granular(state_bytes(ranks, net.parameters(), zero.optim.state.values(), AFTER_WINDOW,
                              partitioned=("optimizer",)), zero),
-        torch_precision(spec.precision, parts.tracker, net, grad_dtype(net),
-                        autocast_how(spec.precision, ranks, parts.scaler),
-                        "dynamic" if parts.scaler is not None else None),
+        autocast_precision(spec.precision, ranks, parts, net),
         td.model_record(net, model_spec), model_state_torch(net, zero.optim))
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
     """One plain SGD step (momentum 0) of the benchmark's step function on the probe, each rank
     on its slice of the batch, resident on its device; weights saved."""
-    ranks = td.init_ranks(spec, spec.options["backend"])
-    td.check_precision(spec, ranks)
-
-    def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
-        return training_step(spec, ranks, net, feed, lr, 0.0)[:2]
-
-    return probe_equivalence(spec, ranks, make_step, strategy=STRATEGY)
+    ranks = td.init_ranks(spec, spec.options["backend"], check=True)
+    return probe_equivalence(
+        spec, ranks, lambda net, feed, lr: training_step(spec, ranks, net, feed, lr, 0.0)[:2],
+        strategy=STRATEGY)
 
 
 if __name__ == "__main__":
