@@ -20,6 +20,7 @@ from tests.helpers.cli import run_cli
 from tests.helpers.slurm import SLURM_TOOL, STATE_DIR
 
 _RECORDS_BEFORE = pytest.StashKey[dict]()
+SLURM_GROUP = "slurm"
 _CAPTURED = golden_records.captured_tests()
 
 
@@ -34,10 +35,27 @@ def repo_bytecode() -> None:
     compileall.compile_file(root / "run_bench.py", quiet=1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's `-n 2 --dist loadgroup` (the README's test command): a test
+    module's tests on one worker, so that its module-scoped shared runs are made once; every
+    test on the local SLURM cluster on one worker, in turn (they share its two nodes)."""
+    for item in items:
+        on_slurm = item.get_closest_marker("slurm") or "local_slurm" in getattr(
+            item, "fixturenames", ())
+        item.add_marker(pytest.mark.xdist_group(SLURM_GROUP if on_slurm else item.path.stem))
+
+
+def _test_id(item: pytest.Item) -> str:
+    """The test's id without the "@group" xdist appends to it under --dist loadgroup."""
+    groups = [m.args[0] for m in item.iter_markers("xdist_group")]
+    return item.nodeid.removesuffix(f"@{groups[0]}") if groups else item.nodeid
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):  # noqa: ANN201  (a hook wrapper's generator)
     """Before the test's fixtures run: the records already there (tests/golden_records.py)."""
-    if golden_records.in_scope(item.nodeid, (m.name for m in item.iter_markers()), _CAPTURED):
+    if golden_records.in_scope(_test_id(item), (m.name for m in item.iter_markers()), _CAPTURED):
         base = item.config._tmp_path_factory.getbasetemp()  # noqa: SLF001
         item.stash[_RECORDS_BEFORE] = golden_records.snapshot(base)
     return (yield)
@@ -49,7 +67,7 @@ def pytest_runtest_call(item: pytest.Item):  # noqa: ANN201
     result = yield
     if _RECORDS_BEFORE in item.stash:
         base = item.config._tmp_path_factory.getbasetemp()  # noqa: SLF001
-        found = golden_records.after_test(item.nodeid, base, item.stash[_RECORDS_BEFORE])
+        found = golden_records.after_test(_test_id(item), base, item.stash[_RECORDS_BEFORE])
         if found:
             pytest.fail("records differ from tests/golden/records/:\n" + "\n".join(found),
                         pytrace=False)
