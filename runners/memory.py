@@ -20,6 +20,7 @@ from contract.reasons import code
 
 CLEAR_REFS = Path("/proc/self/clear_refs")
 STATUS = Path("/proc/self/status")
+WORKERS_NOTE = "the process itself: DataLoader/Grain/loader workers are processes of their own"
 
 # the family whose framework a run trains with (runners.common.main sets it from the spec);
 # its allocator is read first when several frameworks are imported
@@ -146,8 +147,7 @@ def _cpu_end(reset: bool) -> tuple[int | None, str]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
     why = "/proc/self/clear_refs is not writable" if not reset else "no VmHWM to read"
     return peak, (f"peak resident memory since the process started (getrusage ru_maxrss; {why}"
-                  ", so not the window's alone) of the process itself: DataLoader/Grain/loader "
-                  "workers are processes of their own")
+                  f", so not the window's alone) of {WORKERS_NOTE}")
 
 
 # -- the window ------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ PROSE_CALLS = {"Unavailable", "Invalid", "print", "log", "warning", "info", "deb
 # per-run lines built from run values (input_pipeline: batch, workers, shards, threads), left
 # as templates: (module, how the literal starts)
 TEMPLATES = {("runners/jax/data.py", "Grain over the JPEG file list"),
-             ("runners/keras_data.py", "Keras {api} over the JPEG file list"),
              ("runners/tf/cnn_benchmarks.py", " TFRecord shard(s): parallel_interleave"),
              ("runners/tf/data.py", "decode_and_crop_jpeg of a random S x S window")}
 
