@@ -164,6 +164,12 @@ def test_flax_tiny_transformers_run(transformer_results: dict, name: str) -> Non
     assert r["finite"] and r["train_same"] and r["updates"] == []
     assert r["weight_std"] == pytest.approx(0.02, rel=0.05) and r["biases_zero"]
     assert r["bf16_output"] == "bfloat16" and r["bf16_params"] == ["float32"]
+    # attention xla gives the default's logits (jax 0.10.2's None is XLA's own ops)
+    assert r["xla_attention_max_diff"] == 0.0
+    # cudnn: float32 q/k/v refused by jax's dtype check (the plan's fp32 reason); bf16 refused
+    # on CPU (the plan's no-GPU reason)
+    assert "fp16/bf16" in r["cudnn_float32"], r["cudnn_float32"]
+    assert r["cudnn_bfloat16"] != "no error"
 
 
 @pytest.mark.slow
