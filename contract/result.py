@@ -186,6 +186,7 @@ EVIDENCE = (
              convs_per_tower="Convolutions built per tower.",
              conv_backprop_filter_ops="Conv filter-gradient ops that ran in the step.",
              conv_backprop_filter_ops_built="Conv filter-gradient ops the graph holds.",
+             attention_custom_calls="cuDNN fused-attention custom calls in the compiled step.",
              steps_skipped_by_grad_scaler="Steps the GradScaler skipped (fp16).",
              zero_stage="The ZeRO stage DeepSpeed ran.",
              image_size="The side of the images the model takes (real data).",
@@ -218,6 +219,9 @@ EVIDENCE = (
              batchnorm="BatchNorm statistics per device (per_device) or global.",
              batchnorm_kernel="The BatchNorm kernel the framework ran.",
              batchnorm_statistics="How the BatchNorm statistics are computed.",
+             attention="The attention implementation asked (jax_native's option; none where "
+                       "the model has no attention it sets).",
+             attention_kernel="The attention the compiled step runs, read from its HLO.",
              dtype="The compute dtype of the step.",
              dtype_policy="The Keras dtype policy.",
              evaluation="How held-out accuracy is evaluated.",
@@ -296,6 +300,8 @@ EVIDENCE = (
     *_fields((OBJ, NUL), framework="The framework versions.",
              placement="Work per device, as the framework reports it.",
              collectives="The collectives per step, as the framework compiled or ran them.",
+             compiled_memory="XLA's memory analysis of the compiled step (argument, output, "
+                             "alias, temp bytes; whether donated buffers were reused).",
              shardings="How parameters and batches are sharded.",
              layout_map="Keras' layout map.",
              compute_ops_by_type="Compute ops per type in the step.",

@@ -10,7 +10,10 @@ normal(0.02), biases zero, LayerNorm scale 1. No dropout, no BatchNorm: the mode
 
 `dtype` is the computation dtype (None: float32 from the params; jnp.bfloat16: bfloat16 compute,
 float32 params; LayerNorm's statistics and attention's softmax stay in float32, as Flax and
-jax.nn.dot_product_attention compute them). Imports jax and flax: child processes only.
+jax.nn.dot_product_attention compute them). `attention` is jax.nn.dot_product_attention's
+`implementation` (None: JAX chooses, which is XLA's own ops in jax 0.10.2; "xla"; "cudnn": cuDNN's
+fused flash attention, GPUs and bf16 only): jax_native's `attention` option; every other caller
+leaves it None. Imports jax and flax: child processes only.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Block(nn.Module):
     shape: TransformerShape
     causal: bool
     dtype: Any = None
+    attention: str | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -41,7 +45,8 @@ class Block(nn.Module):
         h = nn.LayerNorm(epsilon=eps, dtype=self.dtype, name="ln_1")(x)
         qkv = nn.Dense(3 * d, kernel_init=INIT, dtype=self.dtype, name="qkv")(h)
         q, k, v = (a.reshape(b, t, s.heads, s.head_dim) for a in jnp.split(qkv, 3, axis=-1))
-        h = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal).reshape(b, t, d)
+        h = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal,
+                                         implementation=self.attention).reshape(b, t, d)
         x = x + nn.Dense(d, kernel_init=INIT, dtype=self.dtype, name="proj")(h)
         h = nn.LayerNorm(epsilon=eps, dtype=self.dtype, name="ln_2")(x)
         h = nn.Dense(s.mlp_dim, kernel_init=INIT, dtype=self.dtype, name="fc")(h)
@@ -55,6 +60,7 @@ class GPT(nn.Module):
 
     shape: TransformerShape
     dtype: Any = None
+    attention: str | None = None
 
     @nn.compact
     def __call__(self, ids: jax.Array, train: bool = False) -> jax.Array:
@@ -63,7 +69,7 @@ class GPT(nn.Module):
         wpe = nn.Embed(s.seq_len, s.d_model, embedding_init=INIT, dtype=self.dtype, name="wpe")
         x = wte(ids) + wpe(jnp.arange(ids.shape[1]))[None]
         for i in range(s.layers):
-            x = Block(s, causal=True, dtype=self.dtype, name=f"h_{i}")(x)
+            x = Block(s, True, self.dtype, self.attention, name=f"h_{i}")(x)
         x = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="ln_f")(x)
         return wte.attend(x)
 
@@ -74,6 +80,7 @@ class ViT(nn.Module):
 
     shape: TransformerShape
     dtype: Any = None
+    attention: str | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -89,20 +96,21 @@ class ViT(nn.Module):
                             axis=1)
         x = x + pos.astype(x.dtype)
         for i in range(s.layers):
-            x = Block(s, causal=False, dtype=self.dtype, name=f"block_{i}")(x)
+            x = Block(s, False, self.dtype, self.attention, name=f"block_{i}")(x)
         x = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, name="ln_f")(x)
         return nn.Dense(s.classes, kernel_init=INIT, dtype=self.dtype, name="head")(x[:, 0])
 
 
 def build_transformer(shape: TransformerShape, data_format: str = "channels_last",
-                      dtype: Any = None) -> nn.Module:
+                      dtype: Any = None, attention: str | None = None) -> nn.Module:
     """The GPT or ViT of a TransformerShape; data_format must be channels_last (ViT's NHWC
-    images; a GPT takes token ids and ignores the layout but is held to the same rule)."""
+    images; a GPT takes token ids and ignores the layout but is held to the same rule);
+    `attention` jax.nn.dot_product_attention's implementation (None: JAX's choice)."""
     from models.flax_common import check_data_format
 
     check_data_format(data_format)
     if shape.kind == "gpt":
-        return GPT(shape, dtype=dtype)
+        return GPT(shape, dtype=dtype, attention=attention)
     if shape.kind == "vit":
-        return ViT(shape, dtype=dtype)
+        return ViT(shape, dtype=dtype, attention=attention)
     raise ValueError(f"unknown transformer kind {shape.kind!r}")

@@ -10,15 +10,19 @@ import math
 import os
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.catalog.registry import RUNNERS
-from bench.plan.runs import RunSpec
+from bench.plan.config import load_config
+from bench.plan.runs import RunSpec, expand
 from bench.records.store import check_record
+from bench.run.sweep import precheck
 from contract.reasons import sentence
+from contract.spec import spec_for
 from runners.jax.common import CPU_KIND, _with_device_count
 from tests.helpers.cli import REPO, run_child
 from tests.helpers.sharding import assert_replicas
@@ -67,6 +71,29 @@ def test_device_count_flag_is_appended_or_replaced() -> None:
         "--a=1 --xla_force_host_platform_device_count=2")
 
 
+def test_cudnn_attention_off_gpus_is_unavailable_before_launch() -> None:
+    cfg = load_config(REPO / "configs/cpu-smoke.yaml", [
+        "runners=[jax_native]", "models=[gpt2_tiny,small_cnn]", "devices=[1]",
+        "runner_options.jax_native.attention=[cudnn,xla]"])
+    verdicts = {(r.model, r.options["attention"]): precheck(r, 0) for r in expand(cfg, "s")}
+    status, reason = verdicts["gpt2_tiny", "cudnn"]
+    assert status == "unavailable"
+    assert "implementation='cudnn') is a GPU kernel; the run's devices are cpu" in reason
+    # xla runs anywhere; a CNN has no attention: the option does not apply, the run goes
+    assert verdicts["gpt2_tiny", "xla"] is None
+    assert verdicts["small_cnn", "cudnn"] is None and verdicts["small_cnn", "xla"] is None
+
+
+def test_cudnn_attention_on_gpus_needs_bf16() -> None:
+    check = RUNNERS["jax_native"].launch_check
+    spec = partial(spec_for, model="gpt2_tiny", device="gpu", options={"attention": "cudnn"})
+    assert "use precision bf16" in check(spec(precision="fp32"))
+    assert "precision tf32 computes attention in float32" in check(spec(precision="tf32"))
+    assert check(spec(precision="bf16")) is None
+    assert check(spec(precision="fp32", options={"attention": "auto"})) is None
+    assert check(spec(precision="fp32", model="resnet50")) is None
+
+
 def check_ok(rec: dict, n: int, steps: int = 3) -> dict:
     """The common checks of an ok record of small_cnn at n virtual devices, `steps` timed;
     its runner's result."""
@@ -110,6 +137,8 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: 
             # per-device BatchNorm: the step's one pmean of gradients, statistics and loss is
             # one combined all-reduce in the compiled program (kept, over 1 device, at n=1)
             assert result["collectives"]["all-reduce"] >= 1
+            assert result["attention"] == "none"  # a CNN: the option does not apply
+            assert result["attention_custom_calls"] == 0
         else:
             assert result["framework"]["keras"] == "3.15.1"
             assert result["shardings"]["mesh"] == {"batch": n}
@@ -238,14 +267,24 @@ def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
     assert_replicas(rec, 2)
     assert result["layout"] == ("token ids (batch, sequence)" if tokens else "channels_last")
     assert ("next-token" in sentence(result["loss_kind"])) == tokens
+    # the option at its default; the compiled step holds no cuDNN attention on CPU
+    assert result["attention"] == "auto" and result["attention_custom_calls"] == 0
+    assert result["attention_kernel"].startswith("no cuDNN fused-attention custom call")
+    # XLA's memory analysis of the step that ran: the donated train state's buffers reused
+    memory = result["compiled_memory"]
+    assert memory["alias_bytes"] > 0 and memory["donated_buffers_reused"] is True
+    # the aliased buffers are the state's: at most the arguments (state and batch), at least
+    # the params (float32: 4 bytes each) that the new state overwrites in place
+    assert 4 * spec.params <= memory["alias_bytes"] <= memory["argument_bytes"]
+    assert memory["output_bytes"] >= memory["alias_bytes"]
+    assert memory["temp_bytes"] > 0 and memory["generated_code_bytes"] >= 0
 
 
-def run_user_model(jax_python: str, tmp: Path, name: str, custom: dict, n: int = 2) -> dict:
+def run_native(jax_python: str, tmp: Path, name: str, n: int = 2, **fields: Any) -> dict:
     """jax_native started as bench/run/launch.py starts it (`python -m runners.jax.native
-    --spec S --result R`) on a hand-made spec of a user's model; its result."""
-    spec = json.loads(check_spec("jax_native", num_devices=n, model=custom["name"],
-                                 warmup_steps=1, batch_size_per_device=4,
-                                 global_batch_size=4 * n, custom_model=custom))
+    --spec S --result R`) on a hand-made spec (`fields` over check_spec's); its result."""
+    spec = json.loads(check_spec("jax_native", num_devices=n, warmup_steps=1,
+                                 batch_size_per_device=4, global_batch_size=4 * n, **fields))
     spec_path, result_path = tmp / f"{name}.spec.json", tmp / f"{name}.result.json"
     spec_path.write_text(json.dumps(spec))
     repo = Path(__file__).resolve().parents[1]
@@ -257,6 +296,13 @@ def run_user_model(jax_python: str, tmp: Path, name: str, custom: dict, n: int =
     return json.loads(result_path.read_text())
 
 
+def run_user_model(jax_python: str, tmp: Path, name: str, custom: dict, n: int = 2,
+                   **fields: Any) -> dict:
+    """run_native on a user's model (`custom`: its models entry)."""
+    return run_native(jax_python, tmp, name, n, model=custom["name"], custom_model=custom,
+                      **fields)
+
+
 @pytest.fixture(scope="module")
 def user_model_runs(tmp_path_factory: pytest.TempPathFactory, jax_python: str) -> dict:
     folder = tmp_path_factory.mktemp("user-models")  # outside the repo
@@ -265,7 +311,11 @@ def user_model_runs(tmp_path_factory: pytest.TempPathFactory, jax_python: str) -
              "args": {"vocab": 97, "width": 32},
              "input": {"kind": "tokens", "seq_len": 16, "vocab": 97}}
     return {
-        "ok": run_user_model(jax_python, folder, "ok", entry),
+        # attention cudnn: a user's model calls its own attention, the option does not apply
+        "ok": run_user_model(jax_python, folder, "ok", entry, options={"attention": "cudnn"}),
+        # reached in the child (the plan predicts it): unavailable before the model is built
+        "cudnn_cpu": run_native(jax_python, folder, "cudnn_cpu", 1, model="gpt2_tiny",
+                                options={"attention": "cudnn"}),
         "wrong_vocab": run_user_model(jax_python, folder, "wrong_vocab", {
             **entry, "input": {"kind": "tokens", "seq_len": 16, "vocab": 50}}, n=1),
         "not_flax": run_user_model(jax_python, folder, "not_flax", {
@@ -287,6 +337,15 @@ def test_jax_native_users_token_model(user_model_runs: dict) -> None:
     assert r["workload"] == "custom" and r["tokens_per_sample"] == 16
     assert r["placement"] == {"cpu:0": 4, "cpu:1": 4} and r["samples"] == 3 * 8
     assert r["collectives"]["all-reduce"] >= 1
+    assert r["attention"] == "none" and r["compiled_memory"]["donated_buffers_reused"]
+
+
+@pytest.mark.slow
+@pytest.mark.framework("jax")
+def test_cudnn_attention_reached_on_cpu_is_unavailable(user_model_runs: dict) -> None:
+    r = user_model_runs["cudnn_cpu"]
+    assert r["status"] == "unavailable"
+    assert "implementation='cudnn') is a GPU kernel; the run's devices are cpu" in r["reason"]
 
 
 @pytest.mark.slow

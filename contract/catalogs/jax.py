@@ -22,6 +22,17 @@ KERAS_INPUT_OPTION = Option(str, "numpy", ("numpy", "preplaced"),
                             "itself; preplaced: batches already laid out on the devices in "
                             "the distribution's layout (synthetic or loader=framework)")
 
+ATTENTION_OPTION = Option(str, "auto", ("auto", "xla", "cudnn"),
+                          "transformers: jax.nn.dot_product_attention's implementation: auto "
+                          "(None: JAX chooses; XLA's own ops in jax 0.10.2), xla, or cudnn "
+                          "(cuDNN's fused flash attention: GPUs, bf16 only); a CNN has no "
+                          "attention (recorded none)")
+ATTENTION_IMPLEMENTATION = {"auto": None, "xla": "xla", "cudnn": "cudnn"}
+
+CUDNN_EQUIVALENCE = ("cuDNN's fused flash attention is a GPU kernel (bf16); the equivalence "
+                     "step trains the probe CNN, which has no attention: the case needs a GPU "
+                     "and a transformer probe (not built)")
+
 JAX_MULTI_NODE = "jax.distributed.initialize (SLURM auto-detection), gloo collectives on CPU"
 
 
@@ -35,16 +46,44 @@ def _runner(name: str, module: str, description: str, **fields: Any) -> RunnerIn
                          **fields})
 
 
+def attention_applies(spec: Any) -> bool:
+    """Whether the run's model is a built-in transformer, whose attention the `attention`
+    option sets (a CNN has none; a user's model calls its own attention)."""
+    from models import get_spec
+
+    return not spec.custom_model and get_spec(spec.model).workload == "transformer"
+
+
+def attention_problem(spec: Any, platform: str) -> str | None:
+    """Why jax_native's `attention` cannot run as asked on `platform` ("gpu", "cpu"): cudnn is
+    cuDNN's GPU kernel, of bfloat16 or float16 q, k, v only (jax's check_is_flash_attention and
+    its dtype check); None where it can or the option does not apply. Asked by the plan before
+    the launch (the spec's device) and by the child (the platform jax reports)."""
+    if spec.options.get("attention") != "cudnn" or not attention_applies(spec):
+        return None
+    if platform != "gpu":
+        return (f"attention cudnn: cuDNN's fused flash attention (jax.nn.dot_product_attention "
+                f"implementation='cudnn') is a GPU kernel; the run's devices are {platform} "
+                f"devices, with no cuDNN (auto or xla run XLA's attention there)")
+    if spec.precision != "bf16":
+        return (f"attention cudnn: cuDNN's fused attention takes bfloat16 or float16 q, k and v "
+                f"(jax: 'Q must be fp16/bf16/fp8'); precision {spec.precision} computes "
+                f"attention in float32: use precision bf16, or attention auto or xla")
+    return None
+
+
 RUNNERS: list[RunnerInfo] = [
     _runner(
         "jax_native",
         "runners.jax.native",
         "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
-        options={"batchnorm": JAX_BATCHNORM_OPTION},
+        options={"batchnorm": JAX_BATCHNORM_OPTION, "attention": ATTENTION_OPTION},
         equivalence_options=({"batchnorm": "global"},),
+        equivalence_gpu_only=(({"attention": "cudnn"}, CUDNN_EQUIVALENCE),),
         custom_models=("jax",),
         collectives=DATA_PARALLEL,
         converges=True,
+        launch_check=lambda spec: attention_problem(spec, spec.device),
     ),
     _runner(
         "jax_fsdp",

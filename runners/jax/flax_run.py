@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from contract.catalogs.jax import ATTENTION_IMPLEMENTATION, attention_applies, attention_problem
 from contract.reasons import code
 from contract.result import join
 from models import get_spec, load_builder, model_fields, spec_of
 from runners.common import Spec, Unavailable, finite, timed_loop
-from runners.jax import common, flax_step
+from runners.jax import common, compiled_evidence, flax_step
 from runners.jax.data import grain_fields
 from runners.jax.flax_step import BATCHNORM_RECORD
 from runners.jax.state import compute_dtype, precision_record, state_record
@@ -68,8 +69,12 @@ class FlaxRun:
 
         from models.flax_common import count_params_flax, train_kwargs
 
+        if why := attention_problem(self.spec, self.devices[0].platform):
+            raise Unavailable(why)
         self.dtype = {"fp32": None, "tf32": None, "bf16": jnp.bfloat16}[self.spec.precision]
-        self.model, self.counted = flax_step.build_model(self.spec, self.model_spec, self.dtype)
+        implementation = ATTENTION_IMPLEMENTATION[self.attention] if self.attention else None
+        self.model, self.counted = flax_step.build_model(self.spec, self.model_spec, self.dtype,
+                                                         implementation)
         # a user's model is built as written: bf16 casts its params and inputs inside the step
         self.cast = self.dtype if self.counted is not None else None
         self.replicated, self.batch = flax_step.make_shardings(self.devices, axis)
@@ -78,6 +83,13 @@ class FlaxRun:
                                    train_kwargs(self.model, False), seed)
         self.params = count_params_flax(variables)
         return variables
+
+    @property
+    def attention(self) -> str | None:
+        """The `attention` option as the run applies it: its value on a built-in transformer
+        (auto for a runner without the option), None where it does not apply."""
+        return self.spec.options.get("attention", "auto") if attention_applies(self.spec) \
+            else None
 
     @property
     def call(self) -> dict[str, Any]:
@@ -220,13 +232,15 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
     # after the window, untimed: the gradients as the strategy holds them, for the state record
     grads = flax_step.gradients_once(steps.state, *steps.first, state_sharding, run.batch, run.call,
                            run.cast, layout.grads_sharding(state_sharding))
-    global_batch = spec.global_batch_size
+    global_batch, hlo = spec.global_batch_size, step.as_text()
     return join(window.summary(global_batch, (int(steps.state.step) - steps.start) * global_batch),
                 timed_fields(run, layout, steps, data, input_record, grads),
                 run.record(steps.state, StepRecord(
                     batchnorm, collectives, layout.params_record(run.replicated,
                                                                  steps.state.params),
-                    grads, step.as_text(), run.cast)),
+                    grads, hlo, run.cast)),
+                compiled_evidence.attention_record(hlo, run.attention),
+                {"compiled_memory": compiled_evidence.memory_record(step)},
                 common.close_multihost(spec))
 
 

@@ -193,18 +193,21 @@ def compile_step(step: Any, state: Any, x: Any, y: Any) -> tuple[Any, dict[str, 
     return compiled, {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in ops}
 
 
-def build_model(spec: Spec, model_spec: Any, dtype: Any) -> tuple[Any, dict[str, Any] | None]:
+def build_model(spec: Spec, model_spec: Any, dtype: Any, attention: str | None = None
+                ) -> tuple[Any, dict[str, Any] | None]:
     """(the run's Flax module, describe()'s counts for a user's model, None for a built-in):
-    a built-in's flax builder with the compute dtype, or the user's build function; a user's
-    model that cannot be built, is not a flax.linen.Module, fails on its declared input or
-    returns other logits than it declares is Invalid."""
+    a built-in's flax builder with the compute dtype (and `attention`, a transformer's
+    jax.nn.dot_product_attention implementation, where given), or the user's build function; a
+    user's model that cannot be built, is not a flax.linen.Module, fails on its declared input
+    or returns other logits than it declares is Invalid."""
     import flax.linen as nn
 
     from models.custom import CustomModelError, check_output, not_a_model
     from models.flax_common import describe
 
     try:
-        model = build_for(spec, "flax", dtype=dtype)
+        model = build_for(spec, "flax", dtype=dtype,
+                          **({"attention": attention} if attention else {}))
         if model_spec.workload != "custom":
             return model, None
         if not isinstance(model, nn.Module):

@@ -1,6 +1,6 @@
 """The Flax transformers named in argv on one CPU device (gpt2, vit_b16 as shapes only; the tiny
-ones run), then models.flax_common.describe on a user's module and its errors. Prints one
-line "RESULT <json>"."""
+ones run, with attention xla too, and cudnn lowered only), then models.flax_common.describe on a
+user's module and its errors. Prints one line "RESULT <json>"."""
 
 import json
 import re
@@ -55,6 +55,17 @@ for name in sys.argv[1:]:
                   if "bias" in jax.tree_util.keystr(k) and "ln" not in jax.tree_util.keystr(k)]
         r["weight_std"] = float(np.concatenate([k.ravel() for k in kernels]).std())
         r["biases_zero"] = all(not b.any() for b in biases)
+        # attention xla: the forward as the default's (JAX's choice); cudnn: refused on CPU
+        xla = load_builder(name, "flax")(spec, attention="xla")
+        y_xla = jax.jit(lambda v, x: xla.apply(v, x, train=False))(variables, x)  # noqa: B023
+        r["xla_attention_max_diff"] = float(jnp.abs(y_xla - y).max())
+        for dtype in (None, jnp.bfloat16):
+            cudnn = load_builder(name, "flax")(spec, dtype=dtype, attention="cudnn")
+            try:
+                jax.jit(lambda v, x: cudnn.apply(v, x, train=False)).lower(variables, x)  # noqa: B023
+                r[f"cudnn_{jnp.dtype(dtype or 'float32').name}"] = "no error"
+            except Exception as e:  # noqa: BLE001 - the framework's own refusal, recorded
+                r[f"cudnn_{jnp.dtype(dtype or 'float32').name}"] = f"{type(e).__name__}: {e}"
         bf16 = load_builder(name, "flax")(spec, dtype=jnp.bfloat16)
         vb = jax.eval_shape(lambda x: bf16.init(jax.random.key(0), x), x)  # noqa: B023
         r["bf16_output"] = str(jax.eval_shape(bf16.apply, vb, x).dtype)
