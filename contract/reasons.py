@@ -32,6 +32,12 @@ SENTENCES: dict[str, str] = {
     "jax.batch_rows_first_epoch": (
         "rows per device of the first epoch's training batches, from each batch jax.Array's "
         "addressable_shards (summed over the epoch)"),
+    "jax.compiled_memory_source": (
+        "jax: memory_analysis() of the timed step's compiled executable (XLA's buffer "
+        "assignment of one device's program), read after the window"),
+    "jax.xla_attention": (
+        "no cuDNN fused-attention custom call (__cudnn$fmha*) in the compiled step: attention, "
+        "where the model has any, is XLA's own ops"),
     "jax.flax_batchnorm_per_device": (
         "per-device statistics (shard_map: each device's B/N rows); running statistics averaged "
         "over devices after each step (pmean)"),

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from contract.reasons import code
+
 # jax._src.cudnn.fused_attention_stablehlo's custom-call targets: __cudnn$fmhaSoftmax, ...Backward
 CUDNN_FMHA = re.compile(r'custom_call_target="(__cudnn\$fmha\w*)"')
-MEMORY_SOURCE = ("jax: memory_analysis() of the timed step's compiled executable (XLA's buffer "
-                 "assignment of one device's program), read after the window")
 # the record's key -> CompiledMemoryStats' attribute
 MEMORY_STATS = {"argument_bytes": "argument_size_in_bytes",
                 "output_bytes": "output_size_in_bytes",
@@ -32,7 +32,7 @@ def memory_record(compiled: Any) -> dict[str, Any] | None:
     peak = getattr(stats, "peak_memory_in_bytes", None)
     out["peak_bytes"] = None if peak is None else int(peak)
     out["donated_buffers_reused"] = out["alias_bytes"] > 0
-    out["source"] = MEMORY_SOURCE
+    out["source"] = code("jax.compiled_memory_source")
     return out
 
 
@@ -43,7 +43,6 @@ def attention_record(hlo: str, asked: str | None) -> dict[str, Any]:
     targets = CUDNN_FMHA.findall(hlo)
     kernel = (f"cuDNN fused attention: {len(targets)} custom calls "
               f"({', '.join(sorted(set(targets)))}) in the compiled step" if targets else
-              "no cuDNN fused-attention custom call (__cudnn$fmha*) in the compiled step: "
-              "attention, where the model has any, is XLA's own ops")
+              code("jax.xla_attention"))
     return {"attention": asked or "none", "attention_custom_calls": len(targets),
             "attention_kernel": kernel}
