@@ -15,6 +15,9 @@ import torch
 from runners.common import Invalid
 
 COMPILED_BY = "torch.compile (TorchDynamo, Inductor) of the DDP module"
+# a graph that gave no reason of its own: one that kept CUDA graphs, or a backward whose
+# forward's skip already turned them off (tree_functions, on GPUs, says which)
+NO_REASON = "no reason of its own"
 
 
 def compile_record(options: dict[str, Any], device: torch.device) -> dict[str, Any]:
@@ -63,8 +66,8 @@ def cudagraph_evidence(asked: bool, device: torch.device, metrics: list[Any]
     """Inductor's CUDA graphs: whether the mode asked for them, the skips it counted
     (counters["inductor"]["cudagraph_skips"]), the skip reasons it logged (compilation
     metrics: GPUs), each compiled graph's reason for disabling them (its
-    disabled_cudagraphs_reason, first line; on CPU the skip is counted without a log, the
-    reason kept there), and on GPUs the functions cudagraph trees recorded."""
+    disabled_cudagraphs_reason, first line, by count; on CPU the skip is counted without a
+    log, the reason kept there), and on GPUs the functions cudagraph trees recorded."""
     from torch._dynamo.utils import counters
 
     out: dict[str, Any] = {
@@ -85,13 +88,13 @@ def cudagraph_evidence(asked: bool, device: torch.device, metrics: list[Any]
 
 
 def _graph_disable_reasons() -> list[str]:
-    """The first line of each compiled Inductor graph's disabled_cudagraphs_reason ("none"
-    where it kept CUDA graphs), from the graphs alive in this process."""
+    """The first line of each compiled Inductor graph's disabled_cudagraphs_reason (NO_REASON
+    where it gave none), from the graphs alive in this process."""
     from torch._inductor.output_code import CompiledFxGraph
 
     reasons = []
     for obj in gc.get_objects():
-        if isinstance(obj, CompiledFxGraph):
+        if type(obj) is CompiledFxGraph:  # type(): isinstance would follow dead weak proxies
             reason = obj.disabled_cudagraphs_reason
-            reasons.append(reason.splitlines()[0].strip() if reason else "none")
+            reasons.append(reason.splitlines()[0].strip() if reason else NO_REASON)
     return reasons
