@@ -48,7 +48,7 @@ def compile_evidence(mode: str, device: torch.device) -> dict[str, Any]:
     settings = list_mode_options(mode)
     return {
         "mode": mode,
-        "mode_options": {k: v for k, v in settings.items()},
+        "mode_options": dict(settings),
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
         "frames": {k: int(v) for k, v in counters["frames"].items()},
         "graph_breaks": {str(k): int(v) for k, v in counters["graph_break"].items()},
