@@ -24,7 +24,9 @@ class Option:
     `gpu_default` is its default in a run on device gpu, where the fastest setting there is
     not the CPU's (a value the config gives wins on both). A number (int or float) without
     `allowed` gives its range, `minimum` to `maximum` (bench/plan/config.py checks it and puts
-    it in the JSON Schema; tests/test_bounded_input.py checks every runner's give one)."""
+    it in the JSON Schema; tests/test_bounded_input.py checks every runner's give one).
+    `needs` (option, value): a value other than the default is used only where that option of
+    the runner has that value; the config refuses it elsewhere (bench/plan/config/rules.py)."""
 
     type: type | tuple[type, ...]
     default: Any
@@ -33,6 +35,7 @@ class Option:
     gpu_default: Any = SAME_AS_DEFAULT
     minimum: int | float | None = None
     maximum: int | float | None = None
+    needs: tuple[str, Any] | None = None
 
     def default_on(self, device: str) -> Any:
         """The default of a run on `device` ("cpu" | "gpu")."""

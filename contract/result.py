@@ -330,6 +330,8 @@ EVIDENCE = (
              horovod="Horovod's build and settings."),
     Field("compiled_graphs", (INT, OBJ, NUL), "The graphs torch.compile built (TorchDynamo's "
           "unique_graphs counter)."),
+    Field("compile_evidence", (OBJ,), "What TorchDynamo and Inductor report of the compile: "
+          "mode, graphs, graph breaks, recompiles, DDP graph splitting, CUDA graphs."),
     Field("flags", (ARR, OBJ, NUL), "The flags tf_cnn_benchmarks was run with."),
     Field("left_to_script", (OBJ, ARR, NUL), "The script's own settings left as it chose."),
     Field("batch_sharding", (STR, OBJ, NUL), "How the batch is sharded."),

@@ -115,14 +115,31 @@ def test_keras_torch_bf16_channels_first(bf16_sweep: dict) -> None:
 
 
 def test_torch_ddp_compiled(tmp_path: Path, torch_python: str) -> None:
-    """compile: true runs the step through torch.compile (TorchDynamo captured a graph) on both
-    ranks, and the placement shows both."""
+    """compile: true in mode reduce-overhead runs the step through torch.compile (TorchDynamo
+    captured a graph) on both ranks, and the placement shows both; compile_evidence carries
+    what torch reports: the mode, its graphs and graph breaks (reason -> count), DDPOptimizer's
+    compiled graphs, and Inductor's CUDA graphs asked by the mode but skipped on CPU, with the
+    reason a compiled graph holds (runners/torch/compile_evidence.py)."""
     records = smoke_sweep(tmp_path, "runners=[torch_ddp]", "devices=[2]", "models=[probe]",
-                          "runner_options.torch_ddp.compile=true")
+                          "runner_options.torch_ddp.compile=true",
+                          "runner_options.torch_ddp.compile_mode=reduce-overhead")
     rec = records[2]
     assert rec["status"] == "ok", rec["reason"]
     assert rec["result"]["compile"] is True and rec["result"]["compiled_graphs"] >= 1
     assert rec["placement"] == {"rank0:cpu": 3 * 8, "rank1:cpu": 3 * 8}
+    evidence = rec["result"]["compile_evidence"]
+    assert evidence["mode"] == "reduce-overhead"
+    assert evidence["mode_options"]["triton.cudagraphs"] is True
+    assert evidence["unique_graphs"] == rec["result"]["compiled_graphs"]
+    assert isinstance(evidence["graph_breaks"], dict)
+    assert all(isinstance(n, int) and n >= 1 for n in evidence["graph_breaks"].values())
+    assert evidence["ddp_optimizer"]["aot_autograd_graphs"] >= evidence["unique_graphs"]
+    cudagraphs = evidence["cudagraphs"]
+    assert cudagraphs["asked"] is True and cudagraphs["skips"] >= 1
+    # torch's words (on CPU: "skipping cudagraphs due to multiple devices: ", no device named)
+    reasons = cudagraphs["graph_disable_reasons"]
+    assert any(r.startswith("skipping cudagraphs due to") for r in reasons), reasons
+    assert "tree_functions" not in cudagraphs  # no cudagraph trees on CPU
 
 
 def test_what_cpu_ranks_cannot_do_is_unavailable(tmp_path: Path, torch_python: str) -> None:

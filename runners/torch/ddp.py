@@ -19,6 +19,7 @@ from runners.common import Invalid, Spec, main
 from runners.converge import Recipe, fitting_splits
 from runners.memory import model_state_torch
 from runners.torch import dist as td
+from runners.torch.compile_evidence import compile_record
 from runners.torch.equivalence import probe_equivalence
 from runners.torch.rank_converge import ConvergeModel, RankConverge, torch_bn_stats
 from runners.torch.state import AFTER_WINDOW, autocast_precision, state_bytes
@@ -31,7 +32,11 @@ STRATEGY = code("torch.ddp_strategy")
 def start(spec: Spec) -> tuple[td.Ranks, dict[str, Any]]:
     """Every mode's first steps: the ranks (the run's backend), the precision checked,
     torch.backends.cudnn.benchmark as the run's option says (GPUs), read back; on CPUs there
-    is no cuDNN and the option does nothing, recorded as such."""
+    is no cuDNN and the option does nothing, recorded as such. A compile_mode other than
+    default without compile is Invalid (as keras_tf_avolkov1's nccl without average_gradients)."""
+    if spec.options["compile_mode"] != "default" and not spec.options["compile"]:
+        raise Invalid(f"compile_mode {spec.options['compile_mode']} is torch.compile's mode: "
+                      "set compile: true (or leave compile_mode default)")
     ranks = td.init_ranks(spec, spec.options["backend"], check=True)
     wanted = spec.options["cudnn_benchmark"]
     if ranks.cuda:
@@ -45,10 +50,12 @@ def start(spec: Spec) -> tuple[td.Ranks, dict[str, Any]]:
 def ddp_parts(spec: Spec, ranks: td.Ranks, net: nn.Module, lr: float, momentum: float,
               weight_decay: float = 0.0) -> tuple[td.StepParts, dict[str, Any]]:
     """Every mode's step parts: `net` (on the rank's device) in DDP (gradients as bucket views
-    when the run says so), compiled when it says `compile`; SGD in the run's `optimizer_impl`
-    (counted); fp16's GradScaler. With what DDP and the optimizer report of those settings."""
+    when the run says so), compiled in its `compile_mode` when it says `compile`; SGD in the
+    run's `optimizer_impl` (counted); fp16's GradScaler. With what DDP and the optimizer
+    report of those settings."""
     ddp = td.wrap_ddp(net, ranks, spec.options["gradient_as_bucket_view"])
-    model: nn.Module = torch.compile(ddp) if spec.options["compile"] else ddp
+    compiled = spec.options["compile"]
+    model: nn.Module = torch.compile(ddp, mode=spec.options["compile_mode"]) if compiled else ddp
     impl = spec.options["optimizer_impl"]
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum,
                                 weight_decay=weight_decay, **OPTIMIZER_IMPLS[impl])
@@ -60,20 +67,6 @@ def ddp_parts(spec: Spec, ranks: td.Ranks, net: nn.Module, lr: float, momentum: 
                               "fused": optimizer.defaults.get("fused")},
                 "gradient_as_bucket_view": bool(ddp.gradient_as_bucket_view)}
     return parts, reported
-
-
-def compile_record(spec: Spec) -> dict[str, Any]:
-    """Whether the step was compiled, with the graphs TorchDynamo captured (its own counters):
-    a compiled run in which it captured none did not run the compiled step."""
-    if not spec.options["compile"]:
-        return {"compile": False}
-    from torch._dynamo.utils import counters
-
-    graphs = int(counters["stats"]["unique_graphs"])
-    if graphs < 1:
-        raise Invalid("compile: true, but TorchDynamo captured no graph: the step ran eagerly")
-    return {"compile": True, "compiled_graphs": graphs,
-            "compiled_by": "torch.compile (TorchDynamo, Inductor) of the DDP module"}
 
 
 def run_fields(spec: Spec, ranks: td.Ranks, net: nn.Module, model_spec: ModelSpec,
@@ -90,7 +83,8 @@ def run_fields(spec: Spec, ranks: td.Ranks, net: nn.Module, model_spec: ModelSpe
                               "grad_scaler": scaler is not None,
                               "weights": "float32"},
         "strategy": STRATEGY,
-    }, compile_record(spec), td.model_record(net, model_spec), model_state_torch(net, optimizer),
+    }, compile_record(spec.options, ranks.device), td.model_record(net, model_spec),
+        model_state_torch(net, optimizer),
         state_bytes(ranks, net.parameters(), optimizer.state.values(), when),
         autocast_precision(spec.precision, ranks, parts, net))
 
@@ -151,7 +145,7 @@ def equivalence(spec: Spec) -> dict[str, Any]:
         return td.sgd_step(ranks, spec.precision, parts, feed), parts
 
     result = probe_equivalence(spec, ranks, make_step, spec.options["memory_format"])
-    return join(result, compile_record(spec), cudnn, reported)
+    return join(result, compile_record(spec.options, ranks.device), cudnn, reported)
 
 
 if __name__ == "__main__":

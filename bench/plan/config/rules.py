@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.catalog.registry import PIPELINES, PROBES
+from bench.catalog.registry import PIPELINES, PROBES, runner_options
 from bench.errors import ConfigError
 from bench.plan.config.batches import batch_entries, model_batches
 from bench.plan.config.custom_models import custom_entry, model_name
@@ -256,6 +256,8 @@ def _check_modes(s: Any) -> None:
             raise _fail("runners", s.runners, "a value or a list of values" if s.runners is None
                         else "a non-empty list or a single value")
         _check_steps_per_call(s)
+    for runner in s.runners or []:
+        _check_needed_options(runner, s.options_of(runner))
     if max(s.nodes) > 1 and s.cluster.backend != "slurm":
         raise _fail("nodes", s.nodes, "[1] unless cluster.backend is slurm (a run over "
                     "several nodes is one SLURM job; set cluster: {backend: slurm})")
@@ -275,6 +277,22 @@ def _check_steps_per_call(s: Any) -> None:
                 raise _fail(f"runner_options.{runner}.steps_per_execution", per_call,
                             f"a divisor of warmup_steps ({s.warmup_steps}) and measure_steps "
                             f"({s.measure_steps}): the timed window counts whole calls")
+
+
+def _check_needed_options(runner: str, given: dict[str, Any]) -> None:
+    """An option whose Option.needs another option's value (torch_ddp's compile_mode needs
+    compile: true) takes a value other than its default only where that option has it, in
+    every run of an option axis."""
+    for name, option in runner_options(runner).items():
+        if option.needs is None:
+            continue
+        other, wanted = option.needs
+        values, others = (v if isinstance(v, list) else [v] for v in (given[name], given[other]))
+        for value in values:
+            if value != option.default and any(o != wanted for o in others):
+                raise _fail(f"runner_options.{runner}.{name}", value,
+                            f"{_show(option.default)} unless {other} is "
+                            f"{json.dumps(wanted)} ({name} is used only with it)")
 
 
 def _scaling_and_batches(s: Any) -> tuple[str, Batches]:
