@@ -135,7 +135,7 @@ def test_records_accumulate(tmp_path: Path) -> None:
 @pytest.mark.parametrize("launcher, prefix", [
     ("python", ["/env/bin/python"]),
     ("torchrun", ["/env/bin/python", "-m", "torch.distributed.run", "--standalone",
-                  "--nnodes=1", "--nproc-per-node=4"]),
+                  "--nnodes=1", "--nproc-per-node=4", "--tee=3", "--log-dir={dir}/{run}.torchrun"]),
     ("horovodrun", ["/env/bin/horovodrun", "-np", "4", "--gloo", "-H", "localhost:4",
                     "/env/bin/python"]),
 ])
@@ -143,6 +143,7 @@ def test_child_command_per_launcher(tmp_path: Path, launcher: str, prefix: list[
     """Every launcher ends in the runner module with its spec and result paths."""
     s = dataclasses.replace(spec(), num_devices=4, launcher=launcher)
     cmd = child_command(s, "/env/bin/python", tmp_path / "s.json", tmp_path / "r.json")
+    prefix = [p.format(dir=tmp_path, run=s.run_id) for p in prefix]
     assert cmd == [*prefix, "-m", "tests.children.toy", "--spec", str(tmp_path / "s.json"),
                    "--result", str(tmp_path / "r.json")]
 

@@ -164,23 +164,35 @@ def test_torch_ddp_channels_last_step_equals_one_device(tmp_path: Path,
         np.testing.assert_allclose(two[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_a_dying_rank_fails_the_run_without_a_hang(tmp_path: Path, torch_python: str) -> None:
-    """Rank 1 crashes while rank 0 waits: torchrun stops rank 0, the run is a failed record."""
+@pytest.mark.parametrize("die", ["raise", "sigkill"])
+def test_a_dying_rank_fails_the_run_without_a_hang(tmp_path: Path, torch_python: str,
+                                                   die: str) -> None:
+    """Rank 1 crashes (an exception, or SIGKILL) while rank 0 waits: torchrun stops rank 0, the
+    run is a record that names the rank, how it died and its last lines."""
     spec = RunSpec(
         run_id="rank-crash", sweep_id="t", runner="rank_crash", family="torch",
         module="tests.children.rank_crash", model="probe", num_devices=2, device="cpu",
         virtual_devices=True, scaling="weak", batch_size_per_device=8, global_batch_size=16,
         data="synthetic", precision="fp32", warmup_steps=1, measure_steps=1, repeat=0,
-        timeout_s=120, launcher="torchrun")
+        timeout_s=120, launcher="torchrun", options={"die": die})
     t0 = time.monotonic()
     rec = launch(spec, torch_python, tmp_path, {})
     assert time.monotonic() - t0 < 60
     assert check_record(rec) == []
-    assert rec["status"] == "failed" and rec["returncode"] != 0, rec["reason"]
-    assert rec["reason"] == "rank 1: RuntimeError: rank 1 crashed on purpose"
     log = Path(rec["log_path"]).read_text()
-    assert "RuntimeError: rank 1 crashed on purpose" in log
     assert "rank 0 was not stopped" not in log
+    if die == "raise":
+        assert rec["status"] == "failed" and rec["returncode"] != 0, rec["reason"]
+        assert rec["reason"] == "rank 1: RuntimeError: rank 1 crashed on purpose"
+        assert "RuntimeError: rank 1 crashed on purpose" in log
+        return
+    assert rec["status"] == "oom", rec["reason"]
+    assert rec["reason"].startswith(
+        "rank 1 (local rank 1) was killed by SIGKILL (most likely the kernel's out-of-memory "
+        "killer); its last lines: "), rec["reason"]
+    assert rec["reason"].endswith("rank 1 says hello | rank 1 is about to die"), rec["reason"]
+    # torchrun's copies of each rank's output stay beside the run's log, not in /tmp
+    assert list((tmp_path / "runs" / "rank-crash.torchrun").rglob("stderr.log"))
 
 
 # --- transformers and a user's own torch model (issue 26) ------------------------------------

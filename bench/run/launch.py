@@ -109,6 +109,10 @@ def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_pat
     module = ["-m", spec.module, "--spec", str(spec_path), "--result", str(result_path)]
     if spec.launcher == "python":
         return [str(python), *module]
+    # --tee: each rank's lines prefixed with its local rank, so a dead rank's last lines are
+    # told apart (verdict.dead_rank); --log-dir: torchrun's per-rank copies beside the run's
+    # log instead of a temporary folder of its own that nobody removes
+    tee = ["--tee=3", f"--log-dir={result_path.parent / (spec.run_id + '.torchrun')}"]
     if spec.launcher == "torchrun" and node is not None:
         # torchrun's multi-node launch with a c10d rendezvous hosted by the first node's
         # torchrun (is_host: on a real cluster it is inferred from the host name; here every
@@ -117,11 +121,11 @@ def child_command(spec: RunSpec, python: str | Path, spec_path: Path, result_pat
                 f"--nproc-per-node={spec.devices_per_node}", "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={node.master_addr}:{node.master_port}",
                 f"--rdzv-id=mgbench-{node.job_id}",
-                f"--rdzv-conf=is_host={int(node.rank == 0)}", *module]
+                f"--rdzv-conf=is_host={int(node.rank == 0)}", *tee, *module]
     if spec.launcher == "torchrun":
         # --standalone: a local rendezvous on a free port, so sweeps never collide on one
         return [str(python), "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={spec.num_devices}", *module]
+                f"--nproc-per-node={spec.num_devices}", *tee, *module]
     if spec.launcher == "horovodrun" and node is not None:
         # horovodrun's gloo launch with srun's task on each node in place of its ssh
         # (runners/torch/horovod_launch.py): the first node hosts Horovod's RendezvousServer

@@ -31,6 +31,12 @@ ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b.*", re.MULTI
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '[\w.]+'")
 # What a rank other than 0 says when it fails (runners/common.main); rank 0 writes the result.
 RANK_FAILURE = re.compile(r"^\[runner rank (\d+)\] status=(\w+) reason=(.*)$", re.MULTILINE)
+# torchrun's summary of the first rank that failed (torch.distributed.elastic's ChildFailedError)
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) "
+                        r"\(local_rank: (\d+)\).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+# torchrun --tee's prefix of each line a rank writes: "[default<local rank>]:"
+TEE_PREFIX = re.compile(r"^\[default(\d+)\]:", re.MULTILINE)
+LAST_LINES = 3
 CHILD_FIELDS = columns.keys("child")  # the child's result fields copied to the top level
 
 
@@ -46,7 +52,8 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
                 raise ValueError(f"top level is {type(result).__name__}, not an object")
         except (ValueError, OSError) as exc:
             return "failed", f"child wrote an unreadable result ({_first_line(str(exc))})"
-    log_tail = _tail(log_path)
+    raw_tail = _tail(log_path)
+    log_tail = TEE_PREFIX.sub("", raw_tail)
     if result is None:
         if returncode == 0:
             return "failed", "child exited 0 without writing a result"
@@ -60,6 +67,8 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
         rank = RANK_FAILURE.search(log_tail)
         if rank and rank.group(2) != "ok":
             return "failed", _first_line(f"rank {rank.group(1)}: {rank.group(3)}")
+        if dead := dead_rank(raw_tail):
+            return dead
         return "failed", f"exit {returncode}: {_reason_from_log(log_tail, ERROR_LINE)}"
     for key in CHILD_FIELDS:
         rec[key] = result.get(key)
@@ -285,6 +294,30 @@ def validate_allreduce(result: dict[str, Any], spec: RunSpec) -> list[str]:
                         f"gradient size ({gradient_bytes(spec.model)} bytes)")
     problems += check_collectives(result, spec.num_devices, spec.model)
     return problems
+
+
+def dead_rank(log_tail: str) -> tuple[str, str] | None:
+    """(status, reason) of the rank torchrun names as the root cause of a failed run: which
+    rank, its exit code or signal, and its last lines (told apart by --tee's prefixes); None
+    without torchrun's summary. A rank killed by SIGKILL is `oom`, as a killed child is."""
+    cause = ROOT_CAUSE.search(log_tail)
+    if cause is None:
+        return None
+    rank, local, code = cause.group(1), int(cause.group(2)), int(cause.group(3))
+    status, how = "failed", f"exited with code {code}"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        how = f"was killed by {name}"
+        if -code == signal.SIGKILL:
+            status, how = "oom", f"{how} (most likely the kernel's out-of-memory killer)"
+    own = [line[m.end():].strip() for line in log_tail[:cause.start()].splitlines()
+           if (m := TEE_PREFIX.match(line)) and int(m.group(1)) == local and line[m.end():].strip()]
+    said = " | ".join(own[-LAST_LINES:]) if own else "no output of its own"
+    return status, _first_line(f"rank {rank} (local rank {local}) {how}; its last lines: {said}",
+                               limit=600)
 
 
 def _tail(path: Path, size: int = 16384) -> str:
