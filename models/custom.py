@@ -17,7 +17,9 @@ Stdlib only: the parent validates entries with it, the child builds them.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +68,11 @@ def load(entry: dict[str, Any]) -> Callable[..., Any]:
             raise CustomModelError(f"models: {entry['name']}: module {module_name!r} not found "
                                    f"in {path}") from None
         raise CustomModelError(f"models: {entry['name']}: importing {module_name} failed: "
-                               f"{exc}") from None
+                               f"{exc}{where(exc, path)}") from None
+    except Exception as exc:  # a syntax error, or what the module raises as it is imported
+        raise CustomModelError(f"models: {entry['name']}: importing {module_name} failed: "
+                               f"{type(exc).__name__}: {_first(exc)}{where(exc, path)}"
+                               ) from None
     func = getattr(module, func_name, None)
     if not callable(func):
         raise CustomModelError(f"models: {entry['name']}: function {func_name!r} not found in "
@@ -81,10 +87,28 @@ def build(entry: dict[str, Any]) -> Any:
     try:
         return func(**args)
     except Exception as exc:
-        lines = str(exc).strip().splitlines()
         raise CustomModelError(f"models: {entry['name']}: {entry['build']}(**{args}) raised "
-                               f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
-                               ) from None
+                               f"{type(exc).__name__}: {_first(exc)}"
+                               f"{where(exc, entry['path'])}") from None
+
+
+def _first(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def where(exc: BaseException, folder: str) -> str:
+    """' (file.py, line N)': the user's line an exception comes from (the innermost frame in
+    the model's folder; a SyntaxError's own place, which its message names already); '' when
+    no frame of the folder is on the traceback."""
+    if isinstance(exc, SyntaxError):
+        return ""  # str(SyntaxError) ends in "(file.py, line N)"
+    root = os.path.realpath(folder)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.realpath(f.filename).startswith(root + os.sep)]
+    if not frames:
+        return ""
+    return f" ({os.path.relpath(frames[-1].filename, root)}, line {frames[-1].lineno})"
 
 
 def wrong_kind(entry: dict[str, Any], kind: str) -> CustomModelError:

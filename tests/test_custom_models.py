@@ -133,7 +133,13 @@ def test_check_model_counts_a_good_model_and_catches_each_bad_entry_with_one_lin
         entry(mynets, name="not_a_model", build="mynets:not_a_model", args={}),
         entry(mynets, name="wrong_classes",
               input={"kind": "image", "shape": [3, 16, 16], "classes": 7}),
+        entry(mynets, name="syntax", build="broken:make_model", args={}),
+        entry(mynets, name="raises", build="raising:make_model", args={}),
     ]
+    (mynets / "broken.py").write_text("import torch\n\ndef make_model()\n    return None\n")
+    (mynets / "raising.py").write_text(
+        "def helper():\n    raise ValueError('no width given')\n\n\n"
+        "def make_model():\n    return helper()\n")
     config = tmp_path / "mine.yaml"
     config.write_text(json.dumps(sweep(models)))
     proc = run_cli("check-model", str(config), timeout=600)
@@ -152,4 +158,9 @@ def test_check_model_counts_a_good_model_and_catches_each_bad_entry_with_one_lin
         "torch.nn.Module",
         "error: models: wrong_classes: output shape [2, 10] for a batch of 2 does not match "
         "classes 7 (expected [2, 7])",
+        # the user's file and line, not a bare "SyntaxError: expected ':'" (issue 41, item 7)
+        "error: models: syntax: importing broken failed: SyntaxError: expected ':' "
+        "(broken.py, line 3)",
+        "error: models: raises: raising:make_model(**{}) raised ValueError: no width given "
+        "(raising.py, line 2)",
     ], proc.stderr
