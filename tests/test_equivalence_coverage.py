@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.catalog import custom_models_doc
 from bench.catalog import equivalence_coverage as cov
 from bench.catalog.registry import RUNNERS
 
@@ -15,6 +16,14 @@ def test_the_table_in_the_docs_is_current() -> None:
     assert cov.with_markdown(text) == text, \
         ("docs/EQUIVALENCE.md is out of date: "
          "python -m bench.catalog.equivalence_coverage --markdown")
+
+
+def test_the_custom_models_table_in_models_md_is_current() -> None:
+    """docs/MODELS.md's runners per framework are the catalogs' custom_models (issue 41)."""
+    text = custom_models_doc.DOC.read_text()
+    assert "| torch | torch_ddp, torch_zero1, torch_fsdp2, deepspeed, horovod |" in text
+    assert custom_models_doc.with_markdown(text) == text, \
+        "docs/MODELS.md is out of date: python -m bench.catalog.custom_models_doc --markdown"
 
 
 @pytest.mark.parametrize("name", sorted(n for n, r in RUNNERS.items() if r.equivalence))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.catalog.doc_block import splice
 from bench.catalog.registry import RUNNERS
 
 DOC = REPO_ROOT / "docs" / "EQUIVALENCE.md"
@@ -61,8 +62,7 @@ def markdown() -> str:
 
 
 def with_markdown(text: str) -> str:
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[:start] + "\n" + markdown() + text[end:]
+    return splice(text, BEGIN, END, markdown())
 
 
 def main(argv: list[str] | None = None) -> int:
