@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -80,16 +81,50 @@ def _count_cpu_list(text: str) -> int:
     return count
 
 
+def busy_cpus(interval_s: float = 0.25) -> float | None:
+    """Logical CPUs the whole host kept busy over `interval_s` (/proc/stat's non-idle share of
+    its time x the CPUs it counts); None where /proc/stat cannot be read."""
+
+    def sample() -> tuple[int, int, int]:
+        with open("/proc/stat") as fh:
+            lines = fh.read().splitlines()
+        fields = [int(v) for v in lines[0].split()[1:]]
+        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0), cpus
+
+    try:
+        total0, idle0, cpus = sample()
+        time.sleep(interval_s)
+        total1, idle1, _ = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return round(cpus * (total - (idle1 - idle0)) / total, 2) if total > 0 else None
+
+
+def free_cores(cores: int, busy: float | None) -> int:
+    """The physical cores other processes left free (at least 1): `busy` logical CPUs over the
+    host's hardware threads per core, rounded to whole cores."""
+    if busy is None:
+        return cores
+    logical = os.cpu_count() or cores
+    return max(1, min(cores, cores - round(busy / max(1, logical // cores))))
+
+
 def thread_env(family: str, runner: str, launcher: str, device: str, num_devices: int,
-               environ: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
+               environ: Mapping[str, str], cores: int | None = None,
+               busy: float | None = None) -> dict[str, str]:
     """The variables the policy adds to a child's environment (none the user already set),
-    with POLICY_VAR saying what was set and why, for the record."""
+    with POLICY_VAR saying what was set and why, for the record. `busy`: the logical CPUs
+    other processes kept busy just before the launch (busy_cpus): the threads are sized to
+    the cores they left free, and the note says what was seen."""
     if environ.get(POLICY_VAR, "").strip().lower() in OFF:
         return {}
     wanted: dict[str, str] = {}
     source = ""
     if device == "cpu":
-        cores = cores or physical_cores()
+        host = cores or physical_cores()
+        cores = free_cores(host, busy)
         if family == "mxnet":
             contexts = 1 if runner in ONE_CPU_CONTEXT else max(1, num_devices)
             wanted["OMP_NUM_THREADS"] = str(max(1, cores // contexts))
@@ -102,6 +137,9 @@ def thread_env(family: str, runner: str, launcher: str, device: str, num_devices
     note = " ".join(f"{k}={v}" for k, v in added.items()) or "nothing set (framework defaults)"
     if source:
         note += f" ({source})"
+        if busy is not None:
+            note += (f"; at launch {busy:g} logical CPUs were busy: sized to {cores} of "
+                     f"{host} cores")
     if kept:
         note += f"; the user's {', '.join(kept)} kept"
     return {**added, POLICY_VAR: note}

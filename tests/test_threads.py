@@ -12,6 +12,7 @@ import pytest
 
 from bench.catalog.registry import RUNNERS
 from bench.plan.runs import RunSpec
+from bench.run import launch
 from bench.run.launch import child_env
 from contract import launch_env
 from contract.launch_env import POLICY_VAR, thread_env
@@ -83,6 +84,7 @@ def test_child_env_applies_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv(POLICY_VAR, raising=False)
     monkeypatch.setattr(launch_env, "physical_cores", lambda: 6)
+    monkeypatch.setattr(launch, "busy_cpus", lambda: 0.0)  # a quiet host
     assert child_env(run_spec("mxnet_native", 2))["OMP_NUM_THREADS"] == "3"
     assert child_env(run_spec("torch_ddp", 3))["OMP_NUM_THREADS"] == "2"
     assert "OMP_NUM_THREADS" not in child_env(run_spec("tf_mirrored", 2))
@@ -92,6 +94,36 @@ def test_child_env_applies_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS")
     env = child_env(run_spec("mxnet_native", 1))
     assert "OMP_NUM_THREADS" not in env and env[POLICY_VAR] == "off"
+
+
+@pytest.mark.parametrize(("busy", "cores", "expected"), [
+    (0.0, 4, "4"), (0.4, 4, "4"), (1.0, 4, "3"), (2.6, 4, "1"), (7.0, 4, "1")])
+def test_a_rank_is_sized_to_the_cores_left_free_at_launch(busy: float, cores: int,
+                                                          expected: str,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Issue 41: one torch rank with 2 OpenMP threads on a host whose other core was busy ran
+    10x slower than with 1; the policy takes the cores other processes left free (whole cores,
+    at least one) and the note says what it saw."""
+    monkeypatch.setattr(launch_env.os, "cpu_count", lambda: cores)  # one thread per core
+    info = RUNNERS["torch_ddp"]
+    env = thread_env(info.family, "torch_ddp", info.launcher, "cpu", 1, {}, cores, busy)
+    assert env["OMP_NUM_THREADS"] == expected
+    assert f"at launch {busy:g} logical CPUs were busy: sized to {expected} of {cores} cores" \
+        in env[POLICY_VAR]
+
+
+def test_busy_cpus_sees_a_process_that_holds_a_core() -> None:
+    """/proc/stat read over a short window counts a busy loop beside the test as one CPU."""
+    import subprocess
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = launch_env.busy_cpus(0.5)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy is not None and 0.8 <= busy <= (os.cpu_count() or 1) + 0.01, busy
 
 
 def test_cpu_lists_and_physical_cores() -> None:

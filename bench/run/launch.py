@@ -32,7 +32,7 @@ from bench.run.guard import cannot_start, descendants, guarded
 from bench.run.telemetry import Sampler, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
 from bench.run.verdict import CHILD_FIELDS, _first_line, classify
-from contract.launch_env import math_env, thread_env
+from contract.launch_env import busy_cpus, math_env, thread_env
 from models import spec_of
 
 KILL_GRACE_S = 5.0
@@ -52,8 +52,11 @@ def child_env(spec: RunSpec) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     # each framework's documented thread settings, never over the user's (runners/threads.py)
+    # sized to the cores other processes leave free at launch (issue 41: a rank with 2
+    # OpenMP threads on a host whose other core is busy ran 10x slower than with 1)
     env.update(thread_env(spec.family, spec.runner, spec.launcher, spec.device,
-                          spec.devices_per_node, os.environ))
+                          spec.devices_per_node, os.environ,
+                          busy=busy_cpus() if spec.device == "cpu" else None))
     if spec.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         if is_capacity_probe(spec):
