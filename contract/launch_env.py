@@ -37,6 +37,7 @@ def math_env(precision: str, device: str, environ: dict[str, str]) -> dict[str, 
 
 POLICY_VAR = "MGBENCH_THREAD_POLICY"  # the user's "off", or the harness's note of what it set
 OFF = ("off", "0", "false", "none")
+ALL_CORES = "all-cores"  # the policy over every core, whatever other processes hold at launch
 THREAD_VARS = (
     "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY",
     "KMP_BLOCKTIME", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
@@ -120,6 +121,8 @@ def thread_env(family: str, runner: str, launcher: str, device: str, num_devices
     the cores they left free, and the note says what was seen."""
     if environ.get(POLICY_VAR, "").strip().lower() in OFF:
         return {}
+    if environ.get(POLICY_VAR, "").strip().lower() == ALL_CORES:
+        busy = None
     wanted: dict[str, str] = {}
     source = ""
     if device == "cpu":

@@ -111,6 +111,9 @@ def test_a_rank_is_sized_to_the_cores_left_free_at_launch(busy: float, cores: in
     assert env["OMP_NUM_THREADS"] == expected
     assert f"at launch {busy:g} logical CPUs were busy: sized to {expected} of {cores} cores" \
         in env[POLICY_VAR]
+    whole = thread_env(info.family, "torch_ddp", info.launcher, "cpu", 1,
+                       {POLICY_VAR: launch_env.ALL_CORES}, cores, busy)
+    assert whole["OMP_NUM_THREADS"] == str(cores) and "at launch" not in whole[POLICY_VAR]
 
 
 def test_busy_cpus_sees_a_process_that_holds_a_core() -> None:
@@ -164,7 +167,8 @@ def test_mxnet_with_the_policy_computes_on_more_than_one_core(
     busy the host is; the record's busy cores (telemetry) exceed one only when no other
     process takes the cores, so that is asserted only when the host had them to give."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv(POLICY_VAR, raising=False)
+    # every core, whatever the other test worker holds at launch
+    monkeypatch.setenv(POLICY_VAR, launch_env.ALL_CORES)
     cores = launch_env.physical_cores()
     if cores < 2:
         pytest.skip(f"{cores} physical core: nothing to spread over")
