@@ -176,10 +176,32 @@ def test_resolution_stops_early() -> None:
     assert [p["value"] for p in found.probes] == [8, 16, 32, 64, 48, 40]
 
 
-def test_misfit_at_start() -> None:
+def test_misfit_at_start_searches_below_it() -> None:
+    """Issue 41: nothing fit at start and the search never tried below it; now it halves down
+    to 1, then bisects between the fit and the misfit above it."""
     found = search(fits_below(3), 8, 64)
-    assert (found.largest_fit, found.first_misfit, found.end) == (None, 8, "none_fits")
-    assert len(found.probes) == 1
+    assert [p["value"] for p in found.probes] == [8, 4, 2, 3]
+    assert (found.largest_fit, found.first_misfit, found.end) == (3, 4, "bracketed")
+
+
+def test_nothing_fits_down_to_one() -> None:
+    found = search(fits_below(0), 8, 64)
+    assert [p["value"] for p in found.probes] == [8, 4, 2, 1]
+    assert (found.largest_fit, found.first_misfit, found.end) == (None, 1, "none_fits")
+
+
+def test_none_fits_says_the_smallest_probes_peak_against_the_budget() -> None:
+    mib = 2**20
+    over = {"value": 1, "fits": False, "oom_by": "budget", "peak_bytes": 300 * mib,
+            "status": "oom", "reason": "peak > device_memory"}
+    rec = {"scale": "batch", "end": "none_fits", "device_memory": 272 * mib, "start": 16,
+           "probes": [{**over, "value": 16, "peak_bytes": 443 * mib}, over]}
+    assert capacity.outcome_text(rec) == (
+        "does not fit: the smallest probe (batch per device 1) peaks at 300.0 MiB per device, "
+        "over a budget of 272.0 MiB (2 probes)")
+    assert capacity.probe_words(over) == "over budget: peak > device_memory"
+    assert capacity.probe_words({"fits": True, "peak_bytes": 3 * mib}) == \
+        "fits: peak 3.0 MiB per device"
 
 
 def test_max_reached() -> None:

@@ -52,8 +52,9 @@ class Search:
 
 def search(probe: Callable[[int], dict[str, Any]], start: int, maximum: int,
            resolution: int = 1) -> Search:
-    """Doubling from start (capped at maximum) until a probe does not fit, then bisection
-    between the largest fit and the first misfit until they are at most `resolution` apart.
+    """Doubling from start (capped at maximum) until a probe does not fit (halving below start
+    down to 1 when start itself does not), then bisection between the largest fit and the
+    first misfit until they are at most `resolution` apart.
     `probe(value)` returns a dict whose "fits" is True, False, or None (the outcome says
     nothing about memory: the search stops)."""
     if not 1 <= start <= maximum or resolution < 1:
@@ -79,6 +80,15 @@ def search(probe: Callable[[int], dict[str, Any]], start: int, maximum: int,
             found.end = "max_reached"
             return found
         value = min(2 * value, maximum)
+    value = found.first_misfit // 2
+    while found.largest_fit is None and value >= 1:  # below start: halving down to 1
+        fits = run(value)
+        if fits is None:
+            return found
+        if fits:
+            found.largest_fit = value
+        else:
+            found.first_misfit, value = value, value // 2
     if found.largest_fit is None:
         found.end = "none_fits"
         return found
@@ -199,7 +209,7 @@ def run_search(first: RunSpec, cfg: Any, out: Path,
         "limit": limit_text(first.device, budget),
         "status": last["status"] if stopped else "ok",
         "reason": (f"probe at {last['value']}: {last['run_status']}: {last['reason']}" if stopped
-                   else "the first probe does not fit" if found.end == "none_fits" else None),
+                   else None),
         "end": found.end, "largest_fit": found.largest_fit,
         "first_misfit": found.first_misfit,
         "peak_at_largest": at_fit["peak_bytes_per_device"] if at_fit else None,
@@ -209,6 +219,8 @@ def run_search(first: RunSpec, cfg: Any, out: Path,
         "params_at_largest": at_fit["params"] if at_fit else None,
         "probes": found.probes, "started_at": started, "finished_at": now_iso(),
     }
+    if found.end == "none_fits":
+        rec["reason"] = smallest_words(rec)
     write_json_atomic(capacity_path(out, sid), rec)
     return rec
 
@@ -253,5 +265,29 @@ def outcome_text(rec: dict[str, Any]) -> str:
     if rec["end"] == "max_reached":
         return f"every {what} up to max {rec['largest_fit']} fits{at} ({n} probes)"
     if rec["end"] == "none_fits":
-        return f"not even {what} {rec['start']} fits ({n} probes)"
+        return f"does not fit: {smallest_words(rec)} ({n} probes)"
     return f"{rec['status']}: {rec['reason']}"
+
+
+def smallest_words(rec: dict[str, Any]) -> str:
+    """Why nothing fits: the smallest probe, its peak against the budget, or its error."""
+    what = "layers" if rec["scale"] == "depth" else "batch per device"
+    smallest = min(rec["probes"], key=lambda p: p["value"])
+    peak, budget = smallest.get("peak_bytes"), rec.get("device_memory")
+    if smallest.get("oom_by") == "budget" and peak is not None and budget:
+        return (f"the smallest probe ({what} {smallest['value']}) peaks at "
+                f"{peak / 2**20:.1f} MiB per device, over a budget of {budget / 2**20:.1f} MiB")
+    return f"the smallest probe ({what} {smallest['value']}) ran out of memory: " \
+           f"{smallest.get('reason')}"
+
+
+def probe_words(verdict: dict[str, Any]) -> str:
+    """A probe's progress line from its verdict (judge): fits, over budget, out of memory, or
+    the run's own status and reason."""
+    peak = verdict.get("peak_bytes")
+    at = f": peak {peak / 2**20:.1f} MiB per device" if peak is not None else ""
+    if verdict["fits"]:
+        return f"fits{at}"
+    if verdict.get("oom_by") == "budget":
+        return f"over budget: {verdict['reason']}"
+    return f"{verdict['status']}: {verdict['reason']}"

@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -376,10 +376,12 @@ def _peak_line(peak: dict[str, Any]) -> str:
 
 
 def run_and_print(spec: RunSpec, tag: str, ctx: RunContext, out: Path,
-                  show: SweepProgress | None = None, counted: bool = True) -> dict[str, Any]:
+                  show: SweepProgress | None = None, counted: bool = True,
+                  words: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
     """Run (or record as blocked) one spec, with its progress (a line when it starts and ends,
     or the live display; the sweep's elapsed time and estimate of what is left for a counted
-    run, one of the sweep's planned runs)."""
+    run, one of the sweep's planned runs). `words(record)`: the end line's verdict in place
+    of the record's status and outcome (a capacity probe's against its budget)."""
     label = (f"{tag} pipeline {spec.runner} {spec.model} "
              f"b={spec.global_batch_size} workers={spec.dataset['workers']}"
              if spec.mode == "pipeline" and spec.dataset else
@@ -397,7 +399,9 @@ def run_and_print(spec: RunSpec, tag: str, ctx: RunContext, out: Path,
     else:
         rec = run_one(spec, ctx.pythons, out, ctx.env, ctx.peaks)
     took = time.monotonic() - t0
-    show.finished(label, f"{rec['status']} ({took:.1f}s) {outcome_detail(rec)}", took, counted)
+    said = (f"{words(rec)} ({took:.1f}s)" if words
+            else f"{rec['status']} ({took:.1f}s) {outcome_detail(rec)}")
+    show.finished(label, said, took, counted)
     return rec
 
 
@@ -416,7 +420,9 @@ def run_capacity(cfg: SweepConfig, firsts: list[RunSpec], ctx: RunContext, out: 
               f"{capacity.limit_text(cfg.device, cfg.device_memory)})", flush=True)
 
         def launch_probe(spec: RunSpec, probes: Path, tag: str = tag) -> dict[str, Any]:
-            return run_and_print(spec, f"{tag}   probe", probing, probes, counted=False)
+            return run_and_print(spec, f"{tag}   probe", probing, probes, counted=False,
+                                 words=lambda probe_rec: capacity.probe_words(
+                                     capacity.judge(probe_rec, cfg.device_memory)))
 
         rec = capacity.run_search(first, cfg, out, launch_probe,
                                   ctx.blocked.get(first.run_id), reuse=resume)
