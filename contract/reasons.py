@@ -399,6 +399,11 @@ SENTENCES: dict[str, str] = {
     "torch.zero_grads_averaged": (
         "grads: optimizer.averaged_gradients (this rank's reduced partition; the module's .grad "
         "are freed)"),
+    "torch.zero_grads_at_reduction": (
+        "grads: what the rank holds as engine.backward begins its end-of-backward reduction "
+        "(engine.allreduce_gradients): every parameter's gradient storage once, the filled part "
+        "of ZeRO's buckets (full gradients not reduced yet) and the partition buffer; stage 1 "
+        "holds every full gradient there, stage 2 its partition and one bucket at most"),
     "torch.zero_read_before_step": (
         "read on every rank after the timed window in one extra untimed step stopped between "
         "engine.backward and engine.step (where ZeRO holds its gradient partitions)"),

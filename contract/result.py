@@ -142,6 +142,9 @@ MEMORY = (
     Field("state_granularity_bytes", (OBJ, NUL), "Where a framework shards by whole tensors (the "
           "ZeroRedundancyOptimizer assigns whole parameters): per part, how far one device's "
           "share may exceed 1/N (its largest unit), as the framework's partition gives it."),
+    Field("zero_buckets", (OBJ, NUL), "deepspeed stage 1/2: ZeRO's gradient buckets as read "
+          "back: reduce_bucket_size (elements) and capacity_bytes (the bucket buffers "
+          "allocated, beside the state)."),
 )
 # -- time to accuracy (runners/converge.py) --------------------------------------------------
 CONVERGE = (

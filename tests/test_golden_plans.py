@@ -37,6 +37,7 @@ from bench import REPO_ROOT
 from bench.plan.config import ConfigError, load_config
 from bench.plan.runs import RunSpec, expand
 from bench.records.store import runs_dir
+from bench.run import launch
 from bench.run.envs import python_for
 from bench.run.launch import NodePlace, child_command, child_env
 from bench.run.slurm import batch_script, sbatch_command
@@ -294,6 +295,7 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 def test_plan_matches_its_golden_file(config: Path, tmp_path: Path, update_golden: bool,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch_env, "physical_cores", lambda: CORES)
+    monkeypatch.setattr(launch, "busy_cpus", lambda: 0.0)  # a quiet host at every launch
     with mock.patch.dict(os.environ, INHERITED, clear=True):
         actual = golden_text(config, tmp_path)
     path = golden_path(config)

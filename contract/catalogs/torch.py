@@ -183,6 +183,11 @@ RUNNERS: list[RunnerInfo] = [
             "stage": Option(int, 2, (1, 2, 3),
                             "ZeRO stage: 1 partitions the optimizer state, 2 also the "
                             "gradients, 3 also the parameters"),
+            "reduce_bucket_size": Option(int, 500_000_000, None,
+                                         "zero_optimization.reduce_bucket_size (elements; "
+                                         "DeepSpeed's default 5e8): the gradients one bucket "
+                                         "reduces at once, stage 2's most held whole",
+                                         minimum=1, maximum=10**12),
         },
         # bf16/fp16: DeepSpeed's config sections (bf16 params, fp32 master partitions; fp16
         # with dynamic loss scaling, GPUs only)
@@ -192,11 +197,11 @@ RUNNERS: list[RunnerInfo] = [
         multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),
         custom_models=("torch",),
-        # Read back from DeepSpeed 0.19's ZeRO optimizer: stage 1 too keeps only this rank's
-        # reduced gradient partition (averaged_gradients) once backward ends -- it reduces at
-        # the end of backward where stage 2 reduces during it -- so at the step both shard
-        # the gradients; stage 3 also the parameters.
-        shards={"option": "stage", "values": {1: ("optimizer", "grads"),
+        # Read back from DeepSpeed 0.19's ZeRO optimizer as its end-of-backward reduction
+        # begins: stage 1 holds every full gradient there (it reduces them only then), stage
+        # 2 its partition and at most one bucket (it reduces bucket by bucket during
+        # backward: the record's state_granularity_bytes); stage 3 also the parameters.
+        shards={"option": "stage", "values": {1: ("optimizer",),
                                               2: ("optimizer", "grads"),
                                               3: ("params", "grads", "optimizer")}},
         collectives={"option": "stage",

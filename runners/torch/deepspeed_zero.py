@@ -66,7 +66,8 @@ def ds_config(spec: Spec, micro_batch: int, stage: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage,
+                              "reduce_bucket_size": int(spec.options["reduce_bucket_size"])},
         "zero_allow_untested_optimizer": True,
         "communication_data_type": "fp32",
         "steps_per_print": 1 << 30,
@@ -81,6 +82,10 @@ def ds_config(spec: Spec, micro_batch: int, stage: int) -> dict[str, Any]:
         # a BatchNorm's bf16 weight beside fp32 running statistics fails in torch's batch_norm
         config["data_types"] = {"buffer_dtype": spec.precision}
     return config
+
+
+# where the gradients were read: stage 3 after backward, stage 1/2 as its reduction began
+GRADS_READ = {False: "torch.zero_grads_averaged", True: "torch.zero_grads_at_reduction"}
 
 
 class Engine:
@@ -108,6 +113,7 @@ class Engine:
             feed.x = feed.x.to(self.dtype)  # once: the module's dtype (bf16 under bf16)
         self.module.train()
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.held: dict[str, int] | None = None
 
     def step(self) -> torch.Tensor:
         x, y = self.feed.next()
@@ -182,6 +188,10 @@ class Engine:
                  if t is not None]
         grad_bytes = sum(t.numel() * t.element_size() for t in grads)
         grad_item = grads[0].element_size() if grads else 0
+        if self.held is not None:  # stage 1/2: what the rank held as the reduction began,
+            # the whole being every gradient in the dtype autograd made it (the module's)
+            grad_bytes = self.held["grads"]
+            grad_item = torch.empty((), dtype=self.dtype).element_size()
         copy = self.master_is_copy()
         optimizer = global_opt = grad_global = 0
         for master, _, numel in self._partitions():
@@ -196,6 +206,52 @@ class Engine:
         return {"local": {"params": held, "grads": grad_bytes, "optimizer": optimizer},
                 "global": {"params": full, "grads": grad_global, "optimizer": global_opt}}
 
+    def grads_held(self) -> dict[str, int]:
+        """Stage 1/2: the gradient bytes this rank holds now (each gradient storage once; a
+        gradient in one of ZeRO's bucket buffers by its own bytes: full gradients not reduced
+        yet; the partition buffer), its buckets' capacity (reduce_bucket_size elements each)
+        and its largest gradient (a gradient over the bucket size bypasses the buckets)."""
+        opt = self.optimizer
+        buckets = [b for bucket in getattr(opt, "ipg_buckets", {}).values() for b in bucket.buffer]
+        buffers = {b.untyped_storage().data_ptr() for b in buckets}
+        storages: dict[int, int] = {}
+        in_buckets = largest = 0
+        grads = [t for group in opt.bit16_groups for q in group
+                 for t in (q.grad, getattr(q, "grad_accum", None)) if isinstance(t, torch.Tensor)]
+        partition = getattr(opt, "grads_in_partition", None)
+        for g in grads + ([partition] if isinstance(partition, torch.Tensor) else []):
+            ptr = g.untyped_storage().data_ptr()
+            if ptr in buffers:
+                in_buckets += g.numel() * g.element_size()
+            else:
+                storages.setdefault(ptr, g.untyped_storage().nbytes())
+        largest = max((q.numel() * q.element_size() for group in opt.bit16_groups for q in group),
+                      default=0)
+        return {"grads": sum(storages.values()) + in_buckets, "largest": largest,
+                "bucket_capacity": sum(b.numel() * b.element_size() for b in buckets)}
+
+    def backward_read(self, loss: torch.Tensor) -> None:
+        """engine.backward, with stage 1/2's gradients read as its end-of-backward reduction
+        begins (engine.allreduce_gradients): where stage 1 still holds every full gradient
+        and stage 2 its partition and the bucket not reduced yet."""
+        if self.stage == 3:
+            self.engine.backward(loss)
+            return
+        begin = self.engine.allreduce_gradients
+
+        def reading(*args: Any, **kwargs: Any) -> Any:
+            self.held = self.grads_held()
+            return begin(*args, **kwargs)
+
+        self.engine.allreduce_gradients = reading
+        try:
+            self.engine.backward(loss)
+        finally:
+            del self.engine.allreduce_gradients  # the class's own method again
+        if self.held is None:
+            raise Invalid("DeepSpeed's backward never began its gradient reduction "
+                          "(engine.allreduce_gradients): the gradients were not read")
+
     def state_record(self) -> dict[str, Any]:
         """One extra, untimed step stopped between engine.backward and engine.step, and every
         rank's state bytes gathered over the process group."""
@@ -203,7 +259,7 @@ class Engine:
             raise Invalid("no step ran before the state reading")
         x, y = self.last
         loss = td.loss_of(self.engine(x), y)
-        self.engine.backward(loss)
+        self.backward_read(loss)
         mine = self.local_state()
         rows = self.ranks.gather({"rank": self.ranks.rank, "device": str(self.ranks.device),
                                   **mine})
@@ -217,13 +273,20 @@ class Engine:
                   if self.stage < 3 else "plus the fp32 master partition "
                   "(fp32_partitioned_groups_flat") + ", a copy the optimizer holds)"
         source = (f"DeepSpeed ZeRO stage {self.stage}; {code('torch.zero_read_before_step')}; "
-                  f"params: {what}; {code('torch.zero_grads_averaged')}; optimizer: "
+                  f"params: {what}; {code(GRADS_READ[self.held is not None])}; optimizer: "
                   "optimizer.state of this rank's partition (SGD momentum) "
                   + (master if self.master_is_copy() else "(the master is the parameters' "
                      "own partition, counted under params)")
                   + "; " + code("torch.zero_global_numel"))
         local = mine["local"]
-        return join({"state_bytes_per_device": per_device,
+        buckets = {} if self.held is None else {
+            "zero_buckets": {"reduce_bucket_size": self.config["zero_optimization"][
+                "reduce_bucket_size"], "capacity_bytes": self.held["bucket_capacity"]},
+            # stage 2 holds, beside its partition, at most one bucket of full gradients and
+            # the one gradient too large for a bucket (reduced at the end of backward)
+            **({"state_granularity_bytes": {"grads": self.held["bucket_capacity"]
+                                             + self.held["largest"]}} if self.stage == 2 else {})}
+        return join({"state_bytes_per_device": per_device, **buckets,
                      "state_bytes_global": rows[0]["global"], "state_source": source},
                     _state(local["params"], local["grads"], local["optimizer"],
                            "deepspeed: this rank's share as state_bytes_per_device reads it"))
