@@ -20,6 +20,12 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 PUBLISHED_COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02",
                      "#a6761d", "#666666")
 IDEAL = {"color": "0.4", "linestyle": (0, (2, 2)), "linewidth": 1.0}  # short dashes, no marker
+# A flagged point (bench/records/trust.py doubts: not a result): its series' marker, larger and
+# white inside, with "?" and its value beside; the published figures' hollow markers are
+# smaller, unlabelled and on dotted lines. A flagged bar is hatched.
+FLAGGED = {"markerfacecolor": "white", "markersize": 10, "markeredgewidth": 1.8,
+           "linestyle": "none", "zorder": 4}
+FLAGGED_HATCH = "xx"
 
 
 def series_style(i: int) -> dict[str, Any]:

@@ -15,8 +15,10 @@ from). It is split into:
   the sweep it stays in the rest, and the line says so;
 - **input**: a real-data row's time beyond its synthetic twin's (real_vs_synthetic below 1);
   none on synthetic data;
-- **unexplained**: what is left; negative when the communication overlapped the backward pass
-  (the all-reduce estimate is an upper bound).
+- **unexplained**: what is left; never printed negative: where the terms exceed the step the
+  line says they overlap (the all-reduce estimate is an upper bound), and where the compute
+  term alone exceeds it (the baseline ran slower than the whole: a speedup above the device
+  count) the line says the split is not meaningful and splits nothing.
 
 The GPUs' idle share from the telemetry (1 - their mean utilisation in the timed window) is
 given beside, as a check: it is time the GPUs waited for communication, input or the host,
@@ -35,6 +37,10 @@ from bench.records.grouping import baseline_key, config_key, mode_of, runner_lab
 from contract.collectives import gradient_bytes
 
 HEADING = "Where the time went"
+# A row whose compute term (the 1-device step) is longer than its whole step: a speedup above
+# the device count; no share of it is printed, a negative one least of all.
+NOT_MEANINGFUL = ("the baseline ran slower than the whole (a speedup above the device "
+                  "count), so no share is left for communication, input or the rest")
 
 
 def _ms(seconds: float) -> str:
@@ -72,12 +78,16 @@ def explain_row(row: dict[str, Any], rows_by_key: dict[tuple[Any, ...], dict[str
         return f"{label}: not measured ({row.get('status')}: {row.get('reason') or '-'})"
     terms = [_compute(row, rows_by_key, step), _communication(row, probes, step),
              _input(row, step)]
+    if terms[0][1] > step * (1 + 1e-9):
+        return (f"{label}: step {_ms(step)}; split not meaningful: the compute term, the "
+                f"1-device step ({_ms(terms[0][1])}), is longer than this whole step: "
+                f"{NOT_MEANINGFUL}; {_idle(row, step)}")
     parts = [text for text, _ in terms]
     rest = step - sum(seconds for _, seconds in terms)
     rest = 0.0 if abs(rest) < 1e-9 * step else rest  # the 1-device row's own step
-    parts.append(f"unexplained {_ms(rest)} ({_share(rest, step)}"
-                 + ("; the terms overlap: communication or input hidden behind compute"
-                    if rest < 0 else "") + ")")
+    parts.append(f"unexplained {_ms(rest)} ({_share(rest, step)})" if rest >= 0 else
+                 f"unexplained none: the terms overlap by {_ms(-rest)} (communication, an "
+                 "upper bound, or input hidden behind compute)")
     return f"{label}: step {_ms(step)} = " + " + ".join(parts) + f"; {_idle(row, step)}"
 
 
@@ -178,5 +188,7 @@ def html_section(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> s
             "the model's gradients at the bus bandwidth this sweep's all-reduce probe "
             "measured, without overlap: an upper bound), input (real data beyond its "
             "synthetic twin) and the unexplained rest; the GPUs' idle share from the "
-            "telemetry is a check beside it, not a further term.</p>"
+            "telemetry is a check beside it, not a further term. Where the compute term "
+            "alone exceeds the step (a speedup above the device count) the split is not "
+            "meaningful and none is given.</p>"
             f"<ul>{items}</ul>")

@@ -20,10 +20,12 @@ from bench.records.grouping import (
 from bench.records.trust import (
     BOOTSTRAP_SAMPLES,
     CONFIDENCE,
+    baseline_doubts,
     bootstrap_ci,
     coefficient_of_variation,
     estimators,
     ratio_ci,
+    speedup_impossible,
     warmup_not_steady,
 )
 
@@ -174,14 +176,8 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
             "reason": next((r["reason"] for r in recs if r.get("reason")), None),
         }
     for key, row in rows.items():
-        base = baseline_key(row)
-        row["speedup"] = speedup(row["images_per_sec"],
-                                 rows[base]["images_per_sec"] if base in rows else None)
-        row["scaling_efficiency"] = efficiency(row["speedup"], row["num_devices"])
-        low, high, kind = ratio_interval(oks[key], oks.get(base, []))
-        row["speedup_ci_low"], row["speedup_ci_high"], row["speedup_interval"] = low, high, kind
-        row["efficiency_ci_low"] = efficiency(low, row["num_devices"])
-        row["efficiency_ci_high"] = efficiency(high, row["num_devices"])
+        add_speedup(row, rows.get(baseline_key(row)), oks[key],
+                    oks.get(baseline_key(row), []))
     compare_real_to_synthetic(rows)
     for row in rows.values():  # a token model's interval in tokens/sec (the charts' bars)
         tokens = row.get("tokens_per_sample")
@@ -190,6 +186,26 @@ def summarise(records: list[dict[str, Any]], cv_target: float = CV_TARGET
             row[f"tokens_per_sec_ci_{end}"] = (value * tokens if tokens and value is not None
                                                else None)
     return sorted(rows.values(), key=summary_order)
+
+
+def add_speedup(row: dict[str, Any], base: dict[str, Any] | None, ok: list[float],
+                base_ok: list[float]) -> None:
+    """Give a summary row its speedup over its 1-device row `base` (None without one),
+    efficiency and their intervals (ratio_interval over the ok runs' images/sec), and their
+    flags (bench/records/trust.py): speedup_impossible, and baseline_suspect with
+    baseline_flags naming the baseline's doubts (contended, unstable) on a row that is not
+    its own baseline."""
+    n = row["num_devices"]
+    row["speedup"] = speedup(row["images_per_sec"], base["images_per_sec"] if base else None)
+    row["scaling_efficiency"] = efficiency(row["speedup"], n)
+    low, high, kind = ratio_interval(ok, base_ok)
+    row["speedup_ci_low"], row["speedup_ci_high"], row["speedup_interval"] = low, high, kind
+    row["efficiency_ci_low"], row["efficiency_ci_high"] = efficiency(low, n), efficiency(high, n)
+    row["speedup_impossible"] = speedup_impossible(row["speedup"], n)
+    judged = base is not None and base is not row and row["speedup"] is not None
+    doubts = baseline_doubts(base) if judged and base else []
+    row["baseline_flags"] = " ".join(doubts) or None
+    row["baseline_suspect"] = bool(doubts) if judged else None
 
 
 def summary_order(r: dict[str, Any]) -> tuple[Any, ...]:

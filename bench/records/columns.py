@@ -275,7 +275,7 @@ COLUMNS: tuple[Column, ...] = (
     _field("mean_step_rate", "The median over ok runs of each run's mean of per-step rates "
            "(global batch over step time); against images/sec it shows stalls.", ("csv",),
            format="1f"),
-    Column("speedup", "speedup", "x2", "images/sec over the same configuration's median "
+    Column("speedup", "speedup", "speedup", "images/sec over the same configuration's median "
            "images/sec on 1 device (`bench.records.grouping.baseline_key`), the median's or the "
            "run's."),
     _field("speedup_ci_low", "The low end of the speedup's interval, of the kind "
@@ -285,8 +285,8 @@ COLUMNS: tuple[Column, ...] = (
            "side (this row, its 1-device row) with fewer ok runs: none, range (two: the "
            "extreme ratios of any two runs) or 95% bootstrap CI (three or more: the "
            "percentile bootstrap of the ratio of medians).", ("csv",)),
-    Column("scaling_efficiency", "effic.", "pct0", "The speedup over the ideal (linear) "
-           "speedup, the device count."),
+    Column("scaling_efficiency", "effic.", "efficiency", "The speedup over the ideal "
+           "(linear) speedup, the device count."),
     _field("efficiency_ci_low", "The low end of the efficiency's interval (the speedup's "
            "over the device count).", ("csv",), format="pct0"),
     _field("efficiency_ci_high", "The high end of that interval.", ("csv",), format="pct0"),
@@ -303,7 +303,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("joules_per_image", "J/image", "3f", "The GPUs' energy per image in the timed "
            "window (NVML), the median over ok runs.", ("csv", "html", "loader"),
            _at("telemetry", "joules_per_image"), "median"),
-    Column("mfu", "MFU", "pct1", "Model FLOPs utilisation: training FLOPs (3 x the model's "
+    Column("mfu", "MFU", "mfu", "Model FLOPs utilisation: training FLOPs (3 x the model's "
            "forward FLOPs per image) x images/sec over the device's measured matmul peak at "
            "the run's precision, the median over ok runs.", run=_at("mfu", "mfu"),
            over_runs="median"),
@@ -396,9 +396,23 @@ COLUMNS: tuple[Column, ...] = (
            "machine's CPUs in a run's timed window, or held its GPUs; the record's "
            "telemetry.contention names them (docs/RELIABILITY.md)", over_runs="any"),
     Column("over_peak", "MFU>100%", "flag", "a run achieved more FLOP/s than the measured "
-           "peak: impossible, so the peak (a probe that shared the machine, another CPU's) or "
-           "the model's FLOP count is wrong, and the MFU is no result",
+           "peak, i.e. its throughput is above the compute bound (the devices' peak over the "
+           "training FLOPs per sample): impossible, so the peak (a probe that shared the "
+           "machine, another CPU's) or the model's FLOP count is wrong, and the MFU is no "
+           "result (shown with ?)",
            run=_at("mfu", "over_peak"), over_runs="any"),
+    Column("speedup_impossible", "SPEEDUP>N", "flag", "the speedup is above the device count "
+           "by more than 5% (efficiency over 105%): N devices cannot do more than N times one "
+           "device's work, so the 1-device baseline ran slow or the runs did different work; "
+           "speedup and efficiency are shown with ? and are no result",
+           ("csv", *DISPLAY_VIEWS)),
+    Column("baseline_suspect", "BASELINE-SUSPECT", "flag", "the 1-device run the speedup and "
+           "efficiency divide by was CONTENDED or unstable (baseline_flags says which): they "
+           "are marked (baseline contended) and are not the device's own scaling",
+           ("csv", *DISPLAY_VIEWS)),
+    _field("baseline_flags", "The flags of the 1-device row under this row's speedup that make "
+           "it no baseline (contended, unstable), space-separated; empty where none is on or "
+           "the row is its own baseline.", ("csv",)),
     Column("input_bound", "INPUT-BOUND", "flag", "real data below 90% of the same run on "
            "synthetic data (the input pipeline sets the pace)", ("csv",)),
     Column("flags", "flags", "flags", "The row's flags that are on (the flag columns), each "
@@ -568,6 +582,29 @@ def _seconds(col: Column, row: Mapping[str, Any], view: str) -> str:
     return f"{value:.1f} s" if value < 60 else f"{int(value // 60)}:{int(value % 60):02d}"
 
 
+def _doubted(spec: str, suffix: str = "") -> Callable[[Column, Mapping[str, Any], str], str]:
+    """A speedup or efficiency cell: the number, then ? when speedup_impossible (the flags
+    cell names it), and the 1-device baseline's doubts (baseline_flags) in brackets: a
+    flagged figure is never shown plain."""
+    number = _number(spec, suffix)
+
+    def render(col: Column, row: Mapping[str, Any], view: str) -> str:
+        text = number(col, row, view)
+        if text == "-":
+            return text
+        if row.get("speedup_impossible"):
+            text += "?"
+        if row.get("baseline_flags"):
+            text += f" (baseline {', '.join(str(row['baseline_flags']).split())})"
+        return text
+    return render
+
+
+def _mfu(col: Column, row: Mapping[str, Any], view: str) -> str:
+    text = _number(".1%")(col, row, view)
+    return text + "? over peak" if row.get("over_peak") and text != "-" else text
+
+
 def _flags(col: Column, row: Mapping[str, Any], view: str) -> str:
     return ",".join(c.header for c in flags_on(row, view)) or "-"
 
@@ -582,6 +619,13 @@ FORMATS: dict[str, Format] = {
     "3f": Format("3 decimals", _number(".3f")),
     "sci": Format("3 significant digits", _number(".3g")),
     "x2": Format("2 decimals and x (1.80x)", _number(".2f", "x")),
+    "speedup": Format("2 decimals and x (1.80x); ? when speedup_impossible, (baseline "
+                      "contended) when baseline_suspect: `10.90x? (baseline contended)`",
+                      _doubted(".2f", "x")),
+    "efficiency": Format("a percentage (90%), marked as the speedup is: `545%? (baseline "
+                         "contended)`", _doubted(".0%")),
+    "mfu": Format("a percentage, 1 decimal (31.0%); `120.0%? over peak` when over_peak",
+                  _mfu),
     "pct0": Format("a percentage (90%)", _number(".0%")),
     "pct1": Format("a percentage, 1 decimal (31.0%)", _number(".1%")),
     "secs": Format("seconds, 1 decimal, as m:ss from a minute (74:10)", _seconds),

@@ -90,3 +90,61 @@ def warmup_not_steady(step_times: Sequence[float], windows: int = WARMUP_WINDOWS
     size = len(times) // windows
     rates = [size / sum(times[i * size:(i + 1) * size]) for i in range(windows)]
     return rates[0] < ratio * statistics.median(rates[1:])
+
+
+# -- impossible and implausible figures (docs/RESULTS.md "Impossible and implausible results")
+
+# How far a speedup may exceed the device count before it is flagged impossible: each device's
+# share of the batch can fit a faster cache level and give slight superlinearity; more than
+# this on N devices is a baseline that ran slow or runs that did different work.
+SUPERLINEAR_ALLOWANCE = 0.05
+# The flags of a 1-device row that make it no baseline: its figure is not the device's own.
+BASELINE_DOUBTS = ("contended", "unstable")
+
+
+def speedup_impossible(spd: float | None, num_devices: int,
+                       baseline_devices: int = 1) -> bool | None:
+    """True when a speedup exceeds the device ratio by more than SUPERLINEAR_ALLOWANCE (its
+    efficiency is over 100% by as much); None without a speedup."""
+    if spd is None:
+        return None
+    return spd > num_devices / baseline_devices * (1 + SUPERLINEAR_ALLOWANCE)
+
+
+def baseline_doubts(baseline: dict[str, Any]) -> list[str]:
+    """The flags of BASELINE_DOUBTS that are on in a 1-device summary row."""
+    return [key for key in BASELINE_DOUBTS if baseline.get(key)]
+
+
+def compute_bound(row: dict[str, Any]) -> float | None:
+    """The most samples/sec the measured peak allows (the devices' peak, x devices unless
+    they share one host, over the training FLOPs per sample: bench/records/mfu.py): images/sec
+    over MFU, which is that ratio; None without an MFU."""
+    mfu, ips = row.get("mfu"), row.get("images_per_sec")
+    return ips / mfu if mfu and ips is not None else None
+
+
+def doubts(row: dict[str, Any]) -> dict[str, str]:
+    """A summary row's flagged figures, each with why in a sentence: `speedup` (impossible),
+    `baseline` (a contended or unstable 1-device run under its speedup), `throughput` (above
+    the compute bound: MFU over 100%). Empty when nothing is flagged."""
+    out = {}
+    n, spd = row.get("num_devices"), row.get("speedup")
+    if row.get("speedup_impossible") and spd is not None:
+        out["speedup"] = (
+            f"speedup {spd:.2f}x on {n} devices (efficiency {spd / n:.0%}) is above the "
+            f"device count by more than {SUPERLINEAR_ALLOWANCE:.0%}: impossible, so no result; "
+            "the 1-device baseline ran slower than the device can, or the runs did different "
+            "work")
+    if row.get("baseline_flags"):
+        out["baseline"] = (
+            f"its 1-device baseline was {' and '.join(str(row['baseline_flags']).split())}: "
+            "the speedup and efficiency divide by a figure that is not the device's own")
+    bound = compute_bound(row)
+    if row.get("over_peak") and bound is not None:
+        out["throughput"] = (
+            f"{row['images_per_sec']:.1f} samples/s is above the compute bound of "
+            f"{bound:.1f} (the devices' measured matmul peak over the training FLOPs per sample; "
+            f"MFU "
+            f"{row['mfu']:.0%}): the peak or the FLOP count is wrong")
+    return out

@@ -27,8 +27,9 @@ from typing import Any
 
 from bench.analysis.published import draw_published
 from bench.analysis.stats import BASELINE, INPUT_BOUND_RATIO
-from bench.plotting import IDEAL, pyplot, save, series_style, virtual_note
+from bench.plotting import FLAGGED, FLAGGED_HATCH, IDEAL, pyplot, save, series_style, virtual_note
 from bench.records.grouping import runner_label
+from bench.records.trust import doubts
 
 THROUGHPUT_CHART, SPEEDUP_CHART = "throughput.png", "speedup.png"
 EFFICIENCY_CHART, MEMORY_CHART = "efficiency.png", "memory_per_device.png"
@@ -42,6 +43,13 @@ DECADES = 100.0  # measured max/min from which a y axis is logarithmic
 HEADROOM = 1.08  # above the highest measured point (its error bar included)
 LEGEND_WIDTH = 44  # characters of a legend line
 INTERVALS = {"range": "min-max range", "95% bootstrap CI": "95% bootstrap CI"}
+# Which of a row's doubts (bench/records/trust.py) make its point on a chart of a key no result:
+# a speedup or efficiency over a suspect baseline or above the device count; a throughput
+# above the compute bound, or one the impossible speedup came from.
+CHART_DOUBTS = {"speedup": ("speedup", "baseline"), "scaling_efficiency": ("speedup", "baseline"),
+                "images_per_sec": ("speedup", "throughput"),
+                "tokens_per_sec": ("speedup", "throughput")}
+FLAGGED_LABEL = "large white marker, ?: flagged, not a result (caption)"
 
 Row = dict[str, Any]
 
@@ -161,6 +169,7 @@ def _device_figure(rows: list[Row], chart: DeviceChart, table: list[Row] | None 
         values = [r[key] * scale for r in mine]
         highs = [(r.get(f"{_ci(key)}_high") or r[key]) * scale for r in mine]
         drawn = _draw_series(ax, series, model, key, scale)
+        _draw_flagged(ax, drawn, key, scale)
         counts = sorted({r["num_devices"] for r in mine})
         if ideal == "series":
             for _, pts, line in drawn:
@@ -191,7 +200,49 @@ def _device_figure(rows: list[Row], chart: DeviceChart, table: list[Row] | None 
     fig.suptitle(chart.title + virtual_note(ok)
                  + (f"\n{textwrap.fill(chart.subtitle, 80 * len(models))}" if chart.subtitle
                     else ""))
+    _flagged_caption(fig, ok, CHART_DOUBTS.get(key, ()), len(models), "large white marker")
     return fig
+
+
+def chart_doubts(row: Row, kinds: tuple[str, ...]) -> list[str]:
+    """The reasons (bench.records.trust.doubts) of a row's figure of these kinds."""
+    return [why for kind, why in doubts(row).items() if kind in kinds]
+
+
+def _draw_flagged(ax: Any, drawn: list[tuple[str, list[Row], Any]], key: str,
+                  scale: float) -> None:
+    """Over each flagged point (CHART_DOUBTS of key): the series' marker large and white
+    inside (plotting.FLAGGED), its value with ? beside; a legend line says what they are."""
+    kinds, any_flagged = CHART_DOUBTS.get(key, ()), False
+    for _, pts, line in drawn:
+        bad = [p for p in pts if chart_doubts(p, kinds)]
+        if bad:
+            ys = [p[key] * scale for p in bad]
+            ax.plot([p["num_devices"] for p in bad], ys, marker=line.get_marker(),
+                    markeredgecolor=line.get_color(), label="_flagged", **FLAGGED)
+            for p, y in zip(bad, ys, strict=True):
+                ax.annotate(f"{_value_text(key, y)}?", (p["num_devices"], y), fontsize=8,
+                            xytext=(-8, 6), textcoords="offset points", ha="right",
+                            color="#d62728")
+            any_flagged = True
+    if any_flagged:
+        ax.plot([], [], color="black", marker="o", label=FLAGGED_LABEL, **FLAGGED)
+
+
+def _value_text(key: str, value: float) -> str:
+    return (f"{value:.2f}x" if key == "speedup" else f"{value:.0f}%"
+            if key == "scaling_efficiency" else f"{value:.1f}")
+
+
+def _flagged_caption(fig: Any, rows: list[Row], kinds: tuple[str, ...], panels: int,
+                     drawn_as: str) -> None:
+    """The figure's caption (under it) naming each flagged point (`drawn_as`, its value
+    with ?) and why; none when no point of the chart is flagged."""
+    lines = [f"{_series_label(r)}, {r['model']}, {r['num_devices']} devices: "
+             + "; ".join(chart_doubts(r, kinds)) for r in rows if chart_doubts(r, kinds)]
+    if lines:
+        text = f"Flagged ({drawn_as}, value with ?), not a result: " + " | ".join(lines)
+        fig.supxlabel(textwrap.fill(text, 110 * panels), fontsize=7, color="#d62728")
 
 
 def _ci(key: str) -> str:
@@ -301,9 +352,13 @@ def largest_figure(rows: list[Row]) -> Any:
         mine = [r for r in ok if r["model"] == model]
         top = max((r["num_devices"] for r in mine), default=0)
         bars = [r for r in mine if r["num_devices"] == top]
+        kinds = CHART_DOUBTS["images_per_sec"]
         drawn = ax.bar(range(len(bars)), [r["images_per_sec"] for r in bars], color="#1f77b4",
-                       edgecolor="black", linewidth=0.6)
-        ax.bar_label(drawn, fmt="%.1f", fontsize=8)
+                       edgecolor="black", linewidth=0.6,
+                       hatch=[FLAGGED_HATCH if chart_doubts(r, kinds) else "" for r in bars])
+        ax.bar_label(drawn, [f"{r['images_per_sec']:.1f}"
+                             + ("?" if chart_doubts(r, kinds) else "") for r in bars],
+                     fontsize=8)
         ax.set_xlim(-0.75, max(len(bars), 4) - 0.25)  # a lone bar is not the panel's width
         ax.set_xticks(range(len(bars)), [_series_label(r) for r in bars], rotation=30,
                       ha="right", fontsize=8)
@@ -311,6 +366,9 @@ def largest_figure(rows: list[Row]) -> Any:
         _fit_y(ax, [], [r["images_per_sec"] for r in bars] or [1.0])
         ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # the bars' labels
     fig.suptitle("All configurations at the largest device count" + virtual_note(ok))
+    _flagged_caption(fig, [r for r in ok if r["num_devices"] == max(
+        (o["num_devices"] for o in ok if o["model"] == r["model"]), default=0)],
+        CHART_DOUBTS["images_per_sec"], len(models), "hatched bar")
     return fig
 
 

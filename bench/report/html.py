@@ -28,6 +28,7 @@ from bench.records import columns
 from bench.records.grouping import data_label, mode_of, runner_label
 from bench.records.placement_check import check_work
 from bench.records.store import folder_damage, read_environment, write_text_atomic
+from bench.records.trust import doubts
 from bench.report.allreduce import html_section as allreduce_section
 from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
@@ -37,6 +38,17 @@ from contract.reasons import sentence
 
 VIRTUAL_CAVEAT = ("multi-device rows ran on one host's cores (virtual CPU devices); they show "
                   "the harness and the strategies work, not GPU scaling.")
+# What the summary's figures are, under its heading (after the intervals).
+SUMMARY_TERMS = (
+    "Speedup and efficiency are against the same configuration on 1 device; a ? marks a "
+    "figure that cannot be (a speedup above the device count, an MFU over 100%) and "
+    "(baseline contended) one whose 1-device run was contended or unstable: the Flagged list "
+    "says why. MFU is training FLOPs (3 x the model's forward FLOPs per image) x img/s over "
+    "the device's measured matmul peak at the run's precision. mem/dev is the most memory "
+    "one device held in the timed window, as its framework's allocator reports it (on CPU the "
+    "rank's process's peak resident memory, shared by its virtual devices; the csv's "
+    "memory_source says what was read), state the model state one device holds (parameters, "
+    "gradients, optimizer); tok/s is a token model's samples/sec x its sequence length.")
 CONFIG_MAX_BYTES = 2**20  # a sweep's config.yaml is a few KB
 MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}
 # every image the sections write refers to a file under charts/; the page inlines them all
@@ -82,8 +94,11 @@ def _cell(col: columns.Column, row: dict[str, Any]) -> str:
 
 
 def _flagged(rows: list[dict[str, Any]]) -> str:
+    """Each flagged row: its flagged figures with why, numbers included (not results: ? in
+    the table), then what each of its flags means."""
     items = [f"<li><b>{_e(runner_label(r))} {_e(r['model'])} n={r['num_devices']} "
              f"{_e(r['data_label'])} {_e(r['precision'])}</b>: "
+             + "".join(f"<b>not a result</b>: {_e(why)}; " for why in doubts(r).values())
              + "; ".join(f"<i>{c.key}</i>: {_e(c.meaning)}" for c in columns.flags_on(r))
              + "</li>"
              for r in rows if _flags(r)]
@@ -396,14 +411,7 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         "<h2>Summary</h2>",
         "<p>img/s is the median over repeats with its interval over repeats: "
         + ("; ".join(_e(n) for n in intervals) if intervals else "none (one run each)")
-        + ". Speedup and "
-        "efficiency are against the same configuration on 1 device. MFU is training FLOPs "
-        "(3 x the model's forward FLOPs per image) x img/s over the device's measured matmul "
-        "peak at the run's precision. mem/dev is the most memory one device held in the "
-        "timed window, as its framework's allocator reports it (on CPU the rank's process's "
-        "peak resident memory, shared by its virtual devices; the csv's memory_source says "
-        "what was read), state the model state one device holds (parameters, gradients, "
-        "optimizer); tok/s is a token model's samples/sec x its sequence length.</p>",
+        + f". {SUMMARY_TERMS}</p>",
         _summary(rows) if rows else "<p>No benchmark runs.</p>",
         _baseline(results_dir),
         strategies_section(records),

@@ -18,6 +18,7 @@ from bench.atomic import write_text_atomic
 from bench.records import columns
 from bench.records.grouping import data_label, runner_label
 from bench.records.store import folder_damage
+from bench.records.trust import doubts
 from bench.report.html import VIRTUAL_CAVEAT, machine, sweep_config, sweep_settings, sweep_span
 
 NAME = "results.md"
@@ -57,6 +58,14 @@ def summary_table(rows: list[dict[str, Any]]) -> list[str]:
             for r in rows]
     return _table(["runner", "model", "devices", "batch", "prec", "data", "img/s (median)",
                    "interval", "speedup", "efficiency", "mem/dev", "status"], body)
+
+
+def flagged(rows: list[dict[str, Any]]) -> list[str]:
+    """Each row with a flagged figure (marked ? or (baseline contended) in the table) and
+    why, as a list under a heading; none when nothing is flagged."""
+    items = [f"- **{_md(runner_label(r))} {_md(r['model'])} n={r['num_devices']}**: "
+             + "; ".join(_md(why) for why in doubts(r).values()) for r in rows if doubts(r)]
+    return ["## Flagged figures (not results)", "", *items, ""] if items else []
 
 
 def published_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -106,6 +115,7 @@ def markdown(results_dir: Path, rows: list[dict[str, Any]],
                 "No interval: one run per configuration.", "",
                 "Speedup and efficiency are against the same configuration on 1 device; "
                 "mem/dev is the most memory one device held in the timed window.", ""]
+        out += flagged(rows)
     else:
         out += ["No benchmark runs.", ""]
     out += ["## Published figures beside", "", *published_table(rows), ""]

@@ -19,6 +19,7 @@ from bench.analysis.stats import (
 from bench.records import columns
 from bench.records.grouping import runner_label
 from bench.records.store import atomic_file, load_records
+from bench.records.trust import doubts
 from bench.report import allreduce as allreduce_report
 from bench.report import capacity as capacity_report
 from bench.report import converge as converge_report
@@ -112,9 +113,18 @@ def _benchmark_table(rows: list[dict[str, Any]]) -> str:
     for flag in columns.flags():
         if any(r.get(flag.key) for r in rows):
             out += ["", f"{flag.header}: {flag.meaning}"]
+    out += flagged_lines(rows)
     reasons = [f"  {runner_label(r)} {r['model']} n={r['num_devices']}: {r['reason']}"
                for r in rows if r["status"] != "ok" and r.get("reason")]
     return "\n".join(out + (["", "Not ok:"] + reasons if reasons else []))
+
+
+def flagged_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under the table: each row with a flagged figure (bench.records.trust.doubts) and why,
+    numbers included; none when no figure is flagged."""
+    out = [f"  {runner_label(r)} {r['model']} n={r['num_devices']}: " + "; ".join(
+        doubts(r).values()) for r in rows if doubts(r)]
+    return ["", "Flagged figures (? in the table; not results):", *out] if out else []
 
 
 def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
