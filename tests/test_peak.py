@@ -211,6 +211,14 @@ def test_a_peak_far_below_the_machines_best_is_flagged_and_not_cached(tmp_path: 
     assert against_machine_best(mxnet, "fp32", cache_dir=cache)["own"]["implausible"] is None
     alone = against_machine_best(rec, "fp32", cache_dir=tmp_path / "empty")
     assert alone["own"]["implausible"] is None and alone["peak_flops"] == rec["peak_flops"]
+    # cached while nothing better was known, it is measured again once TF's peak is cached
+    first = tmp_path / "first"
+    torch_python = recorded_probe(tmp_path, "torch-first", slow)
+    assert measure_peak("torch", torch_python, "cpu", "fp32", CPU_ENV,
+                        cache_dir=first)["cache_path"]
+    measure_peak("tf", tmp_path / "tf/bin/python", "cpu", "fp32", CPU_ENV, cache_dir=first)
+    again = measure_peak("torch", torch_python, "cpu", "fp32", CPU_ENV, cache_dir=first)
+    assert again["cached"] is False and again["implausible"] == rec["implausible"]
 
 
 def test_the_terminal_line_shows_the_peak_mfu_uses_beside_the_one_just_measured(

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.plan.runs import RunSpec
 from bench.records.mfu import AGREE, implausibly_low, spread
 from bench.records.store import write_json_atomic
 from bench.run.envs import env_root, python_for
@@ -74,9 +75,10 @@ def measure_peak(family: str, python: str | Path, device: str, precision: str,
     cache_path = cache_dir / f"peak-{cache_key(python, dtype, precision, framework, threads)}.json"
     meta = {"family": family, "device": device, "device_type": dtype, "precision": precision,
             "python": str(python), "thread_policy": threads or None}
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError):  # a keeper, and still no implausible one
         cached = json.loads(cache_path.read_text())
-        if cached.get("status") == "ok" and not_cacheable(cached) is None:
+        if cached.get("status") == "ok" and not_cacheable(cached) is None and implausibly_low(
+                cached, machine_peak(dtype, precision, cache_dir)) is None:
             return {**cached, "family": family, "cached": True, "cache_path": str(cache_path)}
     result = _run_probe(framework, python, env, device, precision, cache_dir, timeout_s,
                         seconds)
@@ -222,7 +224,7 @@ def peak_line(used: dict[str, Any]) -> str:
     return text + (f"; IMPLAUSIBLE: {own['implausible']}" if own.get("implausible") else "")
 
 
-def measure_peaks(runs: list[Any], pythons: dict[str, Any], env: dict[str, Any],
+def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],
                   out: Path) -> dict[tuple[str, str], dict[str, Any]]:
     """The measured matmul peak (cached) of each interpreter and precision the benchmark runs
     use (written to peaks.json), each line on the terminal as it is measured; each key maps
