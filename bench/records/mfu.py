@@ -54,7 +54,8 @@ def spread(trials: list[float]) -> float:
 def implausibly_low(peak: dict[str, Any], best: dict[str, Any] | None) -> str | None:
     """Why an ok peak is no peak of its device (under 1/IMPLAUSIBLY_LOW of the machine's
     best, `best`, on its device type and precision), or None."""
-    own, top = peak.get("peak_flops"), (best or {}).get("peak_flops")
+    best = best or {}
+    own, top = peak.get("peak_flops"), best.get("peak_flops")
     if peak.get("status") != "ok" or not own or not top or own * IMPLAUSIBLY_LOW >= top:
         return None
     return (f"{own / 1e9:.3g} GFLOP/s is under 1/{IMPLAUSIBLY_LOW} of the machine's best "
