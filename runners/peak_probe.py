@@ -16,13 +16,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from bench.records.mfu import AGREE, spread
 from bench.run.environment import cpu_model
 from runners import math_mode
 from runners.common import Unavailable, write_json_atomic
 
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 MIN_MATMUL_S = 0.02  # calibrate n up to where one matmul takes this long
-AGREE = 0.05  # the best three trials within 5%: a peak, not one lucky or one slowed trial
 MAX_N = {"cpu": 4096, "gpu": 8192}
 # A backend gets (device, dtype name) and returns (version, device name, setup); setup(n)
 # builds the operands and returns run(k): k chained matmuls, then a device sync.
@@ -169,15 +169,9 @@ def measure(framework: str, device: str, precision: str, seconds: float) -> dict
     return {"status": "ok", "peak_flops": max(trials), "n": n, "dtype": dtype,
             "framework": framework, "framework_version": version, "device_name": name,
             "matmuls_per_trial": k, "trials_flops": trials, "spread": spread(trials),
-            "agreed": spread(trials) <= AGREE,
+            "agreed": spread(trials) <= AGREE, "agree_within": AGREE,
             "others_cpu_share": _others_share(before) if before else None,
             "math": math_mode.read_back(), "seconds": round(time.perf_counter() - start, 3)}
-
-
-def spread(trials: list[float]) -> float:
-    """How far the third-best trial fell below the best, as a share of the best."""
-    best = sorted(trials, reverse=True)[:3]
-    return (best[0] - best[-1]) / best[0] if best and best[0] > 0 else 1.0
 
 
 def _trials(trial: Callable[[], float], seconds: float) -> list[float]:

@@ -25,7 +25,7 @@ from typing import Any
 from bench import REPO_ROOT
 from bench.plan.runs import RunSpec, is_capacity_probe
 from bench.records import columns
-from bench.records.mfu import TRAINING_FLOPS_FACTOR, mfu
+from bench.records.mfu import TRAINING_FLOPS_FACTOR, mfu, peak_fields
 from bench.records.store import SCHEMA_VERSION, json_safe, record_path, runs_dir, write_json_atomic
 from bench.run.environment import lock_for
 from bench.run.guard import cannot_start, descendants, guarded
@@ -447,18 +447,13 @@ def run_mfu(spec: RunSpec, images_per_sec: float, peak: dict[str, Any],
     def flops(p: dict[str, Any]) -> float | None:
         return p.get("peak_flops") if p.get("status") == "ok" else None
 
-    def meta(p: dict[str, Any]) -> dict[str, Any]:
-        return {k: p.get(k) for k in (
-            "status", "reason", "peak_flops", "device_type", "precision", "dtype", "family",
-            "framework", "framework_version", "device_name", "n", "measured_at", "cache_path")}
-
     own = peak.get("own") or peak
     out = mfu(images_per_sec, forward, flops(peak), spec.num_devices,
               shared_device=spec.virtual_devices)
     # against the run's own framework's matmul: how close its kernels get to their own best
     out["mfu_own_peak"] = mfu(images_per_sec, forward, flops(own), spec.num_devices,
                               shared_device=spec.virtual_devices)["mfu"]
-    out["peak"], out["own_peak"] = meta(peak), meta(own)
+    out["peak"], out["own_peak"] = peak_fields(peak), peak_fields(own)
     out["flops_source"] = flops_source
     return out
 

@@ -3,7 +3,8 @@ in a family's environment once per interpreter, device type and precision, then 
 
 The cache lives next to the environments (`<env_root>/../peaks`); its key includes the probe's
 source and the CPU's vector extensions, so a changed probe or another CPU generation measures
-again. Failures, disagreeing trials and a probe that shared the CPU are never cached.
+again. Failures, disagreeing trials, a probe that shared the CPU and a peak implausibly below
+the machine's best are never cached (docs/RESULTS.md, "A peak that is a peak").
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO_ROOT
+from bench.plan.runs import RunSpec
+from bench.records.mfu import AGREE, implausibly_low, spread
 from bench.records.store import write_json_atomic
-from bench.run.envs import env_root
+from bench.run.envs import env_root, python_for
 from bench.run.guard import cannot_start, run_guarded
 from bench.run.telemetry import CONTENDED_CPU_SHARE
 from contract.launch_env import POLICY_VAR, math_env, thread_env
@@ -72,15 +75,18 @@ def measure_peak(family: str, python: str | Path, device: str, precision: str,
     cache_path = cache_dir / f"peak-{cache_key(python, dtype, precision, framework, threads)}.json"
     meta = {"family": family, "device": device, "device_type": dtype, "precision": precision,
             "python": str(python), "thread_policy": threads or None}
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError):  # a keeper, and still no implausible one
         cached = json.loads(cache_path.read_text())
-        if cached.get("status") == "ok":
+        if cached.get("status") == "ok" and not_cacheable(cached) is None and implausibly_low(
+                cached, machine_peak(dtype, precision, cache_dir)) is None:
             return {**cached, "family": family, "cached": True, "cache_path": str(cache_path)}
     result = _run_probe(framework, python, env, device, precision, cache_dir, timeout_s,
                         seconds)
     rec = {**result, **meta,
            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "cached": False, "cache_path": None, "not_cached": not_cacheable(result)}
+           "cached": False, "cache_path": None}
+    rec["implausible"] = implausibly_low(rec, machine_peak(dtype, precision, cache_dir, (rec,)))
+    rec["not_cached"] = not_cacheable(result) or rec["implausible"]
     if rec["status"] == "ok" and rec["not_cached"] is None:
         rec["cache_path"] = str(cache_path)
         write_json_atomic(cache_path, rec)
@@ -88,12 +94,16 @@ def measure_peak(family: str, python: str | Path, device: str, precision: str,
 
 
 def not_cacheable(result: dict[str, Any]) -> str | None:
-    """Why an ok probe is no peak to keep: its best trials disagreed, or other processes
-    shared the CPU while it ran (a later sweep measures again); None for a keeper."""
+    """Why an ok probe is no peak to keep, judged from its recorded trials: fewer than three,
+    the best three more than AGREE apart, or other processes shared the CPU while it ran (a
+    later sweep measures again); None for a keeper."""
     if result.get("status") != "ok":
         return None
-    if result.get("agreed") is False:
-        return f"the best three trials differ by {result.get('spread', 0):.0%}"
+    trials = [t for t in result.get("trials_flops") or [] if isinstance(t, (int, float))]
+    if len(trials) < 3:
+        return f"{len(trials)} trials recorded, 3 needed"
+    if spread(trials) > AGREE:
+        return f"the best three trials differ by {spread(trials):.0%} (more than {AGREE:.0%})"
     share = result.get("others_cpu_share")
     if isinstance(share, (int, float)) and share > CONTENDED_CPU_SHARE:
         return f"other processes used {share:.0%} of the CPUs while it ran"
@@ -184,10 +194,64 @@ def peak_for(spec: Any, python: str | Path, environment: dict[str, Any],
 
 
 def against_machine_best(own: dict[str, Any], precision: str,
-                         measured: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+                         measured: tuple[dict[str, Any], ...] = (),
+                         cache_dir: Path | None = None) -> dict[str, Any]:
     """An interpreter's own peak record turned into what MFU is taken against: the machine's
     best on its device type and precision (machine_peak over the cache, `measured` and own),
-    with own under "own"."""
-    best = machine_peak(own.get("device_type", ""), precision, extra=(*measured, own))
-    return {**(best or own), "own": own}
+    with own under "own", flagged `implausible` when far below that best."""
+    best = machine_peak(own.get("device_type", ""), precision, cache_dir, (*measured, own))
+    flagged = {**own, "implausible": implausibly_low(own, best)}
+    return {**(flagged if best is None or best is own else best), "own": flagged}
 
+
+def peak_line(used: dict[str, Any]) -> str:
+    """The terminal's words for one probe (against_machine_best's record): the figure just
+    measured or read from the cache, or why there is none, and beside it the figure MFU is
+    taken against, with what is wrong with the first."""
+    own = used.get("own") or used
+    text = (f"{own['status']}: {own.get('reason')}" if own.get("status") != "ok" else
+            f"{own['peak_flops'] / 1e9:.1f} GFLOP/s"
+            + (" (cached)" if own.get("cached") else
+               f" (not cached: {own['not_cached']})"
+               if own.get("not_cached") and own["not_cached"] != own.get("implausible") else ""))
+    if used.get("status") != "ok":
+        text += "; no MFU: no peak of this device type and precision"
+    elif all(used.get(k) == own.get(k) for k in ("peak_flops", "family", "measured_at")):
+        text += "; MFU against it, the machine's best"
+    else:
+        text += (f"; MFU against {used['peak_flops'] / 1e9:.1f} GFLOP/s, the machine's best "
+                 f"({used.get('family')}'s probe, {used.get('measured_at')})")
+    return text + (f"; IMPLAUSIBLE: {own['implausible']}" if own.get("implausible") else "")
+
+
+def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],
+                  out: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The measured matmul peak (cached) of each interpreter and precision the benchmark runs
+    use (written to peaks.json), each line on the terminal as it is measured; each key maps
+    to the machine's best peak on that device type and precision, with the interpreter's own
+    under "own". A line whose best a later probe raised is printed again."""
+    peaks: dict[tuple[str, str], dict[str, Any]] = {}
+    shown: dict[tuple[str, str], float | None] = {}
+    for spec in runs:
+        python = python_for(spec, pythons)
+        key = (str(python), spec.precision)
+        if spec.mode != "benchmark" or key in peaks or spec.family not in FAMILY_FRAMEWORK \
+                or python is None or isinstance(python, Exception):
+            continue
+        print(f"peak: {spec.family} {spec.device} {spec.precision} matmul probe ...", end=" ",
+              flush=True)
+        peaks[key] = measure_peak(spec.family, python, spec.device, spec.precision, env)
+        now = against_machine_best(peaks[key], spec.precision, tuple(peaks.values()))
+        shown[key] = now.get("peak_flops")
+        print(peak_line(now), flush=True)
+    used = {key: against_machine_best(own, key[1], tuple(peaks.values()))
+            for key, own in peaks.items()}
+    if peaks:
+        write_json_atomic(out / "peaks.json", [{"python": k[0], **u["own"]}
+                                               for k, u in used.items()])
+    for key, now in used.items():
+        if now.get("peak_flops") != shown[key]:
+            own = now["own"]
+            print(f"peak: {own['family']} {own['device']} {own['precision']}: "
+                  f"{peak_line(now)}", flush=True)
+    return used

@@ -34,7 +34,7 @@ from bench.records.trust import coefficient_of_variation
 from bench.run import capacity, environment, slurm, sweep_lock
 from bench.run.envs import EnvError, ensure_env, python_for
 from bench.run.launch import launch, record_without_run
-from bench.run.peak import FAMILY_FRAMEWORK, against_machine_best, measure_peak
+from bench.run.peak import measure_peaks
 from bench.run.progress import SweepProgress, outcome_detail
 from contract import settings
 from models import get_spec
@@ -333,46 +333,6 @@ def cannot_write(out: Path, exc: OSError) -> int:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write text through a temporary file and a rename: never half a file (store's)."""
     store.write_text_atomic(path, text)
-
-
-def measure_peaks(runs: list[RunSpec], pythons: dict[str, Any], env: dict[str, Any],
-                  out: Path) -> dict[tuple[str, str], dict[str, Any]]:
-    """The measured matmul peak (bench/run/peak.py, cached) of each interpreter and precision the
-    benchmark runs use (written to peaks.json); each key maps to the machine's best peak on
-    that device type and precision, with the interpreter's own under "own"."""
-    peaks: dict[tuple[str, str], dict[str, Any]] = {}
-    for spec in runs:
-        python = python_for(spec, pythons)
-        key = (str(python), spec.precision)
-        if spec.mode != "benchmark" or key in peaks or spec.family not in FAMILY_FRAMEWORK \
-                or python is None or isinstance(python, Exception):
-            continue
-        print(f"peak: {spec.family} {spec.device} {spec.precision} matmul probe ...", end=" ",
-              flush=True)
-        peak = measure_peak(spec.family, python, spec.device, spec.precision, env)
-        peaks[key] = peak
-        print(_peak_line(peak), flush=True)
-    if peaks:
-        write_json_atomic(out / "peaks.json", [{"python": k[0], **v} for k, v in peaks.items()])
-    owns = tuple(peaks.values())
-    used = {key: against_machine_best(own, key[1], owns) for key, own in peaks.items()}
-    for best in used.values():
-        own = best["own"]
-        if own.get("status") == "ok" and best.get("peak_flops") != own.get("peak_flops"):
-            print(f"peak: MFU of {own['family']} {own['precision']} runs is taken against "
-                  f"{best['peak_flops'] / 1e9:.1f} GFLOP/s, the machine's best ({best['family']}'s "
-                  f"probe, {best.get('measured_at')}); its own: {own['peak_flops'] / 1e9:.1f}",
-                  flush=True)
-    return used
-
-
-def _peak_line(peak: dict[str, Any]) -> str:
-    """The probe's figure as the terminal shows it: cached, or why it was not kept."""
-    if peak["status"] != "ok":
-        return f"{peak['status']}: {peak.get('reason')}"
-    note = (" (cached)" if peak["cached"] else
-            f" (not cached: {peak['not_cached']})" if peak.get("not_cached") else "")
-    return f"{peak['peak_flops'] / 1e9:.1f} GFLOP/s{note}"
 
 
 def run_and_print(spec: RunSpec, tag: str, ctx: RunContext, out: Path,
