@@ -7,7 +7,6 @@ seeds distinct per repeat in the plan, and a shared seed flagged."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -167,5 +166,5 @@ def test_each_repeat_gets_the_recipe_seed_plus_its_number(tmp_path: Path,
     runs = expand(cfg, "s")
     seeds = {(r.num_devices, r.repeat): r.converge["seed"] for r in runs}
     assert seeds == {(n, r): 7 + r for n in (1, 2) for r in range(3)}
-    extra = another_repeat(replace(runs[-1]), 5)
+    extra = another_repeat(runs[-1], 5)  # repeat 2, seed 9
     assert extra.converge["seed"] == 12 and extra.run_id.endswith("__r5")
