@@ -140,3 +140,16 @@ def test_the_records_hold_the_recipe_and_curve(folder: Path) -> None:
         assert recipe["peak_lr"] == pytest.approx(0.01 * rec["global_batch_size"] / 32)
         assert [p["epoch"] for p in rec["curve"]] == list(range(1, len(rec["curve"]) + 1))
         assert json.dumps(rec["curve"])  # plain JSON
+
+
+def test_records_from_before_distinct_seeds_are_flagged_and_2_runs_are_not_tested(
+        folder: Path) -> None:
+    """The golden sweep's 2 repeats both trained with seed 0 (before repeat r got seed + r):
+    every row is flagged SEEDS-REPEAT, and 2 runs against 2 cannot reach p <= 0.05, which the
+    line under the table says instead of a verdict."""
+    rows = converge_rows(load_records(folder))
+    assert all(r["seeds"] == [0, 0] and "SEEDS-REPEAT" in r["flags"] for r in rows)
+    assert not any("MORE-EPOCHS" in r["flags"] for r in rows)
+    text = "\n".join(table_lines(rows))
+    assert ("epochs to target, torch_ddp 2 vcpu: 3,3 vs 1 device's 3,3: too few runs to test "
+            "at 0.05") in text

@@ -12,6 +12,16 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bench.analysis.converge_score import (
+    MEDIAN,
+    MORE_EPOCHS,
+    SEEDS_REPEAT,
+    energy_to_target,
+    epochs_needed,
+    more_epochs_test,
+    run_seed,
+    score,
+)
 from bench.records.grouping import runner_label
 
 
@@ -47,57 +57,89 @@ def interval(values: list[Any]) -> tuple[float, float, str] | None:
 def converge_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per configuration and device count: the seed-form table. Time per epoch,
     total time (to the target, else of all epochs), final and best accuracy, epochs, time to
-    target with its interval over repeats, speed-up of the total time over the same
-    configuration's 1-device row."""
+    target scored over repeats (bench/analysis/converge_score.py: MLPerf's mean of N-2 from 5
+    runs, else the median with its interval), energy to target, seeds, speed-up of the time
+    to target over the same configuration's 1-device row and the test of its epochs."""
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for rec in converge_records(records):
         key = (runner_label(rec), rec.get("model"), rec.get("precision"),
                rec.get("batch_size_per_device"), rec.get("num_nodes") or 1,
                rec.get("num_devices"))
         groups.setdefault(key, []).append(rec)
-    rows = []
-    for (runner, model, precision, batch, nodes, devices), recs in groups.items():
-        ok = [r for r in recs if r.get("status") == "ok"]
-        judged = ok or [r for r in recs if r.get("curve")]
-        reached = [r["time_to_target_s"] for r in ok
-                   if isinstance(r.get("time_to_target_s"), (int, float))]
-        totals = [r.get("time_to_target_s") or r.get("converge_time_s") for r in judged]
-        rows.append({
-            "runner": runner, "model": model, "precision": precision,
-            "batch_size_per_device": batch, "num_nodes": nodes, "num_devices": devices,
-            "global_batch_size": recs[0].get("global_batch_size"),
-            "virtual_devices": recs[0].get("virtual_devices"),
-            "runs": len(recs), "runs_ok": len(ok), "runs_reached": len(reached),
-            "status": "ok" if ok else ",".join(sorted({str(r.get("status")) for r in recs})),
-            "reason": None if ok else next((r.get("reason") for r in recs
-                                            if r.get("reason")), None),
-            "epoch_time_s": _median([_epoch_time(r) for r in judged]),
-            "epochs": _median([r.get("epochs_run") for r in judged]),
-            "total_time_s": _median(totals),
-            "time_to_target_s": _median(reached),
-            "time_to_target_interval": interval(reached),
-            "epochs_to_target": _median([r.get("epochs_to_target") for r in ok]),
-            "final_accuracy": _median([r.get("final_accuracy") for r in judged]),
-            "best_accuracy": _median([r.get("best_accuracy") for r in judged]),
-            "images_per_sec": _median([r.get("images_per_sec") for r in judged]),
-            "target_reason": next((r.get("target_reason") for r in judged
-                                   if r.get("target_reason")), None),
-            "recipe": (recs[0].get("result") or {}).get("converge") or recs[0].get("converge"),
-        })
+    rows = [_row(key, recs) for key, recs in groups.items()]
+    _against_one_device(rows)
+    rows.sort(key=lambda r: (str(r["model"]), str(r["runner"]), r["num_nodes"],
+                             r["num_devices"] or 0))
+    return rows
+
+
+def _row(key: tuple[Any, ...], recs: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """A configuration's row from its records (repeats in run order)."""
+    runner, model, precision, batch, nodes, devices = key
+    recs = sorted(recs, key=lambda r: r.get("repeat") or 0)
+    ok = [r for r in recs if r.get("status") == "ok"]
+    judged = ok or [r for r in recs if r.get("curve")]
+    times = [r.get("time_to_target_s") if isinstance(r.get("time_to_target_s"), (int, float))
+             else None for r in ok]
+    reached = [t for t in times if t is not None]
+    headline = score(times)
+    energy, energy_why = energy_to_target(ok, headline)
+    recipe = (recs[0].get("result") or {}).get("converge") or recs[0].get("converge") or {}
+    seeds = [run_seed(r) for r in recs]
+    if isinstance(seeds[0], int):  # the config's seed: the first run's less its repeat
+        recipe = {**recipe, "seed": (seeds[0] - (recs[0].get("repeat") or 0)) % 2**32}
+    return {
+        "runner": runner, "model": model, "precision": precision,
+        "batch_size_per_device": batch, "num_nodes": nodes, "num_devices": devices,
+        "global_batch_size": recs[0].get("global_batch_size"),
+        "virtual_devices": recs[0].get("virtual_devices"),
+        "runs": len(recs), "runs_ok": len(ok), "runs_reached": len(reached),
+        "status": "ok" if ok else ",".join(sorted({str(r.get("status")) for r in recs})),
+        "reason": None if ok else next((r.get("reason") for r in recs if r.get("reason")),
+                                       None),
+        "epoch_time_s": _median([_epoch_time(r) for r in judged]),
+        "epochs": _median([r.get("epochs_run") for r in judged]),
+        "total_time_s": _median([r.get("time_to_target_s") or r.get("converge_time_s")
+                                 for r in judged]),
+        "time_to_target_s": headline.value,
+        "time_to_target_score": headline.words(),
+        "time_to_target_interval": interval(reached) if headline.kind == MEDIAN else None,
+        "time_to_target_runs": times,
+        "energy_to_target_j": energy, "energy_to_target": energy_why,
+        "epochs_to_target": _median([r.get("epochs_to_target") for r in ok]),
+        "epochs_needed": (epochs_needed(ok, recipe["max_epochs"])
+                          if recipe.get("target_accuracy") is not None else None),
+        "seeds": seeds,
+        "final_accuracy": _median([r.get("final_accuracy") for r in judged]),
+        "best_accuracy": _median([r.get("best_accuracy") for r in judged]),
+        "images_per_sec": _median([r.get("images_per_sec") for r in judged]),
+        "target_reason": next((r.get("target_reason") for r in judged
+                               if r.get("target_reason")), None),
+        "recipe": recipe or None,
+        "flags": [SEEDS_REPEAT] if len(set(map(str, seeds))) < len(seeds) else [],
+    }
+
+
+def _against_one_device(rows: list[dict[str, Any]]) -> None:
+    """Each row against the same configuration's 1-device row: the speed-up of its time to
+    target (of its total where no target is set; none where either missed the target), and,
+    for more than 1 device, the one-sided test of its epochs to target (flag MORE_EPOCHS)."""
     base = {(r["runner"], r["model"], r["precision"], r["batch_size_per_device"]): r
             for r in rows if r["num_devices"] == 1 and r["num_nodes"] == 1}
     for row in rows:
         one = base.get((row["runner"], row["model"], row["precision"],
                         row["batch_size_per_device"]))
-        # to accuracy: both reached the target (or neither had one); a run that stopped at
-        # max_epochs short of it has no time to accuracy to compare
-        comparable = one and one["total_time_s"] and row["total_time_s"] and (
-            (row["time_to_target_s"] and one["time_to_target_s"])
-            or not (row["recipe"] or {}).get("target_accuracy"))
-        row["speedup"] = one["total_time_s"] / row["total_time_s"] if comparable else None
-    rows.sort(key=lambda r: (str(r["model"]), str(r["runner"]), r["num_nodes"],
-                             r["num_devices"] or 0))
-    return rows
+        has_target = (row["recipe"] or {}).get("target_accuracy") is not None
+        mine, theirs = (("time_to_target_s", "time_to_target_s") if has_target
+                        else ("total_time_s", "total_time_s"))
+        row["speedup"] = (one[theirs] / row[mine] if one and one[theirs] and row[mine]
+                          else None)
+        row["epochs_test"] = None
+        if one is not None and one is not row and row["epochs_needed"] \
+                and one["epochs_needed"]:
+            row["epochs_test"] = more_epochs_test(row["epochs_needed"], one["epochs_needed"])
+            if row["epochs_test"]["more"]:
+                row["flags"].append(MORE_EPOCHS)
 
 
 def clock(seconds: float | None) -> str:
@@ -171,19 +213,25 @@ def explain_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def time_to_target_words(records: list[Mapping[str, Any]]) -> str | None:
-    """One side of a comparison in words: its median time to target with the interval over
-    repeats (range or bootstrap, named), how many runs reached it, the median final accuracy;
-    None for records that are not mode converge."""
+    """One side of a comparison in words: its time to target scored as the table scores it
+    (MLPerf's mean of N-2 from 5 runs, else the median with its interval, named), how many
+    runs reached it, the median final accuracy; None for records that are not mode converge."""
     recs = converge_records(records)
     if not recs:
         return None
     ok = [r for r in recs if r.get("status") == "ok"]
-    reached = [r["time_to_target_s"] for r in ok
-               if isinstance(r.get("time_to_target_s"), (int, float))]
-    spread = interval(reached)
+    times = [r.get("time_to_target_s") if isinstance(r.get("time_to_target_s"), (int, float))
+             else None for r in ok]
+    reached = [t for t in times if t is not None]
+    headline = score(times)
+    spread = interval(reached) if headline.kind == MEDIAN else None
     final = _median([r.get("final_accuracy") for r in ok])
-    head = (f"to target {clock(_median(reached))}"
-            + (f" ({spread[2]} {clock(spread[0])}-{clock(spread[1])})" if spread else "")
-            if reached else "target not reached")
+    if headline.value is None:
+        head = "target not reached" + (f" ({headline.why})" if reached else "")
+    elif headline.kind == MEDIAN:  # as before MLPerf's rule: the median, its interval
+        head = f"to target {clock(headline.value)}" + (
+            f" ({spread[2]} {clock(spread[0])}-{clock(spread[1])})" if spread else "")
+    else:
+        head = f"to target {clock(headline.value)} ({headline.words()})"
     return (f"{head}, {len(reached)}/{len(recs)} runs reached it"
             + (f", final accuracy {final:.1%}" if final is not None else ""))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -272,9 +272,17 @@ def expand_converge(cfg: SweepConfig, sweep_id: str) -> list[RunSpec]:
         cell = Cell(runner, model, nodes * per_node, batch, precision=precision, repeat=repeat,
                     data="real", dataset=dataset, nodes=nodes, options=opts, variant=variant)
         run = _benchmark_run(cfg, sweep_id, cell)
-        runs.append(replace(run, mode="converge", converge=dict(cfg.converge),
+        runs.append(replace(run, mode="converge", converge=repeat_recipe(cfg.converge, repeat),
                             run_id=make_run_id(cell, cfg.scaling, mode="converge")))
     return runs
+
+
+def repeat_recipe(recipe: Mapping[str, Any], repeat: int) -> dict[str, Any]:
+    """The converge recipe of repeat `repeat`: its seed the recipe's plus the repeat, so that
+    repeats differ in initial weights, batch order and augmentation (MLPerf: seeds differ
+    between runs) while the configurations of one repeat share theirs; modulo 2^32, the
+    config's bound."""
+    return {**recipe, "seed": (recipe["seed"] + repeat) % 2**32}
 
 
 CAPACITY_PREFIX = "capacity__"
@@ -354,5 +362,8 @@ def config_id(run_id: str) -> str:
 
 
 def another_repeat(spec: RunSpec, repeat: int) -> RunSpec:
-    """The same run as spec, as repeat number `repeat` (an extra until_stable run)."""
-    return replace(spec, repeat=repeat, run_id=f"{config_id(spec.run_id)}__r{repeat}")
+    """The same run as spec, as repeat number `repeat` (an extra until_stable run; a converge
+    run's seed moves with its repeat, as repeat_recipe gives it)."""
+    converge = spec.converge and repeat_recipe(spec.converge, repeat - spec.repeat)
+    return replace(spec, repeat=repeat, run_id=f"{config_id(spec.run_id)}__r{repeat}",
+                   converge=converge)

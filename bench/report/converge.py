@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.analysis.converge import clock, converge_records
+from bench.analysis.converge_score import MORE_EPOCHS, SEEDS_REPEAT, epochs_test_words
 from bench.plotting import save_figure, series_style, virtual_note
 from bench.records.grouping import runner_label
 from bench.records.store import atomic_file
@@ -37,7 +38,7 @@ def recipe_line(recipe: Mapping[str, Any]) -> str:
     decay = (f", weight decay {recipe['weight_decay']:g}" if recipe["weight_decay"] else "")
     return (f"{stop}; {recipe['optimizer']} momentum {recipe['momentum']:g}{decay}, {lr}"
             f"{warm}, schedule {schedule}; last batch {recipe['last_batch']}; augmentation "
-            f"{recipe['augmentation']}; seed {recipe['seed']}")
+            f"{recipe['augmentation']}; seed {recipe['seed']} + the repeat's number")
 
 
 def _devices(row: Mapping[str, Any]) -> str:
@@ -58,27 +59,20 @@ def published_rows(models: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The seed-form table as text (the terminal and `report`)."""
+    """The seed-form table as text (the terminal and `report`), the lines under it: the
+    recipe, how time to target is scored, targets not reached, epochs against 1 device,
+    seeds, energy."""
     if not rows:
         return []
     head = ("runner", "model", "devices", "batch", "s/epoch", "epochs", "total", "to target",
-            "final acc", "speedup", "status")
-    body = []
-    for r in rows:
-        interval = r["time_to_target_interval"]
-        to_target = clock(r["time_to_target_s"]) + (
-            f" ({interval[2]} {clock(interval[0])}-{clock(interval[1])})" if interval else "")
-        body.append((r["runner"], str(r["model"]), _devices(r),
-                     f"{r['batch_size_per_device']}/dev", _num(r["epoch_time_s"], ".1f"),
-                     _num(r["epochs"], ".0f"), clock(r["total_time_s"]), to_target,
-                     _num(r["final_accuracy"], ".1%"), _num(r["speedup"], ".2f", "x"),
-                     r["status"] + (f" ({r['reason']})" if r["reason"] else "")))
+            "energy", "final acc", "speedup", "status", "flags")
+    body = [_table_row(r) for r in rows]
     for p in published_rows({r["model"] for r in rows}):
         body.append((f"published: {p['source_short']}", str(p["model"]),
                      f"{p['gpus']} {p.get('gpu') or 'gpu'}", f"{p.get('batch_per_gpu')}/dev",
                      _num(p.get("epoch_time_s"), ".0f"), _num(p.get("epochs"), ".0f"),
-                     clock(p.get("total_time_s")), "-",
-                     _num(p.get("final_accuracy"), ".1%"), "-", "published"))
+                     clock(p.get("total_time_s")), "-", "-",
+                     _num(p.get("final_accuracy"), ".1%"), "-", "published", ""))
     widths = [max(len(x[i]) for x in (head, *body)) for i in range(len(head))]
     lines = ["time to accuracy (mode converge; total: to the target, else all epochs, "
              "evaluations included):",
@@ -88,15 +82,68 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
               for x in body]
     recipes = {recipe_line(r["recipe"]) for r in rows if r.get("recipe")}
     lines += [f"recipe: {line}" for line in sorted(recipes)]
+    lines.append(SCORE_RULE)
     reasons = sorted({f"{r['runner']} {_devices(r)}: {r['target_reason']}" for r in rows
                       if r["target_reason"] and not r["time_to_target_s"]
                       and (r.get("recipe") or {}).get("target_accuracy") is not None})
     lines += [f"not reached: {line}" for line in reasons]
+    return lines + _under_table(rows)
+
+
+SCORE_RULE = ("to target: from 5 runs the MLPerf mean of N-2 (fastest and slowest dropped; "
+              "one run short of the target counts as the slowest, two or more leave no "
+              "score), fewer runs the median with its interval (docs/CONVERGENCE.md)")
+
+
+def _table_row(r: Mapping[str, Any]) -> tuple[str, ...]:
+    interval = r["time_to_target_interval"]
+    to_target = clock(r["time_to_target_s"])
+    if interval:
+        to_target += f" ({interval[2]} {clock(interval[0])}-{clock(interval[1])})"
+    elif r["time_to_target_s"] is not None and r["time_to_target_score"].startswith("MLPerf"):
+        to_target += f" ({r['time_to_target_score'].split(',')[0]})"
+    return (r["runner"], str(r["model"]), _devices(r), f"{r['batch_size_per_device']}/dev",
+            _num(r["epoch_time_s"], ".1f"), _num(r["epochs"], ".0f"),
+            clock(r["total_time_s"]), to_target, _num(r["energy_to_target_j"], ".0f", " J"),
+            _num(r["final_accuracy"], ".1%"), _num(r["speedup"], ".2f", "x"),
+            r["status"] + (f" ({r['reason']})" if r["reason"] else ""), ",".join(r["flags"]))
+
+
+def _under_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Each N-device row's epochs to target against 1 device's (the test, its verdict),
+    the seeds of every row's runs, and energy to target where it was not measured."""
+    lines = [f"epochs to target, {r['runner']} {_devices(r)}: "
+             f"{epochs_test_words(r['epochs_test'])}" for r in rows if r.get("epochs_test")]
+    if any(r.get("epochs_test") for r in rows):
+        max_epochs = {(r.get("recipe") or {}).get("max_epochs") for r in rows} - {None}
+        lines.append("  (a run short of the target counts as max_epochs + 1 = "
+                     f"{', '.join(str(m + 1) for m in sorted(max_epochs))} epochs; flag "
+                     f"{MORE_EPOCHS}: significantly more epochs than on 1 device)")
+    seeds = {",".join(map(str, r["seeds"])) for r in rows}
+    if len(seeds) == 1:
+        lines.append(f"seeds of the runs (each record's result.converge.seed): {seeds.pop()}"
+                     " in every configuration")
+    else:
+        lines += [f"seeds, {r['runner']} {_devices(r)}: {','.join(map(str, r['seeds']))}"
+                  for r in rows]
+    shared = [f"{r['runner']} {_devices(r)}" for r in rows if SEEDS_REPEAT in r["flags"]]
+    if shared:
+        lines.append(f"{SEEDS_REPEAT}: runs of one configuration share a seed, so its repeats "
+                     f"are not independent: {', '.join(shared)}")
+    missing = sorted({r["energy_to_target"] for r in rows if r["energy_to_target_j"] is None
+                      and r["energy_to_target"].startswith("not measured")})
+    lines += [f"energy to target: {why}" for why in missing]
     return lines
 
 
 def _num(value: Any, spec: str, suffix: str = "") -> str:
     return f"{value:{spec}}{suffix}" if isinstance(value, (int, float)) else "-"
+
+
+def _cell(value: Any) -> Any:
+    """A list as its items joined by ';' (seeds, runs' times), else the value."""
+    return ";".join("" if v is None else str(v) for v in value) if isinstance(value, list) \
+        else value
 
 
 def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
@@ -106,15 +153,17 @@ def write_csv(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     if not rows:
         return None
     path = out / CSV_NAME
-    fields = [k for k in rows[0] if k not in ("recipe", "time_to_target_interval")]
+    fields = [k for k in rows[0] if k not in ("recipe", "time_to_target_interval",
+                                              "epochs_test")]
     fields += ["time_to_target_low_s", "time_to_target_high_s", "time_to_target_interval",
-               "recipe"]
+               "more_epochs_p", "recipe"]
     with atomic_file(path, newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for r in rows:
             interval = r["time_to_target_interval"] or (None, None, None)
-            writer.writerow({**{k: r[k] for k in fields if k in r},
+            writer.writerow({**{k: _cell(r[k]) for k in fields if k in r},
+                             "more_epochs_p": (r["epochs_test"] or {}).get("p"),
                              "time_to_target_low_s": interval[0],
                              "time_to_target_high_s": interval[1],
                              "time_to_target_interval": interval[2],

@@ -169,7 +169,8 @@ class Converge(_Section):
                             "shift-flip (seed 004's shifts up to 10% and horizontal flips)"),
                             Says(", ".join(CONVERGE_AUGMENTATIONS))] = "none"
     seed: Annotated[Seed, Field(description="the batches' order and "
-                    "augmentation, and the model's initial weights")] = 0
+                    "augmentation, and the model's initial weights; repeat r runs with "
+                    "seed + r (modulo 2^32), so repeats differ")] = 0
 
 
 class ModelInput(_Section):
