@@ -84,10 +84,6 @@ def ds_config(spec: Spec, micro_batch: int, stage: int) -> dict[str, Any]:
     return config
 
 
-# where the gradients were read: stage 3 after backward, stage 1/2 as its reduction began
-GRADS_READ = {False: "torch.zero_grads_averaged", True: "torch.zero_grads_at_reduction"}
-
-
 class Engine:
     """deepspeed.initialize over `net` and a torch SGD, and the one step function of both modes
     (forward, engine.backward, engine.step); `last` keeps the step's batch for the state
@@ -272,8 +268,11 @@ class Engine:
         master = ("plus the fp32 master partition (single_partition_of_fp32_groups"
                   if self.stage < 3 else "plus the fp32 master partition "
                   "(fp32_partitioned_groups_flat") + ", a copy the optimizer holds)"
+        # stage 1/2 read as the reduction began, stage 3 after backward
+        grads_read = (code("torch.zero_grads_at_reduction") if self.held is not None
+                      else code("torch.zero_grads_averaged"))
         source = (f"DeepSpeed ZeRO stage {self.stage}; {code('torch.zero_read_before_step')}; "
-                  f"params: {what}; {code(GRADS_READ[self.held is not None])}; optimizer: "
+                  f"params: {what}; {grads_read}; optimizer: "
                   "optimizer.state of this rank's partition (SGD momentum) "
                   + (master if self.master_is_copy() else "(the master is the parameters' "
                      "own partition, counted under params)")
