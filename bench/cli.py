@@ -84,7 +84,7 @@ COMMANDS: dict[str, tuple[str, str | None]] = {
                      "list, all holding the same re-encoded bytes"),
     "compare": ("judge sweep NEW against BASE; exit 1 on a regression",
                 "NEW against BASE, configuration by configuration: images/sec ratio with its "
-                "interval (the range with 2 repeats a side, else a 95%% bootstrap CI); exit 1 "
+                "interval (the range with 2 repeats a side, else a 95% bootstrap CI); exit 1 "
                 "on a significant regression"),
     "predict": ("scaling at N devices from the 1-device step and a bandwidth",
                 "Step time, images/sec and scaling efficiency at N devices from the 1-device "
@@ -323,6 +323,8 @@ def not_a_command(word: str) -> str:
     from bench.plan.config import show_value
 
     close = difflib.get_close_matches(word, COMMANDS, n=1)
+    if word.endswith((".yaml", ".yml")) or Path(word).is_file():  # a sweep file without --config
+        close = [f"--config {word}"]
     return (f"{show_value(word)} is not a command; allowed: {', '.join(COMMANDS)}"
             f"{f' (did you mean {close[0]}?)' if close else ''}")
 
@@ -556,6 +558,9 @@ def converge_text(records: list[dict[str, Any]]) -> str | None:
 def cmd_report(results_dir: Path) -> int:
     from bench.records.store import one_scan
 
+    if not results_dir.exists():
+        raise ConfigError(f"report: {str(results_dir)!r} does not exist; allowed: a results "
+                          "folder written by a sweep")
     if not ((results_dir / "runs").is_dir() or (results_dir / "capacity").is_dir()):
         raise ConfigError(f"report: {str(results_dir)!r} has no runs/ folder (nor a "
                           "capacity/ one); "

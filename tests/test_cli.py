@@ -163,6 +163,17 @@ def test_setup_unknown_family_is_exit_2() -> None:
 def test_report_on_a_folder_without_runs_is_exit_2(tmp_path: Path) -> None:
     proc = run_cli("report", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "has no runs/ folder" in proc.stderr
+    # a path that is not there is said as compare says it (issue 42, item 8)
+    proc = run_cli("report", str(tmp_path / "no" / "such"), timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: report: {str(tmp_path / 'no' / 'such')!r} does not exist; allowed: a results "
+        "folder written by a sweep"), proc.stderr
+
+
+def test_compare_help_says_95_percent_once() -> None:
+    """Issue 42, item 7: the description is printed as written (no %-formatting): 95%."""
+    proc = run_cli("compare", "--help", timeout=60)
+    assert "95% bootstrap" in proc.stdout and "%%" not in proc.stdout, proc.stdout
 
 
 def test_keras_cntk_is_listed_and_recorded_unavailable(

@@ -276,6 +276,17 @@ def test_same_environment_warns_of_nothing(tmp_path: Path,
     assert "none in GPUs" in (new / "compare.md").read_text()
 
 
+def test_a_folder_compared_with_itself_is_said(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42, item 7: `compare DIR DIR` says every ratio is 1 by construction."""
+    base = folder(tmp_path / "base", repeats([100, 101], 1))
+    _, _, err = run(capsys, str(base), str(base))
+    assert f"note: BASE and NEW are the same folder ({base})" in err
+    other = folder(tmp_path / "new", repeats([100, 101], 1))
+    _, _, err = run(capsys, str(base), str(other))
+    assert "same folder" not in err
+
+
 def test_a_run_that_never_loaded_its_framework_is_no_version_difference(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = folder(tmp_path / "base", repeats([100, 101], 1))

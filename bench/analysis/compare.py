@@ -661,6 +661,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Compare, print, write compare.md and compare.png; 1 on a regression, else 0."""
     for line in damage_lines(args.base, args.new):
         print(line, file=sys.stderr)
+    if Path(args.base).resolve() == Path(args.new).resolve():
+        print(f"note: BASE and NEW are the same folder ({args.base}): every ratio is 1 by "
+              "construction", file=sys.stderr)
     cmp = compare(args.base, args.new, args.threshold)
     out = out_folder(args.out, args.new)
     print(format_terminal(cmp))
