@@ -5,8 +5,10 @@ level.
 
 Differs from the originals: `chunked` follows torchtune's CEWithChunkedOutputLoss (chunks
 along the sequence, each upcast to float32, summed cross-entropy over the token count; no
-ignore_index) in JAX: jnp.array_split of the model's whole logits, each chunk's loss under
-jax.checkpoint so that XLA keeps no chunk's float32 copy for backward (it recomputes it there).
+ignore_index) in JAX, over blocks of the flattened (batch x sequence) positions where torchtune
+splits the sequence (each of its chunks has every row; a split of the sequence would need a
+transposed copy of the logits for jax.lax.map), each block's loss under jax.checkpoint so that
+XLA keeps no block's float32 copy for backward.
 Liger's fused linear-cross-entropy (a Triton GPU kernel) is not reproduced."""
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from typing import Any
 from contract import cross_entropy as ce
 
 SOURCE = ("jax.make_jaxpr of the step's loss on the logits' shape and dtype (traced with the "
-          "step): the dtype of each `exp` over the vocabulary axis, the checkpoint calls")
+          "step): the dtype of each `exp` over the vocabulary axis, the checkpoint calls, "
+          "lax.map's blocks")
 
 
 def token_loss(logits: Any, labels: Any, option: str = "float32") -> Any:
     """Mean cross-entropy (optax.softmax_cross_entropy_with_integer_labels) over every row, or
     every position of next-token logits as `option` says; 2-D logits on float32 whatever it."""
-    import jax
     import jax.numpy as jnp
     import optax
 
@@ -33,26 +35,45 @@ def token_loss(logits: Any, labels: Any, option: str = "float32") -> Any:
     if option == "bf16_logits":
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
+    return chunked(logits, labels)
+
+
+def chunked(logits: Any, labels: Any) -> Any:
+    """torchtune's chunked cross-entropy in JAX: the (batch x sequence) positions in
+    gcd(CHUNKS, positions) equal blocks (a reshape, no copy), jax.lax.map over them, each
+    block's float32 loss summed under jax.checkpoint (recomputed in backward, so no block's
+    float32 copy is kept for it); the sum over the positions."""
+    import math
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    positions = labels.size
+    chunks = math.gcd(ce.CHUNKS, positions)
+
     @jax.checkpoint
-    def chunk_sum(part: Any, targets: Any) -> Any:
+    def block_sum(block: tuple[Any, Any]) -> Any:
+        part, targets = block
         return optax.softmax_cross_entropy_with_integer_labels(
             part.astype(jnp.float32), targets).sum()
 
-    pairs = zip(jnp.array_split(logits, ce.CHUNKS, axis=1),
-                jnp.array_split(labels, ce.CHUNKS, axis=1), strict=True)
-    return sum(chunk_sum(part, targets) for part, targets in pairs) / labels.size
+    blocks = (logits.reshape(chunks, positions // chunks, logits.shape[-1]),
+              labels.reshape(chunks, positions // chunks))
+    return jax.lax.map(block_sum, blocks).sum() / positions
 
 
 def traced(jaxpr: Any, vocab: int) -> dict[str, Any]:
     """Of a jaxpr and the jaxprs inside it: the dtypes of `exp` on arrays whose last axis is
-    `vocab`, and the count of checkpoint (remat) calls."""
+    `vocab`, the count of checkpoint (remat) calls and the blocks a scan (lax.map) steps over."""
     dtypes: list[str] = []
-    remat = 0
+    remat, blocks = 0, 1
     stack = [jaxpr]
     while stack:
         for eqn in stack.pop().eqns:
             name = eqn.primitive.name
             remat += name in ("checkpoint", "remat", "remat2")
+            blocks = eqn.params["length"] if name == "scan" else blocks
             shape = getattr(eqn.outvars[0].aval, "shape", ())
             if name == "exp" and shape and shape[-1] == vocab:
                 dtypes.append(str(eqn.outvars[0].aval.dtype))
@@ -61,7 +82,7 @@ def traced(jaxpr: Any, vocab: int) -> dict[str, Any]:
                 if hasattr(inner, "eqns"):
                     stack.append(inner)
     return {"computed_in": sorted(set(dtypes)), "vocab_exp_ops": len(dtypes),
-            "checkpoint_calls": remat}
+            "checkpoint_calls": remat, "chunks": blocks}
 
 
 @dataclass
@@ -87,6 +108,5 @@ class CrossEntropy:
         read = dict(self.read)
         ran, note = ce.applied(self.option, read.pop("logits_dim"), read["logits_dtype"])
         return {"cross_entropy": {
-            "option": self.option, "applied": ran,
-            "chunks": ce.CHUNKS if ran == "chunked" else 1, **read, "source": SOURCE,
+            "option": self.option, "applied": ran, **read, "source": SOURCE,
             **({"note": note} if note else {})}}
