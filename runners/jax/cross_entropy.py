@@ -104,7 +104,10 @@ class CrossEntropy:
 
     def record(self) -> dict[str, Any]:
         """The record's `cross_entropy`: the option, what ran (contract.cross_entropy.applied)
-        and what the traced loss says."""
+        and what the traced loss says; applied None where no step traced it."""
+        if not self.read:
+            return {"cross_entropy": {"option": self.option, "applied": None,
+                                      "note": "no step traced the loss"}}
         read = dict(self.read)
         ran, note = ce.applied(self.option, read.pop("logits_dim"), read["logits_dtype"])
         return {"cross_entropy": {

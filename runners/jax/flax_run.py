@@ -296,10 +296,10 @@ def equivalence(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
     xs = jax.make_array_from_process_local_data(batch, x, x.shape)
     ys = jax.make_array_from_process_local_data(batch, y, y.shape)
     batchnorm = layout.batchnorm(spec)
-    loss = CrossEntropy(spec.options.get("cross_entropy", "float32"))
+    entropy = CrossEntropy(spec.options.get("cross_entropy", "float32"))
     step, collectives = flax_step.compile_step(flax_step.make_train_step(
         state_sharding, batch, batchnorm, grads_sharding=layout.grads_sharding(state_sharding),
-        loss_of=loss), state, xs, ys)
+        loss_of=entropy), state, xs, ys)
     state, loss = step(state, xs, ys)
     finite(loss.block_until_ready())
     params = state.params
@@ -317,7 +317,7 @@ def equivalence(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
                  "batchnorm": batchnorm, "collectives": collectives,
                  "placement": common.all_placement(common.placement(xs)),
                  "placement_source": PLACEMENT_SOURCE},
-                loss_record(spec, loss), common.close_multihost(spec))
+                loss_record(spec, entropy), common.close_multihost(spec))
 
 
 def loss_record(spec: Spec, loss: CrossEntropy | None) -> dict[str, Any]:
