@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import cross_entropy as ce
+from contract.reasons import code
 
-SOURCE = ("jax.make_jaxpr of the step's loss on the logits' shape and dtype (traced with the "
-          "step): the dtype of each `exp` over the vocabulary axis, the checkpoint calls, "
-          "lax.map's blocks")
+SOURCE = code("jax.cross_entropy_jaxpr")
 
 
 def token_loss(logits: Any, labels: Any, option: str = "float32") -> Any:

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from contract import cross_entropy as ce
+from contract.reasons import code
 
 GRAPH_NODES = 256  # the autograd nodes walked from the loss, at most, looking for log-softmax
-SOURCE = ("the dtype of each LogSoftmaxBackward0 node's saved result (the log-softmax the "
-          "loss took) in the first step's autograd graph")
+SOURCE = code("torch.log_softmax_dtype")
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor, option: str) -> torch.Tensor:
