@@ -35,6 +35,10 @@ SENTENCES: dict[str, str] = {
     "jax.compiled_memory_source": (
         "jax: memory_analysis() of the timed step's compiled executable (XLA's buffer "
         "assignment of one device's program), read after the window"),
+    "jax.cross_entropy_jaxpr": (
+        "jax.make_jaxpr of the step's loss on the logits' shape and dtype (traced with the "
+        "step): the dtype of each exp over the vocabulary axis, the checkpoint calls, "
+        "lax.map's blocks"),
     "jax.xla_attention": (
         "no cuDNN fused-attention custom call (__cudnn$fmha*) in the compiled step: attention, "
         "where the model has any, is XLA's own ops"),
@@ -369,6 +373,9 @@ SENTENCES: dict[str, str] = {
     "torch.keras_sgd_cross_entropy": (
         "torch.optim.SGD + torch.nn.functional.cross_entropy on the float32 logits (every "
         "position of a token model's), model(x, training=True)"),
+    "torch.log_softmax_dtype": (
+        "the dtype of each LogSoftmaxBackward0 node's saved result (the log-softmax the loss "
+        "took) in the first step's autograd graph"),
     "torch.rank_loss": (
         "global mean cross-entropy of each step's batch (each rank's summed cross-entropy x world"
         " / the global batch's rows; DDP averages the ranks' gradients)"),

@@ -335,6 +335,8 @@ EVIDENCE = (
           "unique_graphs counter)."),
     Field("compile_evidence", (OBJ,), "What TorchDynamo and Inductor report of the compile: "
           "mode, graphs, graph breaks, recompiles, DDP graph splitting, CUDA graphs."),
+    Field("cross_entropy", (OBJ,), "The cross_entropy option (torch_ddp, jax_native), what "
+          "the loss computed and the dtype it computed in, read back from the framework."),
     Field("flags", (ARR, OBJ, NUL), "The flags tf_cnn_benchmarks was run with."),
     Field("left_to_script", (OBJ, ARR, NUL), "The script's own settings left as it chose."),
     Field("batch_sharding", (STR, OBJ, NUL), "How the batch is sharded."),

@@ -270,6 +270,9 @@ def test_jax_native_transformers(transformer_sweep: dict, model: str) -> None:
     # the option at its default; the compiled step holds no cuDNN attention on CPU
     assert result["attention"] == "auto" and result["attention_custom_calls"] == 0
     assert result["attention_kernel"] == "jax.xla_attention"  # no cuDNN fused attention
+    # cross_entropy at its default: float32, read from the loss's jaxpr
+    assert result["cross_entropy"]["applied"] == "float32"
+    assert result["cross_entropy"]["computed_in"] == ["float32"]
     # XLA's memory analysis of the step that ran: the donated train state's buffers reused
     memory = result["compiled_memory"]
     assert memory["alias_bytes"] > 0 and memory["donated_buffers_reused"] is True

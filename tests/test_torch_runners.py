@@ -238,6 +238,9 @@ def test_torch_ddp_trains_the_transformers(transformer_sweep: dict, model: str) 
                                    "foreach": True, "fused": None}
     assert result["gradient_as_bucket_view"] is True
     assert result["cudnn_benchmark"]["in_effect"] is False
+    # cross_entropy at its default: float32, read back from the first step's autograd graph
+    assert result["cross_entropy"]["applied"] == "float32"
+    assert result["cross_entropy"]["computed_in"] == ["torch.float32"]
 
 
 def custom_entry(folder: Path, build: str, args: dict[str, Any], inp: dict[str, Any]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract import cross_entropy
 from contract.catalog import LOADER_OPTION, SHARDED_NO_CONVERGE, Option, RunnerInfo
 from contract.communication import DATA_PARALLEL, FSDP_PAPER, ZERO3, ZERO_PAPER, StepCollectives
 
@@ -77,8 +78,10 @@ RUNNERS: list[RunnerInfo] = [
         "jax_native",
         "runners.jax.native",
         "JAX jit with a data-parallel NamedSharding over N devices; Flax model, optax SGD",
-        options={"batchnorm": JAX_BATCHNORM_OPTION, "attention": ATTENTION_OPTION},
-        equivalence_options=({"batchnorm": "global"},),
+        options={"batchnorm": JAX_BATCHNORM_OPTION, "attention": ATTENTION_OPTION,
+                 "cross_entropy": cross_entropy.OPTION},
+        # cross_entropy: the probe's logits are 2-D, where the option does not act
+        equivalence_options=({"batchnorm": "global"}, *cross_entropy.EQUIVALENCE),
         equivalence_gpu_only=(({"attention": "cudnn"}, CUDNN_EQUIVALENCE),),
         custom_models=("jax",),
         collectives=DATA_PARALLEL,

@@ -5,7 +5,7 @@ DataLoader pipeline, as the parent knows them: names, modules, options. Framewor
 
 from __future__ import annotations
 
-from contract import catalog
+from contract import catalog, cross_entropy
 from contract import communication as comm
 from contract.catalog import DATA_FORMAT_OPTION, LOADER_OPTION, Option, RunnerInfo
 
@@ -57,16 +57,19 @@ RUNNERS: list[RunnerInfo] = [
                                               help="DDP's gradient_as_bucket_view: gradients "
                                                    "are views into the all-reduce buckets (no "
                                                    "copy)"),
+            "cross_entropy": cross_entropy.OPTION,
         },
         precisions=("fp32", "tf32", "bf16", "fp16"),  # autocast; fp16 with a GradScaler
         # backend gloo: what auto picks on CPU, so the default case runs it; the defaults'
         # case is the CPU's (channels_first, eager, foreach, bucket views)
         # compile_mode reduce-overhead: its CUDA graphs are GPU-only (Inductor skips them on
-        # CPU); here it checks the step compiled in that mode
+        # CPU); here it checks the step compiled in that mode; cross_entropy: the probe's
+        # logits are 2-D, where the option does not act (contract/cross_entropy.py)
         equivalence_options=({"compile": True},
                              {"compile": True, "compile_mode": "reduce-overhead"},
                              {"memory_format": "channels_last"},
-                             {"gradient_as_bucket_view": False}),
+                             {"gradient_as_bucket_view": False},
+                             *cross_entropy.EQUIVALENCE),
         launcher="torchrun",
         multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),

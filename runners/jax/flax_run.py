@@ -15,6 +15,7 @@ from contract.result import join
 from models import get_spec, load_builder, model_fields, spec_of
 from runners.common import Spec, Unavailable, finite, timed_loop
 from runners.jax import common, compiled_evidence, flax_step
+from runners.jax.cross_entropy import CrossEntropy
 from runners.jax.data import grain_fields
 from runners.jax.flax_step import BATCHNORM_RECORD
 from runners.jax.state import compute_dtype, precision_record, state_record
@@ -47,13 +48,16 @@ class FlaxRun:
     replicated: Any = None
     batch: Any = None
     params: int = 0
+    loss: CrossEntropy | None = None
 
     @classmethod
     def start(cls, spec: Spec, model_spec: Any) -> FlaxRun:
-        """The run's devices, its batch split over them."""
+        """The run's devices, its batch split over them, its loss (the `cross_entropy` option;
+        float32 for a runner without it)."""
         devices, described = common.setup_devices(spec)
         spec.split_batch(len(devices))
-        return cls(spec, model_spec, devices, described)
+        return cls(spec, model_spec, devices, described,
+                   loss=CrossEntropy(spec.options.get("cross_entropy", "float32")))
 
     @property
     def n(self) -> int:
@@ -101,7 +105,12 @@ class FlaxRun:
     def step(self, state_sharding: Any, batchnorm: str, layout: flax_step.Layout) -> Any:
         """The jitted train step (flax_step.make_train_step) of this run and layout."""
         return flax_step.make_train_step(state_sharding, self.batch, batchnorm, self.call,
-                                         self.cast, layout.grads_sharding(state_sharding))
+                                         self.cast, layout.grads_sharding(state_sharding),
+                                         self.loss)
+
+    def loss_record(self) -> dict[str, Any]:
+        """The loss's `cross_entropy` record, for a runner with the option ({} otherwise)."""
+        return loss_record(self.spec, self.loss)
 
     def dtype_lines(self, cast: Any) -> tuple[str, str]:
         """(the record's dtype, precision_policy's how): a built-in built with the compute
@@ -230,8 +239,10 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
         if data is not None:
             batches.close()  # the Grain workers
     # after the window, untimed: the gradients as the strategy holds them, for the state record
-    grads = flax_step.gradients_once(steps.state, *steps.first, state_sharding, run.batch, run.call,
-                           run.cast, layout.grads_sharding(state_sharding))
+    grads = flax_step.gradients_once(steps.state, *steps.first, state_sharding, run.batch,
+                                     flax_step.loss_and_grads(
+                                         run.call, run.cast, layout.grads_sharding(state_sharding),
+                                         run.loss))
     global_batch, hlo = spec.global_batch_size, step.as_text()
     return join(window.summary(global_batch, (int(steps.state.step) - steps.start) * global_batch),
                 timed_fields(run, layout, steps, data, input_record, grads),
@@ -239,7 +250,7 @@ def benchmark(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
                     batchnorm, collectives, layout.params_record(run.replicated,
                                                                  steps.state.params),
                     grads, hlo, run.cast)),
-                compiled_evidence.attention_record(hlo, run.attention),
+                compiled_evidence.attention_record(hlo, run.attention), run.loss_record(),
                 {"compiled_memory": compiled_evidence.memory_record(step)},
                 common.close_multihost(spec))
 
@@ -285,9 +296,10 @@ def equivalence(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
     xs = jax.make_array_from_process_local_data(batch, x, x.shape)
     ys = jax.make_array_from_process_local_data(batch, y, y.shape)
     batchnorm = layout.batchnorm(spec)
+    entropy = CrossEntropy(spec.options.get("cross_entropy", "float32"))
     step, collectives = flax_step.compile_step(flax_step.make_train_step(
-        state_sharding, batch, batchnorm, grads_sharding=layout.grads_sharding(state_sharding)),
-        state, xs, ys)
+        state_sharding, batch, batchnorm, grads_sharding=layout.grads_sharding(state_sharding),
+        loss_of=entropy), state, xs, ys)
     state, loss = step(state, xs, ys)
     finite(loss.block_until_ready())
     params = state.params
@@ -305,4 +317,10 @@ def equivalence(spec: Spec, layout: flax_step.Layout) -> dict[str, Any]:
                  "batchnorm": batchnorm, "collectives": collectives,
                  "placement": common.all_placement(common.placement(xs)),
                  "placement_source": PLACEMENT_SOURCE},
-                common.close_multihost(spec))
+                loss_record(spec, entropy), common.close_multihost(spec))
+
+
+def loss_record(spec: Spec, loss: CrossEntropy | None) -> dict[str, Any]:
+    """The `cross_entropy` record of a run whose runner has the option (jax_native; jax_fsdp,
+    without it, records nothing of it)."""
+    return loss.record() if loss is not None and "cross_entropy" in spec.options else {}

@@ -92,15 +92,18 @@ def cast_floats(tree: Any, dtype: Any) -> Any:
 
 
 def loss_and_grads(call: dict[str, Any] | None = None, cast: Any = None,
-                   grads_sharding: Any = None) -> Callable[..., tuple[Any, Any, Any]]:
+                   grads_sharding: Any = None, loss_of: Callable[[Any, Any], Any] | None = None
+                   ) -> Callable[..., tuple[Any, Any, Any]]:
     """The function (state, x, y, dropout key) -> (mean loss over x's rows, its gradients, the
     updated BatchNorm statistics) of make_train_step (its `call` and `cast`); the gradients
-    constrained to `grads_sharding` (a tree of the params' shape; jax_fsdp's) if given."""
+    constrained to `grads_sharding` (a tree of the params' shape; jax_fsdp's) if given; the
+    loss `loss_of(logits, y)` (default: cross_entropy.token_loss, float32)."""
     import jax
-    import jax.numpy as jnp
-    import optax
+
+    from runners.jax.cross_entropy import token_loss
 
     kwargs = {"train": True} if call is None else call
+    loss_of = token_loss if loss_of is None else loss_of
 
     def grads_and_stats(state: train_state.TrainState, x: jax.Array, y: jax.Array,
                         dropout: jax.Array) -> tuple[jax.Array, Any, Any]:
@@ -114,9 +117,7 @@ def loss_and_grads(call: dict[str, Any] | None = None, cast: Any = None,
             logits, updates = state.apply_fn(
                 {"params": params, "batch_stats": state.batch_stats}, inputs, **kwargs,
                 mutable=["batch_stats"], rngs={"dropout": dropout})
-            loss = optax.softmax_cross_entropy_with_integer_labels(
-                logits.astype(jnp.float32), y).mean()
-            return loss, updates
+            return loss_of(logits, y), updates
 
         (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         if grads_sharding is not None:
@@ -128,18 +129,20 @@ def loss_and_grads(call: dict[str, Any] | None = None, cast: Any = None,
 
 def make_train_step(state_sharding: Any, batch: Any, batchnorm: str = "per_device",
                     call: dict[str, Any] | None = None, cast: Any = None,
-                    grads_sharding: Any = None) -> Callable[..., Any]:
+                    grads_sharding: Any = None, loss_of: Callable[[Any, Any], Any] | None = None
+                    ) -> Callable[..., Any]:
     """The jitted step (state, x, y) -> (state, loss): SGD on the mean cross-entropy, BatchNorm
     statistics updated, per device under shard_map (needs a replicated state) or global under
     plain jit; the state donated and its shardings pinned. `call`: the module's training kwargs;
-    `cast`: a user's bf16 model's casts; `grads_sharding`: the gradients constrained to it."""
+    `cast`: a user's bf16 model's casts; `grads_sharding`: the gradients constrained to it;
+    `loss_of`: the loss of (logits, labels) (loss_and_grads)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     if batchnorm not in BATCHNORM_MODES:
         raise Invalid(f"batchnorm must be one of {BATCHNORM_MODES}, not {batchnorm!r}")
-    grads_and_stats = loss_and_grads(call, cast, grads_sharding)
+    grads_and_stats = loss_and_grads(call, cast, grads_sharding, loss_of)
     axis = batch.spec[0]
     scalar = NamedSharding(batch.mesh, P())
 
@@ -169,13 +172,12 @@ def make_train_step(state_sharding: Any, batch: Any, batchnorm: str = "per_devic
 
 
 def gradients_once(state: Any, x: Any, y: Any, state_sharding: Any, batch: Any,
-                   call: dict[str, Any] | None = None, cast: Any = None,
-                   grads_sharding: Any = None) -> Any:
-    """The gradients of the step's loss on (x, y) at `state`, from one untimed call of a jitted
-    function with the step's input shardings, laid out as XLA holds them (for the state record)."""
+                   grads_and_stats: Callable[..., tuple[Any, Any, Any]]) -> Any:
+    """The gradients of the step's loss (`grads_and_stats`: loss_and_grads of the step's
+    settings) on (x, y) at `state`, from one untimed call of a jitted function with the step's
+    input shardings, laid out as XLA holds them (for the state record)."""
     import jax
 
-    grads_and_stats = loss_and_grads(call, cast, grads_sharding)
 
     def grads(state: Any, x: Any, y: Any) -> Any:
         dropout = jax.random.fold_in(jax.random.key(DROPOUT_SEED), state.step)

@@ -174,7 +174,7 @@ def converge(spec: Spec) -> dict[str, Any]:
     # lines are a built-in's (cast None), as this mode has always recorded them
     return join(result, run.record(a.state, StepRecord(
         batchnorm, a.collectives, common.sharding_record(run.replicated), a.state.params, a.hlo,
-        None)), {
+        None)), run.loss_record(), {
         "framework": common.framework_versions(*VERSIONS),
         "loss_kind": "global mean cross-entropy of each step's batch, averaged over the epoch",
         "optimizer": code("jax.optax_sgd_weight_decay"),

@@ -20,6 +20,7 @@ from runners.converge import Recipe, fitting_splits
 from runners.memory import model_state_torch
 from runners.torch import dist as td
 from runners.torch.compile_evidence import compile_record
+from runners.torch.cross_entropy import CrossEntropy
 from runners.torch.equivalence import probe_equivalence
 from runners.torch.rank_converge import ConvergeModel, RankConverge, torch_bn_stats
 from runners.torch.state import AFTER_WINDOW, autocast_precision, state_bytes
@@ -51,8 +52,9 @@ def ddp_parts(spec: Spec, ranks: td.Ranks, net: nn.Module, lr: float, momentum: 
               weight_decay: float = 0.0) -> tuple[td.StepParts, dict[str, Any]]:
     """Every mode's step parts: `net` (on the rank's device) in DDP (gradients as bucket views
     when the run says so), compiled in its `compile_mode` when it says `compile`; SGD in the
-    run's `optimizer_impl` (counted); fp16's GradScaler. With what DDP and the optimizer
-    report of those settings."""
+    run's `optimizer_impl` (counted); fp16's GradScaler; the loss in the run's `cross_entropy`
+    (read back: `parts.loss.record()`). With what DDP and the optimizer report of those
+    settings."""
     ddp = td.wrap_ddp(net, ranks, spec.options["gradient_as_bucket_view"])
     compiled = spec.options["compile"]
     model: nn.Module = torch.compile(ddp, mode=spec.options["compile_mode"]) if compiled else ddp
@@ -60,7 +62,8 @@ def ddp_parts(spec: Spec, ranks: td.Ranks, net: nn.Module, lr: float, momentum: 
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum,
                                 weight_decay=weight_decay, **OPTIMIZER_IMPLS[impl])
     scaler = torch.amp.GradScaler("cuda") if spec.precision == "fp16" else None
-    parts = td.StepParts(model, td.StepCounter(optimizer), td.PlacementTracker(net), scaler)
+    parts = td.StepParts(model, td.StepCounter(optimizer), td.PlacementTracker(net), scaler,
+                         loss=CrossEntropy(spec.options["cross_entropy"]))
     model.train()
     reported = {"optimizer": {"impl": impl, "class": "torch.optim.SGD",
                               "foreach": optimizer.defaults.get("foreach"),
@@ -96,7 +99,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
     result = td.timed_steps(spec, ranks, td.sgd_step(ranks, spec.precision, parts, feed),
                          parts.counter, parts.tracker, feed)
     return td.closing(ranks, result, run_fields(spec, ranks, net, model_spec, parts, AFTER_WINDOW),
-                      cudnn, reported)
+                      cudnn, reported, parts.loss.record())
 
 
 def converge(spec: Spec) -> dict[str, Any]:
@@ -138,14 +141,17 @@ def equivalence(spec: Spec) -> dict[str, Any]:
     on its slice of the batch, resident on its device; weights saved."""
     ranks, cudnn = start(spec)
     reported: dict[str, Any] = {}
+    held: list[td.StepParts] = []
 
     def make_step(net: nn.Module, feed: td.Feed, lr: float) -> tuple[td.Step, td.StepParts]:
         parts, own = ddp_parts(spec, ranks, net, lr, 0.0)
         reported.update(own)
+        held.append(parts)
         return td.sgd_step(ranks, spec.precision, parts, feed), parts
 
     result = probe_equivalence(spec, ranks, make_step, spec.options["memory_format"])
-    return join(result, compile_record(spec.options, ranks.device), cudnn, reported)
+    return join(result, compile_record(spec.options, ranks.device), cudnn, reported,
+                held[0].loss.record())
 
 
 if __name__ == "__main__":

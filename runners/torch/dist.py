@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -24,6 +23,7 @@ from models.custom import CustomModelError, check_output, not_a_model
 from models.torch_common import count_flops_torch, count_params_torch, describe
 from runners.common import Invalid, Spec, Unavailable, finite, node_identity, timed_loop
 from runners.real_data import cores
+from runners.torch.cross_entropy import loss_of
 from runners.torch.data import LoaderConfig, Place, RealInput, SyntheticInput, rank_input
 
 MEMORY_FORMATS = {"channels_first": torch.contiguous_format, "channels_last": torch.channels_last}
@@ -374,13 +374,16 @@ def autocast(ranks: DeviceRank, precision: str, cast: bool = True
 @dataclass
 class StepParts:
     """A training step's parts: the model it calls (DDP, compiled, sharded), the counted
-    optimizer, the tracker, fp16's scaler, whether the run's autocast wraps the forward."""
+    optimizer, the tracker, fp16's scaler, whether the run's autocast wraps the forward, the
+    loss of (logits, targets) sgd_step takes (loss_of: float32 cross-entropy; torch_ddp's
+    option: cross_entropy.CrossEntropy)."""
 
     model: Callable[..., torch.Tensor]
     counter: StepCounter
     tracker: PlacementTracker
     scaler: Any = None
     cast: bool = True
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_of
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -413,7 +416,7 @@ def sgd_step(ranks: DeviceRank, precision: str, parts: StepParts, feed: Feed) ->
 
     def step() -> torch.Tensor:
         x, y = feed.next()
-        return train_on(ranks, precision, parts, x, lambda logits: loss_of(logits, y))
+        return train_on(ranks, precision, parts, x, lambda logits: parts.loss(logits, y))
 
     return step
 
@@ -440,13 +443,6 @@ def nchw(model_spec: ModelSpec) -> tuple[int, int, int]:
         return ()  # type: ignore[return-value]
     h, w, c = model_spec.input_shape
     return (c, h, w)
-
-
-def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy on float32 logits, over every position of next-token logits."""
-    if logits.dim() == 3:
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long())
-    return F.cross_entropy(logits.float(), targets)
 
 
 def model_record(net: nn.Module, model_spec: ModelSpec) -> dict[str, Any]:
