@@ -198,3 +198,34 @@ def test_no_folder_or_no_readable_record_is_a_message_in_every_cell(
     printed = run_in_process(monkeypatch, {"MGBENCH_RESULTS": "results/not-there"})
     assert printed[1] == ("MGBENCH_RESULTS=results/not-there: no such folder; allowed: a "
                           "results folder\n")
+
+
+def test_the_readmes_headless_command_keeps_the_outputs(tmp_path: Path) -> None:
+    """Issue 42, item 2: `jupyter execute` as the README gives it writes the executed notebook
+    with its outputs (without --output, jupyter execute discards them)."""
+    import re
+    import subprocess
+    import sys
+
+    pytest.importorskip("nbclient")
+    readme = (REPO / "README.md").read_text()
+    words = re.search(r"`MGBENCH_RESULTS=DIR (jupyter execute\s+notebooks/explore_results\.ipynb"
+                      r"[^`]*)`", readme)
+    assert words, "the README gives no headless jupyter execute command"
+    args = words.group(1).split()[2:]  # after `jupyter execute`
+    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)  # its output lands beside the notebook
+    results = tmp_path / "results"
+    copy_records(results, [ONE_DEVICE, TWO_DEVICES])
+    jupyter = shutil.which("jupyter") or shutil.which("jupyter",
+                                                      path=str(Path(sys.executable).parent))
+    if jupyter is None:
+        pytest.skip("no `jupyter` command on PATH (jupyter_core comes with nbclient)")
+    proc = subprocess.run(
+        [jupyter, "execute", str(tmp_path / NOTEBOOK.name), *args[1:]],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "MGBENCH_RESULTS": str(results), "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = [p for p in tmp_path.glob("*.ipynb") if p.name != NOTEBOOK.name]
+    assert len(written) == 1, (sorted(tmp_path.iterdir()), proc.stderr[-1000:])
+    cells = json.loads(written[0].read_text())["cells"]
+    assert any(c.get("outputs") for c in cells if c["cell_type"] == "code")
