@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -848,7 +849,25 @@ def report_end(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
         print(outcome.line)
     code = code or (outcome.code if outcome is not None else 0)
     print(f"exit {code}: {runs_line}" + (f"; baseline: {outcome.status}" if outcome else ""))
+    if line := timeout_next_step(records, out):
+        print(line)
     return code
+
+
+def timeout_next_step(records: list[dict[str, Any]], out: Path) -> str | None:
+    """The command that runs the timed-out runs again with twice their time, or None."""
+    timed_out = [r for r in records if r.get("status") == "timeout"]
+    if not timed_out:
+        return None
+    # the limit each ran under, as its reason says it (launch: "exceeded timeout_s=N; ...")
+    given = [float(m.group(1)) for r in timed_out
+             if (m := re.search(r"timeout_s=([0-9.]+)", str(r.get("reason"))))]
+    if not given:
+        return None
+    limit = 2 * max(given)
+    return (f"next: {len(timed_out)} run(s) timed out; run them again with more time: "
+            f"python run_bench.py --config {shlex.quote(str(out / 'config.yaml'))} --out "
+            f"{shlex.quote(str(out))} --resume --retry-failed --set timeout_s={limit:g}")
 
 
 def step_summary(out: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -74,6 +75,15 @@ def test_timeout_is_recorded_and_sweep_finishes(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr  # a timed-out run fails the sweep
     status = {r["num_devices"]: r["status"] for r in load_records(out)}
     assert status == {1: "ok", 2: "timeout"}
+    # the last line says what to do next, and that command works (issue 42, item 5)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("next: 1 run(s) timed out; run them again with more time: "
+                           "python run_bench.py --config "), last
+    assert last.endswith("--resume --retry-failed --set timeout_s=6"), last
+    again = toy_cli(*shlex.split(last.split("python run_bench.py ", 1)[1]),
+                    env={"MGBENCH_TOY_BEHAVIOUR": "ok"})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {r["num_devices"]: r["status"] for r in load_records(out)} == {1: "ok", 2: "ok"}
 
 
 def test_resume_skips_finished_runs(tmp_path: Path) -> None:
