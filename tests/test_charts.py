@@ -198,3 +198,32 @@ def test_the_question_charts_are_written_and_named_as_documented(golden_rows,
     docs = (REPO / "results" / "README.md").read_text() + (REPO / "docs" / "DESIGN.md").read_text()
     for name in (*charts.QUESTION_CHARTS, *charts.CHARTS):
         assert f"charts/{name}" in docs or name in docs, name
+
+
+def test_a_token_models_rate_axis_says_samples_not_images(golden_rows) -> None:
+    """Issue 42, item 1: GPT-2's images/sec is sequences per second: its throughput and
+    largest-count panels say samples/sec; an image model's keep images/sec."""
+    from bench.run.progress import outcome_detail
+
+    for make in (charts.throughput_figure, charts.largest_figure):
+        fig = make(golden_rows)
+        assert fig.axes[0].get_ylabel() == "images/sec"
+        _close(fig)
+        tokens = [{**r, "tokens_per_sec": r["images_per_sec"] * 64}
+                  if r["images_per_sec"] is not None else r for r in golden_rows]
+        fig = make(tokens)
+        assert fig.axes[0].get_ylabel() == "samples/sec (sequences)"
+        _close(fig)
+    line = outcome_detail({"status": "ok", "images_per_sec": 10.0, "tokens_per_sec": 640.0})
+    assert line == "10.0 samples/s, 640.0 tok/s"
+    assert outcome_detail({"status": "ok", "images_per_sec": 10.0}) == "10.0 img/s"
+
+
+def test_the_largest_count_panel_says_one_device_in_the_singular(golden_rows) -> None:
+    """Issue 42, item 6: "1 virtual CPU devices" read wrong."""
+    fig = charts.largest_figure([r for r in golden_rows if r["num_devices"] == 1])
+    assert fig.axes[0].get_title().endswith(": 1 virtual CPU device"), fig.axes[0].get_title()
+    _close(fig)
+    fig = charts.largest_figure(golden_rows)
+    assert fig.axes[0].get_title().endswith(": 2 virtual CPU devices")
+    _close(fig)

@@ -194,7 +194,7 @@ def _device_figure(rows: list[Row], chart: DeviceChart, table: list[Row] | None 
         if chart.published:
             draw_published(ax, model, ok, chart.published, scale=scale, table=table)
         _interval_caption(ax, mine, key)
-        _axes(ax, model, _devices_label(mine), chart.ylabel)
+        _axes(ax, model, _devices_label(mine), _rate_label(chart.ylabel, mine))
         if counts:
             ax.set_xticks(counts)
     fig.suptitle(chart.title + virtual_note(ok)
@@ -338,6 +338,14 @@ def _fit_y(ax: Any, values: list[float], highs: list[float]) -> None:
         ax.set_ylim(0, top * HEADROOM)
 
 
+def _rate_label(label: str, rows: list[Row]) -> str:
+    """A panel's images/sec axis named samples/sec where its model takes tokens (its samples
+    are sequences; tokens/sec is its own chart)."""
+    if label == "images/sec" and any(r.get("tokens_per_sec") is not None for r in rows):
+        return "samples/sec (sequences)"
+    return label
+
+
 def _devices_label(rows: list[Row]) -> str:
     return "virtual CPU devices" if any(r["virtual_devices"] for r in rows) else "devices"
 
@@ -362,7 +370,9 @@ def largest_figure(rows: list[Row]) -> Any:
         ax.set_xlim(-0.75, max(len(bars), 4) - 0.25)  # a lone bar is not the panel's width
         ax.set_xticks(range(len(bars)), [_series_label(r) for r in bars], rotation=30,
                       ha="right", fontsize=8)
-        _axes(ax, f"{model}: {top} {_devices_label(mine)}", "", "images/sec")
+        devices = _devices_label(mine)
+        _axes(ax, f"{model}: {top} {devices[:-1] if top == 1 else devices}", "",
+              _rate_label("images/sec", mine))
         _fit_y(ax, [], [r["images_per_sec"] for r in bars] or [1.0])
         ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # the bars' labels
     fig.suptitle("All configurations at the largest device count" + virtual_note(ok))

@@ -408,7 +408,9 @@ def outcome_detail(rec: dict[str, Any]) -> str:
     if rec["status"] != "ok":
         return str(rec["reason"])
     if rec.get("mode") != "allreduce":
-        return f"{rec['images_per_sec']:.1f} img/s"
+        tokens = rec.get("tokens_per_sec")
+        return (f"{rec['images_per_sec']:.1f} samples/s, {tokens:.1f} tok/s" if tokens
+                else f"{rec['images_per_sec']:.1f} img/s")
     probe = (rec.get("result") or {}).get("allreduce") or {}
     busbw, algbw, size = probe.get("busbw_gbps"), probe.get("algbw_gbps"), \
         probe.get("gradient_bytes")
