@@ -237,7 +237,7 @@ def test_the_estimate_is_the_median_of_earlier_records_of_this_host(tmp_path: Pa
                 if ln.startswith("estimated"))
     assert line == ("estimated: ~45 s for 2 of 4 runs that will run (from earlier records on "
                     "this host: 1 of the same configuration, 1 of the same runner and model); "
-                    "2 have no earlier record, at most 10 min by their timeouts")
+                    "2 have no earlier record, at most 30 min by their timeouts")
 
 
 def test_without_earlier_records_the_estimate_is_unknown_but_bounded(tmp_path: Path) -> None:
@@ -372,3 +372,19 @@ def test_tf_cnn_benchmarks_is_predicted_by_its_own_checks_of_the_checkout_and_mo
         else:
             assert p.status == UNAVAILABLE
             assert p.reason.startswith("tf_cnn_benchmarks cannot run minigooglenet"), p
+
+
+def test_more_virtual_devices_than_cpus_is_said_before_the_sweep() -> None:
+    """Issue 42, item 12: devices [3] on a 2-CPU host was planned "will run" without a word."""
+    import dataclasses
+
+    cfg, runs = plan("cpu-smoke.yaml", "devices=[1,2,3]")
+    two = dataclasses.replace(facts(), cpus=2)
+    predicted = predict(runs, cfg, two)
+    lines = summary_lines(runs, predicted, cfg, two)
+    assert ("note: 3 virtual CPU devices share this host's 2 CPUs: those runs' speedup "
+            "measures the devices sharing cores, not scaling (records say virtual_devices: "
+            "true)") in lines
+    roomy = dataclasses.replace(facts(), cpus=4)
+    assert not [ln for ln in summary_lines(runs, predict(runs, cfg, roomy), cfg, roomy)
+                if "share this host" in ln]

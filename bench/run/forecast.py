@@ -77,6 +77,8 @@ class HostFacts:
     gpus: int
     env_state: Callable[[str, str], EnvState]
     results_roots: tuple[Path, ...] = ()
+    cpus: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
 
     @classmethod
     def here(cls, out: Path) -> HostFacts:
@@ -386,6 +388,8 @@ def summary_lines(runs: list[RunSpec], predicted: list[Prediction], cfg: SweepCo
     if reasons := reason_lines(predicted):
         lines += ["", "why (each reason once, with the runs it covers):", *reasons]
     lines += ["", count_line(predicted, facts, on_slurm)]
+    if line := shared_cores_line(runs, predicted, facts):
+        lines.append(line)
     builds = sorted({p.builds for p in predicted if p.builds}, key=lambda s: s.name)
     if builds:
         lines.append("environments to build first (on first use, minutes each): "
@@ -404,6 +408,20 @@ def summary_lines(runs: list[RunSpec], predicted: list[Prediction], cfg: SweepCo
     else:
         lines.append("estimated: nothing will run")
     return lines
+
+
+def shared_cores_line(runs: list[RunSpec], predicted: list[Prediction], facts: HostFacts
+                      ) -> str | None:
+    """A note where runs that will run here put more virtual CPU devices on one node than the
+    host has CPUs: they share cores, so their speedup measures the sharing, not scaling."""
+    over = sorted({r.devices_per_node for r, p in zip(runs, predicted, strict=True)
+                   if p.status == WILL_RUN and r.device == "cpu" and r.num_nodes == 1
+                   and r.devices_per_node > facts.cpus})
+    if not over:
+        return None
+    return (f"note: {', '.join(map(str, over))} virtual CPU devices share this host's "
+            f"{facts.cpus} CPUs: those runs' speedup measures the devices sharing cores, not "
+            "scaling (records say virtual_devices: true)")
 
 
 __all__ = ["DEPENDS", "INVALID", "UNAVAILABLE", "WILL_RUN", "EnvState", "Estimate",
