@@ -444,11 +444,14 @@ def cmd_list() -> int:
         print(f"  {fam.name:<14} {state:<40} {fam.description}")
     print("\nRunners:")
     for r in RUNNERS.values():
-        state = ("unavailable" if r.unavailable else
+        needs = launch_problem(r)
+        state = ("unavailable" if r.unavailable else "needs setup" if needs else
                  "ready" if family_env(r.family, variant).ready else "not ready")
         print(f"  {r.name:<24} family={r.family:<6} {state:<11} {r.description}")
         if r.unavailable:
             print(f"      unavailable: {r.unavailable}")
+        if needs:
+            print(f"      before it runs: {needs}")
         nodes = (f"{r.multi_node} (unavailable here: {r.multi_node_unavailable})"
                  if r.multi_node and r.multi_node_unavailable else
                  r.multi_node or "one machine only (single-machine by design)")
@@ -478,6 +481,22 @@ def cmd_list() -> int:
               f"params={s.params:,}  GFLOPs/sample={s.flops_per_sample / 1e9:.3f}")
     print("  (your own model: a models: mapping in the sweep file; docs/MODELS.md)")
     return 0
+
+
+def launch_problem(info: Any) -> str | None:
+    """What the runner's own pre-launch check (its catalog's launch_check) says of a run with
+    its default options on this host's CPU, before any model (a checkout it needs, say)."""
+    if info.launch_check is None:
+        return None
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(runner=info.name, mode="list", device="cpu", precision="fp32",
+                           model=None, num_devices=1,
+                           options={k: o.default for k, o in info.options.items()})
+    try:
+        return info.launch_check(spec)
+    except Exception:  # a check that needs a real run's spec says nothing here
+        return None
 
 
 def cmd_new_runner(args: argparse.Namespace) -> int:

@@ -272,3 +272,20 @@ def test_progress_lines_say_how_much_is_done(
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
     assert "[1/2 done, " in lines[0] and "left]" in lines[0]
     assert "[2/2 done, " in lines[1] and "left" not in lines[1]
+
+
+def test_list_says_what_a_runner_needs_before_it_runs(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """Issue 42, item 11: tf_cnn_benchmarks was listed "ready" where every dry run said it is
+    unavailable without a checkout; list asks the runner's own pre-launch check."""
+    from bench.cli import main
+
+    monkeypatch.delenv("TF_CNN_BENCHMARKS_DIR", raising=False)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(out) if line.startswith("  tf_cnn_benchmarks "))
+    assert "needs setup" in out[at], out[at]
+    assert out[at + 1].startswith("      before it runs: no tensorflow/benchmarks checkout")
+    plain = next(line for line in out if line.startswith("  torch_ddp "))
+    assert "needs setup" not in plain
