@@ -87,6 +87,10 @@ class TransferLog:
                 "arrays_to_device": [f"{aval} x {n}" for aval, n in sorted(arrays.items())]}
 
 
+def listed(compiles: list[tuple[str, float]]) -> list[dict[str, Any]]:
+    return [{"function": name, "seconds": round(seconds, 4)} for name, seconds in compiles]
+
+
 class WindowEvidence:
     """The compiles JAX ran from listen() on (`compiled`: (function, seconds)), those of the
     window between open() and close(), and the window's transfers."""
@@ -134,6 +138,7 @@ class WindowEvidence:
         """`window_evidence` (the window's compiles and transfers over its `steps` steps) and
         `window_recompiled` (a sentence when JAX compiled in the window, else None)."""
         inside = self.in_window()
+        before = self.compiled[:self.window[0]] if self.window else self.compiled
         note = None
         if inside:
             names = sorted({name for name, _ in inside})
@@ -142,7 +147,7 @@ class WindowEvidence:
         return {"window_recompiled": note, "window_evidence": {
             "steps": steps,
             "compiles": len(inside),
-            "compiled": [{"function": n, "seconds": round(s, 4)} for n, s in inside],
-            "compiles_before_window": self.window[0] if self.window else len(self.compiled),
+            "compiled": listed(inside),
+            "compiled_before_window": listed(before),
             "transfers": self.transfers,
             "source": code("jax.window_evidence_source")}}
