@@ -173,7 +173,7 @@ def test_keras_jax_preplaced_global_batchnorm(tmp_path: Path, jax_python: str) -
     # steps_per_execution 2, as Keras holds it: one clock reading per call of 2 steps, each
     # step timed as the call's mean (samples: the optimizer's counter, checked by check_ok)
     assert result["steps_per_execution"] == 2
-    times = result["step_times_s"]
+    times = rec["step_times_s"]
     assert times[0] == times[1] and times[2] == times[3], times
     # the batch made once on the devices: nothing crosses from the host in the window
     check_window_evidence(result, 4, host_to_device=0)
