@@ -37,10 +37,12 @@ def fed_steps(spec: Spec) -> int:
     return spec.warmup_steps + spec.measure_steps + SETTLE_CALLS * per_call(spec)
 
 
-def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Iterator[Any]:
-    """The batches unchanged; batch `index`'s labels (the first timed step's) go to `noted`."""
+def noting_labels(batches: Iterator[Any], index: int, noted: list[Any], span: int = 0
+                  ) -> Iterator[Any]:
+    """The batches unchanged; the labels of batches `index` to `index + span` go to `noted`
+    (the first timed step's is noted[the steps the settle rule added])."""
     for i, (x, y) in enumerate(batches):
-        if i == index:
+        if index <= i <= index + span:
             noted.append(y)
         yield x, y
 
@@ -159,5 +161,6 @@ def real_input(spec: Spec, data: RealData, model_spec: Any, shardings: tuple[Any
     else:
         batches, line = device_batches(data, size, global_batch, *shardings)
         where = code("jax.keras_grain_device_put")
-    return {"x": noting_labels(batches, spec.warmup_steps, noted), "steps_per_epoch": steps}, {
+    labelled = noting_labels(batches, spec.warmup_steps, noted, SETTLE_CALLS * per_call(spec))
+    return {"x": labelled, "steps_per_epoch": steps}, {
         **record, "input_pipeline": line, "data_placement": where}, batches

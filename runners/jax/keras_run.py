@@ -189,7 +189,8 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
                         f"keras.mixed_precision.set_global_policy({run.policy!r})")
     framework = common.framework_versions("keras")
     if owner is not None:
-        input_record.update(grain_fields(framework, noted[0]))
+        # the first timed batch's labels: past the steps the settle rule added
+        input_record.update(grain_fields(framework, noted[warmup.added]))
     return join(timing, {"framework": framework}, run.record(), input_record, state,
                 strategy.describe(run.distribution, model),
                 multi_node_record(spec, run.distribution))
