@@ -53,7 +53,7 @@ class TransferLog:
         os.dup2(self._file.fileno(), 2)
         self._guard = jax.config.jax_transfer_guard
         jax.config.update("jax_transfer_guard", "log_explicit")
-        jax.device_put(np.zeros(CANARY, np.int8), jax.devices()[0]).block_until_ready()
+        jax.device_put(np.zeros(CANARY, np.int8), jax.local_devices()[0]).block_until_ready()
 
     def stop(self) -> dict[str, Any] | None:
         """{direction: transfers, "arrays": the shapes moved host-to-device, each with its
