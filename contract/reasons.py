@@ -32,6 +32,9 @@ SENTENCES: dict[str, str] = {
     "jax.batch_rows_first_epoch": (
         "rows per device of the first epoch's training batches, from each batch jax.Array's "
         "addressable_shards (summed over the epoch)"),
+    "jax.compiled_in_window": (
+        "a compile inside the timed window: its seconds are timed as step time; raise "
+        "warmup_steps (runners/jax/window_evidence.py read it from jax.monitoring)"),
     "jax.compiled_memory_source": (
         "jax: memory_analysis() of the timed step's compiled executable (XLA's buffer "
         "assignment of one device's program), read after the window"),
@@ -39,6 +42,12 @@ SENTENCES: dict[str, str] = {
         "jax.make_jaxpr of the step's loss on the logits' shape and dtype (traced with the "
         "step): the dtype of each exp over the vocabulary axis, the checkpoint calls, "
         "lax.map's blocks"),
+    "jax.window_evidence_source": (
+        "read from jax between the clock's start and its last reading: compiles from "
+        "jax.monitoring's backend-compile duration events (the function each names), transfers "
+        "from jax's transfer guard set to log_explicit (its log lines on stderr counted, one per "
+        "transfer and destination device; a canary transfer checks the log is read; CPU devices "
+        "log no device-to-host copies)"),
     "jax.xla_attention": (
         "no cuDNN fused-attention custom call (__cudnn$fmha*) in the compiled step: attention, "
         "where the model has any, is XLA's own ops"),
@@ -104,6 +113,11 @@ SENTENCES: dict[str, str] = {
     "jax.keras_second_epoch_compiles": (
         "at the second epoch Keras' jax trainer compiles its train step again: that step is "
         "warm-up, not timed"),
+    "jax.keras_settle_compiles": (
+        "JAX compiled in the last warm-up step (jax.monitoring's backend-compile events): "
+        "Keras' jax trainer at 1 device compiles its train step again at step 2, its first input "
+        "state on one device unsharded, the next in the step's out_shardings; the window opens "
+        "after a warm-up step that compiled nothing (3 extra steps at most)"),
     "jax.keras_sgd_lr_callback": (
         "keras.optimizers.SGD(momentum); learning_rate assigned per step by a callback "
         "(on_train_batch_begin)"),

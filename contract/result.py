@@ -333,6 +333,12 @@ EVIDENCE = (
              horovod="Horovod's build and settings."),
     Field("compiled_graphs", (INT, OBJ, NUL), "The graphs torch.compile built (TorchDynamo's "
           "unique_graphs counter)."),
+    Field("window_evidence", (OBJ,), "What JAX reported of the timed window "
+          "(runners/jax/window_evidence.py): its compiles (jax.monitoring's backend-compile "
+          "events, each function and its seconds) and its transfers per direction (jax's "
+          "transfer guard log; null where the log was not read back), over `steps` steps."),
+    Field("window_recompiled", (STR, NUL), "A sentence when JAX compiled inside the timed "
+          "window (the compile's seconds were timed as step time); null when it did not."),
     Field("compile_evidence", (OBJ,), "What TorchDynamo and Inductor report of the compile: "
           "mode, graphs, graph breaks, recompiles, DDP graph splitting, CUDA graphs."),
     Field("cross_entropy", (OBJ,), "The cross_entropy option (torch_ddp, jax_native), what "

@@ -125,8 +125,11 @@ def check_ok(rec: dict, n: int, steps: int = 3) -> dict:
 @pytest.mark.slow
 @pytest.mark.framework("jax")
 def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: str) -> None:
+    # keras_jax with 1 warm-up step: at 1 device Keras' jax trainer compiles its step again at
+    # step 2 (issue 41 item 5); the settle rule keeps it out of the window
+    keras_warmup = ["warmup_steps=1"] if runner == "keras_jax" else []
     records = smoke_sweep(tmp_path / runner, f"runners=[{runner}]", MECHANICS,
-                          f"measure_steps={GOLDEN_STEPS}", GOLDEN_TELEMETRY)
+                          f"measure_steps={GOLDEN_STEPS}", GOLDEN_TELEMETRY, *keras_warmup)
     assert sorted(records) == [1, 2]
     for n, rec in records.items():
         result = check_ok(rec, n, GOLDEN_STEPS)
@@ -144,7 +147,14 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: 
             assert result["shardings"]["mesh"] == {"batch": n}
             assert result["dtype_policy"] == "float32"
             assert result["input"] == "numpy"
-            assert result["host_dataset"]["batches"] == 2 + GOLDEN_STEPS
+            # the steps fit is given: warm-up, timed, and the settle rule's 3 calls of headroom
+            assert result["host_dataset"]["batches"] == 1 + GOLDEN_STEPS + 3
+            check_window_evidence(result, GOLDEN_STEPS, host_to_device=2 * n)
+            # JAX compiled at step 1, and at 1 device again at step 2: the warm-up ran one step
+            # past the last compile
+            assert step_compiles(result) == {1: 2, 2: 1}[n]
+            assert result["warmup_steps_run"] == {1: 3, 2: 2}[n]
+            assert "keras_settle_compiles" in result["warmup_extended"]
             assert result["fed_batch_sharding"].startswith(
                 f"NamedSharding(mesh={{batch: {n}}}, spec=P('batch'")
         assert result["batchnorm"] == "per_device"
@@ -154,11 +164,34 @@ def test_runner_at_one_and_two_devices(runner: str, tmp_path: Path, jax_python: 
 @pytest.mark.framework("jax")
 def test_keras_jax_preplaced_global_batchnorm(tmp_path: Path, jax_python: str) -> None:
     rec = smoke_sweep(tmp_path, "runners=[keras_jax]", "devices=[2]", MECHANICS,
+                      "measure_steps=4", "runner_options.keras_jax.steps_per_execution=2",
                       "runner_options.keras_jax.input=preplaced",
                       "runner_options.keras_jax.batchnorm=global")[2]
-    result = check_ok(rec, 2)
+    result = check_ok(rec, 2, steps=4)
     assert result["input"] == "preplaced" and "no-op" in sentence(result["data_placement"])
     assert result["batchnorm"] == "global"
+    # steps_per_execution 2, as Keras holds it: one clock reading per call of 2 steps, each
+    # step timed as the call's mean (samples: the optimizer's counter, checked by check_ok)
+    assert result["steps_per_execution"] == 2
+    times = rec["step_times_s"]
+    assert times[0] == times[1] and times[2] == times[3], times
+    # the batch made once on the devices: nothing crosses from the host in the window
+    check_window_evidence(result, 4, host_to_device=0)
+
+
+def step_compiles(result: dict) -> int:
+    """How often JAX compiled Keras' train step before the window opened."""
+    return sum(c["function"] == "jit(train_step)"
+               for c in result["window_evidence"]["compiled_before_window"])
+
+
+def check_window_evidence(result: dict, steps: int, host_to_device: int) -> None:
+    """What JAX reported of the window (runners/jax/window_evidence.py): no compile, and
+    `host_to_device` transfers per step, as the transfer guard logged them."""
+    evidence = result["window_evidence"]
+    assert evidence["steps"] == steps
+    assert evidence["compiles"] == 0 and result["window_recompiled"] is None, evidence
+    assert evidence["transfers"]["host_to_device"] == host_to_device * steps, evidence
 
 
 @pytest.mark.slow
@@ -217,7 +250,11 @@ def test_keras_jax_window_excludes_the_second_epochs_recompile(jax_python: str) 
     times = sorted(r["step_times_s"])
     assert len(times) == 8
     assert times[-1] < 4 * times[len(times) // 2], times  # no compile-length step timed
-    assert r["host_dataset"]["batches"] == 4 and r["warmup_steps_run"] == 5
+    # step 5 opens the second epoch and compiles (warm-up to 5); the settle rule adds step 6
+    assert r["host_dataset"]["batches"] == 4 and r["warmup_steps_run"] == 6
+    # JAX's own count: steps 1, 2 (1 device) and 5 compiled, none in the window
+    assert step_compiles(r) == 3
+    assert r["window_evidence"]["compiles"] == 0 and r["window_recompiled"] is None
     assert r["samples"] == 8 * 8  # the optimizer's counter over the window: the 8 timed steps
     assert "compiles its train step again" in sentence(r["warmup_extended"])
 

@@ -92,6 +92,12 @@ def test_keras_jax_trains_the_transformers(keras_jax_records: dict) -> None:
     assert gpt["batchnorm_statistics"] == "the model has no BatchNormalization layer"
     assert gpt["placement"] == {"cpu:0": BATCH, "cpu:1": BATCH}  # rows of the first timed batch
     assert [d["id"] for d in gpt["devices"]] == [0, 1]
+    # what JAX reports of each window (runners/jax/window_evidence.py): no compile; input
+    # numpy: Keras copies the inputs and the labels to every device at every step
+    for name in ("gpt2_tiny", "vit_tiny"):
+        evidence = keras_jax_records[name, DEVICES]["result"]["window_evidence"]
+        assert evidence["compiles"] == 0, evidence
+        assert evidence["transfers"]["host_to_device"] == 2 * DEVICES * MEASURE, evidence
 
 
 @pytest.fixture(scope="module")

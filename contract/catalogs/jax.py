@@ -110,6 +110,11 @@ RUNNERS: list[RunnerInfo] = [
             "loader": LOADER_OPTION,
             "batchnorm": JAX_BATCHNORM_OPTION,
             "input": KERAS_INPUT_OPTION,
+            "steps_per_execution": Option(
+                int, 1, help="model.compile(steps_per_execution=): train steps per call of "
+                "Keras' train function (on jax a Python loop of jitted steps; callbacks and "
+                "the clock's reading once per call, each step timed as the call's mean)",
+                minimum=1, maximum=10000),
         },
         equivalence_options=({"batchnorm": "global"}, {"input": "preplaced"}),
         custom_models=("keras",),

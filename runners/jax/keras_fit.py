@@ -1,17 +1,20 @@
 """Keras 3 on JAX trained with model.fit, shared by the family's Keras runners: DataParallel over
-the run's devices, the clock (a TimedWindow callback), the probe of the batches Keras hands its
-jitted step, the timed fit. Imports no framework at module level."""
+the run's devices, the clock (a TimedWindow callback; its warm-up settled past JAX's compiles),
+the probe of the batches Keras hands its jitted step, the timed fit and what JAX reports of its
+window. Imports no framework at module level."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from contract.reasons import code
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite
 from runners.jax.common import MECHANISM, placement, setup_devices, sharding_record
+from runners.jax.window_evidence import WindowEvidence
 
 if TYPE_CHECKING:
     import keras
@@ -53,22 +56,78 @@ def batch_sharding(distribution: Any, shape: tuple[int, ...]) -> Any:
     """The jax sharding DataParallel gives an input batch of this shape."""
     return distribution.get_data_layout(shape).backend_layout
 
-def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
-               ) -> keras.callbacks.Callback:
-    """A callback marking the timed window of fit, synchronised on every device per step; it
-    stops fit after warmup + measure steps (counted over epochs), and hands the model to
-    `on_begin` when training begins (fit has made its train function by then)."""
+SETTLE_CALLS = 3  # train-function calls the settle rule may add to the warm-up at most
+
+
+@dataclass
+class Warmup:
+    """The warm-up of a timed fit: `steps` (the input may have run it past Keras' second-epoch
+    compile: `why`), the steps per train-function call, and the steps the settle rule added."""
+
+    steps: int
+    per_call: int = 1
+    why: str | None = None
+    added: int = 0
+
+
+class FitWindow:
+    """The clock's bookkeeping, apart from Keras: its TimedWindow, the window's JAX evidence
+    and the settle rule: when JAX compiled during the call that would end the warm-up, the
+    warm-up runs one more call (SETTLE_CALLS at most; `on_extend` hears of each)."""
+
+    def __init__(self, warmup: Warmup, measure: int, evidence: WindowEvidence | None,
+                 on_start: Callable[[], None]) -> None:
+        self.warmup, self.evidence, self.on_extend = warmup, evidence, lambda: None
+        self.window = TimedWindow(warmup.steps, measure, warmup.per_call,
+                                  on_start=self._start)
+        self._on_start, self._seen = on_start, 0
+
+    def _start(self) -> None:
+        self._on_start()
+        if self.evidence is not None:
+            self.evidence.open()
+
+    def _settle(self) -> None:
+        if self.evidence is None or self.window.started:
+            return
+        compiled, self._seen = len(self.evidence.compiled) > self._seen, len(
+            self.evidence.compiled)
+        w = self.warmup
+        if compiled and (self.window.calls + 1) * w.per_call >= self.window.warmup \
+                and w.added < SETTLE_CALLS * w.per_call:
+            self.window.warmup += w.per_call
+            w.added += w.per_call
+            self.on_extend()
+
+    def call_done(self, loss: float | None) -> bool:
+        """One train-function call has finished on every device: settle, tick; whether the
+        window is done (its evidence closed then)."""
+        self._settle()
+        self.window.step_done(loss)
+        if self.window.done and self.evidence is not None:
+            self.evidence.close()
+        return self.window.done
+
+
+def make_clock(warmup: int | Warmup, measure: int, on_begin: Callable[[Any], None],
+               evidence: WindowEvidence | None = None) -> keras.callbacks.Callback:
+    """A callback marking the timed window of fit (a FitWindow: `fit_window`), synchronised on
+    every device per train-function call; it stops fit after warmup + measure steps (counted
+    over epochs), and hands the model to `on_begin` when training begins (fit has made its
+    train function by then). With `evidence`, JAX's compiles are heard from then on."""
     import jax
 
     keras = import_keras()
+    warmup = warmup if isinstance(warmup, Warmup) else Warmup(warmup)
 
     class JaxFitClock(keras.callbacks.Callback):
-        """Clock readings (its TimedWindow, `window`) after each measured step has finished on
-        every device; `start_iteration`: the optimizer's step counter when the clock started."""
+        """Clock readings after each measured call has finished on every device;
+        `start_iteration`: the optimizer's step counter when the clock started."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.window = TimedWindow(warmup, measure, on_start=self._read_iteration)
+            self.fit_window = FitWindow(warmup, measure, evidence, self._read_iteration)
+            self.window = self.fit_window.window
             self.start_iteration: int | None = None
             self._counter = 0
             self._live: jax.Array | None = None  # the counter after the last step, ready
@@ -79,6 +138,8 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
             self._counter = next(i for i, v in enumerate(optimizer.variables)
                                  if v is optimizer.iterations)
             on_begin(self._model)
+            if evidence is not None:
+                evidence.listen()
 
         def _read_iteration(self) -> None:
             # before the first step the variables hold the counter; after one, the live state
@@ -86,7 +147,7 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
                                        if self._live is None else self._live)
 
         def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-            if warmup == 0 and not self.window.started:
+            if warmup.steps == 0 and not self.window.started:
                 self.window.start()
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -97,8 +158,7 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
                 raise RuntimeError(f"keras {keras.__version__}'s jax trainer exposes no "
                                    "_jax_state to wait on")
             self._live = state["optimizer_variables"][self._counter].block_until_ready()
-            self.window.step_done((logs or {})["loss"])
-            if self.window.done:
+            if self.fit_window.call_done((logs or {})["loss"]):
                 self._model.stop_training = True
 
     return JaxFitClock()
@@ -106,8 +166,9 @@ def make_clock(warmup: int, measure: int, on_begin: Callable[[Any], None]
 class TrainFunctionProbe:
     """Wraps model.train_function (Keras' step over its epoch iterator; fit looks it up at every
     step) to look at the batch Keras passes its jitted step when `wants()`: `see(x)` gets its
-    inputs (a jax.Array as Keras' trainer distributed it). install(model) once fit has made
-    the function; fit keeps it from one call to the next, so it is wrapped once."""
+    inputs (a jax.Array as Keras' trainer distributed it; a call of steps_per_execution steps
+    shows its first batch). install(model) once fit has made the function; fit keeps it from
+    one call to the next, so it is wrapped once."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -128,14 +189,15 @@ class TrainFunctionProbe:
             if self.wants():
                 data = next(iterator)
                 self.see(data[0])  # (x, y[, sample_weight])
-                iterator = iter((data,))
+                iterator = itertools.chain((data,), iterator)
             self.calls += 1
             return inner(state, iterator)
 
         model.train_function = self._wrapped = observed
 
 class BatchPlacement(TrainFunctionProbe):
-    """Where the batch of call `index` lies: {device: rows}, and its sharding."""
+    """Where the batch of call `index` lies: {device: rows}, and its sharding; delay() moves
+    the index one call on (the warm-up ran one more)."""
 
     def __init__(self, index: int) -> None:
         super().__init__()
@@ -143,6 +205,9 @@ class BatchPlacement(TrainFunctionProbe):
 
     def wants(self) -> bool:
         return self.calls == self.index
+
+    def delay(self) -> None:
+        self.index += 1
 
     def see(self, x: Any) -> None:
         self.placement, self.sharding = placement(x), sharding_record(x.sharding)
@@ -164,14 +229,19 @@ class EpochRows(TrainFunctionProbe):
 
 PLACEMENT_SOURCE = code("jax.keras_fit_rows_first_timed")
 
-def fit_steps(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int | None = None
-              ) -> tuple[Any, Any]:
-    """model.fit(**feed) for warmup + measure steps with the clock and the placement probe."""
-    warmup = spec.warmup_steps if warmup is None else warmup
-    measure = spec.measure_steps
-    probe = BatchPlacement(warmup)
-    clock = make_clock(warmup, measure, probe.install)
-    model.fit(**feed, callbacks=[clock], verbose=0)
+def fit_steps(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: Warmup | None = None,
+              evidence: WindowEvidence | None = None) -> tuple[Any, Any]:
+    """model.fit(**feed) for warmup + measure steps with the clock and the placement probe of
+    the first timed call's batch (its index moved by the settle rule)."""
+    warmup = warmup or Warmup(spec.warmup_steps)
+    probe = BatchPlacement(warmup.steps // warmup.per_call)
+    clock = make_clock(warmup, spec.measure_steps, probe.install, evidence)
+    clock.fit_window.on_extend = probe.delay
+    try:
+        model.fit(**feed, callbacks=[clock], verbose=0)
+    finally:
+        if evidence is not None:
+            evidence.close()
     return clock, probe
 
 def fit_one_step(spec: Spec, model: keras.Model, feed: dict[str, Any]
@@ -183,11 +253,24 @@ def fit_one_step(spec: Spec, model: keras.Model, feed: dict[str, Any]
         raise Invalid("fit did not run exactly one step")
     return finite(clock.window.losses[0]), probe
 
-def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int | None = None
+def warmup_fields(warmup: Warmup, asked: int) -> dict[str, Any]:
+    """warmup_steps_run, and warmup_extended where the input or the settle rule extended it."""
+    why = [warmup.why] if warmup.why else []
+    if warmup.added:
+        why.append(f"{warmup.added} more step(s): {code('jax.keras_settle_compiles')}")
+    out: dict[str, Any] = {"warmup_steps_run": warmup.steps + warmup.added}
+    if why:
+        out["warmup_extended"] = f"{asked} -> {warmup.steps + warmup.added}: " + "; ".join(why)
+    return out
+
+def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: Warmup | None = None
               ) -> dict[str, Any]:
     """model.fit for warmup + measure steps: the timing summary, samples counted from the
-    optimizer's step counter, the losses and the placement of the first timed batch."""
-    clock, probe = fit_steps(spec, model, feed, warmup)
+    optimizer's step counter, the losses, the placement of the first timed batch, the
+    warm-up run and what JAX reports of the window (window_evidence.py)."""
+    warmup = warmup or Warmup(spec.warmup_steps)
+    evidence = WindowEvidence()
+    clock, probe = fit_steps(spec, model, feed, warmup, evidence)
     if not clock.window.losses or clock.start_iteration is None or probe.placement is None:
         raise Invalid("no measured step reported a loss")
     steps = int(model.optimizer.iterations.numpy()) - clock.start_iteration
@@ -198,6 +281,9 @@ def timed_fit(spec: Spec, model: keras.Model, feed: dict[str, Any], warmup: int 
         "placement": probe.placement,
         "placement_source": PLACEMENT_SOURCE,
         "fed_batch_sharding": probe.sharding,
+        "steps_per_execution": int(model.steps_per_execution),  # as Keras holds it
+        **warmup_fields(warmup, spec.warmup_steps),
+        **evidence.record(steps),
     }
 
 def distribution_record(distribution: Any, sharding: Any, shape: tuple[int, ...]

@@ -11,6 +11,7 @@ from typing import Any
 from contract.reasons import code
 from runners.common import Invalid, Spec
 from runners.jax.common import allgather_json, device_batch
+from runners.jax.keras_fit import SETTLE_CALLS
 from runners.real_data import RealData, describe
 
 SYNTHETIC_PLACEMENT = code("jax.keras_synthetic_on_devices")
@@ -25,10 +26,23 @@ def preplaced(x: Any, y: Any, steps: int) -> dict[str, Any]:
     return {"x": (batch for batch in itertools.repeat((x, y))), "steps_per_epoch": steps}
 
 
-def noting_labels(batches: Iterator[Any], index: int, noted: list[Any]) -> Iterator[Any]:
-    """The batches unchanged; batch `index`'s labels (the first timed step's) go to `noted`."""
+def per_call(spec: Spec) -> int:
+    """Steps per train-function call: the option steps_per_execution (keras_jax), else 1."""
+    return int(spec.options.get("steps_per_execution", 1))
+
+
+def fed_steps(spec: Spec) -> int:
+    """The steps fit is given: warm-up and measured ones, and the settle rule's headroom
+    (keras_fit.SETTLE_CALLS calls), so that fit never runs out before the clock stops it."""
+    return spec.warmup_steps + spec.measure_steps + SETTLE_CALLS * per_call(spec)
+
+
+def noting_labels(batches: Iterator[Any], index: int, noted: list[Any], span: int = 0
+                  ) -> Iterator[Any]:
+    """The batches unchanged; the labels of batches `index` to `index + span` go to `noted`
+    (the first timed step's is noted[the steps the settle rule added])."""
     for i, (x, y) in enumerate(batches):
-        if i == index:
+        if index <= i <= index + span:
             noted.append(y)
         yield x, y
 
@@ -41,11 +55,12 @@ def warmup_past_recompile(warmup: int, measure: int, epoch_batches: int) -> int:
     return epoch_batches + 1
 
 
-def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int = 1
-                 ) -> dict[str, Any]:
+def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int = 1,
+                 multiple: int = 1) -> dict[str, Any]:
     """The synthetic numpy dataset a Keras user would hand fit: K global batches of random
     images and labels (K = steps, or as many as fit the memory cap), and fit's batch_size and
-    shuffle (fit_input sets the epochs, from the warm-up it settles on). Across `processes`
+    shuffle (fit_input sets the epochs, from the warm-up it settles on); K a multiple of
+    `multiple` (steps per call: an epoch ends on a whole call). Across `processes`
     (a multi-node run) each holds its own rows of every batch (its share, a seed of its own)
     and K is the smallest over the processes, so that every process runs the same steps."""
     import numpy as np
@@ -56,6 +71,7 @@ def host_dataset(model_spec: Any, global_batch: int, steps: int, processes: int 
     batch_bytes = batch * sample * 4
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     k = max(1, min(steps, min(HOST_DATA_CAP, free // 4) // batch_bytes))
+    k = max(multiple, k - k % multiple)
     seed = 0
     if processes > 1:
         import jax
@@ -88,19 +104,23 @@ def fit_input(spec: Spec, data: RealData | None, model_spec: Any, shardings: tup
         return host_input(spec, model_spec) + (None,)
     if data is None:
         x, y = device_batch(model_spec, spec.global_batch_size, shardings)
-        return (preplaced(x, y, spec.warmup_steps + spec.measure_steps),
+        return (preplaced(x, y, fed_steps(spec)),
                 {"input": mode, "data_placement": SYNTHETIC_PLACEMENT}, None)
     return real_input(spec, data, model_spec, shardings, noted)
 
 
 def host_input(spec: Spec, model_spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """fit's arguments for the synthetic numpy dataset (host_dataset), its epochs set from the
-    warm-up that keeps the second epoch's recompile out of the window; the record's lines."""
-    steps = spec.warmup_steps + spec.measure_steps
-    feed = host_dataset(model_spec, spec.global_batch_size, steps, spec.num_nodes)
+    warm-up that keeps the second epoch's recompile out of the window (whole calls); the
+    record's lines (warmup_steps_run, and warmup_extended's reason where it was extended)."""
+    calls = per_call(spec)
+    feed = host_dataset(model_spec, spec.global_batch_size, fed_steps(spec), spec.num_nodes,
+                        calls)
     k = len(feed["x"]) // feed["batch_size"]
-    warmup = warmup_past_recompile(spec.warmup_steps, spec.measure_steps, k)
-    feed["epochs"] = -(-(warmup + spec.measure_steps) // k)
+    warmup = warmup_past_recompile(spec.warmup_steps,
+                                   spec.measure_steps + SETTLE_CALLS * calls, k)
+    warmup = -(-warmup // calls) * calls
+    feed["epochs"] = -(-(warmup + spec.measure_steps + SETTLE_CALLS * calls) // k)
     record = {"input": "numpy", "data_placement": ARRAYS_PLACEMENT, "host_dataset": {
         "batches": k, "epochs": feed["epochs"], "shuffle": True},
         "warmup_steps_run": warmup}
@@ -109,8 +129,8 @@ def host_input(spec: Spec, model_spec: Any) -> tuple[dict[str, Any], dict[str, A
         record["host_dataset"]["rows_per_process"] = feed["batch_size"]
     if warmup != spec.warmup_steps:
         record["warmup_extended"] = (
-            f"{spec.warmup_steps} -> {warmup}: the host data holds {k} batches, so "
-            f"step {k + 1} opens the second epoch; {code('jax.keras_second_epoch_compiles')}")
+            f"the host data holds {k} batches, so step {k + 1} opens the second epoch; "
+            f"{code('jax.keras_second_epoch_compiles')}")
     return feed, record
 
 
@@ -119,7 +139,7 @@ def real_input(spec: Spec, data: RealData, model_spec: Any, shardings: tuple[Any
     """fit_input for real data: the PyDataset (loader keras) or the Grain pipeline's numpy or
     preplaced batches, the first timed batch's labels noted."""
     global_batch, mode = spec.global_batch_size, spec.options["input"]
-    steps = spec.warmup_steps + spec.measure_steps
+    steps = fed_steps(spec)
     size = model_spec.input_shape[0]
     loader = spec.options["loader"]
     record = {**describe(data, size), "loader": loader, "input": mode}
@@ -141,5 +161,6 @@ def real_input(spec: Spec, data: RealData, model_spec: Any, shardings: tuple[Any
     else:
         batches, line = device_batches(data, size, global_batch, *shardings)
         where = code("jax.keras_grain_device_put")
-    return {"x": noting_labels(batches, spec.warmup_steps, noted), "steps_per_epoch": steps}, {
+    labelled = noting_labels(batches, spec.warmup_steps, noted, SETTLE_CALLS * per_call(spec))
+    return {"x": labelled, "steps_per_epoch": steps}, {
         **record, "input_pipeline": line, "data_placement": where}, batches

@@ -1,7 +1,9 @@
 """keras_jax: Keras 3 on JAX, data parallel with keras.distribution.DataParallel, trained with
 model.fit as Keras' distribution guide does it (keras 3.15.1, jax 0.10.2). Options: `input`
-(numpy or preplaced), `batchnorm` (per_device: keras_batchnorm.py; global: Keras' own), `loader`.
-Fit, clock and record: keras_fit.py and keras_run.py (shared with keras_model_parallel).
+(numpy or preplaced), `batchnorm` (per_device: keras_batchnorm.py; global: Keras' own), `loader`,
+`steps_per_execution` (Keras' compile argument, default 1; on jax a Python loop of jitted steps per
+call, callbacks and the clock once per call, each step timed as the call's mean). Fit, clock
+(warm-up settled past JAX's compiles), window evidence and record: keras_fit.py, keras_run.py.
 Converge: one fit per epoch, the rate set per step by a callback. docs/runners/keras_jax.md."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from runners.jax import common, keras_batchnorm, keras_fit
 from runners.jax.data import grain_fields
 from runners.jax.keras_batchnorm import BATCHNORM_MODES, BATCHNORM_RECORD
 from runners.jax.keras_fit import KERAS_MECHANISM, PLACEMENT_SOURCE, POLICIES
-from runners.jax.keras_input import fit_input, input_mode, preplaced
+from runners.jax.keras_input import fit_input, input_mode, per_call, preplaced
 from runners.jax.state import keras_state
 from runners.memory import model_state_keras
 from runners.real_data import TOKENS_REAL, open_for_model
@@ -170,11 +170,13 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
     data = None if spec.data == "synthetic" else open_for_model(spec, run.model_spec)
     model = run.build()
     model.compile(optimizer=run.keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
-                  loss=loss_for(run.model_spec))
+                  loss=loss_for(run.model_spec), steps_per_execution=per_call(spec))
     noted: list[Any] = []
     feed, input_record, owner = fit_input(spec, data, run.model_spec, run.shardings, noted)
+    warmup = keras_fit.Warmup(input_record.pop("warmup_steps_run", spec.warmup_steps),
+                              per_call(spec), input_record.pop("warmup_extended", None))
     try:
-        timing = keras_fit.timed_fit(spec, model, feed, input_record.get("warmup_steps_run"))
+        timing = keras_fit.timed_fit(spec, model, feed, warmup)
     finally:
         if owner is not None:
             owner.close()  # the Grain workers
@@ -187,7 +189,8 @@ def benchmark(spec: Spec, strategy: Strategy) -> dict[str, Any]:
                         f"keras.mixed_precision.set_global_policy({run.policy!r})")
     framework = common.framework_versions("keras")
     if owner is not None:
-        input_record.update(grain_fields(framework, noted[0]))
+        # the first timed batch's labels: past the steps the settle rule added
+        input_record.update(grain_fields(framework, noted[warmup.added]))
     return join(timing, {"framework": framework}, run.record(), input_record, state,
                 strategy.describe(run.distribution, model),
                 multi_node_record(spec, run.distribution))

@@ -11,4 +11,5 @@ from runners.jax.keras_jax import benchmark
 ki.HOST_DATA_CAP = 4 * 8 * 32 * 32 * 3 * 4
 r = benchmark(Spec.from_dict(json.loads(sys.argv[1])))
 print("RESULT " + json.dumps({k: r.get(k) for k in (
-    "step_times_s", "warmup_steps_run", "warmup_extended", "host_dataset", "samples")}))
+    "step_times_s", "warmup_steps_run", "warmup_extended", "host_dataset", "samples",
+    "window_evidence", "window_recompiled")}))
