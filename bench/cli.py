@@ -16,6 +16,7 @@ import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from bench import REPO_ROOT
@@ -488,8 +489,6 @@ def launch_problem(info: Any) -> str | None:
     its default options on this host's CPU, before any model (a checkout it needs, say)."""
     if info.launch_check is None:
         return None
-    from types import SimpleNamespace
-
     spec = SimpleNamespace(runner=info.name, mode="list", device="cpu", precision="fp32",
                            model=None, num_devices=1,
                            options={k: o.default for k, o in info.options.items()})

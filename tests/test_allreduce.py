@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -487,8 +488,9 @@ def test_torch_probe_through_the_cli(tmp_path: Path, torch_python: str) -> None:
     assert rec["status"] == "ok", rec["reason"]
     assert check_record(rec) == []
     assert rec["run_id"] == "allreduce__torch_allreduce__minigooglenet__n2__r0"
-    assert "-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node=2 -m " \
-           "runners.torch.allreduce_probe" in Path(rec["log_path"]).read_text()
+    assert re.search(r"-m torch\.distributed\.run --standalone --nnodes=1 --nproc-per-node=2 "
+                     r"--tee=3 --log-dir=\S+ -m runners\.torch\.allreduce_probe",
+                     Path(rec["log_path"]).read_text())
     probe = rec["result"]["allreduce"]
     assert probe["evidence"]["replicas"] == 2 and probe["evidence"]["backend"] == "gloo"
     assert probe["evidence"]["devices"] == ["rank0:cpu", "rank1:cpu"]

@@ -3,6 +3,7 @@ as a user runs them; what CPU ranks cannot do is unavailable; a dying rank ends 
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 import time
@@ -59,8 +60,9 @@ def test_runner_at_one_and_two_devices(runner: str, torch_sweep: dict) -> None:
         assert check_record(rec) == []
         log = Path(rec["log_path"]).read_text()
         assert rec["status"] == "ok", f"{rec['reason']}\n{log[-3000:]}"
-        assert f"-m torch.distributed.run --standalone --nnodes=1 --nproc-per-node={n} " \
-               f"-m {RUNNERS[runner].module}" in log.splitlines()[0]
+        assert re.search(rf"-m torch\.distributed\.run --standalone --nnodes=1 "
+                         rf"--nproc-per-node={n} --tee=3 --log-dir=\S+ "
+                         rf"-m {re.escape(RUNNERS[runner].module)}", log.splitlines()[0])
         assert rec["virtual_devices"] is True
         assert rec["samples"] == STEPS * 8 * n
         assert rec["images_per_sec"] > 0 and len(rec["step_times_s"]) == STEPS
