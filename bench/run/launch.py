@@ -32,7 +32,7 @@ from bench.run.guard import cannot_start, descendants, guarded
 from bench.run.telemetry import Sampler, write_series
 from bench.run.telemetry import summarise as summarise_telemetry
 from bench.run.verdict import CHILD_FIELDS, _first_line, classify
-from contract.launch_env import busy_cpus, math_env, thread_env
+from contract.launch_env import PER_RANK_LAUNCHERS, busy_cpus, math_env, thread_env
 from models import spec_of
 
 KILL_GRACE_S = 5.0
@@ -43,6 +43,13 @@ DERIVED_FIELDS = ("samples_per_sec", "tokens_per_sec", "tokens_per_sec_per_devic
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def sizes_threads(spec: RunSpec) -> bool:
+    """Whether the thread policy sizes this run's threads to the host's cores (a CPU run of
+    MXNet or of a one-process-per-device launcher): only then is the host's load read."""
+    return spec.device == "cpu" and (spec.family == "mxnet"
+                                     or spec.launcher in PER_RANK_LAUNCHERS)
 
 
 def child_env(spec: RunSpec) -> dict[str, str]:
@@ -56,7 +63,7 @@ def child_env(spec: RunSpec) -> dict[str, str]:
     # OpenMP threads on a host whose other core is busy ran 10x slower than with 1)
     env.update(thread_env(spec.family, spec.runner, spec.launcher, spec.device,
                           spec.devices_per_node, os.environ,
-                          busy=busy_cpus() if spec.device == "cpu" else None))
+                          busy=busy_cpus() if sizes_threads(spec) else None))
     if spec.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         if is_capacity_probe(spec):
