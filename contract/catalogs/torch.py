@@ -195,7 +195,7 @@ RUNNERS: list[RunnerInfo] = [
         # bf16/fp16: DeepSpeed's config sections (bf16 params, fp32 master partitions; fp16
         # with dynamic loss scaling, GPUs only)
         precisions=("fp32", "bf16", "fp16"),
-        equivalence_options=({"stage": 1}, {"stage": 3}),
+        equivalence_options=({"stage": 1}, {"stage": 3}, {"reduce_bucket_size": 1000}),
         launcher="torchrun",
         multi_node=TORCHRUN_MULTI_NODE,
         workloads=("cnn", "transformer"),
