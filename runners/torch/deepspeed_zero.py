@@ -211,7 +211,7 @@ class Engine:
         buckets = [b for bucket in getattr(opt, "ipg_buckets", {}).values() for b in bucket.buffer]
         buffers = {b.untyped_storage().data_ptr() for b in buckets}
         storages: dict[int, int] = {}
-        in_buckets = largest = 0
+        in_buckets = 0
         grads = [t for group in opt.bit16_groups for q in group
                  for t in (q.grad, getattr(q, "grad_accum", None)) if isinstance(t, torch.Tensor)]
         partition = getattr(opt, "grads_in_partition", None)
