@@ -273,6 +273,24 @@ def test_a_folder_without_splits_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "splits.npz" in proc.stderr
 
 
+def test_a_dry_run_before_the_dataset_is_made_plans_its_runs_with_the_command(
+        tmp_path: Path) -> None:
+    """Issue 42 item 4: a dataset folder not made yet is no config error; the dry run shows the
+    plan, its runs unavailable, and the command that makes the folder (a folder that exists
+    without a manifest is still refused)."""
+    missing = tmp_path / "not-yet"
+    proc = run_cli("--config", str(write(tmp_path, dataset={"path": str(missing)})),
+                   "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "predicted: 0 will run" in proc.stdout
+    assert (f"dataset.path {missing} is not made yet; make it first: python run_bench.py "
+            f"make-dataset --source digits --out {missing}") in proc.stdout
+    missing.mkdir()
+    proc = run_cli("--config", str(write(tmp_path, dataset={"path": str(missing)})),
+                   "--dry-run")
+    assert proc.returncode == 2 and "has no manifest.json" in proc.stderr
+
+
 def test_the_dry_run_says_which_runners_do_not_converge_and_why(tmp_path: Path,
                                                                 digits_dataset: Path) -> None:
     config = write(tmp_path, dataset={"path": str(digits_dataset)},

@@ -426,6 +426,8 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
     """(status, reason) for a run that cannot be launched here (visible_gpus: the GPUs NVML
     sees, None when the runs go to a cluster's nodes); None if it can."""
     info = {"pipeline": PIPELINES, "allreduce": PROBES}.get(spec.mode, RUNNERS)[spec.runner]
+    if why := dataset_missing(spec):
+        return "unavailable", why
     if info.unavailable:
         return "unavailable", info.unavailable
     if spec.num_nodes > 1 and info.multi_node is None:
@@ -456,6 +458,23 @@ def precheck(spec: RunSpec, visible_gpus: int | None) -> tuple[str, str] | None:
             and (why := info.launch_check(spec)):
         return "unavailable", why
     return None
+
+
+def dataset_missing(spec: RunSpec) -> str | None:
+    """Why a run's dataset folder cannot be read yet (config validation lets a folder not
+    made yet through), with the command that makes it; None when it has its manifest."""
+    if not spec.dataset:
+        return None
+    path = Path(spec.dataset["path"])
+    if (path / "manifest.json").is_file():
+        return None
+    if spec.mode == "converge":
+        make = (f"python run_bench.py make-dataset --source digits --out {show_path(path)} (or "
+                "--source cifar10 --from cifar-10-python.tar.gz: docs/CONVERGENCE.md)")
+    else:
+        make = (f"python run_bench.py prepare-data --src JPEG_CLASS_FOLDERS --out "
+                f"{show_path(path)} (a demo source: make-dataset; docs/USAGE.md, \"Real data\")")
+    return f"dataset.path {show_path(path)} is not made yet; make it first: {make}"
 
 
 def interpreter_problem(python: str) -> str | None:

@@ -190,14 +190,15 @@ def _check_converge(s: Any) -> None:
                         "(it trains on the splits in memory; converge.augmentation sets its "
                         "augmentation)")
     path = Path(s.dataset.path) / "splits.npz"
-    if not path.is_file():
+    if Path(s.dataset.path).exists() and not path.is_file():
         raise _fail("dataset.path", s.dataset.path, "a folder with a training and held-out "
                     "split (splits.npz) with mode converge: one written by `run_bench.py "
                     "make-dataset --source digits|cifar10`")
     if s.converge.warmup_epochs > s.converge.max_epochs:
         raise _fail("converge.warmup_epochs", s.converge.warmup_epochs,
                     f"a number <= converge.max_epochs ({s.converge.max_epochs})")
-    _check_classes(s.dataset.model_dump(), s.models)
+    if path.is_file():  # not made yet: its runs are planned unavailable (sweep.dataset_missing)
+        _check_classes(s.dataset.model_dump(), s.models)
 
 
 def _resolve(s: Any, default_name: str) -> SweepConfig:
@@ -316,6 +317,6 @@ def _dataset(s: Any) -> dict[str, Any] | None:
     dataset: dict[str, Any] | None = s.dataset.model_dump() if s.dataset is not None else None
     if dataset and "converge" in s.mode:  # its path alone (the splits in memory)
         dataset = {"path": dataset["path"]}
-    if dataset and "real" in s.data and benchmark:
+    if dataset and "real" in s.data and benchmark and Path(dataset["path"]).exists():
         _check_classes(dataset, s.models)
     return dataset

@@ -43,16 +43,20 @@ else:
 
 
 def _prepared(path: str) -> str:
-    """A folder prepare-data wrote (it has a manifest.json), made absolute."""
+    """A folder prepare-data or make-dataset wrote (it has a manifest.json), or one that does
+    not exist yet (its runs are planned unavailable with the command that makes it:
+    bench/run/sweep.dataset_missing), made absolute."""
     try:
         folder = Path(path).expanduser()
         prepared = (folder / "manifest.json").is_file()
+        missing = not folder.exists()
         resolved = str(folder.resolve())
     except (OSError, RuntimeError, ValueError) as exc:  # ~nosuchuser, a NUL, a name too long
         raise _refuse("a folder written by `run_bench.py prepare-data` "
                       f"({type(exc).__name__}: {exc})") from None
-    if not prepared:
-        raise _refuse("a folder written by `run_bench.py prepare-data` (it has no manifest.json)")
+    if not prepared and not missing:
+        raise _refuse("a folder written by `run_bench.py prepare-data` or `make-dataset` (this "
+                      "one exists and has no manifest.json), or one not made yet")
     return resolved
 
 
