@@ -26,6 +26,9 @@ IDEAL = {"color": "0.4", "linestyle": (0, (2, 2)), "linewidth": 1.0}  # short da
 FLAGGED = {"markerfacecolor": "white", "markersize": 10, "markeredgewidth": 1.8,
            "linestyle": "none", "zorder": 4}
 FLAGGED_HATCH = "xx"
+# A configuration that failed (no figure): a red x on the panel's floor at its device count.
+FAILED = {"marker": "x", "color": "#d62728", "markersize": 9, "markeredgewidth": 2,
+          "linestyle": "none"}
 
 
 def series_style(i: int) -> dict[str, Any]:

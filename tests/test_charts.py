@@ -227,3 +227,45 @@ def test_the_largest_count_panel_says_one_device_in_the_singular(golden_rows) ->
     fig = charts.largest_figure(golden_rows)
     assert fig.axes[0].get_title().endswith(": 2 virtual CPU devices")
     _close(fig)
+
+
+def _timed_out(model: str, n: int) -> dict[str, Any]:
+    rec = model_record(model, n, 1.0)
+    rec.update(status="timeout", reason="exceeded timeout_s=300; process group killed",
+               images_per_sec=None, step_times_s=None)
+    return rec
+
+
+def test_a_configuration_that_failed_is_marked_on_every_question_chart() -> None:
+    """Issue 42 item 6: the 2-device run that timed out is a red x at 2 devices with its
+    status, named in the caption, and an empty bar labelled timeout at the largest count;
+    it never leaves a 1-point chart that says nothing of it."""
+    rows = summarise([model_record("resnet50", 1, 10.0), _timed_out("resnet50", 2)])
+    for build in (charts.throughput_figure, charts.speedup_figure, charts.efficiency_figure):
+        fig = build(rows, [])
+        ax = fig.axes[0]
+        [x] = [ln for ln in ax.get_lines() if ln.get_label() == "_failed"]
+        assert list(x.get_xdata()) == [2] and 2 in list(ax.get_xticks())
+        assert "timeout" in [t.get_text() for t in ax.texts]
+        assert "Failed, no figure: " in fig._supxlabel.get_text()
+        assert "resnet50, 2 devices: timeout" in fig._supxlabel.get_text().replace("\n", " ")
+        _close(fig)
+    fig = charts.largest_figure(rows)
+    ax = fig.axes[0]
+    assert ax.get_title() == "resnet50: 2 virtual CPU devices"
+    assert [t.get_text() for t in ax.texts] == ["timeout: no figure"]
+    _close(fig)
+
+
+def test_a_report_of_a_folder_without_figures_writes_no_empty_chart_and_drops_stale_ones(
+        tmp_path: Path) -> None:
+    """Issue 42 item 9: charts of a folder whose runs gave no figure are not drawn on empty
+    0-1 axes, and charts an earlier report wrote (memory_per_device.png) are removed."""
+    folder = tmp_path / "charts"
+    folder.mkdir()
+    for name in (*charts.CHARTS, charts.MEMORY_CHART):
+        (folder / name).write_bytes(b"old")
+    rows = summarise([_timed_out("resnet50", 1), _timed_out("resnet50", 2)])
+    assert charts.render_charts(tmp_path, rows) == []
+    assert charts.render_memory_chart(tmp_path, rows) is None
+    assert list(folder.iterdir()) == []

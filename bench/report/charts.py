@@ -19,12 +19,14 @@ the render_* functions save them.
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import plotting
 from bench.analysis.published import draw_published
 from bench.analysis.stats import BASELINE, INPUT_BOUND_RATIO
 from bench.plotting import FLAGGED, FLAGGED_HATCH, IDEAL, pyplot, save, series_style, virtual_note
@@ -55,12 +57,17 @@ Row = dict[str, Any]
 
 
 def render_charts(results_dir: Path, rows: list[Row]) -> list[Path]:
-    """throughput.png, speedup.png, efficiency.png and largest_device_count.png."""
-    plt = pyplot()
+    """throughput.png, speedup.png, efficiency.png and largest_device_count.png; none (and
+    an earlier report's removed) when no row has a figure: empty axes answer nothing."""
     out = Path(results_dir) / "charts"
-    out.mkdir(parents=True, exist_ok=True)
     figures = ((THROUGHPUT_CHART, throughput_figure), (SPEEDUP_CHART, speedup_figure),
                (EFFICIENCY_CHART, efficiency_figure), (LARGEST_CHART, largest_figure))
+    if not any(r.get("images_per_sec") is not None for r in rows):
+        for name, _ in figures:
+            _remove_stale(out / name)
+        return []
+    plt = pyplot()
+    out.mkdir(parents=True, exist_ok=True)
     return [save(build(rows), out / name, plt) for name, build in figures]
 
 
@@ -85,7 +92,18 @@ def render_pipeline_chart(results_dir: Path, rows: list[Row]) -> Path | None:
 
 
 def _render(results_dir: Path, name: str, fig: Any) -> Path | None:
-    return None if fig is None else save(fig, Path(results_dir) / "charts" / name, pyplot())
+    """The figure saved as charts/<name>; None (an earlier report's file removed: a report
+    of a changed folder shows no chart of records it no longer has) without one."""
+    path = Path(results_dir) / "charts" / name
+    if fig is None:
+        _remove_stale(path)
+        return None
+    return save(fig, path, pyplot())
+
+
+def _remove_stale(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
 
 
 @dataclass(frozen=True)
@@ -161,7 +179,8 @@ def _device_figure(rows: list[Row], chart: DeviceChart, table: list[Row] | None 
     key, scale, ideal = chart.key, chart.scale, chart.ideal
     plt = pyplot()
     ok = [r for r in rows if r.get(key) is not None]
-    models = sorted({r["model"] for r in ok}) or ["(no ok runs)"]
+    failed = failed_rows(rows)
+    models = sorted({r["model"] for r in ok + failed}) or ["(no ok runs)"]
     series = _series(ok)
     fig, axes = _subplots(plt, len(models))
     for ax, model in zip(axes, models, strict=False):
@@ -170,7 +189,8 @@ def _device_figure(rows: list[Row], chart: DeviceChart, table: list[Row] | None 
         highs = [(r.get(f"{_ci(key)}_high") or r[key]) * scale for r in mine]
         drawn = _draw_series(ax, series, model, key, scale)
         _draw_flagged(ax, drawn, key, scale)
-        counts = sorted({r["num_devices"] for r in mine})
+        lost = _draw_failed(ax, [r for r in failed if r["model"] == model])
+        counts = sorted({r["num_devices"] for r in mine} | set(lost))
         if ideal == "series":
             for _, pts, line in drawn:
                 base = next((p for p in pts if p["num_devices"] == 1), None)
@@ -200,7 +220,8 @@ def _device_figure(rows: list[Row], chart: DeviceChart, table: list[Row] | None 
     fig.suptitle(chart.title + virtual_note(ok)
                  + (f"\n{textwrap.fill(chart.subtitle, 80 * len(models))}" if chart.subtitle
                     else ""))
-    _flagged_caption(fig, ok, CHART_DOUBTS.get(key, ()), len(models), "large white marker")
+    _flagged_caption(fig, ok, CHART_DOUBTS.get(key, ()), len(models), "large white marker",
+                     failed)
     return fig
 
 
@@ -229,20 +250,45 @@ def _draw_flagged(ax: Any, drawn: list[tuple[str, list[Row], Any]], key: str,
         ax.plot([], [], color="black", marker="o", label=FLAGGED_LABEL, **FLAGGED)
 
 
+def failed_rows(rows: list[Row]) -> list[Row]:
+    """The configurations no run of which gave a figure because they failed (timeout, oom,
+    failed, invalid; a planned `unavailable` never ran): charts mark them, never drop them."""
+    return [r for r in rows if r.get("status") not in (None, "ok", "unavailable")
+            and r.get("images_per_sec") is None]
+
+
+def _draw_failed(ax: Any, rows: list[Row]) -> list[int]:
+    """Each failed configuration as a red x on the panel's floor at its device count, its
+    status beside; their device counts."""
+    floor = ax.get_xaxis_transform()  # x in data, y in axes fractions
+    for r in rows:
+        ax.plot(r["num_devices"], 0.03, transform=floor, clip_on=False, label="_failed",
+                **plotting.FAILED)
+        ax.annotate(r["status"], (r["num_devices"], 0.03), xycoords=floor, fontsize=7,
+                    xytext=(6, 3), textcoords="offset points", color=plotting.FAILED["color"])
+    if rows:
+        ax.plot([], [], label="x on the floor: failed, no figure (caption)", **plotting.FAILED)
+    return [r["num_devices"] for r in rows]
+
+
 def _value_text(key: str, value: float) -> str:
     return (f"{value:.2f}x" if key == "speedup" else f"{value:.0f}%"
             if key == "scaling_efficiency" else f"{value:.1f}")
 
 
 def _flagged_caption(fig: Any, rows: list[Row], kinds: tuple[str, ...], panels: int,
-                     drawn_as: str) -> None:
+                     drawn_as: str, failed: list[Row] = ()) -> None:
     """The figure's caption (under it) naming each flagged point (`drawn_as`, its value
-    with ?) and why; none when no point of the chart is flagged."""
+    with ?) and why, then each failed configuration and its status; none when neither."""
     lines = [f"{_series_label(r)}, {r['model']}, {r['num_devices']} devices: "
              + "; ".join(chart_doubts(r, kinds)) for r in rows if chart_doubts(r, kinds)]
-    if lines:
-        text = f"Flagged ({drawn_as}, value with ?), not a result: " + " | ".join(lines)
-        fig.supxlabel(textwrap.fill(text, 110 * panels), fontsize=7, color="#d62728")
+    lost = [f"{_series_label(r)}, {r['model']}, {r['num_devices']} devices: {r['status']}"
+            for r in failed]
+    parts = ([f"Flagged ({drawn_as}, value with ?), not a result: " + " | ".join(lines)]
+             if lines else []) + (["Failed, no figure: " + " | ".join(lost)] if lost else [])
+    if parts:
+        text = "\n".join(textwrap.fill(p, 110 * panels) for p in parts)
+        fig.supxlabel(text, fontsize=7, color="#d62728")
 
 
 def _ci(key: str) -> str:
@@ -351,35 +397,50 @@ def _devices_label(rows: list[Row]) -> str:
 
 
 def largest_figure(rows: list[Row]) -> Any:
-    """Every configuration's images/sec at its model's largest device count, as bars."""
+    """Every configuration's images/sec at its model's largest device count, as bars; one that
+    failed there an empty bar with its status (charts/_draw_failed's red)."""
     plt = pyplot()
     ok = [r for r in rows if r["images_per_sec"] is not None]
-    models = sorted({r["model"] for r in ok}) or ["(no ok runs)"]
+    shown = ok + failed_rows(rows)
+    models = sorted({r["model"] for r in shown}) or ["(no ok runs)"]
     fig, axes = _subplots(plt, len(models))
+    tops = {m: max(r["num_devices"] for r in shown if r["model"] == m) for m in
+            {r["model"] for r in shown}}
+    kinds = CHART_DOUBTS["images_per_sec"]
     for ax, model in zip(axes, models, strict=False):
-        mine = [r for r in ok if r["model"] == model]
-        top = max((r["num_devices"] for r in mine), default=0)
-        bars = [r for r in mine if r["num_devices"] == top]
-        kinds = CHART_DOUBTS["images_per_sec"]
-        drawn = ax.bar(range(len(bars)), [r["images_per_sec"] for r in bars], color="#1f77b4",
-                       edgecolor="black", linewidth=0.6,
-                       hatch=[FLAGGED_HATCH if chart_doubts(r, kinds) else "" for r in bars])
-        ax.bar_label(drawn, [f"{r['images_per_sec']:.1f}"
-                             + ("?" if chart_doubts(r, kinds) else "") for r in bars],
-                     fontsize=8)
-        ax.set_xlim(-0.75, max(len(bars), 4) - 0.25)  # a lone bar is not the panel's width
-        ax.set_xticks(range(len(bars)), [_series_label(r) for r in bars], rotation=30,
-                      ha="right", fontsize=8)
+        mine = [r for r in shown if r["model"] == model]
+        bars = [r for r in mine if r["num_devices"] == tops.get(model)]
+        _bars(ax, bars, kinds)
         devices = _devices_label(mine)
+        top = tops.get(model, 0)
         _axes(ax, f"{model}: {top} {devices[:-1] if top == 1 else devices}", "",
               _rate_label("images/sec", mine))
-        _fit_y(ax, [], [r["images_per_sec"] for r in bars] or [1.0])
+        _fit_y(ax, [], [r["images_per_sec"] or 0.0 for r in bars] or [1.0])
         ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # the bars' labels
     fig.suptitle("All configurations at the largest device count" + virtual_note(ok))
-    _flagged_caption(fig, [r for r in ok if r["num_devices"] == max(
-        (o["num_devices"] for o in ok if o["model"] == r["model"]), default=0)],
-        CHART_DOUBTS["images_per_sec"], len(models), "hatched bar")
+    at_top = [r for r in shown if r["num_devices"] == tops[r["model"]]]
+    _flagged_caption(fig, [r for r in at_top if r["images_per_sec"] is not None], kinds,
+                     len(models), "hatched bar", [r for r in at_top if r["images_per_sec"] is None])
     return fig
+
+
+def _bars(ax: Any, bars: list[Row], kinds: tuple[str, ...]) -> None:
+    """One bar per configuration (hatched when flagged; a failed one empty, its status in
+    red as its label)."""
+    heights = [r["images_per_sec"] or 0.0 for r in bars]
+    drawn = ax.bar(range(len(bars)), heights, color="#1f77b4", edgecolor="black",
+                   linewidth=0.6,
+                   hatch=[FLAGGED_HATCH if chart_doubts(r, kinds) else "" for r in bars])
+    labels = ax.bar_label(drawn, [
+        f"{r['status']}: no figure" if r["images_per_sec"] is None else
+        f"{r['images_per_sec']:.1f}" + ("?" if chart_doubts(r, kinds) else "") for r in bars],
+        fontsize=8)
+    for label, r in zip(labels, bars, strict=True):
+        if r["images_per_sec"] is None:
+            label.set_color(plotting.FAILED["color"])
+    ax.set_xlim(-0.75, max(len(bars), 4) - 0.25)  # a lone bar is not the panel's width
+    ax.set_xticks(range(len(bars)), [_series_label(r) for r in bars], rotation=30,
+                  ha="right", fontsize=8)
 
 
 def real_figure(rows: list[Row]) -> Any:
