@@ -487,3 +487,22 @@ def test_smoke_sweep_against_itself_passes_and_beside_cpu_hogs_regresses(
           f"{time.monotonic() - t0:.0f} s; "
           + "; ".join(f"{r.label}: 1/s {r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}], "
                       f"contended {bool(recs[n]['contended'])}" for n, r in rows.items()))
+
+
+def test_the_charts_caption_fits_inside_the_image(tmp_path: Path) -> None:
+    """Issue 42 item 7: compare.png's caption is wrapped to the figure, not cut at the right
+    edge (long configuration labels narrow the axes it was centred under)."""
+    from bench.analysis import compare as cmp_module
+    from bench.plotting import pyplot
+
+    base = folder(tmp_path / "base", repeats([100, 101, 99], 1))
+    new = folder(tmp_path / "new", repeats([80, 81, 79], 1))
+    fig = cmp_module.chart_figure(cmp_module.compare(str(base), str(new), 0.05))
+    fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    texts = [fig._supxlabel, *fig.axes[0].get_yticklabels(), fig.axes[0].title]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.x1, text.get_text()
+    assert "no significant change" in fig._supxlabel.get_text()
+    pyplot().close(fig)

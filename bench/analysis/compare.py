@@ -84,6 +84,7 @@ import math
 import random
 import statistics
 import sys
+import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ from bench.analysis.stats import BOOTSTRAP_CI, interval_kind, interval_name
 from bench.analysis.stats import ratio_interval as stats_ratio_interval
 from bench.atomic import write_text_atomic
 from bench.errors import ConfigError
-from bench.plotting import pyplot
+from bench.plotting import pyplot, save
 from bench.records.grouping import batch_of, config_key, data_label, mode_of, nodes_of, runner_label
 from bench.records.store import folder_damage, load_records, read_environment, runs_dir
 from bench.records.trust import BOOTSTRAP_SAMPLES, CONFIDENCE, quantile
@@ -608,16 +609,22 @@ def markdown(cmp: Comparison, base: str, new: str) -> str:
     return "\n".join(out) + "\n"
 
 
+CAPTION_CHARS = 110  # 9-point characters across the 9-inch figure, margins left
 COLOURS = {REGRESSION: "#c0392b", IMPROVEMENT: "#27ae60", NO_CHANGE: "#34495e",
            INCONCLUSIVE: "#7f8c8d", NOT_COMPARED: "#7f8c8d"}
 
 
 def chart(cmp: Comparison, path: Path) -> Path:
+    """chart_figure written to path."""
+    return save(chart_figure(cmp), path, pyplot())
+
+
+def chart_figure(cmp: Comparison) -> Any:
     """NEW/BASE with its interval per configuration in both folders (horizontal), the
-    1 +- threshold band shaded; rows without a ratio carry their note."""
+    1 +- threshold band shaded; rows without a ratio carry their note. The caption is wrapped
+    to the figure's width (long configuration labels narrow the axes)."""
     rows = [r for r in cmp.rows if r.base and r.new][::-1]
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(rows)))
+    fig, ax = pyplot().subplots(figsize=(9, 1.6 + 0.45 * len(rows)))
     t = cmp.threshold
     ax.axvspan(1 - t, 1 + t, color="#95a5a6", alpha=0.25)
     ax.axvline(1.0, color="#7f8c8d", linewidth=1)
@@ -639,14 +646,12 @@ def chart(cmp: Comparison, path: Path) -> Path:
     ax.set_ylim(-0.6, len(rows) - 0.4)
     span = max(xs) - min(xs)
     ax.set_xlim(min(xs) - 0.05 * span, max(xs) + 0.05 * span)
-    ax.set_xlabel(f"NEW / BASE images/sec, interval: range with 2 repeats a side, else "
-                  f"{BOOTSTRAP_CI} (open marker: from the steps of one run)\nshaded: 1 "
-                  f"\u00b1 {t:g}, no significant change", fontsize=9)
     ax.set_title(counts(cmp), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    caption = (f"NEW / BASE images/sec, interval: range with 2 repeats a side, else "
+               f"{BOOTSTRAP_CI} (open marker: from the steps of one run); shaded: 1 "
+               f"\u00b1 {t:g}, no significant change")
+    fig.supxlabel(textwrap.fill(caption, CAPTION_CHARS), fontsize=9)
+    return fig
 
 
 def out_folder(out: str | None, new: str) -> Path:
