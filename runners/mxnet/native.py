@@ -352,15 +352,16 @@ class ConvergeSteps:
         """The converge record's evidence of the steps, read after training."""
         opt, one = self.run.trainer._optimizer, self.ps is None
         return {
-            "loss_kind": code("mxnet.converge_loss" if one else "mxnet.dist_converge_loss"),
-            "data_placement": code("mxnet.converge_split_and_load" if one else
-                                   "mxnet.dist_converge_share"),
+            "loss_kind": code("mxnet.converge_loss") if one else
+            code("mxnet.dist_converge_loss"),
+            "data_placement": code("mxnet.converge_split_and_load") if one else
+            code("mxnet.dist_converge_share"),
             "placement": dict(self.rows),
             "parameter_copies": read_placement(self.last, self.run.net)["parameter_copies"],
             "placement_source": code("mxnet.converge_context_rows"),
             "moving_stats_source": code("mxnet.batchnorm_list_data"),
-            "evaluation": code("mxnet.converge_evaluation" if one else
-                               "mxnet.dist_converge_evaluation"),
+            "evaluation": code("mxnet.converge_evaluation") if one else
+            code("mxnet.dist_converge_evaluation"),
             "optimizer": {"name": type(opt).__name__.lower(), "momentum": opt.momentum,
                           "wd": opt.wd, "steps": opt.num_update,
                           "epoch_start_lr": self.applied,
