@@ -202,6 +202,27 @@ SENTENCES: dict[str, str] = {
     "mxnet.converge_split_and_load": (
         "each global batch split over the contexts by split_and_load (even_split=False: a short "
         "kept batch as numpy.array_split)"),
+    "mxnet.dist_converge_evaluation": (
+        "inference mode, the held-out split over the workers (numpy.array_split by kv.rank), "
+        "each worker's share over its contexts (split_and_load), each context's own moving "
+        "statistics; the correct predictions summed through the kvstore, so every worker reads "
+        "the same accuracy"),
+    "mxnet.dist_converge_loss": (
+        "mean sparse cross-entropy over each global batch: each worker's summed losses over the "
+        "global rows (trainer.step(global rows) after dist_sync's sum), the workers' shares "
+        "summed through the kvstore"),
+    "mxnet.dist_converge_placement": (
+        "each worker's own read (NDArray.context and rows of each slice's loss array, summed "
+        "over the last epoch's steps; parameter_copies: contexts of each Parameter's data()), "
+        "gathered through the dist kvstore; keys worker<kv.rank>:<context>"),
+    "mxnet.dist_converge_share": (
+        "worker kv.rank's share of each global batch (numpy.array_split over kv.num_workers, "
+        "runners.converge.epoch_batches), split over its contexts by split_and_load "
+        "(even_split=False)"),
+    "mxnet.dist_initial_weights": (
+        "each worker's SHA-256 of Parameter.list_data() (names sorted) after its seeded "
+        "initialisation and after the Trainer's kvstore init broadcast worker 0's, before the "
+        "first step, gathered through the kvstore"),
     "mxnet.dist_kvstore_source": (
         "kv.type, kv.num_workers, kv.rank of each worker's kvstore (mx.kv.create), gathered "
         "through the kvstore with each worker's DMLC settings and the roles it started; "

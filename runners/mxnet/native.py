@@ -262,15 +262,21 @@ def equivalence_step(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[s
 
 class ConvergeSteps:
     """mxnet_native's converge adapter over a built GluonRun: the step (split_and_load with
-    even_split=False, one Trainer step over the batch's global rows), evaluation, BatchNorm read."""
+    even_split=False, one Trainer step over the batch's global rows), evaluation, BatchNorm read.
+    On several nodes (`ps`) the epoch's losses, the held-out counts and the BatchNorm checks
+    are summed or gathered through the kvstore, so every worker stops at the same epoch."""
 
-    def __init__(self, run: GluonRun) -> None:
-        self.run = run
+    def __init__(self, run: GluonRun, ps: dist_launch.PsLite | None = None) -> None:
+        self.run, self.ps = run, ps
         self.rows: dict[str, int] = {}
         self.last: list[Any] = []
         self.applied: list[float] = []
         self.first = True
         self.epoch_steps = stepwise(self.step, self.mean_loss)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every worker's `obj` in kv.rank order (a collective); [obj] on one node."""
+        return [obj] if self.ps is None else self.ps.allgather(obj)
 
     def train_epoch(self, epoch: int, batches: list[Batch], lr_at: Callable[[int], float]
                     ) -> float:
@@ -293,20 +299,44 @@ class ConvergeSteps:
         self.last = losses
         return loss
 
-    @staticmethod
-    def mean_loss(losses: list[Any]) -> float:
+    def mean_loss(self, losses: list[Any]) -> float:
+        """The epoch's mean of each step's global mean loss (the workers' shares summed)."""
         mx.nd.waitall()  # the epoch's steps have run (MXNet's engine is asynchronous)
-        return float(np.mean([s.asscalar() for s in losses]))
+        if self.ps is None:
+            return float(np.mean([s.asscalar() for s in losses]))
+        shares = self.gather([float(s.asscalar()) for s in losses])
+        return float(np.mean(np.sum(np.array(shares, dtype=np.float64), axis=0)))
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
         """Inference mode (BatchNorm's moving statistics): the held-out split over the
-        contexts, each predicting its share with its own parameters, as Gluon's test()."""
+        contexts, each predicting its share with its own parameters, as Gluon's test(); on
+        several nodes over the workers first (kv.rank's numpy.array_split share), the correct
+        predictions summed through the kvstore."""
+        if self.ps is None:
+            return float((self.predict(x) == y).mean())
+        kv = self.ps.kv
+        part = np.array_split(np.arange(len(y)), kv.num_workers)[kv.rank]
+        counts = self.gather([int((self.predict(x[part]) == y[part]).sum()), len(part)])
+        return sum(c for c, _ in counts) / sum(n for _, n in counts)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The predicted class of each image, its share predicted on each context."""
         xs = split_to_contexts(x.transpose(0, 3, 1, 2), self.run.ctxs, self.run.dtype, even=False)
         predicted = [self.run.net(s).argmax(axis=1).asnumpy() for s in xs]
-        return float((np.concatenate(predicted).astype(np.int64) == y).mean())
+        return np.concatenate(predicted).astype(np.int64)
 
     def moving_stats(self) -> tuple[bool, str]:
-        """(all finite, the first that is not) of every context's BatchNorm moving statistics."""
+        """(all finite, the first that is not) of every context's BatchNorm moving statistics;
+        on several nodes every worker's, gathered."""
+        mine = self.local_moving_stats()
+        if self.ps is None:
+            return mine
+        bad = [f"worker {i}: {detail}" for i, (finite, detail) in
+               enumerate(self.gather(list(mine))) if not finite]
+        return (not bad, "; ".join(bad) if bad else
+                f"{mine[1]}, on each of {self.ps.kv.num_workers} workers")
+
+    def local_moving_stats(self) -> tuple[bool, str]:
         for name, param in self.run.net.collect_params().items():
             if not name.endswith(("running_mean", "running_var")):
                 continue
@@ -320,15 +350,18 @@ class ConvergeSteps:
 
     def record(self) -> dict[str, Any]:
         """The converge record's evidence of the steps, read after training."""
-        opt = self.run.trainer._optimizer
+        opt, one = self.run.trainer._optimizer, self.ps is None
         return {
-            "loss_kind": code("mxnet.converge_loss"),
-            "data_placement": code("mxnet.converge_split_and_load"),
+            "loss_kind": code("mxnet.converge_loss") if one else
+            code("mxnet.dist_converge_loss"),
+            "data_placement": code("mxnet.converge_split_and_load") if one else
+            code("mxnet.dist_converge_share"),
             "placement": dict(self.rows),
             "parameter_copies": read_placement(self.last, self.run.net)["parameter_copies"],
             "placement_source": code("mxnet.converge_context_rows"),
             "moving_stats_source": code("mxnet.batchnorm_list_data"),
-            "evaluation": code("mxnet.converge_evaluation"),
+            "evaluation": code("mxnet.converge_evaluation") if one else
+            code("mxnet.dist_converge_evaluation"),
             "optimizer": {"name": type(opt).__name__.lower(), "momentum": opt.momentum,
                           "wd": opt.wd, "steps": opt.num_update,
                           "epoch_start_lr": self.applied,
@@ -336,26 +369,58 @@ class ConvergeSteps:
 
 
 def converge(spec: Spec) -> dict[str, Any]:
-    """Mode converge (one node): the benchmark's model, kvstore and dtype trained with the recipe's
-    SGD; the initial weights drawn once from the recipe's seed and copied to every context."""
-    if spec.num_nodes > 1:
-        raise Unavailable("mode converge runs on one node (one process over N contexts); "
-                          "the dist_sync kvstore path trains synthetic batches only")
+    """Mode converge: the benchmark's model, kvstore and dtype trained with the recipe's SGD;
+    the initial weights drawn once from the recipe's seed and copied to every context. Across
+    nodes each worker trains its share of every global batch over the dist_sync kvstore
+    (converge_on)."""
+    return dist_launch.across_nodes(spec, converge_on)
+
+
+def converge_on(spec: Spec, ps: dist_launch.PsLite | None = None) -> dict[str, Any]:
+    """One node's converge run; with `ps`, this node's worker of a dist_sync kvstore, as MXNet
+    1.x's example/image-classification/common/fit.py with kv dist_sync: worker kv.rank feeds
+    its share of each global batch (runners.converge.epoch_batches), the servers sum the
+    workers' gradients, trainer.step(global rows) makes them the global mean's (Module's
+    rescale_grad 1/(batch x num_workers)), the rate the recipe's for the global batch, worker
+    0's initial weights broadcast by the kvstore's init. Differs: the servers only sum, each
+    worker updates (update_on_kvstore=False); one permutation of the whole split cut by rank,
+    not a part of the records per worker; the held-out counts summed over the workers."""
     recipe = Recipe.of(spec)
     if recipe.optimizer != "sgd":
         raise Unavailable(f"optimizer {recipe.optimizer!r}: mxnet_native trains with SGD")
     run = GluonRun.open(spec)
     splits = load_splits(spec)
-    check_splits(splits, run.model_spec, recipe, len(run.ctxs))
+    check_splits(splits, run.model_spec, recipe, len(run.ctxs) * spec.num_nodes)
+    # the workers meet in the kvstore: from here on every worker must reach each collective
+    kv = ps.kvstore(dist_launch.kvstore_type(spec)) if ps is not None else None
     mx.random.seed(recipe.seed)
     initial = weights_digest(run.build())
     run.compile({"learning_rate": recipe.lr(0, 0, 1), "momentum": recipe.momentum,
-                 "wd": recipe.weight_decay})
-    steps = ConvergeSteps(run)
+                 "wd": recipe.weight_decay}, dist_kv=kv)
+    steps = ConvergeSteps(run, ps)
+    if kv is not None:
+        broadcast_before_first_push(run.trainer, kv)
+        initial = broadcast_digests(steps, initial, weights_digest(run.net))
     result = train_to_accuracy(spec, steps.train_epoch, steps.evaluate, steps.moving_stats,
-                               splits=splits)
-    return join(result, steps.record(), run.fields(len(run.ctxs)),
-                {"initial_weights": initial})
+                               kv.rank if kv else 0, kv.num_workers if kv else 1, splits)
+    out = join(result, steps.record(), run.fields(len(run.ctxs) * spec.num_nodes),
+               {"initial_weights": initial})
+    if ps is not None:
+        gathered, _ = dist_launch.gather_workers(ps, run.trainer, out, [], [])
+        out.update(gathered, placement_source=code("mxnet.dist_converge_placement"))
+    return out
+
+
+def broadcast_digests(steps: ConvergeSteps, seeded: dict[str, Any], after: dict[str, Any]
+                      ) -> dict[str, Any]:
+    """initial_weights across nodes: each worker's digest of its seeded weights and of those
+    the kvstore's init broadcast from worker 0, gathered; sha256 worker 0's broadcast one."""
+    rows = steps.gather({"seeded": seeded["sha256"], "broadcast": after["sha256"],
+                         "contexts_identical": after["contexts_identical"]})
+    return {"sha256": rows[0]["broadcast"],
+            "contexts_identical": all(r["contexts_identical"] for r in rows),
+            "workers_identical": len({r["broadcast"] for r in rows}) == 1,
+            "workers": rows, "source": code("mxnet.dist_initial_weights")}
 
 
 def weights_digest(net: gluon.Block) -> dict[str, Any]:

@@ -3,6 +3,7 @@ digits), their records, and what a converge record that reached its target shows
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from bench.records.store import load_records
@@ -39,6 +40,20 @@ def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
     records = load_records(out)
     assert proc.returncode in (sweep_exit(records), 1), proc.stdout + proc.stderr
     return records
+
+
+def two_node_converge_sweep(out: Path, dataset: Path, runner: str, env: dict[str, str]
+                            ) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """configs/converge-digits.yaml through the CLI for `runner` at 1 device on each of 2
+    nodes of the local SLURM cluster (`env`: the local_slurm fixture's); (the CLI's process,
+    its one converge record). The sweep must exit 0."""
+    proc = run_cli("--config", "configs/converge-digits.yaml", "--out", str(out),
+                   "--set", f"dataset.path={dataset}", "--set", f"runners=[{runner}]",
+                   "--set", "devices=[1]", "--set", "nodes=[2]",
+                   "--set", "cluster={backend: slurm, partition: debug, poll_s: 1}", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    [rec] = [r for r in load_records(out) if r.get("mode") == "converge"]
+    return proc, rec
 
 
 def assert_stopped_at_target(rec: dict, target: float) -> None:
