@@ -63,7 +63,7 @@ def cell(cells: list[tuple[str, str]], marker: str) -> str:
     return next(text for source, text in cells if marker in source)
 
 
-FOLDER, HOLDS, TABLE, CHART = "newest_with_records(", "value_counts()", "summarise(", "errorbar("
+FOLDER, HOLDS, TABLE, CHART = "newest_with_records(", "runs_line(df)", "summarise(", "errorbar("
 FAILED, DAMAGED = "itertuples()", "item.line(folder)"
 
 
@@ -229,3 +229,20 @@ def test_the_readmes_headless_command_keeps_the_outputs(tmp_path: Path) -> None:
     assert len(written) == 1, (sorted(tmp_path.iterdir()), proc.stderr[-1000:])
     cells = json.loads(written[0].read_text())["cells"]
     assert any(c.get("outputs") for c in cells if c["cell_type"] == "code")
+
+
+def test_an_impossible_speedup_is_flagged_and_rates_start_at_zero(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issues 40 and 42 item 13: the issue's recorded 10.90x on 2 devices shows its doubts in
+    the summary and beside the chart (not its own undoubted speedup), and the chart's rate
+    axes start at 0."""
+    folder = tmp_path / "impossible"
+    shutil.copytree(REPO / "tests" / "golden" / "impossible-speedup", folder)
+    cells = execute(monkeypatch, results=folder,
+                    extra=(SUMMARY, 'print("YLOW", [float(a.get_ylim()[0]) for a in fig.axes])'))
+    assert "2 runs: 2 ok" in cell(cells, HOLDS)
+    assert "gpt2_tiny: flagged, not a result" in cell(cells, CHART)
+    got = json.loads(cells[-2][1].removeprefix("SUMMARY "))
+    assert [r["doubts"] is not None for r in got] == [False, True]
+    assert "impossible, so no result" in got[1]["doubts"]
+    assert cells[-1][1].strip() == "YLOW [0.0, 0.0]"

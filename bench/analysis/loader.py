@@ -11,6 +11,7 @@ from bench.analysis.stats import summarise
 from bench.records import columns
 from bench.records.grouping import GROUP_FIELDS, READERS, baseline_key, config_key
 from bench.records.store import load_records
+from bench.records.trust import doubts
 
 # The grouping key's fields (bench.records.grouping) are columns too: data_label (synthetic or
 # real-w<workers>), batch (the one held fixed across device counts) and mode besides the
@@ -52,16 +53,44 @@ def load_results(results_dir: str | Path) -> pd.DataFrame:
     environment and options flattened, and the run's speedup and scaling efficiency against
     the 1-device throughput of its configuration: the median over repeats, summary.csv's
     images_per_sec of the row at bench.records.grouping.baseline_key. The median of a
-    configuration's per-run speedups is summary.csv's speedup. Damaged records (not JSON, of
-    the wrong types, ...) are left out: bench.records.store.scan_records names them."""
+    configuration's per-run speedups is summary.csv's speedup. `doubts`: why its
+    configuration's figures are flagged, not results (bench.records.trust.doubts: an impossible
+    speedup, a contended or unstable baseline, a throughput above the compute bound), the
+    report's flags; None when none. Damaged records (not JSON, of the wrong types, ...) are left
+    out: bench.records.store.scan_records names them."""
     records = load_records(Path(results_dir))
     df = pd.DataFrame([_flatten(r) for r in records])
     if df.empty:
-        return pd.DataFrame(columns=frame_columns())
-    summary = {config_key(row): row["images_per_sec"] for row in summarise(records)}
-    base = [summary.get(baseline_key(r)) for r in records]
+        return pd.DataFrame(columns=[*frame_columns(), *DERIVED])
+    rows = {config_key(row): row for row in summarise(records)}
+    base = [(rows.get(baseline_key(r)) or {}).get("images_per_sec") for r in records]
     df["speedup"] = [ips / b if ips is not None and b else None
                      for ips, b in zip(df["images_per_sec"], base, strict=True)]
     df["scaling_efficiency"] = [s / n if s is not None else None
                                 for s, n in zip(df["speedup"], df["num_devices"], strict=True)]
+    df["doubts"] = ["; ".join(doubts(rows.get(config_key(r)) or {}).values()) or None
+                    for r in records]
     return df
+
+
+DERIVED = ("speedup", "scaling_efficiency", "doubts")  # load_results' columns past the registry's
+HOST_COLUMNS = ("env_host", "env_os", "env_cpu_model", "env_cpu_cores", "env_gpus")
+
+
+def runs_line(df: pd.DataFrame) -> str:
+    """How many runs and their statuses, in words: "1 run: 1 timeout", "12 runs: 12 ok"."""
+    counts = df["status"].value_counts()
+    return (f"{len(df)} run{'' if len(df) == 1 else 's'}: "
+            + ", ".join(f"{n} {status}" for status, n in counts.items()))
+
+
+def hosts(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per host (HOST_COLUMNS) with its runs and each framework's versions as
+    recorded: a record without versions (a run killed before it said) joins its host's row
+    rather than splitting it."""
+    versions = sorted(c for c in df.columns if c.startswith("version_"))
+    out = df.groupby(list(HOST_COLUMNS), dropna=False).agg(
+        runs=("status", "size"),
+        **{v: (v, lambda s: ", ".join(sorted({str(x) for x in s.dropna()})) or None)
+           for v in versions})
+    return out.reset_index()
