@@ -305,6 +305,14 @@ SENTENCES: dict[str, str] = {
         "each epoch's global batches of the recipe (runners/converge.py) in tf.data on the host; "
         "Keras' distributed iterator splits each into per-replica slices and prefetches them to "
         "the replicas' devices"),
+    "tf.mirrored_converge_first_batch": (
+        "the first batch of a fresh iterator over the first epoch's dataset fit is given "
+        "(distribute_datasets_from_function), what this worker's replicas got, before fit"),
+    "tf.mirrored_converge_per_worker": (
+        "each worker's share of each global batch of the recipe (runners/converge.py "
+        "epoch_batches by worker index) in tf.data on its host, cut into one slice per local "
+        "replica and given to fit by strategy.distribute_datasets_from_function (one input "
+        "pipeline per worker; no rebatching, no auto-shard)"),
     "tf.mirrored_probe_first_batch": (
         "the first batch of a fresh iterator over the dataset fit is given, distributed as fit "
         "distributes it (experimental_distribute_dataset), before fit"),

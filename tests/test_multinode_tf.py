@@ -13,8 +13,10 @@ finite losses and samples over the global batch; each worker fed its own half of
 batch (auto-shard DATA; with OFF both would get the same rows); the port adjustment the
 one-machine cluster needs (both nodes are 127.0.0.1). One equivalence step of each runner
 across 2 nodes must give the weights of a 1-device step, so the gradients really were
-all-reduced across the workers. Without SLURM: the port rule itself, and 2 CPU devices per node
-(MWMS runs one replica per worker on CPU) reported unavailable.
+all-reduced across the workers. A 2-node converge sweep of tf_mirrored (issue 40) reaches the
+digits target, each worker fed its half of the recipe's batches. Without SLURM: the port rule
+itself, 2 CPU devices per node (MWMS runs one replica per worker on CPU) and a kept short last
+batch that does not split over the workers reported unavailable.
 
 Both "nodes" are this one 2-core machine, shared with the rest of the suite: a 2-node run
 takes 10 to 30 s when the cluster is free (TensorFlow's import and the first trace dominate),
@@ -30,14 +32,17 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from bench.plan.runs import RunSpec
+from bench.plan.config import load_config
+from bench.plan.runs import RunSpec, expand
 from bench.run.verdict import validate_result
 from contract.reasons import sentence
+from runners.converge import Recipe, epoch_batches, load_splits
 from tests.helpers.cli import REPO, run_child
 from tests.helpers.equivalence import equivalence_spec, load_weights, make_inputs
 from tests.specs import run_spec
@@ -252,14 +257,9 @@ def test_ports_change_only_where_two_tasks_share_an_address(tf_python: str) -> N
     assert [c["task"] for c in changes] == ["worker:2", "worker:3"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("runner", sorted(MODULES))
-def test_two_cpu_devices_per_node_unavailable(runner: str, tf_python: str,
-                                              tmp_path: Path) -> None:
-    """MWMS runs one replica per worker on CPU: 2 nodes x 2 CPU devices cannot be that run,
-    and says so before touching SLURM or the network."""
-    spec = multi_spec(runner, num_devices=4, global_batch_size=16, batch_size_per_device=4,
-                      warmup_steps=1, measure_steps=1)
+def run_without_slurm(tf_python: str, spec: RunSpec, tmp_path: Path) -> dict[str, Any]:
+    """Worker 0 of a 2-node run started outside SLURM (MGBENCH_* set, no SLURM_*): its result,
+    for what is decided before TF resolves the cluster."""
     spec_path, result_path = tmp_path / "spec.json", tmp_path / "result.json"
     spec_path.write_text(json.dumps(spec.to_dict()))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -270,7 +270,73 @@ def test_two_cpu_devices_per_node_unavailable(runner: str, tf_python: str,
              "MGBENCH_PROCESS_RANK": "0", "MGBENCH_NUM_NODES": "2",
              "MGBENCH_MASTER_ADDR": "node1", "MGBENCH_MASTER_PORT": str(free_ports(2))})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    result = json.loads(result_path.read_text())
+    return json.loads(result_path.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", sorted(MODULES))
+def test_two_cpu_devices_per_node_unavailable(runner: str, tf_python: str,
+                                              tmp_path: Path) -> None:
+    """MWMS runs one replica per worker on CPU: 2 nodes x 2 CPU devices cannot be that run,
+    and says so before touching SLURM or the network."""
+    spec = multi_spec(runner, num_devices=4, global_batch_size=16, batch_size_per_device=4,
+                      warmup_steps=1, measure_steps=1)
+    result = run_without_slurm(tf_python, spec, tmp_path)
     assert result["status"] == "unavailable", result
     assert "2 CPU devices per node" in result["reason"], result["reason"]
     assert "one replica per worker" in result["reason"], result["reason"]
+
+
+@pytest.mark.slow
+def test_a_short_kept_batch_that_does_not_split_over_the_workers_is_unavailable(
+        tf_python: str, tmp_path: Path, digits_dataset: Path) -> None:
+    """Each worker feeds its replicas equal slices: digits' 1,437 training rows in global
+    batches of 64 leave 29, which 2 replicas cannot share evenly; said before any cluster."""
+    cfg = load_config(REPO / "configs/converge-digits.yaml", [
+        f"dataset.path={digits_dataset}", "runners=[tf_mirrored]", "devices=[1]", "nodes=[2]",
+        "converge.last_batch=keep", "cluster={backend: slurm, partition: debug}"])
+    [spec] = expand(cfg, "s")
+    result = run_without_slurm(tf_python, spec, tmp_path)
+    assert result["status"] == "unavailable", result
+    assert "short last batch of 29 rows" in result["reason"], result["reason"]
+    assert "2 replicas" in result["reason"], result["reason"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_two_node_converge_sweep_of_tf_mirrored_reaches_the_digits_target(
+        local_slurm: dict[str, str], tmp_path: Path, digits_dataset: Path) -> None:
+    """Issue 40: time to accuracy across nodes with MultiWorkerMirroredStrategy. tf_mirrored on
+    the local cluster's two nodes (a worker on each) trains configs/converge-digits.yaml's recipe
+    to its target; each worker fed its own half of every global batch (read back from TF's
+    distributed dataset), every worker's placement and the collective all-reduce gathered
+    through TF, the BatchNorm copies of both workers counted."""
+    from tests.helpers.sweeps import assert_stopped_at_target, converge_sweep
+
+    [rec] = converge_sweep(tmp_path / "out", digits_dataset, "runners=[tf_mirrored]",
+                           "devices=[1]", "nodes=[2]",
+                           "cluster={backend: slurm, partition: debug, poll_s: 1}",
+                           env=local_slurm)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["num_nodes"] == 2 and rec["result"]["multi_node"]["num_workers"] == 2
+    assert rec["result"]["replicas"] == 2
+    nodes = rec["result"]["nodes"]
+    assert [n["node"] for n in nodes] == ["node1", "node2"]
+    assert sorted(rec["placement"]) == [f"/job:worker/replica:0/task:{i}/device:CPU:0"
+                                        for i in (0, 1)]
+    assert all(n["collective_ops"]["ops"].get("CollectiveReduceV2", 0) >= 1 for n in nodes)
+    # what each worker's replica got first, read back from TF: its half of the recipe's first
+    # global batch (runners/converge.py), worker 0 the first half
+    got = [n["first_batch"] for n in nodes]
+    recipe_spec = SimpleNamespace(converge=rec["converge"], dataset={"path": str(digits_dataset)},
+                                  global_batch_size=rec["global_batch_size"])
+    first = epoch_batches(Recipe.of(recipe_spec), load_splits(recipe_spec), 0)[0]
+    half = rec["global_batch_size"] // 2
+    assert [b["rows"] for b in got] == [[half], [half]]
+    for i, b in enumerate(got):
+        rows = slice(i * half, (i + 1) * half)
+        assert b["image_sum"] == pytest.approx(float(first.x[rows].astype(np.float64).sum()),
+                                               abs=1e-3), (i, b)
+        assert b["label_sum"] == int(first.y[rows].sum()), (i, b)
+    assert rec["result"]["moving_stat_copies"] == 2 * 2 * 2  # 2 BatchNorm x (mean, var) x 2
+    assert_stopped_at_target(rec, rec["converge"]["target_accuracy"])

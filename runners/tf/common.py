@@ -22,12 +22,12 @@ from contract.result import join  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.keras_common import get_canonical_weights, set_canonical_weights  # noqa: E402
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, one_line, rows_per_device  # noqa: E402
-from runners.converge import Splits, train_to_accuracy  # noqa: E402
+from runners.converge import Batch, Splits, train_to_accuracy  # noqa: E402
 from runners.memory import _itemsize  # noqa: E402
 from runners.real_data import describe  # noqa: E402
 from runners.tf import data as tf_data  # noqa: E402
 from runners.tf.devices import MultiWorker, multi_worker_strategy, setup_devices  # noqa: E402
-from runners.tf.placement import device_key  # noqa: E402
+from runners.tf.placement import all_gather_json, device_key  # noqa: E402
 
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -276,10 +276,12 @@ def recipe_optimizer(recipe: Any) -> RecipeSGD:
     return RecipeSGD(l2=recipe.weight_decay, learning_rate=0.0, momentum=recipe.momentum)
 
 
-def check_converge_model(spec: Spec, model_spec: ModelSpec, splits: Any) -> None:
+def check_converge_model(spec: Spec, model_spec: ModelSpec, splits: Any,
+                         across_nodes: bool = False) -> None:
     """Unavailable unless the model takes the dataset's images and classes (mode converge
-    trains on its splits: runners/converge.py) and is built to converge here (one node)."""
-    if spec.num_nodes > 1:
+    trains on its splits: runners/converge.py) and is built to converge here (one node, or
+    several where the runner says `across_nodes`)."""
+    if spec.num_nodes > 1 and not across_nodes:
         raise Unavailable("mode converge on several nodes is not built for the TF runners "
                           "(MultiWorkerMirroredStrategy would shard the recipe's batches)")
     if model_spec.input_kind == "tokens":
@@ -296,6 +298,18 @@ def check_converge_model(spec: Spec, model_spec: ModelSpec, splits: Any) -> None
 def nchw(x: np.ndarray, data_format: str) -> np.ndarray:
     """Images (B, H, W, C) in the model's layout."""
     return x if data_format == "channels_last" else np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+
+
+def replica_pieces(batches: Sequence[Batch], replicas: int) -> list[Batch]:
+    """Each batch cut into `replicas` equal slices of consecutive rows, in order (what a
+    distributed iterator gives a worker's replicas of a batch); Invalid when one does not
+    divide."""
+    out = []
+    for b in batches:
+        per = rows_per_device(len(b.y), replicas, "local replicas", "worker's share")
+        out += [Batch(x=b.x[i * per:(i + 1) * per], y=b.y[i * per:(i + 1) * per],
+                      global_rows=b.global_rows) for i in range(replicas)]
+    return out
 
 
 def epoch_dataset(batches: Sequence[Any], data_format: str) -> tf.data.Dataset:
@@ -386,7 +400,9 @@ class StrategyAccuracy:
 class StrategyConverge:
     """Mode converge's adapter for a Keras 3 model under a tf.distribute strategy: a subclass's
     `train` runs one epoch; this class reads the rate back, evaluates, reads BatchNorm
-    statistics."""
+    statistics. Several workers (`worker`: this one's index, `workers` their number): each
+    trains on its share of every global batch, and the moving statistics' check and count are
+    gathered from every worker (collectives every worker joins at the same points)."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
                  optimizer: keras.optimizers.Optimizer, data_format: str) -> None:
@@ -394,6 +410,7 @@ class StrategyConverge:
         self.optimizer = optimizer
         self.initial = weights_digest(model)  # before any step: where every run starts
         self.lr_read_back: list[float] = []
+        self.worker, self.workers = 0, 1
 
     def train(self, epoch: int, batches: list[Any], lr_at: Callable[[int], float]) -> float:
         raise NotImplementedError
@@ -424,15 +441,33 @@ class StrategyConverge:
                 "wrong shape; without oneDNN the replica's BatchNorm moving statistics become "
                 "NaN") from exc
 
+    def moving_stats(self) -> tuple[bool, str]:
+        """moving_stats of this worker's copies; several workers: of every worker's, gathered
+        through the strategy, so that every worker stops after the same epoch."""
+        finite, detail = moving_stats(self.strategy, self.model)
+        if self.workers == 1:
+            return finite, detail
+        found = all_gather_json(self.strategy, [finite, detail])
+        bad = [f"worker {i}: {said}" for i, (ok, said) in enumerate(found) if not ok]
+        if bad:
+            return False, "; ".join(bad)
+        return True, f"{self.stat_copies()} moving statistics (every worker's device copies) finite"
+
+    def stat_copies(self) -> int:
+        """The BatchNorm moving statistics' copies on every device of every worker."""
+        local = len(moving_stat_copies(self.strategy, self.model))
+        return local if self.workers == 1 else sum(all_gather_json(self.strategy, local))
+
     def run(self, spec: Spec, splits: Splits, policy: str) -> dict[str, Any]:
-        """train_to_accuracy's result and the fields both runners report."""
+        """train_to_accuracy's result, on this worker's share of the batches, and the fields
+        both runners report."""
         result = train_to_accuracy(
             spec, self.train_epoch, StrategyAccuracy(self.strategy, self.model, self.data_format),
-            lambda: moving_stats(self.strategy, self.model), splits=splits)
+            self.moving_stats, self.worker, self.workers, splits)
         return join(result, {
             "lr_read_back": self.lr_read_back,
             # every device's copy of every BatchNorm moving statistic, as moving_stats reads
-            "moving_stat_copies": len(moving_stat_copies(self.strategy, self.model)),
+            "moving_stat_copies": self.stat_copies(),
             "dtype_policy": policy,
             "batchnorm": "per_device",
             "optimizer": code("tf.keras3_sgd_weight_decay"),

@@ -32,6 +32,7 @@ DATA_PLACEMENT = {
     "tokens": code("tf.mirrored_tokens_prefetched"),
     "real": code("tf.mirrored_real_distributed"),
     "converge": code("tf.mirrored_converge_distributed"),
+    "converge_nodes": code("tf.mirrored_converge_per_worker"),
 }
 CROSS_DEVICE_OPS = {
     "auto": None,
@@ -261,50 +262,99 @@ class StepLearningRate(keras.callbacks.Callback):
 
 class MirroredConverge(tfc.StrategyConverge):
     """Keras 3 fit, one call per epoch on that epoch's batches in tf.data, the rate set before every
-    step (StepLearningRate); the placement from the first train call."""
+    step (StepLearningRate); the placement from the first train call. Several nodes (`multi`):
+    each worker's share of every global batch given to fit through
+    distribute_datasets_from_function, and the first batch each worker's replicas got."""
 
-    def __init__(self, spec: Spec, strategy: tf.distribute.Strategy, model: keras.Model) -> None:
+    def __init__(self, spec: Spec, strategy: tf.distribute.Strategy, model: keras.Model,
+                 multi: MultiWorker | None = None) -> None:
         # a user's Keras model takes images as it declares them, H, W, C (models/custom.py)
         data_format = "channels_last" if spec.custom_model else spec.options["data_format"]
         super().__init__(strategy, model, model.optimizer, data_format)
         self.spec, self.placement, self.step_lr = spec, EagerPlacement(), StepLearningRate()
+        self.multi, self.first_batch = multi, None
+        if multi is not None:
+            self.worker, self.workers = multi.resolver.task_id, spec.num_nodes
+
+    def worker_input(self, epoch: int, batches: list) -> Any:
+        """fit's input of one epoch on several nodes: this worker's shares cut into one slice
+        per local replica, one input pipeline per worker (InputContext), its first distributed
+        batch read in epoch 0 (a collective every worker joins)."""
+        local = self.strategy.num_replicas_in_sync // self.workers
+        pieces = tfc.replica_pieces(batches, local)
+
+        def per_worker(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            if (ctx.input_pipeline_id, ctx.num_input_pipelines) != (self.worker, self.workers):
+                raise Invalid(f"TF gave this worker input pipeline {ctx.input_pipeline_id} of "
+                              f"{ctx.num_input_pipelines}; it is worker {self.worker} of "
+                              f"{self.workers}")
+            return tfc.epoch_dataset(pieces, self.data_format)
+
+        data = self.strategy.distribute_datasets_from_function(per_worker)
+        if epoch == 0:
+            self.first_batch = tfc.local_batch(self.strategy, next(iter(data)),
+                                               code("tf.mirrored_converge_first_batch"))
+        return data
 
     def train(self, epoch: int, batches: list, lr_at: Callable[[int], float]) -> float:
         self.step_lr.lr_at = lr_at
         callbacks: list[keras.callbacks.Callback] = [self.step_lr]
+        # several nodes: the input made and probed before the placement starts, as benchmark's
+        data = None if self.multi is None else self.worker_input(epoch, batches)
         if epoch == 0:  # the train function's partition graphs, made by its first call
             self.placement.start()
             callbacks.append(stop_placement(self.placement))
         with self.empty_replicas(batches), known_limits(self.spec, self.strategy):
-            history = self.model.fit(tfc.epoch_dataset(batches, self.data_format),
-                                     epochs=epoch + 1, initial_epoch=epoch,
+            if data is None:
+                data = tfc.epoch_dataset(batches, self.data_format)
+            history = self.model.fit(data, epochs=epoch + 1, initial_epoch=epoch,
                                      callbacks=callbacks, verbose=0, shuffle=False)
         return float(history.history["loss"][-1])
 
 
+def check_across_nodes(spec: Spec, recipe: Recipe, rows: int) -> None:
+    """Unavailable on several nodes when the recipe keeps a short last batch that does not
+    split evenly over the replicas: each worker's pipeline gives its replicas equal slices."""
+    rest = rows % recipe.global_batch if recipe.last_batch == "keep" else 0
+    if spec.num_nodes > 1 and rest % spec.num_devices:
+        raise Unavailable(
+            f"last_batch keep on {spec.num_nodes} nodes: the short last batch of {rest} rows "
+            f"does not split evenly over {spec.num_devices} replicas; each worker feeds its "
+            "own share through distribute_datasets_from_function, at one per-replica batch "
+            "size for every replica (InputContext.get_per_replica_batch_size)")
+
+
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: MirroredConverge on the benchmark's strategy, model and compile with the
-    recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed)."""
+    recipe's optimizer, initial weights seeded by keras.utils.set_random_seed(recipe.seed);
+    several nodes: MultiWorkerMirroredStrategy, every worker's placement and batch gathered."""
     recipe = Recipe.of(spec)
     splits = load_splits(spec)
     model_spec = spec_of(spec)
-    tfc.check_converge_model(spec, model_spec, splits)
+    tfc.check_converge_model(spec, model_spec, splits, across_nodes=True)
+    check_across_nodes(spec, recipe, len(splits.y_train))
     if spec.options["steps_per_execution"] > 1:
         raise Unavailable(
             f"steps_per_execution={spec.options['steps_per_execution']} in mode converge: "
             "fit calls on_train_batch_begin once per call of that many steps, so the "
             "recipe's learning rate could not be set before every step")
     keras.mixed_precision.set_global_policy(tfc.POLICIES[spec.precision])
-    strategy, devices, _ = make_strategy(spec)
+    strategy, devices, multi = make_strategy(spec)
     keras.utils.set_random_seed(recipe.seed)  # the initial weights: alike at any device count
     model, described = build_compiled(spec, strategy, None, lambda: tfc.recipe_optimizer(recipe))
-    adapter = MirroredConverge(spec, strategy, model)
+    adapter = MirroredConverge(spec, strategy, model, multi)
     result = adapter.run(spec, splits, tfc.POLICIES[spec.precision])
-    return join(result, compile_info(spec, strategy, devices), adapter.placement.result(), {
-        "data_placement": DATA_PLACEMENT["converge"],
+    result = join(result, compile_info(spec, strategy, devices), adapter.placement.result(), {
+        "data_placement": DATA_PLACEMENT["converge" if multi is None else "converge_nodes"],
         "lr_setting": "StepLearningRate callback: model.optimizer.learning_rate before each step",
         "train_loss_kind": code("tf.keras_epoch_loss"),
     }, kc.model_record(model, model_spec, described), tfc.keras_policy(model, spec.precision))
+    if multi is not None:  # last: a collective every worker joins
+        result.update(multi.record(
+            result["placement"], adapter.placement.run_metadata,
+            {"first_batch": adapter.first_batch},
+            {"FitMultiWorkerStrategy.reduce": code("tf.fit_reduce_patch")}))
+    return result
 
 
 if __name__ == "__main__":

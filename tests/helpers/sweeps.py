@@ -29,14 +29,15 @@ def real_sweep(out: Path, dataset: Path, *sets: str) -> dict[int, dict]:
     return smoke_sweep(out, "data=real", f"dataset.path={dataset}", "dataset.workers=1", *sets)
 
 
-def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
-    """configs/converge-digits.yaml through the CLI on `dataset` with `sets` (KEY=VALUE);
-    its records (mode converge: runners/converge.py)."""
+def converge_sweep(out: Path, dataset: Path, *sets: str,
+                   env: dict[str, str] | None = None) -> list[dict]:
+    """configs/converge-digits.yaml through the CLI on `dataset` with `sets` (KEY=VALUE) and
+    `env` (a SLURM cluster's, say); its records (mode converge: runners/converge.py)."""
     args = ["--config", "configs/converge-digits.yaml", "--out", str(out),
             "--set", f"dataset.path={dataset}"]
     for s in sets:
         args += ["--set", s]
-    proc = run_cli(*args)
+    proc = run_cli(*args, env=env)
     records = load_records(out)
     assert proc.returncode in (sweep_exit(records), 1), proc.stdout + proc.stderr
     return records
