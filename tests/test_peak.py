@@ -16,6 +16,8 @@ import pytest
 from bench.records.mfu import AGREE, IMPLAUSIBLY_LOW, TRAINING_FLOPS_FACTOR, mfu, spread
 from bench.run import peak
 from bench.run.peak import (
+    DEFAULT_SECONDS,
+    SECONDS_VAR,
     against_machine_best,
     cache_key,
     device_type,
@@ -24,6 +26,7 @@ from bench.run.peak import (
     measure_peaks,
     not_cacheable,
     peak_line,
+    probe_seconds,
 )
 from runners.peak_probe import _trials
 
@@ -285,6 +288,21 @@ def test_cache_key_names_interpreter_device_precision_and_framework(tmp_path: Pa
         (tmp_path / name / "bin" / "python").symlink_to("/usr/bin/env")
     assert cache_key(tmp_path / "a/bin/python", "cpu", "fp32", "torch") != \
         cache_key(tmp_path / "b/bin/python", "cpu", "fp32", "torch")
+
+
+def test_the_probes_seconds_come_from_the_environment_and_key_their_own_peak(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """MGBENCH_PEAK_SECONDS (the suite's 0.5) times the trials; a shorter probe's peak is
+    cached under its own key, never read back for a full one; a bad value is the default."""
+    for value, want in (("0.5", 0.5), ("nope", DEFAULT_SECONDS), ("0", DEFAULT_SECONDS),
+                        ("120", DEFAULT_SECONDS)):
+        monkeypatch.setenv(SECONDS_VAR, value)
+        assert probe_seconds() == want
+    monkeypatch.delenv(SECONDS_VAR)
+    assert probe_seconds() == DEFAULT_SECONDS
+    args = ("/envs/torch/bin/python", "cpu: AMD EPYC x2", "fp32", "torch")
+    assert cache_key(*args) == cache_key(*args, "", DEFAULT_SECONDS)
+    assert cache_key(*args, "", 0.5) != cache_key(*args)
 
 
 def test_missing_interpreter_is_a_record_and_not_cached(tmp_path: Path) -> None:

@@ -31,6 +31,17 @@ from contract.launch_env import POLICY_VAR, math_env, thread_env
 FAMILY_FRAMEWORK = {"tf": "tf", "mxnet": "mxnet", "torch": "torch", "jax": "jax",
                     "horovod": "torch"}  # horovod's environment has torch
 PROBE = REPO_ROOT / "runners" / "peak_probe.py"
+SECONDS_VAR, DEFAULT_SECONDS = "MGBENCH_PEAK_SECONDS", 3.0  # the probe's trials, at least
+
+
+def probe_seconds() -> float:
+    """How long the probe times its trials: $MGBENCH_PEAK_SECONDS (0.1 to 60; the test suite
+    sets 0.5: its probes share the CPUs and are never kept) or DEFAULT_SECONDS."""
+    try:
+        value = float(os.environ.get(SECONDS_VAR, DEFAULT_SECONDS))
+    except ValueError:
+        return DEFAULT_SECONDS
+    return value if 0.1 <= value <= 60 else DEFAULT_SECONDS
 
 
 def default_cache_dir() -> Path:
@@ -50,31 +61,36 @@ def device_type(device: str, environment: dict[str, Any]) -> str:
 
 
 def cache_key(python: str | Path, device_type: str, precision: str, framework: str,
-              threads: str = "") -> str:
+              threads: str = "", seconds: float = DEFAULT_SECONDS) -> str:
     """A short hash naming one peak: interpreter, device type, precision, framework, probe,
-    and the thread settings the policy gave it (runners/threads.py)."""
+    the thread settings the policy gave it (runners/threads.py) and the probe's seconds where
+    not the default (a shorter probe's peak never stands for a full one)."""
     # resolve the folder, not the file: a venv's bin/python links to the base interpreter,
     # which every environment shares
     path = Path(python).expanduser()
     path = path.parent.resolve() / path.name
     probe = hashlib.sha256(PROBE.read_bytes()).hexdigest()
     text = json.dumps([str(path), device_type, precision, framework, probe]
-                      + ([threads] if threads else []))
+                      + ([threads] if threads else [])
+                      + ([seconds] if seconds != DEFAULT_SECONDS else []))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def measure_peak(family: str, python: str | Path, device: str, precision: str,
                  environment: dict[str, Any], *, cache_dir: Path | None = None,
-                 timeout_s: float = 300, seconds: float = 3.0) -> dict[str, Any]:
-    """The peak record for a family's interpreter on a device at a precision (cached)."""
+                 timeout_s: float = 300, seconds: float | None = None) -> dict[str, Any]:
+    """The peak record for a family's interpreter on a device at a precision (cached), its
+    trials timed for `seconds` (default probe_seconds())."""
     framework = FAMILY_FRAMEWORK[family]
+    seconds = probe_seconds() if seconds is None else seconds
     dtype = device_type(device, environment)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     env = _child_env(device, family, precision)
     threads = env.get(POLICY_VAR, "")
-    cache_path = cache_dir / f"peak-{cache_key(python, dtype, precision, framework, threads)}.json"
+    key = cache_key(python, dtype, precision, framework, threads, seconds)
+    cache_path = cache_dir / f"peak-{key}.json"
     meta = {"family": family, "device": device, "device_type": dtype, "precision": precision,
-            "python": str(python), "thread_policy": threads or None}
+            "python": str(python), "thread_policy": threads or None, "probe_seconds": seconds}
     with contextlib.suppress(OSError, ValueError):  # a keeper, and still no implausible one
         cached = json.loads(cache_path.read_text())
         if cached.get("status") == "ok" and not_cacheable(cached) is None and implausibly_low(
