@@ -41,6 +41,20 @@ def converge_sweep(out: Path, dataset: Path, *sets: str) -> list[dict]:
     return records
 
 
+def two_node_converge(out: Path, dataset: Path, runner: str, env: dict[str, str]
+                      ) -> tuple[dict, str]:
+    """converge_sweep's config with `runner` on one device of each of the local SLURM
+    cluster's two nodes (`env`: the local_slurm fixture's), which must exit 0; (its one
+    converge record, the CLI's stdout)."""
+    proc = run_cli("--config", "configs/converge-digits.yaml", "--out", str(out),
+                   "--set", f"dataset.path={dataset}", "--set", f"runners=[{runner}]",
+                   "--set", "devices=[1]", "--set", "nodes=[2]",
+                   "--set", "cluster={backend: slurm, partition: debug, poll_s: 1}", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    [rec] = [r for r in load_records(out) if r.get("mode") == "converge"]
+    return rec, proc.stdout
+
+
 def assert_stopped_at_target(rec: dict, target: float) -> None:
     """A converge record that reached `target`: stopped at its first epoch at the target, the
     time to target that epoch's wall time, evaluations included."""
