@@ -207,8 +207,8 @@ def placement_fields(a: NativeConverge, curve: list[dict[str, Any]]) -> dict[str
     accuracies = common.allgather_json([p["accuracy"] for p in curve])
     if any(acc != accuracies[0] for acc in accuracies):
         raise Invalid(f"the processes' held-out accuracies differ: {accuracies}")
-    return {**fields, "data_placement": "each process's share of the recipe's batches "
-            "(epoch_batches), jax.make_array_from_process_local_data",
+    return {**fields, "data_placement": "each process's share of each batch (epoch_batches) in "
+            "jax.make_array_from_process_local_data",
             "heldout_evaluation": "every process feeds all held-out rows, each device "
             "predicts its share, process_allgather",
             "heldout_accuracy_per_process": accuracies}
