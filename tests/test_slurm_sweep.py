@@ -289,18 +289,13 @@ def test_a_two_node_converge_sweep_reaches_the_digits_target(
     """Issue 40: time to accuracy across nodes. torch_ddp on the local cluster's two nodes (a
     rank on each, a c10d rendezvous on the first) trains configs/converge-digits.yaml's recipe
     to its target; the record is one run over two nodes, each node's part named."""
-    from tests.helpers.sweeps import assert_stopped_at_target
+    from tests.helpers.sweeps import assert_stopped_at_target, two_node_converge_sweep
 
-    out = tmp_path / "out"
-    proc = run_cli("--config", "configs/converge-digits.yaml", "--out", str(out),
-                   "--set", f"dataset.path={digits_dataset}", "--set", "runners=[torch_ddp]",
-                   "--set", "devices=[1]", "--set", "nodes=[2]",
-                   "--set", "cluster={backend: slurm, partition: debug, poll_s: 1}",
-                   env=local_slurm)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
-    [rec] = [r for r in _records(out).values() if r.get("mode") == "converge"]
+    proc, rec = two_node_converge_sweep(tmp_path / "out", digits_dataset, "torch_ddp",
+                                        local_slurm)
+    stdout = proc.stdout
     assert rec["status"] == "ok", rec["reason"]
     assert rec["num_nodes"] == 2 and sorted(rec["placement"]) == ["rank0:cpu", "rank1:cpu"]
     assert sorted(n["node"] for n in rec["slurm"]["nodes"]) == ["node1", "node2"]
     assert_stopped_at_target(rec, rec["converge"]["target_accuracy"])
-    assert "2x1 vcpu" in proc.stdout  # the converge table's devices: nodes x devices
+    assert "2x1 vcpu" in stdout  # the converge table's devices: nodes x devices

@@ -19,6 +19,7 @@ from runners.converge import Recipe
 
 if TYPE_CHECKING:
     import jax
+    import numpy as np
 
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -278,16 +279,46 @@ def ready_rows(batch: tuple[jax.Array, jax.Array]) -> int:
 EVAL_CHUNK = 1024  # held-out rows per evaluation call at most (eval_chunk)
 
 
-def sgd_recipe(spec: Spec, runner: str, missing: str) -> Recipe:
-    """A converge run's recipe; Unavailable across nodes (`missing`: what of a per-process
-    share the runner lacks) or with an optimizer other than sgd."""
-    if spec.num_nodes > 1:
+def sgd_recipe(spec: Spec, runner: str, missing: str | None) -> Recipe:
+    """A converge run's recipe; Unavailable across nodes for a runner that cannot feed each
+    process its share (`missing`: what of a per-process share it lacks; None: it can) or with
+    an optimizer other than sgd."""
+    if spec.num_nodes > 1 and missing is not None:
         raise Unavailable("mode converge across nodes: the recipe's batches are made whole on "
                           "one process (runners/converge.py); a per-process share " + missing)
     recipe = Recipe.of(spec)
     if recipe.optimizer != "sgd":
         raise Unavailable(f"optimizer {recipe.optimizer!r}: {runner} converges with sgd only")
     return recipe
+
+
+def process_local(sharding: jax.sharding.Sharding, local: tuple[np.ndarray, ...],
+                  global_rows: int | None = None) -> tuple[jax.Array, ...]:
+    """Global arrays in `sharding` from this process's `local` arrays: jax.device_put on one
+    process; across processes jax.make_array_from_process_local_data, each process giving its
+    share of `global_rows` (axis 0), or (global_rows None) all of each array, every process
+    the same values, each device taking its part."""
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_put(local, sharding)
+    return tuple(jax.make_array_from_process_local_data(
+        sharding, a, a.shape if global_rows is None else (global_rows, *a.shape[1:]))
+        for a in local)
+
+
+def check_process_rows(array: jax.Array, share: int, world: int) -> None:
+    """Invalid unless this process's devices hold rows [r x s, (r + 1) x s) of the global
+    array (r its jax.process_index(), s its `share` of rows, equal over the `world`
+    processes, as runners.converge.epoch_batches cuts them): read from addressable_shards."""
+    import jax
+
+    rank, rows = jax.process_index(), array.shape[0]
+    spans = sorted(s.index[0].indices(rows)[:2] for s in array.addressable_shards)
+    covered = [i for start, stop in spans for i in range(start, stop)]
+    if covered != list(range(rank * share, (rank + 1) * share)) or share * world != rows:
+        raise Invalid(f"process {rank} of {world} gave its {share} rows of a {rows}-row batch; "
+                      f"its devices hold rows {spans}")
 
 
 def check_short_batch(recipe: Recipe, train_rows: int, n: int, layout: str) -> None:

@@ -75,6 +75,8 @@ class NativeConverge:
 
     def __init__(self, run: FlaxRun, state: train_state.TrainState, jitted: Any,
                  heldout_rows: int) -> None:
+        import jax
+
         self.run, self.state, self.jitted = run, state, jitted
         self.compiled: dict[tuple[int, ...], Any] = {}  # the step compiled per batch shape
         self.collectives: dict[str, int] = {}
@@ -84,20 +86,22 @@ class NativeConverge:
         self.lrs: list[float] = []  # the optax state's rate after each epoch's last step
         self.read: str | None = None  # what the last moving_stats() read
         self.predict = make_predict(run)
+        self.world = jax.process_count()  # one process per node
         self.chunk = common.eval_chunk(heldout_rows, run.n)  # held-out rows per inference call
 
     def step(self, b: Batch, lr: float, epoch: int) -> Any:
-        import jax
         import numpy as np
 
-        x, y = jax.device_put((b.x, b.y), self.run.batch)
+        x, y = common.process_local(self.run.batch, (b.x, b.y), b.global_rows)
         if epoch == 0:
             self.rows_fed.append(b.global_rows)
+            if self.world > 1:
+                common.check_process_rows(x, len(b.y), self.world)
             for device, count in common.placement(x).items():
                 self.rows[device] = self.rows.get(device, 0) + count
         # the optax state's learning rate replaced by lr (float32, replicated)
         opt = self.state.opt_state
-        value = jax.device_put(np.float32(lr), self.run.replicated)
+        (value,) = common.process_local(self.run.replicated, (np.float32(lr),))
         self.state = self.state.replace(opt_state=opt._replace(
             hyperparams={**opt.hyperparams, "learning_rate": value}))
         if x.shape not in self.compiled:
@@ -117,16 +121,21 @@ class NativeConverge:
         return mean
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> float:
-        import jax
+        """Held-out accuracy: every process feeds all of each padded chunk, each device
+        predicts its rows; across processes the predictions are gathered to each
+        (process_allgather), so every process counts the same accuracy."""
         import numpy as np
+        from jax.experimental import multihost_utils
 
         correct, chunk = 0, self.chunk
         for i in range(0, len(y), chunk):
             part = x[i:i + chunk]
             padded = np.concatenate([part, np.zeros((chunk - len(part), *part.shape[1:]),
                                                     part.dtype)])
-            classes = self.predict(self.state.params, self.state.batch_stats,
-                                   jax.device_put(padded, self.run.batch))
+            (xs,) = common.process_local(self.run.batch, (padded,))
+            classes = self.predict(self.state.params, self.state.batch_stats, xs)
+            if not classes.is_fully_addressable:
+                classes = multihost_utils.process_allgather(classes, tiled=True)
             correct += int((np.asarray(classes)[:len(part)] == y[i:i + chunk]).sum())
         return correct / len(y)
 
@@ -151,12 +160,14 @@ class NativeConverge:
 
 def converge(spec: Spec) -> dict[str, Any]:
     """Mode converge: train_to_accuracy with the benchmark's model, mesh and jitted step, the
-    learning rate set per step in the optax state."""
-    recipe = common.sgd_recipe(
-        spec, "jax_native", "fed through make_array_from_process_local_data is not built yet")
+    learning rate set per step in the optax state; across nodes each process feeds its share
+    of every global batch (its jax.process_index() as the rank)."""
+    recipe = common.sgd_recipe(spec, "jax_native", None)
     model_spec = spec_of(spec)
     splits = fitting_splits(spec, model_spec)
     run = FlaxRun.start(spec, model_spec)
+    import jax
+
     common.check_short_batch(recipe, len(splits.y_train), run.n, "a NamedSharding")
     variables = run.build(AXIS, recipe.seed)
     tx = converge_optimizer(recipe.momentum, recipe.weight_decay, recipe.base_lr)
@@ -166,10 +177,7 @@ def converge(spec: Spec) -> dict[str, Any]:
     a = NativeConverge(run, state, run.step(run.replicated, batchnorm, DATA_PARALLEL),
                        len(splits.y_heldout))
     result = train_to_accuracy(spec, stepwise(a.step, a.mean_loss), a.evaluate, a.moving_stats,
-                               splits=splits)
-    if sum(a.rows.values()) != sum(a.rows_fed):
-        raise Invalid(f"the first epoch fed {sum(a.rows.values())} rows to the devices, not its "
-                      f"{sum(a.rows_fed)}")
+                               jax.process_index(), a.world, splits)
     # the gradients have the params' dtypes (they are taken with respect to them); the dtype
     # lines are a built-in's (cast None), as this mode has always recorded them
     return join(result, run.record(a.state, StepRecord(
@@ -181,11 +189,29 @@ def converge(spec: Spec) -> dict[str, Any]:
         # per epoch, the rate of its last step, read back from the optax state after it
         "lr_read_back": a.lrs,
         "moving_stats_read": a.read,
-        "placement": a.rows,
-        "placement_source": code("jax.batch_rows_first_epoch"),
-        "data_placement": "the recipe's host numpy batches (runners/converge.py) device_put "
-                          "into the batch sharding every step",
-    })
+    }, placement_fields(a, result["curve"]), common.close_multihost(spec))
+
+
+def placement_fields(a: NativeConverge, curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """The placement of the first epoch (every process's devices, gathered) and how the data
+    went in; across processes, also each process's held-out accuracies, which must agree.
+    Collectives across processes: every process calls it."""
+    placement = common.all_placement(a.rows)
+    if sum(placement.values()) != sum(a.rows_fed):
+        raise Invalid(f"the first epoch fed {sum(placement.values())} rows to the devices, not "
+                      f"its {sum(a.rows_fed)}")
+    fields = {"placement": placement, "placement_source": code("jax.batch_rows_first_epoch")}
+    if a.world == 1:
+        return {**fields, "data_placement": "the recipe's host numpy batches "
+                "(runners/converge.py) device_put into the batch sharding every step"}
+    accuracies = common.allgather_json([p["accuracy"] for p in curve])
+    if any(acc != accuracies[0] for acc in accuracies):
+        raise Invalid(f"the processes' held-out accuracies differ: {accuracies}")
+    return {**fields, "data_placement": "each process's share of each batch (epoch_batches) in "
+            "jax.make_array_from_process_local_data",
+            "heldout_evaluation": "every process feeds all held-out rows, each device "
+            "predicts its share, process_allgather",
+            "heldout_accuracy_per_process": accuracies}
 
 
 if __name__ == "__main__":
