@@ -145,13 +145,16 @@ def troubles(rows: list[dict[str, Any]], records: list[dict[str, Any]],
     flagged implausible."""
     out = [f"{label(r)} on {_devices(r)}: {r['status']}: {r.get('reason') or 'no reason recorded'}"
            for r in rows if r["status"] != "ok"]
+    explained: set[str] = set()  # a flag's meaning is given at its first mention only
     for r in rows:
         where = f"{label(r)} on {_devices(r)}"
         out += [f"{where}: not a result: {why}" for why in doubts(r).values()]
         other = [c for c in columns.flags_on(r) if c.key not in DOUBT_FLAGS]
         if other:
             out.append(f"{where}: flagged " + "; ".join(
-                f"{c.header} ({_short(c.meaning)})" for c in other))
+                c.header + ("" if c.key in explained else f" ({_short(c.meaning)})")
+                for c in other))
+            explained.update(c.key for c in other)
     return out + implausible_peaks(records, label)
 
 
