@@ -601,7 +601,7 @@ def _report(results_dir: Path) -> int:
     records = load_records(results_dir)
     probes = allreduce_table(results_dir, records)
     searches = capacity_table(results_dir)
-    print(findings_text(rows, records) + "\n" if rows else "", end="")
+    print(findings_text(rows, records) + "\n\n" if rows else "", end="")
     print(format_table(rows, pipes, probes, strategy_text(records), searches,
                        converge_text(records)))
     lines = explain_text(rows, records)
@@ -858,7 +858,7 @@ def report_end(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
         records = load_records(out)
     step_summary(out)
     print()
-    print(findings_text(rows, records) + "\n" if rows else "", end="")
+    print(findings_text(rows, records) + "\n\n" if rows else "", end="")
     print(format_table(rows, pipes, allreduce_table(out), strategy_text(records),
                        capacity_table(out), converge_text(records)))
     print(f"\nresults: {out}")

@@ -10,6 +10,7 @@ report.html and the terminal print these first (bench/report/html.py, summary.py
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from bench.records.trust import doubts
 DOUBT_FLAGS = ("speedup_impossible", "baseline_suspect", "over_peak")
 NO_WINNER = "no clear winner: intervals overlap"
 NO_INTERVAL = "no clear winner: one run each, so no interval (repeats: 3 or more give one)"
+TEXT_WIDTH = 100  # the terminal's findings are wrapped at this width
 Finding = tuple[str, list[str]]  # a heading (a model, or the sweep) and its sentences
 
 
@@ -210,12 +212,14 @@ def findings(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[
 
 
 def text(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
-    """The findings for the terminal, one indented line each; '' without benchmark rows."""
+    """The findings for the terminal, each wrapped at TEXT_WIDTH under its heading; '' without
+    benchmark rows."""
     found = findings(rows, records)
     if not found:
         return ""
     out = ["Findings (from the records; the table and its flags below):"]
     for heading, lines in found:
         out.append(f"  {heading}:")
-        out += [f"    - {line}" for line in lines]
+        out += [textwrap.fill(line, TEXT_WIDTH, initial_indent="    - ",
+                              subsequent_indent="      ") for line in lines]
     return "\n".join(out)

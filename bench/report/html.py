@@ -1,10 +1,13 @@
 """report.html: one page a person can open from a results folder, on its own (every chart
-inline as a data: URI, the style inline, nothing fetched): when the sweep ran and for how long,
-the machine, every framework's version, the sweep's settings, the summary with its intervals
-and flags, the runs that need a second look and why, memory per device and the placement
-evidence per run, the charts, the published figures beside, and every run's telemetry chart
-and log. The facts at its head (sweep_span, machine, sweep_settings) are results.md's too
-(bench/report/markdown.py)."""
+inline as a data: URI, the style inline, nothing fetched). It opens with the Findings
+(bench/analysis/findings.py), then the summary: a core table that fits 1,280 px, its legend,
+and the other columns in a collapsed details table (bench/records/columns.py core_and_details,
+legend); then when the sweep ran, the machine, every framework's version, the settings, the
+runs that need a second look and why, memory per device and the placement evidence per run,
+the charts, the published figures beside, and every run's telemetry chart and log: the log's
+last lines inline with the whole log's absolute path, since a relative link breaks when the
+page is mailed. The facts at its head (sweep_span, machine, sweep_settings) are results.md's
+too (bench/report/markdown.py)."""
 
 from __future__ import annotations
 
