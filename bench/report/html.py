@@ -53,9 +53,10 @@ SUMMARY_TERMS = (
     "rank's process's peak resident memory, shared by its virtual devices; the csv's "
     "memory_source says what was read), state the model state one device holds (parameters, "
     "gradients, optimizer); tok/s is a token model's samples/sec x its sequence length.")
-CONFIG_MAX_BYTES = 2**20
+CONFIG_MAX_BYTES = 2**20  # a sweep's config.yaml is a few KB
 # report.html carries each run's log tail (it stands alone) and names the whole log's path
-LOG_TAIL_LINES, LOG_TAIL_BYTES = 30, 8192  # a sweep's config.yaml is a few KB
+LOG_TAIL_LINES, LOG_TAIL_BYTES = 30, 8192
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # all but tab, newline
 MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}
 # the core table wraps its cells (it fits 1,280 px); a wider table scrolls in its own box
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}"
@@ -138,7 +139,8 @@ def _flagged(rows: list[dict[str, Any]]) -> str:
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
     """The last lines of a run's log (read from its last LOG_TAIL_BYTES, undecodable bytes
-    replaced); None where it cannot be read."""
+    replaced, control characters but tab and newline dropped); None where it cannot be
+    read."""
     try:
         if not path.is_file():  # never open a FIFO or a device
             return None
@@ -147,7 +149,8 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
             data = fh.read(LOG_TAIL_BYTES)
     except OSError:
         return None
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+    text = _CONTROL.sub("", data.decode("utf-8", "replace"))
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _log(results_dir: Path, rec: Mapping[str, Any]) -> str:
