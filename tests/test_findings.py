@@ -65,7 +65,7 @@ def test_the_best_sound_efficiency_and_the_least_memory() -> None:
     best = _at(lines, "best scaling efficiency at 2 gpu: ")
     assert best.startswith("best scaling efficiency at 2 gpu: torch_ddp 90% (speedup 1.80x, "
                            "interval ")
-    assert "horovod 75% is below its interval" in best
+    assert "horovod 75% is below its interval" in best and findings.FLAGGED not in best
     assert _at(lines, "least memory per device at 2 gpu: ") == (
         "least memory per device at 2 gpu: torch_ddp 1.00 GiB (next horovod 2.00 GiB)")
 

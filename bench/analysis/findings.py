@@ -22,6 +22,7 @@ from bench.records.trust import doubts
 DOUBT_FLAGS = ("speedup_impossible", "baseline_suspect", "over_peak")
 NO_WINNER = "no clear winner: intervals overlap"
 NO_INTERVAL = "no clear winner: one run each, so no interval (repeats: 3 or more give one)"
+FLAGGED = " [flagged: below]"  # after a figure of a row some flag is on in
 TEXT_WIDTH = 100  # the terminal's findings are wrapped at this width
 Finding = tuple[str, list[str]]  # a heading (a model, or the sweep) and its sentences
 
@@ -44,7 +45,7 @@ def _figure(row: Mapping[str, Any]) -> str:
     `120.3 img/s (range 118.0-122.1)`."""
     text = f"{row['images_per_sec']:.1f} {_unit(row)}"
     interval = columns.cell(columns.column("images_per_sec_ci_low"), row, "html")
-    flagged = " [flagged: below]" if columns.flags_on(row) else ""
+    flagged = FLAGGED if columns.flags_on(row) else ""
     return text + (f" ({interval})" if interval != "-" else "") + flagged
 
 
@@ -104,6 +105,7 @@ def best_efficiency(rows: list[dict[str, Any]], label: Any) -> str | None:
     low, high = top.get("efficiency_ci_low"), top.get("efficiency_ci_high")
     text += f", interval {low:.0%}-{high:.0%})" if low is not None and high is not None \
         else ", one run each: no interval)"
+    text += FLAGGED if columns.flags_on(top) else ""
     if len(ranked) > 1:
         nxt = ranked[1]
         within = low is None or nxt["scaling_efficiency"] >= low
