@@ -594,13 +594,14 @@ def _report(results_dir: Path) -> int:
     from bench.report.allreduce import CSV_NAME, allreduce_table
     from bench.report.capacity import CSV_NAME as CAPACITY_CSV
     from bench.report.capacity import capacity_table
-    from bench.report.summary import build_report, format_table
+    from bench.report.summary import build_report, findings_text, format_table
 
     damaged = folder_damage(results_dir)  # one line each, never a number from them
     rows, pipes, charts = build_report(results_dir)
     records = load_records(results_dir)
     probes = allreduce_table(results_dir, records)
     searches = capacity_table(results_dir)
+    print(findings_text(rows, records) + "\n\n" if rows else "", end="")
     print(format_table(rows, pipes, probes, strategy_text(records), searches,
                        converge_text(records)))
     lines = explain_text(rows, records)
@@ -843,7 +844,7 @@ def report_end(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
     from bench.records.store import load_records, one_scan
     from bench.report.allreduce import allreduce_table
     from bench.report.capacity import capacity_table
-    from bench.report.summary import build_report, format_table
+    from bench.report.summary import build_report, findings_text, format_table
 
     if signum is not None:
         print(f"\ninterrupted ({signal.Signals(signum).name}): finished records are kept "
@@ -857,6 +858,7 @@ def report_end(out: Path, signum: int | None, judge: Judge = Judge()) -> int:
         records = load_records(out)
     step_summary(out)
     print()
+    print(findings_text(rows, records) + "\n\n" if rows else "", end="")
     print(format_table(rows, pipes, allreduce_table(out), strategy_text(records),
                        capacity_table(out), converge_text(records)))
     print(f"\nresults: {out}")

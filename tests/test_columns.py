@@ -104,7 +104,10 @@ def test_every_view_follows_the_registry(tmp_path: Path) -> None:
     assert [h.strip() for h in head if h.strip()] == [c.header for c in columns.cells("table",
                                                                                        rows)]
     page = (out / "report.html").read_text()
-    assert "".join(f"<th>{c.header}</th>" for c in columns.cells("html", rows)) in page
+    core, details = columns.core_and_details(rows)  # the core table, then the details table
+    assert set(core) | set(details) == set(columns.cells("html", rows))
+    assert '<table class="core"><tr>' + "".join(f"<th>{c.header}</th>" for c in core) in page
+    assert "".join(f"<th>{c.header}</th>" for c in (*core[:3], *details)) in page
     df = load_results(out)
     assert set(columns.keys("loader")) <= set(df.columns)
 

@@ -116,3 +116,23 @@ def test_gpus_are_named_with_their_count_and_driver() -> None:
     assert gpus_line({"gpus": [gpu, gpu]}, []) == "2 x NVIDIA H100 80GB HBM3 (driver 550.54.15)"
     assert gpus_line({"gpus": []}, [{"virtual_devices": False}]) == "none seen by NVML"
     assert gpus_line({}, []) == "not recorded"
+
+
+def test_a_mailed_page_keeps_each_log_tail_and_names_the_whole_log(folder: Path) -> None:
+    """Item 10 of issue 42: no relative log link (it breaks when report.html is mailed); the
+    log's last lines are in the page, with the whole log's absolute path; a log not in the
+    folder is said to be so, with the path the record gives."""
+    run_id = "converge__torch_ddp__small_cnn__n2__b32__real-w0__fp32__r0"
+    lines = [f"line {i} <of the log>" for i in range(100)] + ["Traceback: \x1b[31mboom & bust"]
+    (folder / "runs" / f"{run_id}.log").write_text("\n".join(lines) + "\n")
+    build_report(folder)
+    page = (folder / "report.html").read_text()
+    assert 'href="runs/' not in page
+    page = page.split("<h2>Runs</h2>")[1]
+    row = page.split(f"<td>{run_id}</td>")[1].split("</tr>")[0]
+    assert "<pre>line 71 &lt;of the log&gt;\n" in row and "Traceback: [31mboom &amp; bust" in row
+    assert "line 70 " not in row and "\x1b" not in page  # the tail: 30 lines, no control
+    assert f"the whole log: {(folder / 'runs' / run_id).absolute()}.log" in row
+    other = page.split("<td>converge__torch_ddp__small_cnn__n1__b32__real-w0__fp32__r1</td>")[1]
+    assert ("log: not in this folder (recorded at /tmp/conv-all/runs/converge__torch_ddp__"
+            "small_cnn__n1__b32__real-w0__fp32__r1.log)") in other.split("</tr>")[0]

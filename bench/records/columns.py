@@ -672,6 +672,42 @@ def flags_on(row: Mapping[str, Any], view: str | None = None) -> list[Column]:
     return [c for c in flags(view) if row.get(c.key)]
 
 
+# -- report.html's core table, its details table and its legend ------------------------------
+
+# The core table's columns (report.html: it fits 1,280 px); the html view's other cells go to
+# the collapsed details table.
+CORE = ("runner", "model", "num_devices", "status", "images_per_sec", "images_per_sec_ci_low",
+        "speedup", "scaling_efficiency", "mfu", "memory_peak_bytes", "flags")
+# What a legend says of a column whose meaning describes one end of a pair.
+LEGEND_MEANING = {
+    "images_per_sec_ci_low": "The interval of img/s over repeats, of the kind it names: range "
+                             "(2 repeats: their lowest and highest) or CI (3 or more: the 95% "
+                             "percentile bootstrap of the median); - with one run.",
+}
+
+
+def core_and_details(rows: list[Mapping[str, Any]]) -> tuple[tuple[Column, ...],
+                                                             tuple[Column, ...]]:
+    """The html view's cells (cells("html", rows)) split into the core table's, in CORE's
+    order, and the rest, in the registry's."""
+    shown = cells("html", rows)
+    core = tuple(c for key in CORE for c in shown if c.key == key)
+    return core, tuple(c for c in shown if c not in core)
+
+
+def legend(cols: tuple[Column, ...]) -> list[tuple[str, str]]:
+    """(header, definition) of each column, from its meaning and its format's description;
+    the flags cell's entry is followed by each flag's."""
+    out = []
+    for col in cols:
+        meaning = LEGEND_MEANING.get(col.key, col.meaning)
+        out.append((col.header, f"{meaning.rstrip('.')}. Shown: "
+                                f"{FORMATS[col.format].describe}."))
+        if col.format == "flags":
+            out += [(flag.header, flag.meaning) for flag in flags("html")]
+    return out
+
+
 # -- results/README.md -----------------------------------------------------------------------
 
 def _md(text: str) -> str:

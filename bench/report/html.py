@@ -1,10 +1,13 @@
 """report.html: one page a person can open from a results folder, on its own (every chart
-inline as a data: URI, the style inline, nothing fetched): when the sweep ran and for how long,
-the machine, every framework's version, the sweep's settings, the summary with its intervals
-and flags, the runs that need a second look and why, memory per device and the placement
-evidence per run, the charts, the published figures beside, and every run's telemetry chart
-and log. The facts at its head (sweep_span, machine, sweep_settings) are results.md's too
-(bench/report/markdown.py)."""
+inline as a data: URI, the style inline, nothing fetched). It opens with the Findings
+(bench/analysis/findings.py), then the summary: a core table that fits 1,280 px, its legend,
+and the other columns in a collapsed details table (bench/records/columns.py core_and_details,
+legend); then when the sweep ran, the machine, every framework's version, the settings, the
+runs that need a second look and why, memory per device and the placement evidence per run,
+the charts, the published figures beside, and every run's telemetry chart and log: the log's
+last lines inline with the whole log's absolute path, since a relative link breaks when the
+page is mailed. The facts at its head (sweep_span, machine, sweep_settings) are results.md's
+too (bench/report/markdown.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import yaml
 from bench.analysis.compare import frameworks
 from bench.analysis.converge import converge_rows
 from bench.analysis.explain import html_section as where_the_time_went
+from bench.analysis.findings import findings
 from bench.analysis.gate import read_gate
 from bench.analysis.published import published_section
 from bench.analysis.stats import interval_notes
@@ -50,7 +54,18 @@ SUMMARY_TERMS = (
     "memory_source says what was read), state the model state one device holds (parameters, "
     "gradients, optimizer); tok/s is a token model's samples/sec x its sequence length.")
 CONFIG_MAX_BYTES = 2**20  # a sweep's config.yaml is a few KB
+# report.html carries each run's log tail (it stands alone) and names the whole log's path
+LOG_TAIL_LINES, LOG_TAIL_BYTES = 30, 8192
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # all but tab, newline
 MIME = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}
+# the core table wraps its cells (it fits 1,280 px); a wider table scrolls in its own box
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px}"
+         "table{border-collapse:collapse;font-size:13px}"
+         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}"
+         "th{background:#eee}img{max-width:100%}"
+         "table.core td{overflow-wrap:break-word}"
+         ".wide{overflow-x:auto;max-width:100%}dt{font-weight:bold}dd{margin:0 0 .4em 1.5em}"
+         ".findings li{margin:.2em 0}pre{white-space:pre-wrap;overflow-wrap:anywhere}")
 # every image the sections write refers to a file under charts/; the page inlines them all
 _CHART_SRC = re.compile(r'src="(charts/[^"]+)"')
 
@@ -67,10 +82,11 @@ def _num(value: Any, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "-"
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
+def _table(head: list[str], rows: list[list[str]], css: str = "") -> str:
     th = "".join(f"<th>{_e(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+    attr = f' class="{css}"' if css else ""
+    return f"<table{attr}><tr>{th}</tr>{body}</table>"
 
 
 def _flags(row: dict[str, Any]) -> list[str]:
@@ -79,18 +95,34 @@ def _flags(row: dict[str, Any]) -> list[str]:
 
 
 def _summary(rows: list[dict[str, Any]]) -> str:
-    """The summary's cells in the html view of the column registry (bench/records/columns.py)."""
-    cells = columns.cells("html", rows)
-    out = [[_cell(c, r) for c in cells] for r in rows]
-    table = _table([c.header for c in cells], out)
+    """The core table (columns.CORE: it fits 1,280 px) with its legend, then the html view's
+    other cells in a collapsed details table, each row named by runner, model and devices, with
+    theirs (bench/records/columns.py)."""
+    core, rest = columns.core_and_details(rows)
+    table = _table([c.header for c in core], [[_cell(c, r) for c in core] for r in rows],
+                   "core")
     notes = [f"<li>* {_e(runner_label(r))} n={r['num_devices']}: {_e(r['placement_collapsed'])}"
              "</li>" for r in rows if r.get("placement_collapsed")]
-    return table + (f"<ul>{''.join(notes)}</ul>" if notes else "")
+    named = tuple(c for c in core if c.key in ("runner", "model", "num_devices"))
+    details = _table([c.header for c in (*named, *rest)],
+                     [[_cell(c, r) for c in (*named, *rest)] for r in rows], "details")
+    return (table + (f"<ul>{''.join(notes)}</ul>" if notes else "")
+            + _legend("What each column means", core)
+            + f"<details><summary>Details per row: {len(rest)} more columns</summary>"
+            f"<div class='wide'>{details}</div>" + _legend("Their meaning", rest)
+            + "</details>")
+
+
+def _legend(title: str, cols: tuple[columns.Column, ...]) -> str:
+    """A collapsed definition list of the columns (columns.legend)."""
+    items = "".join(f"<dt>{_e(h)}</dt><dd>{_e(m)}</dd>" for h, m in columns.legend(cols))
+    return f"<details class='legend'><summary>{_e(title)}</summary><dl>{items}</dl></details>"
 
 
 def _cell(col: columns.Column, row: dict[str, Any]) -> str:
+    """A summary cell; the flags joined by ", " so the cell can wrap."""
     text = _e(columns.cell(col, row, "html"))
-    return f"<b>{text}</b>" if col.format == "flags" else text
+    return f"<b>{text.replace(',', ', ')}</b>" if col.format == "flags" else text
 
 
 def _flagged(rows: list[dict[str, Any]]) -> str:
@@ -105,6 +137,37 @@ def _flagged(rows: list[dict[str, Any]]) -> str:
     return f"<ul>{''.join(items)}</ul>" if items else "<p>No row is flagged.</p>"
 
 
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
+    """The last lines of a run's log (read from its last LOG_TAIL_BYTES, undecodable bytes
+    replaced, control characters but tab and newline dropped); None where it cannot be
+    read."""
+    try:
+        if not path.is_file():  # never open a FIFO or a device
+            return None
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - LOG_TAIL_BYTES))
+            data = fh.read(LOG_TAIL_BYTES)
+    except OSError:
+        return None
+    text = _CONTROL.sub("", data.decode("utf-8", "replace"))
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _log(results_dir: Path, rec: Mapping[str, Any]) -> str:
+    """A run's log in the page, which must stand alone when mailed: its tail inline, and
+    where the whole log is, as an absolute path (runs/<name> of this folder, else the
+    path the record gives)."""
+    recorded = rec.get("log_path")
+    if not recorded:
+        return ""
+    here = (Path(results_dir) / "runs" / Path(str(recorded)).name).absolute()
+    tail = log_tail(here)
+    if tail is None:
+        return f" log: not in this folder (recorded at {_e(recorded)})"
+    return (f"<details><summary>log</summary><pre>{_e(tail)}</pre><p>last "
+            f"{LOG_TAIL_LINES} lines at most; the whole log: {_e(here)}</p></details>")
+
+
 def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str]) -> str:
     out = []
     # an optional column (tokens/sec, memory) only where some run has it
@@ -113,9 +176,6 @@ def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str])
     for rec in sorted(records, key=lambda r: r["run_id"]):
         tel = rec.get("telemetry") or {}
         chart = f"charts/telemetry/{rec['run_id']}.png"
-        log = rec.get("log_path")
-        log_rel = (f"runs/{Path(log).name}" if log and (Path(results_dir) / "runs" /
-                                                          Path(log).name).exists() else None)
         out.append([
             _e(rec["run_id"]), _e(rec["status"]),
             *(_e(columns.cell(c, {c.key: columns.run_value(c, rec)}, "html")) for c in cells),
@@ -123,10 +183,10 @@ def _runs(results_dir: Path, records: list[dict[str, Any]], telemetry: set[str])
             (f'<details><summary>telemetry</summary><img src="{_e(chart)}" '
              f'alt="telemetry {_e(rec["run_id"])}"></details>'
              if rec["run_id"] in telemetry else "")
-            + (f' <a href="{_e(log_rel)}">log</a>' if log_rel else ""),
+            + _log(results_dir, rec),
         ])
-    return _table(["run", "status", *(c.header for c in cells),
-                   "reason / note", "files"], out)
+    return "<div class='wide'>" + _table(["run", "status", *(c.header for c in cells),
+                                          "reason / note", "files"], out) + "</div>"
 
 
 def sweep_config(results_dir: Path) -> dict[str, Any] | None:
@@ -373,6 +433,18 @@ def inline_images(page: str, results_dir: Path) -> str:
     return _CHART_SRC.sub(data, page)
 
 
+def _findings(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+    """The Findings section (bench/analysis/findings.py), first on the page."""
+    found = findings(rows, records)
+    if not found:
+        return ("<h2 id='findings'>Findings</h2><p>No benchmark runs: the sections below "
+                "hold what this folder has.</p>")
+    items = "".join(f"<li><b>{_e(heading)}</b><ul>"
+                    + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul></li>"
+                    for heading, lines in found)
+    return f"<h2 id='findings'>Findings</h2><ul class='findings'>{items}</ul>"
+
+
 def _damaged(results_dir: Path) -> str:
     """The folder's damaged files (bench/records/store.py's tolerant reader), one line each:
     none of their numbers is in this report."""
@@ -407,12 +479,13 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
         f"<h1>Benchmark report: {_e(name)}</h1>",
         f"<p><b>Virtual CPU devices:</b> {VIRTUAL_CAVEAT}</p>" if virtual else "",
         _damaged(results_dir),
-        _header(records, rows, results_dir, sweep_config(results_dir)),
+        _findings(rows, records),
         "<h2>Summary</h2>",
+        _summary(rows) if rows else "<p>No benchmark runs.</p>",
         "<p>img/s is the median over repeats with its interval over repeats: "
         + ("; ".join(_e(n) for n in intervals) if intervals else "none (one run each)")
         + f". {SUMMARY_TERMS}</p>",
-        _summary(rows) if rows else "<p>No benchmark runs.</p>",
+        _header(records, rows, results_dir, sweep_config(results_dir)),
         _baseline(results_dir),
         strategies_section(records),
         "<h2>Flagged</h2>", _flagged(rows),
@@ -437,12 +510,8 @@ def write_html(results_dir: Path, rows: list[dict[str, Any]], pipes: list[dict[s
               _e(p["status"]), _num(p["images_per_sec"], ".1f"),
               _num(p["images_per_sec_per_core"], ".1f"), _num(p["vs_baseline"], ".2f")]
              for p in pipes])]
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}"
-             "table{border-collapse:collapse;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}"
-             "th{background:#eee}img{max-width:100%}")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(name)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
     path = results_dir / "report.html"
     write_text_atomic(path, inline_images(page, results_dir))
     return path

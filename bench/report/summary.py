@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
+from bench.analysis import findings
 from bench.analysis.converge import converge_rows
 from bench.analysis.gate import read_gate
 from bench.analysis.stats import (
@@ -125,6 +126,12 @@ def flagged_lines(rows: list[dict[str, Any]]) -> list[str]:
     out = [f"  {runner_label(r)} {r['model']} n={r['num_devices']}: " + "; ".join(
         doubts(r).values()) for r in rows if doubts(r)]
     return ["", "Flagged figures (? in the table; not results):", *out] if out else []
+
+
+def findings_text(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
+    """The Findings the terminal prints before the table (bench/analysis/findings.py), as
+    report.html opens with them; '' without benchmark rows."""
+    return findings.text(rows, records)
 
 
 def build_report(results_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
