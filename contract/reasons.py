@@ -146,6 +146,31 @@ SENTENCES: dict[str, str] = {
     "jax.optax_sgd_weight_decay": (
         "optax.inject_hyperparams(chain(add_decayed_weights(weight_decay), sgd(lr, momentum))): "
         "torch.optim.SGD's update; lr set in the optax state before every step"),
+    "memory.baseline_before_benchmark": (
+        "memory_baseline read by runners.common.main before the runner's benchmark (its device "
+        "setup reads none): whatever the runner loads later, its framework's runtime included, "
+        "is counted in the device peak"),
+    "memory.baseline_horovod_init": (
+        "memory_baseline read after torch was imported and hvd.init() joined the ranks, before "
+        "the model was built"),
+    "memory.baseline_jax_devices": (
+        "memory_baseline read after jax was imported and its backend initialised (jax.devices()), "
+        "before the model was built"),
+    "memory.baseline_keras_jax": (
+        "memory_baseline read after jax's backend was initialised (jax.devices()) and Keras "
+        "imported on it, before the model was built"),
+    "memory.baseline_mxnet_contexts": (
+        "memory_baseline read after MXNet was imported and the run's contexts made, before the "
+        "model was built"),
+    "memory.baseline_tf_devices": (
+        "memory_baseline read after TensorFlow (and Keras) were imported and the run's devices "
+        "listed and configured (tf.config), before the model was built"),
+    "memory.baseline_tf_multi_worker": (
+        "memory_baseline read after TensorFlow (and Keras) were imported and the "
+        "MultiWorkerMirroredStrategy made over the workers, before the model was built"),
+    "memory.baseline_torch_process_group": (
+        "memory_baseline read after torch was imported and its process group joined "
+        "(torch.distributed.init_process_group), before the model was built"),
     "memory.device_peak_less_baseline": (
         "device_peak_bytes: that peak less the process's resident memory before the model was "
         "built (memory_baseline, VmRSS)"),

@@ -127,7 +127,9 @@ MEMORY = (
           "memory_baseline, a process's N virtual devices each its share; keys as "
           "memory_per_device's; null where nothing was measured."),
     Field("memory_baseline", (OBJ, NUL), "On CPU: the process's resident memory (VmRSS) just "
-          "before the runner built its model, under memory_per_device's keys; null on GPUs."),
+          "before the runner built its model, once its framework's runtime was loaded and its "
+          "devices initialised (memory_source names the point), under memory_per_device's keys; "
+          "null on GPUs."),
     Field("model_state", (OBJ, NUL), "The model state one device holds, in bytes: params_bytes, "
           "grads_bytes, optimizer_bytes, total_bytes and its source (runners/memory.py "
           "model_state_*); null where the runner does not report it."),

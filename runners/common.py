@@ -257,7 +257,7 @@ def main(benchmark: Callable[[Spec], dict[str, Any]],
             memory.baseline()
             result = converge(spec)
         else:
-            memory.baseline()  # before the runner builds its model (runners/memory.py)
+            memory.baseline()  # read again by the family's device setup (runners/memory.py)
             result = benchmark(spec)
         result.setdefault("status", "ok")
         result["math"] = math_mode.read_back()  # as the frameworks report it after the run

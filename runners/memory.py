@@ -2,7 +2,9 @@
 
 `window_start()`/`window_end()` (called by runners.common's timed loop) read the allocator peak
 of whichever framework the process initialised (none imported here), or on CPU the process's
-peak resident memory above its `baseline()`; `for_result` gives the record's fields.
+peak resident memory above its `baseline()`, read again by each family's device setup once its
+framework's runtime is loaded (the same point in every framework); `for_result` gives the
+record's fields.
 `model_state_torch`, `model_state_jax`, `model_state_keras`: bytes of parameters, gradients and
 optimizer state. Details: docs/runners/shared.md."""
 
@@ -28,6 +30,7 @@ _family: str | None = None
 _start: dict[str, Any] | None = None
 last: dict[str, Any] | None = None  # the latest window's reading: {"devices", "source", "cpu"}
 _baseline: int | None = None  # VmRSS before the runner built its model (baseline())
+_baseline_at: str | None = None  # where it was read: a reason code (memory.baseline_*)
 
 
 def expect(family: str | None) -> None:
@@ -124,10 +127,13 @@ def _status_kb(field: str) -> int | None:
     return int(m.group(1)) * 1024 if m else None
 
 
-def baseline() -> None:
-    """Before the runner builds its model: the resident memory its CPU device peak is above."""
-    global _baseline
-    _baseline = _status_kb("VmRSS")
+def baseline(at: str = code("memory.baseline_before_benchmark")) -> None:
+    """Before the runner builds its model: the resident memory its CPU device peak is above,
+    and `at`, the reason code of the point it was read. runners.common.main reads it before the
+    runner's benchmark; each family's device setup reads it again, overwriting it, once its
+    framework and runtime are loaded and its devices initialised."""
+    global _baseline, _baseline_at
+    _baseline, _baseline_at = _status_kb("VmRSS"), at
 
 
 def _reset_hwm() -> bool:
@@ -222,7 +228,8 @@ def for_result(spec: Any, rank: int) -> dict[str, Any]:
     peak: dict[str, int] | None = None
     if _baseline is not None and last["cpu"] is not None:
         peak = {key: max(0, last["cpu"] - _baseline) // shared}
-        source += "; " + code("memory.device_peak_less_baseline") + (
+        where = f"; {_baseline_at}" if _baseline_at else ""
+        source += "; " + code("memory.device_peak_less_baseline") + where + (
             f"; divided by the {shared} virtual devices (each one's share)" if shared > 1 else "")
     return {"memory_per_device": {key: last["cpu"]}, "memory_source": source,
             "device_peak_bytes": peak,

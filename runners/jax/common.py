@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from contract.reasons import code
+from runners import memory
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 from runners.converge import Recipe
 
@@ -51,6 +52,7 @@ def setup_devices(spec: Spec, initialize: Callable[[], None] | None = None
         join_processes(spec, initialize)
     if spec.device == "cpu":
         devices = jax.devices("cpu")
+        memory.baseline(code("memory.baseline_jax_devices"))  # XLA's runtime left out
         if len(devices) != n:
             raise Unavailable(f"XLA_FLAGS={os.environ['XLA_FLAGS']!r} gave {len(devices)} CPU "
                               f"devices, not {n}")
@@ -62,6 +64,7 @@ def setup_devices(spec: Spec, initialize: Callable[[], None] | None = None
                           "envs/jax-gpu.txt") from None
     if len(gpus) < n:
         raise Unavailable(f"needs {n} GPUs; jax sees {len(gpus)}")
+    memory.baseline(code("memory.baseline_jax_devices"))
     return gpus[:n], [_describe(d, d.device_kind, spec) for d in gpus[:n]]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from contract.reasons import code
+from runners import memory
 from runners.common import Invalid, Spec, TimedWindow, Unavailable, finite
 from runners.jax.common import MECHANISM, placement, setup_devices, sharding_record
 from runners.jax.window_evidence import WindowEvidence
@@ -47,6 +48,7 @@ def make_distribution(spec: Spec) -> tuple[Any, Any, list[dict[str, Any]]]:
     takes tf.data only)."""
     devices, described = setup_devices(spec, keras_initialize if spec.num_nodes > 1 else None)
     keras = import_keras()
+    memory.baseline(code("memory.baseline_keras_jax"))
     across_nodes = {"auto_shard_dataset": False} if spec.num_nodes > 1 else {}
     distribution = keras.distribution.DataParallel(devices=devices, **across_nodes)
     keras.distribution.set_distribution(distribution)

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from contract.reasons import code
+from runners import memory
 from runners.common import Spec, main
 from runners.jax import keras_run
 from runners.jax.common import setup_devices, sharding_record
@@ -70,6 +71,7 @@ def model_parallel(spec: Spec, name: str | None = None) -> tuple[Any, Any, list[
     globally, the device descriptions (keras_jax's Distribute)."""
     devices, described = setup_devices(spec)
     keras = import_keras()
+    memory.baseline(code("memory.baseline_keras_jax"))
     shapes = variable_shapes(spec, name)
     mesh = keras.distribution.DeviceMesh((1, len(devices)), (BATCH, MODEL), devices=devices)
     layouts, whole = layout_map(keras, mesh, shapes)

@@ -15,8 +15,10 @@ os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from contract.reasons import code  # noqa: E402
 from models import ModelSpec, get_spec, load_builder  # noqa: E402
 from models.gluon_common import set_canonical_weights  # noqa: E402
+from runners import memory  # noqa: E402
 from runners.common import Spec, TimedWindow, Unavailable, finite, timed_loop  # noqa: E402
 
 
@@ -32,6 +34,7 @@ def contexts(spec: Spec) -> tuple[list[mx.Context], list[dict[str, Any]]]:
                              else " (this MXNet build has no CUDA: install envs/mxnet-gpu.txt)"))
     else:
         ctxs, kind = [mx.gpu(i) for i in range(n)], "GPU"
+    memory.baseline(code("memory.baseline_mxnet_contexts"))
     return ctxs, [{"name": str(c), "kind": kind} for c in ctxs]
 
 

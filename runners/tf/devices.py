@@ -15,6 +15,7 @@ from typing import Any
 import tensorflow as tf
 
 from contract.reasons import code
+from runners import memory
 from runners.common import Invalid, Spec, Unavailable, node_identity, process_rank
 from runners.tf.placement import all_gather_json, collective_ops
 
@@ -28,6 +29,7 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
         names = [f"/cpu:{i}" for i in range(n)]
+        memory.baseline(code("memory.baseline_tf_devices"))
         return names, [{"name": name, "kind": "virtual CPU device"} for name in names]
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) < n:
@@ -35,6 +37,7 @@ def setup_devices(spec: Spec) -> tuple[list[str], list[dict[str, Any]]]:
     for gpu in gpus[:n]:
         tf.config.experimental.set_memory_growth(gpu, True)
     names = [f"/gpu:{i}" for i in range(n)]
+    memory.baseline(code("memory.baseline_tf_devices"))
     return names, [{"name": name,
                     "kind": tf.config.experimental.get_device_details(gpu).get("device_name")}
                    for name, gpu in zip(names, gpus[:n], strict=True)]
@@ -245,6 +248,7 @@ def multi_worker_strategy(spec: Spec, communication: str = "auto",
                       f"replicas in sync; the run asked for {spec.num_devices}")
     devices = [{"name": name, "kind": "GPU" if gpus else "the worker's CPU device"}
                for name in strategy.extended.worker_devices]
+    memory.baseline(code("memory.baseline_tf_multi_worker"))
     return MultiWorker(strategy, resolver, devices, communication)
 
 

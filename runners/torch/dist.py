@@ -21,6 +21,7 @@ from contract.result import join
 from models import ModelSpec, build_for, model_fields, spec_of
 from models.custom import CustomModelError, check_output, not_a_model
 from models.torch_common import count_flops_torch, count_params_torch, describe
+from runners import memory
 from runners.common import Invalid, Spec, Unavailable, finite, node_identity, timed_loop
 from runners.real_data import cores
 from runners.torch.cross_entropy import loss_of
@@ -190,6 +191,7 @@ def init_ranks(spec: Spec, backend: str, check: bool = False) -> Ranks:
     ranks = Ranks(dist.get_rank(), local_rank, world, device, devices, backend)
     if check:
         check_precision(spec, ranks)
+    memory.baseline(code("memory.baseline_torch_process_group"))
     return ranks
 
 

@@ -13,6 +13,7 @@ import torch
 
 from contract.reasons import code
 from contract.result import join
+from runners import memory
 from runners.common import Invalid, Spec, Unavailable, node_identity
 from runners.real_data import cores
 from runners.torch import dist as td
@@ -126,4 +127,5 @@ def init_ranks(spec: Spec) -> HorovodRanks:
             torch.set_num_threads(max(1, cores() // hvd.local_size()))
         me = {"name": f"cpu (rank {hvd.rank()})", "kind": "virtual CPU device (gloo process)"}
     devices = hvd.allgather_object({**me, "rank": hvd.rank()})
+    memory.baseline(code("memory.baseline_horovod_init"))
     return HorovodRanks(hvd.rank(), hvd.local_rank(), world, device, devices)
