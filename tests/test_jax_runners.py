@@ -240,6 +240,55 @@ def test_warmup_runs_past_the_second_epochs_recompile() -> None:
     assert warmup_past_recompile(60, 40, 55) == 60  # the warm-up already ran past it
 
 
+def settle(compiling: set[int], warmup: int, per_call: int = 1) -> tuple[Any, Any, int]:
+    """keras_fit's FitWindow driven call by call, JAX heard compiling in the calls `compiling`
+    (1-based; the compile events the clock would hear, without jax: no transfer log): (the
+    warm-up, the evidence, the calls run)."""
+    from runners.jax.keras_fit import FitWindow, Warmup
+    from runners.jax.window_evidence import WindowEvidence
+
+    class HeardCompiles(WindowEvidence):
+        def open(self) -> None:
+            self.window = (len(self.compiled), len(self.compiled))
+
+        def close(self) -> None:
+            if self.window is not None:
+                self.window = (self.window[0], len(self.compiled))
+
+    evidence, w = HeardCompiles(), Warmup(warmup, per_call)
+    window, calls, done = FitWindow(w, 2 * per_call, evidence, lambda: None), 0, False
+    while not done:
+        calls += 1
+        if calls in compiling:  # heard during the call, before the clock's call_done
+            evidence.compiled.append(("jit(train_step)", 1.0))
+        done = window.call_done(0.1)
+    return w, evidence, calls
+
+
+def test_settle_rule_warms_up_past_compiles_within_its_bound() -> None:
+    from runners.jax.keras_fit import SETTLE_CALLS, warmup_fields
+
+    # keras_model_parallel and keras_jax at 1 device, warmup_steps 1 (issue 41 item 5): JAX
+    # compiled the step at calls 1 and 2; the window opens after call 3
+    w, evidence, calls = settle({1, 2}, warmup=1)
+    assert (w.added, w.capped, calls) == (2, False, 3 + 2)
+    assert evidence.in_window() == []
+    assert warmup_fields(w, 1) == {"warmup_steps_run": 3, "warmup_extended":
+                                   "1 -> 3: 2 more step(s) (3 at most): "
+                                   "jax.keras_settle_compiles"}
+    # a compile before the last warm-up call: nothing added, nothing said
+    w, _, _ = settle({1}, warmup=2)
+    assert w.added == 0 and warmup_fields(w, 2) == {"warmup_steps_run": 2}
+    # JAX compiling at every call: the bound, said; the next compile falls in the window
+    w, evidence, _ = settle(set(range(1, 20)), warmup=1)
+    assert (w.added, w.capped) == (SETTLE_CALLS, True)
+    assert "reached with JAX still compiling" in warmup_fields(w, 1)["warmup_extended"]
+    assert len(evidence.in_window()) == 2
+    # steps_per_execution 2: whole calls added, the bound in steps
+    w, _, _ = settle({1}, warmup=2, per_call=2)
+    assert (w.added, warmup_fields(w, 2)["warmup_steps_run"]) == (2, 4)
+
+
 @pytest.mark.slow
 def test_keras_jax_window_excludes_the_second_epochs_recompile(jax_python: str) -> None:
     # small_cnn: a step of milliseconds, its recompile of a second or more

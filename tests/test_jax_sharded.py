@@ -75,6 +75,14 @@ def test_keras_model_parallel_layout(sharded_sweep: dict) -> None:
     # a (1, 2) mesh: the whole global batch (8 sequences) on each device
     assert sorted(result["placement"].values()) == [8, 8]
     assert result["shardings"]["distribution"] == "ModelParallel"
+    # warmup_steps 1 (issue 41 item 5): JAX compiled the train step in warm-up step 1, so the
+    # settle rule (runners/jax/keras_fit.py) warmed up one step more, its bound recorded;
+    # JAX compiled nothing in the window
+    evidence = result["window_evidence"]
+    assert [c["function"] for c in evidence["compiled_before_window"]] == ["jit(train_step)"]
+    assert result["warmup_steps_run"] == 2
+    assert "(3 at most): jax.keras_settle_compiles" in result["warmup_extended"]
+    assert evidence["compiles"] == 0 and result["window_recompiled"] is None, evidence
 
 
 def test_fsdp_dimension_is_the_largest_divisible() -> None:

@@ -63,7 +63,20 @@ def test_warmup_not_steady_when_the_first_slice_is_slow() -> None:
     assert warmup_not_steady([0.1] * 20) is False
     assert warmup_not_steady([0.2] * 4 + [0.1] * 16) is True   # first fifth at half speed
     assert warmup_not_steady([0.105] * 4 + [0.1] * 16) is False  # 5% slower: steady enough
-    assert warmup_not_steady([0.1] * 9) is None
+    assert warmup_not_steady([0.1] * 2) is None  # too few steps to tell
+
+
+def test_warmup_not_steady_in_a_short_window() -> None:
+    # issue 41 item 5: 5 timed steps, the first a 21.7 s compile (131x speedup printed)
+    assert warmup_not_steady([21.7, 0.21, 0.19, 0.2, 0.2]) is True
+    assert warmup_not_steady([1.0, 0.2, 0.2]) is True  # 3 steps: the fewest it judges
+    assert warmup_not_steady([0.5] + [0.2] * 8) is True  # 9 steps: still the short rule
+    assert warmup_not_steady([0.2] * 5) is False
+    # one step 1.5x the others' median: a busy host's noise, not a warm-up (the short rule
+    # needs over twice the median; a fifth of 10+ steps 10% slower is flagged)
+    assert warmup_not_steady([0.3, 0.2, 0.21, 0.19, 0.2]) is False
+    assert warmup_not_steady([0.3] + [0.1] * 8) is True
+    assert warmup_not_steady([0.2, 0.0, 0.2]) is None  # no rate from a zero step time
 
 
 def test_summary_gives_median_intervals_and_flags() -> None:

@@ -380,7 +380,8 @@ COLUMNS: tuple[Column, ...] = (
            "(all images over the whole window) differ by more than 2%: some steps stalled",
            ("csv", *DISPLAY_VIEWS)),
     Column("not_steady", "not-steady", "flag", "a run's first fifth of timed steps ran below "
-           "90% of the rest: raise warmup_steps", ("csv", *DISPLAY_VIEWS)),
+           "90% of the rest (under 10 steps: its first step below half): raise warmup_steps",
+           ("csv", *DISPLAY_VIEWS)),
     Column("noisy", "noisy", "flag", "images/sec varied across repeats by more than the CV "
            "target (until_stable.target_cv, else 5%)", ("csv", *DISPLAY_VIEWS)),
     Column("starved", "STARVED", "flag", "the GPUs' mean utilisation in the timed window was "

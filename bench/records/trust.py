@@ -18,6 +18,11 @@ ESTIMATOR_TOLERANCE = 0.02
 # below this fraction of their median rate: the warm-up had not reached steady state.
 WARMUP_WINDOWS = 5
 STEADY_RATIO = 0.9
+# Under 2 x WARMUP_WINDOWS steps (at least SHORT_WINDOW_STEPS), a slice is one step, so one
+# step's noise: the first step is "much slower" below SHORT_STEADY_RATIO of the median rate of
+# the others (it took over twice their median: a compile or a cold cache, not a busy host).
+SHORT_WINDOW_STEPS = 3
+SHORT_STEADY_RATIO = 0.5
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -83,11 +88,17 @@ def estimators(step_times: Sequence[float], batch: int) -> dict[str, Any]:
 def warmup_not_steady(step_times: Sequence[float], windows: int = WARMUP_WINDOWS,
                       ratio: float = STEADY_RATIO) -> bool | None:
     """True when the first of `windows` equal slices of the timed steps ran below `ratio` of
-    the median rate of the other slices; None with too few steps to tell."""
+    the median rate of the other slices; under 2 x `windows` steps, when the first step ran
+    below SHORT_STEADY_RATIO of the median rate of the other steps; None under
+    SHORT_WINDOW_STEPS steps or with a step time not above 0."""
     times = list(step_times)
-    if len(times) < 2 * windows:
+    if len(times) < SHORT_WINDOW_STEPS:
         return None
+    if len(times) < 2 * windows:
+        windows, ratio = len(times), SHORT_STEADY_RATIO
     size = len(times) // windows
+    if min(times) <= 0:
+        return None
     rates = [size / sum(times[i * size:(i + 1) * size]) for i in range(windows)]
     return rates[0] < ratio * statistics.median(rates[1:])
 

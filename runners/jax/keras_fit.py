@@ -64,12 +64,14 @@ SETTLE_CALLS = 3  # train-function calls the settle rule may add to the warm-up 
 @dataclass
 class Warmup:
     """The warm-up of a timed fit: `steps` (the input may have run it past Keras' second-epoch
-    compile: `why`), the steps per train-function call, and the steps the settle rule added."""
+    compile: `why`), the steps per train-function call, the steps the settle rule added, and
+    whether it reached its bound with JAX still compiling (`capped`)."""
 
     steps: int
     per_call: int = 1
     why: str | None = None
     added: int = 0
+    capped: bool = False
 
 
 class FitWindow:
@@ -95,11 +97,14 @@ class FitWindow:
         compiled, self._seen = len(self.evidence.compiled) > self._seen, len(
             self.evidence.compiled)
         w = self.warmup
-        if compiled and (self.window.calls + 1) * w.per_call >= self.window.warmup \
-                and w.added < SETTLE_CALLS * w.per_call:
-            self.window.warmup += w.per_call
-            w.added += w.per_call
-            self.on_extend()
+        if not compiled or (self.window.calls + 1) * w.per_call < self.window.warmup:
+            return
+        if w.added >= SETTLE_CALLS * w.per_call:
+            w.capped = True
+            return
+        self.window.warmup += w.per_call
+        w.added += w.per_call
+        self.on_extend()
 
     def call_done(self, loss: float | None) -> bool:
         """One train-function call has finished on every device: settle, tick; whether the
@@ -256,10 +261,15 @@ def fit_one_step(spec: Spec, model: keras.Model, feed: dict[str, Any]
     return finite(clock.window.losses[0]), probe
 
 def warmup_fields(warmup: Warmup, asked: int) -> dict[str, Any]:
-    """warmup_steps_run, and warmup_extended where the input or the settle rule extended it."""
+    """warmup_steps_run, and warmup_extended where the input or the settle rule extended it
+    (the steps it added, its bound, and whether JAX still compiled at the bound)."""
     why = [warmup.why] if warmup.why else []
     if warmup.added:
-        why.append(f"{warmup.added} more step(s): {code('jax.keras_settle_compiles')}")
+        bound = f"{SETTLE_CALLS * warmup.per_call} at most"
+        if warmup.capped:
+            bound += ", reached with JAX still compiling"
+        why.append(f"{warmup.added} more step(s) ({bound}): "
+                   f"{code('jax.keras_settle_compiles')}")
     out: dict[str, Any] = {"warmup_steps_run": warmup.steps + warmup.added}
     if why:
         out["warmup_extended"] = f"{asked} -> {warmup.steps + warmup.added}: " + "; ".join(why)
