@@ -18,8 +18,10 @@ from torch import nn
 from contract.precision_policy import resolve
 from contract.reasons import code
 from contract.result import join
+from runners import memory
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
+from runners.torch import deepspeed_memory as dm
 from runners.torch import dist as td
 from runners.torch.data import SyntheticInput
 from runners.torch.equivalence import probe_equivalence
@@ -224,7 +226,8 @@ class Engine:
         largest = max((q.numel() * q.element_size() for group in opt.bit16_groups for q in group),
                       default=0)
         return {"grads": sum(storages.values()) + in_buckets, "largest": largest,
-                "bucket_capacity": sum(b.numel() * b.element_size() for b in buckets)}
+                "bucket_capacity": sum(b.numel() * b.element_size() for b in buckets),
+                "in_buckets": in_buckets}
 
     def backward_read(self, loss: torch.Tensor) -> None:
         """engine.backward, with stage 1/2's gradients read as its end-of-backward reduction
@@ -290,6 +293,72 @@ class Engine:
                     _state(local["params"], local["grads"], local["optimizer"],
                            "deepspeed: this rank's share as state_bytes_per_device reads it"))
 
+    # -- what DeepSpeed holds beside the state ------------------------------------------------
+
+    def bucket_sizes(self) -> dict[str, dict[str, int]]:
+        """The engine's bucket and gather sizes (its zero_* config accessors), in elements and
+        in bytes of the dtype each holds: reduce buckets the communication dtype, gathers the
+        parameters' (persistence threshold: elements only)."""
+        engine = self.engine
+        comm = torch.empty((), dtype=engine.communication_data_type).element_size()
+        item = torch.empty((), dtype=self.dtype).element_size()
+        sizes = {"reduce_bucket_size": (engine.zero_reduce_bucket_size(), comm)}
+        if self.stage < 3:
+            sizes["allgather_bucket_size"] = (engine.zero_allgather_bucket_size(), item)
+        else:
+            sizes.update(prefetch_bucket_size=(engine.zero_prefetch_bucket_size(), item),
+                         max_live_parameters=(engine.zero_max_live_parameters(), item),
+                         param_persistence_threshold=(engine.zero_param_persistence_threshold(),
+                                                      0))
+        return {k: {"elements": int(n), **({"bytes": int(n) * size} if size else {})}
+                for k, (n, size) in sizes.items()}
+
+    def optimizer_op(self) -> dict[str, Any]:
+        """Which optimizer op ran: the client optimizer's class, the implementation torch picks
+        for its parameters (fused, foreach or the single-tensor loop: the group's flags, else
+        torch's own default for these tensors), the DeepSpeed C++ ops loaded in the rank and
+        the resident bytes of its /dev/shm mappings (a loaded op's shared workspace)."""
+        from deepspeed.ops.op_builder.builder import OpBuilder
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        client = self.optimizer.optimizer
+        group = client.param_groups[0]
+        params = [p for g in client.param_groups for p in g["params"]]
+        foreach = group.get("foreach")
+        if foreach is None:
+            foreach = _default_to_fused_or_foreach(params, False, False)[1]
+        impl = ("fused" if group.get("fused") else "foreach (multi-tensor)" if foreach
+                else "single-tensor loop")
+        return {"class": f"{type(client).__module__}.{type(client).__qualname__}",
+                "implementation": impl, "deepspeed_ops_loaded": sorted(OpBuilder._loaded_ops),
+                "shm_workspace_bytes": dm.shm_resident()}
+
+    def memory_record(self) -> dict[str, Any]:
+        """Every rank's peak (runners.memory's device_peak_bytes of the timed window) split into
+        its state as state_record read it, ZeRO's buffers beside it and the unexplained rest,
+        gathered over the process group; the bucket sizes and the optimizer op."""
+        params = list(self.module.parameters())
+        in_buckets = self.held["in_buckets"] if self.held is not None else 0
+        buffers = dm.zero_buffers(self.optimizer, self.stage, params, in_buckets)
+        shm = dm.shm_resident()
+        if shm:  # a DeepSpeed op's shared-memory workspace (shm_comm), resident in the rank
+            buffers["shm_workspace"] = {"allocated_bytes": shm, "resident_bytes": shm,
+                                        "counted_in_state_bytes": 0}
+        peaks = memory.for_result(self.spec, self.ranks.rank)["device_peak_bytes"] or {}
+        mine = dm.breakdown(next(iter(peaks.values()), None), self.local_state()["local"],
+                            buffers)
+        rows = self.ranks.gather({"key": f"rank{self.ranks.rank}:{self.ranks.device}", **mine})
+        source = ("peak: device_peak_bytes; state: state_bytes_per_device; buffers from the ZeRO "
+                  "optimizer's tensors (ipg_buckets, bit16_groups_flat, ds_persist parameters) and "
+                  "the /dev/shm mappings' smaps Rss: allocated nbytes, resident = its pages "
+                  "present in /proc/self/pagemap, counted "
+                  "at resident (else allocated) less the gradients the state counts in them; "
+                  "unexplained: peak less state and buffers (activations, temporaries, the "
+                  "collectives' and allocator's own)")
+        return {"deepspeed_memory": {
+            "per_device": {r.pop("key"): r for r in rows}, "bucket_sizes": self.bucket_sizes(),
+            "optimizer_op": self.optimizer_op(), "source": source}}
+
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     deepspeed, ranks = init_deepspeed(spec)
@@ -304,7 +373,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                     + {1: "optimizer state partitioned",
                        2: "optimizer state and gradients partitioned",
                        3: "parameters, gradients and optimizer state partitioned"}[engine.stage],
-    }, engine.reported(), model, engine.state_record())
+    }, engine.reported(), model, engine.state_record(), engine.memory_record())
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:

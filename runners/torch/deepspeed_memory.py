@@ -1,0 +1,99 @@
+"""What a DeepSpeed rank holds beside its model state (the record's `deepspeed_memory`): ZeRO's
+buffers read back from its optimizer (tensors' bytes allocated, and on Linux their pages in
+memory, from the page table), and the peak less state and buffers (the unexplained rest).
+Imports no framework: tensors are read through numel(), element_size() and data_ptr().
+docs/runners/deepspeed.md, Memory beyond the state."""
+
+from __future__ import annotations
+
+import resource
+from array import array
+from pathlib import Path
+from typing import Any
+
+SMAPS = Path("/proc/self/smaps")
+PAGEMAP = Path("/proc/self/pagemap")
+
+
+def nbytes(t: Any) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def resident_bytes(address: int, size: int, pagemap: Path = PAGEMAP) -> int | None:
+    """The bytes of [address, address + size) whose pages are in memory or swapped, from the
+    kernel's page table (/proc/self/pagemap: bit 63 present, 62 swapped); None where it cannot
+    be read (not Linux). Untouched pages of a large allocation are not counted."""
+    page = resource.getpagesize()
+    first, last = address // page, (address + max(size, 1) - 1) // page
+    try:
+        with pagemap.open("rb") as f:
+            f.seek(first * 8)
+            entries = array("Q", f.read((last - first + 1) * 8))
+    except (OSError, ValueError):
+        return None
+    return sum(1 for e in entries if e >> 62) * page
+
+
+def shm_resident(smaps: Path = SMAPS) -> int | None:
+    """The resident bytes (smaps Rss) of the process's shared-memory mappings under /dev/shm
+    (DeepSpeed's shm_comm op's workspace, where it made one); None where smaps cannot be read."""
+    try:
+        lines = smaps.read_text().splitlines()
+    except OSError:
+        return None
+    total, inside = 0, False
+    for line in lines:
+        fields = line.split()
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):
+            inside = len(fields) > 5 and fields[5].startswith("/dev/shm/")
+        elif inside and fields and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+def buffer_entry(tensors: list[Any], in_state: int = 0) -> dict[str, Any]:
+    """One kind of buffer: bytes allocated, resident (its pages in memory; None where the page
+    table cannot be read) and the bytes of it the state already counts (gradients in it)."""
+    resident = [resident_bytes(int(t.data_ptr()), nbytes(t)) if t.is_cpu else None
+                for t in tensors]
+    return {"allocated_bytes": sum(nbytes(t) for t in tensors),
+            "resident_bytes": sum(r for r in resident if r is not None)
+            if tensors and None not in resident else None,
+            "counted_in_state_bytes": in_state}
+
+
+def zero_buffers(opt: Any, stage: int, params: list[Any], in_buckets: int) -> dict[str, Any]:
+    """ZeRO's buffers beside the state, from its optimizer: the gradient buckets (ipg_buckets:
+    stage 1/2 a list of buffers a dtype, stage 3 one), stage 1/2's flat parameter buffers' padding
+    (bit16_groups_flat beyond the parameters), stage 3's persistent parameters (ds_persist: held
+    whole on every rank beside their partition)."""
+    buckets = []
+    for bucket in getattr(opt, "ipg_buckets", {}).values():
+        held = bucket.buffer
+        buckets += [b for b in (held if isinstance(held, list) else [held]) if b is not None]
+    out = {"ipg_buckets": buffer_entry(buckets, in_buckets)}
+    if stage < 3:
+        flat = sum(nbytes(f) for f in opt.bit16_groups_flat)
+        used = sum(nbytes(p) for group in opt.bit16_groups for p in group)
+        out["flat_padding"] = {"allocated_bytes": flat - used, "resident_bytes": None,
+                               "counted_in_state_bytes": 0}
+    else:
+        whole = [p for p in params if getattr(p, "ds_persist", False)]
+        out["persistent_params"] = {"allocated_bytes": sum(nbytes(p.data) for p in whole),
+                                    "resident_bytes": None, "counted_in_state_bytes": 0,
+                                    "count": len(whole)}
+    return out
+
+
+def breakdown(peak: int | None, state: dict[str, int], buffers: dict[str, Any]
+              ) -> dict[str, Any]:
+    """A rank's peak split: its state (params + grads + optimizer), the buffers beside it (each
+    buffer's resident bytes where known, else its allocated bytes, less what the state counts
+    of it) and the rest, unexplained (peak less both; None without a peak)."""
+    beside = sum(max(0, (b["resident_bytes"] if b["resident_bytes"] is not None
+                         else b["allocated_bytes"]) - b["counted_in_state_bytes"])
+                 for b in buffers.values())
+    held = sum(state.values())
+    return {"peak_bytes": peak, "state_bytes": held, "buffers": buffers,
+            "buffers_bytes": beside,
+            "unexplained_bytes": None if peak is None else peak - held - beside}
