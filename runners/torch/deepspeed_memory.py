@@ -13,6 +13,16 @@ from typing import Any
 
 SMAPS = Path("/proc/self/smaps")
 PAGEMAP = Path("/proc/self/pagemap")
+STATUS = Path("/proc/self/status")
+SOURCE = ("peak: device_peak_bytes; state: state_bytes_per_device; buffers from the ZeRO "
+          "optimizer's tensors (ipg_buckets: stage 1/2 as the reduction began, stage 3 after "
+          "it; bit16_groups_flat's padding; ds_persist parameters) and the /dev/shm mappings' "
+          "smaps Rss: allocated nbytes, resident = its pages present in /proc/self/pagemap, "
+          "counted at resident (else allocated) less the gradients the state counts in them; "
+          "unexplained: peak less state and buffers (activations, temporaries, the "
+          "collectives' and allocator's own); held_after_step: after the state reading, on CPU "
+          "VmRSS less memory_baseline, on a GPU the allocator's memory_allocated; transient: "
+          "peak less held_after_step")
 
 
 def nbytes(t: Any) -> int:
@@ -62,16 +72,17 @@ def buffer_entry(tensors: list[Any], in_state: int = 0) -> dict[str, Any]:
             "counted_in_state_bytes": in_state}
 
 
-def zero_buffers(opt: Any, stage: int, params: list[Any], in_buckets: int) -> dict[str, Any]:
-    """ZeRO's buffers beside the state, from its optimizer: the gradient buckets (ipg_buckets:
-    stage 1/2 a list of buffers a dtype, stage 3 one), stage 1/2's flat parameter buffers' padding
+def zero_buffers(opt: Any, stage: int, params: list[Any], buckets: dict[str, Any] | None
+                 ) -> dict[str, Any]:
+    """ZeRO's buffers beside the state, from its optimizer: the gradient buckets (ipg_buckets;
+    stage 1/2: `buckets`, their buffer_entry read as the reduction began, since ZeRO frees them
+    after it; stage 3: its one buffer a dtype, kept), stage 1/2's flat parameter buffers' padding
     (bit16_groups_flat beyond the parameters), stage 3's persistent parameters (ds_persist: held
     whole on every rank beside their partition)."""
-    buckets = []
-    for bucket in getattr(opt, "ipg_buckets", {}).values():
-        held = bucket.buffer
-        buckets += [b for b in (held if isinstance(held, list) else [held]) if b is not None]
-    out = {"ipg_buckets": buffer_entry(buckets, in_buckets)}
+    if buckets is None:
+        kept = [b.buffer for b in getattr(opt, "ipg_buckets", {}).values()]
+        buckets = buffer_entry([b for b in kept if b is not None and not isinstance(b, list)])
+    out = {"ipg_buckets": buckets}
     if stage < 3:
         flat = sum(nbytes(f) for f in opt.bit16_groups_flat)
         used = sum(nbytes(p) for group in opt.bit16_groups for p in group)
@@ -85,15 +96,29 @@ def zero_buffers(opt: Any, stage: int, params: list[Any], in_buckets: int) -> di
     return out
 
 
-def breakdown(peak: int | None, state: dict[str, int], buffers: dict[str, Any]
-              ) -> dict[str, Any]:
+def vmrss(status: Path = STATUS) -> int | None:
+    """The process's resident memory now (VmRSS), bytes; None where it cannot be read."""
+    try:
+        line = next(ln for ln in status.read_text().splitlines() if ln.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024
+
+
+def breakdown(peak: int | None, state: dict[str, int], buffers: dict[str, Any],
+              held_after: int | None = None) -> dict[str, Any]:
     """A rank's peak split: its state (params + grads + optimizer), the buffers beside it (each
     buffer's resident bytes where known, else its allocated bytes, less what the state counts
-    of it) and the rest, unexplained (peak less both; None without a peak)."""
+    of it) and the rest, unexplained (peak less both; None without a peak). `held_after`: what
+    the device holds after the step, measured as the peak is; the peak less it is what only
+    lived within a step (transient_bytes)."""
     beside = sum(max(0, (b["resident_bytes"] if b["resident_bytes"] is not None
                          else b["allocated_bytes"]) - b["counted_in_state_bytes"])
                  for b in buffers.values())
     held = sum(state.values())
     return {"peak_bytes": peak, "state_bytes": held, "buffers": buffers,
             "buffers_bytes": beside,
-            "unexplained_bytes": None if peak is None else peak - held - beside}
+            "unexplained_bytes": None if peak is None else peak - held - beside,
+            "held_after_step_bytes": held_after,
+            "transient_bytes": None if peak is None or held_after is None
+            else peak - held_after}

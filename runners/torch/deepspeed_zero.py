@@ -208,7 +208,8 @@ class Engine:
         """Stage 1/2: the gradient bytes this rank holds now (each gradient storage once; a
         gradient in one of ZeRO's bucket buffers by its own bytes: full gradients not reduced
         yet; the partition buffer), its buckets' capacity (reduce_bucket_size elements each)
-        and its largest gradient (a gradient over the bucket size bypasses the buckets)."""
+        and residency (ZeRO frees them after the reduction) and its largest gradient (a
+        gradient over the bucket size bypasses the buckets)."""
         opt = self.optimizer
         buckets = [b for bucket in getattr(opt, "ipg_buckets", {}).values() for b in bucket.buffer]
         buffers = {b.untyped_storage().data_ptr() for b in buckets}
@@ -227,7 +228,7 @@ class Engine:
                       default=0)
         return {"grads": sum(storages.values()) + in_buckets, "largest": largest,
                 "bucket_capacity": sum(b.numel() * b.element_size() for b in buckets),
-                "in_buckets": in_buckets}
+                "buckets": dm.buffer_entry(buckets, in_buckets)}
 
     def backward_read(self, loss: torch.Tensor) -> None:
         """engine.backward, with stage 1/2's gradients read as its end-of-backward reduction
@@ -323,10 +324,10 @@ class Engine:
 
         client = self.optimizer.optimizer
         group = client.param_groups[0]
-        params = [p for g in client.param_groups for p in g["params"]]
         foreach = group.get("foreach")
-        if foreach is None:
-            foreach = _default_to_fused_or_foreach(params, False, False)[1]
+        if foreach is None:  # the fp32 partitions ZeRO points the groups at as it steps
+            masters = [master for master, _, _ in self._partitions()]
+            foreach = _default_to_fused_or_foreach(masters, False, False)[1]
         impl = ("fused" if group.get("fused") else "foreach (multi-tensor)" if foreach
                 else "single-tensor loop")
         return {"class": f"{type(client).__module__}.{type(client).__qualname__}",
@@ -338,26 +339,25 @@ class Engine:
         its state as state_record read it, ZeRO's buffers beside it and the unexplained rest,
         gathered over the process group; the bucket sizes and the optimizer op."""
         params = list(self.module.parameters())
-        in_buckets = self.held["in_buckets"] if self.held is not None else 0
-        buffers = dm.zero_buffers(self.optimizer, self.stage, params, in_buckets)
+        buckets = self.held["buckets"] if self.held is not None else None
+        buffers = dm.zero_buffers(self.optimizer, self.stage, params, buckets)
         shm = dm.shm_resident()
         if shm:  # a DeepSpeed op's shared-memory workspace (shm_comm), resident in the rank
             buffers["shm_workspace"] = {"allocated_bytes": shm, "resident_bytes": shm,
                                         "counted_in_state_bytes": 0}
-        peaks = memory.for_result(self.spec, self.ranks.rank)["device_peak_bytes"] or {}
-        mine = dm.breakdown(next(iter(peaks.values()), None), self.local_state()["local"],
-                            buffers)
+        measured = memory.for_result(self.spec, self.ranks.rank)
+        peak = next(iter((measured["device_peak_bytes"] or {}).values()), None)
+        base = next(iter((measured["memory_baseline"] or {}).values()), None)
+        now = dm.vmrss()
+        if self.ranks.device.type == "cuda":
+            held_after: int | None = torch.cuda.memory_allocated(self.ranks.device)
+        else:
+            held_after = None if now is None or base is None else max(0, now - base)
+        mine = dm.breakdown(peak, self.local_state()["local"], buffers, held_after)
         rows = self.ranks.gather({"key": f"rank{self.ranks.rank}:{self.ranks.device}", **mine})
-        source = ("peak: device_peak_bytes; state: state_bytes_per_device; buffers from the ZeRO "
-                  "optimizer's tensors (ipg_buckets, bit16_groups_flat, ds_persist parameters) and "
-                  "the /dev/shm mappings' smaps Rss: allocated nbytes, resident = its pages "
-                  "present in /proc/self/pagemap, counted "
-                  "at resident (else allocated) less the gradients the state counts in them; "
-                  "unexplained: peak less state and buffers (activations, temporaries, the "
-                  "collectives' and allocator's own)")
         return {"deepspeed_memory": {
             "per_device": {r.pop("key"): r for r in rows}, "bucket_sizes": self.bucket_sizes(),
-            "optimizer_op": self.optimizer_op(), "source": source}}
+            "optimizer_op": self.optimizer_op(), "source": dm.SOURCE}}
 
 
 def benchmark(spec: Spec) -> dict[str, Any]:
