@@ -40,6 +40,9 @@ def test_resident_bytes_counts_the_pages_written_not_the_allocation() -> None:
         assert dm.resident_bytes(address, size) == 5 * PAGE
         assert dm.resident_bytes(address + 100 * PAGE, PAGE) == PAGE  # one page, itself
         assert dm.resident_bytes(address + 2 * PAGE, 98 * PAGE) == 0  # between the written
+        # a range that ends inside page 1 and one that starts inside page 100: their bytes only
+        assert dm.resident_bytes(address + 100, PAGE + 20) == PAGE + 20
+        assert dm.resident_bytes(address + 100 * PAGE + 96, 200 * PAGE) == PAGE - 96
     finally:
         buf.close()
 

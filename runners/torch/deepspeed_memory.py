@@ -31,8 +31,9 @@ def nbytes(t: Any) -> int:
 
 def resident_bytes(address: int, size: int, pagemap: Path = PAGEMAP) -> int | None:
     """The bytes of [address, address + size) whose pages are in memory or swapped, from the
-    kernel's page table (/proc/self/pagemap: bit 63 present, 62 swapped); None where it cannot
-    be read (not Linux). Untouched pages of a large allocation are not counted."""
+    kernel's page table (/proc/self/pagemap: bit 63 present, 62 swapped), a page at either end
+    counted by its bytes inside the range; None where it cannot be read (not Linux). Untouched
+    pages of a large allocation are not counted."""
     page = resource.getpagesize()
     first, last = address // page, (address + max(size, 1) - 1) // page
     try:
@@ -41,7 +42,9 @@ def resident_bytes(address: int, size: int, pagemap: Path = PAGEMAP) -> int | No
             entries = array("Q", f.read((last - first + 1) * 8))
     except (OSError, ValueError):
         return None
-    return sum(1 for e in entries if e >> 62) * page
+    end = address + size
+    return sum(min(end, (first + i + 1) * page) - max(address, (first + i) * page)
+               for i, e in enumerate(entries) if e >> 62)  # a page's bytes inside the range
 
 
 def shm_resident(smaps: Path = SMAPS) -> int | None:
