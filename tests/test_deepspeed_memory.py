@@ -1,21 +1,25 @@
 """DeepSpeed's memory beyond its state (runners/torch/deepspeed_memory.py, issue 41): the page
 table reading that says how much of a large buffer is resident, the /dev/shm workspace reading,
-and the arithmetic of a rank's peak split into state, buffers and the unexplained rest. The
-real runs' breakdowns: tests/test_deepspeed.py."""
+the arithmetic of a rank's peak split into state, buffers and the unexplained rest; the
+capacity-cpu searches of DeepSpeed as a real run recorded them (2026-11-28, docs/STRATEGIES.md),
+rendered. The real runs' breakdowns: tests/test_deepspeed.py."""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import resource
 from pathlib import Path
 
 import pytest
 
+from bench.report.capacity import capacity_rows, format_capacity_table
 from contract.result import FIELDS
 from runners.torch import deepspeed_memory as dm
 
 PAGE = resource.getpagesize()
+RECORDED = Path(__file__).parent / "data" / "capacity_cpu_deepspeed"  # its capacity/ records
 
 
 def entry(allocated: int, resident: int | None, in_state: int = 0) -> dict[str, int | None]:
@@ -93,3 +97,23 @@ def test_vmrss_reads_the_status_file(tmp_path: Path) -> None:
 
 def test_the_record_declares_the_breakdown() -> None:
     assert "deepspeed_memory" in FIELDS
+
+
+def test_capacity_cpu_deepspeed_as_recorded_says_why_nothing_fits() -> None:
+    """configs/capacity-cpu.yaml's DeepSpeed searches as a real run recorded them: every probe
+    from 16 down to 1 over the 272 MiB budget, each search ending in the one line that names
+    its smallest probe's peak against the budget (terminal table, capacity.csv's reason)."""
+    rows = capacity_rows(RECORDED)
+    assert [r["variant"] for r in rows] == ["stage=2", "stage=3"]
+    table = format_capacity_table(rows)
+    for row, rec in zip(rows, sorted((RECORDED / "capacity").glob("*.json")), strict=True):
+        probes = json.loads(rec.read_text())["probes"]
+        assert [p["value"] for p in probes] == [16, 8, 4, 2, 1]
+        assert all(p["oom_by"] == "budget" and p["peak_bytes"] > row["device_memory"]
+                   for p in probes)
+        assert (row["end"], row["largest_fit"], row["first_misfit"]) == ("none_fits", None, 1)
+        line = (f"the smallest probe (batch per device 1) peaks at "
+                f"{probes[-1]['peak_bytes'] / 2**20:.1f} MiB per device, over a budget of "
+                "272.0 MiB")
+        assert row["reason"] == line
+        assert f"deepspeed {row['variant']} wide_lm n=2: {line}" in table
