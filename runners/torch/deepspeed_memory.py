@@ -11,18 +11,12 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from contract.reasons import code
+
 SMAPS = Path("/proc/self/smaps")
 PAGEMAP = Path("/proc/self/pagemap")
 STATUS = Path("/proc/self/status")
-SOURCE = ("peak: device_peak_bytes; state: state_bytes_per_device; buffers from the ZeRO "
-          "optimizer's tensors (ipg_buckets: stage 1/2 as the reduction began, stage 3 after "
-          "it; bit16_groups_flat's padding; ds_persist parameters) and the /dev/shm mappings' "
-          "smaps Rss: allocated nbytes, resident = its pages present in /proc/self/pagemap, "
-          "counted at resident (else allocated) less the gradients the state counts in them; "
-          "unexplained: peak less state and buffers (activations, temporaries, the "
-          "collectives' and allocator's own); held_after_step: after the state reading, on CPU "
-          "VmRSS less memory_baseline, on a GPU the allocator's memory_allocated; transient: "
-          "peak less held_after_step")
+SOURCE = code("torch.zero_memory_beyond_state")
 
 
 def nbytes(t: Any) -> int:
