@@ -479,6 +479,16 @@ SENTENCES: dict[str, str] = {
         "(engine.allreduce_gradients): every parameter's gradient storage once, the filled part "
         "of ZeRO's buckets (full gradients not reduced yet) and the partition buffer; stage 1 "
         "holds every full gradient there, stage 2 its partition and one bucket at most"),
+    "torch.zero_memory_beyond_state": (
+        "peak: device_peak_bytes; state: state_bytes_per_device; buffers from the ZeRO "
+        "optimizer's tensors (ipg_buckets: stage 1/2 as the reduction began, stage 3 after it; "
+        "bit16_groups_flat's padding; ds_persist parameters) and the /dev/shm mappings' smaps "
+        "Rss: allocated nbytes, resident = its pages present in /proc/self/pagemap, counted at "
+        "resident (else allocated) less the gradients the state counts in them; unexplained: "
+        "peak less state and buffers (activations, temporaries, the collectives' and "
+        "allocator's own); held_after_step: after the state reading, on CPU VmRSS less "
+        "memory_baseline, on a GPU the allocator's memory_allocated; transient: peak less "
+        "held_after_step"),
     "torch.zero_read_before_step": (
         "read on every rank after the timed window in one extra untimed step stopped between "
         "engine.backward and engine.step (where ZeRO holds its gradient partitions)"),

@@ -147,6 +147,11 @@ MEMORY = (
     Field("zero_buckets", (OBJ, NUL), "deepspeed stage 1/2: ZeRO's gradient buckets as read "
           "back: reduce_bucket_size (elements) and capacity_bytes (the bucket buffers "
           "allocated, beside the state)."),
+    Field("deepspeed_memory", (OBJ, NUL), "deepspeed: what a rank holds beside its state, read "
+          "back from DeepSpeed: per_device {peak_bytes (device_peak_bytes), state_bytes, "
+          "buffers (ZeRO's, each allocated/resident/counted_in_state bytes), buffers_bytes, "
+          "unexplained_bytes}, bucket_sizes (elements and bytes), optimizer_op (the op that ran, "
+          "DeepSpeed C++ ops loaded), source (runners/torch/deepspeed_memory.py)."),
 )
 # -- time to accuracy (runners/converge.py) --------------------------------------------------
 CONVERGE = (

@@ -132,6 +132,40 @@ def test_stage_1_and_2_differ_in_the_gradients_they_hold(stage_sweep: dict) -> N
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
+def test_memory_beyond_the_state_read_back(stage_sweep: dict, stage: int) -> None:
+    """Issue 41: each rank's peak split into the state it read, ZeRO's buffers beside it and the
+    unexplained rest; the buckets as DeepSpeed sized them (elements and fp32 bytes), resident
+    no more than the gradients written into them (a ZeRO-3 bucket of 5e8 elements is 2 GB
+    allocated); the optimizer op torch ran over the fp32 partitions on a CPU."""
+    rec = stage_sweep[(stage, 2, "gpt2_tiny")]
+    memory = rec["result"]["deepspeed_memory"]
+    assert sorted(memory["per_device"]) == ["rank0:cpu", "rank1:cpu"]
+    sizes = memory["bucket_sizes"]
+    assert sizes["reduce_bucket_size"] == {"elements": BUCKET[stage], "bytes": 4 * BUCKET[stage]}
+    assert ("allgather_bucket_size" in sizes) == (stage < 3)
+    assert ("prefetch_bucket_size" in sizes) == (stage == 3)
+    written = 4 * rec["result"]["params"] + 8192  # every gradient once, in fp32 (reduce dtype)
+    for key, row in memory["per_device"].items():
+        assert row["state_bytes"] == sum(rec["state_bytes_per_device"][key].values())
+        assert row["peak_bytes"] == rec["device_peak_bytes"][key] > 0
+        assert row["unexplained_bytes"] == (row["peak_bytes"] - row["state_bytes"]
+                                            - row["buffers_bytes"])
+        assert row["held_after_step_bytes"] >= row["state_bytes"] // 2
+        assert row["transient_bytes"] == row["peak_bytes"] - row["held_after_step_bytes"]
+        bucket = row["buffers"]["ipg_buckets"]
+        if stage < 3:  # as the reduction began: the buckets the record's zero_buckets sizes
+            assert bucket["allocated_bytes"] == rec["result"]["zero_buckets"]["capacity_bytes"]
+        assert 0 < bucket["resident_bytes"] <= min(bucket["allocated_bytes"], written)
+        assert bucket["counted_in_state_bytes"] <= bucket["allocated_bytes"]
+        if stage == 3:  # small parameters held whole beside their partition
+            persistent = row["buffers"]["persistent_params"]
+            assert persistent["count"] > 0 and persistent["allocated_bytes"] > 0
+    op = memory["optimizer_op"]
+    assert op["class"] == "torch.optim.sgd.SGD" and op["implementation"] == "single-tensor loop"
+    assert isinstance(op["deepspeed_ops_loaded"], list)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_precision_policy_read_back(stage_sweep: dict, stage: int) -> None:
     """DeepSpeed's bf16 stores bf16 parameters and updates fp32 master partitions (a copy:
     not the harness's policy, said so); at fp32 too its optimizer holds an fp32 master copy of

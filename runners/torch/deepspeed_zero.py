@@ -18,8 +18,10 @@ from torch import nn
 from contract.precision_policy import resolve
 from contract.reasons import code
 from contract.result import join
+from runners import memory
 from runners.common import Invalid, Spec, Unavailable, main
 from runners.memory import _state
+from runners.torch import deepspeed_memory as dm
 from runners.torch import dist as td
 from runners.torch.data import SyntheticInput
 from runners.torch.equivalence import probe_equivalence
@@ -206,7 +208,8 @@ class Engine:
         """Stage 1/2: the gradient bytes this rank holds now (each gradient storage once; a
         gradient in one of ZeRO's bucket buffers by its own bytes: full gradients not reduced
         yet; the partition buffer), its buckets' capacity (reduce_bucket_size elements each)
-        and its largest gradient (a gradient over the bucket size bypasses the buckets)."""
+        and residency (ZeRO frees them after the reduction) and its largest gradient (a
+        gradient over the bucket size bypasses the buckets)."""
         opt = self.optimizer
         buckets = [b for bucket in getattr(opt, "ipg_buckets", {}).values() for b in bucket.buffer]
         buffers = {b.untyped_storage().data_ptr() for b in buckets}
@@ -224,7 +227,8 @@ class Engine:
         largest = max((q.numel() * q.element_size() for group in opt.bit16_groups for q in group),
                       default=0)
         return {"grads": sum(storages.values()) + in_buckets, "largest": largest,
-                "bucket_capacity": sum(b.numel() * b.element_size() for b in buckets)}
+                "bucket_capacity": sum(b.numel() * b.element_size() for b in buckets),
+                "buckets": dm.buffer_entry(buckets, in_buckets)}
 
     def backward_read(self, loss: torch.Tensor) -> None:
         """engine.backward, with stage 1/2's gradients read as its end-of-backward reduction
@@ -290,6 +294,71 @@ class Engine:
                     _state(local["params"], local["grads"], local["optimizer"],
                            "deepspeed: this rank's share as state_bytes_per_device reads it"))
 
+    # -- what DeepSpeed holds beside the state ------------------------------------------------
+
+    def bucket_sizes(self) -> dict[str, dict[str, int]]:
+        """The engine's bucket and gather sizes (its zero_* config accessors), in elements and
+        in bytes of the dtype each holds: reduce buckets the communication dtype, gathers the
+        parameters' (persistence threshold: elements only)."""
+        engine = self.engine
+        comm = torch.empty((), dtype=engine.communication_data_type).element_size()
+        item = torch.empty((), dtype=self.dtype).element_size()
+        sizes = {"reduce_bucket_size": (engine.zero_reduce_bucket_size(), comm)}
+        if self.stage < 3:
+            sizes["allgather_bucket_size"] = (engine.zero_allgather_bucket_size(), item)
+        else:
+            sizes.update(prefetch_bucket_size=(engine.zero_prefetch_bucket_size(), item),
+                         max_live_parameters=(engine.zero_max_live_parameters(), item),
+                         param_persistence_threshold=(engine.zero_param_persistence_threshold(),
+                                                      0))
+        return {k: {"elements": int(n), **({"bytes": int(n) * size} if size else {})}
+                for k, (n, size) in sizes.items()}
+
+    def optimizer_op(self) -> dict[str, Any]:
+        """Which optimizer op ran: the client optimizer's class, the implementation torch picks
+        for its parameters (fused, foreach or the single-tensor loop: the group's flags, else
+        torch's own default for these tensors), the DeepSpeed C++ ops loaded in the rank and
+        the resident bytes of its /dev/shm mappings (a loaded op's shared workspace)."""
+        from deepspeed.ops.op_builder.builder import OpBuilder
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        client = self.optimizer.optimizer
+        group = client.param_groups[0]
+        foreach = group.get("foreach")
+        if foreach is None:  # the fp32 partitions ZeRO points the groups at as it steps
+            masters = [master for master, _, _ in self._partitions()]
+            foreach = _default_to_fused_or_foreach(masters, False, False)[1]
+        impl = ("fused" if group.get("fused") else "foreach (multi-tensor)" if foreach
+                else "single-tensor loop")
+        return {"class": f"{type(client).__module__}.{type(client).__qualname__}",
+                "implementation": impl, "deepspeed_ops_loaded": sorted(OpBuilder._loaded_ops),
+                "shm_workspace_bytes": dm.shm_resident()}
+
+    def memory_record(self) -> dict[str, Any]:
+        """Every rank's peak (runners.memory's device_peak_bytes of the timed window) split into
+        its state as state_record read it, ZeRO's buffers beside it and the unexplained rest,
+        gathered over the process group; the bucket sizes and the optimizer op."""
+        params = list(self.module.parameters())
+        buckets = self.held["buckets"] if self.held is not None else None
+        buffers = dm.zero_buffers(self.optimizer, self.stage, params, buckets)
+        shm = dm.shm_resident()
+        if shm:  # a DeepSpeed op's shared-memory workspace (shm_comm), resident in the rank
+            buffers["shm_workspace"] = {"allocated_bytes": shm, "resident_bytes": shm,
+                                        "counted_in_state_bytes": 0}
+        measured = memory.for_result(self.spec, self.ranks.rank)
+        peak = next(iter((measured["device_peak_bytes"] or {}).values()), None)
+        base = next(iter((measured["memory_baseline"] or {}).values()), None)
+        now = dm.vmrss()
+        if self.ranks.device.type == "cuda":
+            held_after: int | None = torch.cuda.memory_allocated(self.ranks.device)
+        else:
+            held_after = None if now is None or base is None else max(0, now - base)
+        mine = dm.breakdown(peak, self.local_state()["local"], buffers, held_after)
+        rows = self.ranks.gather({"key": f"rank{self.ranks.rank}:{self.ranks.device}", **mine})
+        return {"deepspeed_memory": {
+            "per_device": {r.pop("key"): r for r in rows}, "bucket_sizes": self.bucket_sizes(),
+            "optimizer_op": self.optimizer_op(), "source": dm.SOURCE}}
+
 
 def benchmark(spec: Spec) -> dict[str, Any]:
     deepspeed, ranks = init_deepspeed(spec)
@@ -304,7 +373,7 @@ def benchmark(spec: Spec) -> dict[str, Any]:
                     + {1: "optimizer state partitioned",
                        2: "optimizer state and gradients partitioned",
                        3: "parameters, gradients and optimizer state partitioned"}[engine.stage],
-    }, engine.reported(), model, engine.state_record())
+    }, engine.reported(), model, engine.state_record(), engine.memory_record())
 
 
 def equivalence(spec: Spec) -> dict[str, Any]:
