@@ -243,8 +243,10 @@ def _wait_running(out: Path, env: dict[str, str], timeout: float = 300) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         book = out / "slurm_jobs.json"
-        if book.exists():
-            job = next(iter(json.loads(book.read_text()).values()))["job_id"]
+        # the book is written whole (an empty one before the first submission returns)
+        jobs = list(json.loads(book.read_text()).values()) if book.exists() else []
+        if jobs:
+            job = jobs[0]["job_id"]
             if f"{job} mgbench:" in _squeue(env) and \
                     any(line.split()[0] == job and line.endswith("RUNNING")
                         for line in _squeue(env).splitlines()):
