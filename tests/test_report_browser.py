@@ -64,11 +64,14 @@ def _install() -> str | None:
         return "no chromium on PATH and not root, so apt-get cannot install it"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
+        # a fresh machine's image often ships without package lists: read them first
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
+                       timeout=APT_TIMEOUT_S, check=False)
         done = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends",
                                "chromium"], env=env, capture_output=True, text=True,
                               timeout=APT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        return f"apt-get install chromium took over {APT_TIMEOUT_S} s"
+        return f"apt-get update/install chromium took over {APT_TIMEOUT_S} s"
     if done.returncode or not shutil.which("chromium"):
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         return f"apt-get install chromium failed (exit {done.returncode}): {tail[0]}"
