@@ -114,10 +114,11 @@ SENTENCES: dict[str, str] = {
         "at the second epoch Keras' jax trainer compiles its train step again: that step is "
         "warm-up, not timed"),
     "jax.keras_settle_compiles": (
-        "JAX compiled in the last warm-up step (jax.monitoring's backend-compile events): "
+        "JAX compiled in the last warm-up call (jax.monitoring's backend-compile events): "
         "Keras' jax trainer at 1 device compiles its train step again at step 2, its first input "
         "state on one device unsharded, the next in the step's out_shardings; the window opens "
-        "after a warm-up step that compiled nothing (3 extra steps at most)"),
+        "after a warm-up call that compiled nothing (3 extra train-function calls at most, "
+        "each steps_per_execution steps)"),
     "jax.keras_sgd_lr_callback": (
         "keras.optimizers.SGD(momentum); learning_rate assigned per step by a callback "
         "(on_train_batch_begin)"),
