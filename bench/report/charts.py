@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import textwrap
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,7 +278,7 @@ def _value_text(key: str, value: float) -> str:
 
 
 def _flagged_caption(fig: Any, rows: list[Row], kinds: tuple[str, ...], panels: int,
-                     drawn_as: str, failed: list[Row] = ()) -> None:
+                     drawn_as: str, failed: Sequence[Row] = ()) -> None:
     """The figure's caption (under it) naming each flagged point (`drawn_as`, its value
     with ?) and why, then each failed configuration and its status; none when neither."""
     lines = [f"{_series_label(r)}, {r['model']}, {r['num_devices']} devices: "

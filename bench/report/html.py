@@ -38,6 +38,7 @@ from bench.report.capacity import html_section as capacity_section
 from bench.report.converge import CHART_NAME as CONVERGE_CHART
 from bench.report.converge import html_section as converge_section
 from bench.report.strategies import html_section as strategies_section
+from bench.run.verdict import read_tail
 from contract.reasons import sentence
 
 VIRTUAL_CAVEAT = ("multi-device rows ran on one host's cores (virtual CPU devices); they show "
@@ -141,16 +142,10 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str | None:
     """The last lines of a run's log (read from its last LOG_TAIL_BYTES, undecodable bytes
     replaced, control characters but tab and newline dropped); None where it cannot be
     read."""
-    try:
-        if not path.is_file():  # never open a FIFO or a device
-            return None
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - LOG_TAIL_BYTES))
-            data = fh.read(LOG_TAIL_BYTES)
-    except OSError:
+    data = read_tail(path, LOG_TAIL_BYTES)
+    if data is None:
         return None
-    text = _CONTROL.sub("", data.decode("utf-8", "replace"))
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join(_CONTROL.sub("", data).splitlines()[-lines:])
 
 
 def _log(results_dir: Path, rec: Mapping[str, Any]) -> str:

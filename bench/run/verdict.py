@@ -52,7 +52,7 @@ def classify(returncode: int, result_path: Path, log_path: Path, rec: dict[str, 
                 raise ValueError(f"top level is {type(result).__name__}, not an object")
         except (ValueError, OSError) as exc:
             return "failed", f"child wrote an unreadable result ({_first_line(str(exc))})"
-    raw_tail = _tail(log_path)
+    raw_tail = read_tail(log_path) or ""
     log_tail = TEE_PREFIX.sub("", raw_tail)
     if result is None:
         if returncode == 0:
@@ -320,14 +320,18 @@ def dead_rank(log_tail: str) -> tuple[str, str] | None:
                                limit=600)
 
 
-def _tail(path: Path, size: int = 16384) -> str:
+def read_tail(path: Path, size: int = 16384) -> str | None:
+    """The last `size` bytes of a log as text (undecodable bytes replaced); None where it is
+    no regular file (never open a FIFO or a device) or cannot be read."""
     try:
+        if not path.is_file():
+            return None
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - size))
             return fh.read().decode(errors="replace")
     except OSError:
-        return ""
+        return None
 
 
 def _reason_from_log(text: str, pattern: re.Pattern[str]) -> str:

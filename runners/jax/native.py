@@ -166,7 +166,7 @@ def converge(spec: Spec) -> dict[str, Any]:
     model_spec = spec_of(spec)
     splits = fitting_splits(spec, model_spec)
     run = FlaxRun.start(spec, model_spec)
-    import jax
+    import jax  # only now: FlaxRun.start set up the devices (runners/jax/common.py)
 
     common.check_short_batch(recipe, len(splits.y_train), run.n, "a NamedSharding")
     variables = run.build(AXIS, recipe.seed)
