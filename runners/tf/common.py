@@ -282,8 +282,8 @@ def check_converge_model(spec: Spec, model_spec: ModelSpec, splits: Any,
     trains on its splits: runners/converge.py) and is built to converge here (one node, or
     several where the runner says `across_nodes`)."""
     if spec.num_nodes > 1 and not across_nodes:
-        raise Unavailable("mode converge on several nodes is not built for the TF runners "
-                          "(MultiWorkerMirroredStrategy would shard the recipe's batches)")
+        raise Unavailable("mode converge on several nodes: of the TF runners only "
+                          "tf_mirrored feeds each worker its share of the recipe's batches")
     if model_spec.input_kind == "tokens":
         raise Unavailable(f"mode converge trains on images; {spec.model} takes tokens")
     shape = tuple(splits.x_train.shape[1:])
